@@ -1,0 +1,245 @@
+//! Evaluation: run the pending nodes behind some arrays, each once, in dependency order,
+//! freeing intermediates after their last consumer and donating buffers no one else holds.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::array::{Array, Node, State};
+use crate::backend::backend_for;
+use crate::device::{Stream, with_stream};
+use crate::error::{Error, Result};
+use crate::primitive::Primitive;
+use crate::primitive::view::view_layout;
+use crate::storage::{Data, Operand, Output, Spec, internal};
+use crate::tree::Leaves;
+
+/// Evaluates every array in `tree` (an `Array`, a tuple, `Vec`, map, ... of arrays).
+///
+/// ```
+/// use nuvec::{array, eval};
+/// let a = array![1.0, 2.0];
+/// let (b, c) = (a.exp(), &a * 2.0);
+/// eval(&(&b, &c)).unwrap();
+/// assert!(b.is_evaluated() && c.is_evaluated());
+/// ```
+pub fn eval<T: Leaves + ?Sized>(tree: &T) -> Result<()> {
+    let mut leaves = Vec::new();
+    tree.collect_leaves(&mut leaves);
+    eval_arrays(&leaves)
+}
+
+/// Starts evaluating `tree` on a background thread and returns at once. A later `eval`,
+/// `item` or `to_vec` waits for the work in flight and reports its errors.
+pub fn async_eval<T: Leaves + ?Sized>(tree: &T) -> Result<()> {
+    let mut leaves = Vec::new();
+    tree.collect_leaves(&mut leaves);
+    if let Some(e) = leaves.iter().find_map(|a| a.error()) {
+        return Err(e);
+    }
+    std::thread::Builder::new()
+        .name("nuvec-async-eval".into())
+        .spawn(move || {
+            let _ = eval_arrays(&leaves);
+        })
+        .map_err(|e| Error::Backend(format!("cannot start an evaluation thread: {e}")))?;
+    Ok(())
+}
+
+/// Evaluates `outputs` and everything they depend on.
+pub(crate) fn eval_arrays(outputs: &[Array]) -> Result<()> {
+    let order = schedule(outputs);
+    // Consume the order as we go: once a node has run, only its consumers hold its outputs,
+    // so an intermediate is freed right after its last consumer.
+    for array in order {
+        run(&array)?;
+    }
+    match outputs.iter().find_map(|a| a.error()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Pending arrays in dependency order (inputs first), one per node.
+fn schedule(outputs: &[Array]) -> Vec<Array> {
+    let mut order = Vec::new();
+    let mut seen: HashSet<*const Node> = HashSet::new();
+    // Iterative post-order walk: graphs can be deeper than the thread's stack.
+    let mut stack: Vec<(Array, Option<Arc<Node>>, usize)> = Vec::new();
+    for out in outputs {
+        let node = pending_node(out);
+        if let Some(n) = &node {
+            if !seen.insert(Arc::as_ptr(n)) {
+                continue;
+            }
+        } else {
+            continue;
+        }
+        stack.push((out.clone(), node, 0));
+        while let Some((array, node, next)) = stack.last_mut() {
+            let node_ref = node.as_ref().expect("only pending arrays are stacked");
+            if *next < node_ref.inputs.len() {
+                let input = node_ref.inputs[*next].clone();
+                *next += 1;
+                if let Some(n) = pending_node(&input) {
+                    if seen.insert(Arc::as_ptr(&n)) {
+                        stack.push((input, Some(n), 0));
+                    }
+                }
+            } else {
+                order.push(array.clone());
+                stack.pop();
+            }
+        }
+    }
+    order
+}
+
+fn pending_node(a: &Array) -> Option<Arc<Node>> {
+    match &*a.inner.lock() {
+        State::Pending { node, .. } => Some(node.clone()),
+        _ => None,
+    }
+}
+
+/// Runs the node behind `array` unless it already ran.
+fn run(array: &Array) -> Result<()> {
+    let node = match &*array.inner.lock() {
+        State::Pending { node, .. } => node.clone(),
+        State::Failed(e) => return Err(e.clone()),
+        _ => return Ok(()),
+    };
+    let _running = node.run.lock().unwrap_or_else(|e| e.into_inner());
+    // Another thread may have run it while we waited.
+    match &*array.inner.lock() {
+        State::Pending { .. } => {}
+        State::Failed(e) => return Err(e.clone()),
+        _ => return Ok(()),
+    }
+    let stream = array.stream();
+    let result = gather_inputs(&node, stream).and_then(|inputs| {
+        let mut outputs: Vec<Output> =
+            node.outputs.iter().map(|s| Output { shape: s.shape.clone(), dtype: s.dtype, data: None }).collect();
+        dispatch(stream, &node.primitive, inputs, &mut outputs)?;
+        outputs
+            .into_iter()
+            .map(|o| o.data.ok_or_else(|| internal(format!("{} produced no output", node.primitive.name()))))
+            .collect::<Result<Vec<Data>>>()
+    });
+    let siblings: Vec<Array> = match node.siblings.get() {
+        Some(weak) => weak.iter().filter_map(|w| w.upgrade()).map(|inner| Array { inner }).collect(),
+        None => vec![array.clone()],
+    };
+    match result {
+        Ok(datas) => {
+            let mut datas: Vec<Option<Data>> = datas.into_iter().map(Some).collect();
+            for s in &siblings {
+                let mut st = s.inner.lock();
+                if let State::Pending { index, .. } = &*st {
+                    if let Some(data) = datas[*index].take() {
+                        *st = State::Ready(data);
+                    }
+                }
+            }
+            Ok(())
+        }
+        Err(e) => {
+            for s in &siblings {
+                *s.inner.lock() = State::Failed(e.clone());
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The inputs of `node` as operands on `stream`'s device. An input that only this node still
+/// references hands over its bytes (donation).
+fn gather_inputs(node: &Node, stream: Stream) -> Result<Vec<Operand>> {
+    let view = node.primitive.is_view();
+    let mut operands = Vec::with_capacity(node.inputs.len());
+    for input in &node.inputs {
+        let mut st = input.inner.lock();
+        let data = match &*st {
+            State::Ready(d) => d.clone(),
+            State::Failed(e) => return Err(e.clone()),
+            State::Pending { .. } => return Err(internal(format!("input of {} was not evaluated", node.primitive.name()))),
+            State::Donated => return Err(internal(format!("input of {} was donated", node.primitive.name()))),
+        };
+        let mut donated = false;
+        let data = if data.storage.location() == stream.device || view {
+            // Only this node references the input and nothing else shares its bytes: give the
+            // backend the only handle so it may write in place.
+            if !view && Arc::strong_count(&input.inner) == 1 && Arc::strong_count(&data.storage) == 2 {
+                *st = State::Donated;
+                donated = true;
+            }
+            data
+        } else {
+            Data { storage: data.storage.on_device(stream.device)?, layout: data.layout }
+        };
+        drop(st);
+        operands.push(Operand { shape: input.inner.shape.clone(), dtype: input.inner.dtype, data, donated });
+    }
+    Ok(operands)
+}
+
+/// Runs a primitive on evaluated operands.
+pub(crate) fn dispatch(stream: Stream, primitive: &Primitive, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    if primitive.is_view() {
+        return eval_view(stream, primitive, inputs, outputs);
+    }
+    if matches!(primitive, Primitive::Copy) && inputs[0].data.layout.flags.row_contiguous {
+        // Arrays are immutable: a row-contiguous input already is its own contiguous copy.
+        let x = &inputs[0];
+        outputs[0].data = Some(x.data.clone());
+        return Ok(());
+    }
+    let backend = backend_for(stream.device)?;
+    let in_specs: Vec<Spec> = inputs.iter().map(|o| Spec { shape: o.shape.clone(), dtype: o.dtype }).collect();
+    let out_specs: Vec<Spec> = outputs.iter().map(|o| Spec { shape: o.shape.clone(), dtype: o.dtype }).collect();
+    if backend.supports(primitive, &in_specs, &out_specs) {
+        return backend.eval(stream, primitive, inputs, outputs);
+    }
+    if let Primitive::Fast(fast) = primitive {
+        return eval_composition(stream, fast, inputs, outputs);
+    }
+    Err(Error::Backend(format!(
+        "the {} backend has no kernel for {} on {:?}",
+        backend.name(),
+        primitive.name(),
+        in_specs.iter().map(|s| s.dtype).collect::<Vec<_>>()
+    )))
+}
+
+/// A fast operation the backend does not cover runs as its composition of ordinary operations.
+fn eval_composition(stream: Stream, fast: &crate::fast::FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    let results = with_stream(stream, || {
+        let arrays: Vec<Array> = inputs.into_iter().map(|o| Array::from_data(o.shape, o.dtype, o.data)).collect();
+        fast.composition(&arrays)
+    });
+    eval_arrays(&results)?;
+    for (out, r) in outputs.iter_mut().zip(&results) {
+        out.data = Some(r.data()?);
+    }
+    Ok(())
+}
+
+fn eval_view(stream: Stream, primitive: &Primitive, mut inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    let x = inputs.pop().ok_or_else(|| internal("view without input"))?;
+    let spec = Spec { shape: x.shape.clone(), dtype: x.dtype };
+    let out_shape = outputs[0].shape.clone();
+    let layout = match view_layout(primitive, &spec, &x.data.layout, &out_shape) {
+        Some(l) => l,
+        None => {
+            // The strides do not allow a view: copy to row-major first, then view that.
+            let mut copy = [Output { shape: x.shape.clone(), dtype: x.dtype, data: None }];
+            backend_for(stream.device)?.eval(stream, &Primitive::Copy, vec![x], &mut copy)?;
+            let data = copy[0].data.take().ok_or_else(|| internal("copy produced no output"))?;
+            let layout = view_layout(primitive, &spec, &data.layout, &out_shape)
+                .ok_or_else(|| internal(format!("{} of a row-major copy is not a view", primitive.name())))?;
+            outputs[0].data = Some(Data { storage: data.storage, layout });
+            return Ok(());
+        }
+    };
+    outputs[0].data = Some(Data { storage: x.data.storage, layout });
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! Operations with MLX's names, as free functions (`use nuvec::ops as mx;` ports MLX code line
+//! by line). Each is also a method of [`Array`].
+//!
+//! Operations never fail on the spot: bad arguments give a failed array naming the operation,
+//! the argument and the reason, and a failed input makes the output fail with the same error.
+
+mod creation;
+mod elementwise;
+mod linalg;
+mod operators;
+mod reduce;
+mod shape;
+
+pub use creation::*;
+pub use elementwise::*;
+pub use linalg::*;
+pub use reduce::*;
+pub use shape::*;
+
+use crate::array::Array;
+use crate::error::OpErrorKind;
+
+/// The first failed array among `inputs`, as the output of an operation on them.
+pub(crate) fn propagate(inputs: &[&Array]) -> Option<Array> {
+    inputs.iter().find_map(|a| a.error()).map(Array::from_error)
+}
+
+/// Normalised axes, or a failed array naming `op`.
+#[track_caller]
+pub(crate) fn axes_or_fail(op: &'static str, axes: &[i32], ndim: usize) -> Result<Vec<usize>, Array> {
+    crate::shape::normalize_axes(axes, ndim).map_err(|k| Array::failed(op, k))
+}
+
+/// One normalised axis, or a failed array naming `op`.
+#[track_caller]
+pub(crate) fn axis_or_fail(op: &'static str, axis: i32, ndim: usize) -> Result<usize, Array> {
+    crate::shape::normalize_axis(axis, ndim).map_err(|k| Array::failed(op, k))
+}
+
+/// A failed array for an argument described in words.
+#[track_caller]
+pub(crate) fn invalid(op: &'static str, msg: impl Into<String>) -> Array {
+    Array::failed(op, OpErrorKind::InvalidArgument(msg.into()))
+}
+
+/// Names of all public operations (pinned by a test so none disappears by accident).
+#[doc(hidden)]
+pub fn __op_names() -> &'static [&'static str] {
+    &[
+        "abs", "sign", "negative", "square", "floor", "ceil", "round", "exp", "expm1", "log", "log1p", "log2",
+        "log10", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh",
+        "tanh", "arcsinh", "arccosh", "arctanh", "sigmoid", "erf", "erfinv", "logical_not", "bitwise_invert",
+        "conjugate", "isnan", "isinf", "isfinite", "isposinf", "isneginf", "add", "subtract", "multiply", "divide",
+        "floor_divide", "remainder", "power", "maximum", "minimum", "logaddexp", "arctan2", "equal", "not_equal",
+        "less", "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "bitwise_and",
+        "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "where_", "clip", "astype", "view", "sum",
+        "prod", "max", "min", "mean", "var", "std", "all", "any", "argmax", "argmin", "logsumexp", "softmax",
+        "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "reshape", "flatten", "transpose", "swapaxes",
+        "moveaxis", "expand_dims", "squeeze", "broadcast_to", "broadcast_arrays", "slice", "slice_update",
+        "concatenate", "stack", "split", "split_at", "repeat", "tile", "pad", "contiguous", "copy", "tril",
+        "triu", "stop_gradient", "matmul", "addmm", "zeros", "ones", "full", "zeros_like", "ones_like",
+        "full_like", "arange", "linspace", "eye", "identity", "tri",
+    ]
+}

@@ -1,0 +1,227 @@
+//! Element-wise primitives: unary maps, binary maps, select and casts. Inputs reach a backend
+//! already broadcast to one shape and cast to the dtype the operation computes in, so a
+//! kernel only sees `T -> T`, `(T, T) -> T` or `(T, T) -> bool`.
+
+use crate::dtype::{Category, DType};
+
+/// A unary element-wise function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum UnaryOp {
+    Abs,
+    Sign,
+    Negative,
+    Square,
+    Floor,
+    Ceil,
+    Round,
+    Exp,
+    Expm1,
+    Log,
+    Log1p,
+    Log2,
+    Log10,
+    Sqrt,
+    Rsqrt,
+    Reciprocal,
+    Sin,
+    Cos,
+    Tan,
+    ArcSin,
+    ArcCos,
+    ArcTan,
+    Sinh,
+    Cosh,
+    Tanh,
+    ArcSinh,
+    ArcCosh,
+    ArcTanh,
+    Sigmoid,
+    Erf,
+    ErfInv,
+    LogicalNot,
+    BitwiseInvert,
+    Conjugate,
+}
+
+impl UnaryOp {
+    /// MLX's name of the operation.
+    pub fn name(self) -> &'static str {
+        use UnaryOp::*;
+        match self {
+            Abs => "abs",
+            Sign => "sign",
+            Negative => "negative",
+            Square => "square",
+            Floor => "floor",
+            Ceil => "ceil",
+            Round => "round",
+            Exp => "exp",
+            Expm1 => "expm1",
+            Log => "log",
+            Log1p => "log1p",
+            Log2 => "log2",
+            Log10 => "log10",
+            Sqrt => "sqrt",
+            Rsqrt => "rsqrt",
+            Reciprocal => "reciprocal",
+            Sin => "sin",
+            Cos => "cos",
+            Tan => "tan",
+            ArcSin => "arcsin",
+            ArcCos => "arccos",
+            ArcTan => "arctan",
+            Sinh => "sinh",
+            Cosh => "cosh",
+            Tanh => "tanh",
+            ArcSinh => "arcsinh",
+            ArcCosh => "arccosh",
+            ArcTanh => "arctanh",
+            Sigmoid => "sigmoid",
+            Erf => "erf",
+            ErfInv => "erfinv",
+            LogicalNot => "logical_not",
+            BitwiseInvert => "bitwise_invert",
+            Conjugate => "conjugate",
+        }
+    }
+
+    /// Transcendental functions: integer and boolean inputs are computed in `float32`.
+    pub fn is_float_math(self) -> bool {
+        use UnaryOp::*;
+        !matches!(self, Abs | Sign | Negative | Square | Floor | Ceil | Round | LogicalNot | BitwiseInvert | Conjugate)
+    }
+
+    /// The dtype the input is cast to before the kernel runs, or `None` when the operation
+    /// does not accept `dtype` (MLX's rules).
+    pub fn compute_dtype(self, dtype: DType) -> Option<DType> {
+        use UnaryOp::*;
+        let complex = dtype == DType::Complex64;
+        match self {
+            LogicalNot => Some(DType::Bool),
+            BitwiseInvert => (dtype == DType::Bool || dtype.is_integer()).then_some(dtype),
+            Negative => (dtype != DType::Bool).then_some(dtype),
+            Floor | Ceil => (!complex).then_some(dtype),
+            Abs | Sign | Square | Round | Conjugate => Some(dtype),
+            Sigmoid | Erf | ErfInv | Log1p | Expm1 if complex => None,
+            _ => Some(dtype.at_least_float()),
+        }
+    }
+
+    /// The output dtype for an input already in its compute dtype.
+    pub fn output_dtype(self, dtype: DType) -> DType {
+        match (self, dtype) {
+            (UnaryOp::Abs, DType::Complex64) => DType::F32,
+            _ => dtype,
+        }
+    }
+
+    /// Whether a backend kernel is needed for `dtype`, or the op is the identity there
+    /// (`floor` of an integer, `conjugate` of a real).
+    pub fn is_identity_for(self, dtype: DType) -> bool {
+        use UnaryOp::*;
+        match self {
+            Floor | Ceil | Round => !dtype.is_inexact(),
+            Abs => matches!(dtype.category(), Category::Unsigned | Category::Bool),
+            Conjugate => dtype != DType::Complex64,
+            _ => false,
+        }
+    }
+}
+
+/// A binary element-wise function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum BinaryOp {
+    Add,
+    Subtract,
+    Multiply,
+    Divide,
+    FloorDivide,
+    Remainder,
+    Power,
+    Maximum,
+    Minimum,
+    LogAddExp,
+    ArcTan2,
+    Equal,
+    NotEqual,
+    Less,
+    LessEqual,
+    Greater,
+    GreaterEqual,
+    LogicalAnd,
+    LogicalOr,
+    BitwiseAnd,
+    BitwiseOr,
+    BitwiseXor,
+    LeftShift,
+    RightShift,
+}
+
+impl BinaryOp {
+    /// MLX's name of the operation.
+    pub fn name(self) -> &'static str {
+        use BinaryOp::*;
+        match self {
+            Add => "add",
+            Subtract => "subtract",
+            Multiply => "multiply",
+            Divide => "divide",
+            FloorDivide => "floor_divide",
+            Remainder => "remainder",
+            Power => "power",
+            Maximum => "maximum",
+            Minimum => "minimum",
+            LogAddExp => "logaddexp",
+            ArcTan2 => "arctan2",
+            Equal => "equal",
+            NotEqual => "not_equal",
+            Less => "less",
+            LessEqual => "less_equal",
+            Greater => "greater",
+            GreaterEqual => "greater_equal",
+            LogicalAnd => "logical_and",
+            LogicalOr => "logical_or",
+            BitwiseAnd => "bitwise_and",
+            BitwiseOr => "bitwise_or",
+            BitwiseXor => "bitwise_xor",
+            LeftShift => "left_shift",
+            RightShift => "right_shift",
+        }
+    }
+
+    /// Comparisons and logical operations return `Bool`.
+    pub fn is_predicate(self) -> bool {
+        use BinaryOp::*;
+        matches!(self, Equal | NotEqual | Less | LessEqual | Greater | GreaterEqual | LogicalAnd | LogicalOr)
+    }
+
+    /// The dtype both inputs are cast to, from their promoted dtype, or `None` when the
+    /// operation does not accept it (MLX's rules).
+    pub fn compute_dtype(self, promoted: DType) -> Option<DType> {
+        use BinaryOp::*;
+        let complex = promoted == DType::Complex64;
+        match self {
+            Divide | LogAddExp => Some(promoted.at_least_float()),
+            ArcTan2 => (!complex).then_some(promoted.at_least_float()),
+            LogicalAnd | LogicalOr => Some(DType::Bool),
+            BitwiseAnd | BitwiseOr | BitwiseXor => {
+                (promoted == DType::Bool || promoted.is_integer()).then_some(promoted)
+            }
+            LeftShift | RightShift => match promoted {
+                DType::Bool => Some(DType::U8),
+                d if d.is_integer() => Some(d),
+                _ => None,
+            },
+            Remainder | FloorDivide if complex => None,
+            Less | LessEqual | Greater | GreaterEqual | Maximum | Minimum if complex => None,
+            _ => Some(promoted),
+        }
+    }
+
+    /// The output dtype for inputs in their compute dtype.
+    pub fn output_dtype(self, dtype: DType) -> DType {
+        if self.is_predicate() { DType::Bool } else { dtype }
+    }
+}

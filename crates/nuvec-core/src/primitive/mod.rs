@@ -1,0 +1,350 @@
+//! The closed set of primitives a graph node can hold, with each one's shape and dtype rule.
+//!
+//! Each family's rules live in its own module (`elementwise`, `reduce`, `view`, ...); backends
+//! implement the same names. Operations in `ops` validate user arguments, cast and broadcast
+//! inputs, and then record one of these.
+
+pub mod elementwise;
+pub mod reduce;
+pub mod view;
+
+pub use elementwise::{BinaryOp, UnaryOp};
+pub use reduce::{ArgReduceOp, ReduceOp, ScanOp};
+
+use crate::dtype::DType;
+use crate::error::OpErrorKind;
+use crate::fast::FastOp;
+use crate::shape::{Shape, elem_count};
+use crate::storage::Spec;
+
+/// A primitive operation: what a graph node computes from its inputs.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Primitive {
+    /// `arange`: `start + i * step` for `i` in `0..n`, in the output dtype.
+    Arange {
+        /// First value.
+        start: f64,
+        /// Increment.
+        step: f64,
+    },
+    /// A unary map `T -> T` (or `complex -> f32` for `abs`).
+    Unary(UnaryOp),
+    /// A binary map on two inputs of one shape and dtype.
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`: inputs `(bool, T, T)` of one shape.
+    Select,
+    /// Conversion to another dtype (C-style: floats truncate toward zero into integers).
+    AsType(DType),
+    /// Reinterpretation of the bytes as another dtype (a view when row-contiguous).
+    BitCast(DType),
+    /// A row-contiguous copy.
+    Copy,
+    /// Reshape (a view when the strides allow it, else a copy).
+    Reshape(Shape),
+    /// Axis permutation (a view).
+    Transpose(Vec<usize>),
+    /// Strided window `start..stop` by `step` per axis (a view). Indices are normalised:
+    /// `0 <= start < dim` for a non-empty window, and `stop` may be `-1` for a reversed window
+    /// that ends at index 0.
+    Slice {
+        /// First index per axis.
+        start: Vec<i32>,
+        /// End (exclusive) per axis.
+        stop: Vec<i32>,
+        /// Step per axis (non-zero, may be negative).
+        step: Vec<i32>,
+    },
+    /// Broadcast to a shape (a view with zero strides).
+    Broadcast(Shape),
+    /// The identity that blocks gradients (a view).
+    StopGradient,
+    /// `src` with the window `start..stop` by `step` replaced by `update` (which has the
+    /// window's shape): inputs `(src, update)`.
+    SliceUpdate {
+        /// First index per axis.
+        start: Vec<i32>,
+        /// End (exclusive) per axis.
+        stop: Vec<i32>,
+        /// Step per axis.
+        step: Vec<i32>,
+    },
+    /// Reduction over `axes`; reduced axes are kept with size 1.
+    Reduce {
+        /// The reduction.
+        op: ReduceOp,
+        /// The reduced axes, sorted.
+        axes: Vec<usize>,
+    },
+    /// Index of the largest or smallest element along `axis` (kept with size 1), as `uint32`.
+    ArgReduce {
+        /// Which one.
+        op: ArgReduceOp,
+        /// The axis.
+        axis: usize,
+    },
+    /// Cumulative reduction along `axis`.
+    Scan {
+        /// The reduction.
+        op: ScanOp,
+        /// The axis.
+        axis: usize,
+        /// From the end towards the start.
+        reverse: bool,
+        /// Whether element `i` includes input `i`.
+        inclusive: bool,
+    },
+    /// Joins the inputs along `axis`.
+    Concatenate {
+        /// The axis.
+        axis: usize,
+    },
+    /// Batched matrix product of `[..., M, K]` and `[..., K, N]` with equal batch shapes.
+    Matmul,
+    /// `alpha * a @ b + beta * c` with `c` broadcast to the output: inputs `(a, b, c)`.
+    AddMM {
+        /// Scale of the product.
+        alpha: f32,
+        /// Scale of `c`.
+        beta: f32,
+    },
+    /// A fused operation: one kernel where a backend has it, its composition elsewhere.
+    Fast(FastOp),
+}
+
+impl Primitive {
+    /// A short name for messages and profiles.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Primitive::Arange { .. } => "arange",
+            Primitive::Unary(op) => op.name(),
+            Primitive::Binary(op) => op.name(),
+            Primitive::Select => "where",
+            Primitive::AsType(_) => "astype",
+            Primitive::BitCast(_) => "view",
+            Primitive::Copy => "copy",
+            Primitive::Reshape(_) => "reshape",
+            Primitive::Transpose(_) => "transpose",
+            Primitive::Slice { .. } => "slice",
+            Primitive::Broadcast(_) => "broadcast_to",
+            Primitive::StopGradient => "stop_gradient",
+            Primitive::SliceUpdate { .. } => "slice_update",
+            Primitive::Reduce { op, .. } => op.name(),
+            Primitive::ArgReduce { op, .. } => op.name(),
+            Primitive::Scan { op, .. } => op.name(),
+            Primitive::Concatenate { .. } => "concatenate",
+            Primitive::Matmul => "matmul",
+            Primitive::AddMM { .. } => "addmm",
+            Primitive::Fast(f) => f.name(),
+        }
+    }
+
+    /// Views are evaluated by core on the input's storage, never by a backend (except when a
+    /// reshape or bit cast needs a copy first).
+    pub fn is_view(&self) -> bool {
+        matches!(
+            self,
+            Primitive::Reshape(_)
+                | Primitive::Transpose(_)
+                | Primitive::Slice { .. }
+                | Primitive::Broadcast(_)
+                | Primitive::StopGradient
+                | Primitive::BitCast(_)
+        )
+    }
+
+    /// The shapes and dtypes of the outputs for these inputs, or what is wrong with them.
+    ///
+    /// This is the one shape rule of each primitive; operations call it when they record.
+    pub fn output_specs(&self, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+        let one = |shape: Shape, dtype: DType| Ok(vec![Spec { shape, dtype }]);
+        let arity = |n: usize| -> Result<(), OpErrorKind> {
+            if inputs.len() == n {
+                Ok(())
+            } else {
+                Err(OpErrorKind::InvalidArgument(format!(
+                    "{} takes {n} inputs, got {}",
+                    self.name(),
+                    inputs.len()
+                )))
+            }
+        };
+        match self {
+            Primitive::Arange { .. } => {
+                Err(OpErrorKind::InvalidArgument("arange has no inputs; its output is given".into()))
+            }
+            Primitive::Unary(op) => {
+                arity(1)?;
+                let x = &inputs[0];
+                if op.compute_dtype(x.dtype) != Some(x.dtype) {
+                    return Err(OpErrorKind::UnsupportedDType(x.dtype));
+                }
+                one(x.shape.clone(), op.output_dtype(x.dtype))
+            }
+            Primitive::Binary(op) => {
+                arity(2)?;
+                let (a, b) = (&inputs[0], &inputs[1]);
+                same_shape(a, b)?;
+                if a.dtype != b.dtype {
+                    return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
+                }
+                if op.compute_dtype(a.dtype) != Some(a.dtype) {
+                    return Err(OpErrorKind::UnsupportedDType(a.dtype));
+                }
+                one(a.shape.clone(), op.output_dtype(a.dtype))
+            }
+            Primitive::Select => {
+                arity(3)?;
+                let (c, a, b) = (&inputs[0], &inputs[1], &inputs[2]);
+                same_shape(c, a)?;
+                same_shape(a, b)?;
+                if c.dtype != DType::Bool {
+                    return Err(OpErrorKind::UnsupportedDType(c.dtype));
+                }
+                if a.dtype != b.dtype {
+                    return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
+                }
+                one(a.shape.clone(), a.dtype)
+            }
+            Primitive::AsType(d) => {
+                arity(1)?;
+                one(inputs[0].shape.clone(), *d)
+            }
+            Primitive::Copy | Primitive::StopGradient => {
+                arity(1)?;
+                one(inputs[0].shape.clone(), inputs[0].dtype)
+            }
+            Primitive::BitCast(d) => {
+                arity(1)?;
+                view::bitcast_shape(&inputs[0], *d).and_then(|s| one(s, *d))
+            }
+            Primitive::Reshape(shape) => {
+                arity(1)?;
+                if elem_count(shape) != elem_count(&inputs[0].shape) {
+                    return Err(OpErrorKind::SizeMismatch {
+                        expected: elem_count(&inputs[0].shape),
+                        actual: elem_count(shape),
+                    });
+                }
+                one(shape.clone(), inputs[0].dtype)
+            }
+            Primitive::Transpose(perm) => {
+                arity(1)?;
+                view::transpose_shape(&inputs[0].shape, perm).and_then(|s| one(s, inputs[0].dtype))
+            }
+            Primitive::Slice { start, stop, step } => {
+                arity(1)?;
+                view::slice_shape(&inputs[0].shape, start, stop, step).and_then(|s| one(s, inputs[0].dtype))
+            }
+            Primitive::Broadcast(shape) => {
+                arity(1)?;
+                let b = crate::shape::broadcast_shapes(&inputs[0].shape, shape)?;
+                if &b[..] != &shape[..] {
+                    return Err(OpErrorKind::ShapeMismatch { lhs: inputs[0].shape.to_vec(), rhs: shape.to_vec() });
+                }
+                one(shape.clone(), inputs[0].dtype)
+            }
+            Primitive::SliceUpdate { start, stop, step } => {
+                arity(2)?;
+                let (src, update) = (&inputs[0], &inputs[1]);
+                if src.dtype != update.dtype {
+                    return Err(OpErrorKind::DTypeMismatch { lhs: src.dtype, rhs: update.dtype });
+                }
+                let window = view::slice_shape(&src.shape, start, stop, step)?;
+                if window != update.shape {
+                    return Err(OpErrorKind::ShapeMismatch { lhs: window.to_vec(), rhs: update.shape.to_vec() });
+                }
+                one(src.shape.clone(), src.dtype)
+            }
+            Primitive::Reduce { op, axes } => {
+                arity(1)?;
+                let x = &inputs[0];
+                let mut shape = x.shape.clone();
+                for &a in axes {
+                    if a >= shape.len() {
+                        return Err(OpErrorKind::InvalidAxis { axis: a as i32, ndim: shape.len() });
+                    }
+                    shape[a] = 1;
+                }
+                one(shape, op.output_dtype(x.dtype))
+            }
+            Primitive::ArgReduce { axis, .. } => {
+                arity(1)?;
+                let mut shape = inputs[0].shape.clone();
+                if *axis >= shape.len() {
+                    return Err(OpErrorKind::InvalidAxis { axis: *axis as i32, ndim: shape.len() });
+                }
+                shape[*axis] = 1;
+                one(shape, DType::U32)
+            }
+            Primitive::Scan { axis, .. } => {
+                arity(1)?;
+                if *axis >= inputs[0].shape.len() {
+                    return Err(OpErrorKind::InvalidAxis { axis: *axis as i32, ndim: inputs[0].shape.len() });
+                }
+                one(inputs[0].shape.clone(), inputs[0].dtype)
+            }
+            Primitive::Concatenate { axis } => {
+                let first = inputs.first().ok_or_else(|| {
+                    OpErrorKind::InvalidArgument("concatenate needs at least one array".into())
+                })?;
+                let mut shape = first.shape.clone();
+                if *axis >= shape.len() {
+                    return Err(OpErrorKind::InvalidAxis { axis: *axis as i32, ndim: shape.len() });
+                }
+                for x in &inputs[1..] {
+                    if x.dtype != first.dtype {
+                        return Err(OpErrorKind::DTypeMismatch { lhs: first.dtype, rhs: x.dtype });
+                    }
+                    let compatible = x.shape.len() == shape.len()
+                        && x.shape.iter().zip(&first.shape).enumerate().all(|(i, (a, b))| i == *axis || a == b);
+                    if !compatible {
+                        return Err(OpErrorKind::ShapeMismatch { lhs: first.shape.to_vec(), rhs: x.shape.to_vec() });
+                    }
+                    shape[*axis] += x.shape[*axis];
+                }
+                one(shape, first.dtype)
+            }
+            Primitive::Matmul => {
+                arity(2)?;
+                matmul_shape(&inputs[0], &inputs[1]).and_then(|s| one(s, inputs[0].dtype))
+            }
+            Primitive::AddMM { .. } => {
+                arity(3)?;
+                let s = matmul_shape(&inputs[0], &inputs[1])?;
+                let c = &inputs[2];
+                let b = crate::shape::broadcast_shapes(&c.shape, &s)?;
+                if b[..] != s[..] || c.dtype != inputs[0].dtype {
+                    return Err(OpErrorKind::ShapeMismatch { lhs: c.shape.to_vec(), rhs: s.to_vec() });
+                }
+                one(s, inputs[0].dtype)
+            }
+            Primitive::Fast(f) => f.output_specs(inputs),
+        }
+    }
+}
+
+fn same_shape(a: &Spec, b: &Spec) -> Result<(), OpErrorKind> {
+    if a.shape == b.shape {
+        Ok(())
+    } else {
+        Err(OpErrorKind::ShapeMismatch { lhs: a.shape.to_vec(), rhs: b.shape.to_vec() })
+    }
+}
+
+fn matmul_shape(a: &Spec, b: &Spec) -> Result<Shape, OpErrorKind> {
+    let (ra, rb) = (a.shape.len(), b.shape.len());
+    let mismatch = || OpErrorKind::ShapeMismatch { lhs: a.shape.to_vec(), rhs: b.shape.to_vec() };
+    if ra < 2 || rb < 2 || ra != rb || a.shape[..ra - 2] != b.shape[..rb - 2] {
+        return Err(mismatch());
+    }
+    if a.dtype != b.dtype {
+        return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
+    }
+    if a.shape[ra - 1] != b.shape[rb - 2] {
+        return Err(mismatch());
+    }
+    let mut s: Shape = a.shape[..ra - 1].into();
+    s.push(b.shape[rb - 1]);
+    Ok(s)
+}

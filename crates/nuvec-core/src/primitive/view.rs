@@ -1,0 +1,230 @@
+//! View primitives: reshape, transpose, slice, broadcast, bit cast. Their shape rules, and how
+//! each maps an input layout to an output layout without touching the bytes.
+
+use smallvec::SmallVec;
+
+use crate::dtype::DType;
+use crate::error::OpErrorKind;
+use crate::shape::{Shape, Strides, elem_count};
+use crate::storage::{Layout, Spec};
+
+use super::Primitive;
+
+/// Shape of `shape` permuted by `perm`.
+pub fn transpose_shape(shape: &[i32], perm: &[usize]) -> Result<Shape, OpErrorKind> {
+    let mut seen = vec![false; shape.len()];
+    if perm.len() != shape.len() {
+        return Err(OpErrorKind::InvalidArgument(format!(
+            "axes {perm:?} do not permute the {} axes of the array",
+            shape.len()
+        )));
+    }
+    for &p in perm {
+        if p >= shape.len() || std::mem::replace(&mut seen[p], true) {
+            return Err(OpErrorKind::InvalidArgument(format!("axes {perm:?} are not a permutation")));
+        }
+    }
+    Ok(perm.iter().map(|&p| shape[p]).collect())
+}
+
+/// Number of indices `start, start + step, ...` before `stop`.
+pub fn slice_len(start: i32, stop: i32, step: i32) -> i32 {
+    let n = if step > 0 {
+        (stop as i64 - start as i64 + step as i64 - 1) / step as i64
+    } else {
+        (start as i64 - stop as i64 - step as i64 - 1) / (-step as i64)
+    };
+    n.max(0) as i32
+}
+
+/// Shape of a normalised window.
+pub fn slice_shape(shape: &[i32], start: &[i32], stop: &[i32], step: &[i32]) -> Result<Shape, OpErrorKind> {
+    let n = shape.len();
+    if start.len() != n || stop.len() != n || step.len() != n {
+        return Err(OpErrorKind::InvalidArgument(format!(
+            "slice needs one start, stop and step per axis ({n}), got {}, {}, {}",
+            start.len(),
+            stop.len(),
+            step.len()
+        )));
+    }
+    let mut out = Shape::new();
+    for i in 0..n {
+        if step[i] == 0 {
+            return Err(OpErrorKind::InvalidArgument("slice step cannot be zero".into()));
+        }
+        let len = slice_len(start[i], stop[i], step[i]);
+        let in_range = |j: i32| j >= 0 && j < shape[i];
+        if len > 0 && (!in_range(start[i]) || !in_range(start[i] + (len - 1) * step[i])) {
+            return Err(OpErrorKind::InvalidIndex(format!(
+                "window {}..{} by {} is outside axis {i} of size {}",
+                start[i], stop[i], step[i], shape[i]
+            )));
+        }
+        out.push(len);
+    }
+    Ok(out)
+}
+
+/// Python-style normalisation of `start:stop:step` on an axis of size `dim`: negative indices
+/// count from the end and out-of-range bounds clamp.
+pub fn normalize_slice(start: Option<i32>, stop: Option<i32>, step: i32, dim: i32) -> (i32, i32) {
+    let norm = |v: i32| if v < 0 { v + dim } else { v };
+    if step > 0 {
+        let s = start.map_or(0, |v| norm(v).clamp(0, dim));
+        let e = stop.map_or(dim, |v| norm(v).clamp(0, dim));
+        (s, e)
+    } else {
+        let s = start.map_or(dim - 1, |v| norm(v).clamp(-1, dim - 1));
+        let e = stop.map_or(-1, |v| norm(v).clamp(-1, dim - 1));
+        (s, e)
+    }
+}
+
+/// Output shape of reinterpreting `x`'s bytes as `dtype` (the last axis scales when sizes
+/// differ, as MLX's `view`).
+pub fn bitcast_shape(x: &Spec, dtype: DType) -> Result<Shape, OpErrorKind> {
+    let (from, to) = (x.dtype.size() as i64, dtype.size() as i64);
+    let mut shape = x.shape.clone();
+    if from == to {
+        return Ok(shape);
+    }
+    let last = match shape.last_mut() {
+        Some(l) => l,
+        None => {
+            return Err(OpErrorKind::InvalidArgument(format!(
+                "cannot view a scalar of {} as {dtype}: the item sizes differ",
+                x.dtype
+            )));
+        }
+    };
+    let bytes = *last as i64 * from;
+    if bytes % to != 0 {
+        return Err(OpErrorKind::InvalidArgument(format!(
+            "the last axis ({} bytes) is not a multiple of the size of {dtype}",
+            bytes
+        )));
+    }
+    *last = (bytes / to) as i32;
+    Ok(shape)
+}
+
+/// The output layout of a view primitive applied to an input layout, in units of the output
+/// dtype, or `None` when the bytes must be copied to row-major order first.
+pub fn view_layout(prim: &Primitive, input: &Spec, layout: &Layout, out_shape: &[i32]) -> Option<Layout> {
+    match prim {
+        Primitive::StopGradient => Some(layout.clone()),
+        Primitive::Transpose(perm) => {
+            let strides: Strides = perm.iter().map(|&p| layout.strides[p]).collect();
+            Some(Layout::new(out_shape, strides, layout.offset))
+        }
+        Primitive::Broadcast(shape) => {
+            let lead = shape.len() - input.shape.len();
+            let mut strides: Strides = SmallVec::from_elem(0, shape.len());
+            for i in 0..input.shape.len() {
+                strides[lead + i] = if input.shape[i] == 1 && shape[lead + i] != 1 { 0 } else { layout.strides[i] };
+            }
+            Some(Layout::new(out_shape, strides, layout.offset))
+        }
+        Primitive::Slice { start, step, .. } => {
+            let mut offset = layout.offset as isize;
+            let mut strides = Strides::new();
+            for i in 0..start.len() {
+                if out_shape[i] > 0 {
+                    offset += start[i] as isize * layout.strides[i];
+                }
+                strides.push(layout.strides[i] * step[i] as isize);
+            }
+            // An empty window views nothing; keep the offset inside the storage.
+            if elem_count(out_shape) == 0 {
+                offset = layout.offset as isize;
+            }
+            Some(Layout::new(out_shape, strides, offset as usize))
+        }
+        Primitive::Reshape(_) => reshape_strides(&input.shape, &layout.strides, out_shape)
+            .map(|strides| Layout::new(out_shape, strides, layout.offset)),
+        Primitive::BitCast(dtype) => {
+            let (from, to) = (input.dtype.size(), dtype.size());
+            if from == to {
+                return Some(layout.clone());
+            }
+            if !layout.flags.row_contiguous || (layout.offset * from) % to != 0 {
+                return None;
+            }
+            Some(Layout::new(out_shape, crate::shape::row_major_strides(out_shape), layout.offset * from / to))
+        }
+        _ => None,
+    }
+}
+
+/// Strides that let `shape`/`strides` be read as `new_shape` with no copy (NumPy's
+/// no-copy reshape), if any.
+pub fn reshape_strides(shape: &[i32], strides: &[isize], new_shape: &[i32]) -> Option<Strides> {
+    let size = elem_count(shape);
+    if size == 0 || size == 1 {
+        return Some(crate::shape::row_major_strides(new_shape));
+    }
+    // Drop size-1 axes of the input; they carry no stride information.
+    let dims: Vec<(i32, isize)> = shape.iter().zip(strides).filter(|(d, _)| **d != 1).map(|(&d, &s)| (d, s)).collect();
+    let mut out: Strides = SmallVec::from_elem(0, new_shape.len());
+    let (mut oi, mut ni) = (0usize, 0usize);
+    while oi < dims.len() && ni < new_shape.len() {
+        // Group old axes [oi, oj) and new axes [ni, nj) with equal element counts.
+        let (mut oj, mut nj) = (oi + 1, ni + 1);
+        let mut op = dims[oi].0 as i64;
+        let mut np = new_shape[ni] as i64;
+        while op != np {
+            if np < op {
+                np *= new_shape[nj] as i64;
+                nj += 1;
+            } else {
+                op *= dims[oj].0 as i64;
+                oj += 1;
+            }
+        }
+        // The old group must be contiguous in itself.
+        for k in oi..oj - 1 {
+            if dims[k].1 != dims[k + 1].1 * dims[k + 1].0 as isize {
+                return None;
+            }
+        }
+        // Fill the new group's strides from its innermost axis.
+        out[nj - 1] = dims[oj - 1].1;
+        for k in (ni..nj - 1).rev() {
+            out[k] = out[k + 1] * new_shape[k + 1] as isize;
+        }
+        oi = oj;
+        ni = nj;
+    }
+    // Trailing size-1 axes of the new shape.
+    for k in ni..new_shape.len() {
+        out[k] = 1;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reshape_views() {
+        // Row-major [2, 3, 4] -> [6, 4] is a view.
+        assert_eq!(&reshape_strides(&[2, 3, 4], &[12, 4, 1], &[6, 4]).unwrap()[..], &[4, 1]);
+        // Transposed [4, 3] (strides [1, 4]) -> [12] needs a copy.
+        assert!(reshape_strides(&[4, 3], &[1, 4], &[12]).is_none());
+        // Splitting an axis of a transposed array is still a view.
+        assert_eq!(&reshape_strides(&[4, 6], &[1, 4], &[4, 2, 3]).unwrap()[..], &[1, 12, 4]);
+        // Size-1 axes anywhere.
+        assert_eq!(&reshape_strides(&[3, 1, 2], &[2, 7, 1], &[1, 3, 2, 1]).unwrap()[..], &[6, 2, 1, 1]);
+    }
+
+    #[test]
+    fn slices() {
+        assert_eq!(slice_len(0, 10, 3), 4);
+        assert_eq!(slice_len(9, -1, -1), 10);
+        assert_eq!(slice_len(5, 2, 1), 0);
+        assert_eq!(normalize_slice(None, None, -1, 5), (4, -1));
+        assert_eq!(normalize_slice(Some(-2), None, 1, 5), (3, 5));
+    }
+}

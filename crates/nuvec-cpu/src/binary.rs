@@ -1,0 +1,68 @@
+//! Binary maps, and `where`.
+
+use nuvec_core::primitive::BinaryOp;
+use nuvec_core::storage::{Operand, Output};
+use nuvec_core::{DType, Result};
+use num_traits::Float as _;
+
+use crate::elem::{B8, Bits, Float, Num};
+use crate::map::{map2, map3};
+use crate::{for_all, for_float, for_int, unsupported};
+
+pub fn eval(op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()> {
+    use BinaryOp::*;
+    let dtype = a.dtype;
+    match op {
+        Add => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::add(x, y))),
+        Subtract => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::sub(x, y))),
+        Multiply => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::mul(x, y))),
+        Divide => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::div(x, y))),
+        FloorDivide => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::floor_div(x, y))),
+        Remainder => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::rem(x, y))),
+        Power => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::pow(x, y))),
+        Maximum => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::max(x, y))),
+        Minimum => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::min(x, y))),
+        Equal => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(x == y))),
+        NotEqual => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(x != y))),
+        Less => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(Num::lt(x, y)))),
+        LessEqual => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(Num::le(x, y)))),
+        Greater => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(Num::lt(y, x)))),
+        GreaterEqual => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(Num::le(y, x)))),
+        LogicalAnd => map2::<B8, B8, B8>(a, b, out, |x, y| B8(x.0 & y.0)),
+        LogicalOr => map2::<B8, B8, B8>(a, b, out, |x, y| B8(x.0 | y.0)),
+        BitwiseAnd => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::and(x, y))),
+        BitwiseOr => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::or(x, y))),
+        BitwiseXor => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::xor(x, y))),
+        LeftShift => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::shl(x, y))),
+        RightShift => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::shr(x, y))),
+        LogAddExp if dtype == DType::Complex64 => {
+            map2::<nuvec_core::Complex64, nuvec_core::Complex64, nuvec_core::Complex64>(a, b, out, |x, y| {
+                (x.exp() + y.exp()).ln()
+            })
+        }
+        LogAddExp => for_float!(dtype, T => map2::<T, T, T>(a, b, out, logaddexp::<T>)),
+        ArcTan2 => for_float!(dtype, T => map2::<T, T, T>(a, b, out, |y, x| T::from_acc(y.to_acc().atan2(x.to_acc())))),
+    }
+}
+
+#[inline(always)]
+fn logaddexp<T: Float>(a: T, b: T) -> T {
+    let (x, y) = (a.to_acc(), b.to_acc());
+    if x.is_nan() || y.is_nan() {
+        return T::from_acc(x + y);
+    }
+    let m = x.max(y);
+    if m.is_infinite() {
+        return T::from_acc(m);
+    }
+    T::from_acc(m + (-(x - y).abs()).exp().ln_1p())
+}
+
+/// `where(cond, a, b)`.
+pub fn select(c: Operand, a: Operand, b: Operand, out: &mut Output) -> Result<()> {
+    let dtype = a.dtype;
+    if c.dtype != DType::Bool {
+        return Err(unsupported(c.dtype));
+    }
+    for_all!(dtype, T => map3::<B8, T, T, T>(c, a, b, out, |c, x, y| if c.get() { x } else { y }))
+}

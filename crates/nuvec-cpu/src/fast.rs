@@ -1,0 +1,124 @@
+//! Fused CPU kernels of fast operations: softmax and log-sum-exp over rows.
+
+use std::any::TypeId;
+
+use nuvec_core::Result;
+use nuvec_core::fast::FastOp;
+use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
+use num_traits::{Float as _, One, Zero};
+use rayon::prelude::*;
+
+use crate::copy;
+use crate::elem::{AccFloat, Float};
+use crate::map::simd;
+use crate::strided::GRAIN;
+use crate::{for_float, host_slice, internal};
+
+/// Whether this backend has a kernel for `op`.
+pub fn supports(op: &FastOp) -> bool {
+    matches!(op, FastOp::Softmax | FastOp::LogSumExp)
+}
+
+pub fn eval(op: &FastOp, mut inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    let x = inputs.pop().ok_or_else(|| internal("fast op without input"))?;
+    let x = row_major(x)?;
+    let out = &mut outputs[0];
+    let len = x.shape.last().copied().unwrap_or(1) as usize;
+    match op {
+        FastOp::Softmax => for_float!(x.dtype, T => rows::<T>(&x, out, len, softmax_row::<T>)),
+        FastOp::LogSumExp => for_float!(x.dtype, T => rows::<T>(&x, out, 1, lse_row::<T>)),
+        #[allow(unreachable_patterns)]
+        _ => Err(internal(format!("no CPU kernel for {}", op.name()))),
+    }
+}
+
+/// The operand itself when its rows are dense, else a row-major copy.
+fn row_major(x: Operand) -> Result<Operand> {
+    if x.data.layout.flags.row_contiguous {
+        return Ok(x);
+    }
+    let mut o = Output { shape: x.shape.clone(), dtype: x.dtype, data: None };
+    let (shape, dtype) = (x.shape.clone(), x.dtype);
+    copy::copy(x, &mut o)?;
+    Ok(Operand { shape, dtype, data: o.data.ok_or_else(|| internal("copy produced no output"))?, donated: false })
+}
+
+fn rows<T: Float>(x: &Operand, out: &mut Output, out_len: usize, f: fn(&[T], &mut [T])) -> Result<()> {
+    let len = x.shape.last().copied().unwrap_or(1) as usize;
+    let start = x.data.layout.offset;
+    let xs = &host_slice::<T>(x)?[start..start + x.size()];
+    let mut buf = HostBuffer::uninit(out.size() * size_of::<T>());
+    if len > 0 && out_len > 0 {
+        let per = (GRAIN / len).max(1);
+        buf.as_mut_slice::<T>().par_chunks_mut(per * out_len).zip(xs.par_chunks(per * len)).for_each(|(o, x)| {
+            for (o, x) in o.chunks_mut(out_len).zip(x.chunks(len)) {
+                simd(|| f(x, o));
+            }
+        });
+    }
+    out.data = Some(Data::from_host_buffer(&out.shape, buf));
+    Ok(())
+}
+
+const L: usize = 16;
+
+/// Row maximum, NaN propagating.
+#[inline(always)]
+fn row_max<T: Float>(x: &[T]) -> T::Acc {
+    let low = T::lowest().to_acc();
+    let pick = |m: T::Acc, v: T::Acc| if v > m || v.is_nan() { v } else { m };
+    let mut lanes = [low; L];
+    let mut chunks = x.chunks_exact(L);
+    for c in &mut chunks {
+        for i in 0..L {
+            lanes[i] = pick(lanes[i], c[i].to_acc());
+        }
+    }
+    chunks.remainder().iter().map(|v| v.to_acc()).chain(lanes).fold(low, pick)
+}
+
+/// `sum(exp(x - m))`, writing each exponential to `o` when given.
+#[inline(always)]
+fn exp_sum<T: Float>(x: &[T], m: T::Acc, mut o: Option<&mut [T]>) -> T::Acc {
+    let mut lanes = [T::Acc::zero(); L];
+    for (c, chunk) in x.chunks(L).enumerate() {
+        for i in 0..chunk.len() {
+            let e = (chunk[i].to_acc() - m).vexp();
+            if let Some(o) = o.as_deref_mut() {
+                o[c * L + i] = T::from_acc(e);
+            }
+            lanes[i] = lanes[i] + e;
+        }
+    }
+    lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b)
+}
+
+fn softmax_row<T: Float>(x: &[T], o: &mut [T]) {
+    let m = row_max(x);
+    if m.is_nan() || (m.is_infinite() && m > T::Acc::zero()) {
+        // As the composition: inf − inf (or NaN) gives NaN everywhere.
+        o.iter_mut().for_each(|v| *v = T::from_acc(T::Acc::nan()));
+        return;
+    }
+    // When the element type is the accumulator type the stored exponentials are exact, so the
+    // second pass only rescales them.
+    let exact = TypeId::of::<T>() == TypeId::of::<T::Acc>();
+    let sum = exp_sum(x, m, if exact { Some(&mut *o) } else { None });
+    let inv = T::Acc::one() / sum;
+    if exact {
+        o.iter_mut().for_each(|v| *v = T::from_acc(v.to_acc() * inv));
+    } else {
+        for (o, v) in o.iter_mut().zip(x) {
+            *o = T::from_acc((v.to_acc() - m).vexp() * inv);
+        }
+    }
+}
+
+fn lse_row<T: Float>(x: &[T], o: &mut [T]) {
+    let m = row_max(x);
+    if m.is_infinite() || m.is_nan() {
+        o[0] = T::from_acc(m);
+        return;
+    }
+    o[0] = T::from_acc(exp_sum(x, m, None).ln() + m);
+}

@@ -1,0 +1,313 @@
+//! Element-wise maps over one, two or three operands: the shared driver of unary, binary,
+//! select and cast kernels.
+//!
+//! Operands that share one dense layout (or are broadcast scalars) run as a flat loop over the
+//! buffer, split across threads and compiled for the best SIMD level at run time; the output
+//! keeps that layout, and a donated input is written in place. Anything else walks the
+//! strided layouts into a row-major output.
+
+use std::any::TypeId;
+use std::sync::Arc;
+
+use nuvec_core::Result;
+use nuvec_core::storage::{Data, HostBuffer, Layout, Operand, Output};
+use rayon::prelude::*;
+
+use crate::elem::Elem;
+use crate::strided::{GRAIN, Rows, rows_per_chunk};
+use crate::{host_slice, internal};
+
+/// How one operand is read in the flat path.
+#[derive(Clone, Copy)]
+enum Flat {
+    /// One value for every element.
+    Scalar,
+    /// Element `i` of the dense range.
+    Dense,
+}
+
+/// The common dense layout of the operands, if they have one.
+fn flat_plan(ops: &[&Operand]) -> Option<(Vec<Flat>, Option<Layout>)> {
+    let mut layout: Option<&Layout> = None;
+    let mut plan = Vec::with_capacity(ops.len());
+    for op in ops {
+        let l = &op.data.layout;
+        if op.size() > 1 && l.strides.iter().all(|&s| s == 0) {
+            plan.push(Flat::Scalar);
+            continue;
+        }
+        if op.size() <= 1 {
+            plan.push(Flat::Scalar);
+            continue;
+        }
+        if !l.flags.contiguous {
+            return None;
+        }
+        match layout {
+            None => layout = Some(l),
+            Some(first) if first.strides == l.strides => {}
+            Some(_) => return None,
+        }
+        plan.push(Flat::Dense);
+    }
+    // The output keeps the operands' strides, at offset 0.
+    Some((plan, layout.map(|l| Layout { strides: l.strides.clone(), offset: 0, flags: l.flags })))
+}
+
+
+/// The dense range of `op`'s elements as a slice (its whole span for a flat operand).
+fn dense<'a, T: Elem>(op: &'a Operand, n: usize) -> Result<&'a [T]> {
+    let s = host_slice::<T>(op)?;
+    let start = op.data.layout.offset;
+    s.get(start..start + n).ok_or_else(|| internal("operand shorter than its layout"))
+}
+
+/// The single value of a scalar-like operand.
+fn scalar<T: Elem>(op: &Operand) -> Result<T> {
+    let s = host_slice::<T>(op)?;
+    s.get(op.data.layout.offset).copied().ok_or_else(|| internal("empty scalar operand"))
+}
+
+/// Runs `body` compiled for the best instruction set of this CPU.
+#[inline(always)]
+pub fn simd<R>(body: impl FnOnce() -> R) -> R {
+    pulp::Arch::new().dispatch(body)
+}
+
+/// `out[i] = f(x[i])`.
+pub fn map1<A: Elem, U: Elem>(x: Operand, out: &mut Output, f: impl Fn(A) -> U + Sync + Send + Copy) -> Result<()> {
+    let n = out.size();
+    if n == 0 {
+        return empty::<U>(out);
+    }
+    if let Some((plan, layout)) = flat_plan(&[&x]) {
+        let layout = layout.unwrap_or_else(|| Layout::row_major(&out.shape));
+        if let Flat::Scalar = plan[0] {
+            let v = f(scalar::<A>(&x)?);
+            return fill(out, v);
+        }
+        // In place: the only holder of the input gave its buffer.
+        if x.donated && TypeId::of::<A>() == TypeId::of::<U>() {
+            let start = x.data.layout.offset;
+            let mut data = x.data.clone();
+            drop(x);
+            if let Some(buf) = Arc::get_mut(&mut data.storage).and_then(|s| s.host_buffer_mut()) {
+                let s = &mut buf.as_mut_slice::<A>()[start..start + n];
+                s.par_chunks_mut(GRAIN).for_each(|c| {
+                    simd(|| {
+                        for v in c.iter_mut() {
+                            *v = bytemuck::cast::<U, A>(f(*v));
+                        }
+                    })
+                });
+                out.data = Some(data);
+                return Ok(());
+            }
+            return flat1(&Operand { shape: out.shape.clone(), dtype: A::DTYPE, data, donated: false }, n, layout, out, f);
+        }
+        return flat1(&x, n, layout, out, f);
+    }
+    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    let xs = host_slice::<A>(&x)?;
+    let out_strides = nuvec_core::shape::row_major_strides(&out.shape);
+    let rows = Rows::new(&out.shape, [&out_strides, &x.data.layout.strides], [0, x.data.layout.offset]);
+    let o = buf.as_mut_slice::<U>();
+    let per = rows_per_chunk(rows.inner);
+    o.par_chunks_mut(per * rows.inner.max(1)).enumerate().for_each(|(c, chunk)| {
+        let start = c * per;
+        let end = (start + per).min(rows.count);
+        rows.for_each(start, end, |r, off| {
+            let dst = &mut chunk[(r - start) * rows.inner..(r - start + 1) * rows.inner];
+            let (mut p, s) = (off[1], rows.inner_strides[1]);
+            for d in dst.iter_mut() {
+                *d = f(xs[p as usize]);
+                p += s;
+            }
+        });
+    });
+    out.data = Some(Data::from_host_buffer(&out.shape, buf));
+    Ok(())
+}
+
+fn flat1<A: Elem, U: Elem>(x: &Operand, n: usize, layout: Layout, out: &mut Output, f: impl Fn(A) -> U + Sync + Send + Copy) -> Result<()> {
+    let xs = dense::<A>(x, n)?;
+    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    buf.as_mut_slice::<U>().par_chunks_mut(GRAIN).zip(xs.par_chunks(GRAIN)).for_each(|(o, a)| {
+        simd(|| {
+            for (o, &a) in o.iter_mut().zip(a) {
+                *o = f(a);
+            }
+        })
+    });
+    out.data = Some(Data { storage: Arc::new(nuvec_core::storage::Storage::host(buf)), layout });
+    Ok(())
+}
+
+/// An output with no elements.
+pub fn empty<U: Elem>(out: &mut Output) -> Result<()> {
+    out.data = Some(Data::from_host_buffer(&out.shape, HostBuffer::uninit(0)));
+    let _ = size_of::<U>();
+    Ok(())
+}
+
+/// An output of `n` copies of `v` (row-major).
+pub fn fill<U: Elem>(out: &mut Output, v: U) -> Result<()> {
+    let n = out.size();
+    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    buf.as_mut_slice::<U>().par_chunks_mut(GRAIN).for_each(|c| c.fill(v));
+    out.data = Some(Data::from_host_buffer(&out.shape, buf));
+    Ok(())
+}
+
+/// `out[i] = f(a[i], b[i])`.
+pub fn map2<A: Elem, B: Elem, U: Elem>(
+    a: Operand,
+    b: Operand,
+    out: &mut Output,
+    f: impl Fn(A, B) -> U + Sync + Send + Copy,
+) -> Result<()> {
+    let n = out.size();
+    if n == 0 {
+        return empty::<U>(out);
+    }
+    if let Some((plan, layout)) = flat_plan(&[&a, &b]) {
+        let layout = layout.unwrap_or_else(|| Layout::row_major(&out.shape));
+        return match (plan[0], plan[1]) {
+            (Flat::Scalar, Flat::Scalar) => fill(out, f(scalar::<A>(&a)?, scalar::<B>(&b)?)),
+            (Flat::Dense, Flat::Scalar) => {
+                let bv = scalar::<B>(&b)?;
+                map1::<A, U>(a, out, move |x| f(x, bv))
+            }
+            (Flat::Scalar, Flat::Dense) => {
+                let av = scalar::<A>(&a)?;
+                map1::<B, U>(b, out, move |y| f(av, y))
+            }
+            (Flat::Dense, Flat::Dense) => flat2(a, b, n, layout, out, f),
+        };
+    }
+    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    let (xs, ys) = (host_slice::<A>(&a)?, host_slice::<B>(&b)?);
+    let out_strides = nuvec_core::shape::row_major_strides(&out.shape);
+    let rows = Rows::new(
+        &out.shape,
+        [&out_strides, &a.data.layout.strides, &b.data.layout.strides],
+        [0, a.data.layout.offset, b.data.layout.offset],
+    );
+    let per = rows_per_chunk(rows.inner);
+    buf.as_mut_slice::<U>().par_chunks_mut(per * rows.inner.max(1)).enumerate().for_each(|(c, chunk)| {
+        let start = c * per;
+        let end = (start + per).min(rows.count);
+        rows.for_each(start, end, |r, off| {
+            let dst = &mut chunk[(r - start) * rows.inner..(r - start + 1) * rows.inner];
+            let (sa, sb) = (rows.inner_strides[1], rows.inner_strides[2]);
+            let (mut pa, mut pb) = (off[1], off[2]);
+            for d in dst.iter_mut() {
+                *d = f(xs[pa as usize], ys[pb as usize]);
+                pa += sa;
+                pb += sb;
+            }
+        });
+    });
+    out.data = Some(Data::from_host_buffer(&out.shape, buf));
+    Ok(())
+}
+
+fn flat2<A: Elem, B: Elem, U: Elem>(
+    a: Operand,
+    b: Operand,
+    n: usize,
+    layout: Layout,
+    out: &mut Output,
+    f: impl Fn(A, B) -> U + Sync + Send + Copy,
+) -> Result<()> {
+    // Write in place into an input that was donated and has the output's type.
+    let (a, b) = match in_place(a, &b, n, out, f)? {
+        None => return Ok(()),
+        Some(a) => (a, b),
+    };
+    let (b, a) = match in_place(b, &a, n, out, move |y: B, x: A| f(x, y))? {
+        None => return Ok(()),
+        Some(b) => (b, a),
+    };
+    let (xs, ys) = (dense::<A>(&a, n)?, dense::<B>(&b, n)?);
+    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    buf.as_mut_slice::<U>().par_chunks_mut(GRAIN).zip(xs.par_chunks(GRAIN).zip(ys.par_chunks(GRAIN))).for_each(
+        |(o, (x, y))| {
+            simd(|| {
+                for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                    *o = f(x, y);
+                }
+            })
+        },
+    );
+    out.data = Some(Data { storage: Arc::new(nuvec_core::storage::Storage::host(buf)), layout });
+    Ok(())
+}
+
+/// `dst[i] = f(dst[i], src[i])` in `dst`'s buffer when `dst` was donated and holds the output
+/// type; gives `dst` back otherwise.
+fn in_place<D: Elem, S: Elem, U: Elem>(
+    dst: Operand,
+    src: &Operand,
+    n: usize,
+    out: &mut Output,
+    f: impl Fn(D, S) -> U + Sync + Send + Copy,
+) -> Result<Option<Operand>> {
+    if !dst.donated || TypeId::of::<D>() != TypeId::of::<U>() {
+        return Ok(Some(dst));
+    }
+    let ys = dense::<S>(src, n)?;
+    let start = dst.data.layout.offset;
+    let mut data = dst.data.clone();
+    drop(dst);
+    let Some(buf) = Arc::get_mut(&mut data.storage).and_then(|s| s.host_buffer_mut()) else {
+        return Ok(Some(Operand { shape: out.shape.clone(), dtype: D::DTYPE, data, donated: false }));
+    };
+    let xs = &mut buf.as_mut_slice::<D>()[start..start + n];
+    xs.par_chunks_mut(GRAIN).zip(ys.par_chunks(GRAIN)).for_each(|(x, y)| {
+        simd(|| {
+            for (x, &y) in x.iter_mut().zip(y) {
+                *x = bytemuck::cast::<U, D>(f(*x, y));
+            }
+        })
+    });
+    out.data = Some(data);
+    Ok(None)
+}
+
+/// `out[i] = f(a[i], b[i], c[i])` (select); strided walk into a row-major output.
+pub fn map3<A: Elem, B: Elem, C: Elem, U: Elem>(
+    a: Operand,
+    b: Operand,
+    c: Operand,
+    out: &mut Output,
+    f: impl Fn(A, B, C) -> U + Sync + Send + Copy,
+) -> Result<()> {
+    let n = out.size();
+    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    let (xs, ys, zs) = (host_slice::<A>(&a)?, host_slice::<B>(&b)?, host_slice::<C>(&c)?);
+    let out_strides = nuvec_core::shape::row_major_strides(&out.shape);
+    let rows = Rows::new(
+        &out.shape,
+        [&out_strides, &a.data.layout.strides, &b.data.layout.strides, &c.data.layout.strides],
+        [0, a.data.layout.offset, b.data.layout.offset, c.data.layout.offset],
+    );
+    let per = rows_per_chunk(rows.inner);
+    buf.as_mut_slice::<U>().par_chunks_mut(per * rows.inner.max(1)).enumerate().for_each(|(ci, chunk)| {
+        let start = ci * per;
+        let end = (start + per).min(rows.count);
+        rows.for_each(start, end, |r, off| {
+            let dst = &mut chunk[(r - start) * rows.inner..(r - start + 1) * rows.inner];
+            let s = rows.inner_strides;
+            let (mut pa, mut pb, mut pc) = (off[1], off[2], off[3]);
+            for d in dst.iter_mut() {
+                *d = f(xs[pa as usize], ys[pb as usize], zs[pc as usize]);
+                pa += s[1];
+                pb += s[2];
+                pc += s[3];
+            }
+        });
+    });
+    out.data = Some(Data::from_host_buffer(&out.shape, buf));
+    Ok(())
+}

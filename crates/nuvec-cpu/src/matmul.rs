@@ -1,0 +1,175 @@
+//! Matrix products on the `gemm` crate (f32, f64, f16; bf16 through f32), with a plain loop
+//! for integers.
+
+use gemm::Parallelism;
+use half::{bf16, f16};
+use nuvec_core::shape::row_major_strides;
+use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
+use nuvec_core::{DType, Result};
+use rayon::prelude::*;
+
+use crate::copy;
+use crate::elem::{Elem, Num};
+use crate::strided::Rows;
+use crate::{for_int, host_slice, internal, unsupported};
+
+/// `alpha * a @ b + beta * c` for batched `[.., M, K] @ [.., K, N]`; `c` is `None` for a plain
+/// product.
+pub fn eval(a: Operand, b: Operand, c: Option<Operand>, alpha: f32, beta: f32, out: &mut Output) -> Result<()> {
+    // The destination starts as `c` (row-major) when there is one.
+    let mut buf = match c {
+        Some(c) => {
+            let mut tmp = Output { shape: out.shape.clone(), dtype: out.dtype, data: None };
+            copy::copy(c, &mut tmp)?;
+            let data = tmp.data.ok_or_else(|| internal("copy produced no output"))?;
+            let mut storage = std::sync::Arc::try_unwrap(data.storage).map_err(|_| internal("fresh copy is shared"))?;
+            let host = storage.host_buffer_mut().ok_or_else(|| internal("copy not on the host"))?;
+            std::mem::replace(host, HostBuffer::uninit(0))
+        }
+        None => HostBuffer::uninit(out.size() * out.dtype.size()),
+    };
+    let read_dst = beta != 0.0 && buf.len() > 0 && matches!(out.dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+    match out.dtype {
+        DType::F32 => gemm_batched::<f32>(&a, &b, buf.as_mut_slice(), &out.shape, read_dst, beta, alpha)?,
+        DType::F64 => gemm_batched::<f64>(&a, &b, buf.as_mut_slice(), &out.shape, read_dst, beta as f64, alpha as f64)?,
+        DType::F16 => {
+            gemm_batched::<f16>(&a, &b, buf.as_mut_slice(), &out.shape, read_dst, f16::from_f32(beta), f16::from_f32(alpha))?
+        }
+        DType::BF16 => bf16_via_f32(&a, &b, &mut buf, &out.shape, read_dst, beta, alpha)?,
+        d if d.is_integer() => for_int!(d, T => naive::<T>(&a, &b, buf.as_mut_slice(), &out.shape))?,
+        d => return Err(unsupported(d)),
+    }
+    out.data = Some(Data::from_host_buffer(&out.shape, buf));
+    Ok(())
+}
+
+/// Batch offsets of `a`, `b` and the output, in elements.
+fn batches(a: &Operand, b: &Operand, out_shape: &[i32]) -> Vec<[isize; 3]> {
+    let nb = out_shape.len() - 2;
+    let out_strides = row_major_strides(out_shape);
+    let rows = Rows::new(
+        &out_shape[..nb],
+        [&a.data.layout.strides[..nb], &b.data.layout.strides[..nb], &out_strides[..nb]],
+        [a.data.layout.offset, b.data.layout.offset, 0],
+    );
+    let mut v = Vec::with_capacity(rows.count * rows.inner);
+    rows.for_each_element(0, rows.count * rows.inner, |o| v.push(o));
+    v
+}
+
+fn gemm_batched<T: Elem>(
+    a: &Operand,
+    b: &Operand,
+    dst: &mut [T],
+    out_shape: &[i32],
+    read_dst: bool,
+    dst_scale: T,
+    product_scale: T,
+) -> Result<()> {
+    let (xs, ys) = (host_slice::<T>(a)?, host_slice::<T>(b)?);
+    let r = out_shape.len();
+    let (m, n) = (out_shape[r - 2] as usize, out_shape[r - 1] as usize);
+    let k = a.shape[r - 1] as usize;
+    let (sa, sb) = (&a.data.layout.strides, &b.data.layout.strides);
+    let batch = batches(a, b, out_shape);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    // Large products use every thread inside gemm; many small ones run side by side.
+    let big = m * n * k >= 1 << 18;
+    let threads = rayon::current_num_threads();
+    let run = |dst: &mut [T], [oa, ob, _]: [isize; 3], par: Parallelism| {
+        // SAFETY: `dst` holds the m×n row-major block; the offsets and strides of `a` and `b`
+        // come from their layouts, which keep every element of these operands inside their
+        // buffers (`host_slice` returns the whole buffer), so every pointer gemm forms is in
+        // bounds. The three buffers do not overlap: `dst` is a fresh allocation.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                1,
+                n as isize,
+                read_dst,
+                xs.as_ptr().offset(oa),
+                sa[r - 1],
+                sa[r - 2],
+                ys.as_ptr().offset(ob),
+                sb[r - 1],
+                sb[r - 2],
+                dst_scale,
+                product_scale,
+                false,
+                false,
+                false,
+                par,
+            )
+        }
+    };
+    if k == 0 {
+        if read_dst {
+            for v in dst.iter_mut() {
+                *v = T::from_f64(v.to_f64() * dst_scale.to_f64());
+            }
+        } else {
+            dst.fill(T::zeroed());
+        }
+        return Ok(());
+    }
+    if big || batch.len() == 1 {
+        let par = if big { Parallelism::Rayon(threads) } else { Parallelism::None };
+        for (chunk, &off) in dst.chunks_mut(m * n).zip(&batch) {
+            run(chunk, off, par);
+        }
+    } else {
+        dst.par_chunks_mut(m * n).zip(batch.par_iter()).for_each(|(chunk, &off)| run(chunk, off, Parallelism::None));
+    }
+    Ok(())
+}
+
+/// bf16 has no gemm kernel: widen both operands to f32, multiply, round back.
+fn bf16_via_f32(
+    a: &Operand,
+    b: &Operand,
+    buf: &mut HostBuffer,
+    out_shape: &[i32],
+    read_dst: bool,
+    dst_scale: f32,
+    product_scale: f32,
+) -> Result<()> {
+    let widen = |x: &Operand| -> Result<Operand> {
+        let mut o = Output { shape: x.shape.clone(), dtype: DType::F32, data: None };
+        copy::astype(x.clone(), &mut o)?;
+        let data = o.data.ok_or_else(|| internal("cast produced no output"))?;
+        Ok(Operand { shape: x.shape.clone(), dtype: DType::F32, data, donated: false })
+    };
+    let (a32, b32) = (widen(a)?, widen(b)?);
+    let mut acc: Vec<f32> = buf.as_slice::<bf16>().iter().map(|v| v.to_f32()).collect();
+    gemm_batched::<f32>(&a32, &b32, &mut acc, out_shape, read_dst, dst_scale, product_scale)?;
+    buf.as_mut_slice::<bf16>().par_iter_mut().zip(acc.par_iter()).for_each(|(o, &v)| *o = bf16::from_f32(v));
+    Ok(())
+}
+
+/// Integer products: wrapping arithmetic in the element type.
+fn naive<T: Num>(a: &Operand, b: &Operand, dst: &mut [T], out_shape: &[i32]) -> Result<()> {
+    let (xs, ys) = (host_slice::<T>(a)?, host_slice::<T>(b)?);
+    let r = out_shape.len();
+    let (m, n) = (out_shape[r - 2] as usize, out_shape[r - 1] as usize);
+    let k = a.shape[r - 1] as usize;
+    let (sa, sb) = (&a.data.layout.strides, &b.data.layout.strides);
+    for (chunk, [oa, ob, _]) in dst.chunks_mut((m * n).max(1)).zip(batches(a, b, out_shape)) {
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = T::zero();
+                for l in 0..k {
+                    let x = xs[(oa + i as isize * sa[r - 2] + l as isize * sa[r - 1]) as usize];
+                    let y = ys[(ob + l as isize * sb[r - 2] + j as isize * sb[r - 1]) as usize];
+                    acc = Num::add(acc, Num::mul(x, y));
+                }
+                chunk[i * n + j] = acc;
+            }
+        }
+    }
+    Ok(())
+}

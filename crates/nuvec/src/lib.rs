@@ -1,0 +1,42 @@
+//! nuvec: MLX's programming model in pure Rust, for NVIDIA GPUs and CPUs.
+//!
+//! Arrays are lazy: operations record a graph, and nothing runs until a result is needed
+//! (`eval`, `item`, `to_vec`). Operations never return `Result`; a bad call gives a failed
+//! array whose error surfaces at those boundaries.
+//!
+//! ```
+//! use nuvec::{array, ops as mx};
+//! let x = array![[1.0, 2.0], [3.0, 4.0]];
+//! let y = mx::softmax(&x.matmul(&x.t()), -1);
+//! assert_eq!(y.shape(), &[2, 2]);
+//! let rows: Vec<f32> = y.sum(-1).to_vec().unwrap();
+//! assert!(rows.iter().all(|r| (r - 1.0).abs() < 1e-6));
+//! ```
+#![deny(unsafe_code)]
+
+use std::sync::Arc;
+
+pub use nuvec_core::{
+    Array, ArrayLiteral, Axes, Category, Complex64, DType, Device, DeviceKind, Element, Error, IntoShape, Leaves,
+    OpErrorKind, Result, Scalar, ScalarOrArray, ScanOptions, Shape, Stream, VarOptions, array, async_eval, bf16,
+    default_device, default_stream, eval, f16, fast, ops, promote_types, with_stream,
+};
+
+/// Graph internals for backends, compilers and tools (no stability promise).
+pub mod graph {
+    pub use nuvec_core::backend::{Backend, backend_for, is_available};
+    pub use nuvec_core::primitive::*;
+    pub use nuvec_core::storage::{Data, Layout, Operand, Output, Spec, Storage};
+}
+
+/// The CPU backend.
+pub mod cpu {
+    pub use nuvec_cpu::CpuBackend;
+}
+
+/// The backends of this build, handed to core's registry (its one link-time hook).
+#[allow(unsafe_code)]
+#[unsafe(no_mangle)]
+fn __nuvec_backends_v1() -> Vec<Arc<dyn nuvec_core::backend::Backend>> {
+    vec![Arc::new(nuvec_cpu::CpuBackend::new())]
+}
