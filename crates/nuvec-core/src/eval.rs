@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::array::{Array, Node, State};
 use crate::backend::backend_for;
-use crate::device::{Stream, with_stream};
+use crate::device::{Device, Stream, with_stream};
 use crate::error::{Error, Result};
 use crate::primitive::Primitive;
 use crate::primitive::view::view_layout;
@@ -202,6 +202,21 @@ pub(crate) fn dispatch(stream: Stream, primitive: &Primitive, inputs: Vec<Operan
     if let Primitive::Fast(fast) = primitive {
         return eval_composition(stream, fast, inputs, outputs);
     }
+    if !stream.device.is_cpu() {
+        // No kernel on this device: run on the CPU. The inputs cross to the host once (their
+        // copies are kept) and the output stays there until a device operation needs it.
+        let cpu = backend_for(Device::cpu())?;
+        if cpu.supports(primitive, &in_specs, &out_specs) {
+            let host = inputs
+                .into_iter()
+                .map(|o| {
+                    let storage = o.data.storage.on_device(Device::cpu())?;
+                    Ok(Operand { data: Data { storage, layout: o.data.layout }, donated: false, ..o })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return cpu.eval(Stream::default_for(Device::cpu()), primitive, host, outputs);
+        }
+    }
     Err(Error::Backend(format!(
         "the {} backend has no kernel for {} on {:?}",
         backend.name(),
@@ -232,7 +247,10 @@ fn eval_view(stream: Stream, primitive: &Primitive, mut inputs: Vec<Operand>, ou
         None => {
             // The strides do not allow a view: copy to row-major first, then view that.
             let mut copy = [Output { shape: x.shape.clone(), dtype: x.dtype, data: None }];
-            backend_for(stream.device)?.eval(stream, &Primitive::Copy, vec![x], &mut copy)?;
+            // Views do not move data between devices: copy where the bytes are.
+            let home = x.data.storage.location();
+            let at = if home == stream.device { stream } else { Stream::default_for(home) };
+            backend_for(home)?.eval(at, &Primitive::Copy, vec![x], &mut copy)?;
             let data = copy[0].data.take().ok_or_else(|| internal("copy produced no output"))?;
             let layout = view_layout(primitive, &spec, &data.layout, &out_shape)
                 .ok_or_else(|| internal(format!("{} of a row-major copy is not a view", primitive.name())))?;

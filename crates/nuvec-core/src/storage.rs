@@ -7,6 +7,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytemuck::{Pod, Zeroable};
@@ -33,6 +34,8 @@ impl HostBuffer {
     pub fn uninit(len: usize) -> HostBuffer {
         let n = len.div_ceil(64);
         let blocks = host_cache().take(n).unwrap_or_else(|| vec![Block([0; 64]); n]);
+        let active = HOST_ACTIVE.fetch_add(n * 64, Ordering::Relaxed) + n * 64;
+        HOST_PEAK.fetch_max(active, Ordering::Relaxed);
         HostBuffer { blocks, len }
     }
 
@@ -87,8 +90,38 @@ impl HostBuffer {
 impl Drop for HostBuffer {
     fn drop(&mut self) {
         let blocks = std::mem::take(&mut self.blocks);
+        HOST_ACTIVE.fetch_sub(blocks.len() * 64, Ordering::Relaxed);
         host_cache().give(blocks);
     }
+}
+
+static HOST_ACTIVE: AtomicUsize = AtomicUsize::new(0);
+static HOST_PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// Memory use of a device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Bytes held by live buffers.
+    pub active: usize,
+    /// Largest `active` since the start or the last `reset_peak`.
+    pub peak: usize,
+    /// Bytes of freed buffers kept for reuse.
+    pub cache: usize,
+}
+
+/// Host memory held by arrays (and the host buffer cache).
+pub fn host_memory() -> MemoryStats {
+    MemoryStats {
+        active: HOST_ACTIVE.load(Ordering::Relaxed),
+        peak: HOST_PEAK.load(Ordering::Relaxed),
+        cache: host_cache_bytes(),
+    }
+}
+
+/// Restarts host peak tracking from the current active bytes.
+pub fn reset_host_peak() {
+    HOST_PEAK.store(HOST_ACTIVE.load(Ordering::Relaxed), Ordering::Relaxed);
 }
 
 /// A cache of freed host buffers keyed by size. Large outputs would otherwise be fresh

@@ -29,14 +29,33 @@ pub mod graph {
     pub use nuvec_core::storage::{Data, Layout, Operand, Output, Spec, Storage};
 }
 
+/// Host memory held by arrays.
+pub mod memory {
+    pub use nuvec_core::storage::{MemoryStats, host_memory, reset_host_peak, set_host_cache_limit};
+}
+
 /// The CPU backend.
 pub mod cpu {
     pub use nuvec_cpu::CpuBackend;
+}
+
+/// The CUDA backend: availability, device facts, memory controls.
+///
+/// ```
+/// // Never panics, with or without a GPU.
+/// let usable = nuvec::cuda::is_available();
+/// assert_eq!(usable, nuvec::cuda::unavailable_reason().is_none());
+/// ```
+pub mod cuda {
+    pub use nuvec_cuda::{
+        CudaBackend, DeviceInfo, clear_cache, compile_all, device_count, device_info, is_available, memory,
+        reset_peak, set_cache_limit, set_memory_limit, synchronize, unavailable_reason,
+    };
 }
 
 /// The backends of this build, handed to core's registry (its one link-time hook).
 #[allow(unsafe_code)]
 #[unsafe(no_mangle)]
 fn __nuvec_backends_v1() -> Vec<Arc<dyn nuvec_core::backend::Backend>> {
-    vec![Arc::new(nuvec_cpu::CpuBackend::new())]
+    vec![Arc::new(nuvec_cpu::CpuBackend::new()), Arc::new(nuvec_cuda::CudaBackend::new())]
 }

@@ -1,0 +1,335 @@
+// Reductions, arg-reductions and scans. Half-precision sums and products accumulate in f32.
+#pragma once
+#include "elementwise.cuh"
+
+// Reducer: identity, step, merge and finish. OP: 0 sum, 1 prod, 2 max, 3 min, 4 and, 5 or.
+template <typename T, int OP> struct Red {
+  typedef typename Acc<T>::type A;
+  __device__ static A init() {
+    if constexpr (OP == 0) return widen(Make0<T>::zero());
+    else if constexpr (OP == 1) return widen(Make0<T>::one());
+    else if constexpr (OP == 2) return widen(Make0<T>::lowest());
+    else return widen(Make0<T>::highest());
+  }
+  __device__ static A step(A a, T x) { return merge(a, widen(x)); }
+  __device__ static A merge(A a, A b) {
+    if constexpr (OP == 0) return Ops<A>::add(a, b);
+    else if constexpr (OP == 1) return Ops<A>::mul(a, b);
+    else if constexpr (OP == 2) return Ops<A>::max(a, b);
+    else return Ops<A>::min(a, b);
+  }
+  __device__ static T finish(A a) { return narrow<T>(a); }
+};
+template <int OP> struct Red<bool, OP> {
+  typedef bool A;
+  __device__ static bool init() { return OP == 1 || OP == 3 || OP == 4; }
+  __device__ static bool step(bool a, bool x) { return merge(a, x); }
+  __device__ static bool merge(bool a, bool b) { return (OP == 1 || OP == 3 || OP == 4) ? (a && b) : (a || b); }
+  __device__ static bool finish(bool a) { return a; }
+};
+
+template <typename A> __device__ __forceinline__ A shfl_xor_any(A v, int o) {
+  if constexpr (sizeof(A) == 1) {
+    return (A)__shfl_xor_sync(0xffffffffu, (int)v, o);
+  } else if constexpr (sizeof(A) == 8) {
+    u64 bits;
+    memcpy(&bits, &v, 8);
+    bits = __shfl_xor_sync(0xffffffffu, bits, o);
+    A r;
+    memcpy(&r, &bits, 8);
+    return r;
+  } else if constexpr (sizeof(A) == 2) {
+    unsigned short bits;
+    memcpy(&bits, &v, 2);
+    bits = (unsigned short)__shfl_xor_sync(0xffffffffu, (unsigned)bits, o);
+    A r;
+    memcpy(&r, &bits, 2);
+    return r;
+  } else {
+    u32 bits;
+    memcpy(&bits, &v, 4);
+    bits = __shfl_xor_sync(0xffffffffu, bits, o);
+    A r;
+    memcpy(&r, &bits, 4);
+    return r;
+  }
+}
+template <typename A> __device__ __forceinline__ A shfl_up_any(A v, int o) {
+  if constexpr (sizeof(A) == 8) {
+    u64 bits;
+    memcpy(&bits, &v, 8);
+    bits = __shfl_up_sync(0xffffffffu, bits, o);
+    A r;
+    memcpy(&r, &bits, 8);
+    return r;
+  } else {
+    u32 bits = 0;
+    memcpy(&bits, &v, sizeof(A));
+    bits = __shfl_up_sync(0xffffffffu, bits, o);
+    A r;
+    memcpy(&r, &bits, sizeof(A));
+    return r;
+  }
+}
+
+// Block-wide merge of one value per thread; the result is valid in thread 0.
+template <typename T, int OP>
+__device__ __forceinline__ typename Red<T, OP>::A block_merge(typename Red<T, OP>::A v) {
+  typedef Red<T, OP> R;
+  typedef typename R::A A;
+  __shared__ A warp_vals[32];
+  for (int o = 16; o > 0; o >>= 1) v = R::merge(v, shfl_xor_any(v, o));
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (blockDim.x <= 32) return v;
+  if (lane == 0) warp_vals[warp] = v;
+  __syncthreads();
+  int nw = (blockDim.x + 31) >> 5;
+  v = lane < nw ? warp_vals[lane] : R::init();
+  if (warp == 0)
+    for (int o = 16; o > 0; o >>= 1) v = R::merge(v, shfl_xor_any(v, o));
+  __syncthreads();
+  return v;
+}
+
+// Each block reduces segment `seg` of row `row`: rows of `len` contiguous elements start at
+// offset_of(d, 0, row). `segs` segments per row; partials[row * segs + seg] gets the result
+// (or out[row] directly when segs == 1).
+template <typename T, int OP>
+__device__ __forceinline__ void reduce_rows(const T* __restrict__ x, typename Red<T, OP>::A* __restrict__ partials,
+                                            T* __restrict__ out, u64 rows, u64 len, u64 segs, Dims d) {
+  typedef Red<T, OP> R;
+  typedef typename R::A A;
+  const int N = 16 / sizeof(T);
+  u64 seg_len = (len + segs - 1) / segs;
+  seg_len = (seg_len + N - 1) / N * N;
+  for (u64 job = blockIdx.x; job < rows * segs; job += gridDim.x) {
+    u64 row = job / segs, seg = job % segs;
+    const T* p = x + offset_of(d, 0, row);
+    u64 lo = seg * seg_len, hi = lo + seg_len < len ? lo + seg_len : len;
+    A acc = R::init();
+    if (lo < hi) {
+      const T* q = p + lo;
+      u64 n = hi - lo;
+      if (((unsigned long long)q % 16) == 0) {
+        u64 nv = n / N;
+        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
+          Vec<T, N> v = reinterpret_cast<const Vec<T, N>*>(q)[i];
+#pragma unroll
+          for (int j = 0; j < N; ++j) acc = R::step(acc, v.v[j]);
+        }
+        for (u64 i = nv * N + threadIdx.x; i < n; i += blockDim.x) acc = R::step(acc, q[i]);
+      } else {
+        for (u64 i = threadIdx.x; i < n; i += blockDim.x) acc = R::step(acc, q[i]);
+      }
+    }
+    acc = block_merge<T, OP>(acc);
+    if (threadIdx.x == 0) {
+      if (segs == 1) out[row] = R::finish(acc);
+      else partials[job] = acc;
+    }
+  }
+}
+
+// Rows of short length: one warp per row.
+template <typename T, int OP>
+__device__ __forceinline__ void reduce_rows_warp(const T* __restrict__ x, T* __restrict__ out, u64 rows, u64 len,
+                                                 Dims d) {
+  typedef Red<T, OP> R;
+  typedef typename R::A A;
+  int lane = threadIdx.x & 31;
+  u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+  for (u64 row = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+    const T* p = x + offset_of(d, 0, row);
+    A acc = R::init();
+    for (u64 i = lane; i < len; i += 32) acc = R::step(acc, p[i]);
+    for (int o = 16; o > 0; o >>= 1) acc = R::merge(acc, shfl_xor_any(acc, o));
+    if (lane == 0) out[row] = R::finish(acc);
+  }
+}
+
+// Merges `segs` partials per row.
+template <typename T, int OP>
+__device__ __forceinline__ void reduce_finish(const typename Red<T, OP>::A* __restrict__ partials, T* __restrict__ out,
+                                              u64 rows, u64 segs) {
+  typedef Red<T, OP> R;
+  typedef typename R::A A;
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    A acc = R::init();
+    for (u64 i = threadIdx.x; i < segs; i += blockDim.x) acc = R::merge(acc, partials[row * segs + i]);
+    acc = block_merge<T, OP>(acc);
+    if (threadIdx.x == 0) out[row] = R::finish(acc);
+  }
+}
+
+// Column reduction: outputs are `cols` contiguous elements; element (r, j) of the input is at
+// offset_of(d, 0, r) + j. Block (bx, by) handles columns bx*blockDim.. and slice `by` of the
+// reduced positions; `segs` slices write partials[seg * cols + j].
+template <typename T, int OP>
+__device__ __forceinline__ void reduce_cols(const T* __restrict__ x, typename Red<T, OP>::A* __restrict__ partials,
+                                            T* __restrict__ out, u64 cols, u64 red, u64 segs, Dims d) {
+  typedef Red<T, OP> R;
+  typedef typename R::A A;
+  u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  u64 seg = blockIdx.y;
+  u64 per = (red + segs - 1) / segs;
+  u64 lo = seg * per, hi = lo + per < red ? lo + per : red;
+  A acc = R::init();
+  for (u64 r = lo; r < hi; ++r) acc = R::step(acc, x[offset_of(d, 0, r) + j]);
+  if (segs == 1) out[j] = R::finish(acc);
+  else partials[seg * cols + j] = acc;
+}
+
+template <typename T, int OP>
+__device__ __forceinline__ void reduce_cols_finish(const typename Red<T, OP>::A* __restrict__ partials,
+                                                   T* __restrict__ out, u64 cols, u64 segs) {
+  typedef Red<T, OP> R;
+  u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  typename R::A acc = R::init();
+  for (u64 s = 0; s < segs; ++s) acc = R::merge(acc, partials[s * cols + j]);
+  out[j] = R::finish(acc);
+}
+
+// Anything else: one thread per output; `kept` maps outputs to offsets, `red` the reduced
+// positions.
+template <typename T, int OP>
+__device__ __forceinline__ void reduce_general(const T* __restrict__ x, T* __restrict__ out, u64 n_out, u64 n_red,
+                                               Dims kept, Dims red) {
+  typedef Red<T, OP> R;
+  u64 stride = (u64)gridDim.x * blockDim.x;
+  for (u64 o = (u64)blockIdx.x * blockDim.x + threadIdx.x; o < n_out; o += stride) {
+    const T* p = x + offset_of(kept, 0, o);
+    typename R::A acc = R::init();
+    for (u64 r = 0; r < n_red; ++r) acc = R::step(acc, p[offset_of(red, 0, r)]);
+    out[o] = R::finish(acc);
+  }
+}
+
+// Index of the first maximum (ARGMAX) or minimum along a line; NaN counts as the extreme.
+// One warp per output line; the line of output o starts at offset_of(d, 0, o).
+template <typename T, bool ARGMAX>
+__device__ __forceinline__ void arg_reduce(const T* __restrict__ x, u32* __restrict__ out, u64 n_out, u64 len,
+                                           i64 axis_stride, Dims d) {
+  typedef typename Acc<T>::type A;
+  int lane = threadIdx.x & 31;
+  u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+  for (u64 o = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; o < n_out; o += warps) {
+    const T* p = x + offset_of(d, 0, o);
+    bool have = false;
+    A best = A();
+    u64 at = 0;
+    for (u64 i = lane; i < len; i += 32) {
+      A v = widen(p[(i64)i * axis_stride]);
+      bool nan_v = !(v == v), nan_b = have && !(best == best);
+      bool better = !have || (!nan_b && (nan_v || (ARGMAX ? Ops<A>::lt(best, v) : Ops<A>::lt(v, best))));
+      if (better) {
+        best = v;
+        at = i;
+        have = true;
+      }
+    }
+    // Merge lanes: prefer NaN, then the extreme, then the smaller index.
+    for (int off = 16; off > 0; off >>= 1) {
+      A ov = shfl_xor_any(best, off);
+      u64 oat = __shfl_xor_sync(0xffffffffu, at, off);
+      bool ohave = __shfl_xor_sync(0xffffffffu, (int)have, off);
+      if (!ohave) continue;
+      bool nan_o = !(ov == ov), nan_b = have && !(best == best);
+      bool take;
+      if (!have) take = true;
+      else if (nan_o != nan_b) take = nan_o;
+      else if (nan_o) take = oat < at;
+      else if (ARGMAX ? Ops<A>::lt(best, ov) : Ops<A>::lt(ov, best)) take = true;
+      else if (ARGMAX ? Ops<A>::lt(ov, best) : Ops<A>::lt(best, ov)) take = false;
+      else take = oat < at;
+      if (take) {
+        best = ov;
+        at = oat;
+        have = true;
+      }
+    }
+    if (lane == 0) out[o] = (u32)at;
+  }
+}
+
+// Inclusive or exclusive scan of contiguous lines of `len`, one block per line. OP: 0 sum,
+// 1 prod, 2 max, 3 min, 6 logaddexp.
+template <typename T, int OP> struct ScanOp {
+  typedef typename Acc<T>::type A;
+  __device__ static A identity() {
+    if constexpr (OP == 6) return -(A)INFINITY;
+    else return Red<T, OP>::init();
+  }
+  __device__ static A op(A a, A b) {
+    if constexpr (OP == 6) return logaddexp_(a, b);
+    else return Red<T, OP>::merge(a, b);
+  }
+};
+template <int OP> struct ScanOp<bool, OP> {
+  typedef bool A;
+  __device__ static bool identity() { return Red<bool, OP>::init(); }
+  __device__ static bool op(bool a, bool b) { return Red<bool, OP>::merge(a, b); }
+};
+
+template <typename T, int OP>
+__device__ __forceinline__ void scan_lines(const T* __restrict__ x, T* __restrict__ out, u64 lines, u64 len,
+                                           bool reverse, bool inclusive) {
+  typedef ScanOp<T, OP> S;
+  typedef typename S::A A;
+  const int K = 8;
+  __shared__ A warp_tot[32];
+  __shared__ A carry_s;
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (u64 line = blockIdx.x; line < lines; line += gridDim.x) {
+    const T* p = x + line * len;
+    T* q = out + line * len;
+    A carry = S::identity();
+    for (u64 tile = 0; tile < len; tile += (u64)blockDim.x * K) {
+      A v[K];
+      A local = S::identity();
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        u64 i = tile + (u64)threadIdx.x * K + k;
+        u64 src = reverse ? len - 1 - i : i;
+        v[k] = i < len ? widen(p[src]) : S::identity();
+        local = S::op(local, v[k]);
+      }
+      // Exclusive scan of the thread totals across the block.
+      A incl = local;
+      for (int o = 1; o < 32; o <<= 1) {
+        A y = shfl_up_any(incl, o);
+        if (lane >= o) incl = S::op(y, incl);
+      }
+      if (lane == 31) warp_tot[warp] = incl;
+      __syncthreads();
+      if (warp == 0) {
+        A w = lane < nw ? warp_tot[lane] : S::identity();
+        for (int o = 1; o < 32; o <<= 1) {
+          A y = shfl_up_any(w, o);
+          if (lane >= o) w = S::op(y, w);
+        }
+        if (lane < nw) warp_tot[lane] = w;
+      }
+      __syncthreads();
+      A before_warp = warp > 0 ? warp_tot[warp - 1] : S::identity();
+      A excl_in_warp = shfl_up_any(incl, 1);
+      if (lane == 0) excl_in_warp = S::identity();
+      A run = S::op(carry, S::op(before_warp, excl_in_warp));
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        u64 i = tile + (u64)threadIdx.x * K + k;
+        A next = S::op(run, v[k]);
+        if (i < len) {
+          u64 dst = reverse ? len - 1 - i : i;
+          q[dst] = narrow<T>(inclusive ? next : run);
+        }
+        run = next;
+      }
+      if (threadIdx.x == 0) carry_s = S::op(carry, warp_tot[nw - 1]);
+      __syncthreads();
+      carry = carry_s;
+      __syncthreads();
+    }
+  }
+}

@@ -1,0 +1,356 @@
+//! The kernel modules: one generated source per (family, dtype), each a list of `extern "C"`
+//! wrappers instantiating the templates of `kernels/*.cuh`. A module compiles once per device
+//! architecture (and is cached on disk); [`all_modules`] lists every one, for the compile check
+//! and for warming a cache.
+
+use nuvec_core::DType;
+use nuvec_core::primitive::{BinaryOp, ReduceOp, ScanOp, UnaryOp};
+
+/// The C type of a dtype in kernel sources.
+pub fn ctype(d: DType) -> &'static str {
+    match d {
+        DType::Bool => "bool",
+        DType::U8 => "u8",
+        DType::U16 => "u16",
+        DType::U32 => "u32",
+        DType::U64 => "u64",
+        DType::I8 => "i8",
+        DType::I16 => "i16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::F32 => "float",
+        DType::F64 => "double",
+        DType::Complex64 => "c64",
+        _ => "void",
+    }
+}
+
+/// A kernel module: which templates, for which dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Unary maps of one input dtype.
+    Unary(DType),
+    /// Binary maps of one input dtype.
+    Binary(DType),
+    /// Casts from one dtype to all others.
+    Cast(DType),
+    /// `where` for one value dtype.
+    Select(DType),
+    /// Strided copies of elements of one size (1, 2, 4 or 8 bytes).
+    Copy(usize),
+    /// Reductions of one dtype.
+    Reduce(DType),
+    /// Arg-reductions of one dtype.
+    ArgReduce(DType),
+    /// Scans of one dtype.
+    Scan(DType),
+    /// `arange` into one dtype.
+    Arange(DType),
+    /// Softmax and log-sum-exp rows of one float dtype.
+    Fast(DType),
+    /// Few-row matrix products of one float dtype.
+    Gemv(DType),
+    /// Integer matrix products.
+    MatmulInt(DType),
+}
+
+/// The functor implementing a unary op on `d`, or `None` when no kernel covers it.
+pub fn unary_functor(op: UnaryOp, d: DType) -> Option<&'static str> {
+    use UnaryOp::*;
+    if d == DType::Complex64 {
+        return Some(match op {
+            Abs => "Un_cabs",
+            Negative => "Un_cnegative",
+            Square => "Un_csquare",
+            Conjugate => "Un_cconjugate",
+            Exp => "Un_cexp",
+            Log => "Un_clog",
+            Sqrt => "Un_csqrt",
+            Reciprocal => "Un_creciprocal",
+            Sign => "Un_csign",
+            _ => return None,
+        });
+    }
+    if d.is_float() {
+        return Some(match op {
+            Abs => "Un_fabs",
+            Sign => "Un_fsign",
+            Negative => "Un_fnegative",
+            Square => "Un_fsquare",
+            Floor => "Un_floor",
+            Ceil => "Un_ceil",
+            Round => "Un_round",
+            Exp => "Un_exp",
+            Expm1 => "Un_expm1",
+            Log => "Un_log",
+            Log1p => "Un_log1p",
+            Log2 => "Un_log2",
+            Log10 => "Un_log10",
+            Sqrt => "Un_sqrt",
+            Rsqrt => "Un_rsqrt",
+            Reciprocal => "Un_reciprocal",
+            Sin => "Un_sin",
+            Cos => "Un_cos",
+            Tan => "Un_tan",
+            ArcSin => "Un_arcsin",
+            ArcCos => "Un_arccos",
+            ArcTan => "Un_arctan",
+            Sinh => "Un_sinh",
+            Cosh => "Un_cosh",
+            Tanh => "Un_tanh",
+            ArcSinh => "Un_arcsinh",
+            ArcCosh => "Un_arccosh",
+            ArcTanh => "Un_arctanh",
+            Sigmoid => "Un_sigmoid",
+            Erf => "Un_erf",
+            ErfInv => "Un_erfinv",
+            _ => return None,
+        });
+    }
+    Some(match op {
+        Abs => "Un_abs",
+        Sign => "Un_sign",
+        Negative => "Un_negative",
+        Square => "Un_square",
+        BitwiseInvert => "Un_bitwise_invert",
+        LogicalNot if d == DType::Bool => "Un_logical_not",
+        _ => return None,
+    })
+}
+
+const UNARY_OPS: [UnaryOp; 34] = {
+    use UnaryOp::*;
+    [
+        Abs, Sign, Negative, Square, Floor, Ceil, Round, Exp, Expm1, Log, Log1p, Log2, Log10, Sqrt, Rsqrt, Reciprocal,
+        Sin, Cos, Tan, ArcSin, ArcCos, ArcTan, Sinh, Cosh, Tanh, ArcSinh, ArcCosh, ArcTanh, Sigmoid, Erf, ErfInv,
+        LogicalNot, BitwiseInvert, Conjugate,
+    ]
+};
+
+const BINARY_OPS: [BinaryOp; 24] = {
+    use BinaryOp::*;
+    [
+        Add, Subtract, Multiply, Divide, FloorDivide, Remainder, Power, Maximum, Minimum, LogAddExp, ArcTan2, Equal,
+        NotEqual, Less, LessEqual, Greater, GreaterEqual, LogicalAnd, LogicalOr, BitwiseAnd, BitwiseOr, BitwiseXor,
+        LeftShift, RightShift,
+    ]
+};
+
+/// Whether the binary module of `d` has `op` (the ops core sends with inputs of dtype `d`).
+pub fn has_binary(op: BinaryOp, d: DType) -> bool {
+    op.compute_dtype(d) == Some(d) && !(d == DType::Complex64 && op == BinaryOp::ArcTan2)
+}
+
+/// The output dtype of a unary op's kernel.
+fn unary_out(op: UnaryOp, d: DType) -> DType {
+    op.output_dtype(d)
+}
+
+/// Reductions a module of `d` holds.
+pub fn reduce_ops(d: DType) -> &'static [ReduceOp] {
+    if d == DType::Bool {
+        &[ReduceOp::And, ReduceOp::Or, ReduceOp::Max, ReduceOp::Min]
+    } else if d == DType::Complex64 {
+        &[ReduceOp::Sum, ReduceOp::Prod]
+    } else {
+        &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min]
+    }
+}
+
+/// The template argument of a reduction (`OP` of `Red<T, OP>`).
+pub fn reduce_code(op: ReduceOp) -> i32 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Prod => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+        ReduceOp::And => 4,
+        ReduceOp::Or => 5,
+    }
+}
+
+/// Scans a module of `d` holds.
+pub fn scan_ops(d: DType) -> Vec<ScanOp> {
+    match d {
+        DType::Complex64 => vec![],
+        DType::Bool => vec![ScanOp::Prod, ScanOp::Max, ScanOp::Min],
+        d if d.is_float() => vec![ScanOp::Sum, ScanOp::Prod, ScanOp::Max, ScanOp::Min, ScanOp::LogAddExp],
+        _ => vec![ScanOp::Sum, ScanOp::Prod, ScanOp::Max, ScanOp::Min],
+    }
+}
+
+/// The template argument of a scan.
+pub fn scan_code(op: ScanOp) -> i32 {
+    match op {
+        ScanOp::Sum => 0,
+        ScanOp::Prod => 1,
+        ScanOp::Max => 2,
+        ScanOp::Min => 3,
+        ScanOp::LogAddExp => 6,
+    }
+}
+
+/// Dtypes whose elements a `bool`-free kernel family can hold.
+const ALL: [DType; 14] = DType::ALL;
+
+impl Family {
+    /// The module's name (also its cache key).
+    pub fn key(&self) -> String {
+        match self {
+            Family::Unary(d) => format!("unary_{d}"),
+            Family::Binary(d) => format!("binary_{d}"),
+            Family::Cast(d) => format!("cast_{d}"),
+            Family::Select(d) => format!("select_{d}"),
+            Family::Copy(s) => format!("copy_{s}"),
+            Family::Reduce(d) => format!("reduce_{d}"),
+            Family::ArgReduce(d) => format!("argreduce_{d}"),
+            Family::Scan(d) => format!("scan_{d}"),
+            Family::Arange(d) => format!("arange_{d}"),
+            Family::Fast(d) => format!("fast_{d}"),
+            Family::Gemv(d) => format!("gemv_{d}"),
+            Family::MatmulInt(d) => format!("matmul_int_{d}"),
+        }
+    }
+
+    /// The generated source.
+    pub fn source(&self) -> String {
+        let mut s = String::new();
+        let mut w = |line: String| {
+            s.push_str(&line);
+            s.push('\n');
+        };
+        match *self {
+            Family::Unary(d) => {
+                w("#include \"elementwise.cuh\"".into());
+                let t = ctype(d);
+                for op in UNARY_OPS {
+                    let Some(f) = unary_functor(op, d) else { continue };
+                    let u = ctype(unary_out(op, d));
+                    let n = op.name();
+                    w(format!("extern \"C\" __global__ void unary_{n}_c(const {t}* x, {u}* out, u64 n) {{ unary_contig<{t}, {u}>(x, out, n, {f}()); }}"));
+                    w(format!("extern \"C\" __global__ void unary_{n}_s(const {t}* x, {u}* out, u64 n, Dims d) {{ unary_strided<{t}, {u}>(x, out, n, d, {f}()); }}"));
+                }
+            }
+            Family::Binary(d) => {
+                w("#include \"elementwise.cuh\"".into());
+                let t = ctype(d);
+                for op in BINARY_OPS {
+                    if !has_binary(op, d) {
+                        continue;
+                    }
+                    let u = ctype(op.output_dtype(d));
+                    let n = op.name();
+                    w(format!("extern \"C\" __global__ void binary_{n}_c(const {t}* a, const {t}* b, {u}* out, u64 n, int mode) {{ binary_contig<{t}, {u}>(a, b, out, n, mode, Bin_{n}()); }}"));
+                    w(format!("extern \"C\" __global__ void binary_{n}_s(const {t}* a, const {t}* b, {u}* out, u64 n, Dims d) {{ binary_strided<{t}, {u}>(a, b, out, n, d, Bin_{n}()); }}"));
+                }
+            }
+            Family::Cast(src) => {
+                w("#include \"elementwise.cuh\"".into());
+                let s_ = ctype(src);
+                for dst in ALL {
+                    let d_ = ctype(dst);
+                    let n = dst.name();
+                    w(format!("extern \"C\" __global__ void cast_{n}_c(const {s_}* x, {d_}* out, u64 n) {{ unary_contig<{s_}, {d_}>(x, out, n, CastF<{s_}, {d_}>()); }}"));
+                    w(format!("extern \"C\" __global__ void cast_{n}_s(const {s_}* x, {d_}* out, u64 n, Dims d) {{ unary_strided<{s_}, {d_}>(x, out, n, d, CastF<{s_}, {d_}>()); }}"));
+                }
+            }
+            Family::Select(d) => {
+                let t = ctype(d);
+                w("#include \"elementwise.cuh\"".into());
+                w(format!("extern \"C\" __global__ void select_s(const bool* c, const {t}* a, const {t}* b, {t}* out, u64 n, Dims d) {{ select_strided<{t}>(c, a, b, out, n, d); }}"));
+            }
+            Family::Copy(size) => {
+                let t = match size {
+                    1 => "u8",
+                    2 => "u16",
+                    4 => "u32",
+                    _ => "u64",
+                };
+                w("#include \"misc.cuh\"".into());
+                w(format!("extern \"C\" __global__ void copy_s(const {t}* src, {t}* dst, u64 n, Dims d) {{ copy_strided<{t}>(src, dst, n, d); }}"));
+            }
+            Family::Reduce(d) => {
+                let t = ctype(d);
+                w("#include \"reduce.cuh\"".into());
+                for &op in reduce_ops(d) {
+                    let (n, c) = (op.name(), reduce_code(op));
+                    let a = format!("typename Red<{t}, {c}>::A");
+                    w(format!("extern \"C\" __global__ void reduce_rows_{n}(const {t}* x, {a}* partials, {t}* out, u64 rows, u64 len, u64 segs, Dims d) {{ reduce_rows<{t}, {c}>(x, partials, out, rows, len, segs, d); }}"));
+                    w(format!("extern \"C\" __global__ void reduce_rows_warp_{n}(const {t}* x, {t}* out, u64 rows, u64 len, Dims d) {{ reduce_rows_warp<{t}, {c}>(x, out, rows, len, d); }}"));
+                    w(format!("extern \"C\" __global__ void reduce_finish_{n}(const {a}* partials, {t}* out, u64 rows, u64 segs) {{ reduce_finish<{t}, {c}>(partials, out, rows, segs); }}"));
+                    w(format!("extern \"C\" __global__ void reduce_cols_{n}(const {t}* x, {a}* partials, {t}* out, u64 cols, u64 red, u64 segs, Dims d) {{ reduce_cols<{t}, {c}>(x, partials, out, cols, red, segs, d); }}"));
+                    w(format!("extern \"C\" __global__ void reduce_cols_finish_{n}(const {a}* partials, {t}* out, u64 cols, u64 segs) {{ reduce_cols_finish<{t}, {c}>(partials, out, cols, segs); }}"));
+                    w(format!("extern \"C\" __global__ void reduce_general_{n}(const {t}* x, {t}* out, u64 n_out, u64 n_red, Dims kept, Dims red) {{ reduce_general<{t}, {c}>(x, out, n_out, n_red, kept, red); }}"));
+                }
+            }
+            Family::ArgReduce(d) => {
+                let t = ctype(d);
+                w("#include \"reduce.cuh\"".into());
+                for (n, max) in [("argmax", true), ("argmin", false)] {
+                    w(format!("extern \"C\" __global__ void {n}(const {t}* x, u32* out, u64 n_out, u64 len, i64 axis_stride, Dims d) {{ arg_reduce<{t}, {max}>(x, out, n_out, len, axis_stride, d); }}"));
+                }
+            }
+            Family::Scan(d) => {
+                let t = ctype(d);
+                w("#include \"reduce.cuh\"".into());
+                for op in scan_ops(d) {
+                    let (n, c) = (op.name(), scan_code(op));
+                    w(format!("extern \"C\" __global__ void scan_{n}(const {t}* x, {t}* out, u64 lines, u64 len, int reverse, int inclusive) {{ scan_lines<{t}, {c}>(x, out, lines, len, reverse != 0, inclusive != 0); }}"));
+                }
+            }
+            Family::Arange(d) => {
+                let t = ctype(d);
+                w("#include \"misc.cuh\"".into());
+                w(format!("extern \"C\" __global__ void arange({t}* out, u64 n, double start, double step) {{ arange_fill<{t}>(out, n, start, step); }}"));
+            }
+            Family::Fast(d) => {
+                let t = ctype(d);
+                w("#include \"fast.cuh\"".into());
+                w(format!("extern \"C\" __global__ void softmax(const {t}* x, {t}* out, u64 rows, u64 len) {{ softmax_rows<{t}>(x, out, rows, len); }}"));
+                w(format!("extern \"C\" __global__ void logsumexp(const {t}* x, {t}* out, u64 rows, u64 len) {{ logsumexp_rows<{t}>(x, out, rows, len); }}"));
+            }
+            Family::Gemv(d) => {
+                let t = ctype(d);
+                w("#include \"gemv.cuh\"".into());
+                for m in 1..=8 {
+                    w(format!("extern \"C\" __global__ void gemv_rows_{m}(const {t}* x, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {{ gemv_rows<{t}, {m}>(x, w, out, n, k, ldx, ldw, ldo); }}"));
+                    w(format!("extern \"C\" __global__ void gemv_cols_{m}(const {t}* x, const {t}* b, float* partials, {t}* out, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices) {{ gemv_cols<{t}, {m}>(x, b, partials, out, n, k, ldx, ldb, ldo, slices); }}"));
+                    w(format!("extern \"C\" __global__ void gemv_finish_{m}(const float* partials, {t}* out, u64 n, u64 ldo, u64 slices) {{ gemv_finish<{t}, {m}>(partials, out, n, ldo, slices); }}"));
+                }
+            }
+            Family::MatmulInt(d) => {
+                let t = ctype(d);
+                w("#include \"misc.cuh\"".into());
+                w(format!("extern \"C\" __global__ void matmul_int(const {t}* a, const {t}* b, {t}* out, u64 batches, u64 m, u64 n, u64 k, i64 sa0, i64 sa1, i64 sb0, i64 sb1, Dims d) {{ matmul_int<{t}>(a, b, out, batches, m, n, k, sa0, sa1, sb0, sb1, d); }}"));
+            }
+        }
+        s
+    }
+}
+
+/// Every module the backend can build.
+pub fn all_modules() -> Vec<Family> {
+    let mut v = Vec::new();
+    for d in ALL {
+        v.extend([Family::Unary(d), Family::Binary(d), Family::Cast(d), Family::Select(d), Family::Reduce(d)]);
+        if d != DType::Complex64 {
+            v.extend([Family::ArgReduce(d), Family::Scan(d)]);
+        }
+        if d != DType::Complex64 && d != DType::Bool {
+            v.push(Family::Arange(d));
+        }
+        if d.is_float() {
+            v.push(Family::Fast(d));
+        }
+        if matches!(d, DType::F16 | DType::BF16 | DType::F32) {
+            v.push(Family::Gemv(d));
+        }
+        if d.is_integer() {
+            v.push(Family::MatmulInt(d));
+        }
+    }
+    v.extend([1, 2, 4, 8].map(Family::Copy));
+    v
+}

@@ -1,0 +1,128 @@
+//! Kernel arguments and launches.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+use nuvec_core::{Error, Result};
+
+use crate::driver::{Gpu, check};
+
+/// Axes (at most 10 after collapsing) and the strides of up to four operands, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dims {
+    pub(crate) shape: [i64; MAX_DIMS],
+    pub(crate) strides: [[i64; MAX_DIMS]; 4],
+    pub(crate) ndim: i32,
+}
+
+/// `NV_MAX_DIMS` of `common.cuh`.
+pub(crate) const MAX_DIMS: usize = 10;
+
+impl Dims {
+    /// Collapses `shape` over the operands' `strides` (axes of size 1 dropped, neighbours that
+    /// are contiguous for every operand merged).
+    pub(crate) fn new(shape: &[i32], strides: &[&[isize]]) -> Result<Dims> {
+        let k = strides.len();
+        let mut dims: Vec<(i64, [i64; 4])> = Vec::new();
+        for (i, &d) in shape.iter().enumerate() {
+            if d == 1 {
+                continue;
+            }
+            let mut s = [0i64; 4];
+            for j in 0..k {
+                s[j] = strides[j][i] as i64;
+            }
+            if let Some((pd, ps)) = dims.last_mut() {
+                if (0..k).all(|j| ps[j] == s[j] * d as i64) {
+                    *pd *= d as i64;
+                    *ps = s;
+                    continue;
+                }
+            }
+            dims.push((d as i64, s));
+        }
+        if dims.len() > MAX_DIMS {
+            return Err(Error::Backend(format!(
+                "the GPU kernels index at most {MAX_DIMS} non-contiguous axes; this layout has {}",
+                dims.len()
+            )));
+        }
+        let mut out = Dims { shape: [1; MAX_DIMS], strides: [[0; MAX_DIMS]; 4], ndim: dims.len().max(1) as i32 };
+        for (i, (d, s)) in dims.iter().enumerate() {
+            out.shape[i] = *d;
+            for j in 0..4 {
+                out.strides[j][i] = s[j];
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One kernel argument, kept alive until the launch.
+pub(crate) enum Arg {
+    U64(u64),
+    I64(i64),
+    I32(i32),
+    F64(f64),
+    Ptr(sys::CUdeviceptr),
+    Dims(Box<Dims>),
+}
+
+impl Arg {
+    fn as_ptr(&mut self) -> *mut c_void {
+        match self {
+            Arg::U64(v) => v as *mut u64 as *mut c_void,
+            Arg::I64(v) => v as *mut i64 as *mut c_void,
+            Arg::I32(v) => v as *mut i32 as *mut c_void,
+            Arg::F64(v) => v as *mut f64 as *mut c_void,
+            Arg::Ptr(v) => v as *mut u64 as *mut c_void,
+            Arg::Dims(v) => &mut **v as *mut Dims as *mut c_void,
+        }
+    }
+}
+
+/// Threads per block of the element-wise kernels.
+pub(crate) const BLOCK: u32 = 256;
+
+/// Blocks for `work` items handled by `per_block` each, capped so grid-stride loops keep every
+/// multiprocessor busy without oversubscribing.
+pub(crate) fn grid_for(gpu: &Gpu, work: u64, per_block: u64) -> u32 {
+    let cap = gpu.info.multiprocessors.max(1) as u64 * 32;
+    work.div_ceil(per_block.max(1)).clamp(1, cap) as u32
+}
+
+/// Launches `function` on the device's stream.
+pub(crate) fn launch(
+    gpu: &Gpu,
+    function: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared: u32,
+    mut args: Vec<Arg>,
+) -> Result<()> {
+    gpu.bind()?;
+    let mut ptrs: Vec<*mut c_void> = args.iter_mut().map(Arg::as_ptr).collect();
+    // SAFETY: `function` comes from a module loaded in this context; `ptrs` points at argument
+    // values in `args`, which outlive the call (the driver copies them at launch); the argument
+    // list matches the kernel's `extern "C"` signature (generated together in `kernels.rs`), and
+    // every device pointer in it is inside a live allocation sized for the kernel's accesses.
+    unsafe {
+        check(
+            sys::cuLaunchKernel(
+                function,
+                grid.0,
+                grid.1,
+                grid.2,
+                block.0,
+                block.1,
+                block.2,
+                shared,
+                gpu.stream,
+                ptrs.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+            "cuLaunchKernel",
+        )
+    }
+}

@@ -1,0 +1,179 @@
+//! nuvec-cuda: the CUDA backend.
+//!
+//! Built on cudarc with dynamic loading, so it compiles with no CUDA installed; at run time
+//! [`is_available`] probes libcuda, a device, NVRTC and cuBLASLt without panicking. Kernels
+//! are CUDA C++ sources compiled by NVRTC for the device's architecture (`sm_90a` on Hopper)
+//! and cached in memory and on disk. Products go through cuBLASLt, with our own GEMV for up
+//! to 8 rows.
+
+mod alloc;
+pub mod compile;
+mod driver;
+mod eval;
+pub mod kernels;
+mod launch;
+mod matmul;
+
+use std::sync::Arc;
+
+use nuvec_core::backend::Backend;
+use nuvec_core::device::{Device, DeviceKind, Stream};
+use nuvec_core::primitive::Primitive;
+use nuvec_core::storage::{HostBuffer, Memory, MemoryStats, Operand, Output, Spec, Storage};
+use nuvec_core::{DType, Error, Result};
+
+pub use driver::DeviceInfo;
+
+use crate::alloc::GpuBuffer;
+use crate::driver::Gpu;
+use crate::kernels::{has_binary, reduce_ops, scan_ops, unary_functor};
+
+/// Whether a CUDA GPU is usable: the driver, a device, NVRTC and cuBLASLt are present.
+/// Never panics.
+pub fn is_available() -> bool {
+    driver::probe().is_ok()
+}
+
+/// Why the GPU is not usable, when it is not.
+pub fn unavailable_reason() -> Option<String> {
+    driver::probe().err()
+}
+
+/// Number of CUDA devices.
+pub fn device_count() -> usize {
+    driver::probe().map(|n| n as usize).unwrap_or(0)
+}
+
+/// Name, compute capability, multiprocessors and memory of GPU `index`.
+pub fn device_info(index: u32) -> Result<DeviceInfo> {
+    Gpu::get(index).map(|g| g.info.clone())
+}
+
+/// Waits for all work queued on GPU `index`.
+pub fn synchronize(index: u32) -> Result<()> {
+    Gpu::get(index)?.synchronize()
+}
+
+/// Memory use of GPU `index`: bytes held by arrays, the peak, and the cache.
+pub fn memory(index: u32) -> Result<MemoryStats> {
+    Gpu::get(index).map(|g| g.alloc.stats())
+}
+
+/// Sets a hard limit on the bytes arrays may hold on GPU `index` (allocations past it fail
+/// with `OutOfMemory`); returns the previous limit.
+pub fn set_memory_limit(index: u32, bytes: usize) -> Result<usize> {
+    Gpu::get(index).map(|g| g.alloc.set_memory_limit(bytes))
+}
+
+/// Sets the most bytes of freed blocks GPU `index` keeps for reuse; returns the previous
+/// limit.
+pub fn set_cache_limit(index: u32, bytes: usize) -> Result<usize> {
+    let g = Gpu::get(index)?;
+    Ok(g.alloc.set_cache_limit(&g, bytes))
+}
+
+/// Returns every cached block of GPU `index` to the driver.
+pub fn clear_cache(index: u32) -> Result<()> {
+    let g = Gpu::get(index)?;
+    g.alloc.clear(&g)
+}
+
+/// Restarts peak tracking of GPU `index` from the current use.
+pub fn reset_peak(index: u32) -> Result<()> {
+    Gpu::get(index).map(|g| g.alloc.reset_peak())
+}
+
+/// Compiles every kernel module for `arch` (e.g. `"sm_90a"`) with NVRTC; works without a GPU.
+/// Returns the number of modules, or the first compile error (with NVRTC's log).
+pub fn compile_all(arch: &str) -> Result<usize> {
+    let modules = kernels::all_modules();
+    for m in &modules {
+        compile::cached_cubin(&m.source(), &m.key(), arch, &[])?;
+    }
+    Ok(modules.len())
+}
+
+/// The CUDA backend.
+#[derive(Debug, Default)]
+pub struct CudaBackend;
+
+impl CudaBackend {
+    /// The backend (devices are opened on first use).
+    pub fn new() -> Self {
+        CudaBackend
+    }
+}
+
+fn gpu_of(device: Device) -> Result<Arc<Gpu>> {
+    if device.kind != DeviceKind::Gpu {
+        return Err(Error::UnsupportedDevice(device));
+    }
+    Gpu::get(device.index)
+}
+
+fn kernel_dtype(d: DType) -> bool {
+    !matches!(d, DType::Complex64)
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Gpu
+    }
+
+    fn is_available(&self, device: Device) -> bool {
+        device.kind == DeviceKind::Gpu && (device.index as usize) < device_count()
+    }
+
+    fn supports(&self, primitive: &Primitive, inputs: &[Spec], outputs: &[Spec]) -> bool {
+        let d = inputs.first().map(|s| s.dtype).unwrap_or_else(|| outputs.first().map(|s| s.dtype).unwrap_or(DType::F32));
+        match primitive {
+            Primitive::Arange { .. } => !matches!(outputs[0].dtype, DType::Bool | DType::Complex64),
+            Primitive::Unary(op) => unary_functor(*op, d).is_some(),
+            Primitive::Binary(op) => has_binary(*op, d),
+            Primitive::Select | Primitive::AsType(_) | Primitive::Copy | Primitive::Concatenate { .. } => true,
+            Primitive::SliceUpdate { .. } => true,
+            Primitive::Reshape(_) | Primitive::BitCast(_) => true,
+            Primitive::Reduce { op, .. } => reduce_ops(d).contains(op),
+            Primitive::ArgReduce { .. } => kernel_dtype(d),
+            Primitive::Scan { op, .. } => scan_ops(d).contains(op),
+            Primitive::Matmul => d.is_float() || d.is_integer(),
+            Primitive::AddMM { .. } => d.is_float(),
+            Primitive::Fast(op) => {
+                nuvec_core::fast::fused_enabled()
+                    && d.is_float()
+                    && matches!(op, nuvec_core::fast::FastOp::Softmax | nuvec_core::fast::FastOp::LogSumExp)
+            }
+            _ => false,
+        }
+    }
+
+    fn eval(&self, stream: Stream, primitive: &Primitive, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+        let gpu = gpu_of(stream.device)?;
+        eval::eval(&gpu, primitive, inputs, outputs)
+    }
+
+    fn upload(&self, device: Device, host: &HostBuffer) -> Result<Storage> {
+        let gpu = gpu_of(device)?;
+        let buf = GpuBuffer::new(&gpu, host.len())?;
+        gpu.upload(buf.ptr, host.bytes())?;
+        Ok(Storage::device(device, host.len(), Box::new(buf)))
+    }
+
+    fn download(&self, storage: &Storage) -> Result<HostBuffer> {
+        let Memory::Device(m) = storage.memory() else {
+            return Err(eval::internal("download of host memory"));
+        };
+        let buf = m.as_any().downcast_ref::<GpuBuffer>().ok_or_else(|| eval::internal("foreign device memory"))?;
+        let mut host = HostBuffer::uninit(storage.len());
+        buf.gpu.download(buf.ptr, host.bytes_mut())?;
+        Ok(host)
+    }
+
+    fn synchronize(&self, stream: Stream) -> Result<()> {
+        gpu_of(stream.device)?.synchronize()
+    }
+}

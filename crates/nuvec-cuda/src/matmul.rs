@@ -1,0 +1,406 @@
+//! Matrix products: cuBLASLt for f16/bf16/f32/f64 (batched, strided, with AddMM's `beta`),
+//! our GEMV kernels for up to 8 rows, and a plain kernel for integers.
+//!
+//! cuBLASLt is column-major: a row-major `C[M, N] = A[M, K] B[K, N]` is computed as the
+//! column-major `C^T = B^T A^T`, so our `B` is its first operand and our `A` its second.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::cublaslt::sys as lt;
+use nuvec_core::shape::row_major_strides;
+use nuvec_core::storage::{Operand, Output};
+use nuvec_core::{DType, Error, Result};
+
+use crate::driver::Gpu;
+use crate::eval::{alloc, alloc_out, copy, internal, kernel, ptr_of, row_major};
+use crate::kernels::Family;
+use crate::launch::{Arg, BLOCK, Dims, launch};
+
+fn blas_check(s: lt::cublasStatus_t, what: &str) -> Result<()> {
+    if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Backend(format!("cuBLASLt: {what} failed with {s:?}")))
+    }
+}
+
+/// A column-major operand as cuBLASLt sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Mat {
+    rows: u64,
+    cols: u64,
+    ld: i64,
+    trans: bool,
+    batch_stride: i64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    dtype: DType,
+    tf32: bool,
+    a: Mat,
+    b: Mat,
+    m: u64,
+    n: u64,
+    batch: u64,
+    beta_zero: bool,
+}
+
+struct Plan {
+    desc: lt::cublasLtMatmulDesc_t,
+    la: lt::cublasLtMatrixLayout_t,
+    lb: lt::cublasLtMatrixLayout_t,
+    lc: lt::cublasLtMatrixLayout_t,
+    algo: lt::cublasLtMatmulAlgo_t,
+}
+
+/// The cuBLASLt state of one device: handle, workspace and cached plans.
+pub(crate) struct Blas {
+    handle: lt::cublasLtHandle_t,
+    workspace: (u64, Arc<nuvec_core::storage::Storage>),
+    plans: HashMap<Key, Plan>,
+}
+
+// SAFETY: cuBLASLt handles and descriptors may be used from any thread; access is serialised
+// by the mutex that holds the `Blas`.
+unsafe impl Send for Blas {}
+
+const WORKSPACE: usize = 32 << 20;
+
+impl Blas {
+    fn new(gpu: &Arc<Gpu>) -> Result<Blas> {
+        gpu.bind()?;
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: writes the new handle into the local.
+        blas_check(unsafe { lt::cublasLtCreate(&mut handle) }, "cublasLtCreate")?;
+        let workspace = alloc(gpu, WORKSPACE, DType::U8)?;
+        Ok(Blas { handle, workspace, plans: HashMap::new() })
+    }
+
+    fn plan(&mut self, key: Key) -> Result<&Plan> {
+        if !self.plans.contains_key(&key) {
+            let plan = self.make_plan(&key)?;
+            self.plans.insert(key, plan);
+        }
+        self.plans.get(&key).ok_or_else(|| internal("plan vanished"))
+    }
+
+    fn make_plan(&self, k: &Key) -> Result<Plan> {
+        let dt = match k.dtype {
+            DType::F16 => lt::cudaDataType::CUDA_R_16F,
+            DType::BF16 => lt::cudaDataType::CUDA_R_16BF,
+            DType::F32 => lt::cudaDataType::CUDA_R_32F,
+            DType::F64 => lt::cudaDataType::CUDA_R_64F,
+            d => return Err(internal(format!("no cuBLASLt type for {d}"))),
+        };
+        let (compute, scale) = match k.dtype {
+            DType::F64 => (lt::cublasComputeType_t::CUBLAS_COMPUTE_64F, lt::cudaDataType::CUDA_R_64F),
+            DType::F32 if k.tf32 => (lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, lt::cudaDataType::CUDA_R_32F),
+            _ => (lt::cublasComputeType_t::CUBLAS_COMPUTE_32F, lt::cudaDataType::CUDA_R_32F),
+        };
+        // SAFETY: descriptor calls write into locals and read attribute values from locals of
+        // the stated sizes.
+        unsafe {
+            let mut desc = std::ptr::null_mut();
+            blas_check(lt::cublasLtMatmulDescCreate(&mut desc, compute, scale), "cublasLtMatmulDescCreate")?;
+            let set_op = |attr, t: bool| {
+                let v: i32 = t as i32;
+                blas_check(
+                    lt::cublasLtMatmulDescSetAttribute(desc, attr, &v as *const i32 as *const c_void, 4),
+                    "cublasLtMatmulDescSetAttribute",
+                )
+            };
+            set_op(lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, k.a.trans)?;
+            set_op(lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, k.b.trans)?;
+            let layout = |m: &Mat| -> Result<lt::cublasLtMatrixLayout_t> {
+                let mut l = std::ptr::null_mut();
+                blas_check(lt::cublasLtMatrixLayoutCreate(&mut l, dt, m.rows, m.cols, m.ld), "cublasLtMatrixLayoutCreate")?;
+                if k.batch > 1 {
+                    let count = k.batch as i32;
+                    blas_check(
+                        lt::cublasLtMatrixLayoutSetAttribute(
+                            l,
+                            lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                            &count as *const i32 as *const c_void,
+                            4,
+                        ),
+                        "batch count",
+                    )?;
+                    blas_check(
+                        lt::cublasLtMatrixLayoutSetAttribute(
+                            l,
+                            lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            &m.batch_stride as *const i64 as *const c_void,
+                            8,
+                        ),
+                        "batch stride",
+                    )?;
+                }
+                Ok(l)
+            };
+            let la = layout(&k.a)?;
+            let lb = layout(&k.b)?;
+            let c = Mat { rows: k.n, cols: k.m, ld: k.n as i64, trans: false, batch_stride: (k.m * k.n) as i64 };
+            let lc = layout(&c)?;
+            let mut pref = std::ptr::null_mut();
+            blas_check(lt::cublasLtMatmulPreferenceCreate(&mut pref), "cublasLtMatmulPreferenceCreate")?;
+            let ws = WORKSPACE as u64;
+            blas_check(
+                lt::cublasLtMatmulPreferenceSetAttribute(
+                    pref,
+                    lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const u64 as *const c_void,
+                    8,
+                ),
+                "workspace preference",
+            )?;
+            let mut result: lt::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
+            let mut count = 0;
+            let status =
+                lt::cublasLtMatmulAlgoGetHeuristic(self.handle, desc, la, lb, lc, lc, pref, 1, &mut result, &mut count);
+            lt::cublasLtMatmulPreferenceDestroy(pref);
+            blas_check(status, "cublasLtMatmulAlgoGetHeuristic")?;
+            if count == 0 {
+                return Err(Error::Backend(format!("cuBLASLt has no algorithm for {k:?}")));
+            }
+            Ok(Plan { desc, la, lb, lc, algo: result.algo })
+        }
+    }
+}
+
+/// How a row-major `[rows, cols]` operand with strides `(s0, s1)` reads as a column-major
+/// matrix `[cols, rows]`, or `None` when neither stride is 1.
+fn as_col_major(rows: u64, cols: u64, s0: isize, s1: isize, batch_stride: isize) -> Option<Mat> {
+    if (s1 == 1 || cols == 1) && s0 >= cols.max(1) as isize {
+        Some(Mat { rows: cols, cols: rows, ld: s0 as i64, trans: false, batch_stride: batch_stride as i64 })
+    } else if (s0 == 1 || rows == 1) && s1 >= rows.max(1) as isize {
+        Some(Mat { rows, cols, ld: s1 as i64, trans: true, batch_stride: batch_stride as i64 })
+    } else {
+        None
+    }
+}
+
+/// The batch axes of an operand as one stride, when they collapse to one.
+fn batch_stride(op: &Operand, nb: usize) -> Option<isize> {
+    let d = Dims::new(&op.shape[..nb], &[&op.data.layout.strides[..nb]]).ok()?;
+    (d.ndim <= 1).then(|| d.strides[0][0] as isize)
+}
+
+/// `alpha * a @ b + beta * c` (`c` broadcast to the output shape), batched over leading axes.
+pub(crate) fn matmul(
+    gpu: &Arc<Gpu>,
+    a: Operand,
+    b: Operand,
+    c: Option<Operand>,
+    alpha: f32,
+    beta: f32,
+    out: &mut Output,
+) -> Result<()> {
+    let r = out.shape.len();
+    let (m, n) = (out.shape[r - 2] as u64, out.shape[r - 1] as u64);
+    let k = a.shape[r - 1] as u64;
+    let nb = r - 2;
+    let batch: u64 = out.shape[..nb].iter().map(|&d| d as u64).product();
+    let dtype = out.dtype;
+    if dtype.is_integer() {
+        return matmul_int(gpu, a, b, out);
+    }
+    // The destination starts as `c` when there is one.
+    let with_c = c.is_some() && beta != 0.0;
+    let op_ptr = match c {
+        Some(c) if beta != 0.0 => {
+            copy(gpu, c, out)?;
+            ptr_of_out(out)?
+        }
+        _ => alloc_out(gpu, out)?,
+    };
+    if m == 0 || n == 0 || batch == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        // An empty sum: beta * c, or zeros.
+        if !with_c {
+            gpu.bind()?;
+            // SAFETY: the output buffer holds `m * n * batch` elements.
+            unsafe {
+                crate::driver::check(
+                    cudarc::driver::sys::cuMemsetD8Async(op_ptr, 0, (m * n * batch) as usize * dtype.size(), gpu.stream),
+                    "cuMemsetD8Async",
+                )?;
+            }
+        } else if beta != 1.0 {
+            return Err(Error::Backend("addmm with an empty inner dimension and beta != 1 is not implemented on the GPU".into()));
+        }
+        return Ok(());
+    }
+    if !with_c && batch == 1 && m <= 8 && matches!(dtype, DType::F16 | DType::BF16 | DType::F32) && alpha == 1.0 {
+        if let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k)? {
+            return Ok(done);
+        }
+    }
+    // Operands whose layout cuBLASLt cannot read become row-major copies.
+    let fit = |op: Operand| -> Result<(Operand, Mat)> {
+        let rr = op.shape.len();
+        let (rows, cols) = (op.shape[rr - 2] as u64, op.shape[rr - 1] as u64);
+        let s = &op.data.layout.strides;
+        if let Some(bs) = batch_stride(&op, nb) {
+            if let Some(mat) = as_col_major(rows, cols, s[rr - 2], s[rr - 1], bs) {
+                return Ok((op, mat));
+            }
+        }
+        let op = row_major(gpu, op)?;
+        let mat = as_col_major(rows, cols, cols.max(1) as isize, 1, (rows * cols) as isize)
+            .ok_or_else(|| internal("row-major operand has no cuBLASLt layout"))?;
+        Ok((op, mat))
+    };
+    let (a, ma) = fit(a)?;
+    let (b, mb) = fit(b)?;
+    let tf32 = std::env::var("NUVEC_TF32").map(|v| v == "1").unwrap_or(false);
+    let key = Key { dtype, tf32, a: mb, b: ma, m, n, batch, beta_zero: !with_c };
+    let (ap, bp) = (ptr_of(&a)?, ptr_of(&b)?);
+    let mut guard = gpu.blas.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.is_none() {
+        *guard = Some(Blas::new(gpu)?);
+    }
+    let blas = guard.as_mut().ok_or_else(|| internal("no cuBLASLt state"))?;
+    let handle = blas.handle;
+    let ws = blas.workspace.0;
+    let plan = blas.plan(key)?;
+    let (alpha32, beta32) = (alpha, if with_c { beta } else { 0.0 });
+    let (alpha64, beta64) = (alpha as f64, beta32 as f64);
+    let (pa, pb): (*const c_void, *const c_void) = if dtype == DType::F64 {
+        (&alpha64 as *const f64 as *const c_void, &beta64 as *const f64 as *const c_void)
+    } else {
+        (&alpha32 as *const f32 as *const c_void, &beta32 as *const f32 as *const c_void)
+    };
+    gpu.bind()?;
+    // SAFETY: the plan's layouts describe exactly these buffers (shapes, leading dimensions
+    // and batch strides computed above from their layouts); C and D are the same buffer with
+    // the same layout, which cuBLASLt allows; the workspace holds WORKSPACE bytes; the scalars
+    // live until the call returns (cuBLASLt reads host scalars before returning).
+    unsafe {
+        blas_check(
+            lt::cublasLtMatmul(
+                handle,
+                plan.desc,
+                pa,
+                bp as *const c_void,
+                plan.la,
+                ap as *const c_void,
+                plan.lb,
+                pb,
+                op_ptr as *const c_void,
+                plan.lc,
+                op_ptr as *mut c_void,
+                plan.lc,
+                &plan.algo,
+                ws as *mut c_void,
+                WORKSPACE,
+                gpu.stream as lt::cudaStream_t,
+            ),
+            "cublasLtMatmul",
+        )
+    }
+}
+
+fn ptr_of_out(out: &Output) -> Result<u64> {
+    let data = out.data.as_ref().ok_or_else(|| internal("output not allocated"))?;
+    let op = Operand { shape: out.shape.clone(), dtype: out.dtype, data: data.clone(), donated: false };
+    ptr_of(&op)
+}
+
+/// The GEMV kernels, when the layout suits them; `None` leaves the product to cuBLASLt.
+fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u64) -> Result<Option<()>> {
+    let ra = a.shape.len();
+    let (sa0, sa1) = (a.data.layout.strides[ra - 2], a.data.layout.strides[ra - 1]);
+    let (sb0, sb1) = (b.data.layout.strides[ra - 2], b.data.layout.strides[ra - 1]);
+    if sa1 != 1 && k > 1 {
+        return Ok(None);
+    }
+    let v = (16 / a.dtype.size()) as u64;
+    let (xp, wp) = (ptr_of(a)?, ptr_of(b)?);
+    let ldx = if m > 1 { sa0 as u64 } else { k };
+    let family = Family::Gemv(a.dtype);
+    let x_aligned = xp % 16 == 0 && (m == 1 || ldx % v == 0);
+    if sb0 == 1 && sb1 as u64 >= k && x_aligned && wp % 16 == 0 && (sb1 as u64) % v == 0 {
+        // B = W^T with W [N, K] row-major: one warp per output column.
+        let f = kernel(gpu, family, &format!("gemv_rows_{m}"))?;
+        let grid = n.div_ceil((BLOCK / 32) as u64).min(65535 * 32) as u32;
+        let args = vec![
+            Arg::Ptr(xp),
+            Arg::Ptr(wp),
+            Arg::Ptr(out),
+            Arg::U64(n),
+            Arg::U64(k),
+            Arg::U64(ldx),
+            Arg::U64(sb1 as u64),
+            Arg::U64(n),
+        ];
+        launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
+        return Ok(Some(()));
+    }
+    if sb1 == 1 && sb0 as u64 >= n && wp % 16 == 0 && (sb0 as u64) % v == 0 {
+        // B [K, N] row-major: threads own 16 bytes of columns and a slice of K.
+        let blocks_x = n.div_ceil(v).div_ceil(BLOCK as u64);
+        let sms = gpu.info.multiprocessors.max(1) as u64;
+        let slices = (4 * sms).div_ceil(blocks_x).min(k.div_ceil(32)).max(1);
+        let partials = if slices > 1 { Some(alloc(gpu, (slices * m * n) as usize, DType::F32)?) } else { None };
+        let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
+        let f = kernel(gpu, family, &format!("gemv_cols_{m}"))?;
+        let args = vec![
+            Arg::Ptr(xp),
+            Arg::Ptr(wp),
+            Arg::Ptr(pp),
+            Arg::Ptr(out),
+            Arg::U64(n),
+            Arg::U64(k),
+            Arg::U64(ldx),
+            Arg::U64(sb0 as u64),
+            Arg::U64(n),
+            Arg::U64(slices),
+        ];
+        launch(gpu, f, (blocks_x as u32, slices as u32, 1), (BLOCK, 1, 1), 0, args)?;
+        if slices > 1 {
+            let f = kernel(gpu, family, &format!("gemv_finish_{m}"))?;
+            let grid = crate::launch::grid_for(gpu, m * n, BLOCK as u64);
+            let args = vec![Arg::Ptr(pp), Arg::Ptr(out), Arg::U64(n), Arg::U64(n), Arg::U64(slices)];
+            launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
+        }
+        return Ok(Some(()));
+    }
+    Ok(None)
+}
+
+fn matmul_int(gpu: &Arc<Gpu>, a: Operand, b: Operand, out: &mut Output) -> Result<()> {
+    let r = out.shape.len();
+    let (m, n) = (out.shape[r - 2] as u64, out.shape[r - 1] as u64);
+    let k = a.shape[r - 1] as u64;
+    let nb = r - 2;
+    let batches: u64 = out.shape[..nb].iter().map(|&d| d as u64).product();
+    let op = alloc_out(gpu, out)?;
+    if batches * m * n == 0 {
+        return Ok(());
+    }
+    let out_strides = row_major_strides(&out.shape);
+    let d = Dims::new(&out.shape[..nb], &[&a.data.layout.strides[..nb], &b.data.layout.strides[..nb], &out_strides[..nb]])?;
+    let (sa, sb) = (&a.data.layout.strides, &b.data.layout.strides);
+    let f = kernel(gpu, Family::MatmulInt(a.dtype), "matmul_int")?;
+    let args = vec![
+        Arg::Ptr(ptr_of(&a)?),
+        Arg::Ptr(ptr_of(&b)?),
+        Arg::Ptr(op),
+        Arg::U64(batches),
+        Arg::U64(m),
+        Arg::U64(n),
+        Arg::U64(k),
+        Arg::I64(sa[r - 2] as i64),
+        Arg::I64(sa[r - 1] as i64),
+        Arg::I64(sb[r - 2] as i64),
+        Arg::I64(sb[r - 1] as i64),
+        Arg::Dims(Box::new(d)),
+    ];
+    let grid = crate::launch::grid_for(gpu, batches * m * n, BLOCK as u64);
+    launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)
+}

@@ -1,0 +1,45 @@
+//! Every kernel module compiles with NVRTC for sm_90 and sm_90a — no GPU needed. CI installs
+//! NVRTC and the CUDA headers from NVIDIA's wheels and sets `NUVEC_REQUIRE_NVRTC=1`, so a kernel
+//! that does not compile cannot land; elsewhere the test reports why it did not run.
+
+fn nvrtc_or_skip() -> bool {
+    match nuvec_cuda::compile::nvrtc_version().and_then(|_| nuvec_cuda::compile::cuda_include_dirs()) {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var("NUVEC_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                "NUVEC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}"
+            );
+            eprintln!("skipped: {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn every_module_compiles_for_hopper() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    // Compile without the disk cache so a stale entry cannot hide an error.
+    let modules = nuvec_cuda::kernels::all_modules();
+    for arch in ["sm_90", "sm_90a"] {
+        for m in &modules {
+            if let Err(e) = nuvec_cuda::compile::compile_cubin(&m.source(), &m.key(), arch, &[]) {
+                panic!("{} ({arch}) does not compile:\n{e}", m.key());
+            }
+        }
+    }
+    assert!(modules.len() > 50, "only {} modules", modules.len());
+}
+
+#[test]
+fn compile_errors_carry_the_nvrtc_log() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let err = nuvec_cuda::compile::compile_cubin("extern \"C\" __global__ void k() { undefined_thing(); }", "bad", "sm_90", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("undefined_thing"), "{err}");
+}

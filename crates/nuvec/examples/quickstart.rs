@@ -1,0 +1,54 @@
+//! A first run of nuvec on the default device (the GPU when one is usable, else the CPU):
+//! lazy arrays, broadcasting, reductions, a small network's forward pass, and errors that
+//! surface as values instead of panics.
+//!
+//! ```text
+//! cargo run --release -p nuvec --example quickstart
+//! ```
+
+use std::time::Instant;
+
+use nuvec::{DType, array, default_device, ops};
+
+/// Deterministic pseudo-random values in [-1, 1) (the `random` module comes later).
+fn noise(shape: &[i32], seed: f32) -> nuvec::Array {
+    let n: i32 = shape.iter().product();
+    (ops::arange(0, n, 1).astype(DType::F32) * 12.9898 + seed).sin().multiply(43758.547).remainder(2.0).subtract(1.0).reshape(shape)
+}
+
+fn main() -> nuvec::Result<()> {
+    println!("default device: {}", default_device());
+
+    // Arrays are lazy: this records a graph; `item`/`to_vec`/`eval` run it.
+    let a = array![[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]];
+    let centered = &a - a.mean_keepdims(-1);
+    println!("a - mean(a, -1) = {centered}");
+    println!("softmax rows    = {}", a.softmax(-1));
+    println!("cumsum          = {}", ops::arange(1, 6, 1).cumsum(None));
+
+    // A two-layer MLP forward pass on a batch of 256 inputs.
+    let (batch, din, hidden, classes) = (256, 512, 1024, 10);
+    let x = noise(&[batch, din], 0.1);
+    let w1 = noise(&[din, hidden], 0.2) * (1.0 / (din as f32).sqrt());
+    let w2 = noise(&[hidden, classes], 0.3) * (1.0 / (hidden as f32).sqrt());
+    nuvec::eval(&(&x, &w1, &w2))?;
+    let start = Instant::now();
+    let h = x.matmul(&w1).maximum(0.0);
+    let logits = h.matmul(&w2);
+    let logp = &logits - logits.logsumexp_keepdims(-1);
+    let labels = logits.argmax(-1);
+    nuvec::eval(&(&logp, &labels))?;
+    println!(
+        "MLP forward {batch}x{din} -> {hidden} -> {classes}: {:.2} ms, mean log-prob {:.4}",
+        start.elapsed().as_secs_f64() * 1e3,
+        logp.mean(..).item::<f32>()?
+    );
+
+    // Mistakes give failed arrays that name the operation, the caller and the reason.
+    let wrong = a.matmul(&a);
+    match wrong.eval() {
+        Err(e) => println!("as expected: {e}"),
+        Ok(()) => println!("unexpected success"),
+    }
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! Evaluation: laziness, devices, donation, freeing intermediates, threads, deep graphs.
+
+use std::sync::{Mutex, MutexGuard};
+
+use nuvec::{Array, DType, Device, Error, array, ops, with_stream};
+
+/// Memory-accounting tests read process-wide counters: run them one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn operations_are_lazy_until_read() {
+    let a = array![1.0, 2.0, 3.0];
+    let b = a.exp() + 1.0;
+    assert!(a.is_evaluated());
+    assert!(!b.is_evaluated());
+    b.eval().unwrap();
+    assert!(b.is_evaluated());
+    let want: Vec<f32> = [1.0f32, 2.0, 3.0].iter().map(|v| v.exp() + 1.0).collect();
+    assert_eq!(b.to_vec::<f32>().unwrap(), want);
+}
+
+#[test]
+fn gpu_stream_without_a_gpu_backend_is_a_clear_error() {
+    if nuvec::graph::is_available(Device::gpu(0)) {
+        return; // Only meaningful on a machine without a usable GPU.
+    }
+    let y = with_stream(Device::gpu(0), || array![1.0, 2.0] * 2.0);
+    assert_eq!(y.device(), Device::gpu(0));
+    match y.eval() {
+        Err(Error::UnsupportedDevice(d)) => assert_eq!(d, Device::gpu(0)),
+        other => panic!("expected UnsupportedDevice, got {other:?}"),
+    }
+    // Constants made on the GPU stream still read back: they live on the host until used.
+    let c = with_stream(Device::gpu(0), || Array::from(3i32));
+    assert_eq!(c.item::<i32>().unwrap(), 3);
+}
+
+#[test]
+fn async_eval_then_read() {
+    let x = ops::arange(0, 1000, 1).astype(DType::F32);
+    let y = (&x * &x).sum(..);
+    nuvec::async_eval(&y).unwrap();
+    let want: f32 = (0..1000).map(|i| (i * i) as f32).sum();
+    assert!((y.item::<f32>().unwrap() - want).abs() / want < 1e-6);
+}
+
+#[test]
+fn shared_graph_evaluated_from_many_threads() {
+    let x = ops::arange(0, 1 << 16, 1).astype(DType::F32);
+    let shared = (&x * 0.5).sin().sum(..);
+    let outs: Vec<Array> = (0..8).map(|i| &shared + i as f32).collect();
+    std::thread::scope(|s| {
+        for o in &outs {
+            s.spawn(move || o.eval().unwrap());
+        }
+    });
+    let base = shared.item::<f32>().unwrap();
+    for (i, o) in outs.iter().enumerate() {
+        assert_eq!(o.item::<f32>().unwrap(), base + i as f32);
+    }
+}
+
+#[test]
+fn deep_graphs_do_not_overflow_the_stack() {
+    let mut y = Array::from(0.0f32);
+    for _ in 0..100_000 {
+        y = y + 1.0;
+    }
+    assert_eq!(y.item::<f32>().unwrap(), 100_000.0);
+}
+
+#[test]
+fn intermediates_are_freed_and_buffers_donated() {
+    let _g = serial();
+    let n = 1 << 22; // 16 MiB of f32
+    let bytes = n * 4;
+    nuvec::memory::reset_host_peak();
+    let before = nuvec::memory::host_memory().active;
+    // arange (int32) -> astype (f32) -> five element-wise steps. Each step may write into its
+    // input's buffer (no one else holds it), and each input is freed after its consumer, so the
+    // peak stays near two buffers however long the chain.
+    let mut y = ops::arange(0, n as i32, 1).astype(DType::F32);
+    for i in 0..5 {
+        y = (y + i as f32) * 0.5;
+    }
+    y.eval().unwrap();
+    let peak = nuvec::memory::host_memory().peak - before;
+    assert!(peak <= 2 * bytes + (1 << 20), "peak {peak} bytes for {bytes}-byte buffers");
+    let v = y.to_vec::<f32>().unwrap();
+    let mut want = 7.0f32;
+    for i in 0..5 {
+        want = (want + i as f32) * 0.5;
+    }
+    assert_eq!(v[7], want);
+    drop(y);
+    let after = nuvec::memory::host_memory().active;
+    assert!(after <= before + (1 << 16), "{} bytes still held", after - before);
+}
+
+#[test]
+fn a_user_held_input_is_never_overwritten() {
+    let x = ops::arange(0, 1 << 16, 1).astype(DType::F32);
+    x.eval().unwrap();
+    let y = &x + 1.0;
+    y.eval().unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap()[5], 5.0);
+    assert_eq!(y.to_vec::<f32>().unwrap()[5], 6.0);
+    assert_ne!(x.buffer_id(), y.buffer_id());
+}
+
+#[test]
+fn views_share_storage() {
+    let x = ops::arange(0, 24, 1).reshape([2, 3, 4]);
+    x.eval().unwrap();
+    let views = [x.transpose(&[2, 0, 1]), x.slice(&[0, 1, 0], &[2, 3, 4], &[1, 1, 2]), x.reshape([6, 4]), x.expand_dims(0)];
+    for v in &views {
+        v.eval().unwrap();
+        assert_eq!(v.buffer_id(), x.buffer_id());
+    }
+    assert_eq!(views[1].to_vec::<i32>().unwrap(), vec![4, 6, 8, 10, 16, 18, 20, 22]);
+}
