@@ -32,10 +32,9 @@ pub fn eval(a: Operand, b: Operand, c: Option<Operand>, alpha: f32, beta: f32, o
     match out.dtype {
         DType::F32 => gemm_batched::<f32>(&a, &b, buf.as_mut_slice(), &out.shape, read_dst, beta, alpha)?,
         DType::F64 => gemm_batched::<f64>(&a, &b, buf.as_mut_slice(), &out.shape, read_dst, beta as f64, alpha as f64)?,
-        DType::F16 => {
-            gemm_batched::<f16>(&a, &b, buf.as_mut_slice(), &out.shape, read_dst, f16::from_f32(beta), f16::from_f32(alpha))?
-        }
-        DType::BF16 => bf16_via_f32(&a, &b, &mut buf, &out.shape, read_dst, beta, alpha)?,
+        // Half precision accumulates in f32 (gemm's f16 kernels may accumulate in f16).
+        DType::F16 => via_f32::<f16>(&a, &b, &mut buf, &out.shape, read_dst, beta, alpha)?,
+        DType::BF16 => via_f32::<bf16>(&a, &b, &mut buf, &out.shape, read_dst, beta, alpha)?,
         d if d.is_integer() => for_int!(d, T => naive::<T>(&a, &b, buf.as_mut_slice(), &out.shape))?,
         d => return Err(unsupported(d)),
     }
@@ -128,8 +127,8 @@ fn gemm_batched<T: Elem>(
     Ok(())
 }
 
-/// bf16 has no gemm kernel: widen both operands to f32, multiply, round back.
-fn bf16_via_f32(
+/// Half-precision products: widen both operands to f32, multiply, round back.
+fn via_f32<H: Elem + crate::elem::Float<Acc = f32>>(
     a: &Operand,
     b: &Operand,
     buf: &mut HostBuffer,
@@ -145,9 +144,9 @@ fn bf16_via_f32(
         Ok(Operand { shape: x.shape.clone(), dtype: DType::F32, data, donated: false })
     };
     let (a32, b32) = (widen(a)?, widen(b)?);
-    let mut acc: Vec<f32> = buf.as_slice::<bf16>().iter().map(|v| v.to_f32()).collect();
+    let mut acc: Vec<f32> = buf.as_slice::<H>().iter().map(|v| v.to_acc()).collect();
     gemm_batched::<f32>(&a32, &b32, &mut acc, out_shape, read_dst, dst_scale, product_scale)?;
-    buf.as_mut_slice::<bf16>().par_iter_mut().zip(acc.par_iter()).for_each(|(o, &v)| *o = bf16::from_f32(v));
+    buf.as_mut_slice::<H>().par_iter_mut().zip(acc.par_iter()).for_each(|(o, &v)| *o = H::from_acc(v));
     Ok(())
 }
 

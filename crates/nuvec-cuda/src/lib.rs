@@ -177,3 +177,40 @@ impl Backend for CudaBackend {
         gpu_of(stream.device)?.synchronize()
     }
 }
+
+/// The device-to-device copy bandwidth of GPU `index` in GB/s (bytes read plus bytes written),
+/// measured with `cuMemcpyDtoD` of `bytes` between two fresh buffers: the ceiling memory-bound
+/// kernels are compared with. Median of `iters` copies timed with CUDA events after warm-up.
+pub fn copy_bandwidth(index: u32, bytes: usize, iters: usize) -> Result<f64> {
+    use cudarc::driver::sys;
+    let gpu = Gpu::get(index)?;
+    let (src, dst) = (GpuBuffer::new(&gpu, bytes)?, GpuBuffer::new(&gpu, bytes)?);
+    gpu.bind()?;
+    let mut times = Vec::with_capacity(iters);
+    // SAFETY: events are created, recorded on this device's stream and destroyed here; the
+    // copies stay inside the two buffers of `bytes` each.
+    unsafe {
+        let mut start = std::ptr::null_mut();
+        let mut end = std::ptr::null_mut();
+        driver::check(sys::cuEventCreate(&mut start, 0), "cuEventCreate")?;
+        driver::check(sys::cuEventCreate(&mut end, 0), "cuEventCreate")?;
+        // Non-zero contents, so compressible memory cannot flatter the number.
+        driver::check(sys::cuMemsetD32Async(src.ptr, 0x3f8ccccd, bytes / 4, gpu.stream), "cuMemsetD32Async")?;
+        for i in 0..iters + 3 {
+            driver::check(sys::cuEventRecord(start, gpu.stream), "cuEventRecord")?;
+            gpu.copy_device(dst.ptr, src.ptr, bytes)?;
+            driver::check(sys::cuEventRecord(end, gpu.stream), "cuEventRecord")?;
+            driver::check(sys::cuEventSynchronize(end), "cuEventSynchronize")?;
+            let mut ms = 0f32;
+            driver::check(sys::cuEventElapsedTime_v2(&mut ms, start, end), "cuEventElapsedTime")?;
+            if i >= 3 {
+                times.push(ms as f64);
+            }
+        }
+        sys::cuEventDestroy_v2(start);
+        sys::cuEventDestroy_v2(end);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    let ms = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+    Ok(2.0 * bytes as f64 / (ms * 1e-3) / 1e9)
+}

@@ -48,7 +48,7 @@ pub mod cpu {
 /// ```
 pub mod cuda {
     pub use nuvec_cuda::{
-        CudaBackend, DeviceInfo, clear_cache, compile_all, device_count, device_info, is_available, memory,
+        CudaBackend, DeviceInfo, clear_cache, compile_all, copy_bandwidth, device_count, device_info, is_available, memory,
         reset_peak, set_cache_limit, set_memory_limit, synchronize, unavailable_reason,
     };
 }

@@ -44,7 +44,7 @@ fn async_eval_then_read() {
     let y = (&x * &x).sum(..);
     nuvec::async_eval(&y).unwrap();
     let want: f32 = (0..1000).map(|i| (i * i) as f32).sum();
-    assert!((y.item::<f32>().unwrap() - want).abs() / want < 1e-6);
+    assert!((y.item::<f32>().unwrap() - want).abs() / want < 1e-5);
 }
 
 #[test]
@@ -88,7 +88,9 @@ fn intermediates_are_freed_and_buffers_donated() {
     }
     y.eval().unwrap();
     let peak = nuvec::memory::host_memory().peak - before;
-    assert!(peak <= 2 * bytes + (1 << 20), "peak {peak} bytes for {bytes}-byte buffers");
+    // Without donation and freeing, the chain would hold three or more buffers at once (other
+    // tests of this binary allocate a little alongside).
+    assert!(peak < 2 * bytes + bytes / 4, "peak {peak} bytes for {bytes}-byte buffers");
     let v = y.to_vec::<f32>().unwrap();
     let mut want = 7.0f32;
     for i in 0..5 {
@@ -97,7 +99,7 @@ fn intermediates_are_freed_and_buffers_donated() {
     assert_eq!(v[7], want);
     drop(y);
     let after = nuvec::memory::host_memory().active;
-    assert!(after <= before + (1 << 16), "{} bytes still held", after - before);
+    assert!(after < before + bytes / 4, "{} bytes still held", after.saturating_sub(before));
 }
 
 #[test]

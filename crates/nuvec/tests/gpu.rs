@@ -1,0 +1,385 @@
+//! The GPU against the CPU: every primitive family over dtypes and layouts, computed on both
+//! devices and compared (exactly for integers and booleans). With `NUVEC_REQUIRE_GPU=1` a
+//! missing GPU is a failure, so a GPU run cannot pass by skipping; without a GPU the tests
+//! check that everything reports "unavailable" and runs on the CPU.
+
+use nuvec::{Array, DType, Device, array, ops, with_stream};
+
+fn gpu() -> bool {
+    let required = std::env::var("NUVEC_REQUIRE_GPU").as_deref() == Ok("1");
+    let ok = nuvec::cuda::is_available();
+    if required {
+        assert!(ok, "NUVEC_REQUIRE_GPU=1 but the GPU is unusable: {:?}", nuvec::cuda::unavailable_reason());
+    }
+    ok
+}
+
+#[test]
+fn gpu_presence_is_reported_without_panicking() {
+    let usable = gpu();
+    assert_eq!(usable, nuvec::graph::is_available(Device::gpu(0)));
+    if usable {
+        let info = nuvec::cuda::device_info(0).unwrap();
+        println!("{info:?}");
+        assert!(info.multiprocessors > 0 && info.total_memory > 0);
+        assert_eq!(nuvec::default_device(), if std::env::var("NUVEC_DEVICE").as_deref() == Ok("cpu") { Device::cpu() } else { Device::gpu(0) });
+    } else {
+        assert!(nuvec::cuda::unavailable_reason().is_some());
+        assert!(nuvec::cuda::device_info(0).is_err());
+        assert!(nuvec::cuda::memory(0).is_err());
+    }
+}
+
+/// Deterministic values of `dtype` with a spread of magnitudes and signs (and some exact
+/// zeros), never all equal.
+fn values(shape: &[i32], dtype: DType, seed: f32) -> Array {
+    let n: i32 = shape.iter().product();
+    let x = (ops::arange(0, n.max(1), 1).astype(DType::F32) * 0.7311 + seed).sin() * 3.0;
+    let x = x.slice(&[0], &[n], &[1]).reshape(shape);
+    match dtype {
+        DType::Bool => x.greater(0.0),
+        d if d.is_integer() => {
+            let v = (x * 20.0).round();
+            if matches!(d, DType::U8 | DType::U16 | DType::U32 | DType::U64) { v.abs().astype(d) } else { v.astype(d) }
+        }
+        d => x.astype(d),
+    }
+}
+
+fn on<R>(device: Device, f: impl FnOnce() -> R) -> R {
+    with_stream(device, f)
+}
+
+/// Compares an array computed on each device: same dtype and shape, equal integers/booleans,
+/// floats within a tolerance of the dtype.
+fn assert_same(what: &str, cpu: &Array, gpu: &Array) {
+    cpu.eval().unwrap_or_else(|e| panic!("{what} on the CPU: {e}"));
+    gpu.eval().unwrap_or_else(|e| panic!("{what} on the GPU: {e}"));
+    assert_eq!(cpu.shape(), gpu.shape(), "{what}: shapes");
+    assert_eq!(cpu.dtype(), gpu.dtype(), "{what}: dtypes");
+    let dtype = cpu.dtype();
+    if !dtype.is_inexact() {
+        assert_eq!(cpu.to_bytes().unwrap(), gpu.to_bytes().unwrap(), "{what}: integer results differ");
+        return;
+    }
+    let as_f64 = |a: &Array| -> Vec<f64> {
+        match a.dtype() {
+            DType::Complex64 => {
+                let v = a.to_vec::<nuvec::Complex64>().unwrap();
+                v.iter().flat_map(|c| [c.re as f64, c.im as f64]).collect()
+            }
+            _ => a.astype(DType::F64).to_vec::<f64>().unwrap(),
+        }
+    };
+    let (c, g) = (as_f64(cpu), as_f64(gpu));
+    let tol = match dtype {
+        DType::F16 => 2e-3,
+        DType::BF16 => 1.6e-2,
+        DType::F64 => 1e-12,
+        _ => 2e-5,
+    };
+    for (i, (x, y)) in c.iter().zip(&g).enumerate() {
+        if x.is_nan() && y.is_nan() {
+            continue;
+        }
+        let ok = if x.is_infinite() || y.is_infinite() { x == y } else { (x - y).abs() <= tol * (1.0 + x.abs().max(y.abs())) };
+        assert!(ok, "{what}: element {i} CPU {x} GPU {y}");
+    }
+}
+
+/// Runs `f` on both devices with the same inputs and compares.
+fn both(what: &str, inputs: &[Array], f: impl Fn(&[Array]) -> Array) {
+    let c = on(Device::cpu(), || f(inputs));
+    let g = on(Device::gpu(0), || f(inputs));
+    assert_same(what, &c, &g);
+}
+
+const ALL: [DType; 14] = DType::ALL;
+
+#[test]
+fn elementwise_agrees() {
+    if !gpu() {
+        return;
+    }
+    use nuvec::graph::{BinaryOp, UnaryOp};
+    let unary: [UnaryOp; 31] = {
+        use UnaryOp::*;
+        [
+            Abs, Sign, Negative, Square, Floor, Ceil, Round, Exp, Expm1, Log, Log1p, Log2, Log10, Sqrt, Rsqrt,
+            Reciprocal, Sin, Cos, Tan, ArcSin, ArcCos, ArcTan, Sinh, Cosh, Tanh, ArcSinh, ArcCosh, ArcTanh, Sigmoid,
+            Erf, ErfInv,
+        ]
+    };
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::U8, DType::Bool] {
+        let x = values(&[7, 33], dtype, 0.1);
+        for op in unary {
+            let f = |a: &[Array]| -> Array {
+                let x = &a[0];
+                match op {
+                    UnaryOp::Abs => x.abs(),
+                    UnaryOp::Sign => x.sign(),
+                    UnaryOp::Negative => x.negative(),
+                    UnaryOp::Square => x.square(),
+                    UnaryOp::Floor => x.floor(),
+                    UnaryOp::Ceil => x.ceil(),
+                    UnaryOp::Round => x.round(),
+                    UnaryOp::Exp => x.exp(),
+                    UnaryOp::Expm1 => x.expm1(),
+                    UnaryOp::Log => x.abs().log(),
+                    UnaryOp::Log1p => x.abs().log1p(),
+                    UnaryOp::Log2 => x.abs().log2(),
+                    UnaryOp::Log10 => x.abs().log10(),
+                    UnaryOp::Sqrt => x.abs().sqrt(),
+                    UnaryOp::Rsqrt => x.abs().rsqrt(),
+                    UnaryOp::Reciprocal => x.reciprocal(),
+                    UnaryOp::Sin => x.sin(),
+                    UnaryOp::Cos => x.cos(),
+                    UnaryOp::Tan => x.tan(),
+                    UnaryOp::ArcSin => (x * 0.3).arcsin(),
+                    UnaryOp::ArcCos => (x * 0.3).arccos(),
+                    UnaryOp::ArcTan => x.arctan(),
+                    UnaryOp::Sinh => x.sinh(),
+                    UnaryOp::Cosh => x.cosh(),
+                    UnaryOp::Tanh => x.tanh(),
+                    UnaryOp::ArcSinh => x.arcsinh(),
+                    UnaryOp::ArcCosh => (x.abs() + 1.0).arccosh(),
+                    UnaryOp::ArcTanh => (x * 0.3).arctanh(),
+                    UnaryOp::Sigmoid => x.sigmoid(),
+                    UnaryOp::Erf => x.erf(),
+                    UnaryOp::ErfInv => (x * 0.3).erfinv(),
+                    _ => x.clone(),
+                }
+            };
+            if dtype == DType::Bool && matches!(op, UnaryOp::Negative) {
+                continue;
+            }
+            both(&format!("{} {dtype}", op.name()), std::slice::from_ref(&x), f);
+            // Transposed (strided) input.
+            both(&format!("{} {dtype} transposed", op.name()), &[x.t()], f);
+        }
+    }
+    let binary: [BinaryOp; 24] = {
+        use BinaryOp::*;
+        [
+            Add, Subtract, Multiply, Divide, FloorDivide, Remainder, Power, Maximum, Minimum, LogAddExp, ArcTan2, Equal,
+            NotEqual, Less, LessEqual, Greater, GreaterEqual, LogicalAnd, LogicalOr, BitwiseAnd, BitwiseOr,
+            BitwiseXor, LeftShift, RightShift,
+        ]
+    };
+    for dtype in ALL {
+        let a = values(&[5, 1, 40], dtype, 0.2);
+        let b = values(&[3, 40], dtype, 1.3);
+        for op in binary {
+            let promoted = dtype;
+            if op.compute_dtype(promoted).is_none() {
+                continue;
+            }
+            let f = |v: &[Array]| -> Array {
+                let (a, b) = (&v[0], &v[1]);
+                let b = match op {
+                    BinaryOp::LeftShift | BinaryOp::RightShift => b.abs().remainder(7),
+                    BinaryOp::Power if dtype.is_integer() => b.abs().remainder(4),
+                    _ => b.clone(),
+                };
+                match op {
+                    BinaryOp::Add => a + &b,
+                    BinaryOp::Subtract => a - &b,
+                    BinaryOp::Multiply => a * &b,
+                    BinaryOp::Divide => a / &b,
+                    BinaryOp::FloorDivide => a.floor_divide(&b),
+                    BinaryOp::Remainder => a.remainder(&b),
+                    BinaryOp::Power => a.power(&b),
+                    BinaryOp::Maximum => a.maximum(&b),
+                    BinaryOp::Minimum => a.minimum(&b),
+                    BinaryOp::LogAddExp => a.logaddexp(&b),
+                    BinaryOp::ArcTan2 => a.arctan2(&b),
+                    BinaryOp::Equal => a.equal(&b),
+                    BinaryOp::NotEqual => a.not_equal(&b),
+                    BinaryOp::Less => a.less(&b),
+                    BinaryOp::LessEqual => a.less_equal(&b),
+                    BinaryOp::Greater => a.greater(&b),
+                    BinaryOp::GreaterEqual => a.greater_equal(&b),
+                    BinaryOp::LogicalAnd => a.logical_and(&b),
+                    BinaryOp::LogicalOr => a.logical_or(&b),
+                    BinaryOp::BitwiseAnd => a.bitwise_and(&b),
+                    BinaryOp::BitwiseOr => a.bitwise_or(&b),
+                    BinaryOp::BitwiseXor => a.bitwise_xor(&b),
+                    BinaryOp::LeftShift => a.left_shift(&b),
+                    BinaryOp::RightShift => a.right_shift(&b),
+                }
+            };
+            // Broadcast, same-shape contiguous, scalar, and transposed operands.
+            both(&format!("{} {dtype} broadcast", op.name()), &[a.clone(), b.clone()], f);
+            let c = values(&[40, 40], dtype, 0.5);
+            both(&format!("{} {dtype} contiguous", op.name()), &[c.clone(), c.t().contiguous()], f);
+            both(&format!("{} {dtype} scalar", op.name()), &[c.clone(), values(&[], dtype, 0.9)], f);
+            both(&format!("{} {dtype} transposed", op.name()), &[c.t(), c.clone()], f);
+        }
+    }
+}
+
+#[test]
+fn casts_selects_and_copies_agree() {
+    if !gpu() {
+        return;
+    }
+    for from in ALL {
+        let x = values(&[6, 17], from, 0.3);
+        for to in ALL {
+            both(&format!("astype {from} -> {to}"), std::slice::from_ref(&x), |v| v[0].astype(to));
+            both(&format!("astype {from} -> {to} strided"), std::slice::from_ref(&x), |v| v[0].t().astype(to));
+        }
+        let c = values(&[6, 17], DType::Bool, 0.7);
+        both(&format!("where {from}"), &[c, x.clone(), x.t().t()], |v| ops::where_(&v[0], &v[1], &v[2].zeros_like()));
+        both(&format!("copy {from}"), std::slice::from_ref(&x), |v| v[0].t().contiguous());
+        both(&format!("reshape of transposed {from}"), std::slice::from_ref(&x), |v| v[0].t().reshape([-1]));
+        both(&format!("concatenate {from}"), std::slice::from_ref(&x), |v| {
+            ops::concatenate(&[v[0].clone(), v[0].slice(&[0, 3], &[6, 9], &[1, 1]).t().reshape([6, 6]), v[0].clone()], 1)
+        });
+        both(&format!("slice_update {from}"), std::slice::from_ref(&x), |v| {
+            v[0].slice_update(&v[0].slice(&[0, 0], &[3, 6], &[1, 2]), &[2, 1], &[5, 7], &[1, 2])
+        });
+        both(&format!("pad {from}"), std::slice::from_ref(&x), |v| v[0].pad(&[(1, 2), (0, 3)], 1));
+    }
+    for d in [DType::F32, DType::I32, DType::U8, DType::F16, DType::I64] {
+        both(&format!("arange {d}"), &[], |_| ops::arange_dtype(3, 1000, 7, d));
+    }
+}
+
+#[test]
+fn reductions_and_scans_agree() {
+    if !gpu() {
+        return;
+    }
+    let shapes: [&[i32]; 5] = [&[1000], &[37, 129], &[4, 5, 300], &[2, 3000], &[300, 1, 2]];
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::U8, DType::I64, DType::Bool] {
+        for shape in shapes {
+            let x = values(shape, dtype, 0.4);
+            let nd = shape.len() as i32;
+            let mut axis_sets: Vec<Vec<i32>> = (0..nd).map(|a| vec![a]).collect();
+            axis_sets.push((0..nd).collect());
+            if nd >= 3 {
+                axis_sets.push(vec![0, 2]);
+            }
+            for axes in &axis_sets {
+                let tag = format!("{dtype} {shape:?} axes {axes:?}");
+                if dtype != DType::Bool {
+                    both(&format!("sum {tag}"), std::slice::from_ref(&x), |v| v[0].sum(axes));
+                    both(&format!("max {tag}"), std::slice::from_ref(&x), |v| v[0].max(axes));
+                    both(&format!("min {tag} transposed"), std::slice::from_ref(&x), |v| v[0].t().min(axes));
+                    if dtype.is_float() {
+                        both(&format!("prod {tag}"), std::slice::from_ref(&x), |v| (v[0].clone() * 0.1 + 1.0).prod(axes));
+                        both(&format!("logsumexp {tag}"), std::slice::from_ref(&x), |v| v[0].logsumexp(axes));
+                        both(&format!("softmax {tag}"), std::slice::from_ref(&x), |v| v[0].softmax(axes));
+                        both(&format!("mean/var {tag}"), std::slice::from_ref(&x), |v| v[0].var(axes) + v[0].mean(axes));
+                    }
+                }
+                both(&format!("all/any {tag}"), std::slice::from_ref(&x), |v| v[0].all(axes).logical_or(&v[0].any(axes)));
+            }
+            for axis in 0..nd {
+                let tag = format!("{dtype} {shape:?} axis {axis}");
+                both(&format!("argmax {tag}"), std::slice::from_ref(&x), |v| v[0].argmax(axis));
+                both(&format!("argmin {tag}"), std::slice::from_ref(&x), |v| v[0].t().argmin(axis));
+                let opts = [(false, false), (true, false), (false, true), (true, true)];
+                for (reverse, exclusive) in opts {
+                    let o = nuvec::ScanOptions { reverse, exclusive };
+                    let t = format!("{tag} reverse {reverse} exclusive {exclusive}");
+                    if dtype != DType::Bool {
+                        both(&format!("cumsum {t}"), std::slice::from_ref(&x), |v| v[0].cumsum_with(axis, o));
+                    }
+                    both(&format!("cummax {t}"), std::slice::from_ref(&x), |v| v[0].cummax_with(axis, o));
+                    both(&format!("cummin {t}"), std::slice::from_ref(&x), |v| v[0].cummin_with(axis, o));
+                    if dtype.is_float() {
+                        both(&format!("cumprod {t}"), std::slice::from_ref(&x), |v| (v[0].clone() * 0.01 + 1.0).cumprod_with(axis, o));
+                        both(&format!("logcumsumexp {t}"), std::slice::from_ref(&x), |v| v[0].logcumsumexp_with(axis, o));
+                    }
+                }
+            }
+        }
+    }
+    // A long row: the split reduction with partials (positive values: a sum without
+    // cancellation, so both devices' rounding stays near 1e-6 relative).
+    let long = values(&[1 << 22], DType::F32, 0.8).abs() + 0.5;
+    both("sum of 4M", std::slice::from_ref(&long), |v| v[0].sum(..));
+    both("max of 4M", std::slice::from_ref(&long), |v| v[0].max(..));
+    // Special values through softmax and logsumexp.
+    let special = array![[1.0, f32::NEG_INFINITY, 2.0], [f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY], [f32::NAN, 0.0, 1.0]];
+    both("softmax special", std::slice::from_ref(&special), |v| v[0].softmax(-1));
+    both("logsumexp special", std::slice::from_ref(&special), |v| v[0].logsumexp(-1));
+}
+
+#[test]
+fn products_agree() {
+    if !gpu() {
+        return;
+    }
+    let cases: [(&[i32], &[i32]); 8] = [
+        (&[1, 64], &[64, 300]),
+        (&[8, 256], &[256, 512]),
+        (&[3, 1, 512], &[512, 1000]),
+        (&[33, 70], &[70, 45]),
+        (&[4, 17, 33], &[4, 33, 9]),
+        (&[2, 1, 5, 8], &[3, 8, 6]),
+        (&[64], &[64, 10]),
+        (&[10, 64], &[64]),
+    ];
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32] {
+        for (sa, sb) in cases {
+            let a = values(sa, dtype, 0.1) * 0.25;
+            let b = values(sb, dtype, 0.6) * 0.25;
+            both(&format!("matmul {dtype} {sa:?} @ {sb:?}"), &[a.clone(), b.clone()], |v| v[0].matmul(&v[1]));
+        }
+        // Transposed weights (the decode layout x @ W^T), for the GEMV paths too.
+        for m in [1, 2, 5, 8, 9] {
+            let x = values(&[m, 256], dtype, 0.2) * 0.25;
+            let w = values(&[384, 256], dtype, 0.9) * 0.25;
+            both(&format!("x @ W^T {dtype} m={m}"), &[x.clone(), w.clone()], |v| v[0].matmul(&v[1].t()));
+            let w2 = values(&[256, 384], dtype, 0.9) * 0.25;
+            both(&format!("x @ W {dtype} m={m}"), &[x, w2], |v| v[0].matmul(&v[1]));
+        }
+        if dtype.is_float() {
+            let a = values(&[16, 32], dtype, 0.1) * 0.25;
+            let b = values(&[32, 24], dtype, 0.3) * 0.25;
+            let c = values(&[24], dtype, 0.5);
+            both(&format!("addmm {dtype}"), &[a, b, c], |v| ops::addmm(&v[2], &v[0], &v[1], 0.5, 2.0));
+        }
+    }
+}
+
+#[test]
+fn arrays_move_between_devices() {
+    if !gpu() {
+        return;
+    }
+    // A host constant used on the GPU is uploaded once, and the copy is kept with it.
+    let w = values(&[256, 256], DType::F32, 0.1);
+    w.eval().unwrap();
+    let y1 = on(Device::gpu(0), || w.sum(..));
+    let y2 = on(Device::gpu(0), || w.max(..));
+    nuvec::eval(&(&y1, &y2)).unwrap();
+    // A GPU result feeds a CPU computation.
+    let z = on(Device::cpu(), || &y1 + 1.0);
+    assert!((z.item::<f32>().unwrap() - (y1.item::<f32>().unwrap() + 1.0)).abs() < 1e-3);
+    // Primitives without a GPU kernel (complex argmax is rejected earlier; complex scans are
+    // not) fall back to the CPU transparently.
+    let c = on(Device::gpu(0), || values(&[8], DType::F32, 0.1).astype(DType::Complex64).cumsum(0));
+    assert_eq!(c.to_vec::<nuvec::Complex64>().unwrap().len(), 8);
+}
+
+#[test]
+fn memory_limits_fail_cleanly() {
+    if !gpu() {
+        return;
+    }
+    nuvec::cuda::synchronize(0).unwrap();
+    let before = nuvec::cuda::memory(0).unwrap();
+    let old = nuvec::cuda::set_memory_limit(0, before.active + (64 << 20)).unwrap();
+    let big = on(Device::gpu(0), || ops::zeros([256 << 20], DType::F32) + 1.0);
+    let err = big.eval().unwrap_err();
+    assert!(matches!(err, nuvec::Error::OutOfMemory(_)), "{err}");
+    nuvec::cuda::set_memory_limit(0, old).unwrap();
+    let ok = on(Device::gpu(0), || ops::zeros([1 << 20], DType::F32) + 1.0);
+    assert_eq!(ok.sum(..).item::<f32>().unwrap(), (1 << 20) as f32);
+    nuvec::cuda::clear_cache(0).unwrap();
+    assert_eq!(nuvec::cuda::memory(0).unwrap().cache, 0);
+}
