@@ -328,6 +328,31 @@ impl Scalar {
         }
     }
 
+    /// Whether the value is representable in `dtype` (integers must be in range; reals and
+    /// booleans fit any inexact dtype).
+    pub fn fits(self, dtype: DType) -> bool {
+        let v: i128 = match self {
+            Scalar::Int(v) => v as i128,
+            Scalar::UInt(v) => v as i128,
+            Scalar::Bool(_) => return true,
+            Scalar::Float(_) => return dtype.is_inexact(),
+            Scalar::Complex(_) => return dtype == DType::Complex64,
+        };
+        let (lo, hi): (i128, i128) = match dtype {
+            DType::U8 => (0, u8::MAX as i128),
+            DType::U16 => (0, u16::MAX as i128),
+            DType::U32 => (0, u32::MAX as i128),
+            DType::U64 => (0, u64::MAX as i128),
+            DType::I8 => (i8::MIN as i128, i8::MAX as i128),
+            DType::I16 => (i16::MIN as i128, i16::MAX as i128),
+            DType::I32 => (i32::MIN as i128, i32::MAX as i128),
+            DType::I64 => (i64::MIN as i128, i64::MAX as i128),
+            DType::Bool => (0, 1),
+            _ => return true,
+        };
+        (lo..=hi).contains(&v)
+    }
+
     /// The value as `f64` (real part for complex).
     pub fn as_f64(self) -> f64 {
         match self {

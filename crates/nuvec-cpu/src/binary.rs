@@ -36,13 +36,20 @@ pub fn eval(op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()
         LeftShift => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::shl(x, y))),
         RightShift => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::shr(x, y))),
         LogAddExp if dtype == DType::Complex64 => {
-            map2::<nuvec_core::Complex64, nuvec_core::Complex64, nuvec_core::Complex64>(a, b, out, |x, y| {
-                (x.exp() + y.exp()).ln()
-            })
+            map2::<nuvec_core::Complex64, nuvec_core::Complex64, nuvec_core::Complex64>(a, b, out, complex_logaddexp)
         }
         LogAddExp => for_float!(dtype, T => map2::<T, T, T>(a, b, out, logaddexp::<T>)),
         ArcTan2 => for_float!(dtype, T => map2::<T, T, T>(a, b, out, |y, x| T::from_acc(y.to_acc().atan2(x.to_acc())))),
     }
+}
+
+/// `log(e^a + e^b)` factored on the operand with the larger real part, so it cannot overflow.
+pub(crate) fn complex_logaddexp(a: nuvec_core::Complex64, b: nuvec_core::Complex64) -> nuvec_core::Complex64 {
+    let (hi, lo) = if a.re >= b.re { (a, b) } else { (b, a) };
+    if hi.re.is_infinite() && hi.re > 0.0 {
+        return hi;
+    }
+    hi + ((lo - hi).exp() + 1.0).ln()
 }
 
 #[inline(always)]

@@ -7,7 +7,7 @@ use nuvec_core::shape::{row_major_strides, elem_count};
 use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
 use rayon::prelude::*;
 
-use crate::elem::{Cast, Elem};
+use crate::elem::{Cast, Elem, Num};
 use crate::map::map1;
 use crate::strided::{Rows, rows_per_chunk};
 use crate::{for_all, for_real, host_slice, internal};
@@ -173,8 +173,17 @@ fn write_window_signed<T: bytemuck::Pod + Send + Sync>(
     Ok(())
 }
 
-/// `start + i * step` in the output dtype.
+/// `start + i * step` in the output dtype. Integer ranges step by `T(start + step) - T(start)`
+/// (MLX's rule, so float bounds with an integer dtype step by whole numbers); float ranges are
+/// `start + i * step` rounded once.
 pub fn arange(start: f64, step: f64, out: &mut Output) -> Result<()> {
+    if out.dtype.is_integer() {
+        return crate::for_int!(out.dtype, T => {
+            let s0 = T::from_f64(start);
+            let st = Num::sub(T::from_f64(start + step), s0);
+            fill_with::<T>(out, move |i| Num::add(s0, Num::mul(T::from_u64(i as u64), st)))
+        });
+    }
     for_real!(out.dtype, T => fill_with::<T>(out, |i| T::from_f64(start + i as f64 * step)))
 }
 

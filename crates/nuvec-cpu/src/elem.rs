@@ -601,7 +601,8 @@ macro_rules! num_float {
             #[inline(always)] fn sub(self, b: Self) -> Self { $from($to(self) - $to(b)) }
             #[inline(always)] fn mul(self, b: Self) -> Self { $from($to(self) * $to(b)) }
             #[inline(always)] fn div(self, b: Self) -> Self { $from($to(self) / $to(b)) }
-            #[inline(always)] fn floor_div(self, b: Self) -> Self { $from(($to(self) / $to(b)).floor()) }
+            // The quotient rounds to the element type before flooring (MLX's half precision).
+            #[inline(always)] fn floor_div(self, b: Self) -> Self { $from($to($from($to(self) / $to(b))).floor()) }
             #[inline(always)] fn rem(self, b: Self) -> Self {
                 let (a, b) = ($to(self), $to(b));
                 let r = a % b;
@@ -610,7 +611,7 @@ macro_rules! num_float {
             #[inline(always)] fn pow(self, b: Self) -> Self { $from(num_traits::Float::powf($to(self), $to(b))) }
             #[inline(always)] fn max(self, b: Self) -> Self {
                 let (x, y) = ($to(self), $to(b));
-                if x.is_nan() || x > y { self } else if y.is_nan() { b } else { b }
+                if x.is_nan() || x > y { self } else { b }
             }
             #[inline(always)] fn min(self, b: Self) -> Self {
                 let (x, y) = ($to(self), $to(b));
@@ -620,9 +621,10 @@ macro_rules! num_float {
             #[inline(always)] fn le(self, b: Self) -> bool { $to(self) <= $to(b) }
             #[inline(always)] fn neg(self) -> Self { $from(-$to(self)) }
             #[inline(always)] fn abs(self) -> Self { $from($to(self).abs()) }
+            // (x > 0) - (x < 0): NaN and both zeros give +0, as MLX.
             #[inline(always)] fn sign(self) -> Self {
                 let x = $to(self);
-                $from(if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { x })
+                $from(if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 })
             }
             #[inline(always)] fn is_nan(self) -> bool { $to(self).is_nan() }
             #[inline(always)] fn lowest() -> Self { $from(<$acc>::NEG_INFINITY) }
@@ -665,12 +667,12 @@ impl Num for Complex64 {
     fn div(self, b: Self) -> Self {
         self / b
     }
+    /// MLX's complex floor division is plain division.
     fn floor_div(self, b: Self) -> Self {
-        let q = self / b;
-        Complex64::new(q.re.floor(), q.im.floor())
+        self / b
     }
     fn rem(self, b: Self) -> Self {
-        self - b * self.floor_div(b)
+        self - b * (self / b)
     }
     fn pow(self, b: Self) -> Self {
         if self == Complex64::new(0.0, 0.0) {

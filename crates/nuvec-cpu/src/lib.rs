@@ -66,9 +66,11 @@ impl Backend for CpuBackend {
         device == Device::cpu()
     }
 
-    fn supports(&self, primitive: &Primitive, _inputs: &[Spec], _outputs: &[Spec]) -> bool {
+    fn supports(&self, primitive: &Primitive, inputs: &[Spec], _outputs: &[Spec]) -> bool {
         match primitive {
-            Primitive::Fast(op) => nuvec_core::fast::fused_enabled() && fast::supports(op),
+            Primitive::Fast(op) => {
+                nuvec_core::fast::fused_enabled() && inputs.iter().all(|s| s.dtype.is_float()) && fast::supports(op)
+            }
             p => !p.is_view(),
         }
     }

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use crate::elem::{B8, Elem, Float, Num};
 use crate::map::simd;
 use crate::strided::{GRAIN, Rows};
-use crate::{for_all, for_real, host_slice, unsupported};
+use crate::{for_all, host_slice, unsupported};
 
 /// A reduction as an accumulator: `init`, `step` per element, `merge` of partial results.
 pub trait Reducer<T>: Copy + Send + Sync {
@@ -238,7 +238,7 @@ fn run<T: Elem, R: Reducer<T>>(r: R, axes: &[usize], x: &Operand, out: &mut Outp
 
 /// Index of the first maximum (or minimum) along `axis`; NaN counts as the extreme.
 pub fn arg_reduce(op: ArgReduceOp, axis: usize, x: Operand, out: &mut Output) -> Result<()> {
-    for_real!(x.dtype, T => arg::<T>(op, axis, &x, out))
+    for_all!(x.dtype, T => arg::<T>(op, axis, &x, out))
 }
 
 fn arg<T: Num>(op: ArgReduceOp, axis: usize, x: &Operand, out: &mut Output) -> Result<()> {

@@ -3,6 +3,7 @@
 use nuvec_core::primitive::ScanOp;
 use nuvec_core::shape::row_major_strides;
 use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
+use nuvec_core::dtype::Complex64;
 use nuvec_core::{DType, Result};
 use rayon::prelude::*;
 
@@ -19,8 +20,12 @@ pub fn eval(op: ScanOp, axis: usize, reverse: bool, inclusive: bool, x: Operand,
         }
         ScanOp::Sum => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::zero(), |a, v| Num::add(a, v), |a| a)),
         ScanOp::Prod => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::one(), |a, v| Num::mul(a, v), |a| a)),
-        ScanOp::Max if dtype != DType::Complex64 => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::lowest(), |a, v| Num::max(a, v), |a| a)),
-        ScanOp::Min if dtype != DType::Complex64 => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::highest(), |a, v| Num::min(a, v), |a| a)),
+        ScanOp::Max => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::lowest(), |a, v| Num::max(a, v), |a| a)),
+        ScanOp::Min => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::highest(), |a, v| Num::min(a, v), |a| a)),
+        ScanOp::LogAddExp if dtype == DType::Complex64 => {
+            let init = Complex64::new(f32::NEG_INFINITY, 0.0);
+            plan.run::<Complex64, Complex64>(&x, out, init, crate::binary::complex_logaddexp, |a| a)
+        }
         _ => Err(unsupported(dtype)),
     }
 }

@@ -112,7 +112,9 @@ fn complex(op: UnaryOp, x: Operand, out: &mut Output) -> Result<()> {
         Sinh => go(x, out, |v| v.sinh()),
         Cosh => go(x, out, |v| v.cosh()),
         Tanh => go(x, out, |v| v.tanh()),
-        ArcSinh => go(x, out, |v| v.asinh()),
+        // asinh is odd; evaluating it on Re z >= 0 avoids cancellation in ln(z + sqrt(1 + z^2)).
+        ArcSinh => go(x, out, |v| if v.re < 0.0 { -(-v).asinh() } else { v.asinh() }),
+        Log1p => go(x, out, |v| (v + 1.0).ln()),
         ArcCosh => go(x, out, |v| v.acosh()),
         ArcTanh => go(x, out, |v| v.atanh()),
         _ => Err(unsupported(x.dtype)),

@@ -209,3 +209,8 @@ template <> struct Make0<c64> {
   __device__ static c64 lowest() { return make_c64(-INFINITY, -INFINITY); }
   __device__ static c64 highest() { return make_c64(INFINITY, INFINITY); }
 };
+
+#define NV_INT_TYPES(X) X(u8) X(u16) X(u32) X(u64) X(i8) X(i16) X(i32) X(i64)
+template <typename T> struct IsInt { static const bool value = false; };
+#define NV_IS_INT(T) template <> struct IsInt<T> { static const bool value = true; };
+NV_INT_TYPES(NV_IS_INT)

@@ -66,7 +66,8 @@ template <typename C> __device__ __forceinline__ C logaddexp_(C a, C b) {
   if (isinf(m)) return m;
   return m + log1p(exp(-fabs(a - b)));
 }
-template <typename C> __device__ __forceinline__ C sign_(C x) { return x > 0 ? (C)1 : (x < 0 ? (C)-1 : x); }
+// (x > 0) - (x < 0): NaN and both zeros give +0, as MLX.
+template <typename C> __device__ __forceinline__ C sign_(C x) { return x > 0 ? (C)1 : (x < 0 ? (C)-1 : (C)0); }
 template <typename C> __device__ __forceinline__ C round_even(C x) { return rint(x); }
 
 // ---- binary operations ----------------------------------------------------------------------
@@ -81,7 +82,8 @@ NV_FLOAT_BIN(add, a + b)
 NV_FLOAT_BIN(sub, a - b)
 NV_FLOAT_BIN(mul, a * b)
 NV_FLOAT_BIN(div, a / b)
-NV_FLOAT_BIN(floordiv, floor(a / b))
+// The quotient rounds to the element type before flooring (MLX's half precision).
+NV_FLOAT_BIN(floordiv, floor(widen(narrow<T>((C)(a / b)))))
 NV_FLOAT_BIN(rem, py_fmod(a, b))
 NV_FLOAT_BIN(pow, pow(a, b))
 NV_FLOAT_BIN(max, fmax_nan(a, b))
@@ -170,11 +172,9 @@ template <> struct Ops<c64> {
   __device__ static c64 sub(c64 a, c64 b) { return a - b; }
   __device__ static c64 mul(c64 a, c64 b) { return a * b; }
   __device__ static c64 div(c64 a, c64 b) { return a / b; }
-  __device__ static c64 floordiv(c64 a, c64 b) {
-    c64 q = a / b;
-    return make_c64(floorf(q.re), floorf(q.im));
-  }
-  __device__ static c64 rem(c64 a, c64 b) { return a - b * floordiv(a, b); }
+  // MLX's complex floor division is plain division.
+  __device__ static c64 floordiv(c64 a, c64 b) { return a / b; }
+  __device__ static c64 rem(c64 a, c64 b) { return a - b * (a / b); }
   __device__ static c64 pow(c64 a, c64 b) {
     if (a.re == 0.0f && a.im == 0.0f) return (b.re == 0.0f && b.im == 0.0f) ? make_c64(1.0f, 0.0f) : a;
     return c_exp(b * c_log(a));
@@ -189,7 +189,12 @@ template <> struct Ops<c64> {
   __device__ static c64 bxor(c64 a, c64 b) { return a; }
   __device__ static c64 shl(c64 a, c64 b) { return a; }
   __device__ static c64 shr(c64 a, c64 b) { return a; }
-  __device__ static c64 logaddexp(c64 a, c64 b) { return c_log(c_exp(a) + c_exp(b)); }
+  // Factored on the operand with the larger real part, so it cannot overflow.
+  __device__ static c64 logaddexp(c64 a, c64 b) {
+    c64 hi = a.re >= b.re ? a : b, lo = a.re >= b.re ? b : a;
+    if (isinf(hi.re) && hi.re > 0) return hi;
+    return hi + c_log(c_exp(lo - hi) + make_c64(1.0f, 0.0f));
+  }
   __device__ static c64 atan2(c64 a, c64 b) { return a; }
 };
 

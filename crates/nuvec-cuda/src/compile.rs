@@ -208,8 +208,9 @@ pub fn cache_dir() -> Option<PathBuf> {
     Some(base.join("nuvec").join("kernels"))
 }
 
-/// A CUBIN for `source`, from the disk cache or compiled (and then stored).
-pub fn cached_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&str, &str)]) -> Result<Vec<u8>> {
+/// The cache file name of `source` compiled for `arch`: a hash of the source, the headers, the
+/// architecture and NVRTC's major.minor version.
+pub fn cache_file_name(source: &str, arch: &str, extra_headers: &[(&str, &str)]) -> Result<String> {
     let (major, minor) = nvrtc_version()?;
     let version = format!("nvrtc{major}.{minor}");
     let mut parts: Vec<&[u8]> = vec![source.as_bytes(), arch.as_bytes(), version.as_bytes()];
@@ -217,7 +218,12 @@ pub fn cached_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&str
         parts.push(h.0.as_bytes());
         parts.push(h.1.as_bytes());
     }
-    let key = format!("{:016x}-{arch}.cubin", fnv1a(&parts));
+    Ok(format!("{:016x}-{arch}.cubin", fnv1a(&parts)))
+}
+
+/// A CUBIN for `source`, from the disk cache or compiled (and then stored).
+pub fn cached_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&str, &str)]) -> Result<Vec<u8>> {
+    let key = cache_file_name(source, arch, extra_headers)?;
     let path = cache_dir().map(|d| d.join(&key));
     if let Some(p) = &path {
         if let Ok(bin) = std::fs::read(p) {

@@ -83,14 +83,29 @@ pub fn reset_peak(index: u32) -> Result<()> {
     Gpu::get(index).map(|g| g.alloc.reset_peak())
 }
 
-/// Compiles every kernel module for `arch` (e.g. `"sm_90a"`) with NVRTC; works without a GPU.
-/// Returns the number of modules, or the first compile error (with NVRTC's log).
+/// Compiles every kernel module for `arch` (e.g. `"sm_90a"`) with NVRTC into the kernel cache,
+/// one module per core at a time; works without a GPU. Returns the number of modules, or the
+/// first compile error (with NVRTC's log).
 pub fn compile_all(arch: &str) -> Result<usize> {
     let modules = kernels::all_modules();
-    for m in &modules {
-        compile::cached_cubin(&m.source(), &m.key(), arch, &[])?;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let first_error = std::sync::Mutex::new(None);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                while let Some(m) = modules.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                    if let Err(e) = compile::cached_cubin(&m.source(), &m.key(), arch, &[]) {
+                        first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                    }
+                }
+            });
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(modules.len()),
     }
-    Ok(modules.len())
 }
 
 /// The CUDA backend.

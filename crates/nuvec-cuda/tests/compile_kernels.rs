@@ -21,15 +21,26 @@ fn every_module_compiles_for_hopper() {
     if !nvrtc_or_skip() {
         return;
     }
-    // Compile without the disk cache so a stale entry cannot hide an error.
+    // Compile without the disk cache so a stale entry cannot hide an error; one job per core.
     let modules = nuvec_cuda::kernels::all_modules();
-    for arch in ["sm_90", "sm_90a"] {
-        for m in &modules {
-            if let Err(e) = nuvec_cuda::compile::compile_cubin(&m.source(), &m.key(), arch, &[]) {
-                panic!("{} ({arch}) does not compile:\n{e}", m.key());
-            }
+    let jobs: Vec<(&str, &nuvec_cuda::kernels::Family)> =
+        ["sm_90", "sm_90a"].iter().flat_map(|a| modules.iter().map(move |m| (*a, m))).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures = std::sync::Mutex::new(Vec::new());
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                while let Some((arch, m)) = jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                    if let Err(e) = nuvec_cuda::compile::compile_cubin(&m.source(), &m.key(), arch, &[]) {
+                        failures.lock().unwrap().push(format!("{} ({arch}):\n{e}", m.key()));
+                    }
+                }
+            });
         }
-    }
+    });
+    let failures = failures.into_inner().unwrap();
+    assert!(failures.is_empty(), "{} modules do not compile:\n{}", failures.len(), failures.join("\n"));
     assert!(modules.len() > 50, "only {} modules", modules.len());
 }
 

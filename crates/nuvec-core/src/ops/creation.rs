@@ -40,6 +40,10 @@ pub fn full_dtype(shape: impl IntoShape, value: impl Into<Scalar>, dtype: DType)
         Ok(s) => s,
         Err(f) => return f,
     };
+    let value = value.into();
+    if !value.fits(dtype) && !matches!(value, Scalar::Float(_)) {
+        return invalid("full", format!("the value {value:?} cannot be represented as {dtype}"));
+    }
     Array::scalar(value, dtype).broadcast_to(&shape)
 }
 

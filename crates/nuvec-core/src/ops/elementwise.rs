@@ -2,7 +2,7 @@
 //! `where_`, `clip`, casts.
 
 use crate::array::{Array, ScalarOrArray};
-use crate::dtype::{DType, promote_types};
+use crate::dtype::{DType, Scalar, promote_types};
 use crate::error::OpErrorKind;
 use crate::primitive::{BinaryOp, Primitive, UnaryOp};
 
@@ -24,34 +24,44 @@ pub(crate) fn unary(op: UnaryOp, x: &Array) -> Array {
     Array::from_op(op.name(), Primitive::Unary(op), vec![x])
 }
 
-/// Two operands as arrays of their promoted dtype (weak scalars take the array's dtype).
-fn promote_operands(a: ScalarOrArray, b: ScalarOrArray) -> (Array, Array, DType) {
-    match (a, b) {
+/// Two operands as arrays of their promoted dtype (weak scalars take the array's dtype). A
+/// weak integer scalar out of the range of that dtype is an error, as in MLX, rather than a
+/// silent wrap-around.
+fn promote_operands(a: ScalarOrArray, b: ScalarOrArray) -> Result<(Array, Array, DType), OpErrorKind> {
+    let weak = |s: Scalar, d: DType| -> Result<Array, OpErrorKind> {
+        if s.fits(d) {
+            Ok(Array::scalar(s, d))
+        } else {
+            Err(OpErrorKind::InvalidArgument(format!("the scalar {s:?} cannot be represented as {d}")))
+        }
+    };
+    Ok(match (a, b) {
         (ScalarOrArray::Array(x), ScalarOrArray::Array(y)) => {
             let d = promote_types(x.dtype(), y.dtype());
             (x, y, d)
         }
         (ScalarOrArray::Array(x), ScalarOrArray::Scalar(s)) => {
             let d = s.weak_dtype_with(x.dtype());
-            let y = Array::scalar(s, d);
-            (x, y, d)
+            (x, weak(s, d)?, d)
         }
         (ScalarOrArray::Scalar(s), ScalarOrArray::Array(y)) => {
             let d = s.weak_dtype_with(y.dtype());
-            let x = Array::scalar(s, d);
-            (x, y, d)
+            (weak(s, d)?, y, d)
         }
         (ScalarOrArray::Scalar(s), ScalarOrArray::Scalar(t)) => {
             let d = promote_types(s.default_dtype(), t.default_dtype());
-            (Array::scalar(s, d), Array::scalar(t, d), d)
+            (weak(s, d)?, weak(t, d)?, d)
         }
-    }
+    })
 }
 
 /// Records a binary map: promote, cast to the compute dtype, broadcast.
 #[track_caller]
 pub(crate) fn binary(op: BinaryOp, a: impl Into<ScalarOrArray>, b: impl Into<ScalarOrArray>) -> Array {
-    let (a, b, promoted) = promote_operands(a.into(), b.into());
+    let (a, b, promoted) = match promote_operands(a.into(), b.into()) {
+        Ok(p) => p,
+        Err(kind) => return Array::failed(op.name(), kind),
+    };
     if let Some(f) = propagate(&[&a, &b]) {
         return f;
     }
@@ -128,11 +138,15 @@ impl Array {
     /// Rounds to `decimals` digits after the point (before it when negative).
     #[track_caller]
     pub fn round_decimals(&self, decimals: i32) -> Array {
-        if decimals == 0 || !self.dtype().is_inexact() {
+        if decimals == 0 {
             return self.round();
         }
-        let scale = 10f64.powi(decimals);
-        ((self * scale).round() / scale).astype(self.dtype())
+        // MLX: round(x * s) * (1 / s) with s = 10^decimals in single precision, computed in
+        // the array's float type (integers through float32), cast back.
+        let dtype = self.dtype().at_least_float();
+        let scale = 10f32.powi(decimals);
+        let scaled = self.astype(dtype) * Array::scalar(scale, dtype);
+        (scaled.round() * Array::scalar(1.0 / scale, dtype)).astype(self.dtype())
     }
 
     /// Whether each element is NaN.
@@ -332,7 +346,10 @@ pub fn where_(
     y: impl Into<ScalarOrArray>,
 ) -> Array {
     let cond = condition.into().into_array();
-    let (x, y, dtype) = promote_operands(x.into(), y.into());
+    let (x, y, dtype) = match promote_operands(x.into(), y.into()) {
+        Ok(p) => p,
+        Err(kind) => return Array::failed("where", kind),
+    };
     if let Some(f) = propagate(&[&cond, &x, &y]) {
         return f;
     }

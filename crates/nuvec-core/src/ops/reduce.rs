@@ -3,7 +3,6 @@
 
 use crate::array::Array;
 use crate::dtype::DType;
-use crate::error::OpErrorKind;
 use crate::fast::FastOp;
 use crate::primitive::{ArgReduceOp, Primitive, ReduceOp, ScanOp};
 use crate::shape::Axes;
@@ -37,22 +36,18 @@ fn reduce(op: ReduceOp, x: &Array, axes: &dyn Axes, keepdims: bool) -> Array {
         Ok(a) => a,
         Err(f) => return f,
     };
+    // No axes: the input itself, dtype included (MLX); `all`/`any` still give booleans.
+    if axes.is_empty() {
+        return if matches!(op, ReduceOp::And | ReduceOp::Or) { x.astype(DType::Bool) } else { x.clone() };
+    }
     let dtype = match op {
         ReduceOp::And | ReduceOp::Or => DType::Bool,
         _ => op.compute_dtype(x.dtype()),
     };
-    if matches!(op, ReduceOp::Max | ReduceOp::Min) {
-        if x.dtype() == DType::Complex64 {
-            return Array::failed(op.name(), OpErrorKind::UnsupportedDType(x.dtype()));
-        }
-        if axes.iter().any(|&a| x.shape()[a] == 0) {
-            return invalid(op.name(), format!("cannot {}-reduce an empty axis of shape {:?}", op.name(), x.shape()));
-        }
+    if matches!(op, ReduceOp::Max | ReduceOp::Min) && axes.iter().any(|&a| x.shape()[a] == 0) {
+        return invalid(op.name(), format!("cannot {}-reduce an empty axis of shape {:?}", op.name(), x.shape()));
     }
     let x = x.astype(dtype);
-    if axes.is_empty() {
-        return x.astype(op.output_dtype(dtype));
-    }
     let out = Array::from_op(op.name(), Primitive::Reduce { op, axes: axes.clone() }, vec![x]);
     if keepdims { out } else { out.squeeze_axes(&axes) }
 }
@@ -289,9 +284,6 @@ fn arg_reduce(op: ArgReduceOp, x: &Array, axis: Option<i32>, keepdims: bool) -> 
     if x.shape()[ax] == 0 {
         return invalid(op.name(), format!("cannot {} over an empty axis of shape {:?}", op.name(), x.shape()));
     }
-    if x.dtype() == DType::Complex64 {
-        return Array::failed(op.name(), OpErrorKind::UnsupportedDType(x.dtype()));
-    }
     let out = Array::from_op(op.name(), Primitive::ArgReduce { op, axis: ax }, vec![x]);
     if keepdims { out } else { out.squeeze_axes(&[ax]) }
 }
@@ -309,9 +301,6 @@ fn scan(op: ScanOp, x: &Array, axis: Option<i32>, options: ScanOptions) -> Array
         Ok(a) => a,
         Err(f) => return f,
     };
-    if matches!(op, ScanOp::Max | ScanOp::Min) && x.dtype() == DType::Complex64 {
-        return Array::failed(op.name(), OpErrorKind::UnsupportedDType(x.dtype()));
-    }
     let x = x.astype(op.compute_dtype(x.dtype()));
     let prim = Primitive::Scan { op, axis: ax, reverse: options.reverse, inclusive: !options.exclusive };
     Array::from_op(op.name(), prim, vec![x])

@@ -103,7 +103,7 @@ impl UnaryOp {
             Negative => (dtype != DType::Bool).then_some(dtype),
             Floor | Ceil => (!complex).then_some(dtype),
             Abs | Sign | Square | Round | Conjugate => Some(dtype),
-            Sigmoid | Erf | ErfInv | Log1p | Expm1 if complex => None,
+            Sigmoid | Erf | ErfInv | Expm1 if complex => None,
             _ => Some(dtype.at_least_float()),
         }
     }
@@ -214,8 +214,8 @@ impl BinaryOp {
                 d if d.is_integer() => Some(d),
                 _ => None,
             },
-            Remainder | FloorDivide if complex => None,
-            Less | LessEqual | Greater | GreaterEqual | Maximum | Minimum if complex => None,
+            Remainder if complex => None,
+            // Complex numbers order lexicographically (real part, then imaginary), as in MLX.
             _ => Some(promoted),
         }
     }

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Builds the GPU bundle in .gpu/ on this (GPU-less) machine, for scripts/gpu-check.sh to run on
+# the device machine, which has no Rust toolchain:
+#
+#   .gpu/test-<crate>-<target>[.xz]  stripped test binaries of the crates that touch the GPU
+#   .gpu/bench_gpu[.xz]              stripped crates/nuvec/examples/bench_gpu.rs
+#   .gpu/kcache[.tar.xz]             kernel cache: every CUDA module precompiled for sm_90a
+#   .gpu/manifest.tsv                name<TAB>crate folder (the test's working directory)
+#   .gpu/build-info.txt              build root, commit, NVRTC version, date
+#
+# Binaries are compressed with xz by default (one stripped test binary is ~40 MB, ~4 MB
+# compressed; the device machine takes at most 64 MiB of carried files); gpu-check.sh unpacks
+# them. --plain keeps them uncompressed.
+#
+# Usage, from anywhere in the repository:
+#   scripts/build-gpu-bundle.sh [--plain]
+# Environment:
+#   GPU_TEST_PACKAGES  packages whose test binaries are bundled (default "nuvec nuvec-cuda";
+#                      "all" for every package: nuvec-core and nuvec-cpu never use the GPU)
+#   GPU_TEST_SKIP      test targets left out (default "compile_kernels": NVRTC only, no GPU, CI
+#                      runs it, and its ~250 uncached serial compiles would take minutes there)
+#   GPU_ARCH           kernel architecture (default sm_90a, the H100/H200's)
+#   NUVEC_KCACHE_PERSIST  long-lived kernel cache feeding the bundle (default target/gpu-kcache)
+#
+# Then, on the device machine: run(command="bash scripts/gpu-check.sh", carry=[".gpu"]).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PLAIN=0
+for a in "$@"; do
+    case "$a" in
+        --plain) PLAIN=1 ;;
+        -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
+        *) echo "build-gpu-bundle: unknown argument $a" >&2; exit 2 ;;
+    esac
+done
+PACKAGES=${GPU_TEST_PACKAGES:-"nuvec nuvec-cuda"}
+SKIP_TARGETS=${GPU_TEST_SKIP-compile_kernels}
+ARCH=${GPU_ARCH:-sm_90a}
+LIMIT=$((64 * 1024 * 1024))
+WORK=$ROOT/target/gpu-bundle
+PERSIST=${NUVEC_KCACHE_PERSIST:-$ROOT/target/gpu-kcache}
+mkdir -p "$WORK" "$PERSIST"
+t0=$(date +%s)
+
+echo "== building test binaries (cargo test --workspace --release --no-run)"
+cargo test --workspace --release --no-run --message-format=json >"$WORK/tests.json"
+echo "== building examples bench_gpu and precompile_kernels"
+cargo build --release -p nuvec --example bench_gpu --example precompile_kernels --message-format=json >"$WORK/examples.json"
+
+# name<TAB>crate dir (relative)<TAB>executable, for test targets and the two examples.
+python3 - "$WORK" "$ROOT" "$PACKAGES" "$SKIP_TARGETS" >"$WORK/artifacts.tsv" <<'EOF'
+import json, os, sys
+work, root, packages, skip = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4].split()
+def artifacts(path):
+    for line in open(path):
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if m.get("reason") == "compiler-artifact" and m.get("executable"):
+            yield m
+for m in artifacts(os.path.join(work, "tests.json")):
+    if not m["profile"]["test"]:
+        continue
+    crate_dir = os.path.dirname(m["manifest_path"])
+    crate = os.path.basename(crate_dir)
+    if "all" not in packages and crate not in packages:
+        print(f"#skip\ttest-{crate}-{m['target']['name']}\t{m['executable']}\tpackage not in GPU_TEST_PACKAGES")
+        continue
+    if m["target"]["name"] in skip:
+        print(f"#skip\ttest-{crate}-{m['target']['name']}\t{m['executable']}\tin GPU_TEST_SKIP")
+        continue
+    print(f"test-{crate}-{m['target']['name']}\t{os.path.relpath(crate_dir, root)}\t{m['executable']}")
+for m in artifacts(os.path.join(work, "examples.json")):
+    name = m["target"]["name"]
+    if name in ("bench_gpu", "precompile_kernels"):
+        print(f"{name}\t{os.path.relpath(os.path.dirname(m['manifest_path']), root)}\t{m['executable']}")
+EOF
+
+rm -rf .gpu
+mkdir -p .gpu
+: >.gpu/manifest.tsv
+human() { numfmt --to=iec --suffix=B "$1" 2>/dev/null || echo "$1 B"; }
+pack() { # pack NAME EXECUTABLE: strip (and compress) into .gpu
+    local name=$1 exe=$2 raw
+    cp "$exe" ".gpu/$name"
+    strip --strip-all ".gpu/$name"
+    raw=$(stat -c %s ".gpu/$name")
+    if [ "$PLAIN" = 0 ]; then
+        xz -6 -T0 -f ".gpu/$name"
+        printf '  %-44s %9s stripped, %9s xz\n' "$name" "$(human "$raw")" "$(human "$(stat -c %s ".gpu/$name.xz")")"
+    else
+        printf '  %-44s %9s stripped\n' "$name" "$(human "$raw")"
+    fi
+}
+
+echo "== packing binaries"
+PRECOMPILE=
+while IFS=$'\t' read -r name dir exe why; do
+    case "$name" in
+        "#skip")
+            printf '  %-44s skipped (%s), %s unstripped\n' "$dir" "$why" "$(human "$(stat -c %s "$exe")")"
+            continue ;;
+        precompile_kernels) PRECOMPILE=$exe; continue ;;
+        bench_gpu) ;;
+        test-*)
+            # Skip test binaries with no tests (a library without #[test]s).
+            n=$("$exe" --list --format terse 2>/dev/null | grep -c ': test$' || true)
+            if [ "$n" = 0 ]; then
+                printf '  %-44s skipped (no tests)\n' "$name"
+                continue
+            fi ;;
+    esac
+    pack "$name" "$exe"
+    printf '%s\t%s\n' "$name" "$dir" >>.gpu/manifest.tsv
+done <"$WORK/artifacts.tsv"
+[ -n "$PRECOMPILE" ] || { echo "build-gpu-bundle: precompile_kernels was not built" >&2; exit 1; }
+
+echo "== precompiling kernels for $ARCH"
+NVLIB=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="${NVLIB:+$NVLIB:}${LD_LIBRARY_PATH:-}"
+set +e
+NUVEC_KERNEL_CACHE=$PERSIST "$PRECOMPILE" "$ARCH" --export "$ROOT/.gpu/kcache"
+rc=$?
+set -e
+if [ "$rc" = 3 ]; then
+    echo "  the long-lived cache could not be exported; compiling straight into .gpu/kcache"
+    rm -rf .gpu/kcache
+    NUVEC_KERNEL_CACHE=$ROOT/.gpu/kcache "$PRECOMPILE" "$ARCH"
+elif [ "$rc" != 0 ]; then
+    echo "build-gpu-bundle: precompile_kernels failed ($rc)" >&2
+    exit "$rc"
+fi
+NVRTC=$(NUVEC_KERNEL_CACHE=$ROOT/.gpu/kcache "$PRECOMPILE" "$ARCH" | sed -n 's/^NVRTC \([0-9.]*\),.*/\1/p')
+printf '  %-44s %9s (%s files)\n' kcache "$(human "$(du -sb .gpu/kcache | cut -f1)")" "$(ls .gpu/kcache | wc -l)"
+if [ "$PLAIN" = 0 ]; then
+    tar -C .gpu -cf - kcache | xz -6 -T0 >.gpu/kcache.tar.xz
+    rm -rf .gpu/kcache
+    printf '  %-44s %9s\n' kcache.tar.xz "$(human "$(stat -c %s .gpu/kcache.tar.xz)")"
+fi
+
+{
+    echo "BUILD_ROOT=$ROOT"
+    echo "COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo +dirty)"
+    echo "NVRTC=$NVRTC"
+    echo "ARCH=$ARCH"
+    echo "DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "COMPRESSED=$((1 - PLAIN))"
+} >.gpu/build-info.txt
+
+total=$(du -sb .gpu | cut -f1)
+echo "== bundle .gpu: $(human "$total") in $(find .gpu -type f | wc -l) files ($(( $(date +%s) - t0 )) s)"
+cat .gpu/build-info.txt | sed 's/^/  /'
+if [ "$total" -ge "$LIMIT" ]; then
+    echo "build-gpu-bundle: the bundle is over 64 MiB: drop packages from GPU_TEST_PACKAGES or leave out --plain" >&2
+    exit 1
+fi
+echo "next: run(command=\"bash scripts/gpu-check.sh\", carry=[\".gpu\"])"

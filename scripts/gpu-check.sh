@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# The one GPU check, run on the device machine from the repository root:
+#
+#   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=600)
+#
+# Expects the bundle of scripts/build-gpu-bundle.sh in .gpu/ (stripped binaries .gpu/test-* and
+# .gpu/bench_gpu, plain or .xz; the kernel cache .gpu/kcache or .gpu/kcache.tar.xz). It
+#   1. prints the date and `nvidia-smi -L`, unpacks the bundle;
+#   2. runs every .gpu/test-* binary (--test-threads=4, in its crate's folder, as cargo does),
+#      one log each in $OUT/<name>.log, pass/fail counts in $OUT/summary.txt, going on after
+#      failures;
+#   3. runs .gpu/bench_gpu --out $OUT/bench_gpu.tsv (its table goes to $OUT/run.log);
+#   4. runs python3 bench/gpu_peers.py > $OUT/gpu_peers.tsv (PyTorch eager and torch.compile);
+#   5. prints a compact summary: tests, then nuvec against torch case by case with the targets,
+#      so the last ~12 KB of output are the useful part (also appended to summary.txt).
+# Every step has a timeout; the whole script ends within GPU_CHECK_SECONDS (default 530 s):
+# tests until GPU_CHECK_TEST_SECONDS (230) after the start, each at most GPU_CHECK_TEST_TIMEOUT
+# (180); bench_gpu at most GPU_CHECK_BENCH_TIMEOUT (170) and 150 s before the end; the PyTorch
+# peers get the rest and start no torch.compile case in their last 60 s. Exit status 0 when
+# every test binary passed and bench_gpu measured every case.
+# $OUT holds at most 8 files: summary.txt, run.log, bench_gpu.tsv, gpu_peers.tsv and up to 4
+# test logs (with more test binaries, the 4th and later share tests-rest.log).
+set -u
+START=$(date +%s)
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+OUT=${OUT:-$ROOT/target/gpu-check}
+mkdir -p "$OUT"
+DEADLINE=$((START + ${GPU_CHECK_SECONDS:-530}))
+TESTS_END=$((START + ${GPU_CHECK_TEST_SECONDS:-230}))
+RUNLOG=$OUT/run.log
+SUMMARY=$OUT/summary.txt
+: >"$RUNLOG"
+: >"$SUMMARY"
+now() { date +%s; }
+left() { echo $((DEADLINE - $(now))); }
+min() { if [ "$1" -lt "$2" ]; then echo "$1"; else echo "$2"; fi; }
+
+ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH-}
+export NUVEC_REQUIRE_GPU=1
+export NUVEC_KERNEL_CACHE=$ROOT/.gpu/kcache
+export PYTHONUNBUFFERED=1
+if [ -d /usr/local/cuda/lib64 ]; then
+    export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+# NVIDIA's wheels (PyTorch's NVRTC and cuBLASLt) as a fallback after the toolkit.
+NVLIBS=$(python3 - 2>/dev/null <<'EOF'
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+dirs = []
+for r in roots:
+    for d in sorted(glob.glob(os.path.join(r, "cu13", "lib")) + glob.glob(os.path.join(r, "*", "lib"))):
+        if d not in dirs and glob.glob(os.path.join(d, "lib*.so*")):
+            dirs.append(d)
+print(":".join(dirs))
+EOF
+)
+[ -n "$NVLIBS" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$NVLIBS"
+
+echo "== gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) in $ROOT"
+nvidia-smi -L 2>&1 | head -8
+[ -f .gpu/build-info.txt ] && sed 's/^/   bundle: /' .gpu/build-info.txt | tr '\n' ' ' && echo
+echo "   LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+
+# --- unpack ------------------------------------------------------------------------------
+unxz_to() { # unxz_to SRC DEST
+    if command -v xz >/dev/null 2>&1; then
+        xz -dc "$1" >"$2"
+    else
+        python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
+    fi
+}
+if [ ! -d .gpu ]; then
+    echo "no .gpu bundle: build it with scripts/build-gpu-bundle.sh and carry .gpu"
+    exit 2
+fi
+for f in .gpu/*.xz; do
+    [ -e "$f" ] || continue
+    case "$f" in
+        .gpu/kcache.tar.xz)
+            rm -rf .gpu/kcache
+            if command -v xz >/dev/null 2>&1; then
+                xz -dc "$f" | tar -C .gpu -xf -
+            else
+                python3 -c 'import tarfile, sys; tarfile.open(sys.argv[1]).extractall(".gpu")' "$f"
+            fi ;;
+        *)
+            unxz_to "$f" "${f%.xz}" && chmod +x "${f%.xz}" ;;
+    esac
+done
+echo "   kernel cache: $(ls .gpu/kcache 2>/dev/null | wc -l) cubins"
+# Tests may name files by the absolute path of the build machine's checkout (env!
+# CARGO_MANIFEST_DIR): point that path here when it does not exist.
+BUILD_ROOT=$(sed -n 's/^BUILD_ROOT=//p' .gpu/build-info.txt 2>/dev/null)
+if [ -n "$BUILD_ROOT" ] && [ "$BUILD_ROOT" != "$ROOT" ] && [ ! -e "$BUILD_ROOT" ]; then
+    mkdir -p "$(dirname "$BUILD_ROOT")" && ln -s "$ROOT" "$BUILD_ROOT" && echo "   linked $BUILD_ROOT -> $ROOT"
+fi
+
+# --- tests -------------------------------------------------------------------------------
+TESTS=()
+for f in .gpu/test-*; do
+    case "$f" in *.xz) continue ;; esac
+    [ -f "$f" ] && [ -x "$f" ] && TESTS+=("$f")
+done
+echo "== tests: ${#TESTS[@]} binaries (until +$((TESTS_END - START)) s)"
+T_PASS=0; T_FAIL=0; T_IGN=0; BAD=0; i=0; TEST_TABLE=
+printf '%-40s %6s %6s %6s %6s %7s  %s\n' binary passed failed ignor rc secs status >>"$SUMMARY"
+for t in "${TESTS[@]}"; do
+    i=$((i + 1))
+    name=$(basename "$t")
+    if [ "${#TESTS[@]}" -le 4 ] || [ "$i" -le 3 ]; then log=$OUT/$name.log; : >"$log"; else log=$OUT/tests-rest.log; fi
+    dir=$(awk -F'\t' -v n="$name" '$1 == n { print $2 }' .gpu/manifest.tsv 2>/dev/null)
+    [ -n "$dir" ] && [ -d "$dir" ] || dir=.
+    budget=$(min $((TESTS_END - $(now))) "${GPU_CHECK_TEST_TIMEOUT:-180}")
+    if [ "$budget" -lt 10 ]; then
+        line=$(printf '%-40s %6s %6s %6s %6s %7s  %s' "$name" - - - - 0 "SKIPPED (time)")
+        TEST_TABLE+="$line"$'\n'
+        echo "$line" | tee -a "$SUMMARY"
+        BAD=$((BAD + 1))
+        continue
+    fi
+    t1=$(now)
+    tmp=$(mktemp)
+    echo "### $name (cwd $dir, timeout ${budget}s)" >"$tmp"
+    (cd "$dir" && timeout -k 10 "$budget" "$ROOT/$t" --test-threads=4) >>"$tmp" 2>&1
+    rc=$?
+    secs=$(($(now) - t1))
+    cat "$tmp" >>"$log"
+    read -r p f g < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i; if ($(i+1) ~ /^ignored/) g += $i } } END { print p + 0, f + 0, g + 0 }' "$tmp")
+    T_PASS=$((T_PASS + p)); T_FAIL=$((T_FAIL + f)); T_IGN=$((T_IGN + g))
+    case $rc in
+        0) status=ok ;;
+        124|137) status=TIMEOUT; BAD=$((BAD + 1)) ;;
+        *) status=FAILED; BAD=$((BAD + 1)) ;;
+    esac
+    line=$(printf '%-40s %6s %6s %6s %6s %7s  %s' "$name" "$p" "$f" "$g" "$rc" "$secs" "$status")
+    TEST_TABLE+="$line"$'\n'
+    echo "$line" | tee -a "$SUMMARY"
+    if [ "$status" != ok ]; then
+        { grep -E '^test .* FAILED$' "$tmp" | head -4; grep -A1 -m2 'panicked at' "$tmp" | grep -v '^--$'; grep '^test result:' "$tmp"; } \
+            | cut -c1-160 | sed 's/^/      /' | tee -a "$SUMMARY"
+    fi
+    rm -f "$tmp"
+done
+TEST_LINE="tests: $T_PASS passed, $T_FAIL failed, $T_IGN ignored; $BAD of ${#TESTS[@]} binaries not ok"
+echo "$TEST_LINE" | tee -a "$SUMMARY"
+
+# --- nuvec benchmark ---------------------------------------------------------------------
+BENCH_RC=-
+if [ -x .gpu/bench_gpu ]; then
+    budget=$(min $(($(left) - 150)) "${GPU_CHECK_BENCH_TIMEOUT:-170}")
+    [ "$budget" -lt 30 ] && budget=30
+    echo "== bench_gpu (timeout ${budget}s)"
+    t1=$(now)
+    echo "### bench_gpu" >>"$RUNLOG"
+    timeout -k 10 "$budget" .gpu/bench_gpu --out "$OUT/bench_gpu.tsv" >>"$RUNLOG" 2>&1
+    BENCH_RC=$?
+    n=$(grep -c . "$OUT/bench_gpu.tsv" 2>/dev/null)
+    echo "   rc $BENCH_RC in $(($(now) - t1)) s; ${n:-0} results"
+    grep -E '^# (GPU|NVRTC|libraries)|FAILED|panicked|no usable' "$RUNLOG" | head -8 | sed 's/^/   /'
+    want=$(sed -n 's/^NVRTC=//p' .gpu/build-info.txt 2>/dev/null)
+    got=$(sed -n 's/^# NVRTC \([0-9.]*\);.*/\1/p' "$RUNLOG" | head -1)
+    if [ -n "$want" ] && [ -n "$got" ] && [ "$want" != "$got" ]; then
+        echo "   WARNING: NVRTC $got here, the kernel cache is for $want: kernels compiled at run time"
+    fi
+else
+    echo "== bench_gpu: .gpu/bench_gpu missing"
+fi
+
+# --- PyTorch peers -----------------------------------------------------------------------
+budget=$(($(left) - 15))
+if [ "$budget" -ge 30 ]; then
+    echo "== gpu_peers.py (timeout ${budget}s)"
+    t1=$(now)
+    echo "### gpu_peers.py" >>"$RUNLOG"
+    # PyTorch with the library path it came with (its own cuBLAS and NVRTC).
+    LD_LIBRARY_PATH=$ORIG_LD_LIBRARY_PATH timeout -k 10 "$budget" python3 bench/gpu_peers.py \
+        --budget $((budget - 60)) >"$OUT/gpu_peers.tsv" 2>>"$RUNLOG"
+    PEERS_RC=$?
+    n=$(grep -vc '^#' "$OUT/gpu_peers.tsv" 2>/dev/null)
+    echo "   rc $PEERS_RC in $(($(now) - t1)) s; ${n:-0} results"
+    grep -E '^# torch ' "$OUT/gpu_peers.tsv" | head -2 | sed 's/^/   /'
+    sed -n '/^### gpu_peers.py/,$p' "$RUNLOG" | grep -E 'FAILED|Error' | head -5 | sed 's/^/   /'
+else
+    echo "== gpu_peers.py skipped: no time left"
+fi
+
+# --- summary -----------------------------------------------------------------------------
+echo
+echo "== summary"
+printf '%-40s %6s %6s %6s %6s %7s  %s\n' binary passed failed ignor rc secs status
+printf '%s' "$TEST_TABLE"
+echo "$TEST_LINE"
+python3 - "$OUT/bench_gpu.tsv" "$OUT/gpu_peers.tsv" <<'EOF' | tee -a "$SUMMARY"
+import math, sys
+
+def load(path):
+    rows = {}
+    try:
+        for line in open(path):
+            if line.startswith("#") or not line.strip():
+                continue
+            f = line.rstrip("\n").split("\t")
+            if len(f) >= 4:
+                try:
+                    rows[f[0]] = (float(f[1]), f[2], None if f[3] == "-" else float(f[3]))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return rows
+
+nu, peers = load(sys.argv[1]), load(sys.argv[2])
+names = list(nu) + [n.split(":", 1)[1] for n in peers if ":" in n and n.split(":", 1)[1] not in nu]
+seen = set()
+
+def fmt(v):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}" if v >= 100 else f"{v:.3g}"
+
+def target(name, value, frac, best_torch):
+    if value is None or math.isnan(value):
+        return "FAILED"
+    if name.startswith(("add_", "mul_")):
+        goal, got = 0.90, frac
+    elif "_rows_" in name:
+        goal, got = 0.85, frac
+    elif name.startswith("gemv_"):
+        goal, got = 0.85, frac
+    elif name.startswith("matmul_"):
+        goal, got = 0.95, (value / best_torch if best_torch else None)
+        if got is None:
+            return "no torch"
+        return f"{'ok' if got >= goal else 'MISS'} (>=95% torch)"
+    elif name.startswith("overhead_record_eval"):
+        return f"{'ok' if value <= 10 else 'MISS'} (<=10us)"
+    else:
+        return ""
+    if got is None:
+        return "?"
+    return f"{'ok' if got >= goal else 'MISS'} (>={goal:.0%})"
+
+print()
+print(f"{'case':<32} {'nuvec':>9} {'unit':<7} {'ceil%':>6} {'eager':>9} {'compile':>9} {'nu/torch':>8}  target")
+for n in names:
+    if n in seen:
+        continue
+    seen.add(n)
+    v, unit, frac = nu.get(n, (None, "", None))
+    e = peers.get("torch_eager:" + n, (None, "", None))[0]
+    c = peers.get("torch_compile:" + n, (None, "", None))[0]
+    unit = unit or peers.get("torch_eager:" + n, (None, "", None))[1] or peers.get("torch_compile:" + n, (None, "", None))[1]
+    finite = [x for x in (e, c) if x is not None and not math.isnan(x)]
+    if unit == "us/op":
+        best = min(finite) if finite else None
+        ratio = (best / v) if (best and v) else None  # >1: nuvec faster
+    else:
+        best = max(finite) if finite else None
+        ratio = (v / best) if (best and v is not None and not math.isnan(v)) else None
+    pct = f"{100 * frac:.0f}%" if frac is not None else "-"
+    print(f"{n:<32} {fmt(v):>9} {unit:<7} {pct:>6} {fmt(e):>9} {fmt(c):>9} {fmt(ratio):>8}  {target(n, v, frac, best)}")
+EOF
+echo "== done in $(($(now) - START)) s; logs in $OUT ($(ls "$OUT" | wc -l) files)"
+if [ "$BAD" -gt 0 ] || [ "$T_FAIL" -gt 0 ] || { [ "$BENCH_RC" != 0 ] && [ "$BENCH_RC" != - ]; }; then
+    exit 1
+fi
+exit 0
