@@ -171,6 +171,9 @@ fn gather_inputs(node: &Node, stream: Stream) -> Result<Vec<Operand>> {
             if !view && Arc::strong_count(&input.inner) == 1 && Arc::strong_count(&data.storage) == 2 {
                 *st = State::Donated;
                 donated = true;
+                // A copy read earlier (to the host, say) would go stale when the consumer
+                // writes these bytes in place.
+                data.storage.forget_mirrors();
             }
             data
         } else {

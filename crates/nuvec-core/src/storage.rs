@@ -291,6 +291,11 @@ impl Storage {
         Ok(copy)
     }
 
+    /// Forgets the copies on other devices: the bytes are about to be overwritten in place.
+    pub fn forget_mirrors(&self) {
+        self.mirrors.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     /// The bytes, copied to the host if they live on a device.
     pub fn read_to_host(self: &Arc<Self>) -> Result<Arc<Storage>> {
         self.on_device(Device::cpu())

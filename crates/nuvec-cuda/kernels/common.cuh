@@ -29,12 +29,15 @@ struct __align__(8) c64 {
 __device__ __forceinline__ c64 make_c64(float re, float im) { c64 z; z.re = re; z.im = im; return z; }
 __device__ __forceinline__ c64 operator+(c64 a, c64 b) { return make_c64(a.re + b.re, a.im + b.im); }
 __device__ __forceinline__ c64 operator-(c64 a, c64 b) { return make_c64(a.re - b.re, a.im - b.im); }
+// Explicit roundings (no fused multiply-add), so results match the CPU bit for bit.
 __device__ __forceinline__ c64 operator*(c64 a, c64 b) {
-  return make_c64(a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re);
+  return make_c64(__fsub_rn(__fmul_rn(a.re, b.re), __fmul_rn(a.im, b.im)),
+                  __fadd_rn(__fmul_rn(a.re, b.im), __fmul_rn(a.im, b.re)));
 }
 __device__ __forceinline__ c64 operator/(c64 a, c64 b) {
-  float d = b.re * b.re + b.im * b.im;
-  return make_c64((a.re * b.re + a.im * b.im) / d, (a.im * b.re - a.re * b.im) / d);
+  float d = __fadd_rn(__fmul_rn(b.re, b.re), __fmul_rn(b.im, b.im));
+  return make_c64(__fdiv_rn(__fadd_rn(__fmul_rn(a.re, b.re), __fmul_rn(a.im, b.im)), d),
+                  __fdiv_rn(__fsub_rn(__fmul_rn(a.im, b.re), __fmul_rn(a.re, b.im)), d));
 }
 __device__ __forceinline__ bool operator==(c64 a, c64 b) { return a.re == b.re && a.im == b.im; }
 __device__ __forceinline__ bool operator!=(c64 a, c64 b) { return !(a == b); }

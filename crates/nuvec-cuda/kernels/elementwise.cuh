@@ -334,6 +334,21 @@ struct Un_csign {
 };
 
 // ---- kernels --------------------------------------------------------------------------------
+// Stores the N results of vector `i` as one access when they fit in 16 bytes (a warp then
+// writes whole cache lines), else one element at a time.
+template <typename U, int N, typename G>
+__device__ __forceinline__ void store_vec(U* __restrict__ out, u64 i, G value) {
+  if constexpr (sizeof(U) * N <= 16) {
+    Vec<U, N> r;
+#pragma unroll
+    for (int j = 0; j < N; ++j) r.v[j] = value(j);
+    reinterpret_cast<Vec<U, N>*>(out)[i] = r;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[i * N + j] = value(j);
+  }
+}
+
 // Contiguous: `n` elements, 16-byte vectors when all pointers are aligned (checked by the host).
 template <typename T, typename U, typename F>
 __device__ __forceinline__ void unary_contig(const T* __restrict__ x, U* __restrict__ out, u64 n, F f) {
@@ -342,11 +357,7 @@ __device__ __forceinline__ void unary_contig(const T* __restrict__ x, U* __restr
   u64 nvec = n / N;
   for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
     Vec<T, N> v = reinterpret_cast<const Vec<T, N>*>(x)[i];
-    U r[N];
-#pragma unroll
-    for (int j = 0; j < N; ++j) r[j] = f(v.v[j]);
-#pragma unroll
-    for (int j = 0; j < N; ++j) out[i * N + j] = r[j];
+    store_vec<U, N>(out, i, [&](int j) { return f(v.v[j]); });
   }
   for (u64 i = nvec * N + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = f(x[i]);
 }
@@ -370,11 +381,7 @@ __device__ __forceinline__ void binary_contig(const T* __restrict__ a, const T* 
     Vec<T, N> va, vb;
     if (mode != 1) va = reinterpret_cast<const Vec<T, N>*>(a)[i];
     if (mode != 2) vb = reinterpret_cast<const Vec<T, N>*>(b)[i];
-    U r[N];
-#pragma unroll
-    for (int j = 0; j < N; ++j) r[j] = f(mode == 1 ? sa : va.v[j], mode == 2 ? sb : vb.v[j]);
-#pragma unroll
-    for (int j = 0; j < N; ++j) out[i * N + j] = r[j];
+    store_vec<U, N>(out, i, [&](int j) { return f(mode == 1 ? sa : va.v[j], mode == 2 ? sb : vb.v[j]); });
   }
   for (u64 i = nvec * N + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
     out[i] = f(mode == 1 ? sa : a[i], mode == 2 ? sb : b[i]);

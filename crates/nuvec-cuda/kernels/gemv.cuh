@@ -58,6 +58,7 @@ __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __re
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[m][j] = 0.0f;
   bool full = c0 + V <= n;
+#pragma unroll 8
   for (u64 r = lo; r < hi; ++r) {
     const T* row = b + r * ldb + c0;
     float bv[V];

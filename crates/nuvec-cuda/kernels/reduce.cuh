@@ -130,18 +130,31 @@ __device__ __forceinline__ void reduce_rows(const T* __restrict__ x, typename Re
   }
 }
 
-// Rows of short length: one warp per row.
+// Rows up to a few ten thousand elements: one warp per row, 16-byte loads when the row is
+// aligned.
 template <typename T, int OP>
 __device__ __forceinline__ void reduce_rows_warp(const T* __restrict__ x, T* __restrict__ out, u64 rows, u64 len,
                                                  Dims d) {
   typedef Red<T, OP> R;
   typedef typename R::A A;
+  const int N = 16 / sizeof(T);
   int lane = threadIdx.x & 31;
   u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
   for (u64 row = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
     const T* p = x + offset_of(d, 0, row);
     A acc = R::init();
-    for (u64 i = lane; i < len; i += 32) acc = R::step(acc, p[i]);
+    u64 start = 0;
+    if (((unsigned long long)p % 16) == 0) {
+      u64 nv = len / N;
+#pragma unroll 4
+      for (u64 i = lane; i < nv; i += 32) {
+        Vec<T, N> v = reinterpret_cast<const Vec<T, N>*>(p)[i];
+#pragma unroll
+        for (int j = 0; j < N; ++j) acc = R::step(acc, v.v[j]);
+      }
+      start = nv * N;
+    }
+    for (u64 i = start + lane; i < len; i += 32) acc = R::step(acc, p[i]);
     for (int o = 16; o > 0; o >>= 1) acc = R::merge(acc, shfl_xor_any(acc, o));
     if (lane == 0) out[row] = R::finish(acc);
   }

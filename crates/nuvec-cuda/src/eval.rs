@@ -12,7 +12,7 @@ use nuvec_core::{DType, Error, Result};
 
 use crate::alloc::GpuBuffer;
 use crate::driver::Gpu;
-use crate::kernels::{Family, reduce_code};
+use crate::kernels::Family;
 use crate::launch::{Arg, BLOCK, Dims, grid_for, launch};
 
 pub(crate) fn internal(msg: impl Into<String>) -> Error {
@@ -288,6 +288,9 @@ pub(crate) fn arange(gpu: &Arc<Gpu>, start: f64, step: f64, out: &mut Output) ->
     launch_1d(gpu, f, n, 1, vec![Arg::Ptr(op), Arg::U64(n), Arg::F64(start), Arg::F64(step)])
 }
 
+/// Rows up to this many bytes are reduced by one warp each.
+const WARP_ROW_BYTES: usize = 64 << 10;
+
 /// Bytes of a reduction's accumulator (f32 for half precision).
 fn acc_size(d: DType) -> usize {
     if d.is_half() { 4 } else { d.size() }
@@ -301,7 +304,6 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
     }
     let family = Family::Reduce(x.dtype);
     let name = op.name();
-    let _ = reduce_code(op);
     let xp = ptr_of(&x)?;
     let strides = &x.data.layout.strides;
     let kept: Vec<usize> = (0..x.shape.len()).filter(|a| !axes.contains(a)).collect();
@@ -317,7 +319,8 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
     if red_is_run {
         let len = n_red;
         let kept_dims = Dims::new(&kept_shape, &[&kept_strides])?;
-        if len < 1024 && n_out > 1 {
+        // Rows up to 64 KiB: a warp each (enough rows to fill the GPU); longer: blocks.
+        if len as usize * x.dtype.size() <= WARP_ROW_BYTES && n_out > 1 {
             let f = kernel(gpu, family, &format!("reduce_rows_warp_{name}"))?;
             let grid = grid_for(gpu, n_out, (BLOCK / 32) as u64);
             let args = vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(len), Arg::Dims(Box::new(kept_dims))];
@@ -506,9 +509,14 @@ pub(crate) fn fast(gpu: &Arc<Gpu>, op: &nuvec_core::fast::FastOp, x: Operand, ou
         #[allow(unreachable_patterns)]
         _ => return Err(internal(format!("no kernel for {}", op.name()))),
     };
+    let args = vec![Arg::Ptr(ptr_of(&x)?), Arg::Ptr(op_ptr), Arg::U64(rows), Arg::U64(len)];
+    if len as usize * x.dtype.size() <= WARP_ROW_BYTES {
+        let f = kernel(gpu, Family::Fast(x.dtype), &format!("{name}_warp"))?;
+        let grid = grid_for(gpu, rows, (BLOCK / 32) as u64);
+        return launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args);
+    }
     let f = kernel(gpu, Family::Fast(x.dtype), name)?;
     let grid = rows.min(65535 * 32) as u32;
-    let args = vec![Arg::Ptr(ptr_of(&x)?), Arg::Ptr(op_ptr), Arg::U64(rows), Arg::U64(len)];
     launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)
 }
 

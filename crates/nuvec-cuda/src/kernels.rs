@@ -308,8 +308,10 @@ impl Family {
             Family::Fast(d) => {
                 let t = ctype(d);
                 w("#include \"fast.cuh\"".into());
-                w(format!("extern \"C\" __global__ void softmax(const {t}* x, {t}* out, u64 rows, u64 len) {{ softmax_rows<{t}>(x, out, rows, len); }}"));
-                w(format!("extern \"C\" __global__ void logsumexp(const {t}* x, {t}* out, u64 rows, u64 len) {{ logsumexp_rows<{t}>(x, out, rows, len); }}"));
+                for (name, f) in [("softmax", "softmax_rows"), ("logsumexp", "logsumexp_rows")] {
+                    w(format!("extern \"C\" __global__ void {name}(const {t}* x, {t}* out, u64 rows, u64 len) {{ {f}<{t}>(x, out, rows, len); }}"));
+                    w(format!("extern \"C\" __global__ void {name}_warp(const {t}* x, {t}* out, u64 rows, u64 len) {{ {f}_warp<{t}>(x, out, rows, len); }}"));
+                }
             }
             Family::Gemv(d) => {
                 let t = ctype(d);

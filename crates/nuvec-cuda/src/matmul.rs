@@ -220,7 +220,7 @@ pub(crate) fn matmul(
         return Ok(());
     }
     if k == 0 {
-        // An empty sum: beta * c, or zeros.
+        // An empty sum (`addmm` handles this case before recording, so only products get here).
         if !with_c {
             gpu.bind()?;
             // SAFETY: the output buffer holds `m * n * batch` elements.
@@ -230,10 +230,9 @@ pub(crate) fn matmul(
                     "cuMemsetD8Async",
                 )?;
             }
-        } else if beta != 1.0 {
-            return Err(Error::Backend("addmm with an empty inner dimension and beta != 1 is not implemented on the GPU".into()));
+            return Ok(());
         }
-        return Ok(());
+        return Err(internal("addmm with an empty inner dimension reached the GPU"));
     }
     if !with_c && batch == 1 && m <= 8 && matches!(dtype, DType::F16 | DType::BF16 | DType::F32) && alpha == 1.0 {
         if let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k)? {
@@ -345,7 +344,7 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
         // B [K, N] row-major: threads own 16 bytes of columns and a slice of K.
         let blocks_x = n.div_ceil(v).div_ceil(BLOCK as u64);
         let sms = gpu.info.multiprocessors.max(1) as u64;
-        let slices = (4 * sms).div_ceil(blocks_x).min(k.div_ceil(32)).max(1);
+        let slices = (8 * sms).div_ceil(blocks_x).min(k.div_ceil(32)).max(1);
         let partials = if slices > 1 { Some(alloc(gpu, (slices * m * n) as usize, DType::F32)?) } else { None };
         let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
         let f = kernel(gpu, family, &format!("gemv_cols_{m}"))?;

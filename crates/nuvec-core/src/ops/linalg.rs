@@ -101,6 +101,10 @@ pub fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32) -> Array {
             return Array::failed("addmm", OpErrorKind::ShapeMismatch { lhs: c.shape().to_vec(), rhs: out });
         }
     };
+    if a3.shape()[a3.ndim() - 1] == 0 {
+        // An empty product: only beta * c remains.
+        return (c3 * beta).astype(dtype).reshape(out);
+    }
     let prim = Primitive::AddMM { alpha, beta };
     Array::from_op("addmm", prim, vec![a3.astype(dtype), b3.astype(dtype), c3]).reshape(out)
 }
