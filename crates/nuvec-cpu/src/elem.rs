@@ -383,7 +383,7 @@ macro_rules! num_int {
             #[inline(always)] fn highest() -> Self { <$t>::MAX }
         }
     )*};
-    (@floor signed, $a:expr, $b:expr, $q:expr) => { if ($a % $b != 0) && ((($a < 0) as u8) ^ (($b < 0) as u8) == 1) { $q - 1 } else { $q } };
+    (@floor signed, $a:expr, $b:expr, $q:expr) => { if ($a.wrapping_rem($b) != 0) && ((($a < 0) as u8) ^ (($b < 0) as u8) == 1) { $q.wrapping_sub(1) } else { $q } };
     (@floor unsigned, $a:expr, $b:expr, $q:expr) => { $q };
     (@rem signed, $r:expr, $b:expr) => { if $r != 0 && (($r < 0) != ($b < 0)) { $r + $b } else { $r } };
     (@rem unsigned, $r:expr, $b:expr) => { $r };

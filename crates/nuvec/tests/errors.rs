@@ -128,7 +128,6 @@ fn sum_bad_axis() {
 }
 
 #[test]
-#[ignore = "nuvec bug: axis, shape and batch errors are made inside closures (`map_err(|k| Array::failed(..))` in ops/mod.rs:31,37, ops/creation.rs:14-15, ops/linalg.rs:30), so their location is in nuvec-core, not at the caller"]
 fn axis_shape_and_batch_errors_point_at_the_caller() {
     let a = iota(&[2, 3]);
     let (s, line) = (a.sum(5), line!());
@@ -218,11 +217,11 @@ fn reshape_size_mismatch() {
     let a = iota(&[2, 3]);
     let (r, line) = (a.reshape([4, 5]), line!());
     let e = failed(&r, "reshape", line);
-    assert_eq!(e.kind(), Some(&OpErrorKind::SizeMismatch { expected: 6, actual: 20 }));
-    mentions(&e, &["reshape", "6", "20"]);
+    assert!(matches!(e.kind(), Some(OpErrorKind::InvalidArgument(_))), "{e:?}");
+    mentions(&e, &["reshape", "[2, 3]", "[4, 5]", "6 elements", "20 elements"]);
 
     let (r, line) = (ops::reshape(&a, [4]), line!());
-    assert_eq!(failed(&r, "reshape", line).kind(), Some(&OpErrorKind::SizeMismatch { expected: 6, actual: 4 }));
+    mentions(&failed(&r, "reshape", line), &["[2, 3]", "[4]"]);
 
     // Two inferred sizes, or a negative size, is an invalid shape.
     let (r, line) = (a.reshape([-1, -1]), line!());
@@ -239,12 +238,10 @@ fn reshape_size_mismatch() {
 }
 
 #[test]
-#[ignore = "nuvec bug: reshape's size-mismatch message omits the requested shape and the array's shape"]
 fn reshape_size_mismatch_message_names_the_shapes() {
     let a = iota(&[2, 3]);
     let (r, line) = (a.reshape([4, 5]), line!());
     let e = failed(&r, "reshape", line);
-    // Today: "reshape at ...: expected 6 elements, got 20" - neither [4, 5] nor [2, 3].
     mentions(&e, &["[4, 5]", "[2, 3]"]);
 }
 
@@ -293,7 +290,9 @@ fn concatenate_stack_split_mismatch() {
 
     let x = iota(&[5, 2]);
     let (parts, line) = (x.split(2, 0), line!());
-    assert_eq!(parts.len(), 1);
+    // A failed split still gives one (failed) array per requested part.
+    assert_eq!(parts.len(), 2);
+    assert!(parts.iter().all(|p| p.is_failed()));
     let e = failed(&parts[0], "split", line);
     assert!(matches!(e.kind(), Some(OpErrorKind::InvalidArgument(_))), "{e:?}");
     mentions(&e, &["split", "5", "2"]);
@@ -386,7 +385,6 @@ fn negative_sizes() {
 }
 
 #[test]
-#[ignore = "nuvec bug: composite ops report the op they delegate to (zeros/ones -> full, std -> var, clip -> maximum/minimum, slice_update -> broadcast_to, full with an array value -> broadcast_to, identity -> eye)"]
 fn composite_ops_name_the_called_op() {
     let a = iota(&[2, 3]);
     let z = ops::zeros([-1, 2], DType::F32);
@@ -474,7 +472,6 @@ fn failures_propagate_unchanged() {
 }
 
 #[test]
-#[ignore = "nuvec bug: swapaxes/moveaxis validate axes against a failed input's placeholder 0-d shape before propagating, replacing the first error"]
 fn axis_ops_on_failed_arrays_keep_the_first_error() {
     let a = iota(&[2, 3]);
     let bad = a.reshape([7]);

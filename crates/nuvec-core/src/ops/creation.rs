@@ -11,9 +11,15 @@ use super::invalid;
 
 #[track_caller]
 fn shape_or_fail(op: &'static str, shape: impl IntoShape) -> Result<Shape, Array> {
-    let shape = shape.into_shape().map_err(|bad| Array::failed(op, OpErrorKind::InvalidShape(bad)))?;
-    check_shape(&shape).map_err(|k| Array::failed(op, k))?;
-    Ok(shape)
+    // Explicit matches: `#[track_caller]` does not reach through closures.
+    let shape = match shape.into_shape() {
+        Ok(s) => s,
+        Err(bad) => return Err(Array::failed(op, OpErrorKind::InvalidShape(bad))),
+    };
+    match check_shape(&shape) {
+        Ok(()) => Ok(shape),
+        Err(k) => Err(Array::failed(op, k)),
+    }
 }
 
 /// An array of `shape` filled with `value` (a weak scalar takes its default dtype: `float32`
@@ -30,19 +36,31 @@ pub fn full(shape: impl IntoShape, value: impl Into<ScalarOrArray>) -> Array {
         Ok(s) => s,
         Err(f) => return f,
     };
-    value.into().into_array().broadcast_to(&shape)
+    let value = value.into().into_array();
+    if let Some(f) = super::propagate(&[&value]) {
+        return f;
+    }
+    match crate::shape::broadcast_shapes(value.shape(), &shape) {
+        Ok(b) if b[..] == shape[..] => value.broadcast_to(&shape),
+        _ => Array::failed("full", OpErrorKind::ShapeMismatch { lhs: value.shape().to_vec(), rhs: shape.to_vec() }),
+    }
 }
 
 /// An array of `shape` filled with `value` converted to `dtype`.
 #[track_caller]
 pub fn full_dtype(shape: impl IntoShape, value: impl Into<Scalar>, dtype: DType) -> Array {
-    let shape = match shape_or_fail("full", shape) {
+    full_named("full", shape, value.into(), dtype)
+}
+
+/// `full_dtype` reporting errors as `op` (`zeros`, `ones`, ...).
+#[track_caller]
+fn full_named(op: &'static str, shape: impl IntoShape, value: Scalar, dtype: DType) -> Array {
+    let shape = match shape_or_fail(op, shape) {
         Ok(s) => s,
         Err(f) => return f,
     };
-    let value = value.into();
     if !value.fits(dtype) && !matches!(value, Scalar::Float(_)) {
-        return invalid("full", format!("the value {value:?} cannot be represented as {dtype}"));
+        return invalid(op, format!("the value {value:?} cannot be represented as {dtype}"));
     }
     Array::scalar(value, dtype).broadcast_to(&shape)
 }
@@ -55,13 +73,13 @@ pub fn full_dtype(shape: impl IntoShape, value: impl Into<Scalar>, dtype: DType)
 /// ```
 #[track_caller]
 pub fn zeros(shape: impl IntoShape, dtype: DType) -> Array {
-    full_dtype(shape, 0, dtype)
+    full_named("zeros", shape, Scalar::Int(0), dtype)
 }
 
 /// Ones of `shape` and `dtype`.
 #[track_caller]
 pub fn ones(shape: impl IntoShape, dtype: DType) -> Array {
-    full_dtype(shape, 1, dtype)
+    full_named("ones", shape, Scalar::Int(1), dtype)
 }
 
 /// Zeros with the shape and dtype of `x`.
@@ -101,7 +119,7 @@ impl Array {
         if let Some(f) = super::propagate(&[self]) {
             return f;
         }
-        full_dtype(self.shape(), value, self.dtype())
+        full_named("full_like", self.shape(), value.into(), self.dtype())
     }
 }
 
@@ -160,10 +178,16 @@ pub fn linspace(start: f64, stop: f64, num: i32, dtype: DType) -> Array {
 /// `n × m` (`m = n` when `None`) with ones on diagonal `k` (above the main one for `k > 0`).
 #[track_caller]
 pub fn eye(n: i32, m: impl Into<Option<i32>>, k: i32, dtype: DType) -> Array {
-    let m = m.into().unwrap_or(n);
+    eye_named("eye", n, m.into().unwrap_or(n), k, dtype)
+}
+
+#[track_caller]
+fn eye_named(op: &'static str, n: i32, m: i32, k: i32, dtype: DType) -> Array {
     if n < 0 || m < 0 {
-        return invalid("eye", format!("sizes must be non-negative, got {n} × {m}"));
+        return invalid(op, format!("sizes must be non-negative, got {n} × {m}"));
     }
+    // Diagonals past either edge are all zeros: clamp k so `row + k` cannot overflow.
+    let k = k.clamp(-(n.saturating_add(1)), m.saturating_add(1));
     let rows = arange(0, n, 1).reshape([n, 1]);
     let cols = arange(0, m, 1).reshape([1, m]);
     (rows + k).equal(&cols).astype(dtype)
@@ -172,7 +196,7 @@ pub fn eye(n: i32, m: impl Into<Option<i32>>, k: i32, dtype: DType) -> Array {
 /// The `n × n` identity.
 #[track_caller]
 pub fn identity(n: i32, dtype: DType) -> Array {
-    eye(n, None, 0, dtype)
+    eye_named("identity", n, n, 0, dtype)
 }
 
 /// `n × m` with ones at and below diagonal `k`.
@@ -182,6 +206,8 @@ pub fn tri(n: i32, m: impl Into<Option<i32>>, k: i32, dtype: DType) -> Array {
     if n < 0 || m < 0 {
         return invalid("tri", format!("sizes must be non-negative, got {n} × {m}"));
     }
+    // Past either edge the mask is all ones or all zeros: clamp k so `row + k` cannot overflow.
+    let k = k.clamp(-(n.saturating_add(1)), m.saturating_add(1));
     let rows = arange(0, n, 1).reshape([n, 1]);
     let cols = arange(0, m, 1).reshape([1, m]);
     (rows + k).greater_equal(&cols).astype(dtype)

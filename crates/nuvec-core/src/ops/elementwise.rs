@@ -210,6 +210,23 @@ impl Array {
     /// Elements clamped to `[min, max]` (`maximum` then `minimum`, with broadcasting).
     #[track_caller]
     pub fn clip(&self, min: impl Into<ScalarOrArray>, max: impl Into<ScalarOrArray>) -> Array {
+        let (min, max) = (min.into(), max.into());
+        let arrays: Vec<&Array> = [&min, &max]
+            .into_iter()
+            .filter_map(|b| if let ScalarOrArray::Array(a) = b { Some(a) } else { None })
+            .collect();
+        if let Some(f) = propagate(&[&[self][..], &arrays[..]].concat()) {
+            return f;
+        }
+        let mut shape: crate::shape::Shape = self.shape().into();
+        for bound in [&min, &max] {
+            if let ScalarOrArray::Array(b) = bound {
+                match crate::shape::broadcast_shapes(&shape, b.shape()) {
+                    Ok(s) => shape = s,
+                    Err(kind) => return Array::failed("clip", kind),
+                }
+            }
+        }
         self.clip_min(min).clip_max(max)
     }
 

@@ -27,7 +27,10 @@ fn prepare(op: &'static str, a: &Array, b: &Array) -> Result<(Array, Array, Vec<
     if k != k2 {
         return Err(Array::failed(op, OpErrorKind::ShapeMismatch { lhs: a.shape().to_vec(), rhs: b.shape().to_vec() }));
     }
-    let batch = broadcast_shapes(&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]).map_err(|kind| Array::failed(op, kind))?;
+    let batch = match broadcast_shapes(&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]) {
+        Ok(b) => b,
+        Err(kind) => return Err(Array::failed(op, kind)),
+    };
     let with = |x: i32, y: i32| -> Shape {
         let mut s = batch.clone();
         s.push(x);

@@ -28,13 +28,29 @@ pub(crate) fn propagate(inputs: &[&Array]) -> Option<Array> {
 /// Normalised axes, or a failed array naming `op`.
 #[track_caller]
 pub(crate) fn axes_or_fail(op: &'static str, axes: &[i32], ndim: usize) -> Result<Vec<usize>, Array> {
-    crate::shape::normalize_axes(axes, ndim).map_err(|k| Array::failed(op, k))
+    match crate::shape::normalize_axes(axes, ndim) {
+        Ok(a) => Ok(a),
+        Err(k) => Err(Array::failed(op, k)),
+    }
 }
 
 /// One normalised axis, or a failed array naming `op`.
 #[track_caller]
 pub(crate) fn axis_or_fail(op: &'static str, axis: i32, ndim: usize) -> Result<usize, Array> {
-    crate::shape::normalize_axis(axis, ndim).map_err(|k| Array::failed(op, k))
+    match crate::shape::normalize_axis(axis, ndim) {
+        Ok(a) => Ok(a),
+        Err(k) => Err(Array::failed(op, k)),
+    }
+}
+
+/// A size computed in 64 bits as an axis size, or a failed array when it passes `i32::MAX`.
+#[track_caller]
+pub(crate) fn dim_or_fail(op: &'static str, size: i64, shape: impl FnOnce() -> Vec<i64>) -> Result<i32, Array> {
+    if (0..=i32::MAX as i64).contains(&size) {
+        Ok(size as i32)
+    } else {
+        Err(Array::failed(op, OpErrorKind::InvalidShape(shape())))
+    }
 }
 
 /// A failed array for an argument described in words.

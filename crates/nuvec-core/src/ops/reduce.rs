@@ -123,10 +123,15 @@ impl Array {
     /// Variance over `axes` with `options.ddof` and `options.keepdims`.
     #[track_caller]
     pub fn var_with(&self, axes: impl Axes, options: VarOptions) -> Array {
+        self.var_named("var", &axes, options)
+    }
+
+    #[track_caller]
+    fn var_named(&self, op: &'static str, axes: &dyn Axes, options: VarOptions) -> Array {
         if let Some(f) = propagate(&[self]) {
             return f;
         }
-        let list = match axes_or_fail("var", &axes.axes(self.ndim()), self.ndim()) {
+        let list = match axes_or_fail(op, &axes.axes(self.ndim()), self.ndim()) {
             Ok(a) => a,
             Err(f) => return f,
         };
@@ -135,7 +140,7 @@ impl Array {
         let d = &x - &mu;
         let sq = if x.dtype() == DType::Complex64 { d.abs().square() } else { d.square() };
         let divisor = (count(self, &list) - options.ddof as f64).max(0.0);
-        reduce(ReduceOp::Sum, &sq, &axes, options.keepdims) * (1.0 / divisor)
+        reduce(ReduceOp::Sum, &sq, axes, options.keepdims) * (1.0 / divisor)
     }
 
     /// Variance over `axes` (divisor `n`).
@@ -147,7 +152,7 @@ impl Array {
     /// Standard deviation over `axes` with `options.ddof` and `options.keepdims`.
     #[track_caller]
     pub fn std_with(&self, axes: impl Axes, options: VarOptions) -> Array {
-        self.var_with(axes, options).sqrt()
+        self.var_named("std", &axes, options).sqrt()
     }
 
     /// Standard deviation over `axes`.

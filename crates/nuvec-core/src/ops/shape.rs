@@ -8,7 +8,7 @@ use crate::primitive::Primitive;
 use crate::primitive::view::normalize_slice;
 use crate::shape::{Axes, IntoShape, Shape, check_shape};
 
-use super::{axes_or_fail, axis_or_fail, invalid, propagate};
+use super::{axes_or_fail, axis_or_fail, dim_or_fail, invalid, propagate};
 
 impl Array {
     /// The same elements with another shape; one size may be `-1` (inferred). A view when the
@@ -48,6 +48,21 @@ impl Array {
             }
             shape[i] = (size / known) as i32;
         }
+        if let Err(kind) = check_shape(&shape) {
+            return Array::failed("reshape", kind);
+        }
+        if crate::shape::elem_count(&shape) != self.size() {
+            return invalid(
+                "reshape",
+                format!(
+                    "cannot reshape an array of shape {:?} ({} elements) into shape {:?} ({} elements)",
+                    self.shape(),
+                    self.size(),
+                    &shape[..],
+                    crate::shape::elem_count(&shape)
+                ),
+            );
+        }
         if shape[..] == self.shape()[..] {
             return self.clone();
         }
@@ -71,7 +86,11 @@ impl Array {
             return invalid("flatten", format!("start axis {start} is after end axis {end}"));
         }
         let mut shape: Vec<i32> = self.shape()[..s].to_vec();
-        shape.push(self.shape()[s..=e].iter().product());
+        let merged: i64 = self.shape()[s..=e].iter().map(|&d| d as i64).product();
+        match dim_or_fail("flatten", merged, || vec![merged]) {
+            Ok(d) => shape.push(d),
+            Err(f) => return f,
+        }
         shape.extend_from_slice(&self.shape()[e + 1..]);
         self.reshape(shape)
     }
@@ -105,6 +124,9 @@ impl Array {
     /// Exchanges two axes.
     #[track_caller]
     pub fn swapaxes(&self, a: i32, b: i32) -> Array {
+        if let Some(f) = propagate(&[self]) {
+            return f;
+        }
         let (a, b) = match (axis_or_fail("swapaxes", a, self.ndim()), axis_or_fail("swapaxes", b, self.ndim())) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(f), _) | (_, Err(f)) => return f,
@@ -117,6 +139,9 @@ impl Array {
     /// Moves axis `source` to position `destination`.
     #[track_caller]
     pub fn moveaxis(&self, source: i32, destination: i32) -> Array {
+        if let Some(f) = propagate(&[self]) {
+            return f;
+        }
         let (s, d) =
             match (axis_or_fail("moveaxis", source, self.ndim()), axis_or_fail("moveaxis", destination, self.ndim())) {
                 (Ok(s), Ok(d)) => (s, d),
@@ -233,6 +258,15 @@ impl Array {
         };
         let window: Vec<i32> =
             (0..self.ndim()).map(|i| crate::primitive::view::slice_len(start[i], stop[i], step[i])).collect();
+        match crate::shape::broadcast_shapes(update.shape(), &window) {
+            Ok(b) if b[..] == window[..] => {}
+            _ => {
+                return Array::failed(
+                    "slice_update",
+                    OpErrorKind::ShapeMismatch { lhs: update.shape().to_vec(), rhs: window.clone() },
+                );
+            }
+        }
         // MLX keeps the destination's dtype.
         let update = update.astype(self.dtype()).broadcast_to(&window);
         Array::from_op("slice_update", Primitive::SliceUpdate { start, stop, step }, vec![self.clone(), update])
@@ -270,16 +304,19 @@ impl Array {
     /// Splits into `sections` equal parts along `axis`.
     #[track_caller]
     pub fn split(&self, sections: i32, axis: i32) -> Vec<Array> {
+        // On failure: `sections` copies of the failed array, so callers can index the parts.
+        let parts = sections.clamp(1, 1 << 16) as usize;
         if let Some(f) = propagate(&[self]) {
-            return vec![f];
+            return vec![f; parts];
         }
         let ax = match axis_or_fail("split", axis, self.ndim()) {
             Ok(a) => a,
-            Err(f) => return vec![f],
+            Err(f) => return vec![f; parts],
         };
         let dim = self.shape()[ax];
         if sections <= 0 || dim % sections != 0 {
-            return vec![invalid("split", format!("axis {axis} of size {dim} does not split into {sections} equal parts"))];
+            let f = invalid("split", format!("axis {axis} of size {dim} does not split into {sections} equal parts"));
+            return vec![f; parts];
         }
         let indices: Vec<i32> = (1..sections).map(|i| i * dim / sections).collect();
         self.split_at(&indices, axis)
@@ -288,12 +325,13 @@ impl Array {
     /// Splits along `axis` before each of `indices`.
     #[track_caller]
     pub fn split_at(&self, indices: &[i32], axis: i32) -> Vec<Array> {
+        // On failure: one failed array per part, so callers can index the parts.
         if let Some(f) = propagate(&[self]) {
-            return vec![f];
+            return vec![f; indices.len() + 1];
         }
         let ax = match axis_or_fail("split_at", axis, self.ndim()) {
             Ok(a) => a,
-            Err(f) => return vec![f],
+            Err(f) => return vec![f; indices.len() + 1],
         };
         let dim = self.shape()[ax];
         let mut bounds = vec![0];
@@ -332,10 +370,14 @@ impl Array {
             Err(f) => return f,
         };
         let mut shape: Vec<i32> = x.shape().to_vec();
+        let repeated = shape[ax] as i64 * repeats as i64;
+        shape[ax] = match dim_or_fail("repeat", repeated, || x.shape().iter().map(|&d| d as i64).collect()) {
+            Ok(d) => d,
+            Err(f) => return f,
+        };
         let expanded = x.expand_dims(ax as i32 + 1);
         let mut target: Vec<i32> = expanded.shape().to_vec();
         target[ax + 1] = repeats;
-        shape[ax] *= repeats;
         expanded.broadcast_to(target).reshape(shape)
     }
 
@@ -361,7 +403,14 @@ impl Array {
             expanded.extend([1, shape[i]]);
             target.extend([reps_full[i], shape[i]]);
         }
-        let out: Vec<i32> = (0..n).map(|i| shape[i] * reps_full[i]).collect();
+        let mut out: Vec<i32> = Vec::with_capacity(n);
+        for i in 0..n {
+            let d = shape[i] as i64 * reps_full[i] as i64;
+            match dim_or_fail("tile", d, || shape.iter().zip(&reps_full).map(|(&a, &b)| a as i64 * b as i64).collect()) {
+                Ok(d) => out.push(d),
+                Err(f) => return f,
+            }
+        }
         self.reshape(expanded).broadcast_to(target).reshape(out)
     }
 
@@ -375,7 +424,14 @@ impl Array {
             Ok(w) => w,
             Err(f) => return f,
         };
-        let out_shape: Vec<i32> = self.shape().iter().zip(&widths).map(|(&d, &(a, b))| d + a + b).collect();
+        let mut out_shape: Vec<i32> = Vec::with_capacity(widths.len());
+        for (&d, &(a, b)) in self.shape().iter().zip(&widths) {
+            let wide = d as i64 + a as i64 + b as i64;
+            match dim_or_fail("pad", wide, || vec![wide]) {
+                Ok(v) => out_shape.push(v),
+                Err(f) => return f,
+            }
+        }
         let base = match value.into() {
             ScalarOrArray::Scalar(s) => Array::scalar(s, self.dtype()),
             ScalarOrArray::Array(a) => a.astype(self.dtype()),
@@ -400,6 +456,9 @@ impl Array {
         };
         let mut out = self.clone();
         for (ax, &(before, after)) in widths.iter().enumerate() {
+            if out.is_failed() {
+                return out;
+            }
             if before == 0 && after == 0 {
                 continue;
             }
@@ -481,7 +540,7 @@ impl Array {
         let mask = if lower {
             super::tri(n, m, k, crate::dtype::DType::Bool)
         } else {
-            super::tri(n, m, k - 1, crate::dtype::DType::Bool).logical_not()
+            super::tri(n, m, k.saturating_sub(1), crate::dtype::DType::Bool).logical_not()
         };
         super::where_(&mask, self, self.zeros_like())
     }
@@ -545,6 +604,10 @@ pub fn stack(arrays: &[Array], axis: i32) -> Array {
 /// Broadcasts arrays to their common shape.
 #[track_caller]
 pub fn broadcast_arrays(arrays: &[Array]) -> Vec<Array> {
+    let refs: Vec<&Array> = arrays.iter().collect();
+    if let Some(f) = propagate(&refs) {
+        return vec![f; arrays.len().max(1)];
+    }
     let mut shape = Shape::new();
     for a in arrays {
         match crate::shape::broadcast_shapes(&shape, a.shape()) {

@@ -301,7 +301,11 @@ impl Primitive {
                     if !compatible {
                         return Err(OpErrorKind::ShapeMismatch { lhs: first.shape.to_vec(), rhs: x.shape.to_vec() });
                     }
-                    shape[*axis] += x.shape[*axis];
+                    let total = shape[*axis] as i64 + x.shape[*axis] as i64;
+                    if total > i32::MAX as i64 {
+                        return Err(OpErrorKind::InvalidShape(vec![total]));
+                    }
+                    shape[*axis] = total as i32;
                 }
                 one(shape, first.dtype)
             }

@@ -32,7 +32,7 @@ pub fn slice_len(start: i32, stop: i32, step: i32) -> i32 {
     let n = if step > 0 {
         (stop as i64 - start as i64 + step as i64 - 1) / step as i64
     } else {
-        (start as i64 - stop as i64 - step as i64 - 1) / (-step as i64)
+        (start as i64 - stop as i64 - step as i64 - 1) / -(step as i64)
     };
     n.max(0) as i32
 }
