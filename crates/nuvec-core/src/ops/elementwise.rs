@@ -58,19 +58,25 @@ fn promote_operands(a: ScalarOrArray, b: ScalarOrArray) -> Result<(Array, Array,
 /// Records a binary map: promote, cast to the compute dtype, broadcast.
 #[track_caller]
 pub(crate) fn binary(op: BinaryOp, a: impl Into<ScalarOrArray>, b: impl Into<ScalarOrArray>) -> Array {
-    let (a, b, promoted) = match promote_operands(a.into(), b.into()) {
+    binary_as(op.name(), op, a.into(), b.into())
+}
+
+/// `binary`, reporting errors as `name` (for operations built on one, such as `clip`).
+#[track_caller]
+fn binary_as(name: &'static str, op: BinaryOp, a: ScalarOrArray, b: ScalarOrArray) -> Array {
+    let (a, b, promoted) = match promote_operands(a, b) {
         Ok(p) => p,
-        Err(kind) => return Array::failed(op.name(), kind),
+        Err(kind) => return Array::failed(name, kind),
     };
     if let Some(f) = propagate(&[&a, &b]) {
         return f;
     }
     let Some(dtype) = op.compute_dtype(promoted) else {
-        return Array::failed(op.name(), OpErrorKind::UnsupportedDType(promoted));
+        return Array::failed(name, OpErrorKind::UnsupportedDType(promoted));
     };
     let shape = match crate::shape::broadcast_shapes(a.shape(), b.shape()) {
         Ok(s) => s,
-        Err(kind) => return Array::failed(op.name(), kind),
+        Err(kind) => return Array::failed(name, kind),
     };
     let a = a.astype(dtype).broadcast_to(&shape);
     let b = b.astype(dtype).broadcast_to(&shape);
@@ -233,13 +239,13 @@ impl Array {
     /// Elements clamped from below.
     #[track_caller]
     pub fn clip_min(&self, min: impl Into<ScalarOrArray>) -> Array {
-        binary(BinaryOp::Maximum, self, min)
+        binary_as("clip", BinaryOp::Maximum, self.into(), min.into())
     }
 
     /// Elements clamped from above.
     #[track_caller]
     pub fn clip_max(&self, max: impl Into<ScalarOrArray>) -> Array {
-        binary(BinaryOp::Minimum, self, max)
+        binary_as("clip", BinaryOp::Minimum, self.into(), max.into())
     }
 }
 

@@ -495,6 +495,10 @@ impl Array {
         if let Some(w) = widths.iter().find(|(a, b)| *a < 0 || *b < 0) {
             return Err(invalid("pad", format!("pad widths must be non-negative, got {w:?}")));
         }
+        for (&d, &(a, b)) in self.shape().iter().zip(&widths) {
+            let wide = d as i64 + a as i64 + b as i64;
+            dim_or_fail("pad", wide, || vec![wide])?;
+        }
         Ok(widths)
     }
 
