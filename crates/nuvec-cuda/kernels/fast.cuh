@@ -9,14 +9,19 @@ template <typename A> struct MaxSum {
   A m, s;
 };
 
+// e^x for the statistics: single precision through exp2 of a pre-scaled argument (one FMUL and
+// the hardware ex2, within 2 ulp), double precision exactly.
+__device__ __forceinline__ float fast_exp(float x) { return exp2f(x * 1.4426950408889634f); }
+__device__ __forceinline__ double fast_exp(double x) { return exp(x); }
+
 // Adds one value to a running (max, sum of exp(x - max)).
 template <typename A> __device__ __forceinline__ void ms_push(MaxSum<A>& a, A v) {
   if (v == -(A)INFINITY) return;  // contributes exp(-inf) = 0 (and avoids -inf - -inf)
   if (v > a.m) {
-    a.s = a.s * exp(a.m - v) + (A)1;
+    a.s = a.s * fast_exp(a.m - v) + (A)1;
     a.m = v;
   } else {
-    a.s += exp(v - a.m);  // NaN input: the sum becomes NaN
+    a.s += fast_exp(v - a.m);  // NaN input: the sum becomes NaN
   }
 }
 
@@ -24,7 +29,7 @@ template <typename A> __device__ __forceinline__ MaxSum<A> ms_merge(MaxSum<A> a,
   if (b.s == (A)0 && b.m == -(A)INFINITY) return a;
   if (a.s == (A)0 && a.m == -(A)INFINITY) return b;
   A m = a.m > b.m ? a.m : b.m;
-  return MaxSum<A>{m, a.s * exp(a.m - m) + b.s * exp(b.m - m)};
+  return MaxSum<A>{m, a.s * fast_exp(a.m - m) + b.s * fast_exp(b.m - m)};
 }
 
 template <typename A> __device__ __forceinline__ MaxSum<A> ms_warp(MaxSum<A> acc) {
@@ -33,6 +38,31 @@ template <typename A> __device__ __forceinline__ MaxSum<A> ms_warp(MaxSum<A> acc
     acc = ms_merge(acc, other);
   }
   return acc;
+}
+
+// Adds N values at once: one rescale when their maximum raises the running maximum, then N
+// independent exponentials (no dependency chain through the running sum).
+template <typename A, int N> __device__ __forceinline__ void ms_push_n(MaxSum<A>& a, const A (&v)[N]) {
+  A cm = v[0];
+  bool nan = false;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    cm = v[j] > cm ? v[j] : cm;
+    nan |= v[j] != v[j];
+  }
+  if (nan) {
+    a.s = (A)NAN;
+    return;
+  }
+  if (cm == -(A)INFINITY) return;  // every value contributes exp(-inf) = 0
+  if (cm > a.m) {
+    a.s = a.s * fast_exp(a.m - cm);
+    a.m = cm;
+  }
+  A t = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) t += fast_exp(v[j] - a.m);
+  a.s += t;
 }
 
 // The (max, sum) of `len` elements read by `lanes` threads starting at `first`.
@@ -48,8 +78,10 @@ __device__ __forceinline__ MaxSum<typename Acc<T>::type> ms_scan(const T* __rest
 #pragma unroll 2
     for (u64 i = first; i < nv; i += lanes) {
       Vec<T, N> v = reinterpret_cast<const Vec<T, N>*>(p)[i];
+      A w[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) ms_push(acc, widen(v.v[j]));
+      for (int j = 0; j < N; ++j) w[j] = widen(v.v[j]);
+      ms_push_n<A, N>(acc, w);
     }
     start = nv * N;
   }
@@ -91,12 +123,12 @@ __device__ __forceinline__ void softmax_write(const T* __restrict__ p, T* __rest
       Vec<T, N> v = reinterpret_cast<const Vec<T, N>*>(p)[i];
       Vec<T, N> r;
 #pragma unroll
-      for (int j = 0; j < N; ++j) r.v[j] = narrow<T>(exp(widen(v.v[j]) - ms.m) * inv);
+      for (int j = 0; j < N; ++j) r.v[j] = narrow<T>(fast_exp(widen(v.v[j]) - ms.m) * inv);
       reinterpret_cast<Vec<T, N>*>(q)[i] = r;
     }
     start = nv * N;
   }
-  for (u64 i = start + first; i < len; i += lanes) q[i] = narrow<T>(exp(widen(p[i]) - ms.m) * inv);
+  for (u64 i = start + first; i < len; i += lanes) q[i] = narrow<T>(fast_exp(widen(p[i]) - ms.m) * inv);
 }
 
 template <typename T, typename A> __device__ __forceinline__ T lse_value(MaxSum<A> ms) {

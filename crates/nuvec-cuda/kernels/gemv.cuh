@@ -48,6 +48,7 @@ template <typename T, int M>
 __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __restrict__ b, float* __restrict__ partials,
                                           T* __restrict__ out, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices) {
   const int V = 16 / sizeof(T);
+  const int U = 4;  // rows whose loads are issued together
   u64 c0 = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (c0 >= n) return;
   u64 per = (k + slices - 1) / slices;
@@ -57,25 +58,39 @@ __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __re
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[m][j] = 0.0f;
-  bool full = c0 + V <= n;
-#pragma unroll 8
-  for (u64 r = lo; r < hi; ++r) {
-    const T* row = b + r * ldb + c0;
-    float bv[V];
-    if (full) {
-      Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(row);
+  if (c0 + V <= n) {
+    u64 r = lo;
+    for (; r + U <= hi; r += U) {
+      Vec<T, V> bv[U];
 #pragma unroll
-      for (int j = 0; j < V; ++j) bv[j] = widen(v.v[j]);
-    } else {
+      for (int u = 0; u < U; ++u) bv[u] = *reinterpret_cast<const Vec<T, V>*>(b + (r + u) * ldb + c0);
 #pragma unroll
-      for (int j = 0; j < V; ++j) bv[j] = c0 + j < n ? widen(row[j]) : 0.0f;
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float xv = widen(x[m * ldx + r + u]);
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[m][j] += xv * widen(bv[u].v[j]);
+        }
     }
+    for (; r < hi; ++r) {
+      Vec<T, V> bv = *reinterpret_cast<const Vec<T, V>*>(b + r * ldb + c0);
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float xv = widen(x[m * ldx + r]);
+      for (int m = 0; m < M; ++m) {
+        float xv = widen(x[m * ldx + r]);
 #pragma unroll
-      for (int j = 0; j < V; ++j) acc[m][j] += xv * bv[j];
+        for (int j = 0; j < V; ++j) acc[m][j] += xv * widen(bv.v[j]);
+      }
     }
+  } else {
+    for (u64 r = lo; r < hi; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float xv = widen(x[m * ldx + r]);
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          if (c0 + j < n) acc[m][j] += xv * widen(b[r * ldb + c0 + j]);
+      }
   }
 #pragma unroll
   for (int m = 0; m < M; ++m)

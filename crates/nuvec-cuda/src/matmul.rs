@@ -344,7 +344,7 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
         // B [K, N] row-major: threads own 16 bytes of columns and a slice of K.
         let blocks_x = n.div_ceil(v).div_ceil(BLOCK as u64);
         let sms = gpu.info.multiprocessors.max(1) as u64;
-        let slices = (8 * sms).div_ceil(blocks_x).min(k.div_ceil(32)).max(1);
+        let slices = (4 * sms).div_ceil(blocks_x).min(k.div_ceil(32)).max(1);
         let partials = if slices > 1 { Some(alloc(gpu, (slices * m * n) as usize, DType::F32)?) } else { None };
         let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
         let f = kernel(gpu, family, &format!("gemv_cols_{m}"))?;
