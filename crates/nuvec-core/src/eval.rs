@@ -135,6 +135,10 @@ fn run(array: &Array) -> Result<()> {
             for s in &siblings {
                 let mut st = s.inner.lock();
                 if let State::Pending { index, .. } = &*st {
+                    if s.inner.tracer {
+                        // A transform may still need to walk through this node.
+                        let _ = s.inner.traced.set((node.clone(), *index));
+                    }
                     if let Some(data) = datas[*index].take() {
                         *st = State::Ready(data);
                     }
@@ -168,7 +172,8 @@ fn gather_inputs(node: &Node, stream: Stream) -> Result<Vec<Operand>> {
         let data = if data.storage.location() == stream.device || view {
             // Only this node references the input and nothing else shares its bytes: give the
             // backend the only handle so it may write in place.
-            if !view && Arc::strong_count(&input.inner) == 1 && Arc::strong_count(&data.storage) == 2 {
+            // Tracers keep their graph for transforms, so their bytes stay readable.
+            if !view && !input.inner.tracer && Arc::strong_count(&input.inner) == 1 && Arc::strong_count(&data.storage) == 2 {
                 *st = State::Donated;
                 donated = true;
                 // A copy read earlier (to the host, say) would go stale when the consumer
@@ -202,8 +207,8 @@ pub(crate) fn dispatch(stream: Stream, primitive: &Primitive, inputs: Vec<Operan
     if backend.supports(primitive, &in_specs, &out_specs) {
         return backend.eval(stream, primitive, inputs, outputs);
     }
-    if let Primitive::Fast(fast) = primitive {
-        return eval_composition(stream, fast, inputs, outputs);
+    if let Some(compose) = composition_of(primitive) {
+        return eval_composition(stream, compose, inputs, outputs);
     }
     if !stream.device.is_cpu() {
         // No kernel on this device: run on the CPU. The inputs cross to the host once (their
@@ -228,11 +233,24 @@ pub(crate) fn dispatch(stream: Stream, primitive: &Primitive, inputs: Vec<Operan
     )))
 }
 
-/// A fast operation the backend does not cover runs as its composition of ordinary operations.
-fn eval_composition(stream: Stream, fast: &crate::fast::FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+type Composition<'a> = Box<dyn Fn(&[Array]) -> Vec<Array> + 'a>;
+
+/// The composition of ordinary operations a primitive stands for, if it has one: fast
+/// operations and custom functions.
+fn composition_of(primitive: &Primitive) -> Option<Composition<'_>> {
+    match primitive {
+        Primitive::Fast(fast) => Some(Box::new(move |x: &[Array]| fast.composition(x))),
+        Primitive::Custom(c) => Some(Box::new(move |x: &[Array]| c.body(x))),
+        _ => None,
+    }
+}
+
+/// A fast operation the backend does not cover, or a custom function, runs as its composition
+/// of ordinary operations.
+fn eval_composition(stream: Stream, compose: Composition<'_>, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
     let results = with_stream(stream, || {
         let arrays: Vec<Array> = inputs.into_iter().map(|o| Array::from_data(o.shape, o.dtype, o.data)).collect();
-        fast.composition(&arrays)
+        compose(&arrays)
     });
     eval_arrays(&results)?;
     for (out, r) in outputs.iter_mut().zip(&results) {

@@ -14,6 +14,7 @@ pub mod ops;
 pub mod primitive;
 pub mod shape;
 pub mod storage;
+pub mod transforms;
 pub mod tree;
 
 pub use array::{Array, ArrayLiteral, ScalarOrArray};

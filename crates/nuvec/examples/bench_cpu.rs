@@ -5,7 +5,8 @@
 //! the operation and evaluates it; after a warm-up, iterations repeat until at least
 //! `NUVEC_BENCH_MIN_ITERS` (10) have run and `NUVEC_BENCH_SECS` (2) seconds have passed, and
 //! the median is reported. One machine-readable line per case goes to stdout:
-//! `name<TAB>median_ms`; details (iterations, minimum) go to stderr.
+//! `name<TAB>median_ms`; details (iterations, minimum) go to stderr. Everything runs on the
+//! CPU device, whatever the default device is.
 //!
 //! ```text
 //! cargo run --release -p nuvec --example bench_cpu            # every case
@@ -16,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use nuvec::{Array, DType};
+use nuvec::{Array, DType, Device};
 
 /// Uniform pseudo-random `f32` values in `[lo, hi)` (xorshift64*), as an evaluated array.
 fn random(shape: &[i32], lo: f32, hi: f32, seed: u64) -> Array {
@@ -71,6 +72,11 @@ fn time(op: &dyn Fn() -> Array) -> (f64, f64, usize) {
 }
 
 fn main() {
+    // A CPU benchmark: record on the CPU even where a GPU backend would be the default.
+    nuvec::with_stream(Device::cpu(), run);
+}
+
+fn run() {
     let filter: Option<String> = std::env::args().nth(1);
     let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
 

@@ -42,6 +42,11 @@ pub(crate) struct Inner {
     pub(crate) dtype: DType,
     pub(crate) stream: Stream,
     pub(crate) state: Mutex<State>,
+    /// Recorded while a transform traces: evaluation keeps its node (in `traced`) so the
+    /// transform can still walk the graph through it.
+    pub(crate) tracer: bool,
+    /// The node of an evaluated tracer.
+    pub(crate) traced: OnceLock<(Arc<Node>, usize)>,
 }
 
 pub(crate) enum State {
@@ -81,7 +86,16 @@ impl Default for Array {
 
 impl Array {
     fn with_state(shape: Shape, dtype: DType, state: State) -> Array {
-        Array { inner: Arc::new(Inner { shape, dtype, stream: default_stream(), state: Mutex::new(state) }) }
+        Array {
+            inner: Arc::new(Inner {
+                shape,
+                dtype,
+                stream: default_stream(),
+                state: Mutex::new(state),
+                tracer: crate::transforms::tracing(),
+                traced: OnceLock::new(),
+            }),
+        }
     }
 
     /// An evaluated array over existing data (for backends, I/O and transforms).
@@ -137,6 +151,7 @@ impl Array {
             run: Mutex::new(()),
         });
         let stream = default_stream();
+        let tracer = crate::transforms::tracing();
         let arrays: Vec<Array> = (0..n)
             .map(|index| {
                 let spec = &node.outputs[index];
@@ -146,6 +161,8 @@ impl Array {
                         dtype: spec.dtype,
                         stream,
                         state: Mutex::new(State::Pending { node: node.clone(), index }),
+                        tracer,
+                        traced: OnceLock::new(),
                     }),
                 }
             })
@@ -259,6 +276,15 @@ impl Array {
         match &*self.inner.lock() {
             State::Ready(d) => Some(Arc::as_ptr(&d.storage) as *const u8 as usize),
             _ => None,
+        }
+    }
+
+    /// The node computing this array (and which of its outputs it is), also after evaluation
+    /// for arrays recorded while a transform traced. `None` for constants.
+    pub(crate) fn node(&self) -> Option<(Arc<Node>, usize)> {
+        match &*self.inner.lock() {
+            State::Pending { node, index } => Some((node.clone(), *index)),
+            _ => self.inner.traced.get().cloned(),
         }
     }
 

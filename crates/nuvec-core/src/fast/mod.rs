@@ -46,6 +46,39 @@ impl FastOp {
     }
 }
 
+impl FastOp {
+    /// Cotangents of the inputs (dedicated formulas; see each operation).
+    pub(crate) fn vjp(&self, x: &[Array], y: &[Array], g: &[Array]) -> Vec<Option<Array>> {
+        match self {
+            // softmax: dx = y * (g - sum(g * y))
+            FastOp::Softmax => {
+                let (y, g) = (&y[0], &g[0]);
+                vec![Some(y * (g - (g * y).sum_keepdims(-1)))]
+            }
+            // logsumexp: dx = g * softmax(x) = g * exp(x - y)
+            FastOp::LogSumExp => vec![Some(&g[0] * (&x[0] - &y[0]).exp())],
+        }
+    }
+
+    /// Tangents of the outputs.
+    pub(crate) fn jvp(&self, x: &[Array], y: &[Array], t: &[Option<Array>]) -> Vec<Option<Array>> {
+        let Some(t) = &t[0] else { return vec![None] };
+        match self {
+            FastOp::Softmax => {
+                let y = &y[0];
+                vec![Some(y * (t - (t * y).sum_keepdims(-1)))]
+            }
+            FastOp::LogSumExp => vec![Some((t * (&x[0] - &y[0]).exp()).sum_keepdims(-1))],
+        }
+    }
+
+    /// The operation on an input batched on axis 0 (it works row by row over the last axis,
+    /// so the batch axis just joins the leading axes).
+    pub(crate) fn vmap(&self, x: &[Array], _mapped: &[bool]) -> Vec<(Array, bool)> {
+        vec![(Array::from_op(self.name(), crate::primitive::Primitive::Fast(self.clone()), vec![x[0].clone()]), true)]
+    }
+}
+
 /// Whether fused kernels are enabled (`NUVEC_FUSED` is not `0`). Backends consult this in
 /// `supports` for fast primitives.
 pub fn fused_enabled() -> bool {

@@ -5,7 +5,7 @@
 //! the argument and the reason, and a failed input makes the output fail with the same error.
 
 mod creation;
-mod elementwise;
+pub(crate) mod elementwise;
 mod linalg;
 mod operators;
 mod reduce;

@@ -225,3 +225,104 @@ impl BinaryOp {
         if self.is_predicate() { DType::Bool } else { dtype }
     }
 }
+
+// ---- derivatives and batching ---------------------------------------------------------------
+
+use crate::array::Array;
+
+impl UnaryOp {
+    /// `d f(x) / dx` applied to `t` (a cotangent or tangent), given input `x` and output `y`.
+    /// `None` when the derivative is zero (integer and boolean maps, steps).
+    pub(crate) fn derivative(self, x: &Array, y: &Array, t: &Array) -> Option<Array> {
+        use UnaryOp::*;
+        if !x.dtype().is_inexact() {
+            return None;
+        }
+        let one = || x.ones_like();
+        Some(match self {
+            Abs => t * x.sign(),
+            Sign | Floor | Ceil | Round | LogicalNot | BitwiseInvert => return None,
+            Negative => t.negative(),
+            Square => t * x * 2.0,
+            Exp => t * y,
+            Expm1 => t * (y + 1.0),
+            Log => t / x,
+            Log1p => t / (x + 1.0),
+            Log2 => t / (x * std::f64::consts::LN_2),
+            Log10 => t / (x * std::f64::consts::LN_10),
+            Sqrt => t / (y * 2.0),
+            Rsqrt => t * y.power(3.0) * -0.5,
+            Reciprocal => (t * y * y).negative(),
+            Sin => t * x.cos(),
+            Cos => (t * x.sin()).negative(),
+            Tan => t * (y.square() + 1.0),
+            ArcSin => t * (one() - x.square()).rsqrt(),
+            ArcCos => (t * (one() - x.square()).rsqrt()).negative(),
+            ArcTan => t / (x.square() + 1.0),
+            Sinh => t * x.cosh(),
+            Cosh => t * x.sinh(),
+            Tanh => t * (one() - y.square()),
+            ArcSinh => t * (x.square() + 1.0).rsqrt(),
+            ArcCosh => t * (x.square() - 1.0).rsqrt(),
+            ArcTanh => t / (one() - x.square()),
+            Sigmoid => t * y * (one() - y),
+            Erf => t * x.square().negative().exp() * std::f64::consts::FRAC_2_SQRT_PI,
+            ErfInv => t * y.square().exp() * (std::f64::consts::PI.sqrt() / 2.0),
+            Conjugate => t.conjugate(),
+        })
+    }
+}
+
+impl BinaryOp {
+    /// The cotangents of `a` and `b` for cotangent `g` of output `y` (`None`: zero).
+    pub(crate) fn vjp(self, a: &Array, b: &Array, y: &Array, g: &Array) -> [Option<Array>; 2] {
+        use BinaryOp::*;
+        if !a.dtype().is_inexact() || !y.dtype().is_inexact() {
+            return [None, None];
+        }
+        match self {
+            Add => [Some(g.clone()), Some(g.clone())],
+            Subtract => [Some(g.clone()), Some(g.negative())],
+            Multiply => [Some(g * b), Some(g * a)],
+            Divide => [Some(g / b), Some((g * y / b).negative())],
+            Power => {
+                let da = g * b * a.power(b - 1.0);
+                // d/db a^b = a^b log a, taken as 0 where a == 0 (as MLX).
+                let log_a = crate::ops::where_(&a.equal(0.0), 0.0, &a.log());
+                [Some(da), Some(g * y * log_a)]
+            }
+            Maximum => {
+                let m = a.greater(b);
+                [Some(g * &m), Some(g * m.logical_not())]
+            }
+            Minimum => {
+                let m = a.less(b);
+                [Some(g * &m), Some(g * m.logical_not())]
+            }
+            LogAddExp => [Some(g * (a - y).exp()), Some(g * (b - y).exp())],
+            ArcTan2 => {
+                let d = a.square() + b.square();
+                [Some(g * b / &d), Some((g * a / &d).negative())]
+            }
+            Remainder => [Some(g.clone()), Some((g * a.floor_divide(b)).negative())],
+            FloorDivide => [None, None],
+            _ => [None, None],
+        }
+    }
+
+    /// The output tangent from tangents of `a` and `b` (`None`: zero).
+    pub(crate) fn jvp(self, a: &Array, b: &Array, y: &Array, ta: Option<&Array>, tb: Option<&Array>) -> Option<Array> {
+        let [da, db] = match (ta, tb) {
+            (None, None) => return None,
+            _ => [ta, tb],
+        };
+        // Every binary derivative here is linear in the cotangent, so the vjp rule applied to a
+        // tangent gives the matching jvp term.
+        let terms = [da.and_then(|t| self.vjp(a, b, y, t)[0].clone()), db.and_then(|t| self.vjp(a, b, y, t)[1].clone())];
+        match terms {
+            [Some(x), Some(z)] => Some(x + z),
+            [Some(x), None] | [None, Some(x)] => Some(x),
+            [None, None] => None,
+        }
+    }
+}

@@ -6,6 +6,7 @@
 
 pub mod elementwise;
 pub mod reduce;
+mod rules;
 pub mod view;
 
 pub use elementwise::{BinaryOp, UnaryOp};
@@ -59,6 +60,8 @@ pub enum Primitive {
     Broadcast(Shape),
     /// The identity that blocks gradients (a view).
     StopGradient,
+    /// The identity (a view): marks a transform's traced inputs.
+    Identity,
     /// `src` with the window `start..stop` by `step` replaced by `update` (which has the
     /// window's shape): inputs `(src, update)`.
     SliceUpdate {
@@ -110,6 +113,9 @@ pub enum Primitive {
     },
     /// A fused operation: one kernel where a backend has it, its composition elsewhere.
     Fast(FastOp),
+    /// A user function with its own derivative or batching rules (`custom_function`,
+    /// `checkpoint`): evaluated as its body.
+    Custom(crate::transforms::CustomFn),
 }
 
 impl Primitive {
@@ -128,6 +134,7 @@ impl Primitive {
             Primitive::Slice { .. } => "slice",
             Primitive::Broadcast(_) => "broadcast_to",
             Primitive::StopGradient => "stop_gradient",
+            Primitive::Identity => "identity",
             Primitive::SliceUpdate { .. } => "slice_update",
             Primitive::Reduce { op, .. } => op.name(),
             Primitive::ArgReduce { op, .. } => op.name(),
@@ -136,6 +143,7 @@ impl Primitive {
             Primitive::Matmul => "matmul",
             Primitive::AddMM { .. } => "addmm",
             Primitive::Fast(f) => f.name(),
+            Primitive::Custom(c) => c.name(),
         }
     }
 
@@ -149,6 +157,7 @@ impl Primitive {
                 | Primitive::Slice { .. }
                 | Primitive::Broadcast(_)
                 | Primitive::StopGradient
+                | Primitive::Identity
                 | Primitive::BitCast(_)
         )
     }
@@ -210,7 +219,7 @@ impl Primitive {
                 arity(1)?;
                 one(inputs[0].shape.clone(), *d)
             }
-            Primitive::Copy | Primitive::StopGradient => {
+            Primitive::Copy | Primitive::StopGradient | Primitive::Identity => {
                 arity(1)?;
                 one(inputs[0].shape.clone(), inputs[0].dtype)
             }
@@ -324,6 +333,7 @@ impl Primitive {
                 one(s, inputs[0].dtype)
             }
             Primitive::Fast(f) => f.output_specs(inputs),
+            Primitive::Custom(c) => Ok(c.output_specs().to_vec()),
         }
     }
 }

@@ -110,3 +110,131 @@ impl ScanOp {
         }
     }
 }
+
+// ---- derivatives --------------------------------------------------------------------------
+
+use crate::array::Array;
+
+/// The cotangent of a reduction's input `x` from the cotangent `g` of its output `y` (both with
+/// the reduced axes kept).
+pub(crate) fn reduce_vjp(op: ReduceOp, axes: &[usize], x: &Array, y: &Array, g: &Array) -> Option<Array> {
+    if !x.dtype().is_inexact() {
+        return None;
+    }
+    let axes_i: Vec<i32> = axes.iter().map(|&a| a as i32).collect();
+    match op {
+        ReduceOp::Sum => Some(g.broadcast_to(x.shape())),
+        ReduceOp::Prod => {
+            // d prod / d x_i = product of the others: exclusive cumulative products from both
+            // sides, exact where x has zeros.
+            let moved = move_axes_last(x, &axes_i);
+            let flat = moved.reshape(flat_shape(&moved, axes.len()));
+            let left = flat.cumprod_with(-1, crate::ops::ScanOptions { reverse: false, exclusive: true });
+            let right = flat.cumprod_with(-1, crate::ops::ScanOptions { reverse: true, exclusive: true });
+            let others = (left * right).reshape(moved.shape());
+            Some(g.broadcast_to(x.shape()) * restore_axes(&others, x.ndim(), &axes_i))
+        }
+        ReduceOp::Max | ReduceOp::Min => {
+            // Split equally among the elements that attain the extreme (as MLX).
+            let mask = x.equal(y).astype(x.dtype());
+            let count = mask.sum_keepdims(&axes_i);
+            Some(g * mask / count)
+        }
+        ReduceOp::And | ReduceOp::Or => None,
+    }
+}
+
+/// `x` with `axes` moved to the end (in order).
+fn move_axes_last(x: &Array, axes: &[i32]) -> Array {
+    let keep: Vec<i32> = (0..x.ndim() as i32).filter(|a| !axes.contains(a)).collect();
+    let perm: Vec<i32> = keep.iter().chain(axes.iter()).copied().collect();
+    x.transpose(&perm)
+}
+
+/// The shape of `x` with its last `n` axes merged into one.
+fn flat_shape(x: &Array, n: usize) -> Vec<i32> {
+    let r = x.ndim();
+    let mut s: Vec<i32> = x.shape()[..r - n].to_vec();
+    s.push(x.shape()[r - n..].iter().product());
+    s
+}
+
+/// Undoes `move_axes_last`.
+fn restore_axes(x: &Array, ndim: usize, axes: &[i32]) -> Array {
+    let keep: Vec<i32> = (0..ndim as i32).filter(|a| !axes.contains(a)).collect();
+    let order: Vec<i32> = keep.iter().chain(axes.iter()).copied().collect();
+    let mut inv = vec![0i32; ndim];
+    for (i, &a) in order.iter().enumerate() {
+        inv[a as usize] = i as i32;
+    }
+    x.transpose(&inv)
+}
+
+/// The cotangent of a scan's input.
+pub(crate) fn scan_vjp(op: ScanOp, axis: usize, reverse: bool, inclusive: bool, x: &Array, y: &Array, g: &Array) -> Option<Array> {
+    if !x.dtype().is_inexact() {
+        return None;
+    }
+    let ax = axis as i32;
+    let back = crate::ops::ScanOptions { reverse: !reverse, exclusive: !inclusive };
+    match op {
+        // Each output sums the inputs before it: the cotangent sums the outputs after it.
+        ScanOp::Sum => Some(g.cumsum_with(ax, back)),
+        ScanOp::Prod => {
+            // y_i = prod_{j<=i} x_j: dx_j = sum_{i>=j} g_i y_i / x_j (x_j != 0).
+            Some((g * y).cumsum_with(ax, back) / x)
+        }
+        ScanOp::LogAddExp => {
+            // y_i = log sum_{j<=i} e^{x_j}: dx_j = e^{x_j} sum_{i>=j} g_i e^{-y_i}.
+            Some(x.exp() * (g * y.negative().exp()).cumsum_with(ax, back))
+        }
+        ScanOp::Max | ScanOp::Min => {
+            // Route each g_i to the input output i copies, through a one-hot matrix along the
+            // axis (quadratic in its length).
+            let n = x.shape()[axis];
+            let mut shape = vec![1; x.ndim()];
+            shape[axis] = n;
+            let idx = crate::ops::arange(0, n, 1).reshape(shape).broadcast_to(x.shape());
+            let src = scan_sources(op, axis, reverse, inclusive, x, y);
+            let onehot = src.expand_dims(ax + 1).equal(idx.expand_dims(ax));
+            Some((g.expand_dims(ax + 1) * onehot.astype(g.dtype())).sum(ax))
+        }
+    }
+}
+
+/// For cummax/cummin: the input index each output copies, i.e. the latest position (in scan
+/// order) where the running extreme was set; -1 or n where an exclusive output copies nothing.
+pub(crate) fn scan_sources(op: ScanOp, axis: usize, reverse: bool, inclusive: bool, x: &Array, y: &Array) -> Array {
+    use crate::ops::{ScanOptions, where_};
+    let ax = axis as i32;
+    let n = x.shape()[axis];
+    let mut shape = vec![1; x.ndim()];
+    shape[axis] = n;
+    let idx = crate::ops::arange(0, n, 1).reshape(shape).broadcast_to(x.shape());
+    let inclusive_y = if inclusive {
+        y.clone()
+    } else {
+        let o = ScanOptions { reverse, exclusive: false };
+        if op == ScanOp::Max { x.cummax_with(ax, o) } else { x.cummin_with(ax, o) }
+    };
+    let hit = x.equal(&inclusive_y);
+    let src = if reverse {
+        where_(&hit, &idx, n).cummin_with(ax, ScanOptions { reverse: true, exclusive: false })
+    } else {
+        where_(&hit, &idx, -1).cummax(ax)
+    };
+    if inclusive {
+        return src;
+    }
+    // Exclusive output i copies inclusive output i - 1 (i + 1 when reversed).
+    let mut widths = vec![(0, 0); x.ndim()];
+    widths[axis] = if reverse { (0, 1) } else { (1, 0) };
+    let mut start = vec![0; x.ndim()];
+    let mut stop: Vec<i32> = x.shape().to_vec();
+    if reverse {
+        start[axis] = 1;
+    } else {
+        stop[axis] = n - 1;
+    }
+    src.slice(&start, &stop, &[]).pad(&widths, -1)
+}

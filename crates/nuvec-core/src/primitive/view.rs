@@ -113,7 +113,7 @@ pub fn bitcast_shape(x: &Spec, dtype: DType) -> Result<Shape, OpErrorKind> {
 /// dtype, or `None` when the bytes must be copied to row-major order first.
 pub fn view_layout(prim: &Primitive, input: &Spec, layout: &Layout, out_shape: &[i32]) -> Option<Layout> {
     match prim {
-        Primitive::StopGradient => Some(layout.clone()),
+        Primitive::StopGradient | Primitive::Identity => Some(layout.clone()),
         Primitive::Transpose(perm) => {
             let strides: Strides = perm.iter().map(|&p| layout.strides[p]).collect();
             Some(Layout::new(out_shape, strides, layout.offset))
@@ -226,5 +226,83 @@ mod tests {
         assert_eq!(slice_len(5, 2, 1), 0);
         assert_eq!(normalize_slice(None, None, -1, 5), (4, -1));
         assert_eq!(normalize_slice(Some(-2), None, 1, 5), (3, 5));
+    }
+}
+
+// ---- derivatives and batching ---------------------------------------------------------------
+
+use crate::array::Array;
+
+/// The cotangent of a view's input from the cotangent `g` of its output.
+pub(crate) fn view_vjp(prim: &Primitive, x: &Array, g: &Array) -> Option<Array> {
+    match prim {
+        Primitive::Reshape(_) => Some(g.reshape(x.shape())),
+        Primitive::Transpose(perm) => {
+            let mut inv = vec![0i32; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i as i32;
+            }
+            Some(g.transpose(&inv))
+        }
+        Primitive::Slice { start, stop, step } => {
+            // Scatter the cotangent back into zeros of the input's shape.
+            Some(x.zeros_like().astype(g.dtype()).slice_update(g, start, &window_stop(stop, step, x.shape()), step))
+        }
+        Primitive::Broadcast(shape) => Some(sum_to_shape(g, x.shape(), shape)),
+        Primitive::StopGradient | Primitive::BitCast(_) => None,
+        _ => None,
+    }
+}
+
+/// `stop` values that `slice`/`slice_update`'s Python-style normalisation maps back to a
+/// normalised window: a reversed window ending at index 0 (normalised stop -1, which Python
+/// would read as the last element) becomes `-(dim + 1)`.
+pub(crate) fn window_stop(stop: &[i32], step: &[i32], shape: &[i32]) -> Vec<i32> {
+    stop.iter().zip(step).zip(shape).map(|((&b, &s), &d)| if s < 0 && b < 0 { -(d + 1) } else { b }).collect()
+}
+
+/// Sums `g` (of shape `from`, a broadcast of `to`) back to shape `to`.
+pub(crate) fn sum_to_shape(g: &Array, to: &[i32], from: &[i32]) -> Array {
+    let lead = from.len() - to.len();
+    let mut axes: Vec<i32> = (0..lead as i32).collect();
+    for (i, &d) in to.iter().enumerate() {
+        if d == 1 && from[lead + i] != 1 {
+            axes.push((lead + i) as i32);
+        }
+    }
+    if axes.is_empty() { g.reshape(to) } else { g.sum_keepdims(&axes).reshape(to) }
+}
+
+/// A view applied to a batched input whose batch axis is 0: the same view with the batch axis
+/// kept in front.
+pub(crate) fn view_vmap(prim: &Primitive, x: &Array, out_shape: &[i32]) -> Array {
+    let b = x.shape()[0];
+    let with_batch = |s: &[i32]| -> Vec<i32> { std::iter::once(b).chain(s.iter().copied()).collect() };
+    match prim {
+        Primitive::Reshape(_) => x.reshape(with_batch(out_shape)),
+        Primitive::Transpose(perm) => {
+            let p: Vec<i32> = std::iter::once(0).chain(perm.iter().map(|&a| a as i32 + 1)).collect();
+            x.transpose(&p)
+        }
+        Primitive::Slice { start, stop, step } => {
+            let mut st = vec![0];
+            st.extend(start);
+            let mut sp = vec![b];
+            sp.extend(window_stop(stop, step, &x.shape()[1..]));
+            let mut sd = vec![1];
+            sd.extend(step);
+            x.slice(&st, &sp, &sd)
+        }
+        Primitive::Broadcast(shape) => {
+            // Align the input's axes with the target's trailing axes, batch first.
+            let rank = shape.len() + 1;
+            let mut aligned = vec![b];
+            aligned.extend(std::iter::repeat_n(1, rank - x.ndim()));
+            aligned.extend(&x.shape()[1..]);
+            x.reshape(aligned).broadcast_to(with_batch(shape))
+        }
+        Primitive::StopGradient => x.stop_gradient(),
+        Primitive::BitCast(d) => x.view(*d),
+        _ => x.clone(),
     }
 }
