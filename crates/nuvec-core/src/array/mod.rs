@@ -71,6 +71,28 @@ pub(crate) struct Node {
     pub(crate) run: Mutex<()>,
 }
 
+// Dropping the last handle of a long unevaluated chain would otherwise recurse once per node
+// (array -> node -> input array -> ...) and overflow the stack; nodes this drop owns alone are
+// unlinked with an explicit stack instead.
+impl Drop for Node {
+    fn drop(&mut self) {
+        let mut stack: Vec<Array> = std::mem::take(&mut self.inputs);
+        while let Some(a) = stack.pop() {
+            let Some(inner) = Arc::into_inner(a.inner) else { continue };
+            let Inner { state, traced, .. } = inner;
+            let pending = match state.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                State::Pending { node, .. } => Some(node),
+                _ => None,
+            };
+            for node in pending.into_iter().chain(traced.into_inner().map(|(n, _)| n)) {
+                if let Some(mut node) = Arc::into_inner(node) {
+                    stack.append(&mut node.inputs);
+                }
+            }
+        }
+    }
+}
+
 impl Inner {
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
