@@ -135,9 +135,10 @@ fn run(case: &Case) -> Result<Vec<Array>> {
         "vmap_uniform" => {
             let s = shape(case);
             let axis = param(case, "in_axis").as_i64().unwrap() as i32;
+            let in_axes = [Some(axis)];
             let f = vmap_flat(
                 move |x: &[Array]| Ok(vec![random::uniform(0.0, 1.0, &s, DType::F32, Some(&x[0]))]),
-                &[Some(axis)],
+                &in_axes,
                 &[0],
             );
             return f(&[k.unwrap().clone()]);
