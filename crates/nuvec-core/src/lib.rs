@@ -12,6 +12,7 @@ mod eval;
 pub mod fast;
 pub mod ops;
 pub mod primitive;
+pub mod random;
 pub mod shape;
 pub mod storage;
 pub mod transforms;

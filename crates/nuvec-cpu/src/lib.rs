@@ -8,6 +8,7 @@ mod copy;
 mod fast;
 mod map;
 mod matmul;
+mod random;
 mod reduce;
 mod scan;
 mod strided;
@@ -125,6 +126,10 @@ impl Backend for CpuBackend {
                 matmul::eval(a, b, Some(c), *alpha, *beta, out)
             }
             Primitive::Fast(op) => fast::eval(op, inputs, outputs),
+            Primitive::RandomBits { .. } => {
+                let [keys] = take(inputs)?;
+                random::random_bits(keys, out)
+            }
             p => Err(internal(format!("{} is a view and runs in core", p.name()))),
         }
     }

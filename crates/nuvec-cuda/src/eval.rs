@@ -558,6 +558,23 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, primitive: &Primitive, inputs: Vec<Operand>, 
             crate::matmul::matmul(gpu, a, b, Some(c), *alpha, *beta, out)
         }
         Primitive::Fast(op) => fast(gpu, op, next()?, out),
+        Primitive::RandomBits { .. } => random_bits(gpu, next()?, out),
         p => Err(internal(format!("{} is not a GPU primitive", p.name()))),
     }
+}
+
+/// Random bits: one thread per key and counter pair (`kernels/random.cuh`).
+pub(crate) fn random_bits(gpu: &Arc<Gpu>, keys: Operand, out: &mut Output) -> Result<()> {
+    let op = alloc_out(gpu, out)?;
+    let n_keys = keys.size() / 2;
+    let bytes = out.size() * out.dtype.size();
+    if n_keys == 0 || bytes == 0 {
+        return Ok(());
+    }
+    let keys = row_major(gpu, keys)?;
+    let per_key = bytes / n_keys;
+    let pairs = per_key.div_ceil(4).div_ceil(2);
+    let f = kernel(gpu, Family::Random, "random_bits")?;
+    let args = vec![Arg::Ptr(ptr_of(&keys)?), Arg::Ptr(op), Arg::U64(n_keys as u64), Arg::U64(per_key as u64)];
+    launch_1d(gpu, f, (n_keys * pairs) as u64, 1, args)
 }

@@ -54,6 +54,8 @@ pub enum Family {
     Gemv(DType),
     /// Integer matrix products.
     MatmulInt(DType),
+    /// Threefry random bits (`kernels/random.cuh`).
+    Random,
 }
 
 /// The functor implementing a unary op on `d`, or `None` when no kernel covers it.
@@ -211,6 +213,7 @@ impl Family {
             Family::Fast(d) => format!("fast_{d}"),
             Family::Gemv(d) => format!("gemv_{d}"),
             Family::MatmulInt(d) => format!("matmul_int_{d}"),
+            Family::Random => "random".into(),
         }
     }
 
@@ -327,6 +330,8 @@ impl Family {
                 w("#include \"misc.cuh\"".into());
                 w(format!("extern \"C\" __global__ void matmul_int(const {t}* a, const {t}* b, {t}* out, u64 batches, u64 m, u64 n, u64 k, i64 sa0, i64 sa1, i64 sb0, i64 sb1, Dims d) {{ matmul_int<{t}>(a, b, out, batches, m, n, k, sa0, sa1, sb0, sb1, d); }}"));
             }
+            // The kernel is self-contained; its source is the module (it includes common.cuh).
+            Family::Random => w(include_str!("../kernels/random.cuh").into()),
         }
         s
     }
@@ -354,5 +359,6 @@ pub fn all_modules() -> Vec<Family> {
         }
     }
     v.extend([1, 2, 4, 8].map(Family::Copy));
+    v.push(Family::Random);
     v
 }

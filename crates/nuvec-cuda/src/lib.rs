@@ -162,6 +162,7 @@ impl Backend for CudaBackend {
                     && d.is_float()
                     && matches!(op, nuvec_core::fast::FastOp::Softmax | nuvec_core::fast::FastOp::LogSumExp)
             }
+            Primitive::RandomBits { .. } => d == DType::U32,
             _ => false,
         }
     }

@@ -383,3 +383,36 @@ fn memory_limits_fail_cleanly() {
     // Other tests of this binary free blocks concurrently, so only the call is checked here.
     nuvec::cuda::clear_cache(0).unwrap();
 }
+
+#[test]
+fn random_bits_agree() {
+    if !gpu() {
+        return;
+    }
+    use nuvec::random;
+    let keys = [random::key(0), random::key(1), random::key(u64::MAX), random::key(0x1234_5678_9abc_def0)];
+    let shapes: [&[i32]; 12] = [&[], &[1], &[2], &[3], &[5], &[7], &[8], &[13], &[3, 5], &[0], &[1000], &[(1 << 20) + 3]];
+    for (i, k) in keys.iter().enumerate() {
+        for width in [1, 2, 4] {
+            for s in shapes {
+                both(&format!("bits key {i} width {width} shape {s:?}"), &[k.clone()], |v| random::bits(s, width, Some(&v[0])));
+            }
+        }
+    }
+    // Many keys at once (the batching rule) from a transposed, non-contiguous key array.
+    let ks = random::split(&random::key(9), 6).t();
+    for width in [1, 2, 4] {
+        for s in [3, 8, 257] {
+            let f = nuvec::transforms::vmap_flat(move |x| Ok(vec![random::bits([s], width, Some(&x[0]))]), &[Some(1)], &[0]);
+            let c = on(Device::cpu(), || f(&[ks.clone()]).unwrap().remove(0));
+            let g = on(Device::gpu(0), || f(&[ks.clone()]).unwrap().remove(0));
+            assert_same(&format!("batched bits width {width} size {s}"), &c, &g);
+        }
+    }
+    // Distributions built on the bits.
+    let k = random::key(5);
+    both("uniform", &[k.clone()], |v| random::uniform(-2.0, 3.0, [4097], DType::F32, Some(&v[0])));
+    both("normal bf16", &[k.clone()], |v| random::normal([513], DType::BF16, 0.0, 1.0, Some(&v[0])));
+    both("randint", &[k.clone()], |v| random::randint(-7, 1000, [999], DType::I32, Some(&v[0])));
+    both("split", &[k.clone()], |v| random::split(&v[0], 33));
+}

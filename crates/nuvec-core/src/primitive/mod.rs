@@ -5,6 +5,7 @@
 //! inputs, and then record one of these.
 
 pub mod elementwise;
+pub mod random;
 pub mod reduce;
 mod rules;
 pub mod view;
@@ -116,6 +117,15 @@ pub enum Primitive {
     /// A user function with its own derivative or batching rules (`custom_function`,
     /// `checkpoint`): evaluated as its body.
     Custom(crate::transforms::CustomFn),
+    /// Random bits from threefry2x32 keys (`uint32[..., 2]`): one block of `shape` per key,
+    /// `width` bytes per element (1, 2 or 4), laid out as MLX draws them. Output shape: the
+    /// keys' leading axes, then `shape`.
+    RandomBits {
+        /// The shape drawn from each key.
+        shape: Shape,
+        /// Bytes per element.
+        width: usize,
+    },
 }
 
 impl Primitive {
@@ -144,6 +154,7 @@ impl Primitive {
             Primitive::AddMM { .. } => "addmm",
             Primitive::Fast(f) => f.name(),
             Primitive::Custom(c) => c.name(),
+            Primitive::RandomBits { .. } => "random_bits",
         }
     }
 
@@ -334,6 +345,10 @@ impl Primitive {
             }
             Primitive::Fast(f) => f.output_specs(inputs),
             Primitive::Custom(c) => Ok(c.output_specs().to_vec()),
+            Primitive::RandomBits { shape, width } => {
+                arity(1)?;
+                Ok(vec![random::random_bits_spec(&inputs[0], shape, *width)?])
+            }
         }
     }
 }

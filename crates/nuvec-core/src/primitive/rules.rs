@@ -76,6 +76,8 @@ impl Primitive {
             }
             Primitive::Fast(op) => op.vjp(x, y, g),
             Primitive::Custom(c) => c.vjp(x, y, g),
+            // Keys are integers: nothing flows back through random bits.
+            Primitive::RandomBits { .. } => vec![None],
             _ => vec![None; x.len()],
         }
     }
@@ -135,6 +137,7 @@ impl Primitive {
             Primitive::Fast(op) => op.jvp(x, y, t),
             Primitive::Custom(c) => c.jvp(x, y, t),
             Primitive::Arange { .. } | Primitive::ArgReduce { .. } => vec![None; y.len()],
+            Primitive::RandomBits { .. } => vec![None],
         }
     }
 
@@ -189,6 +192,7 @@ impl Primitive {
             Primitive::Fast(op) => op.vmap(x, mapped),
             Primitive::Custom(c) => c.vmap(x, mapped),
             Primitive::Arange { .. } => y.iter().map(|o| (o.clone(), false)).collect(),
+            Primitive::RandomBits { .. } => one(crate::primitive::random::random_bits_vmap(self, &x[0])),
             _ => y.iter().map(|o| (o.clone(), false)).collect(),
         }
     }
