@@ -10,6 +10,7 @@ mod map;
 mod matmul;
 mod reduce;
 mod scan;
+mod sort;
 mod strided;
 mod unary;
 mod vmath;
@@ -125,6 +126,10 @@ impl Backend for CpuBackend {
                 matmul::eval(a, b, Some(c), *alpha, *beta, out)
             }
             Primitive::Fast(op) => fast::eval(op, inputs, outputs),
+            Primitive::Sort { op, axis } => {
+                let [x] = take(inputs)?;
+                sort::eval(*op, *axis, x, out)
+            }
             p => Err(internal(format!("{} is a view and runs in core", p.name()))),
         }
     }

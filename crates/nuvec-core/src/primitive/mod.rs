@@ -7,10 +7,12 @@
 pub mod elementwise;
 pub mod reduce;
 mod rules;
+pub mod sort;
 pub mod view;
 
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use reduce::{ArgReduceOp, ReduceOp, ScanOp};
+pub use sort::SortOp;
 
 use crate::dtype::DType;
 use crate::error::OpErrorKind;
@@ -116,6 +118,13 @@ pub enum Primitive {
     /// A user function with its own derivative or batching rules (`custom_function`,
     /// `checkpoint`): evaluated as its body.
     Custom(crate::transforms::CustomFn),
+    /// Sort, argsort, partition or argpartition along `axis` (see [`sort`]).
+    Sort {
+        /// Which one.
+        op: SortOp,
+        /// The axis.
+        axis: usize,
+    },
 }
 
 impl Primitive {
@@ -144,6 +153,7 @@ impl Primitive {
             Primitive::AddMM { .. } => "addmm",
             Primitive::Fast(f) => f.name(),
             Primitive::Custom(c) => c.name(),
+            Primitive::Sort { op, .. } => op.name(),
         }
     }
 
@@ -334,6 +344,10 @@ impl Primitive {
             }
             Primitive::Fast(f) => f.output_specs(inputs),
             Primitive::Custom(c) => Ok(c.output_specs().to_vec()),
+            Primitive::Sort { op, axis } => {
+                arity(1)?;
+                sort::output_spec(*op, *axis, &inputs[0]).map(|s| vec![s])
+            }
         }
     }
 }
