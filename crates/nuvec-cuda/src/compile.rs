@@ -21,6 +21,7 @@ pub const HEADERS: [(&str, &str); 6] = [
     ("fast.cuh", include_str!("../kernels/fast.cuh")),
     ("misc.cuh", include_str!("../kernels/misc.cuh")),
     ("gemv.cuh", include_str!("../kernels/gemv.cuh")),
+    ("sort.cuh", include_str!("../kernels/sort.cuh")),
 ];
 
 /// `sm_XYa` for compute capability 9.0 and later (so Hopper's wgmma and TMA are usable),

@@ -558,6 +558,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, primitive: &Primitive, inputs: Vec<Operand>, 
             crate::matmul::matmul(gpu, a, b, Some(c), *alpha, *beta, out)
         }
         Primitive::Fast(op) => fast(gpu, op, next()?, out),
+        Primitive::Sort { op, axis } => crate::sort::sort(gpu, *op, *axis, next()?, out),
         p => Err(internal(format!("{} is not a GPU primitive", p.name()))),
     }
 }

@@ -13,6 +13,7 @@ mod eval;
 pub mod kernels;
 mod launch;
 mod matmul;
+mod sort;
 
 use std::sync::Arc;
 
@@ -162,6 +163,7 @@ impl Backend for CudaBackend {
                     && d.is_float()
                     && matches!(op, nuvec_core::fast::FastOp::Softmax | nuvec_core::fast::FastOp::LogSumExp)
             }
+            Primitive::Sort { axis, .. } => inputs.first().and_then(|x| x.shape.get(*axis)).is_some_and(|&len| sort::supports(len as usize)),
             _ => false,
         }
     }
