@@ -131,8 +131,12 @@ impl Array {
         if k == len {
             return x;
         }
-        let op = SortOp::Partition((len - k) as usize);
+        // MLX partitions at rank -k: rank 0 when k is 0 (and the slice below is empty).
+        let op = SortOp::Partition(if k == 0 { 0 } else { (len - k) as usize });
         let part = Array::from_op("topk", Primitive::Sort { op, axis: ax }, vec![x]);
+        if part.is_failed() {
+            return part;
+        }
         let mut start = vec![0; part.ndim()];
         start[ax] = len - k;
         part.slice(&start, part.shape(), &[])
