@@ -9,6 +9,7 @@
 //! permutation of the input row, and `topk` the same multiset as MLX's per row.
 
 #[path = "common/fixture.rs"]
+#[allow(dead_code)] // the reader serves several replay tests
 mod fixture;
 
 use std::cmp::Ordering;
