@@ -79,9 +79,7 @@ pub(crate) fn output_spec(op: SortOp, axis: usize, x: &Spec) -> Result<Spec, OpE
     if let Some(k) = op.kth() {
         let len = x.shape[axis];
         if k >= len as usize {
-            return Err(OpErrorKind::InvalidArgument(format!(
-                "kth {k} is out of range for axis {axis} of size {len}"
-            )));
+            return Err(OpErrorKind::InvalidArgument(format!("kth {k} is out of range for axis {axis} of size {len}")));
         }
     }
     Ok(Spec { shape: Shape::from(&x.shape[..]), dtype: op.output_dtype(x.dtype) })
