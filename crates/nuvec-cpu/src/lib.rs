@@ -11,6 +11,7 @@ mod matmul;
 mod random;
 mod reduce;
 mod scan;
+mod sort;
 mod strided;
 mod unary;
 mod vmath;
@@ -129,6 +130,10 @@ impl Backend for CpuBackend {
             Primitive::RandomBits { .. } => {
                 let [keys] = take(inputs)?;
                 random::random_bits(keys, out)
+            }
+            Primitive::Sort { op, axis } => {
+                let [x] = take(inputs)?;
+                sort::eval(*op, *axis, x, out)
             }
             p => Err(internal(format!("{} is a view and runs in core", p.name()))),
         }

@@ -559,6 +559,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, primitive: &Primitive, inputs: Vec<Operand>, 
         }
         Primitive::Fast(op) => fast(gpu, op, next()?, out),
         Primitive::RandomBits { .. } => random_bits(gpu, next()?, out),
+        Primitive::Sort { op, axis } => crate::sort::sort(gpu, *op, *axis, next()?, out),
         p => Err(internal(format!("{} is not a GPU primitive", p.name()))),
     }
 }

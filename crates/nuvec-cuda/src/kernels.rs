@@ -56,6 +56,8 @@ pub enum Family {
     MatmulInt(DType),
     /// Threefry random bits (`kernels/random.cuh`).
     Random,
+    /// Sorts and partitions of one dtype.
+    Sort(DType),
 }
 
 /// The functor implementing a unary op on `d`, or `None` when no kernel covers it.
@@ -214,6 +216,7 @@ impl Family {
             Family::Gemv(d) => format!("gemv_{d}"),
             Family::MatmulInt(d) => format!("matmul_int_{d}"),
             Family::Random => "random".into(),
+            Family::Sort(d) => format!("sort_{d}"),
         }
     }
 
@@ -332,6 +335,16 @@ impl Family {
             }
             // The kernel is self-contained; its source is the module (it includes common.cuh).
             Family::Random => w(include_str!("../kernels/random.cuh").into()),
+            Family::Sort(d) => {
+                let t = ctype(d);
+                w("#include \"sort.cuh\"".into());
+                for (suffix, indices) in [("vals", false), ("idx", true)] {
+                    w(format!("extern \"C\" __global__ void sort_block_{suffix}(const {t}* x, void* out, u64 rows, u32 len, u32 p, i64 axis_stride, Dims d) {{ sort_block<{t}, {indices}>(x, out, rows, len, p, axis_stride, d); }}"));
+                    w(format!("extern \"C\" __global__ void sort_global_write_{suffix}(const {t}* keys, const u32* idx, void* out, u64 rows, u32 len, u32 p) {{ sort_global_write<{t}, {indices}>(keys, idx, out, rows, len, p); }}"));
+                }
+                w(format!("extern \"C\" __global__ void sort_global_init(const {t}* x, {t}* keys, u32* idx, u64 rows, u32 len, u32 p, i64 axis_stride, Dims d) {{ sort_global_init<{t}>(x, keys, idx, rows, len, p, axis_stride, d); }}"));
+                w(format!("extern \"C\" __global__ void sort_global_step({t}* keys, u32* idx, u64 rows, u32 len, u32 p, u32 k, u32 j) {{ sort_global_step<{t}>(keys, idx, rows, len, p, k, j); }}"));
+            }
         }
         s
     }
@@ -357,6 +370,7 @@ pub fn all_modules() -> Vec<Family> {
         if d.is_integer() {
             v.push(Family::MatmulInt(d));
         }
+        v.push(Family::Sort(d));
     }
     v.extend([1, 2, 4, 8].map(Family::Copy));
     v.push(Family::Random);

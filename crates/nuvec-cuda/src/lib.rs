@@ -13,6 +13,7 @@ mod eval;
 pub mod kernels;
 mod launch;
 mod matmul;
+mod sort;
 
 use std::sync::Arc;
 
@@ -163,6 +164,7 @@ impl Backend for CudaBackend {
                     && matches!(op, nuvec_core::fast::FastOp::Softmax | nuvec_core::fast::FastOp::LogSumExp)
             }
             Primitive::RandomBits { .. } => d == DType::U32,
+            Primitive::Sort { axis, .. } => inputs.first().and_then(|x| x.shape.get(*axis)).is_some_and(|&len| sort::supports(len as usize)),
             _ => false,
         }
     }

@@ -416,3 +416,51 @@ fn random_bits_agree() {
     both("randint", &[k.clone()], |v| random::randint(-7, 1000, [999], DType::I32, Some(&v[0])));
     both("split", &[k.clone()], |v| random::split(&v[0], 33));
 }
+
+#[test]
+fn sorts_agree() {
+    if !gpu() {
+        return;
+    }
+    // Rows from 1 element to past the shared-memory limit (4096), so both the block network
+    // and the global-memory one run; values with ties, and NaN in the floats.
+    let lens = [1, 2, 31, 32, 33, 100, 1000, 4095, 4096, 4097, 5000];
+    for dtype in ALL {
+        for (i, &len) in lens.iter().enumerate() {
+            let rows = [3, 1, 2][i % 3];
+            let x = values(&[rows, len], dtype, 0.3 + i as f32);
+            let x = if dtype.is_float() { ops::where_((ops::arange(0, rows * len, 1).reshape([rows, len]) % 17).equal(5), f32::NAN, &x).astype(dtype) } else { x };
+            for axis in [1, 0] {
+                let tag = format!("{dtype} [{rows}, {len}] axis {axis}");
+                both(&format!("sort {tag}"), std::slice::from_ref(&x), |v| v[0].sort(axis));
+                both(&format!("argsort {tag}"), std::slice::from_ref(&x), |v| v[0].argsort(axis));
+                both(&format!("argsort transposed {tag}"), std::slice::from_ref(&x), |v| v[0].t().argsort(1 - axis));
+                let n = x.shape()[axis as usize];
+                for kth in [0, n / 2, n - 1] {
+                    // The order around kth is the backend's: compare what defines a partition.
+                    let t = format!("{tag} kth {kth}");
+                    let at = |a: &Array| {
+                        let mut start = vec![0, 0];
+                        start[axis as usize] = kth;
+                        let mut stop = a.shape().to_vec();
+                        stop[axis as usize] = kth + 1;
+                        a.slice(&start, &stop, &[])
+                    };
+                    both(&format!("partition pivot {t}"), std::slice::from_ref(&x), |v| at(&v[0].partition(kth, axis)));
+                    both(&format!("argpartition pivot {t}"), std::slice::from_ref(&x), |v| at(&v[0].argpartition(kth, axis)));
+                    both(&format!("partition sorted {t}"), std::slice::from_ref(&x), |v| v[0].partition(kth, axis).sort(axis));
+                }
+                let k = n.min(5);
+                both(&format!("topk sorted {tag}"), std::slice::from_ref(&x), |v| v[0].topk(k, axis).sort(axis));
+            }
+        }
+    }
+    // A 3-d strided input and the derivative (a gather through the permutation).
+    let x = values(&[4, 6, 5], DType::F32, 1.7);
+    both("sort 3-d middle axis", std::slice::from_ref(&x), |v| v[0].transpose(&[2, 0, 1]).sort(1));
+    let w = values(&[4, 6, 5], DType::F32, 2.1);
+    both("grad of sort", &[x, w], |v| {
+        let w = v[1].clone();
+        nuvec::grad(move |x: &Array| Ok((x.sort(1) * &w).sum(..)))(&v[0]).unwrap()
+    });
+}

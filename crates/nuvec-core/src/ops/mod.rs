@@ -10,12 +10,14 @@ mod linalg;
 mod operators;
 mod reduce;
 mod shape;
+mod sort;
 
 pub use creation::*;
 pub use elementwise::*;
 pub use linalg::*;
 pub use reduce::*;
 pub use shape::*;
+pub use sort::*;
 
 use crate::array::Array;
 use crate::error::OpErrorKind;
@@ -75,6 +77,7 @@ pub fn __op_names() -> &'static [&'static str] {
         "moveaxis", "expand_dims", "squeeze", "broadcast_to", "broadcast_arrays", "slice", "slice_update",
         "concatenate", "stack", "split", "split_at", "repeat", "tile", "pad", "contiguous", "copy", "tril",
         "triu", "stop_gradient", "matmul", "addmm", "zeros", "ones", "full", "zeros_like", "ones_like",
-        "full_like", "arange", "linspace", "eye", "identity", "tri",
+        "full_like", "arange", "linspace", "eye", "identity", "tri", "sort", "argsort", "partition", "argpartition",
+        "topk",
     ]
 }

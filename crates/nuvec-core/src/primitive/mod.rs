@@ -8,10 +8,12 @@ pub mod elementwise;
 pub mod random;
 pub mod reduce;
 mod rules;
+pub mod sort;
 pub mod view;
 
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use reduce::{ArgReduceOp, ReduceOp, ScanOp};
+pub use sort::SortOp;
 
 use crate::dtype::DType;
 use crate::error::OpErrorKind;
@@ -126,6 +128,13 @@ pub enum Primitive {
         /// Bytes per element.
         width: usize,
     },
+    /// Sort, argsort, partition or argpartition along `axis` (see [`sort`]).
+    Sort {
+        /// Which one.
+        op: SortOp,
+        /// The axis.
+        axis: usize,
+    },
 }
 
 impl Primitive {
@@ -155,6 +164,7 @@ impl Primitive {
             Primitive::Fast(f) => f.name(),
             Primitive::Custom(c) => c.name(),
             Primitive::RandomBits { .. } => "random_bits",
+            Primitive::Sort { op, .. } => op.name(),
         }
     }
 
@@ -348,6 +358,10 @@ impl Primitive {
             Primitive::RandomBits { shape, width } => {
                 arity(1)?;
                 Ok(vec![random::random_bits_spec(&inputs[0], shape, *width)?])
+            }
+            Primitive::Sort { op, axis } => {
+                arity(1)?;
+                sort::output_spec(*op, *axis, &inputs[0]).map(|s| vec![s])
             }
         }
     }

@@ -10,7 +10,7 @@
 use crate::array::Array;
 use crate::ops;
 use crate::primitive::view::{view_vjp, view_vmap, window_stop};
-use crate::primitive::{Primitive, reduce};
+use crate::primitive::{Primitive, reduce, sort};
 
 /// Zeros like `x` in the dtype of `x` when a rule needs a tangent for a missing one.
 fn zero(x: &Array) -> Array {
@@ -78,6 +78,7 @@ impl Primitive {
             Primitive::Custom(c) => c.vjp(x, y, g),
             // Keys are integers: nothing flows back through random bits.
             Primitive::RandomBits { .. } => vec![None],
+            Primitive::Sort { op, axis } => vec![sort::sort_vjp(*op, *axis, &x[0], g0)],
             _ => vec![None; x.len()],
         }
     }
@@ -138,6 +139,7 @@ impl Primitive {
             Primitive::Custom(c) => c.jvp(x, y, t),
             Primitive::Arange { .. } | Primitive::ArgReduce { .. } => vec![None; y.len()],
             Primitive::RandomBits { .. } => vec![None],
+            Primitive::Sort { op, axis } => vec![t[0].as_ref().and_then(|ti| sort::sort_jvp(*op, *axis, &x[0], ti))],
         }
     }
 
@@ -193,6 +195,7 @@ impl Primitive {
             Primitive::Custom(c) => c.vmap(x, mapped),
             Primitive::Arange { .. } => y.iter().map(|o| (o.clone(), false)).collect(),
             Primitive::RandomBits { .. } => one(crate::primitive::random::random_bits_vmap(self, &x[0])),
+            Primitive::Sort { op, axis } => one(sort::sort_vmap(*op, *axis, &x[0])),
             _ => y.iter().map(|o| (o.clone(), false)).collect(),
         }
     }
