@@ -4,14 +4,18 @@
 //! Operations never fail on the spot: bad arguments give a failed array naming the operation,
 //! the argument and the reason, and a failed input makes the output fail with the same error.
 
+mod conv;
 mod creation;
+mod einsum;
 pub(crate) mod elementwise;
 mod linalg;
 mod operators;
 mod reduce;
 mod shape;
 
+pub use conv::*;
 pub use creation::*;
+pub use einsum::*;
 pub use elementwise::*;
 pub use linalg::*;
 pub use reduce::*;
@@ -75,6 +79,7 @@ pub fn __op_names() -> &'static [&'static str] {
         "moveaxis", "expand_dims", "squeeze", "broadcast_to", "broadcast_arrays", "slice", "slice_update",
         "concatenate", "stack", "split", "split_at", "repeat", "tile", "pad", "contiguous", "copy", "tril",
         "triu", "stop_gradient", "matmul", "addmm", "zeros", "ones", "full", "zeros_like", "ones_like",
-        "full_like", "arange", "linspace", "eye", "identity", "tri",
+        "full_like", "arange", "linspace", "eye", "identity", "tri", "conv1d", "conv2d", "conv3d", "conv_general",
+        "einsum", "tensordot", "outer", "inner",
     ]
 }
