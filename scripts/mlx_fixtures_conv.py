@@ -19,7 +19,9 @@ Operations and their params:
 """
 
 import argparse
+import json
 import os
+import struct
 import sys
 
 import mlx.core as mx
@@ -222,6 +224,16 @@ def record():
     return r
 
 
+def with_generator(data, generator):
+    """The serialized file with its metadata naming this script (the length prefix follows)."""
+    head = len(F.MAGIC)
+    (n,) = struct.unpack_from("<I", data, head)
+    meta = json.loads(data[head + 4:head + 4 + n])
+    meta["generator"] = generator
+    m = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return data[:head] + struct.pack("<I", len(m)) + m + data[head + 4 + n:]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=OUT_PATH)
@@ -232,7 +244,7 @@ def main():
     F.run_op = run_op
     F.RECORDED_ON = RECORDED_ON
     r = record()
-    data = r.serialize().replace(b'"generator":"scripts/mlx_fixtures.py"', b'"generator":"scripts/mlx_fixtures_conv.py"')
+    data = with_generator(r.serialize(), "scripts/mlx_fixtures_conv.py")
     for fam, n in r.families.items():
         print(f"{fam:>20}: {n}")
     print(f"{'total':>20}: {len(r.cases)} cases, {len(data)} bytes; skipped {len(r.skipped)} (-v lists them)")

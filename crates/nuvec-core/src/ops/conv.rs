@@ -347,7 +347,7 @@ fn conv_nd(op: &'static str, d: usize, x: &Array, w: &Array, o: &ConvOptions) ->
 
     let (n, c_in, c_out) = (x.shape()[0], x.shape()[d + 1], w.shape()[0]);
     let taps: i32 = p.kernel.iter().product();
-    let window = |offset: &[i32]| -> Array {
+    let window = |x: &Array, offset: &[i32]| -> Array {
         let mut start = vec![0; d + 2];
         let mut stop = x.shape().to_vec();
         let mut step = vec![1; d + 2];
@@ -376,11 +376,12 @@ fn conv_nd(op: &'static str, d: usize, x: &Array, w: &Array, o: &ConvOptions) ->
         // Depthwise: each output channel sees one input channel, so a product would be all
         // padding. Half types accumulate in f32.
         let acc = if p.dtype.is_half() { DType::F32 } else { p.dtype };
+        let xa = x.astype(acc);
         let taps_by_channel = w.astype(acc).reshape([c_out, taps]).t();
         let mut y: Option<Array> = None;
         for (t, k) in offsets.iter().enumerate() {
             let tap = taps_by_channel.slice(&[t as i32, 0], &[t as i32 + 1, c_out], &[]).reshape([c_out]);
-            let term = window(k).astype(acc) * &tap;
+            let term = window(&xa, k) * &tap;
             y = Some(match y {
                 None => term,
                 Some(s) => s + term,
@@ -389,7 +390,7 @@ fn conv_nd(op: &'static str, d: usize, x: &Array, w: &Array, o: &ConvOptions) ->
         return y.expect("a kernel has at least one tap").astype(p.dtype);
     }
 
-    let windows: Vec<Array> = offsets.iter().map(|k| window(k)).collect();
+    let windows: Vec<Array> = offsets.iter().map(|k| window(&x, k)).collect();
     let patches = if windows.len() == 1 { windows[0].expand_dims(d as i32 + 1) } else { stack(&windows, d as i32 + 1) };
     let m: i32 = n * p.out.iter().product::<i32>();
     let (g, cg, cog) = (p.groups, c_in / p.groups, c_out / p.groups);

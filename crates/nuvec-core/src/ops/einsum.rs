@@ -364,10 +364,15 @@ fn tensordot_named(op: &'static str, a: &Array, b: &Array, axes: TensordotAxes) 
     if xa.len() != xb.len() {
         return invalid(op, format!("axes lists {xa:?} and {xb:?} differ in length"));
     }
+    // Axes pair up by position, so their order is kept (normalize_axes would sort them).
     let norm = |axes: &[i32], ndim: usize| -> Result<Vec<usize>, Array> {
-        let r = super::axes_or_fail(op, axes, ndim)?;
-        if r.len() != axes.len() {
-            return Err(invalid(op, format!("axes {axes:?} repeat an axis")));
+        let mut r: Vec<usize> = Vec::with_capacity(axes.len());
+        for &a in axes {
+            let ax = super::axis_or_fail(op, a, ndim)?;
+            if r.contains(&ax) {
+                return Err(invalid(op, format!("axes {axes:?} repeat axis {a}")));
+            }
+            r.push(ax);
         }
         Ok(r)
     };
