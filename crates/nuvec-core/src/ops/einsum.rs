@@ -226,13 +226,12 @@ fn plan_einsum(subscripts: &str, operands: &[Array]) -> Result<Array, Array> {
     for (i, (t, x)) in terms.iter().zip(operands).enumerate() {
         let labels = labels_of(&parse_term(t)?, x.ndim(), i, t)?;
         for (axis, (&l, &d)) in labels.iter().zip(x.shape()).enumerate() {
-            if let Some(&earlier) = labels[..axis].iter().position(|&m| m == l).map(|p| &x.shape()[p]) {
-                if earlier != d {
-                    return Err(invalid(
-                        "einsum",
-                        format!("{} names axes of sizes {earlier} and {d} in operand {i} {:?}", describe(l), x.shape()),
-                    ));
-                }
+            let earlier = labels[..axis].iter().position(|&m| m == l).map(|p| x.shape()[p]);
+            if let Some(earlier) = earlier.filter(|&e| e != d) {
+                return Err(invalid(
+                    "einsum",
+                    format!("{} names axes of sizes {earlier} and {d} in operand {i} {:?}", describe(l), x.shape()),
+                ));
             }
             let s = sizes.entry(l).or_insert(d);
             if *s == 1 {
