@@ -464,3 +464,29 @@ fn sorts_agree() {
         nuvec::grad(move |x: &Array| Ok((x.sort(1) * &w).sum(..)))(&v[0]).unwrap()
     });
 }
+
+#[test]
+fn convolutions_and_contractions_agree() {
+    if !gpu() {
+        return;
+    }
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        // Gated DeltaNet's short convolution (depthwise, causal), then ordinary and grouped ones.
+        let x = values(&[2, 37, 64], dtype, 0.1) * 0.5;
+        let w = values(&[64, 4, 1], dtype, 0.4) * 0.5;
+        both(&format!("depthwise conv1d {dtype}"), &[x.clone(), w], |v| ops::conv1d(&v[0], &v[1], 1, 3, 1, 64));
+        let w = values(&[48, 3, 64], dtype, 0.7) * 0.25;
+        both(&format!("conv1d {dtype}"), &[x.clone(), w], |v| ops::conv1d(&v[0], &v[1], 2, 1, 2, 1));
+        let w = values(&[32, 5, 16], dtype, 0.8) * 0.25;
+        both(&format!("grouped conv1d {dtype}"), &[x, w], |v| ops::conv1d(&v[0], &v[1], 1, 2, 1, 4));
+        let x = values(&[2, 9, 11, 8], dtype, 0.2) * 0.5;
+        let w = values(&[6, 3, 3, 4], dtype, 0.3) * 0.5;
+        both(&format!("conv2d {dtype}"), &[x, w], |v| ops::conv2d(&v[0], &v[1], (1, 2), 1, (2, 1), 2));
+        let q = values(&[2, 4, 7, 16], dtype, 0.5) * 0.5;
+        let k = values(&[2, 4, 9, 16], dtype, 0.6) * 0.5;
+        both(&format!("einsum bhqd,bhkd->bhqk {dtype}"), &[q, k], |v| ops::einsum("bhqd,bhkd->bhqk", v));
+        let m = values(&[12, 12], dtype, 0.9);
+        both(&format!("einsum trace {dtype}"), &[m.clone()], |v| ops::einsum("ii", v));
+        both(&format!("tensordot {dtype}"), &[m.reshape([3, 4, 12]), m], |v| ops::tensordot(&v[0], &v[1], 1));
+    }
+}

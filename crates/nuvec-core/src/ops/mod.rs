@@ -4,7 +4,9 @@
 //! Operations never fail on the spot: bad arguments give a failed array naming the operation,
 //! the argument and the reason, and a failed input makes the output fail with the same error.
 
+mod conv;
 mod creation;
+mod einsum;
 pub(crate) mod elementwise;
 mod linalg;
 mod operators;
@@ -12,7 +14,9 @@ mod reduce;
 mod shape;
 mod sort;
 
+pub use conv::*;
 pub use creation::*;
+pub use einsum::*;
 pub use elementwise::*;
 pub use linalg::*;
 pub use reduce::*;
@@ -78,6 +82,7 @@ pub fn __op_names() -> &'static [&'static str] {
         "concatenate", "stack", "split", "split_at", "repeat", "tile", "pad", "contiguous", "copy", "tril",
         "triu", "stop_gradient", "matmul", "addmm", "zeros", "ones", "full", "zeros_like", "ones_like",
         "full_like", "arange", "linspace", "eye", "identity", "tri", "sort", "argsort", "partition", "argpartition",
-        "topk",
+        "topk", "conv1d", "conv2d", "conv3d", "conv_general",
+        "einsum", "tensordot", "outer", "inner",
     ]
 }
