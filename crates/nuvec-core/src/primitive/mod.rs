@@ -116,6 +116,8 @@ pub enum Primitive {
     /// A user function with its own derivative or batching rules (`custom_function`,
     /// `checkpoint`): evaluated as its body.
     Custom(crate::transforms::CustomFn),
+    /// A custom CUDA kernel from source (`fast::CudaKernel`); only the CUDA backend runs it.
+    CustomKernel(std::sync::Arc<crate::fast::cuda_kernel::KernelSpec>),
 }
 
 impl Primitive {
@@ -144,6 +146,7 @@ impl Primitive {
             Primitive::AddMM { .. } => "addmm",
             Primitive::Fast(f) => f.name(),
             Primitive::Custom(c) => c.name(),
+            Primitive::CustomKernel(_) => "cuda_kernel",
         }
     }
 
@@ -334,6 +337,10 @@ impl Primitive {
             }
             Primitive::Fast(f) => f.output_specs(inputs),
             Primitive::Custom(c) => Ok(c.output_specs().to_vec()),
+            Primitive::CustomKernel(k) => {
+                arity(k.kernel.inputs.len())?;
+                Ok(k.outputs.clone())
+            }
         }
     }
 }
