@@ -83,6 +83,8 @@ pub enum OpErrorKind {
     OutOfMemory(usize),
     /// Anything else, described in words that name the argument.
     InvalidArgument(String),
+    /// The operation cannot run on the stream's device (a custom CUDA kernel on the CPU).
+    UnsupportedDevice(Device),
 }
 
 impl fmt::Display for OpErrorKind {
@@ -105,6 +107,9 @@ impl fmt::Display for OpErrorKind {
             OpErrorKind::InvalidIndex(s) => write!(f, "invalid index: {s}"),
             OpErrorKind::OutOfMemory(n) => write!(f, "out of memory allocating {n} bytes"),
             OpErrorKind::InvalidArgument(s) => f.write_str(s),
+            OpErrorKind::UnsupportedDevice(d) => {
+                write!(f, "unsupported device {d}: it needs a CUDA GPU (see nuvec::cuda::unavailable_reason)")
+            }
         }
     }
 }

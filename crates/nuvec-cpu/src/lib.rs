@@ -73,7 +73,7 @@ impl Backend for CpuBackend {
             Primitive::Fast(op) => {
                 nuvec_core::fast::fused_enabled() && inputs.iter().all(|s| s.dtype.is_float()) && fast::supports(op)
             }
-            p => !p.is_view() && !matches!(p, Primitive::Custom(_)),
+            p => !p.is_view() && !matches!(p, Primitive::Custom(_) | Primitive::CustomKernel(_)),
         }
     }
 

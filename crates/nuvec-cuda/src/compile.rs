@@ -143,10 +143,35 @@ fn options(arch: &str) -> Result<Vec<String>> {
     Ok(o)
 }
 
+/// How often a module was built in this process: NVRTC compilations and loads into a device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BuildCounts {
+    /// NVRTC compilations (a disk-cache hit compiles nothing).
+    pub compiled: usize,
+    /// Loads into a device (the in-memory cache makes this at most one per device).
+    pub loaded: usize,
+}
+
+fn build_counts() -> &'static Mutex<HashMap<String, BuildCounts>> {
+    static COUNTS: OnceLock<Mutex<HashMap<String, BuildCounts>>> = OnceLock::new();
+    COUNTS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn count_build(name: &str, f: impl FnOnce(&mut BuildCounts)) {
+    f(build_counts().lock().unwrap_or_else(|e| e.into_inner()).entry(name.to_string()).or_default());
+}
+
+/// How often the module `name` (a kernel family key, or a custom kernel's key) was compiled
+/// and loaded by this process.
+pub fn builds(name: &str) -> BuildCounts {
+    build_counts().lock().unwrap_or_else(|e| e.into_inner()).get(name).copied().unwrap_or_default()
+}
+
 /// Compiles `source` (which may include [`HEADERS`] by name, plus `extra_headers`) to a CUBIN
 /// for `arch`. Errors carry NVRTC's log.
 pub fn compile_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&str, &str)]) -> Result<Vec<u8>> {
     nvrtc_version()?;
+    count_build(name, |c| c.compiled += 1);
     let c = |s: &str| CString::new(s).map_err(|_| Error::InvalidArgument("kernel source contains a NUL byte".into()));
     let src = c(source)?;
     let cname = c(name)?;
@@ -299,6 +324,7 @@ impl Modules {
         let mut module = std::ptr::null_mut();
         // SAFETY: `bin` is a complete CUBIN image for this device's architecture.
         unsafe { check(dsys::cuModuleLoadData(&mut module, bin.as_ptr() as *const _), "cuModuleLoadData")? };
+        count_build(key, |c| c.loaded += 1);
         let m = Arc::new(Module { module, functions: Mutex::new(HashMap::new()) });
         self.loaded.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), m.clone());
         Ok(m)

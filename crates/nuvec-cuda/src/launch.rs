@@ -67,6 +67,9 @@ pub(crate) enum Arg {
     F64(f64),
     Ptr(sys::CUdeviceptr),
     Dims(Box<Dims>),
+    /// Raw bytes of a by-value parameter (a scalar, a struct); the driver copies as many as
+    /// the kernel's parameter takes.
+    Bytes(Vec<u64>),
 }
 
 impl Arg {
@@ -78,6 +81,7 @@ impl Arg {
             Arg::F64(v) => v as *mut f64 as *mut c_void,
             Arg::Ptr(v) => v as *mut u64 as *mut c_void,
             Arg::Dims(v) => &mut **v as *mut Dims as *mut c_void,
+            Arg::Bytes(v) => v.as_mut_ptr() as *mut c_void,
         }
     }
 }

@@ -8,6 +8,7 @@
 
 mod alloc;
 pub mod compile;
+mod custom_kernel;
 mod driver;
 mod eval;
 pub mod kernels;
@@ -23,6 +24,8 @@ use nuvec_core::primitive::Primitive;
 use nuvec_core::storage::{HostBuffer, Memory, MemoryStats, Operand, Output, Spec, Storage};
 use nuvec_core::{DType, Error, Result};
 
+pub use compile::{BuildCounts, builds};
+pub use custom_kernel::{PRELUDE as CUSTOM_KERNEL_PRELUDE, compile_custom_kernel};
 pub use driver::DeviceInfo;
 
 use crate::alloc::GpuBuffer;
@@ -165,12 +168,16 @@ impl Backend for CudaBackend {
             }
             Primitive::RandomBits { .. } => d == DType::U32,
             Primitive::Sort { axis, .. } => inputs.first().and_then(|x| x.shape.get(*axis)).is_some_and(|&len| sort::supports(len as usize)),
+            Primitive::CustomKernel(_) => true,
             _ => false,
         }
     }
 
     fn eval(&self, stream: Stream, primitive: &Primitive, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
         let gpu = gpu_of(stream.device)?;
+        if let Primitive::CustomKernel(spec) = primitive {
+            return custom_kernel::eval(&gpu, spec, inputs, outputs);
+        }
         eval::eval(&gpu, primitive, inputs, outputs)
     }
 

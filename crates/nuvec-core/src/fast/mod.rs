@@ -5,7 +5,10 @@
 //! `NUVEC_FUSED=0` makes every backend decline fast primitives, so they all run as their
 //! compositions.
 
+pub mod cuda_kernel;
 mod softmax;
+
+pub use cuda_kernel::{CudaKernel, KernelConfig, TemplateArg};
 
 use crate::array::Array;
 use crate::error::OpErrorKind;

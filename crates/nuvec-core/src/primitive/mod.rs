@@ -135,6 +135,8 @@ pub enum Primitive {
         /// The axis.
         axis: usize,
     },
+    /// A custom CUDA kernel from source (`fast::CudaKernel`); only the CUDA backend runs it.
+    CustomKernel(std::sync::Arc<crate::fast::cuda_kernel::KernelSpec>),
 }
 
 impl Primitive {
@@ -165,6 +167,7 @@ impl Primitive {
             Primitive::Custom(c) => c.name(),
             Primitive::RandomBits { .. } => "random_bits",
             Primitive::Sort { op, .. } => op.name(),
+            Primitive::CustomKernel(_) => "cuda_kernel",
         }
     }
 
@@ -362,6 +365,10 @@ impl Primitive {
             Primitive::Sort { op, axis } => {
                 arity(1)?;
                 sort::output_spec(*op, *axis, &inputs[0]).map(|s| vec![s])
+            }
+            Primitive::CustomKernel(k) => {
+                arity(k.kernel.inputs.len())?;
+                Ok(k.outputs.clone())
             }
         }
     }

@@ -1,0 +1,324 @@
+//! Custom CUDA kernels written from source: MLX's `mx.fast.cuda_kernel`.
+//!
+//! [`CudaKernel`] holds a body and the names of its inputs and outputs; each
+//! [`call`](CudaKernel::call) generates the full kernel for the call's dtypes and template
+//! arguments (see [`source`] for the rules), and records one `Primitive::CustomKernel` node.
+//! Only the CUDA backend runs it: it compiles each generated source once (memory and disk
+//! cache) with NVRTC. The kernel has no derivative or batching rule of its own; wrap the call
+//! in `custom_function` to give it some.
+
+pub mod source;
+
+use std::panic::Location;
+use std::sync::Arc;
+
+use crate::array::Array;
+use crate::device::{DeviceKind, default_stream};
+use crate::dtype::DType;
+use crate::error::{Error, OpErrorKind, Result};
+use crate::primitive::Primitive;
+use crate::shape::check_shape;
+use crate::storage::Spec;
+
+pub use source::{GeneratedKernel, InputParams, PRELUDE_HEADER, cuda_type};
+
+/// The name failed calls report.
+const OP: &str = "cuda_kernel";
+
+/// A template argument: an `int` or `bool` constant, or a type alias.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TemplateArg {
+    /// `constexpr int NAME = v;`
+    Int(i32),
+    /// `constexpr bool NAME = v;`
+    Bool(bool),
+    /// `using NAME = <CUDA type of the dtype>;`
+    DType(DType),
+}
+
+impl From<i32> for TemplateArg {
+    fn from(v: i32) -> Self {
+        TemplateArg::Int(v)
+    }
+}
+
+impl From<bool> for TemplateArg {
+    fn from(v: bool) -> Self {
+        TemplateArg::Bool(v)
+    }
+}
+
+impl From<DType> for TemplateArg {
+    fn from(v: DType) -> Self {
+        TemplateArg::DType(v)
+    }
+}
+
+/// The launch of one call: grid and block sizes, template arguments, output initialisation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelConfig {
+    /// Threads (not blocks) in x, y, z, as MLX's `grid`. The blocks launched are
+    /// `ceil(grid / threadgroup)` per axis; extra threads run, so bodies check bounds.
+    pub grid: (u32, u32, u32),
+    /// Threads per block in x, y, z (at most 1024 in all).
+    pub threadgroup: (u32, u32, u32),
+    /// Template arguments, emitted at the top of the body in this order.
+    pub template: Vec<(String, TemplateArg)>,
+    /// Fill every output with this value before the launch; otherwise outputs start
+    /// uninitialised (or zeroed, with [`CudaKernel::atomic_outputs`]).
+    pub init_value: Option<f64>,
+    /// Print the generated source.
+    pub verbose: bool,
+}
+
+impl Default for KernelConfig {
+    fn default() -> Self {
+        KernelConfig { grid: (1, 1, 1), threadgroup: (1, 1, 1), template: Vec::new(), init_value: None, verbose: false }
+    }
+}
+
+/// What the CUDA backend needs to run one call: the generated kernel and its launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelSpec {
+    /// The generated kernel.
+    pub kernel: GeneratedKernel,
+    /// The outputs' shapes and dtypes (row-major buffers).
+    pub outputs: Vec<Spec>,
+    /// Blocks in x, y, z (zero in any axis: nothing is launched).
+    pub blocks: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Bytes of dynamic shared memory.
+    pub shared_memory: u32,
+    /// Fill value of the outputs.
+    pub init_value: Option<f64>,
+    /// Copy inputs that are not row-contiguous first.
+    pub ensure_row_contiguous: bool,
+}
+
+/// A custom CUDA kernel (MLX's `mx.fast.cuda_kernel`).
+///
+/// The body sees its inputs as `const T* __restrict__ name` (0-d inputs by value), its outputs
+/// as `T* name`, template arguments as `constexpr` values and `using` aliases, and, when it
+/// mentions them, `name_shape`, `name_strides` and `name_ndim` of an input. The prelude gives
+/// `float16_t`, `bfloat16_t`, `uint`, `elem_to_loc`, `warp_sum`/`warp_max`/`warp_min` and
+/// `cg` (cooperative groups).
+///
+/// ```
+/// use nuvec::{DType, fast::{CudaKernel, KernelConfig, TemplateArg}, ops};
+/// let kernel = CudaKernel::new(
+///     "scale",
+///     &["inp"],
+///     &["out"],
+///     "uint i = threadIdx.x + blockIdx.x * blockDim.x;\nout[i] = static_cast<T>(inp[i] * N);",
+/// );
+/// let config = KernelConfig {
+///     grid: (1024, 1, 1),
+///     threadgroup: (256, 1, 1),
+///     template: vec![("T".into(), TemplateArg::DType(DType::F16)), ("N".into(), TemplateArg::Int(3))],
+///     ..Default::default()
+/// };
+/// let x = ops::ones([1024], DType::F16);
+/// let out = kernel.call(&[x], &[([1024], DType::F16)], &config).remove(0);
+/// if nuvec::cuda::is_available() {
+///     assert_eq!(out.sum(..).astype(DType::F32).item::<f32>().unwrap(), 3072.0);
+/// } else {
+///     // Without a CUDA GPU the call fails with a clear error instead of panicking.
+///     assert!(out.eval().is_err());
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaKernel {
+    name: String,
+    input_names: Vec<String>,
+    output_names: Vec<String>,
+    source: String,
+    header: String,
+    ensure_row_contiguous: bool,
+    atomic_outputs: bool,
+    shared_memory: u32,
+}
+
+impl CudaKernel {
+    /// A kernel named `name` whose body `source` reads `inputs` and writes `outputs`.
+    pub fn new(name: impl Into<String>, inputs: &[impl AsRef<str>], outputs: &[impl AsRef<str>], source: impl Into<String>) -> Self {
+        CudaKernel {
+            name: name.into(),
+            input_names: inputs.iter().map(|s| s.as_ref().to_string()).collect(),
+            output_names: outputs.iter().map(|s| s.as_ref().to_string()).collect(),
+            source: source.into(),
+            header: String::new(),
+            ensure_row_contiguous: true,
+            atomic_outputs: false,
+            shared_memory: 0,
+        }
+    }
+
+    /// Code placed before the kernel: device helpers, `#include`s of CUDA headers.
+    pub fn header(mut self, header: impl Into<String>) -> Self {
+        self.header = header.into();
+        self
+    }
+
+    /// Whether inputs are copied to row-major order first (default `true`). With `false` the
+    /// body gets views as they are and indexes them through `name_strides`.
+    pub fn ensure_row_contiguous(mut self, yes: bool) -> Self {
+        self.ensure_row_contiguous = yes;
+        self
+    }
+
+    /// Whether the body accumulates into its outputs with atomics (`atomicAdd(&out[i], v)`):
+    /// then outputs always start initialised, to `init_value` or else zero.
+    pub fn atomic_outputs(mut self, yes: bool) -> Self {
+        self.atomic_outputs = yes;
+        self
+    }
+
+    /// Bytes of dynamic shared memory per block (`extern __shared__ T buf[];`).
+    pub fn shared_memory(mut self, bytes: u32) -> Self {
+        self.shared_memory = bytes;
+        self
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    #[track_caller]
+    fn invalid(&self, msg: String) -> Error {
+        Error::Op { op: OP, at: Location::caller(), kind: OpErrorKind::InvalidArgument(format!("kernel `{}`: {msg}", self.name)) }
+    }
+
+    /// The kernel this call would run (for `verbose` output, tools and compile checks):
+    /// validates the arguments and generates the source, without recording anything.
+    #[track_caller]
+    pub fn generate<S: AsRef<[i32]>>(&self, inputs: &[Array], outputs: &[(S, DType)], config: &KernelConfig) -> Result<GeneratedKernel> {
+        self.validate(inputs, outputs, config)?;
+        let specs: Vec<Spec> = inputs.iter().map(Array::spec).collect();
+        let dtypes: Vec<DType> = outputs.iter().map(|o| o.1).collect();
+        let text = source::KernelText {
+            name: &self.name,
+            input_names: &self.input_names,
+            output_names: &self.output_names,
+            source: &self.source,
+            header: &self.header,
+        };
+        let kernel = source::generate(&text, &specs, &dtypes, &config.template);
+        for ((name, p), x) in self.input_names.iter().zip(&kernel.inputs).zip(inputs) {
+            if (p.shape || p.strides) && x.ndim() > source::MAX_NDIM {
+                return Err(self.invalid(format!(
+                    "input `{name}` has {} dimensions; `{name}_shape` and `{name}_strides` hold at most {}",
+                    x.ndim(),
+                    source::MAX_NDIM
+                )));
+            }
+        }
+        Ok(kernel)
+    }
+
+    #[track_caller]
+    fn validate<S: AsRef<[i32]>>(&self, inputs: &[Array], outputs: &[(S, DType)], config: &KernelConfig) -> Result<()> {
+        if !source::is_identifier(&self.name) {
+            return Err(self.invalid("the name must be a C identifier".into()));
+        }
+        if self.output_names.is_empty() {
+            return Err(self.invalid("output_names must not be empty".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let all = self.input_names.iter().chain(&self.output_names).chain(config.template.iter().map(|(n, _)| n));
+        for n in all {
+            if !source::is_identifier(n) {
+                return Err(self.invalid(format!("`{n}` (an input, output or template name) is not a C identifier")));
+            }
+            if !seen.insert(n.as_str()) {
+                return Err(self.invalid(format!("the name `{n}` is used twice")));
+            }
+        }
+        if inputs.len() != self.input_names.len() {
+            return Err(self.invalid(format!("inputs: expected {} arrays, got {}", self.input_names.len(), inputs.len())));
+        }
+        if outputs.len() != self.output_names.len() {
+            return Err(self.invalid(format!(
+                "outputs: expected {} (shape, dtype) pairs, got {}",
+                self.output_names.len(),
+                outputs.len()
+            )));
+        }
+        if let Some(e) = inputs.iter().find_map(|a| a.error()) {
+            return Err(e);
+        }
+        for (name, (shape, _)) in self.output_names.iter().zip(outputs) {
+            if check_shape(shape.as_ref()).is_err() {
+                return Err(self.invalid(format!("output `{name}` has an invalid shape {:?}", shape.as_ref())));
+            }
+        }
+        let (tx, ty, tz) = config.threadgroup;
+        if tx == 0 || ty == 0 || tz == 0 || tx as u64 * ty as u64 * tz as u64 > 1024 {
+            return Err(self.invalid(format!(
+                "threadgroup {:?} must have every size at least 1 and at most 1024 threads in all",
+                config.threadgroup
+            )));
+        }
+        if let Some(v) = config.init_value {
+            if v.is_nan() && outputs.iter().any(|o| !o.1.is_inexact()) {
+                return Err(self.invalid("init_value NaN does not fit an integer output".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a call: one array per output name, of the given shapes and dtypes (row-major).
+    ///
+    /// Bad arguments give failed arrays naming `cuda_kernel` and the argument; on a device
+    /// without CUDA the arrays fail with `UnsupportedDevice`. Compile errors surface when the
+    /// outputs are evaluated, with NVRTC's log at the body's own line numbers
+    /// (`<name>.source(LINE)`).
+    #[track_caller]
+    pub fn call<S: AsRef<[i32]>>(&self, inputs: &[Array], outputs: &[(S, DType)], config: &KernelConfig) -> Vec<Array> {
+        let n = self.output_names.len().max(1);
+        let fail = |e: Error| vec![Array::from_error(e); n];
+        let kernel = match self.generate(inputs, outputs, config) {
+            Ok(k) => k,
+            Err(e) => return fail(e),
+        };
+        if config.verbose {
+            println!("{}", kernel.source);
+        }
+        let device = default_stream().device;
+        if device.kind != DeviceKind::Gpu || !crate::backend::is_available(device) {
+            return fail(Error::Op { op: OP, at: Location::caller(), kind: OpErrorKind::UnsupportedDevice(device) });
+        }
+        let (g, t) = (config.grid, config.threadgroup);
+        let block = [t.0.min(g.0), t.1.min(g.1), t.2.min(g.2)];
+        let blocks = [g.0.div_ceil(t.0), g.1.div_ceil(t.1), g.2.div_ceil(t.2)];
+        let specs: Vec<Spec> = outputs.iter().map(|(s, d)| Spec { shape: s.as_ref().into(), dtype: *d }).collect();
+        let init_value = config.init_value.or(self.atomic_outputs.then_some(0.0));
+        let spec = KernelSpec {
+            kernel,
+            outputs: specs.clone(),
+            blocks,
+            block,
+            shared_memory: self.shared_memory,
+            init_value,
+            ensure_row_contiguous: self.ensure_row_contiguous,
+        };
+        Array::from_node(Primitive::CustomKernel(Arc::new(spec)), inputs.to_vec(), specs)
+    }
+}
+
+impl KernelSpec {
+    /// A custom kernel has no derivative or batching rule of its own: transforms reaching
+    /// it give failed arrays that say how to provide one.
+    #[track_caller]
+    pub(crate) fn no_rule(&self, transform: &str) -> Error {
+        Error::Op {
+            op: OP,
+            at: Location::caller(),
+            kind: OpErrorKind::InvalidArgument(format!(
+                "{transform} of custom kernel `{}` is not defined: wrap the call in `custom_function` with a {transform} rule",
+                self.kernel.entry
+            )),
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Custom kernels (`fast::CudaKernel`): compiling a generated source once, filling outputs,
+//! and launching with the parameters the generated signature declares.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use nuvec_core::fast::cuda_kernel::{KernelSpec, PRELUDE_HEADER};
+use nuvec_core::storage::{Operand, Output};
+use nuvec_core::{DType, Error, Result, Scalar};
+
+use crate::driver::{Gpu, check};
+use crate::eval::{alloc_out, internal, ptr_of, row_major};
+use crate::launch::{Arg, launch};
+
+/// The prelude every generated source includes.
+pub const PRELUDE: &str = include_str!("../kernels/custom_kernel.cuh");
+
+/// Most dynamic shared memory a kernel may use without opting in.
+const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
+
+/// Compiles a generated custom-kernel source for `arch` (e.g. `"sm_90"`) with NVRTC, without
+/// any cache; works without a GPU. Errors carry NVRTC's log.
+pub fn compile_custom_kernel(source: &str, key: &str, arch: &str) -> Result<Vec<u8>> {
+    crate::compile::compile_cubin(source, key, arch, &[(PRELUDE_HEADER, PRELUDE)])
+}
+
+/// Packs plain values into the 8-byte words `Arg::Bytes` holds.
+fn words(bytes: &[u8]) -> Vec<u64> {
+    let mut w = vec![0u64; bytes.len().div_ceil(8).max(1)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut w)[..bytes.len()].copy_from_slice(bytes);
+    w
+}
+
+/// Sets `n` elements of `dtype` at `ptr` to `value` (converted as `astype` would).
+fn fill(gpu: &Gpu, ptr: sys::CUdeviceptr, n: usize, dtype: DType, value: f64) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let pattern = Scalar::Float(value).to_bytes(dtype);
+    gpu.bind()?;
+    // SAFETY: `ptr` starts a live allocation of `n` elements of `dtype` on this device; the
+    // memsets are ordered on its stream.
+    unsafe {
+        match pattern.len() {
+            _ if pattern.iter().all(|&b| b == 0) => {
+                check(sys::cuMemsetD8Async(ptr, 0, n * pattern.len(), gpu.stream), "cuMemsetD8Async")
+            }
+            1 => check(sys::cuMemsetD8Async(ptr, pattern[0], n, gpu.stream), "cuMemsetD8Async"),
+            2 => {
+                let v = u16::from_ne_bytes([pattern[0], pattern[1]]);
+                check(sys::cuMemsetD16Async(ptr, v, n, gpu.stream), "cuMemsetD16Async")
+            }
+            4 => {
+                let v = u32::from_ne_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]);
+                check(sys::cuMemsetD32Async(ptr, v, n, gpu.stream), "cuMemsetD32Async")
+            }
+            size => {
+                // No 8-byte memset: write one element, then double the filled prefix.
+                gpu.upload(ptr, &pattern)?;
+                let mut done = 1usize;
+                while done < n {
+                    let take = done.min(n - done);
+                    gpu.copy_device(ptr + (done * size) as u64, ptr, take * size)?;
+                    done += take;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The value of a 0-d operand, read back to pass by value.
+fn scalar_bytes(gpu: &Gpu, x: &Operand) -> Result<Vec<u8>> {
+    let mut bytes = vec![0u8; x.dtype.size()];
+    gpu.download(ptr_of(x)?, &mut bytes)?;
+    Ok(bytes)
+}
+
+/// Runs one custom-kernel call.
+pub(crate) fn eval(gpu: &Arc<Gpu>, spec: &KernelSpec, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    let k = &spec.kernel;
+    if inputs.len() != k.inputs.len() || outputs.len() != spec.outputs.len() {
+        return Err(internal(format!("{}: operand counts do not match the kernel", k.entry)));
+    }
+    let module = gpu.modules.get(gpu, &k.key, || k.source.clone(), &[(PRELUDE_HEADER, PRELUDE)])?;
+    let function = module.function(&k.entry)?;
+
+    // Row-major copies are kept until the launch is queued; later frees are stream-ordered.
+    let mut kept = Vec::with_capacity(inputs.len());
+    let mut args = Vec::new();
+    for (x, p) in inputs.into_iter().zip(&k.inputs) {
+        if p.by_value {
+            args.push(Arg::Bytes(words(&scalar_bytes(gpu, &x)?)));
+            continue;
+        }
+        let x = if spec.ensure_row_contiguous { row_major(gpu, x)? } else { x };
+        args.push(Arg::Ptr(ptr_of(&x)?));
+        if p.shape {
+            let mut shape = [0i32; nuvec_core::fast::cuda_kernel::source::MAX_NDIM];
+            shape[..x.shape.len()].copy_from_slice(&x.shape);
+            args.push(Arg::Bytes(words(bytemuck::cast_slice(&shape))));
+        }
+        if p.strides {
+            let mut strides = [0i64; nuvec_core::fast::cuda_kernel::source::MAX_NDIM];
+            for (s, &v) in strides.iter_mut().zip(&x.data.layout.strides) {
+                *s = v as i64;
+            }
+            args.push(Arg::Bytes(words(bytemuck::cast_slice(&strides))));
+        }
+        if p.ndim {
+            args.push(Arg::I32(x.shape.len() as i32));
+        }
+        kept.push(x);
+    }
+    for out in outputs.iter_mut() {
+        let ptr = alloc_out(gpu, out)?;
+        if let Some(v) = spec.init_value {
+            fill(gpu, ptr, out.size(), out.dtype, v)?;
+        }
+        args.push(Arg::Ptr(ptr));
+    }
+    if spec.blocks.contains(&0) {
+        return Ok(());
+    }
+    if spec.shared_memory > DEFAULT_SHARED_LIMIT {
+        gpu.bind()?;
+        // SAFETY: `function` belongs to a module loaded in this context.
+        unsafe {
+            check(
+                sys::cuFuncSetAttribute(
+                    function,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    spec.shared_memory as i32,
+                ),
+                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+            )
+            .map_err(|e| Error::Backend(format!("custom kernel {}: {} bytes of shared memory: {e}", k.entry, spec.shared_memory)))?;
+        }
+    }
+    let [bx, by, bz] = spec.blocks;
+    let [tx, ty, tz] = spec.block;
+    launch(gpu, function, (bx, by, bz), (tx, ty, tz), spec.shared_memory, args)
+        .map_err(|e| Error::Backend(format!("custom kernel {}: {e}", k.entry)))?;
+    drop(kept);
+    Ok(())
+}
