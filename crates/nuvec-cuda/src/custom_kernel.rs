@@ -134,7 +134,9 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, spec: &KernelSpec, inputs: Vec<Operand>, outp
                 ),
                 "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
             )
-            .map_err(|e| Error::Backend(format!("custom kernel {}: {} bytes of shared memory: {e}", k.entry, spec.shared_memory)))?;
+            .map_err(|e| {
+                Error::Backend(format!("custom kernel {}: {} bytes of shared memory: {e}", k.entry, spec.shared_memory))
+            })?;
         }
     }
     let [bx, by, bz] = spec.blocks;

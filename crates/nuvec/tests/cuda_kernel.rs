@@ -23,7 +23,10 @@ fn nvrtc() -> bool {
     match nuvec::cuda::compile_custom_kernel("", "probe", "sm_90") {
         Ok(_) => true,
         Err(e) => {
-            assert!(std::env::var("NUVEC_REQUIRE_NVRTC").as_deref() != Ok("1"), "NUVEC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}");
+            assert!(
+                std::env::var("NUVEC_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                "NUVEC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}"
+            );
             eprintln!("skipped: {e}");
             false
         }
@@ -170,7 +173,8 @@ fn reverse_case(chunks: i32) -> Case {
 /// A device function from the header, bf16 in and out.
 fn header_case() -> Case {
     let header = "__device__ float cube(float v) {\n  return v * v * v;\n}\n";
-    let body = "uint i = threadIdx.x;\nif (i < 16) out[i] = static_cast<bfloat16_t>(cube(static_cast<float>(inp[i])) - 1);";
+    let body =
+        "uint i = threadIdx.x;\nif (i < 16) out[i] = static_cast<bfloat16_t>(cube(static_cast<float>(inp[i])) - 1);";
     Case {
         kernel: CudaKernel::new("cube", &["inp"], &["out"], body).header(header),
         inputs: vec![Array::from_slice(&wavy(16, 2.0), [16]).astype(DType::BF16)],
@@ -181,10 +185,14 @@ fn header_case() -> Case {
 
 /// `y = sin(x) * x` and its vjp `g * (cos(x) * x + sin(x))`, in f64.
 const SINX: &str = "uint i = threadIdx.x + blockIdx.x * blockDim.x;\nif (i < n) y[i] = sin(x[i]) * x[i];";
-const SINX_VJP: &str = "uint i = threadIdx.x + blockIdx.x * blockDim.x;\nif (i < n) dx[i] = g[i] * (cos(x[i]) * x[i] + sin(x[i]));";
+const SINX_VJP: &str =
+    "uint i = threadIdx.x + blockIdx.x * blockDim.x;\nif (i < n) dx[i] = g[i] * (cos(x[i]) * x[i] + sin(x[i]));";
 
 fn sinx_kernels() -> (CudaKernel, CudaKernel) {
-    (CudaKernel::new("sinx", &["x", "n"], &["y"], SINX), CudaKernel::new("sinx_vjp", &["x", "g", "n"], &["dx"], SINX_VJP))
+    (
+        CudaKernel::new("sinx", &["x", "n"], &["y"], SINX),
+        CudaKernel::new("sinx_vjp", &["x", "g", "n"], &["dx"], SINX_VJP),
+    )
 }
 
 fn run_sinx(k: &CudaKernel, inputs: &[Array]) -> Array {
@@ -206,17 +214,44 @@ fn broken_case() -> Case {
     }
 }
 
+/// The kernel of `gpu.rs`'s `custom_kernel_agrees_with_cpu_ops` (keep the two bodies equal).
+fn fma_view_case(d: DType) -> Case {
+    let body = "uint i = threadIdx.x + blockIdx.x * blockDim.x;\n\
+                if (i >= SIZE) return;\n\
+                A a = static_cast<A>(x[elem_to_loc(i, x_shape, x_strides, x_ndim)]);\n\
+                y[i] = static_cast<T>(a * static_cast<A>(w[i]) + static_cast<A>(c));";
+    let acc = if d == DType::F64 { DType::F64 } else { DType::F32 };
+    let x = ops::ones([4, 8], d).slice(&[0, 0], &[4, 8], &[1, 2]);
+    Case {
+        kernel: CudaKernel::new("fma_view", &["x", "w", "c"], &["y"], body).ensure_row_contiguous(false),
+        inputs: vec![x, ops::ones([4, 4], d), Array::from(0.5f32).astype(d)],
+        outputs: vec![(vec![4, 4], d)],
+        config: config(
+            16,
+            32,
+            vec![("T", TemplateArg::DType(d)), ("A", TemplateArg::DType(acc)), ("SIZE", TemplateArg::Int(16))],
+        ),
+    }
+}
+
 /// Every kernel these tests run that must compile.
 fn cases() -> Vec<Case> {
     let mut v = vec![scale_case()];
     v.extend(strided_inputs().into_iter().map(strided_case));
     v.push(histogram_case(&[0, 1, 2, 3], 4, None));
-    for (d, neg, m) in [(DType::F32, false, 3), (DType::F32, true, 3), (DType::F64, false, -2), (DType::I32, true, 5), (DType::F16, false, 2)] {
+    for (d, neg, m) in [
+        (DType::F32, false, 3),
+        (DType::F32, true, 3),
+        (DType::F64, false, -2),
+        (DType::I32, true, 5),
+        (DType::F16, false, 2),
+    ] {
         v.push(affine_case(d, neg, m, 100));
     }
     v.push(block_sum_case(&wavy(600, 0.0)));
     v.push(reverse_case(2));
     v.push(header_case());
+    v.extend([DType::F32, DType::F16, DType::BF16, DType::F64].map(fma_view_case));
     let (f, df) = sinx_kernels();
     let x = Array::from_slice(&[0.5f64, -1.0], [2]);
     for (k, inputs) in [(f, vec![x.clone()]), (df, vec![x.clone(), x])] {
@@ -243,7 +278,13 @@ fn cases_compile_with_nvrtc() {
             failures.push(format!("{}:\n{e}\n{}", g.entry, g.source));
         }
     }
-    assert!(failures.is_empty(), "{} of {} kernels do not compile:\n{}", failures.len(), all.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} kernels do not compile:\n{}",
+        failures.len(),
+        all.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -256,7 +297,8 @@ fn compile_errors_point_at_the_body_line() {
     let err = nuvec::cuda::compile_custom_kernel(&g.source, &g.key, "sm_90").unwrap_err().to_string();
     assert!(err.contains("broken.source(3)") && err.contains("undefined_thing"), "{err}");
     // An error in the header is reported at the header's own line.
-    let k = CudaKernel::new("hdr", &["inp"], &["out"], "out[0] = f(inp[0]);").header("// helpers\n__device__ float f(float v) { return v + nope; }\n");
+    let k = CudaKernel::new("hdr", &["inp"], &["out"], "out[0] = f(inp[0]);")
+        .header("// helpers\n__device__ float f(float v) { return v + nope; }\n");
     let g = k.generate(&c.inputs, &c.outputs, &c.config).unwrap();
     let err = nuvec::cuda::compile_custom_kernel(&g.source, &g.key, "sm_90").unwrap_err().to_string();
     assert!(err.contains("hdr.header(2)") && err.contains("nope"), "{err}");
@@ -284,14 +326,14 @@ fn template_arguments_change_entry_and_key() {
     let a = affine_case(DType::F32, false, 3, 8);
     let b = affine_case(DType::F32, true, 3, 8);
     let c = affine_case(DType::F64, false, 3, 8);
-    let gen = |c: &Case| c.kernel.generate(&c.inputs, &c.outputs, &c.config).unwrap();
-    let (ga, gb, gc) = (gen(&a), gen(&b), gen(&c));
+    let generate = |c: &Case| c.kernel.generate(&c.inputs, &c.outputs, &c.config).unwrap();
+    let (ga, gb, gc) = (generate(&a), generate(&b), generate(&c));
     assert_eq!(ga.entry, "custom_kernel_affine_float_f_3");
     assert_eq!(gb.entry, "custom_kernel_affine_float_t_3");
     assert_eq!(gc.entry, "custom_kernel_affine_double_f_3");
     assert!(ga.key != gb.key && ga.key != gc.key);
     // Same call, same source and key (what the compile cache is keyed on).
-    assert_eq!(gen(&affine_case(DType::F32, false, 3, 50)).key, ga.key);
+    assert_eq!(generate(&affine_case(DType::F32, false, 3, 50)).key, ga.key);
 }
 
 #[test]
@@ -365,7 +407,8 @@ fn strided_inputs_use_shape_strides_and_ndim() {
         return;
     }
     for x in strided_inputs() {
-        let want: Vec<f32> = x.contiguous().to_vec::<f32>().unwrap().iter().map(|v| v * 2.0 + x.ndim() as f32).collect();
+        let want: Vec<f32> =
+            x.contiguous().to_vec::<f32>().unwrap().iter().map(|v| v * 2.0 + x.ndim() as f32).collect();
         let shape = x.shape().to_vec();
         let out = strided_case(x).call().remove(0);
         assert_eq!(out.shape(), &shape[..]);
@@ -403,7 +446,13 @@ fn template_instantiations() {
     if !gpu() {
         return;
     }
-    for (d, neg, m) in [(DType::F32, false, 3), (DType::F32, true, 3), (DType::F64, false, -2), (DType::I32, true, 5), (DType::F16, false, 2)] {
+    for (d, neg, m) in [
+        (DType::F32, false, 3),
+        (DType::F32, true, 3),
+        (DType::F64, false, -2),
+        (DType::I32, true, 5),
+        (DType::F16, false, 2),
+    ] {
         let n = 100;
         let c = affine_case(d, neg, m, n);
         let x = c.inputs[0].astype(DType::F64).to_vec::<f64>().unwrap();
@@ -482,9 +531,16 @@ fn a_second_call_compiles_nothing() {
         return;
     }
     // A source of its own (a unique constant), so no other test shares its module.
-    let unique = std::process::id() as i32 ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as i32 & 0x7fff_ffff);
+    let unique = std::process::id() as i32
+        ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as i32
+            & 0x7fff_ffff);
     let c = |n: i32| Case {
-        kernel: CudaKernel::new("cached", &["inp"], &["out"], "uint i = threadIdx.x;\nif (i < 8) out[i] = inp[i] + (TAG != 0 ? 1 : 1);"),
+        kernel: CudaKernel::new(
+            "cached",
+            &["inp"],
+            &["out"],
+            "uint i = threadIdx.x;\nif (i < 8) out[i] = inp[i] + (TAG != 0 ? 1 : 1);",
+        ),
         inputs: vec![ops::full([8], n as f32)],
         outputs: vec![(vec![8], DType::F32)],
         config: config(8, 8, vec![("TAG", TemplateArg::Int(unique))]),

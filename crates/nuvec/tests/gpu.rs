@@ -490,3 +490,39 @@ fn convolutions_and_contractions_agree() {
         both(&format!("tensordot {dtype}"), &[m.reshape([3, 4, 12]), m], |v| ops::tensordot(&v[0], &v[1], 1));
     }
 }
+
+#[test]
+fn custom_kernel_agrees_with_cpu_ops() {
+    if !gpu() {
+        return;
+    }
+    use nuvec::fast::{CudaKernel, KernelConfig, TemplateArg};
+    // y = a * b + c over strided views of every float dtype, against the same ops on the CPU.
+    // (cuda_kernel.rs `fma_view_case` has the same body, for the NVRTC compile check.)
+    let body = "uint i = threadIdx.x + blockIdx.x * blockDim.x;\n\
+                if (i >= SIZE) return;\n\
+                A a = static_cast<A>(x[elem_to_loc(i, x_shape, x_strides, x_ndim)]);\n\
+                y[i] = static_cast<T>(a * static_cast<A>(w[i]) + static_cast<A>(c));";
+    let k = CudaKernel::new("fma_view", &["x", "w", "c"], &["y"], body).ensure_row_contiguous(false);
+    for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        // Accumulate in f32, or f64 for f64 (the CPU does the same).
+        let acc = if d == DType::F64 { DType::F64 } else { DType::F32 };
+        let x = values(&[7, 9], d, 0.1).t().slice(&[8, 0], &[0, 7], &[-2, 2]);
+        let w = values(&[4, 4], d, 0.7);
+        let c = Array::from(0.5f32).astype(d);
+        let n = x.size() as u32;
+        let config = KernelConfig {
+            grid: (n, 1, 1),
+            threadgroup: (32, 1, 1),
+            template: vec![
+                ("T".into(), TemplateArg::DType(d)),
+                ("A".into(), TemplateArg::DType(acc)),
+                ("SIZE".into(), TemplateArg::Int(n as i32)),
+            ],
+            ..Default::default()
+        };
+        let g = on(Device::gpu(0), || k.call(&[x.clone(), w.clone(), c.clone()], &[(x.shape().to_vec(), d)], &config).remove(0));
+        let want = on(Device::cpu(), || (x.astype(acc) * w.astype(acc) + c.astype(acc)).astype(d));
+        assert_same(&format!("custom kernel {d:?}"), &want, &g);
+    }
+}

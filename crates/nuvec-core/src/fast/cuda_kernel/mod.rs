@@ -141,7 +141,12 @@ pub struct CudaKernel {
 
 impl CudaKernel {
     /// A kernel named `name` whose body `source` reads `inputs` and writes `outputs`.
-    pub fn new(name: impl Into<String>, inputs: &[impl AsRef<str>], outputs: &[impl AsRef<str>], source: impl Into<String>) -> Self {
+    pub fn new(
+        name: impl Into<String>,
+        inputs: &[impl AsRef<str>],
+        outputs: &[impl AsRef<str>],
+        source: impl Into<String>,
+    ) -> Self {
         CudaKernel {
             name: name.into(),
             input_names: inputs.iter().map(|s| s.as_ref().to_string()).collect(),
@@ -187,13 +192,22 @@ impl CudaKernel {
 
     #[track_caller]
     fn invalid(&self, msg: String) -> Error {
-        Error::Op { op: OP, at: Location::caller(), kind: OpErrorKind::InvalidArgument(format!("kernel `{}`: {msg}", self.name)) }
+        Error::Op {
+            op: OP,
+            at: Location::caller(),
+            kind: OpErrorKind::InvalidArgument(format!("kernel `{}`: {msg}", self.name)),
+        }
     }
 
     /// The kernel this call would run (for `verbose` output, tools and compile checks):
     /// validates the arguments and generates the source, without recording anything.
     #[track_caller]
-    pub fn generate<S: AsRef<[i32]>>(&self, inputs: &[Array], outputs: &[(S, DType)], config: &KernelConfig) -> Result<GeneratedKernel> {
+    pub fn generate<S: AsRef<[i32]>>(
+        &self,
+        inputs: &[Array],
+        outputs: &[(S, DType)],
+        config: &KernelConfig,
+    ) -> Result<GeneratedKernel> {
         self.validate(inputs, outputs, config)?;
         let specs: Vec<Spec> = inputs.iter().map(Array::spec).collect();
         let dtypes: Vec<DType> = outputs.iter().map(|o| o.1).collect();
@@ -236,7 +250,11 @@ impl CudaKernel {
             }
         }
         if inputs.len() != self.input_names.len() {
-            return Err(self.invalid(format!("inputs: expected {} arrays, got {}", self.input_names.len(), inputs.len())));
+            return Err(self.invalid(format!(
+                "inputs: expected {} arrays, got {}",
+                self.input_names.len(),
+                inputs.len()
+            )));
         }
         if outputs.len() != self.output_names.len() {
             return Err(self.invalid(format!(

@@ -134,7 +134,12 @@ pub struct KernelText<'a> {
 
 /// Generates the kernel for inputs and outputs of these shapes and dtypes (only the input
 /// ranks and the dtypes matter) and these template arguments.
-pub fn generate(text: &KernelText<'_>, inputs: &[Spec], output_dtypes: &[DType], template: &[(String, TemplateArg)]) -> GeneratedKernel {
+pub fn generate(
+    text: &KernelText<'_>,
+    inputs: &[Spec],
+    output_dtypes: &[DType],
+    template: &[(String, TemplateArg)],
+) -> GeneratedKernel {
     let entry = format!("custom_kernel_{}{}", text.name, template.iter().map(|(_, a)| suffix(a)).collect::<String>());
     let mut params = Vec::with_capacity(inputs.len());
     let mut sig: Vec<String> = Vec::new();
@@ -227,7 +232,12 @@ mod tests {
         let (i, o) = (names(&["a", "b", "s"]), names(&["y"]));
         let body = "y[0] = a[elem_to_loc(0, a_shape.data(), a_strides.data(), a_ndim)] + b_ndim + s; // max_shape";
         let text = KernelText { name: "k", input_names: &i, output_names: &o, source: body, header: "" };
-        let g = generate(&text, &[spec(&[2, 3], DType::F32), spec(&[4], DType::I32), spec(&[], DType::F32)], &[DType::F32], &[]);
+        let g = generate(
+            &text,
+            &[spec(&[2, 3], DType::F32), spec(&[4], DType::I32), spec(&[], DType::F32)],
+            &[DType::F32],
+            &[],
+        );
         let want = "const float* __restrict__ a,\n    const __grid_constant__ Shape a_shape,\n    \
                     const __grid_constant__ Strides a_strides,\n    const int a_ndim,\n    \
                     const int32_t* __restrict__ b,\n    const int b_ndim,\n    const float s,\n    float* y)";
@@ -263,7 +273,12 @@ mod tests {
         ];
         let g = generate(&text, &[], &[DType::I64], &template);
         assert_eq!(g.entry, "custom_kernel_t_n2_t_f_bfloat16_t");
-        for line in ["constexpr int V = -2;", "constexpr bool B = true;", "constexpr bool F = false;", "using U = __nv_bfloat16;"] {
+        for line in [
+            "constexpr int V = -2;",
+            "constexpr bool B = true;",
+            "constexpr bool F = false;",
+            "using U = __nv_bfloat16;",
+        ] {
             assert!(g.source.contains(line), "{line} missing in {}", g.source);
         }
         assert!(g.source.contains("(\n    int64_t* o)"));
