@@ -6,6 +6,7 @@ pub mod elem;
 mod binary;
 mod copy;
 mod fast;
+mod gather;
 mod map;
 mod matmul;
 mod reduce;
@@ -125,6 +126,14 @@ impl Backend for CpuBackend {
                 matmul::eval(a, b, Some(c), *alpha, *beta, out)
             }
             Primitive::Fast(op) => fast::eval(op, inputs, outputs),
+            Primitive::GatherAxis { axis } => {
+                let [src, idx] = take(inputs)?;
+                gather::gather_axis(*axis, src, idx, out)
+            }
+            Primitive::ScatterAxis { axis, reduce } => {
+                let [src, idx, upd] = take(inputs)?;
+                gather::scatter_axis(*axis, *reduce, src, idx, upd, out)
+            }
             p => Err(internal(format!("{} is a view and runs in core", p.name()))),
         }
     }

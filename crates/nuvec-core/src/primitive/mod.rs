@@ -5,11 +5,13 @@
 //! inputs, and then record one of these.
 
 pub mod elementwise;
+pub mod gather;
 pub mod reduce;
 mod rules;
 pub mod view;
 
 pub use elementwise::{BinaryOp, UnaryOp};
+pub use gather::ScatterReduce;
 pub use reduce::{ArgReduceOp, ReduceOp, ScanOp};
 
 use crate::dtype::DType;
@@ -116,6 +118,22 @@ pub enum Primitive {
     /// A user function with its own derivative or batching rules (`custom_function`,
     /// `checkpoint`): evaluated as its body.
     Custom(crate::transforms::CustomFn),
+    /// `out[.., j, ..] = src[.., indices[.., j, ..], ..]` along `axis`: inputs `(src, indices)`
+    /// of one rank, equal except on `axis`. Negative indices wrap once; others outside the
+    /// axis clamp to its ends (see [`gather`]).
+    GatherAxis {
+        /// The indexed axis.
+        axis: usize,
+    },
+    /// `src` with `updates[.., j, ..]` combined into `src[.., indices[.., j, ..], ..]` along
+    /// `axis`: inputs `(src, indices, updates)`. Negative indices wrap once; updates whose index
+    /// is still outside the axis are dropped.
+    ScatterAxis {
+        /// The indexed axis.
+        axis: usize,
+        /// How updates combine with the values there.
+        reduce: ScatterReduce,
+    },
 }
 
 impl Primitive {
@@ -144,6 +162,8 @@ impl Primitive {
             Primitive::AddMM { .. } => "addmm",
             Primitive::Fast(f) => f.name(),
             Primitive::Custom(c) => c.name(),
+            Primitive::GatherAxis { .. } => "take_along_axis",
+            Primitive::ScatterAxis { reduce, .. } => reduce.name(),
         }
     }
 
@@ -334,6 +354,8 @@ impl Primitive {
             }
             Primitive::Fast(f) => f.output_specs(inputs),
             Primitive::Custom(c) => Ok(c.output_specs().to_vec()),
+            Primitive::GatherAxis { axis } => gather::gather_axis_specs(*axis, inputs),
+            Primitive::ScatterAxis { axis, .. } => gather::scatter_axis_specs(*axis, inputs),
         }
     }
 }

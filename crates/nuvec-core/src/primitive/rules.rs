@@ -10,7 +10,7 @@
 use crate::array::Array;
 use crate::ops;
 use crate::primitive::view::{view_vjp, view_vmap, window_stop};
-use crate::primitive::{Primitive, reduce};
+use crate::primitive::{Primitive, gather, reduce};
 
 /// Zeros like `x` in the dtype of `x` when a rule needs a tangent for a missing one.
 fn zero(x: &Array) -> Array {
@@ -76,6 +76,8 @@ impl Primitive {
             }
             Primitive::Fast(op) => op.vjp(x, y, g),
             Primitive::Custom(c) => c.vjp(x, y, g),
+            Primitive::GatherAxis { axis } => gather::gather_vjp(*axis, x, g0),
+            Primitive::ScatterAxis { axis, reduce } => gather::scatter_vjp(*axis, *reduce, x, &y[0], g0),
             _ => vec![None; x.len()],
         }
     }
@@ -135,6 +137,8 @@ impl Primitive {
             Primitive::Fast(op) => op.jvp(x, y, t),
             Primitive::Custom(c) => c.jvp(x, y, t),
             Primitive::Arange { .. } | Primitive::ArgReduce { .. } => vec![None; y.len()],
+            Primitive::GatherAxis { axis } => vec![gather::gather_jvp(*axis, x, t)],
+            Primitive::ScatterAxis { axis, reduce } => vec![gather::scatter_jvp(*axis, *reduce, x, &y[0], t)],
         }
     }
 
@@ -189,6 +193,7 @@ impl Primitive {
             Primitive::Fast(op) => op.vmap(x, mapped),
             Primitive::Custom(c) => c.vmap(x, mapped),
             Primitive::Arange { .. } => y.iter().map(|o| (o.clone(), false)).collect(),
+            Primitive::GatherAxis { .. } | Primitive::ScatterAxis { .. } => one(gather::gather_scatter_vmap(self, x, mapped)),
             _ => y.iter().map(|o| (o.clone(), false)).collect(),
         }
     }
