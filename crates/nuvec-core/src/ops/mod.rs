@@ -6,6 +6,8 @@
 
 mod creation;
 pub(crate) mod elementwise;
+mod gather;
+mod indexing;
 mod linalg;
 mod operators;
 mod reduce;
@@ -13,6 +15,8 @@ mod shape;
 
 pub use creation::*;
 pub use elementwise::*;
+pub use gather::*;
+pub use indexing::*;
 pub use linalg::*;
 pub use reduce::*;
 pub use shape::*;
@@ -75,6 +79,8 @@ pub fn __op_names() -> &'static [&'static str] {
         "moveaxis", "expand_dims", "squeeze", "broadcast_to", "broadcast_arrays", "slice", "slice_update",
         "concatenate", "stack", "split", "split_at", "repeat", "tile", "pad", "contiguous", "copy", "tril",
         "triu", "stop_gradient", "matmul", "addmm", "zeros", "ones", "full", "zeros_like", "ones_like",
-        "full_like", "arange", "linspace", "eye", "identity", "tri",
+        "full_like", "arange", "linspace", "eye", "identity", "tri", "take", "take_along_axis",
+        "put_along_axis", "scatter_add_along_axis", "gather", "scatter", "scatter_add", "scatter_prod",
+        "scatter_max", "scatter_min", "gather_mm",
     ]
 }

@@ -97,14 +97,24 @@ pub(crate) fn scatter_axis(src: &Array, idx: &Array, upd: &Array, axis: usize, r
     Array::from_op(reduce.name(), Primitive::ScatterAxis { axis, reduce }, vec![src.clone(), idx.clone(), upd.clone()])
 }
 
+/// Indices in a signed type wide enough for index arithmetic against axis sizes.
+pub(crate) fn wide(idx: &Array) -> Array {
+    match idx.dtype() {
+        DType::I64 | DType::U64 | DType::U32 => idx.astype(DType::I64),
+        _ => idx.astype(DType::I32),
+    }
+}
+
 /// Indices with negatives wrapped and the rest clamped into `0..n`: the positions a gather reads.
 pub(crate) fn clamped(idx: &Array, n: i32) -> Array {
+    let idx = &wide(idx);
     let wrapped = ops::where_(idx.less(0), idx + n, idx);
     wrapped.clip(0, (n - 1).max(0))
 }
 
 /// Where a scatter writes (a negative index wraps once; anything else outside is dropped).
-fn in_range(idx: &Array, n: i32) -> Array {
+pub(crate) fn in_range(idx: &Array, n: i32) -> Array {
+    let idx = &wide(idx);
     idx.greater_equal(-n).logical_and(idx.less(n))
 }
 
