@@ -218,7 +218,9 @@ struct Plan {
 
 impl Plan {
     #[track_caller]
-    fn new(op: &'static str, x: &Array, entries: Vec<Index>) -> Result<Plan, Array> {
+    /// `ints_as_arrays`: integers beside arrays count as arrays (MLX's reads, NumPy's rule);
+    /// MLX's updates keep them as plain indices.
+    fn new(op: &'static str, x: &Array, entries: Vec<Index>, ints_as_arrays: bool) -> Result<Plan, Array> {
         let ndim = x.ndim();
         let ellipses = entries.iter().filter(|e| matches!(e, Index::Ellipsis)).count();
         if ellipses > 1 {
@@ -245,12 +247,13 @@ impl Plan {
         if !had_ellipsis {
             expanded.extend((0..ndim - consuming).map(|_| full()));
         }
-        let has_array = expanded.iter().any(|e| matches!(e, Index::Array(_)));
+        let has_array = ints_as_arrays && expanded.iter().any(|e| matches!(e, Index::Array(_)));
         let (mut start, mut stop, mut step) = (vec![0; ndim], x.shape().to_vec(), vec![1; ndim]);
         let mut advanced = Vec::new();
         let mut dropped = Vec::new();
         let mut order = Vec::new();
         let mut adv_positions = Vec::new();
+        let mut first_at: Option<usize> = None;
         let mut axis = 0;
         for (pos, e) in expanded.into_iter().enumerate() {
             match e {
@@ -281,6 +284,7 @@ impl Plan {
                     if has_array {
                         advanced.push((axis, Array::from(j as i32)));
                         adv_positions.push(pos);
+                        first_at.get_or_insert(order.len());
                     } else {
                         (start[axis], stop[axis]) = (j as i32, j as i32 + 1);
                         dropped.push(axis);
@@ -296,14 +300,14 @@ impl Plan {
                     }
                     advanced.push((axis, a));
                     adv_positions.push(pos);
+                    first_at.get_or_insert(order.len());
                     axis += 1;
                 }
             }
         }
         if !advanced.is_empty() {
             let adjacent = adv_positions.windows(2).all(|w| w[1] == w[0] + 1);
-            // Every entry before the first advanced one produced one dimension.
-            let at = if adjacent { adv_positions[0] } else { 0 };
+            let at = if adjacent { first_at.unwrap_or(0) } else { 0 };
             order.insert(at, Dim::Broadcast);
         }
         Ok(Plan { start, stop, step, advanced, dropped, order })
@@ -335,6 +339,17 @@ impl Plan {
     /// `[broadcast..., sliced axes...]` of the window, and the broadcast rank.
     #[track_caller]
     fn gather(&self, w: &Array) -> (Array, usize) {
+        let (z, nb) = self.gather_all(w);
+        // Integer entries kept as plain indices leave size-1 axes to drop.
+        let rest: Vec<usize> = (0..w.ndim()).filter(|d| !self.advanced.iter().any(|(a, _)| a == d)).collect();
+        let drop: Vec<usize> =
+            rest.iter().enumerate().filter(|(_, d)| self.dropped.contains(d)).map(|(p, _)| nb + p).collect();
+        (if z.is_failed() || drop.is_empty() { z } else { z.squeeze_axes(&drop) }, nb)
+    }
+
+    /// `[broadcast..., non-array axes of the window...]`, and the broadcast rank.
+    #[track_caller]
+    fn gather_all(&self, w: &Array) -> (Array, usize) {
         if let [(axis, idx)] = &self.advanced[..] {
             // One array: a take, then its dimensions moved to the front.
             let t = w.take(idx, *axis as i32);
@@ -479,7 +494,7 @@ impl Array {
         if let Some(f) = propagate(&[self]) {
             return f;
         }
-        match Plan::new("index", self, index.into_index()) {
+        match Plan::new("index", self, index.into_index(), true) {
             Ok(p) => p.get(self),
             Err(f) => f,
         }
@@ -517,7 +532,7 @@ impl At {
         if let Some(f) = propagate(&[&self.x, &value]) {
             return f;
         }
-        match Plan::new(op, &self.x, self.index) {
+        match Plan::new(op, &self.x, self.index, false) {
             Ok(p) => p.update(op, &self.x, value, reduce),
             Err(f) => f,
         }
