@@ -54,6 +54,17 @@ pub enum Family {
     Gemv(DType),
     /// Integer matrix products.
     MatmulInt(DType),
+    /// Gathers and scatters along one axis of one element dtype, for every index dtype.
+    Gather(DType),
+}
+
+/// Index dtypes the gather kernels take.
+pub const INDEX_DTYPES: [DType; 8] =
+    [DType::I8, DType::I16, DType::I32, DType::I64, DType::U8, DType::U16, DType::U32, DType::U64];
+
+/// Whether scatters with a reduction (sum, product, max, min) have a kernel for `d`.
+pub fn has_scatter_reduce(d: DType) -> bool {
+    !matches!(d, DType::Bool | DType::Complex64)
 }
 
 /// The functor implementing a unary op on `d`, or `None` when no kernel covers it.
@@ -211,6 +222,7 @@ impl Family {
             Family::Fast(d) => format!("fast_{d}"),
             Family::Gemv(d) => format!("gemv_{d}"),
             Family::MatmulInt(d) => format!("matmul_int_{d}"),
+            Family::Gather(d) => format!("gather_{d}"),
         }
     }
 
@@ -327,6 +339,21 @@ impl Family {
                 w("#include \"misc.cuh\"".into());
                 w(format!("extern \"C\" __global__ void matmul_int(const {t}* a, const {t}* b, {t}* out, u64 batches, u64 m, u64 n, u64 k, i64 sa0, i64 sa1, i64 sb0, i64 sb1, Dims d) {{ matmul_int<{t}>(a, b, out, batches, m, n, k, sa0, sa1, sb0, sb1, d); }}"));
             }
+            Family::Gather(d) => {
+                let t = ctype(d);
+                w("#include \"gather.cuh\"".into());
+                for idt in INDEX_DTYPES {
+                    let (i, n) = (ctype(idt), idt.name());
+                    let args = "u64 n, i64 axis_n, i64 axis_stride, Dims d";
+                    w(format!("extern \"C\" __global__ void gather_{n}(const {t}* src, const {i}* idx, {t}* out, {args}) {{ gather_axis<{t}, {i}>(src, idx, out, n, axis_n, axis_stride, d); }}"));
+                    w(format!("extern \"C\" __global__ void scatter_none_{n}(const {i}* idx, const {t}* upd, {t}* out, {args}) {{ scatter_set<{t}, {i}>(idx, upd, out, n, axis_n, axis_stride, d); }}"));
+                    if has_scatter_reduce(d) {
+                        for (r, f) in [("sum", "ScSum"), ("prod", "ScProd"), ("max", "ScMax"), ("min", "ScMin")] {
+                            w(format!("extern \"C\" __global__ void scatter_{r}_{n}(const {i}* idx, const {t}* upd, {t}* out, {args}) {{ scatter_reduce<{t}, {i}>(idx, upd, out, n, axis_n, axis_stride, d, {f}<{t}>()); }}"));
+                        }
+                    }
+                }
+            }
         }
         s
     }
@@ -354,5 +381,6 @@ pub fn all_modules() -> Vec<Family> {
         }
     }
     v.extend([1, 2, 4, 8].map(Family::Copy));
+    v.extend(ALL.into_iter().map(Family::Gather));
     v
 }

@@ -167,12 +167,20 @@ impl Array {
         if target.len() != x.ndim() {
             return invalid(op, format!("values of shape {:?} have more dimensions than the array", vals.shape()));
         }
+        // Every operand broadcasts on the other axes (MLX broadcasts the array too).
+        let mut xshape = x.shape().to_vec();
         for d in (0..x.ndim()).filter(|&d| d != ax) {
-            if target[d] != x.shape()[d] && target[d] != 1 {
+            let (a, b) = (x.shape()[d], target[d]);
+            let s = if a == b || b == 1 {
+                a
+            } else if a == 1 {
+                b
+            } else {
                 return Array::failed(op, OpErrorKind::ShapeMismatch { lhs: x.shape().to_vec(), rhs: target.clone() });
-            }
-            target[d] = x.shape()[d];
+            };
+            (target[d], xshape[d]) = (s, s);
         }
+        let x = x.broadcast_to(&xshape);
         let out = scatter_axis(&x, &idx.broadcast_to(&target), &vals.broadcast_to(&target), ax, reduce);
         if axis.is_none() { out.reshape(self.shape()) } else { out }
     }

@@ -12,7 +12,7 @@ use std::ops::{Range, RangeFrom, RangeFull, RangeInclusive, RangeTo, RangeToIncl
 
 use crate::array::{Array, ScalarOrArray};
 use crate::error::OpErrorKind;
-use crate::primitive::ScatterReduce;
+use crate::primitive::{Primitive, ScatterReduce};
 use crate::primitive::view::normalize_slice;
 
 use super::gather::scatter_general;
@@ -313,8 +313,10 @@ impl Plan {
         Ok(Plan { start, stop, step, advanced, dropped, order })
     }
 
+    /// The sliced view (the bounds are already normalised, so the primitive is recorded as is).
     fn window(&self, x: &Array) -> Array {
-        x.slice(&self.start, &self.stop, &self.step)
+        let p = Primitive::Slice { start: self.start.clone(), stop: self.stop.clone(), step: self.step.clone() };
+        Array::from_op("index", p, vec![x.clone()])
     }
 
     /// The result of indexing `x`.
@@ -470,7 +472,8 @@ impl Plan {
         if self.start.iter().all(|&s| s == 0) && self.step.iter().all(|&s| s == 1) && self.stop[..] == x.shape()[..] {
             new_window
         } else {
-            x.slice_update(&new_window, &self.start, &self.stop, &self.step)
+            let p = Primitive::SliceUpdate { start: self.start.clone(), stop: self.stop.clone(), step: self.step.clone() };
+            Array::from_op(op, p, vec![x.clone(), new_window])
         }
     }
 }
