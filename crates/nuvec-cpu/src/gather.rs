@@ -91,7 +91,14 @@ fn gather_typed<T: Elem>(axis: usize, src: &Operand, idx: &Operand, out: &mut Ou
 
 /// `src` with `upd` combined into the positions `idx` names along `axis`, in order (so with
 /// repeated indices the last update of a plain scatter wins).
-pub fn scatter_axis(axis: usize, reduce: ScatterReduce, src: Operand, idx: Operand, upd: Operand, out: &mut Output) -> Result<()> {
+pub fn scatter_axis(
+    axis: usize,
+    reduce: ScatterReduce,
+    src: Operand,
+    idx: Operand,
+    upd: Operand,
+    out: &mut Output,
+) -> Result<()> {
     crate::copy::copy(src, out)?;
     let mut data = out.data.take().ok_or_else(|| internal("copy produced no output"))?;
     {

@@ -176,7 +176,9 @@ fn check_derivatives(name: &str, f: impl Fn(&[Array]) -> Array + Clone, inputs: 
     let out = f(inputs);
     let c = ramp(out.shape()) * 1.3 + 0.1;
     let v: Vec<Array> = inputs.iter().map(|x| (ramp(x.shape()) * 2.1 - 0.3).cos()).collect();
-    let dot = |a: &[Array], b: &[Array]| -> f64 { a.iter().zip(b).map(|(x, y)| (x * y).sum(..).item::<f64>().unwrap()).sum() };
+    let dot = |a: &[Array], b: &[Array]| -> f64 {
+        a.iter().zip(b).map(|(x, y)| (x * y).sum(..).item::<f64>().unwrap()).sum()
+    };
     let g = {
         let f = f.clone();
         vjp_flat(move |x| Ok(vec![f(x)]), inputs, std::slice::from_ref(&c)).unwrap().1
@@ -211,15 +213,24 @@ fn derivatives_match_finite_differences() {
     let i4 = array![[3, 1], [0, -2]];
     check_derivatives("put_along_axis", move |a| a[0].put_along_axis(&i4, &a[1], 1), &[x.clone(), v.clone()]);
     let i5 = array![[1, 1], [7, 0]];
-    check_derivatives("scatter_add_along_axis", move |a| a[0].scatter_add_along_axis(&i5, &a[1], 1), &[x.clone(), v.clone()]);
+    check_derivatives(
+        "scatter_add_along_axis",
+        move |a| a[0].scatter_add_along_axis(&i5, &a[1], 1),
+        &[x.clone(), v.clone()],
+    );
     let i6 = array![[1, 3], [0, 2]];
-    check_derivatives("scatter_max", move |a| ops::scatter_max(&a[0], &[i6.clone()], &a[1].reshape([2, 2, 1]), &[1]), &[
-        x.clone(),
-        v.clone(),
-    ]);
+    check_derivatives(
+        "scatter_max",
+        move |a| ops::scatter_max(&a[0], &[i6.clone()], &a[1].reshape([2, 2, 1]), &[1]),
+        &[x.clone(), v.clone()],
+    );
     let y = ramp(&[3, 4, 2]);
     let (ia, ib) = (array![0, 2, -1], array![[1], [3]]);
-    check_derivatives("index_arrays", move |a| a[0].i((&ia, .., NewAxis, 1)).square() + a[0].i((1.., &ib)), std::slice::from_ref(&y));
+    check_derivatives(
+        "index_arrays",
+        move |a| a[0].i((&ia, .., NewAxis, 1)).square() + a[0].i((1.., &ib)),
+        std::slice::from_ref(&y),
+    );
     let ic = array![2, 0, 2];
     let w = ramp(&[3, 2]);
     check_derivatives("at_set", move |a| a[0].at((&ic, 1..3, 0)).set(&a[1]), &[y.clone(), w.clone()]);

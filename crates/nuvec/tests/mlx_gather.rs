@@ -118,5 +118,11 @@ fn replays_mlx_gather_fixtures() {
     for op in ["take", "take_along_axis", "put_along_axis", "gather_mm", "index", "at_set", "at_add", "at_multiply"] {
         assert!(ops_seen.contains(op), "no case of {op}");
     }
-    assert!(failures.is_empty(), "{} of {} cases differ from MLX:\n{}", failures.len(), fx.cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases differ from MLX:\n{}",
+        failures.len(),
+        fx.cases.len(),
+        failures.join("\n")
+    );
 }

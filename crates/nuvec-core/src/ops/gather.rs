@@ -8,8 +8,8 @@
 use crate::array::{Array, ScalarOrArray};
 use crate::dtype::DType;
 use crate::error::OpErrorKind;
-use crate::primitive::gather::{gather_axis, scatter_axis, wide};
 use crate::primitive::ScatterReduce;
+use crate::primitive::gather::{gather_axis, scatter_axis, wide};
 use crate::shape::broadcast_shapes;
 
 use super::{axis_or_fail, invalid, propagate};
@@ -115,7 +115,12 @@ impl Array {
     /// assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0, 5.0, 0.0, 0.0, 0.0, 5.0]);
     /// ```
     #[track_caller]
-    pub fn put_along_axis(&self, indices: &Array, values: impl Into<ScalarOrArray>, axis: impl Into<Option<i32>>) -> Array {
+    pub fn put_along_axis(
+        &self,
+        indices: &Array,
+        values: impl Into<ScalarOrArray>,
+        axis: impl Into<Option<i32>>,
+    ) -> Array {
         self.scatter_along_axis("put_along_axis", ScatterReduce::None, indices, values.into(), axis.into())
     }
 
@@ -129,7 +134,12 @@ impl Array {
     /// assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0, 3.0, 0.0, 3.0]);
     /// ```
     #[track_caller]
-    pub fn scatter_add_along_axis(&self, indices: &Array, values: impl Into<ScalarOrArray>, axis: impl Into<Option<i32>>) -> Array {
+    pub fn scatter_add_along_axis(
+        &self,
+        indices: &Array,
+        values: impl Into<ScalarOrArray>,
+        axis: impl Into<Option<i32>>,
+    ) -> Array {
         self.scatter_along_axis("scatter_add_along_axis", ScatterReduce::Sum, indices, values.into(), axis.into())
     }
 
@@ -208,7 +218,10 @@ fn along_axis(op: &'static str, x: &Array, indices: &Array, axis: Option<i32>) -
         } else if a == 1 {
             b
         } else {
-            return Err(Array::failed(op, OpErrorKind::ShapeMismatch { lhs: x.shape().to_vec(), rhs: idx.shape().to_vec() }));
+            return Err(Array::failed(
+                op,
+                OpErrorKind::ShapeMismatch { lhs: x.shape().to_vec(), rhs: idx.shape().to_vec() },
+            ));
         };
     }
     Ok((x, idx.broadcast_to(shape), ax))
@@ -224,7 +237,12 @@ fn axes_first(x: &Array, axes: &[usize]) -> (Array, Vec<usize>) {
 
 /// Validated, broadcast indices of a general gather or scatter with their normalised axes.
 #[track_caller]
-fn general_indices(op: &'static str, a: &Array, indices: &[Array], axes: &[i32]) -> Result<(Vec<Array>, Vec<usize>, Vec<i32>), Array> {
+fn general_indices(
+    op: &'static str,
+    a: &Array,
+    indices: &[Array],
+    axes: &[i32],
+) -> Result<(Vec<Array>, Vec<usize>, Vec<i32>), Array> {
     let refs: Vec<&Array> = std::iter::once(a).chain(indices).collect();
     if let Some(f) = propagate(&refs) {
         return Err(f);
@@ -256,7 +274,8 @@ fn general_indices(op: &'static str, a: &Array, indices: &[Array], axes: &[i32])
 fn flat_positions(a: &Array, idx: &[Array], axes: &[usize], sizes: &[i32], clamp: bool) -> Array {
     let k = axes.len();
     let len: i64 = axes.iter().map(|&ax| a.shape()[ax] as i64).product();
-    let dtype = if len >= i32::MAX as i64 || idx.iter().any(|i| i.dtype() == DType::I64) { DType::I64 } else { DType::I32 };
+    let dtype =
+        if len >= i32::MAX as i64 || idx.iter().any(|i| i.dtype() == DType::I64) { DType::I64 } else { DType::I32 };
     let mut flat = Array::scalar(0, dtype);
     let mut valid: Option<Array> = None;
     let mut stride: i64 = 1;
@@ -475,7 +494,13 @@ pub(crate) fn scatter_general(
 /// assert_eq!(y.to_vec::<f32>().unwrap(), vec![18.0, 20.0, 2.0, 4.0]);
 /// ```
 #[track_caller]
-pub fn gather_mm(a: &Array, b: &Array, lhs_indices: Option<&Array>, rhs_indices: Option<&Array>, sorted_indices: bool) -> Array {
+pub fn gather_mm(
+    a: &Array,
+    b: &Array,
+    lhs_indices: Option<&Array>,
+    rhs_indices: Option<&Array>,
+    sorted_indices: bool,
+) -> Array {
     // Sorted indices only allow a faster kernel; the result is the same.
     let _ = sorted_indices;
     let mut refs = vec![a, b];

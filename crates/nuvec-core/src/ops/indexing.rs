@@ -12,8 +12,8 @@ use std::ops::{Range, RangeFrom, RangeFull, RangeInclusive, RangeTo, RangeToIncl
 
 use crate::array::{Array, ScalarOrArray};
 use crate::error::OpErrorKind;
-use crate::primitive::{Primitive, ScatterReduce};
 use crate::primitive::view::normalize_slice;
+use crate::primitive::{Primitive, ScatterReduce};
 
 use super::gather::scatter_general;
 use super::{invalid, propagate};
@@ -414,7 +414,10 @@ impl Plan {
         let v = match crate::shape::broadcast_shapes(v.shape(), target.shape()) {
             Ok(s) if s[..] == target.shape()[..] => v.broadcast_to(target.shape()),
             _ => {
-                return Array::failed(op, OpErrorKind::ShapeMismatch { lhs: v.shape().to_vec(), rhs: target.shape().to_vec() });
+                return Array::failed(
+                    op,
+                    OpErrorKind::ShapeMismatch { lhs: v.shape().to_vec(), rhs: target.shape().to_vec() },
+                );
             }
         };
         let w = self.window(x);
@@ -472,7 +475,8 @@ impl Plan {
         if self.start.iter().all(|&s| s == 0) && self.step.iter().all(|&s| s == 1) && self.stop[..] == x.shape()[..] {
             new_window
         } else {
-            let p = Primitive::SliceUpdate { start: self.start.clone(), stop: self.stop.clone(), step: self.step.clone() };
+            let p =
+                Primitive::SliceUpdate { start: self.start.clone(), stop: self.stop.clone(), step: self.step.clone() };
             Array::from_op(op, p, vec![x.clone(), new_window])
         }
     }

@@ -158,7 +158,13 @@ pub(crate) fn gather_jvp(axis: usize, x: &[Array], t: &[Option<Array>]) -> Optio
 }
 
 /// Tangent of a scatter along `axis`.
-pub(crate) fn scatter_jvp(axis: usize, reduce: ScatterReduce, x: &[Array], y: &Array, t: &[Option<Array>]) -> Option<Array> {
+pub(crate) fn scatter_jvp(
+    axis: usize,
+    reduce: ScatterReduce,
+    x: &[Array],
+    y: &Array,
+    t: &[Option<Array>],
+) -> Option<Array> {
     let (src, idx, upd) = (&x[0], &x[1], &x[2]);
     if t[0].is_none() && t[2].is_none() {
         return None;
@@ -194,9 +200,7 @@ pub(crate) fn gather_scatter_vmap(prim: &Primitive, x: &[Array], mapped: &[bool]
         .collect();
     match prim {
         Primitive::GatherAxis { axis } => gather_axis(&full[0], &full[1], axis + 1),
-        Primitive::ScatterAxis { axis, reduce } => {
-            scatter_axis(&full[0], &full[1], &full[2], axis + 1, *reduce)
-        }
+        Primitive::ScatterAxis { axis, reduce } => scatter_axis(&full[0], &full[1], &full[2], axis + 1, *reduce),
         p => ops::invalid(p.name(), "is not a gather or scatter"),
     }
 }
