@@ -23,6 +23,6 @@ pub use device::{Device, DeviceKind, Stream, default_device, default_stream, wit
 pub use dtype::{Category, Complex64, DType, Element, Scalar, bf16, f16, promote_types};
 pub use error::{Error, OpErrorKind, Result};
 pub use eval::{async_eval, eval};
-pub use ops::{ScanOptions, VarOptions};
+pub use ops::{At, Ellipsis, Index, IndexStep, IntoIndex, IntoIndexEntry, NewAxis, ScanOptions, VarOptions};
 pub use shape::{Axes, IntoShape, Shape};
 pub use tree::Leaves;

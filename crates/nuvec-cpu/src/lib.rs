@@ -6,6 +6,7 @@ pub mod elem;
 mod binary;
 mod copy;
 mod fast;
+mod gather;
 mod map;
 mod matmul;
 mod random;
@@ -134,6 +135,14 @@ impl Backend for CpuBackend {
             Primitive::Sort { op, axis } => {
                 let [x] = take(inputs)?;
                 sort::eval(*op, *axis, x, out)
+            }
+            Primitive::GatherAxis { axis } => {
+                let [src, idx] = take(inputs)?;
+                gather::gather_axis(*axis, src, idx, out)
+            }
+            Primitive::ScatterAxis { axis, reduce } => {
+                let [src, idx, upd] = take(inputs)?;
+                gather::scatter_axis(*axis, *reduce, src, idx, upd, out)
             }
             p => Err(internal(format!("{} is a view and runs in core", p.name()))),
         }

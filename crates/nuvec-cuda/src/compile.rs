@@ -22,6 +22,7 @@ pub const HEADERS: [(&str, &str); 7] = [
     ("misc.cuh", include_str!("../kernels/misc.cuh")),
     ("gemv.cuh", include_str!("../kernels/gemv.cuh")),
     ("sort.cuh", include_str!("../kernels/sort.cuh")),
+    ("gather.cuh", include_str!("../kernels/gather.cuh")),
 ];
 
 /// `sm_XYa` for compute capability 9.0 and later (so Hopper's wgmma and TMA are usable),

@@ -560,6 +560,14 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, primitive: &Primitive, inputs: Vec<Operand>, 
         Primitive::Fast(op) => fast(gpu, op, next()?, out),
         Primitive::RandomBits { .. } => random_bits(gpu, next()?, out),
         Primitive::Sort { op, axis } => crate::sort::sort(gpu, *op, *axis, next()?, out),
+        Primitive::GatherAxis { axis } => {
+            let (src, idx) = (next()?, next()?);
+            gather_axis(gpu, *axis, src, idx, out)
+        }
+        Primitive::ScatterAxis { axis, reduce } => {
+            let (src, idx, upd) = (next()?, next()?, next()?);
+            scatter_axis(gpu, *axis, *reduce, src, idx, upd, out)
+        }
         p => Err(internal(format!("{} is not a GPU primitive", p.name()))),
     }
 }
@@ -578,4 +586,83 @@ pub(crate) fn random_bits(gpu: &Arc<Gpu>, keys: Operand, out: &mut Output) -> Re
     let f = kernel(gpu, Family::Random, "random_bits")?;
     let args = vec![Arg::Ptr(ptr_of(&keys)?), Arg::Ptr(op), Arg::U64(n_keys as u64), Arg::U64(per_key as u64)];
     launch_1d(gpu, f, (n_keys * pairs) as u64, 1, args)
+}
+
+/// Strides with the indexed axis zeroed: the offset of an element's line.
+fn without_axis(strides: &[isize], axis: usize) -> Vec<isize> {
+    let mut s = strides.to_vec();
+    s[axis] = 0;
+    s
+}
+
+pub(crate) fn gather_axis(gpu: &Arc<Gpu>, axis: usize, src: Operand, idx: Operand, out: &mut Output) -> Result<()> {
+    let n = out.size() as u64;
+    let op = alloc_out(gpu, out)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let src_strides = without_axis(&src.data.layout.strides, axis);
+    let d = Dims::new(&out.shape, &[&idx.data.layout.strides, &src_strides])?;
+    let f = kernel(gpu, Family::Gather(src.dtype), &format!("gather_{}", idx.dtype.name()))?;
+    let (axis_n, axis_stride) = (src.shape[axis] as i64, src.data.layout.strides[axis] as i64);
+    launch_1d(
+        gpu,
+        f,
+        n,
+        1,
+        vec![
+            Arg::Ptr(ptr_of(&src)?),
+            Arg::Ptr(ptr_of(&idx)?),
+            Arg::Ptr(op),
+            Arg::U64(n),
+            Arg::I64(axis_n),
+            Arg::I64(axis_stride),
+            Arg::Dims(Box::new(d)),
+        ],
+    )
+}
+
+pub(crate) fn scatter_axis(
+    gpu: &Arc<Gpu>,
+    axis: usize,
+    reduce: nuvec_core::primitive::ScatterReduce,
+    src: Operand,
+    idx: Operand,
+    upd: Operand,
+    out: &mut Output,
+) -> Result<()> {
+    use nuvec_core::primitive::ScatterReduce as R;
+    copy(gpu, src, out)?;
+    let data = out.data.as_ref().ok_or_else(|| internal("copy gave no output"))?;
+    let base = buffer_ptr(&data.storage)?;
+    let n = idx.size() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let out_strides = row_major_strides(&out.shape);
+    let dst = without_axis(&out_strides, axis);
+    let d = Dims::new(&idx.shape, &[&idx.data.layout.strides, &upd.data.layout.strides, &dst])?;
+    let r = match reduce {
+        R::None => "none",
+        R::Sum => "sum",
+        R::Prod => "prod",
+        R::Max => "max",
+        R::Min => "min",
+    };
+    let f = kernel(gpu, Family::Gather(upd.dtype), &format!("scatter_{r}_{}", idx.dtype.name()))?;
+    launch_1d(
+        gpu,
+        f,
+        n,
+        1,
+        vec![
+            Arg::Ptr(ptr_of(&idx)?),
+            Arg::Ptr(ptr_of(&upd)?),
+            Arg::Ptr(base),
+            Arg::U64(n),
+            Arg::I64(out.shape[axis] as i64),
+            Arg::I64(out_strides[axis] as i64),
+            Arg::Dims(Box::new(d)),
+        ],
+    )
 }

@@ -58,6 +58,17 @@ pub enum Family {
     Random,
     /// Sorts and partitions of one dtype.
     Sort(DType),
+    /// Gathers and scatters along one axis of one element dtype, for every index dtype.
+    Gather(DType),
+}
+
+/// Index dtypes the gather kernels take.
+pub const INDEX_DTYPES: [DType; 8] =
+    [DType::I8, DType::I16, DType::I32, DType::I64, DType::U8, DType::U16, DType::U32, DType::U64];
+
+/// Whether scatters with a reduction (sum, product, max, min) have a kernel for `d`.
+pub fn has_scatter_reduce(d: DType) -> bool {
+    !matches!(d, DType::Bool | DType::Complex64)
 }
 
 /// The functor implementing a unary op on `d`, or `None` when no kernel covers it.
@@ -217,6 +228,7 @@ impl Family {
             Family::MatmulInt(d) => format!("matmul_int_{d}"),
             Family::Random => "random".into(),
             Family::Sort(d) => format!("sort_{d}"),
+            Family::Gather(d) => format!("gather_{d}"),
         }
     }
 
@@ -345,6 +357,21 @@ impl Family {
                 w(format!("extern \"C\" __global__ void sort_global_init(const {t}* x, {t}* keys, u32* idx, u64 rows, u32 len, u32 p, i64 axis_stride, Dims d) {{ sort_global_init<{t}>(x, keys, idx, rows, len, p, axis_stride, d); }}"));
                 w(format!("extern \"C\" __global__ void sort_global_step({t}* keys, u32* idx, u64 rows, u32 len, u32 p, u32 k, u32 j) {{ sort_global_step<{t}>(keys, idx, rows, len, p, k, j); }}"));
             }
+            Family::Gather(d) => {
+                let t = ctype(d);
+                w("#include \"gather.cuh\"".into());
+                for idt in INDEX_DTYPES {
+                    let (i, n) = (ctype(idt), idt.name());
+                    let args = "u64 n, i64 axis_n, i64 axis_stride, Dims d";
+                    w(format!("extern \"C\" __global__ void gather_{n}(const {t}* src, const {i}* idx, {t}* out, {args}) {{ gather_axis<{t}, {i}>(src, idx, out, n, axis_n, axis_stride, d); }}"));
+                    w(format!("extern \"C\" __global__ void scatter_none_{n}(const {i}* idx, const {t}* upd, {t}* out, {args}) {{ scatter_set<{t}, {i}>(idx, upd, out, n, axis_n, axis_stride, d); }}"));
+                    if has_scatter_reduce(d) {
+                        for (r, f) in [("sum", "ScSum"), ("prod", "ScProd"), ("max", "ScMax"), ("min", "ScMin")] {
+                            w(format!("extern \"C\" __global__ void scatter_{r}_{n}(const {i}* idx, const {t}* upd, {t}* out, {args}) {{ scatter_reduce<{t}, {i}>(idx, upd, out, n, axis_n, axis_stride, d, {f}<{t}>()); }}"));
+                        }
+                    }
+                }
+            }
         }
         s
     }
@@ -374,5 +401,6 @@ pub fn all_modules() -> Vec<Family> {
     }
     v.extend([1, 2, 4, 8].map(Family::Copy));
     v.push(Family::Random);
+    v.extend(ALL.into_iter().map(Family::Gather));
     v
 }

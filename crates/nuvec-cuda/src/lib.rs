@@ -155,6 +155,11 @@ impl Backend for CudaBackend {
             Primitive::Binary(op) => has_binary(*op, d),
             Primitive::Select | Primitive::AsType(_) | Primitive::Copy | Primitive::Concatenate { .. } => true,
             Primitive::SliceUpdate { .. } => true,
+            Primitive::GatherAxis { .. } => crate::kernels::INDEX_DTYPES.contains(&inputs[1].dtype),
+            Primitive::ScatterAxis { reduce, .. } => {
+                crate::kernels::INDEX_DTYPES.contains(&inputs[1].dtype)
+                    && (*reduce == nuvec_core::primitive::ScatterReduce::None || crate::kernels::has_scatter_reduce(d))
+            }
             Primitive::Reshape(_) | Primitive::BitCast(_) => true,
             Primitive::Reduce { op, .. } => reduce_ops(d).contains(op),
             Primitive::ArgReduce { .. } => kernel_dtype(d),

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 pub use nuvec_core::{
-    Array, ArrayLiteral, Axes, Category, Complex64, DType, Device, DeviceKind, Element, Error, IntoShape, Leaves,
+    Array, ArrayLiteral, At, Axes, Category, Ellipsis, Index, IndexStep, IntoIndex, IntoIndexEntry, NewAxis, Complex64, DType, Device, DeviceKind, Element, Error, IntoShape, Leaves,
     OpErrorKind, Result, Scalar, ScalarOrArray, ScanOptions, Shape, Stream, VarOptions, array, async_eval, bf16,
     default_device, default_stream, eval, f16, fast, ops, promote_types, random, transforms, with_stream,
 };

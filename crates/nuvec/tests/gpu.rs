@@ -526,3 +526,54 @@ fn custom_kernel_agrees_with_cpu_ops() {
         assert_same(&format!("custom kernel {d:?}"), &want, &g);
     }
 }
+
+#[test]
+fn gathers_and_scatters_agree() {
+    use nuvec::IndexStep;
+    if !gpu() {
+        return;
+    }
+    // Repeated, negative and out-of-range indices (gathers clamp, scatters drop them).
+    let idx = array![[3, -1, 0, 7], [2, 2, -5, 1], [0, 1, 1, -2]];
+    let unique = array![[3, -1, 0], [2, 0, 1], [0, 1, -2]];
+    for d in ALL {
+        let x = values(&[3, 4], d, 0.3);
+        let u = values(&[3, 4], d, 1.1);
+        let name = |op: &str| format!("{op} {d}");
+        both(&name("take"), &[x.clone(), idx.clone()], |a| a[0].take(&a[1], 1));
+        both(&name("take_flat"), &[x.clone(), idx.clone()], |a| a[0].take(&a[1], None));
+        both(&name("take_along_axis_t"), &[x.clone(), idx.clone()], |a| a[0].t().take_along_axis(&a[1].t(), 0));
+        both(&name("index"), &[x.clone(), idx.clone()], |a| a[0].i((&a[1].i((.., 0..1)), (..).step(-2))));
+        both(&name("put_along_axis"), &[x.clone(), unique.clone(), u.clone()], |a| {
+            a[0].put_along_axis(&a[1], &a[2].i((.., ..3)), 1)
+        });
+        for op in ["add", "multiply", "maximum", "minimum"] {
+            if matches!(d, DType::Bool | DType::Complex64) && op != "add" {
+                continue;
+            }
+            both(&name(op), &[x.clone(), idx.clone(), u.clone()], |a| {
+                let at = a[0].at((.., &a[1].i(1)));
+                let v = a[2].i((.., 1..2));
+                match op {
+                    "add" => at.add(&v),
+                    "multiply" => at.multiply(&v),
+                    "maximum" => at.maximum(&v),
+                    _ => at.minimum(&v),
+                }
+            });
+        }
+    }
+    // Index dtypes, a larger float scatter-add with many collisions, and gather_mm.
+    for it in [DType::I8, DType::U8, DType::I16, DType::U16, DType::U32, DType::I64, DType::U64] {
+        both(&format!("take idx {it}"), &[values(&[50, 3], DType::F32, 0.2), idx.abs().astype(it)], |a| a[0].take(&a[1], 0));
+    }
+    let big = values(&[4096], DType::I32, 0.5).abs().remainder(97);
+    both("scatter_add collisions", &[ops::zeros([97, 8], DType::F32), big, values(&[4096, 8], DType::F32, 0.9)], |a| {
+        a[0].at(&a[1]).add(&a[2])
+    });
+    both(
+        "gather_mm",
+        &[values(&[6, 1, 32], DType::F32, 0.1), values(&[4, 32, 16], DType::F32, 0.4), array![3, 0, 0, 2, 1, 3]],
+        |a| ops::gather_mm(&a[0], &a[1], None, Some(&a[2]), false),
+    );
+}

@@ -8,6 +8,8 @@ mod conv;
 mod creation;
 mod einsum;
 pub(crate) mod elementwise;
+mod gather;
+mod indexing;
 mod linalg;
 mod operators;
 mod reduce;
@@ -18,6 +20,8 @@ pub use conv::*;
 pub use creation::*;
 pub use einsum::*;
 pub use elementwise::*;
+pub use gather::*;
+pub use indexing::*;
 pub use linalg::*;
 pub use reduce::*;
 pub use shape::*;
@@ -84,5 +88,8 @@ pub fn __op_names() -> &'static [&'static str] {
         "full_like", "arange", "linspace", "eye", "identity", "tri", "sort", "argsort", "partition", "argpartition",
         "topk", "conv1d", "conv2d", "conv3d", "conv_general",
         "einsum", "tensordot", "outer", "inner",
+        "full_like", "arange", "linspace", "eye", "identity", "tri", "take", "take_along_axis",
+        "put_along_axis", "scatter_add_along_axis", "gather", "scatter", "scatter_add", "scatter_prod",
+        "scatter_max", "scatter_min", "gather_mm",
     ]
 }

@@ -6,12 +6,14 @@
 
 pub mod elementwise;
 pub mod random;
+pub mod gather;
 pub mod reduce;
 mod rules;
 pub mod sort;
 pub mod view;
 
 pub use elementwise::{BinaryOp, UnaryOp};
+pub use gather::ScatterReduce;
 pub use reduce::{ArgReduceOp, ReduceOp, ScanOp};
 pub use sort::SortOp;
 
@@ -137,6 +139,22 @@ pub enum Primitive {
     },
     /// A custom CUDA kernel from source (`fast::CudaKernel`); only the CUDA backend runs it.
     CustomKernel(std::sync::Arc<crate::fast::cuda_kernel::KernelSpec>),
+    /// `out[.., j, ..] = src[.., indices[.., j, ..], ..]` along `axis`: inputs `(src, indices)`
+    /// of one rank, equal except on `axis`. Negative indices wrap once; others outside the
+    /// axis clamp to its ends (see [`gather`]).
+    GatherAxis {
+        /// The indexed axis.
+        axis: usize,
+    },
+    /// `src` with `updates[.., j, ..]` combined into `src[.., indices[.., j, ..], ..]` along
+    /// `axis`: inputs `(src, indices, updates)`. Negative indices wrap once; updates whose index
+    /// is still outside the axis are dropped.
+    ScatterAxis {
+        /// The indexed axis.
+        axis: usize,
+        /// How updates combine with the values there.
+        reduce: ScatterReduce,
+    },
 }
 
 impl Primitive {
@@ -168,6 +186,8 @@ impl Primitive {
             Primitive::RandomBits { .. } => "random_bits",
             Primitive::Sort { op, .. } => op.name(),
             Primitive::CustomKernel(_) => "cuda_kernel",
+            Primitive::GatherAxis { .. } => "take_along_axis",
+            Primitive::ScatterAxis { reduce, .. } => reduce.name(),
         }
     }
 
@@ -370,6 +390,8 @@ impl Primitive {
                 arity(k.kernel.inputs.len())?;
                 Ok(k.outputs.clone())
             }
+            Primitive::GatherAxis { axis } => gather::gather_axis_specs(*axis, inputs),
+            Primitive::ScatterAxis { axis, .. } => gather::scatter_axis_specs(*axis, inputs),
         }
     }
 }

@@ -10,7 +10,7 @@
 use crate::array::Array;
 use crate::ops;
 use crate::primitive::view::{view_vjp, view_vmap, window_stop};
-use crate::primitive::{Primitive, reduce, sort};
+use crate::primitive::{Primitive, gather, reduce, sort};
 
 /// Zeros like `x` in the dtype of `x` when a rule needs a tangent for a missing one.
 fn zero(x: &Array) -> Array {
@@ -80,6 +80,8 @@ impl Primitive {
             Primitive::RandomBits { .. } => vec![None],
             Primitive::Sort { op, axis } => vec![sort::sort_vjp(*op, *axis, &x[0], g0)],
             Primitive::CustomKernel(k) => vec![Some(Array::from_error(k.no_rule("vjp"))); x.len()],
+            Primitive::GatherAxis { axis } => gather::gather_vjp(*axis, x, g0),
+            Primitive::ScatterAxis { axis, reduce } => gather::scatter_vjp(*axis, *reduce, x, &y[0], g0),
             _ => vec![None; x.len()],
         }
     }
@@ -142,6 +144,8 @@ impl Primitive {
             Primitive::Arange { .. } | Primitive::ArgReduce { .. } => vec![None; y.len()],
             Primitive::RandomBits { .. } => vec![None],
             Primitive::Sort { op, axis } => vec![t[0].as_ref().and_then(|ti| sort::sort_jvp(*op, *axis, &x[0], ti))],
+            Primitive::GatherAxis { axis } => vec![gather::gather_jvp(*axis, x, t)],
+            Primitive::ScatterAxis { axis, reduce } => vec![gather::scatter_jvp(*axis, *reduce, x, &y[0], t)],
         }
     }
 
@@ -199,6 +203,7 @@ impl Primitive {
             Primitive::Arange { .. } => y.iter().map(|o| (o.clone(), false)).collect(),
             Primitive::RandomBits { .. } => one(crate::primitive::random::random_bits_vmap(self, &x[0])),
             Primitive::Sort { op, axis } => one(sort::sort_vmap(*op, *axis, &x[0])),
+            Primitive::GatherAxis { .. } | Primitive::ScatterAxis { .. } => one(gather::gather_scatter_vmap(self, x, mapped)),
             _ => y.iter().map(|o| (o.clone(), false)).collect(),
         }
     }
