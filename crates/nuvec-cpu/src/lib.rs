@@ -8,6 +8,7 @@ mod copy;
 mod fast;
 mod map;
 mod matmul;
+pub mod quantize;
 mod reduce;
 mod scan;
 mod strided;
@@ -125,6 +126,13 @@ impl Backend for CpuBackend {
                 matmul::eval(a, b, Some(c), *alpha, *beta, out)
             }
             Primitive::Fast(op) => fast::eval(op, inputs, outputs),
+            Primitive::Quantize { mode, group_size, bits } => {
+                let [x] = take(inputs)?;
+                quantize::quantize(*mode, *group_size, *bits, x, outputs)
+            }
+            Primitive::Dequantize { mode, group_size, bits, .. } => {
+                quantize::dequantize(*mode, *group_size, *bits, inputs, out)
+            }
             p => Err(internal(format!("{} is a view and runs in core", p.name()))),
         }
     }

@@ -8,12 +8,14 @@ mod creation;
 pub(crate) mod elementwise;
 mod linalg;
 mod operators;
+mod quantize;
 mod reduce;
 mod shape;
 
 pub use creation::*;
 pub use elementwise::*;
 pub use linalg::*;
+pub use quantize::*;
 pub use reduce::*;
 pub use shape::*;
 
@@ -75,6 +77,6 @@ pub fn __op_names() -> &'static [&'static str] {
         "moveaxis", "expand_dims", "squeeze", "broadcast_to", "broadcast_arrays", "slice", "slice_update",
         "concatenate", "stack", "split", "split_at", "repeat", "tile", "pad", "contiguous", "copy", "tril",
         "triu", "stop_gradient", "matmul", "addmm", "zeros", "ones", "full", "zeros_like", "ones_like",
-        "full_like", "arange", "linspace", "eye", "identity", "tri",
+        "full_like", "arange", "linspace", "eye", "identity", "tri", "quantize", "dequantize", "quantized_matmul",
     ]
 }

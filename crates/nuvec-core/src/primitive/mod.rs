@@ -5,11 +5,13 @@
 //! inputs, and then record one of these.
 
 pub mod elementwise;
+pub mod quantize;
 pub mod reduce;
 mod rules;
 pub mod view;
 
 pub use elementwise::{BinaryOp, UnaryOp};
+pub use quantize::QuantMode;
 pub use reduce::{ArgReduceOp, ReduceOp, ScanOp};
 
 use crate::dtype::DType;
@@ -116,6 +118,27 @@ pub enum Primitive {
     /// A user function with its own derivative or batching rules (`custom_function`,
     /// `checkpoint`): evaluated as its body.
     Custom(crate::transforms::CustomFn),
+    /// Quantization of the last axis of a floating input in groups: outputs the packed `u32`
+    /// weights, the scales and (affine only) the biases, in MLX's layout.
+    Quantize {
+        /// The format.
+        mode: QuantMode,
+        /// Elements per scale.
+        group_size: i32,
+        /// Bits per element.
+        bits: i32,
+    },
+    /// The inverse of `Quantize`: inputs `(w, scales)` or, for affine, `(w, scales, biases)`.
+    Dequantize {
+        /// The format.
+        mode: QuantMode,
+        /// Elements per scale.
+        group_size: i32,
+        /// Bits per element.
+        bits: i32,
+        /// The output dtype (for affine, the scales' dtype).
+        dtype: DType,
+    },
 }
 
 impl Primitive {
@@ -144,6 +167,8 @@ impl Primitive {
             Primitive::AddMM { .. } => "addmm",
             Primitive::Fast(f) => f.name(),
             Primitive::Custom(c) => c.name(),
+            Primitive::Quantize { .. } => "quantize",
+            Primitive::Dequantize { .. } => "dequantize",
         }
     }
 
@@ -334,6 +359,10 @@ impl Primitive {
             }
             Primitive::Fast(f) => f.output_specs(inputs),
             Primitive::Custom(c) => Ok(c.output_specs().to_vec()),
+            Primitive::Quantize { mode, group_size, bits } => quantize::quantize_specs(*mode, *group_size, *bits, inputs),
+            Primitive::Dequantize { mode, group_size, bits, dtype } => {
+                quantize::dequantize_specs(*mode, *group_size, *bits, *dtype, inputs)
+            }
         }
     }
 }

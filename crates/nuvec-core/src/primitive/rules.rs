@@ -10,7 +10,7 @@
 use crate::array::Array;
 use crate::ops;
 use crate::primitive::view::{view_vjp, view_vmap, window_stop};
-use crate::primitive::{Primitive, reduce};
+use crate::primitive::{Primitive, quantize, reduce};
 
 /// Zeros like `x` in the dtype of `x` when a rule needs a tangent for a missing one.
 fn zero(x: &Array) -> Array {
@@ -76,6 +76,7 @@ impl Primitive {
             }
             Primitive::Fast(op) => op.vjp(x, y, g),
             Primitive::Custom(c) => c.vjp(x, y, g),
+            Primitive::Dequantize { .. } => quantize::dequantize_vjp(self, x, g0),
             _ => vec![None; x.len()],
         }
     }
@@ -134,7 +135,8 @@ impl Primitive {
             }
             Primitive::Fast(op) => op.jvp(x, y, t),
             Primitive::Custom(c) => c.jvp(x, y, t),
-            Primitive::Arange { .. } | Primitive::ArgReduce { .. } => vec![None; y.len()],
+            Primitive::Arange { .. } | Primitive::ArgReduce { .. } | Primitive::Quantize { .. } => vec![None; y.len()],
+            Primitive::Dequantize { .. } => quantize::dequantize_jvp(self, x, t),
         }
     }
 
@@ -189,6 +191,7 @@ impl Primitive {
             Primitive::Fast(op) => op.vmap(x, mapped),
             Primitive::Custom(c) => c.vmap(x, mapped),
             Primitive::Arange { .. } => y.iter().map(|o| (o.clone(), false)).collect(),
+            Primitive::Quantize { .. } | Primitive::Dequantize { .. } => quantize::quantize_vmap(self, x, mapped),
             _ => y.iter().map(|o| (o.clone(), false)).collect(),
         }
     }
