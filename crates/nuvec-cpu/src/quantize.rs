@@ -35,8 +35,11 @@ pub fn to_fp8(f: f32) -> u8 {
     code | (sign >> 24) as u8
 }
 
-/// The value of an E4M3 code (0x7F and 0xFF read as ±480, as in MLX).
+/// The value of an E4M3 code (0x7F and 0xFF are NaN).
 pub fn from_fp8(x: u8) -> f32 {
+    if x & 0x7F == 0x7F {
+        return f32::NAN;
+    }
     let v = half::f16::from_bits(((x & 127) as u16) << 7).to_f32() * 256.0;
     if x & 128 != 0 { -v } else { v }
 }
@@ -202,7 +205,8 @@ fn fp_group<T: Float>(mode: QuantMode, g: &[T], words: &mut [u32], scale_out: &m
         *scale_out = code;
         (rt::<T>(acc(from_fp8(code) as f64)), false)
     } else {
-        let e: i32 = if s == T::Acc::zero() { 0 } else { rt::<T>(round_even(rt::<T>(s.log2()))).to_f64() as i32 };
+        // The smallest power of two at least `s` (MLX 0.32 rounds the E8M0 scale up).
+        let e: i32 = if s == T::Acc::zero() { 0 } else { ceil_log2(s.to_f64()) };
         *scale_out = e.wrapping_add(127) as u8;
         (rt::<T>(acc(2f64.powi(e))), true)
     };
@@ -228,15 +232,11 @@ fn fp_group<T: Float>(mode: QuantMode, g: &[T], words: &mut [u32], scale_out: &m
     pack(q, if mode == QuantMode::Mxfp8 { 8 } else { 4 }, words);
 }
 
-/// Rounds to the nearest integer, ties to even (C's `rint`).
-fn round_even<F: num_traits::Float>(x: F) -> F {
-    let half = F::from(0.5).unwrap_or_else(F::zero);
-    if (x - x.trunc()).abs() == half {
-        let two = half + half + half + half;
-        (x / two).round() * two
-    } else {
-        x.round()
-    }
+/// `ceil(log2(x))` exactly, for a positive normal `x`.
+fn ceil_log2(x: f64) -> i32 {
+    let b = x.to_bits();
+    let exp = ((b >> 52) & 0x7FF) as i32 - 1023;
+    exp + ((b & ((1u64 << 52) - 1)) != 0) as i32
 }
 
 /// `Dequantize`: inputs `(w, scales[, biases])`; the output dtype is `out.dtype`.
@@ -295,6 +295,7 @@ mod tests {
     fn fp8_round_trips_every_code() {
         for c in 0..=255u8 {
             if c & 0x7F == 0x7F {
+                assert!(from_fp8(c).is_nan());
                 continue;
             }
             let v = from_fp8(c);

@@ -14,13 +14,14 @@ use nuvec_core::{Error, Result};
 use crate::driver::{Gpu, check};
 
 /// The headers our kernel sources include, by name.
-pub const HEADERS: [(&str, &str); 6] = [
+pub const HEADERS: [(&str, &str); 7] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("elementwise.cuh", include_str!("../kernels/elementwise.cuh")),
     ("reduce.cuh", include_str!("../kernels/reduce.cuh")),
     ("fast.cuh", include_str!("../kernels/fast.cuh")),
     ("misc.cuh", include_str!("../kernels/misc.cuh")),
     ("gemv.cuh", include_str!("../kernels/gemv.cuh")),
+    ("quantize.cuh", include_str!("../kernels/quantize.cuh")),
 ];
 
 /// `sm_XYa` for compute capability 9.0 and later (so Hopper's wgmma and TMA are usable),

@@ -54,6 +54,8 @@ pub enum Family {
     Gemv(DType),
     /// Integer matrix products.
     MatmulInt(DType),
+    /// Affine quantize and dequantize of one float dtype.
+    Quantize(DType),
 }
 
 /// The functor implementing a unary op on `d`, or `None` when no kernel covers it.
@@ -211,6 +213,7 @@ impl Family {
             Family::Fast(d) => format!("fast_{d}"),
             Family::Gemv(d) => format!("gemv_{d}"),
             Family::MatmulInt(d) => format!("matmul_int_{d}"),
+            Family::Quantize(d) => format!("quantize_{d}"),
         }
     }
 
@@ -327,6 +330,12 @@ impl Family {
                 w("#include \"misc.cuh\"".into());
                 w(format!("extern \"C\" __global__ void matmul_int(const {t}* a, const {t}* b, {t}* out, u64 batches, u64 m, u64 n, u64 k, i64 sa0, i64 sa1, i64 sb0, i64 sb1, Dims d) {{ matmul_int<{t}>(a, b, out, batches, m, n, k, sa0, sa1, sb0, sb1, d); }}"));
             }
+            Family::Quantize(d) => {
+                let t = ctype(d);
+                w("#include \"quantize.cuh\"".into());
+                w(format!("extern \"C\" __global__ void affine_quantize(const {t}* w, u32* out, {t}* scales, {t}* biases, u64 groups, int bits, int group_size) {{ affine_quantize<{t}>(w, out, scales, biases, groups, bits, group_size); }}"));
+                w(format!("extern \"C\" __global__ void affine_dequantize(const u32* w, const {t}* scales, const {t}* biases, {t}* out, u64 n, int bits, int group_size) {{ affine_dequantize<{t}>(w, scales, biases, out, n, bits, group_size); }}"));
+            }
         }
         s
     }
@@ -351,6 +360,9 @@ pub fn all_modules() -> Vec<Family> {
         }
         if d.is_integer() {
             v.push(Family::MatmulInt(d));
+        }
+        if crate::quantize::KERNEL_DTYPES.contains(&d) {
+            v.push(Family::Quantize(d));
         }
     }
     v.extend([1, 2, 4, 8].map(Family::Copy));

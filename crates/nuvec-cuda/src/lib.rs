@@ -13,6 +13,7 @@ mod eval;
 pub mod kernels;
 mod launch;
 mod matmul;
+mod quantize;
 
 use std::sync::Arc;
 
@@ -162,6 +163,7 @@ impl Backend for CudaBackend {
                     && d.is_float()
                     && matches!(op, nuvec_core::fast::FastOp::Softmax | nuvec_core::fast::FastOp::LogSumExp)
             }
+            Primitive::Quantize { .. } | Primitive::Dequantize { .. } => quantize::supports(primitive, inputs),
             _ => false,
         }
     }

@@ -5,14 +5,21 @@
 
 use crate::array::Array;
 use crate::dtype::{DType, promote_types};
-use crate::primitive::{Primitive, QuantMode};
+use crate::primitive::Primitive;
 use crate::storage::Spec;
 
 use super::{invalid, propagate};
 
+pub use crate::primitive::QuantMode;
+
 /// The mode and the `(group_size, bits)` after MLX's defaults, or a failed array naming `op`.
 #[track_caller]
-fn params(op: &'static str, mode: &str, group_size: Option<i32>, bits: Option<i32>) -> Result<(QuantMode, i32, i32), Array> {
+fn params(
+    op: &'static str,
+    mode: &str,
+    group_size: Option<i32>,
+    bits: Option<i32>,
+) -> Result<(QuantMode, i32, i32), Array> {
     let mode: QuantMode = mode.parse().map_err(|e: String| invalid(op, e))?;
     let (gs, b) = mode.default_params();
     let (gs, b) = (group_size.unwrap_or(gs), bits.unwrap_or(b));
@@ -52,9 +59,12 @@ pub fn quantize(
     }
     let (mode, gs, bits) = match params("quantize", mode, group_size.into(), bits.into()) {
         Ok(p) => p,
-        Err(f) => return fail(f, mode.parse::<QuantMode>().map_or(true, QuantMode::has_biases)),
+        Err(f) => {
+            return fail(f, mode.parse::<QuantMode>().map_or(true, QuantMode::has_biases));
+        }
     };
-    let mut outs = Array::from_op_multi("quantize", Primitive::Quantize { mode, group_size: gs, bits }, vec![w.clone()]);
+    let mut outs =
+        Array::from_op_multi("quantize", Primitive::Quantize { mode, group_size: gs, bits }, vec![w.clone()]);
     if outs.len() == 1 {
         return fail(outs.remove(0), mode.has_biases());
     }
@@ -120,7 +130,9 @@ pub fn dequantize(
                 _ => out,
             }
         }
-        (false, None) => Array::from_op("dequantize", prim(dtype.unwrap_or(DType::BF16)), vec![w.clone(), scales.clone()]),
+        (false, None) => {
+            Array::from_op("dequantize", prim(dtype.unwrap_or(DType::BF16)), vec![w.clone(), scales.clone()])
+        }
     }
 }
 
@@ -166,11 +178,16 @@ pub fn quantized_matmul(
         return invalid(OP, format!("w must be uint32 (packed weights), got {}", w.dtype()));
     }
     if w.ndim() < 2 || x.ndim() < 1 {
-        return invalid(OP, format!("w needs at least 2 dimensions and x at least 1, got shapes {:?} and {:?}", w.shape(), x.shape()));
+        return invalid(
+            OP,
+            format!("w needs at least 2 dimensions and x at least 1, got shapes {:?} and {:?}", w.shape(), x.shape()),
+        );
     }
     let dtype = match (qmode.has_biases(), biases) {
         (true, None) => return invalid(OP, "biases must be given for affine quantization"),
-        (false, Some(_)) => return invalid(OP, format!("biases must be None for {qmode} quantization")),
+        (false, Some(_)) => {
+            return invalid(OP, format!("biases must be None for {qmode} quantization"));
+        }
         (true, Some(b)) => promote_types(x.dtype(), promote_types(scales.dtype(), b.dtype())),
         (false, None) => x.dtype(),
     };

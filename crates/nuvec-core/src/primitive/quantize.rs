@@ -73,13 +73,18 @@ impl QuantMode {
                     ));
                 }
                 if ![2, 3, 4, 5, 6, 8].contains(&bits) {
-                    return Err(format!("bits {bits} is not supported for affine quantization (use 2, 3, 4, 5, 6 or 8)"));
+                    return Err(format!(
+                        "bits {bits} is not supported for affine quantization (use 2, 3, 4, 5, 6 or 8)"
+                    ));
                 }
             }
             mode => {
                 let (gs, b) = mode.default_params();
                 if group_size != gs {
-                    return Err(format!("group_size {group_size} is not supported: {} quantization requires {gs}", mode.name()));
+                    return Err(format!(
+                        "group_size {group_size} is not supported: {} quantization requires {gs}",
+                        mode.name()
+                    ));
                 }
                 if bits != b {
                     return Err(format!("bits {bits} is not supported: {} quantization requires {b}", mode.name()));
@@ -105,7 +110,9 @@ impl FromStr for QuantMode {
             "mxfp4" => QuantMode::Mxfp4,
             "mxfp8" => QuantMode::Mxfp8,
             "nvfp4" => QuantMode::Nvfp4,
-            _ => return Err(format!("mode {s:?} is not one of \"affine\", \"mxfp4\", \"mxfp8\", \"nvfp4\"")),
+            _ => {
+                return Err(format!("mode {s:?} is not one of \"affine\", \"mxfp4\", \"mxfp8\", \"nvfp4\""));
+            }
         })
     }
 }
@@ -115,7 +122,12 @@ fn bad(msg: String) -> OpErrorKind {
 }
 
 /// Output specs of `Quantize`: packed weights, scales and (affine) biases.
-pub(crate) fn quantize_specs(mode: QuantMode, group_size: i32, bits: i32, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+pub(crate) fn quantize_specs(
+    mode: QuantMode,
+    group_size: i32,
+    bits: i32,
+    inputs: &[Spec],
+) -> Result<Vec<Spec>, OpErrorKind> {
     let [w] = inputs else {
         return Err(bad(format!("quantize takes 1 input, got {}", inputs.len())));
     };
@@ -125,7 +137,9 @@ pub(crate) fn quantize_specs(mode: QuantMode, group_size: i32, bits: i32, inputs
     }
     let k = match w.shape.last() {
         Some(&k) if w.shape.len() >= 2 => k,
-        _ => return Err(bad(format!("w must have at least 2 dimensions, got shape {:?}", &w.shape[..]))),
+        _ => {
+            return Err(bad(format!("w must have at least 2 dimensions, got shape {:?}", &w.shape[..])));
+        }
     };
     if k % group_size != 0 {
         return Err(bad(format!(
@@ -184,7 +198,10 @@ pub(crate) fn dequantize_specs(
     let rank = wq.shape.len();
     let same_lead = scales.shape.len() == rank && scales.shape[..rank - 1] == wq.shape[..rank - 1];
     let k = wq.shape[rank - 1] as i64 * 32 / bits as i64;
-    if !same_lead || k != scales.shape[rank - 1] as i64 * group_size as i64 || (wq.shape[rank - 1] as i64 * 32) % bits as i64 != 0 {
+    if !same_lead
+        || k != scales.shape[rank - 1] as i64 * group_size as i64
+        || (wq.shape[rank - 1] as i64 * 32) % bits as i64 != 0
+    {
         return Err(bad(format!(
             "scales of shape {:?} do not match w of shape {:?} with group_size {group_size} and bits {bits}",
             &scales.shape[..],
