@@ -20,11 +20,17 @@ fn params(
     group_size: Option<i32>,
     bits: Option<i32>,
 ) -> Result<(QuantMode, i32, i32), Array> {
-    let mode: QuantMode = mode.parse().map_err(|e: String| invalid(op, e))?;
+    // Matches rather than closures, so that the failure records the caller's location.
+    let mode: QuantMode = match mode.parse() {
+        Ok(m) => m,
+        Err(e) => return Err(invalid(op, e)),
+    };
     let (gs, b) = mode.default_params();
     let (gs, b) = (group_size.unwrap_or(gs), bits.unwrap_or(b));
-    mode.check_params(gs, b).map_err(|e| invalid(op, e))?;
-    Ok((mode, gs, b))
+    match mode.check_params(gs, b) {
+        Ok(()) => Ok((mode, gs, b)),
+        Err(e) => Err(invalid(op, e)),
+    }
 }
 
 /// Quantizes `w` along its last axis in groups of `group_size` elements with `bits` bits per
