@@ -10,6 +10,7 @@ mod gather;
 mod map;
 mod matmul;
 mod random;
+pub mod quantize;
 mod reduce;
 mod scan;
 mod sort;
@@ -143,6 +144,13 @@ impl Backend for CpuBackend {
             Primitive::ScatterAxis { axis, reduce } => {
                 let [src, idx, upd] = take(inputs)?;
                 gather::scatter_axis(*axis, *reduce, src, idx, upd, out)
+            }
+            Primitive::Quantize { mode, group_size, bits } => {
+                let [x] = take(inputs)?;
+                quantize::quantize(*mode, *group_size, *bits, x, outputs)
+            }
+            Primitive::Dequantize { mode, group_size, bits, .. } => {
+                quantize::dequantize(*mode, *group_size, *bits, inputs, out)
             }
             p => Err(internal(format!("{} is a view and runs in core", p.name()))),
         }

@@ -23,6 +23,7 @@ pub const HEADERS: [(&str, &str); 7] = [
     ("gemv.cuh", include_str!("../kernels/gemv.cuh")),
     ("sort.cuh", include_str!("../kernels/sort.cuh")),
     ("gather.cuh", include_str!("../kernels/gather.cuh")),
+    ("quantize.cuh", include_str!("../kernels/quantize.cuh")),
 ];
 
 /// `sm_XYa` for compute capability 9.0 and later (so Hopper's wgmma and TMA are usable),

@@ -568,6 +568,11 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, primitive: &Primitive, inputs: Vec<Operand>, 
             let (src, idx, upd) = (next()?, next()?, next()?);
             scatter_axis(gpu, *axis, *reduce, src, idx, upd, out)
         }
+        Primitive::Quantize { group_size, bits, .. } => crate::quantize::quantize(gpu, *group_size, *bits, next()?, outputs),
+        Primitive::Dequantize { group_size, bits, .. } => {
+            let (w, s, b) = (next()?, next()?, next()?);
+            crate::quantize::dequantize(gpu, *group_size, *bits, [w, s, b], out)
+        }
         p => Err(internal(format!("{} is not a GPU primitive", p.name()))),
     }
 }

@@ -60,6 +60,8 @@ pub enum Family {
     Sort(DType),
     /// Gathers and scatters along one axis of one element dtype, for every index dtype.
     Gather(DType),
+    /// Affine quantize and dequantize of one float dtype.
+    Quantize(DType),
 }
 
 /// Index dtypes the gather kernels take.
@@ -229,6 +231,7 @@ impl Family {
             Family::Random => "random".into(),
             Family::Sort(d) => format!("sort_{d}"),
             Family::Gather(d) => format!("gather_{d}"),
+            Family::Quantize(d) => format!("quantize_{d}"),
         }
     }
 
@@ -372,6 +375,12 @@ impl Family {
                     }
                 }
             }
+            Family::Quantize(d) => {
+                let t = ctype(d);
+                w("#include \"quantize.cuh\"".into());
+                w(format!("extern \"C\" __global__ void affine_quantize(const {t}* w, u32* out, {t}* scales, {t}* biases, u64 groups, int bits, int group_size) {{ affine_quantize<{t}>(w, out, scales, biases, groups, bits, group_size); }}"));
+                w(format!("extern \"C\" __global__ void affine_dequantize(const u32* w, const {t}* scales, const {t}* biases, {t}* out, u64 n, int bits, int group_size) {{ affine_dequantize<{t}>(w, scales, biases, out, n, bits, group_size); }}"));
+            }
         }
         s
     }
@@ -398,6 +407,9 @@ pub fn all_modules() -> Vec<Family> {
             v.push(Family::MatmulInt(d));
         }
         v.push(Family::Sort(d));
+        if crate::quantize::KERNEL_DTYPES.contains(&d) {
+            v.push(Family::Quantize(d));
+        }
     }
     v.extend([1, 2, 4, 8].map(Family::Copy));
     v.push(Family::Random);

@@ -15,6 +15,7 @@ pub mod kernels;
 mod launch;
 mod matmul;
 mod sort;
+mod quantize;
 
 use std::sync::Arc;
 
@@ -174,6 +175,7 @@ impl Backend for CudaBackend {
             Primitive::RandomBits { .. } => d == DType::U32,
             Primitive::Sort { axis, .. } => inputs.first().and_then(|x| x.shape.get(*axis)).is_some_and(|&len| sort::supports(len as usize)),
             Primitive::CustomKernel(_) => true,
+            Primitive::Quantize { .. } | Primitive::Dequantize { .. } => quantize::supports(primitive, inputs),
             _ => false,
         }
     }

@@ -577,3 +577,50 @@ fn gathers_and_scatters_agree() {
         |a| ops::gather_mm(&a[0], &a[1], None, Some(&a[2]), false),
     );
 }
+
+#[test]
+fn quantization_agrees() {
+    if !gpu() {
+        return;
+    }
+    let exact = |what: &str, c: &Array, g: &Array| {
+        assert_eq!(c.dtype(), g.dtype(), "{what}: dtypes");
+        assert_eq!(c.shape(), g.shape(), "{what}: shapes");
+        assert_eq!(c.to_bytes().unwrap(), g.to_bytes().unwrap(), "{what}: bytes differ");
+    };
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for bits in [2, 3, 4, 5, 6, 8] {
+            for gs in [32, 64, 128] {
+                // A transposed input also checks that the kernel reads a row-major copy.
+                let w = values(&[256, 24], dtype, 0.3 + bits as f32).t() * 0.1;
+                let run = || {
+                    let (q, s, b) = ops::quantize(&w, gs, bits, "affine");
+                    let d = ops::dequantize(&q, &s, b.as_ref(), gs, bits, "affine", None);
+                    [q, s, b.unwrap(), d]
+                };
+                let c = on(Device::cpu(), run);
+                let g = on(Device::gpu(0), run);
+                for (i, (c, g)) in c.iter().zip(&g).enumerate() {
+                    exact(&format!("affine {dtype} bits {bits} group {gs} output {i}"), c, g);
+                }
+            }
+        }
+        let w = values(&[48, 128], dtype, 0.7) * 0.1;
+        for mode in ["affine", "mxfp4", "mxfp8", "nvfp4"] {
+            let run = || {
+                let (q, s, b) = ops::quantize(&w, None, None, mode);
+                let d = ops::dequantize(&q, &s, b.as_ref(), None, None, mode, dtype);
+                (q, s, b, d)
+            };
+            let (cq, cs, _, cd) = on(Device::cpu(), run);
+            let (gq, gs_, gb, gd) = on(Device::gpu(0), run);
+            exact(&format!("{mode} {dtype} packed"), &cq, &gq);
+            exact(&format!("{mode} {dtype} scales"), &cs, &gs_);
+            exact(&format!("{mode} {dtype} dequantized"), &cd, &gd);
+            let x = values(&[2, 5, 128], dtype, 0.2) * 0.25;
+            both(&format!("quantized_matmul {mode} {dtype}"), &[x, gq, gs_], |v| {
+                ops::quantized_matmul(&v[0], &v[1], &v[2], gb.as_ref(), true, None, None, mode)
+            });
+        }
+    }
+}

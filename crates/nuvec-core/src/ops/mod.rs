@@ -12,6 +12,7 @@ mod gather;
 mod indexing;
 mod linalg;
 mod operators;
+mod quantize;
 mod reduce;
 mod shape;
 mod sort;
@@ -23,6 +24,7 @@ pub use elementwise::*;
 pub use gather::*;
 pub use indexing::*;
 pub use linalg::*;
+pub use quantize::*;
 pub use reduce::*;
 pub use shape::*;
 pub use sort::*;
@@ -87,9 +89,8 @@ pub fn __op_names() -> &'static [&'static str] {
         "triu", "stop_gradient", "matmul", "addmm", "zeros", "ones", "full", "zeros_like", "ones_like",
         "full_like", "arange", "linspace", "eye", "identity", "tri", "sort", "argsort", "partition", "argpartition",
         "topk", "conv1d", "conv2d", "conv3d", "conv_general",
-        "einsum", "tensordot", "outer", "inner",
-        "full_like", "arange", "linspace", "eye", "identity", "tri", "take", "take_along_axis",
+        "einsum", "tensordot", "outer", "inner", "take", "take_along_axis",
         "put_along_axis", "scatter_add_along_axis", "gather", "scatter", "scatter_add", "scatter_prod",
-        "scatter_max", "scatter_min", "gather_mm",
+        "scatter_max", "scatter_min", "gather_mm", "quantize", "dequantize", "quantized_matmul",
     ]
 }

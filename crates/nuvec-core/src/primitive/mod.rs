@@ -7,6 +7,7 @@
 pub mod elementwise;
 pub mod random;
 pub mod gather;
+pub mod quantize;
 pub mod reduce;
 mod rules;
 pub mod sort;
@@ -14,6 +15,7 @@ pub mod view;
 
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use gather::ScatterReduce;
+pub use quantize::QuantMode;
 pub use reduce::{ArgReduceOp, ReduceOp, ScanOp};
 pub use sort::SortOp;
 
@@ -155,6 +157,27 @@ pub enum Primitive {
         /// How updates combine with the values there.
         reduce: ScatterReduce,
     },
+    /// Quantization of the last axis of a floating input in groups: outputs the packed `u32`
+    /// weights, the scales and (affine only) the biases, in MLX's layout.
+    Quantize {
+        /// The format.
+        mode: QuantMode,
+        /// Elements per scale.
+        group_size: i32,
+        /// Bits per element.
+        bits: i32,
+    },
+    /// The inverse of `Quantize`: inputs `(w, scales)` or, for affine, `(w, scales, biases)`.
+    Dequantize {
+        /// The format.
+        mode: QuantMode,
+        /// Elements per scale.
+        group_size: i32,
+        /// Bits per element.
+        bits: i32,
+        /// The output dtype (for affine, the scales' dtype).
+        dtype: DType,
+    },
 }
 
 impl Primitive {
@@ -188,6 +211,8 @@ impl Primitive {
             Primitive::CustomKernel(_) => "cuda_kernel",
             Primitive::GatherAxis { .. } => "take_along_axis",
             Primitive::ScatterAxis { reduce, .. } => reduce.name(),
+            Primitive::Quantize { .. } => "quantize",
+            Primitive::Dequantize { .. } => "dequantize",
         }
     }
 
@@ -392,6 +417,10 @@ impl Primitive {
             }
             Primitive::GatherAxis { axis } => gather::gather_axis_specs(*axis, inputs),
             Primitive::ScatterAxis { axis, .. } => gather::scatter_axis_specs(*axis, inputs),
+            Primitive::Quantize { mode, group_size, bits } => quantize::quantize_specs(*mode, *group_size, *bits, inputs),
+            Primitive::Dequantize { mode, group_size, bits, dtype } => {
+                quantize::dequantize_specs(*mode, *group_size, *bits, *dtype, inputs)
+            }
         }
     }
 }

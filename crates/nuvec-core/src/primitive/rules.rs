@@ -10,7 +10,7 @@
 use crate::array::Array;
 use crate::ops;
 use crate::primitive::view::{view_vjp, view_vmap, window_stop};
-use crate::primitive::{Primitive, gather, reduce, sort};
+use crate::primitive::{Primitive, gather, quantize, reduce, sort};
 
 /// Zeros like `x` in the dtype of `x` when a rule needs a tangent for a missing one.
 fn zero(x: &Array) -> Array {
@@ -82,6 +82,7 @@ impl Primitive {
             Primitive::CustomKernel(k) => vec![Some(Array::from_error(k.no_rule("vjp"))); x.len()],
             Primitive::GatherAxis { axis } => gather::gather_vjp(*axis, x, g0),
             Primitive::ScatterAxis { axis, reduce } => gather::scatter_vjp(*axis, *reduce, x, &y[0], g0),
+            Primitive::Dequantize { .. } => quantize::dequantize_vjp(self, x, g0),
             _ => vec![None; x.len()],
         }
     }
@@ -141,11 +142,12 @@ impl Primitive {
             Primitive::Fast(op) => op.jvp(x, y, t),
             Primitive::Custom(c) => c.jvp(x, y, t),
             Primitive::CustomKernel(k) => vec![Some(Array::from_error(k.no_rule("jvp"))); y.len()],
-            Primitive::Arange { .. } | Primitive::ArgReduce { .. } => vec![None; y.len()],
             Primitive::RandomBits { .. } => vec![None],
             Primitive::Sort { op, axis } => vec![t[0].as_ref().and_then(|ti| sort::sort_jvp(*op, *axis, &x[0], ti))],
             Primitive::GatherAxis { axis } => vec![gather::gather_jvp(*axis, x, t)],
             Primitive::ScatterAxis { axis, reduce } => vec![gather::scatter_jvp(*axis, *reduce, x, &y[0], t)],
+            Primitive::Arange { .. } | Primitive::ArgReduce { .. } | Primitive::Quantize { .. } => vec![None; y.len()],
+            Primitive::Dequantize { .. } => quantize::dequantize_jvp(self, x, t),
         }
     }
 
@@ -204,6 +206,7 @@ impl Primitive {
             Primitive::RandomBits { .. } => one(crate::primitive::random::random_bits_vmap(self, &x[0])),
             Primitive::Sort { op, axis } => one(sort::sort_vmap(*op, *axis, &x[0])),
             Primitive::GatherAxis { .. } | Primitive::ScatterAxis { .. } => one(gather::gather_scatter_vmap(self, x, mapped)),
+            Primitive::Quantize { .. } | Primitive::Dequantize { .. } => quantize::quantize_vmap(self, x, mapped),
             _ => y.iter().map(|o| (o.clone(), false)).collect(),
         }
     }

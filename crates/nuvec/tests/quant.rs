@@ -1,0 +1,164 @@
+//! Quantization beyond the MLX fixtures: errors that name the argument and the caller,
+//! gradients of `quantized_matmul` against finite differences in float64, batching, and the
+//! round trip of every mode.
+
+use nuvec::transforms::{vjp_flat, vmap_flat};
+use nuvec::{Array, DType, ops};
+
+/// Deterministic weights with a spread of magnitudes and signs.
+fn weights(shape: &[i32], seed: f32) -> Array {
+    let n: i32 = shape.iter().product();
+    ((ops::arange(0, n, 1).astype(DType::F32) * 0.7311 + seed).sin() * 0.5).reshape(shape)
+}
+
+/// Checks that `a` failed in `op`, at this file's `line`, with a message mentioning `words`.
+#[track_caller]
+fn fails(a: &Array, op: &str, line: u32, words: &[&str]) {
+    let e = a.error().unwrap_or_else(|| panic!("expected {op} to fail, got shape {:?}", a.shape()));
+    assert_eq!(e.op_name(), Some(op), "{e}");
+    let at = e.location().expect("a location");
+    assert!(at.file().ends_with("quant.rs") && at.line() == line, "location {}:{} for {e}", at.file(), at.line());
+    let msg = e.to_string();
+    for w in words {
+        assert!(msg.contains(w), "{msg:?} does not mention {w:?}");
+    }
+}
+
+#[test]
+fn bad_arguments_give_failed_arrays_naming_the_argument() {
+    let w = weights(&[4, 128], 0.1);
+    let ((q, s, b), line) = (ops::quantize(&weights(&[4, 100], 0.1), 64, 4, "affine"), line!());
+    for a in [&q, &s, b.as_ref().unwrap()] {
+        fails(a, "quantize", line, &["group_size 64", "100"]);
+    }
+    let ((q, ..), line) = (ops::quantize(&w, 64, 7, "affine"), line!());
+    fails(&q, "quantize", line, &["bits 7"]);
+    let ((q, ..), line) = (ops::quantize(&w, 48, 4, "affine"), line!());
+    fails(&q, "quantize", line, &["group_size 48"]);
+    let ((q, ..), line) = (ops::quantize(&w, 64, 4, "int4"), line!());
+    fails(&q, "quantize", line, &["mode \"int4\""]);
+    let ((q, _, b), line) = (ops::quantize(&w, 64, None, "mxfp4"), line!());
+    fails(&q, "quantize", line, &["group_size 64", "mxfp4", "32"]);
+    assert!(b.is_none(), "mxfp4 has no biases, even on failure");
+    let ((q, ..), line) = (ops::quantize(&w, None, 4, "mxfp8"), line!());
+    fails(&q, "quantize", line, &["bits 4", "mxfp8", "8"]);
+    let ((q, ..), line) = (ops::quantize(&weights(&[128], 0.1), None, None, "affine"), line!());
+    fails(&q, "quantize", line, &["at least 2 dimensions"]);
+    let ((q, ..), line) = (ops::quantize(&w.astype(DType::I32), None, None, "affine"), line!());
+    fails(&q, "quantize", line, &["int32"]);
+
+    let (q, s, b) = ops::quantize(&w, 64, 4, "affine");
+    let (d, line) = (ops::dequantize(&q, &s, None, 64, 4, "affine", None), line!());
+    fails(&d, "dequantize", line, &["biases"]);
+    let (d, line) = (ops::dequantize(&q, &s, b.as_ref(), 32, 4, "affine", None), line!());
+    fails(&d, "dequantize", line, &["scales", "group_size 32"]);
+    let (d, line) = (ops::dequantize(&q.astype(DType::I32), &s, b.as_ref(), 64, 4, "affine", None), line!());
+    fails(&d, "dequantize", line, &["uint32"]);
+    let (d, line) = (ops::dequantize(&q, &s, b.as_ref(), 64, 4, "affine", DType::I32), line!());
+    fails(&d, "dequantize", line, &["dtype"]);
+    let (fq, fs, _) = ops::quantize(&w, None, None, "mxfp4");
+    let (d, line) = (ops::dequantize(&fq, &fs, b.as_ref(), None, None, "mxfp4", None), line!());
+    fails(&d, "dequantize", line, &["biases", "mxfp4"]);
+
+    let x = weights(&[3, 100], 0.4);
+    let (y, line) = (ops::quantized_matmul(&x, &q, &s, b.as_ref(), true, 64, 4, "affine"), line!());
+    fails(&y, "quantized_matmul", line, &["last dimension of x", "transpose true"]);
+    let (y, line) =
+        (ops::quantized_matmul(&weights(&[3, 128], 0.4), &q, &s, b.as_ref(), true, 64, 3, "affine"), line!());
+    fails(&y, "quantized_matmul", line, &["scales"]);
+    let (y, line) = (ops::quantized_matmul(&x, &q, &s, None, true, 64, 4, "affine"), line!());
+    fails(&y, "quantized_matmul", line, &["biases"]);
+}
+
+#[test]
+fn every_mode_round_trips_within_its_precision() {
+    let w = weights(&[8, 256], 0.3);
+    // Affine: the values span at most 1, so one level step is 1 / (2^bits - 1); the snapped
+    // scale can clip the far edge by up to one step. FP modes: half the largest gap between
+    // codes at the group's scale (FP4 6 and 4, E4M3 a 2^-4 relative step), plus scale rounding.
+    let step = |bits: i32| 1.0 / ((1 << bits) - 1) as f32 * 1.01;
+    for (mode, bits, bound) in [
+        ("affine", 8, step(8)),
+        ("affine", 6, step(6)),
+        ("affine", 5, step(5)),
+        ("affine", 4, step(4)),
+        ("affine", 3, step(3)),
+        ("affine", 2, step(2)),
+        ("mxfp8", 8, 0.04),
+        ("mxfp4", 4, 0.25),
+        ("nvfp4", 4, 0.12),
+    ] {
+        let (q, s, b) = ops::quantize(&w, None, bits, mode);
+        assert_eq!(q.shape(), &[8, 256 * bits / 32], "{mode}");
+        let d = ops::dequantize(&q, &s, b.as_ref(), None, bits, mode, DType::F32);
+        let err = (&d - &w).abs().max(..).item::<f32>().unwrap();
+        assert!(err <= bound, "{mode} {bits} bits: max error {err}");
+        // Quantizing the dequantized weights again gives the same codes (a fixed point).
+        let (q2, ..) = ops::quantize(&d, None, bits, mode);
+        assert_eq!(q2.to_bytes().unwrap(), q.to_bytes().unwrap(), "{mode} {bits} bits is not a fixed point");
+    }
+}
+
+/// Central differences of `f` (float64) at `x` along every element, against `grad`.
+fn check_fd(what: &str, f: &dyn Fn(&Array) -> f64, x: &Array, grad: &Array) {
+    let xs = x.to_vec::<f64>().unwrap();
+    let g = grad.to_vec::<f64>().unwrap();
+    let h = 1e-6;
+    for i in 0..xs.len() {
+        let at = |d: f64| {
+            let mut v = xs.clone();
+            v[i] += d;
+            f(&Array::from_slice(&v, x.shape().to_vec()))
+        };
+        let fd = (at(h) - at(-h)) / (2.0 * h);
+        assert!((fd - g[i]).abs() <= 1e-6 * (1.0 + fd.abs()), "{what}[{i}]: finite difference {fd}, gradient {}", g[i]);
+    }
+}
+
+#[test]
+fn quantized_matmul_gradients_match_finite_differences() {
+    for transpose in [true, false] {
+        let w = weights(if transpose { &[6, 64] } else { &[16, 64] }, 0.2);
+        let (q, s, b) = ops::quantize(&w, 32, 4, "affine");
+        let (s, b) = (s.astype(DType::F64), b.unwrap().astype(DType::F64));
+        let k = if transpose { 64 } else { 16 };
+        let x = weights(&[3, k], 0.9).astype(DType::F64);
+        let n = if transpose { 6 } else { 64 };
+        let cot = weights(&[3, n], 1.7).astype(DType::F64);
+        let qmm =
+            |x: &Array, s: &Array, b: &Array| ops::quantized_matmul(x, &q, s, Some(b), transpose, 32, 4, "affine");
+        let (_, g) =
+            vjp_flat(|a| Ok(vec![qmm(&a[0], &a[1], &a[2])]), &[x.clone(), s.clone(), b.clone()], &[cot.clone()])
+                .unwrap();
+        let loss = |y: Array| (y * &cot).sum(..).item::<f64>().unwrap();
+        check_fd(&format!("dx transpose {transpose}"), &|v| loss(qmm(v, &s, &b)), &x, &g[0]);
+        check_fd(&format!("dscales transpose {transpose}"), &|v| loss(qmm(&x, v, &b)), &s, &g[1]);
+        check_fd(&format!("dbiases transpose {transpose}"), &|v| loss(qmm(&x, &s, v)), &b, &g[2]);
+        // The packed weights are integers: no gradient flows to them.
+        let (_, gq) = vjp_flat(
+            |a| Ok(vec![ops::quantized_matmul(&x, &a[0], &s, Some(&b), transpose, 32, 4, "affine")]),
+            &[q.clone()],
+            &[cot.clone()],
+        )
+        .unwrap();
+        assert_eq!(gq[0].astype(DType::F64).abs().max(..).item::<f64>().unwrap(), 0.0, "packed weights got a gradient");
+    }
+}
+
+#[test]
+fn vmap_over_quantize_and_dequantize_matches_a_loop() {
+    let w = weights(&[3, 4, 64], 0.5);
+    let f = |a: &[Array]| {
+        let (q, s, b) = ops::quantize(&a[0], 32, 3, "affine");
+        Ok(vec![q.clone(), ops::dequantize(&q, &s, b.as_ref(), 32, 3, "affine", None)])
+    };
+    let batched = vmap_flat(f, &[Some(1)], &[0, 0])(&[w.clone()]).unwrap();
+    for i in 0..4 {
+        let wi = w.slice(&[0, i, 0], &[3, i + 1, 64], &[1, 1, 1]).squeeze(1);
+        let one = f(&[wi]).unwrap();
+        for (j, o) in one.iter().enumerate() {
+            let bi = batched[j].slice(&[i, 0, 0], &[i + 1, 3, o.shape()[1]], &[1, 1, 1]).squeeze(0);
+            assert_eq!(bi.to_bytes().unwrap(), o.to_bytes().unwrap(), "output {j} of batch {i}");
+        }
+    }
+}
