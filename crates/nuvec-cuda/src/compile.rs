@@ -14,7 +14,7 @@ use nuvec_core::{Error, Result};
 use crate::driver::{Gpu, check};
 
 /// The headers our kernel sources include, by name.
-pub const HEADERS: [(&str, &str); 7] = [
+pub const HEADERS: [(&str, &str); 9] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("elementwise.cuh", include_str!("../kernels/elementwise.cuh")),
     ("reduce.cuh", include_str!("../kernels/reduce.cuh")),

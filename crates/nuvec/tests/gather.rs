@@ -165,7 +165,7 @@ fn gather_mm_matches_matmul_of_picked_matrices() {
     let rv = [4, 1, 1];
     for p in 0..2 {
         for q in 0..3 {
-            let want = a.i(lv[p][q]).matmul(b.i(rv[q]));
+            let want = a.i(lv[p][q]).matmul(&b.i(rv[q]));
             assert_eq!(f64s(&y.i((p as i32, q as i32))), f64s(&want));
         }
     }

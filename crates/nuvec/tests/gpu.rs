@@ -535,7 +535,8 @@ fn gathers_and_scatters_agree() {
     }
     // Repeated, negative and out-of-range indices (gathers clamp, scatters drop them).
     let idx = array![[3, -1, 0, 7], [2, 2, -5, 1], [0, 1, 1, -2]];
-    let unique = array![[3, -1, 0], [2, 0, 1], [0, 1, -2]];
+    // Distinct positions per row after wrapping (a set scatter with duplicates has no defined winner).
+    let unique = array![[3, -2, 0], [2, 0, 1], [0, 1, -2]];
     for d in ALL {
         let x = values(&[3, 4], d, 0.3);
         let u = values(&[3, 4], d, 1.1);
