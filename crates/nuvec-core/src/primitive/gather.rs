@@ -132,7 +132,7 @@ pub(crate) fn scatter_vjp(axis: usize, reduce: ScatterReduce, x: &[Array], y: &A
     let valid = in_range(idx, n);
     let at = clamped(idx, n);
     // The cotangent at each update's position (zero for dropped updates).
-    let g_at = ops::where_(&valid, gather_axis(g, &at, axis), g.zeros_like().broadcast_to(idx.shape()));
+    let g_at = ops::where_(&valid, gather_axis(g, &at, axis), ops::zeros(idx.shape(), g.dtype()));
     match reduce {
         ScatterReduce::None => {
             let cleared = scatter_axis(g, idx, &upd.zeros_like().astype(g.dtype()), axis, ScatterReduce::None);
