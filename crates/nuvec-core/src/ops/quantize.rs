@@ -50,7 +50,7 @@ fn params(
 /// assert_eq!(wq.shape(), &[2, 4]);
 /// assert_eq!(scales.shape(), &[2, 1]);
 /// let back = ops::dequantize(&wq, &scales, biases.as_ref(), 32, 4, "affine", None);
-/// assert!((back - &w).abs().max(None).item::<f32>().unwrap() <= 1.0);
+/// assert!((back - &w).abs().max(..).item::<f32>().unwrap() <= 1.0);
 /// ```
 #[track_caller]
 pub fn quantize(
@@ -92,7 +92,7 @@ pub fn quantize(
 /// let (wq, scales, _) = ops::quantize(&w, None, None, "mxfp8");
 /// let back = ops::dequantize(&wq, &scales, None, None, None, "mxfp8", DType::F32);
 /// assert_eq!(back.dtype(), DType::F32);
-/// assert!((back - &w).abs().max(None).item::<f32>().unwrap() < 0.07);
+/// assert!((back - &w).abs().max(..).item::<f32>().unwrap() < 0.07);
 /// ```
 #[allow(clippy::too_many_arguments)]
 #[track_caller]
