@@ -100,9 +100,7 @@ pub fn default_device() -> Device {
 /// The stream operations on this thread record: the innermost [`with_stream`], else the default
 /// device's default stream.
 pub fn default_stream() -> Stream {
-    STREAM_STACK
-        .with(|s| s.borrow().last().copied())
-        .unwrap_or_else(|| Stream::default_for(default_device()))
+    STREAM_STACK.with(|s| s.borrow().last().copied()).unwrap_or_else(|| Stream::default_for(default_device()))
 }
 
 /// Runs `f` with operations on this thread recorded on `stream` (a [`Device`] or [`Stream`]).

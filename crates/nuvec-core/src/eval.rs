@@ -165,7 +165,9 @@ fn gather_inputs(node: &Node, stream: Stream) -> Result<Vec<Operand>> {
         let data = match &*st {
             State::Ready(d) => d.clone(),
             State::Failed(e) => return Err(e.clone()),
-            State::Pending { .. } => return Err(internal(format!("input of {} was not evaluated", node.primitive.name()))),
+            State::Pending { .. } => {
+                return Err(internal(format!("input of {} was not evaluated", node.primitive.name())));
+            }
             State::Donated => return Err(internal(format!("input of {} was donated", node.primitive.name()))),
         };
         let mut donated = false;
@@ -173,7 +175,11 @@ fn gather_inputs(node: &Node, stream: Stream) -> Result<Vec<Operand>> {
             // Only this node references the input and nothing else shares its bytes: give the
             // backend the only handle so it may write in place.
             // Tracers keep their graph for transforms, so their bytes stay readable.
-            if !view && !input.inner.tracer && Arc::strong_count(&input.inner) == 1 && Arc::strong_count(&data.storage) == 2 {
+            if !view
+                && !input.inner.tracer
+                && Arc::strong_count(&input.inner) == 1
+                && Arc::strong_count(&data.storage) == 2
+            {
                 *st = State::Donated;
                 donated = true;
                 // A copy read earlier (to the host, say) would go stale when the consumer
@@ -191,7 +197,12 @@ fn gather_inputs(node: &Node, stream: Stream) -> Result<Vec<Operand>> {
 }
 
 /// Runs a primitive on evaluated operands.
-pub(crate) fn dispatch(stream: Stream, primitive: &Primitive, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+pub(crate) fn dispatch(
+    stream: Stream,
+    primitive: &Primitive,
+    inputs: Vec<Operand>,
+    outputs: &mut [Output],
+) -> Result<()> {
     if primitive.is_view() {
         return eval_view(stream, primitive, inputs, outputs);
     }
@@ -247,7 +258,12 @@ fn composition_of(primitive: &Primitive) -> Option<Composition<'_>> {
 
 /// A fast operation the backend does not cover, or a custom function, runs as its composition
 /// of ordinary operations.
-fn eval_composition(stream: Stream, compose: Composition<'_>, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+fn eval_composition(
+    stream: Stream,
+    compose: Composition<'_>,
+    inputs: Vec<Operand>,
+    outputs: &mut [Output],
+) -> Result<()> {
     let results = with_stream(stream, || {
         let arrays: Vec<Array> = inputs.into_iter().map(|o| Array::from_data(o.shape, o.dtype, o.data)).collect();
         compose(&arrays)

@@ -14,7 +14,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::shape::{Strides, row_major_strides, elem_count};
+use crate::shape::{Strides, elem_count, row_major_strides};
 
 /// One 64-byte aligned block of host memory; buffers are vectors of them, so typed views
 /// need no `unsafe`.
@@ -215,7 +215,12 @@ pub struct Storage {
 impl Storage {
     /// Storage of host bytes.
     pub fn host(buffer: HostBuffer) -> Storage {
-        Storage { device: Device::cpu(), len: buffer.len(), memory: Memory::Host(buffer), mirrors: Mutex::new(Vec::new()) }
+        Storage {
+            device: Device::cpu(),
+            len: buffer.len(),
+            memory: Memory::Host(buffer),
+            mirrors: Mutex::new(Vec::new()),
+        }
     }
 
     /// Storage of a device backend's memory of `len` bytes.

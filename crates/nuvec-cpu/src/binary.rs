@@ -1,9 +1,9 @@
 //! Binary maps, and `where`.
 
+use num_traits::Float as _;
 use nuvec_core::primitive::BinaryOp;
 use nuvec_core::storage::{Operand, Output};
 use nuvec_core::{DType, Result};
-use num_traits::Float as _;
 
 use crate::elem::{B8, Bits, Float, Num};
 use crate::map::{map2, map3};

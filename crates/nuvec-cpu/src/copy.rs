@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use nuvec_core::Result;
-use nuvec_core::shape::{row_major_strides, elem_count};
+use nuvec_core::shape::{elem_count, row_major_strides};
 use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
 use rayon::prelude::*;
 
@@ -16,10 +16,22 @@ use crate::{for_all, for_real, host_slice, internal};
 macro_rules! by_size {
     ($size:expr, $T:ident => $body:expr) => {
         match $size {
-            1 => { type $T = u8; $body }
-            2 => { type $T = u16; $body }
-            4 => { type $T = u32; $body }
-            8 => { type $T = u64; $body }
+            1 => {
+                type $T = u8;
+                $body
+            }
+            2 => {
+                type $T = u16;
+                $body
+            }
+            4 => {
+                type $T = u32;
+                $body
+            }
+            8 => {
+                type $T = u64;
+                $body
+            }
             s => Err(internal(format!("no copy kernel for {s}-byte elements"))),
         }
     };
@@ -160,7 +172,8 @@ fn write_window_signed<T: bytemuck::Pod + Send + Sync>(
         return Err(internal("window starts before the buffer"));
     }
     let xs = host_slice::<T>(src)?;
-    let rows = Rows::new(&src.shape, [dst_strides, &src.data.layout.strides], [dst_offset as usize, src.data.layout.offset]);
+    let rows =
+        Rows::new(&src.shape, [dst_strides, &src.data.layout.strides], [dst_offset as usize, src.data.layout.offset]);
     rows.for_each(0, rows.count, |_, off| {
         let (mut pd, sd) = (off[0], rows.inner_strides[0]);
         let (mut ps, ss) = (off[1], rows.inner_strides[1]);

@@ -31,24 +31,66 @@ impl B8 {
 #[doc(hidden)]
 macro_rules! for_all {
     ($dtype:expr, $T:ident => $body:expr) => {{
-        use $crate::elem::B8;
         #[allow(unused_imports)]
         use half::{bf16, f16};
+        use $crate::elem::B8;
         match $dtype {
-            nuvec_core::DType::Bool => { type $T = B8; $body }
-            nuvec_core::DType::U8 => { type $T = u8; $body }
-            nuvec_core::DType::U16 => { type $T = u16; $body }
-            nuvec_core::DType::U32 => { type $T = u32; $body }
-            nuvec_core::DType::U64 => { type $T = u64; $body }
-            nuvec_core::DType::I8 => { type $T = i8; $body }
-            nuvec_core::DType::I16 => { type $T = i16; $body }
-            nuvec_core::DType::I32 => { type $T = i32; $body }
-            nuvec_core::DType::I64 => { type $T = i64; $body }
-            nuvec_core::DType::F16 => { type $T = f16; $body }
-            nuvec_core::DType::BF16 => { type $T = bf16; $body }
-            nuvec_core::DType::F32 => { type $T = f32; $body }
-            nuvec_core::DType::F64 => { type $T = f64; $body }
-            nuvec_core::DType::Complex64 => { type $T = nuvec_core::dtype::Complex64; $body }
+            nuvec_core::DType::Bool => {
+                type $T = B8;
+                $body
+            }
+            nuvec_core::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            nuvec_core::DType::U16 => {
+                type $T = u16;
+                $body
+            }
+            nuvec_core::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            nuvec_core::DType::U64 => {
+                type $T = u64;
+                $body
+            }
+            nuvec_core::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            nuvec_core::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            nuvec_core::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            nuvec_core::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            nuvec_core::DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            nuvec_core::DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
+            nuvec_core::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            nuvec_core::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            nuvec_core::DType::Complex64 => {
+                type $T = nuvec_core::dtype::Complex64;
+                $body
+            }
             #[allow(unreachable_patterns)]
             d => Err($crate::unsupported(d)),
         }
@@ -60,23 +102,62 @@ macro_rules! for_all {
 #[doc(hidden)]
 macro_rules! for_real {
     ($dtype:expr, $T:ident => $body:expr) => {{
-        use $crate::elem::B8;
         #[allow(unused_imports)]
         use half::{bf16, f16};
+        use $crate::elem::B8;
         match $dtype {
-            nuvec_core::DType::Bool => { type $T = B8; $body }
-            nuvec_core::DType::U8 => { type $T = u8; $body }
-            nuvec_core::DType::U16 => { type $T = u16; $body }
-            nuvec_core::DType::U32 => { type $T = u32; $body }
-            nuvec_core::DType::U64 => { type $T = u64; $body }
-            nuvec_core::DType::I8 => { type $T = i8; $body }
-            nuvec_core::DType::I16 => { type $T = i16; $body }
-            nuvec_core::DType::I32 => { type $T = i32; $body }
-            nuvec_core::DType::I64 => { type $T = i64; $body }
-            nuvec_core::DType::F16 => { type $T = f16; $body }
-            nuvec_core::DType::BF16 => { type $T = bf16; $body }
-            nuvec_core::DType::F32 => { type $T = f32; $body }
-            nuvec_core::DType::F64 => { type $T = f64; $body }
+            nuvec_core::DType::Bool => {
+                type $T = B8;
+                $body
+            }
+            nuvec_core::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            nuvec_core::DType::U16 => {
+                type $T = u16;
+                $body
+            }
+            nuvec_core::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            nuvec_core::DType::U64 => {
+                type $T = u64;
+                $body
+            }
+            nuvec_core::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            nuvec_core::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            nuvec_core::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            nuvec_core::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            nuvec_core::DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            nuvec_core::DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
+            nuvec_core::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            nuvec_core::DType::F64 => {
+                type $T = f64;
+                $body
+            }
             d => Err($crate::unsupported(d)),
         }
     }};
@@ -90,10 +171,22 @@ macro_rules! for_float {
         #[allow(unused_imports)]
         use half::{bf16, f16};
         match $dtype {
-            nuvec_core::DType::F16 => { type $T = f16; $body }
-            nuvec_core::DType::BF16 => { type $T = bf16; $body }
-            nuvec_core::DType::F32 => { type $T = f32; $body }
-            nuvec_core::DType::F64 => { type $T = f64; $body }
+            nuvec_core::DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            nuvec_core::DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
+            nuvec_core::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            nuvec_core::DType::F64 => {
+                type $T = f64;
+                $body
+            }
             d => Err($crate::unsupported(d)),
         }
     }};
@@ -106,15 +199,42 @@ macro_rules! for_int {
     ($dtype:expr, $T:ident => $body:expr) => {{
         use $crate::elem::B8;
         match $dtype {
-            nuvec_core::DType::Bool => { type $T = B8; $body }
-            nuvec_core::DType::U8 => { type $T = u8; $body }
-            nuvec_core::DType::U16 => { type $T = u16; $body }
-            nuvec_core::DType::U32 => { type $T = u32; $body }
-            nuvec_core::DType::U64 => { type $T = u64; $body }
-            nuvec_core::DType::I8 => { type $T = i8; $body }
-            nuvec_core::DType::I16 => { type $T = i16; $body }
-            nuvec_core::DType::I32 => { type $T = i32; $body }
-            nuvec_core::DType::I64 => { type $T = i64; $body }
+            nuvec_core::DType::Bool => {
+                type $T = B8;
+                $body
+            }
+            nuvec_core::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            nuvec_core::DType::U16 => {
+                type $T = u16;
+                $body
+            }
+            nuvec_core::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            nuvec_core::DType::U64 => {
+                type $T = u64;
+                $body
+            }
+            nuvec_core::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            nuvec_core::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            nuvec_core::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            nuvec_core::DType::I64 => {
+                type $T = i64;
+                $body
+            }
             d => Err($crate::unsupported(d)),
         }
     }};

@@ -2,10 +2,10 @@
 
 use std::any::TypeId;
 
+use num_traits::{Float as _, One, Zero};
 use nuvec_core::Result;
 use nuvec_core::fast::FastOp;
 use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
-use num_traits::{Float as _, One, Zero};
 use rayon::prelude::*;
 
 use crate::copy;

@@ -2,15 +2,15 @@
 //! parallel with rayon, with SIMD chosen at run time (no `target-cpu=native` needed) and
 //! products on the `gemm` crate.
 
-pub mod elem;
 mod binary;
 mod copy;
+pub mod elem;
 mod fast;
 mod gather;
 mod map;
 mod matmul;
-mod random;
 pub mod quantize;
+mod random;
 mod reduce;
 mod scan;
 mod sort;
@@ -45,11 +45,7 @@ pub(crate) fn internal(msg: impl Into<String>) -> Error {
 
 /// The whole host buffer of an operand as elements of `T` (index it with the layout).
 pub(crate) fn host_slice<T: bytemuck::Pod>(op: &Operand) -> Result<&[T]> {
-    op.data
-        .storage
-        .host_buffer()
-        .map(|b| b.as_slice::<T>())
-        .ok_or_else(|| internal("operand is not in host memory"))
+    op.data.storage.host_buffer().map(|b| b.as_slice::<T>()).ok_or_else(|| internal("operand is not in host memory"))
 }
 
 fn take<const N: usize>(inputs: Vec<Operand>) -> Result<[Operand; N]> {
@@ -161,7 +157,10 @@ impl Backend for CpuBackend {
     }
 
     fn download(&self, storage: &Storage) -> Result<HostBuffer> {
-        storage.host_buffer().map(|b| HostBuffer::from_bytes(b.bytes())).ok_or_else(|| internal("storage is not on the host"))
+        storage
+            .host_buffer()
+            .map(|b| HostBuffer::from_bytes(b.bytes()))
+            .ok_or_else(|| internal("storage is not on the host"))
     }
 
     fn synchronize(&self, _stream: Stream) -> Result<()> {

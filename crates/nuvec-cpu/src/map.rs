@@ -54,7 +54,6 @@ fn flat_plan(ops: &[&Operand]) -> Option<(Vec<Flat>, Option<Layout>)> {
     Some((plan, layout.map(|l| Layout { strides: l.strides.clone(), offset: 0, flags: l.flags })))
 }
 
-
 /// The dense range of `op`'s elements as a slice (its whole span for a flat operand).
 fn dense<'a, T: Elem>(op: &'a Operand, n: usize) -> Result<&'a [T]> {
     let s = host_slice::<T>(op)?;
@@ -103,7 +102,13 @@ pub fn map1<A: Elem, U: Elem>(x: Operand, out: &mut Output, f: impl Fn(A) -> U +
                 out.data = Some(data);
                 return Ok(());
             }
-            return flat1(&Operand { shape: out.shape.clone(), dtype: A::DTYPE, data, donated: false }, n, layout, out, f);
+            return flat1(
+                &Operand { shape: out.shape.clone(), dtype: A::DTYPE, data, donated: false },
+                n,
+                layout,
+                out,
+                f,
+            );
         }
         return flat1(&x, n, layout, out, f);
     }
@@ -129,7 +134,13 @@ pub fn map1<A: Elem, U: Elem>(x: Operand, out: &mut Output, f: impl Fn(A) -> U +
     Ok(())
 }
 
-fn flat1<A: Elem, U: Elem>(x: &Operand, n: usize, layout: Layout, out: &mut Output, f: impl Fn(A) -> U + Sync + Send + Copy) -> Result<()> {
+fn flat1<A: Elem, U: Elem>(
+    x: &Operand,
+    n: usize,
+    layout: Layout,
+    out: &mut Output,
+    f: impl Fn(A) -> U + Sync + Send + Copy,
+) -> Result<()> {
     let xs = dense::<A>(x, n)?;
     let mut buf = HostBuffer::uninit(n * size_of::<U>());
     buf.as_mut_slice::<U>().par_chunks_mut(GRAIN).zip(xs.par_chunks(GRAIN)).for_each(|(o, a)| {

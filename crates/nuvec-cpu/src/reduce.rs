@@ -162,10 +162,8 @@ fn run<T: Elem, R: Reducer<T>>(r: R, axes: &[usize], x: &Operand, out: &mut Outp
         let len = red.inner;
         if n_out == 1 {
             let s = &xs[base..base + len];
-            let acc = s
-                .par_chunks(GRAIN * 4)
-                .map(|c| simd(|| reduce_slice(r, c)))
-                .reduce(|| r.init(), |a, b| r.merge(a, b));
+            let acc =
+                s.par_chunks(GRAIN * 4).map(|c| simd(|| reduce_slice(r, c))).reduce(|| r.init(), |a, b| r.merge(a, b));
             o[0] = r.finish(acc);
         } else {
             let per = (GRAIN / len).max(1);

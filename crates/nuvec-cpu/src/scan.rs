@@ -1,9 +1,9 @@
 //! Cumulative reductions along one axis (row-major output).
 
+use nuvec_core::dtype::Complex64;
 use nuvec_core::primitive::ScanOp;
 use nuvec_core::shape::row_major_strides;
 use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
-use nuvec_core::dtype::Complex64;
 use nuvec_core::{DType, Result};
 use rayon::prelude::*;
 

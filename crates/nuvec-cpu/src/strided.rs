@@ -38,7 +38,14 @@ impl<const K: usize> Rows<K> {
         }
         let base = base.map(|b| b as isize);
         if shape.iter().any(|&d| d == 0) {
-            return Rows { outer_shape: vec![], outer_strides: vec![], base, inner: 0, inner_strides: [0; K], count: 0 };
+            return Rows {
+                outer_shape: vec![],
+                outer_strides: vec![],
+                base,
+                inner: 0,
+                inner_strides: [0; K],
+                count: 0,
+            };
         }
         let (inner, inner_strides) = dims.pop().unwrap_or((1, [0; K]));
         let count = dims.iter().map(|d| d.0).product();

@@ -1,10 +1,10 @@
 //! Unary maps.
 
+use num_traits::Float as _;
 use nuvec_core::Result;
 use nuvec_core::dtype::Complex64;
 use nuvec_core::primitive::UnaryOp;
 use nuvec_core::storage::{Operand, Output};
-use num_traits::Float as _;
 
 use crate::elem::{AccFloat, B8, Bits, Float, Num};
 use crate::map::map1;
@@ -120,4 +120,3 @@ fn complex(op: UnaryOp, x: Operand, out: &mut Output) -> Result<()> {
         _ => Err(unsupported(x.dtype)),
     }
 }
-

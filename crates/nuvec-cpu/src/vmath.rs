@@ -60,10 +60,7 @@ mod tests {
             if want.is_finite() && want > f32::MIN_POSITIVE {
                 worst = worst.max(ulps(got, want));
             } else {
-                assert!(
-                    got == want || (got - want).abs() <= f32::MIN_POSITIVE,
-                    "exp({x}) = {got}, want {want}"
-                );
+                assert!(got == want || (got - want).abs() <= f32::MIN_POSITIVE, "exp({x}) = {got}, want {want}");
             }
             x += 0.0137;
         }

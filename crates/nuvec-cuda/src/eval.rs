@@ -152,7 +152,11 @@ pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: 
     if let Some((mode, lead)) = flat {
         // Write in place into a donated input of the output's type.
         let donor = [&a, &b].into_iter().find(|o| {
-            o.donated && o.dtype == out.dtype && dense(o) && !scalar_like(o) && o.data.layout.strides == lead.data.layout.strides
+            o.donated
+                && o.dtype == out.dtype
+                && dense(o)
+                && !scalar_like(o)
+                && o.data.layout.strides == lead.data.layout.strides
         });
         let op_ptr = match donor {
             Some(d) => dense_output(gpu, d, out)?,
@@ -323,14 +327,16 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
         if len as usize * x.dtype.size() <= WARP_ROW_BYTES && n_out > 1 {
             let f = kernel(gpu, family, &format!("reduce_rows_warp_{name}"))?;
             let grid = grid_for(gpu, n_out, (BLOCK / 32) as u64);
-            let args = vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(len), Arg::Dims(Box::new(kept_dims))];
+            let args =
+                vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(len), Arg::Dims(Box::new(kept_dims))];
             return launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args);
         }
         // Split long rows so every multiprocessor has work, then merge the partials.
         let target = 4 * sms;
         let segs = if n_out >= target { 1 } else { target.div_ceil(n_out).min(len.div_ceil(8192)).max(1) };
         let f = kernel(gpu, family, &format!("reduce_rows_{name}"))?;
-        let partials = if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
+        let partials =
+            if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
         let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
         let grid = (n_out * segs).min(65535 * 32) as u32;
         let args = vec![
@@ -357,7 +363,8 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
         let blocks_x = n_out.div_ceil(BLOCK as u64);
         let segs = if blocks_x >= 2 * sms { 1 } else { (2 * sms).div_ceil(blocks_x).min(n_red.div_ceil(64)).max(1) };
         let f = kernel(gpu, family, &format!("reduce_cols_{name}"))?;
-        let partials = if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
+        let partials =
+            if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
         let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
         let args = vec![
             Arg::Ptr(xp),
@@ -440,7 +447,11 @@ pub(crate) fn scan(
             dtype: x.dtype,
             data: Data {
                 storage: x.data.storage.clone(),
-                layout: Layout::new(&moved_shape, perm.iter().map(|&a| x.data.layout.strides[a]).collect(), x.data.layout.offset),
+                layout: Layout::new(
+                    &moved_shape,
+                    perm.iter().map(|&a| x.data.layout.strides[a]).collect(),
+                    x.data.layout.offset,
+                ),
             },
             donated: false,
         };
@@ -568,7 +579,9 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, primitive: &Primitive, inputs: Vec<Operand>, 
             let (src, idx, upd) = (next()?, next()?, next()?);
             scatter_axis(gpu, *axis, *reduce, src, idx, upd, out)
         }
-        Primitive::Quantize { group_size, bits, .. } => crate::quantize::quantize(gpu, *group_size, *bits, next()?, outputs),
+        Primitive::Quantize { group_size, bits, .. } => {
+            crate::quantize::quantize(gpu, *group_size, *bits, next()?, outputs)
+        }
         Primitive::Dequantize { group_size, bits, .. } => {
             let (w, s, b) = (next()?, next()?, next()?);
             crate::quantize::dequantize(gpu, *group_size, *bits, [w, s, b], out)

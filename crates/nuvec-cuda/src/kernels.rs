@@ -140,18 +140,70 @@ pub fn unary_functor(op: UnaryOp, d: DType) -> Option<&'static str> {
 const UNARY_OPS: [UnaryOp; 34] = {
     use UnaryOp::*;
     [
-        Abs, Sign, Negative, Square, Floor, Ceil, Round, Exp, Expm1, Log, Log1p, Log2, Log10, Sqrt, Rsqrt, Reciprocal,
-        Sin, Cos, Tan, ArcSin, ArcCos, ArcTan, Sinh, Cosh, Tanh, ArcSinh, ArcCosh, ArcTanh, Sigmoid, Erf, ErfInv,
-        LogicalNot, BitwiseInvert, Conjugate,
+        Abs,
+        Sign,
+        Negative,
+        Square,
+        Floor,
+        Ceil,
+        Round,
+        Exp,
+        Expm1,
+        Log,
+        Log1p,
+        Log2,
+        Log10,
+        Sqrt,
+        Rsqrt,
+        Reciprocal,
+        Sin,
+        Cos,
+        Tan,
+        ArcSin,
+        ArcCos,
+        ArcTan,
+        Sinh,
+        Cosh,
+        Tanh,
+        ArcSinh,
+        ArcCosh,
+        ArcTanh,
+        Sigmoid,
+        Erf,
+        ErfInv,
+        LogicalNot,
+        BitwiseInvert,
+        Conjugate,
     ]
 };
 
 const BINARY_OPS: [BinaryOp; 24] = {
     use BinaryOp::*;
     [
-        Add, Subtract, Multiply, Divide, FloorDivide, Remainder, Power, Maximum, Minimum, LogAddExp, ArcTan2, Equal,
-        NotEqual, Less, LessEqual, Greater, GreaterEqual, LogicalAnd, LogicalOr, BitwiseAnd, BitwiseOr, BitwiseXor,
-        LeftShift, RightShift,
+        Add,
+        Subtract,
+        Multiply,
+        Divide,
+        FloorDivide,
+        Remainder,
+        Power,
+        Maximum,
+        Minimum,
+        LogAddExp,
+        ArcTan2,
+        Equal,
+        NotEqual,
+        Less,
+        LessEqual,
+        Greater,
+        GreaterEqual,
+        LogicalAnd,
+        LogicalOr,
+        BitwiseAnd,
+        BitwiseOr,
+        BitwiseXor,
+        LeftShift,
+        RightShift,
     ]
 };
 
@@ -250,8 +302,12 @@ impl Family {
                     let Some(f) = unary_functor(op, d) else { continue };
                     let u = ctype(unary_out(op, d));
                     let n = op.name();
-                    w(format!("extern \"C\" __global__ void unary_{n}_c(const {t}* x, {u}* out, u64 n) {{ unary_contig<{t}, {u}>(x, out, n, {f}()); }}"));
-                    w(format!("extern \"C\" __global__ void unary_{n}_s(const {t}* x, {u}* out, u64 n, Dims d) {{ unary_strided<{t}, {u}>(x, out, n, d, {f}()); }}"));
+                    w(format!(
+                        "extern \"C\" __global__ void unary_{n}_c(const {t}* x, {u}* out, u64 n) {{ unary_contig<{t}, {u}>(x, out, n, {f}()); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void unary_{n}_s(const {t}* x, {u}* out, u64 n, Dims d) {{ unary_strided<{t}, {u}>(x, out, n, d, {f}()); }}"
+                    ));
                 }
             }
             Family::Binary(d) => {
@@ -263,8 +319,12 @@ impl Family {
                     }
                     let u = ctype(op.output_dtype(d));
                     let n = op.name();
-                    w(format!("extern \"C\" __global__ void binary_{n}_c(const {t}* a, const {t}* b, {u}* out, u64 n, int mode) {{ binary_contig<{t}, {u}>(a, b, out, n, mode, Bin_{n}()); }}"));
-                    w(format!("extern \"C\" __global__ void binary_{n}_s(const {t}* a, const {t}* b, {u}* out, u64 n, Dims d) {{ binary_strided<{t}, {u}>(a, b, out, n, d, Bin_{n}()); }}"));
+                    w(format!(
+                        "extern \"C\" __global__ void binary_{n}_c(const {t}* a, const {t}* b, {u}* out, u64 n, int mode) {{ binary_contig<{t}, {u}>(a, b, out, n, mode, Bin_{n}()); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void binary_{n}_s(const {t}* a, const {t}* b, {u}* out, u64 n, Dims d) {{ binary_strided<{t}, {u}>(a, b, out, n, d, Bin_{n}()); }}"
+                    ));
                 }
             }
             Family::Cast(src) => {
@@ -273,14 +333,20 @@ impl Family {
                 for dst in ALL {
                     let d_ = ctype(dst);
                     let n = dst.name();
-                    w(format!("extern \"C\" __global__ void cast_{n}_c(const {s_}* x, {d_}* out, u64 n) {{ unary_contig<{s_}, {d_}>(x, out, n, CastF<{s_}, {d_}>()); }}"));
-                    w(format!("extern \"C\" __global__ void cast_{n}_s(const {s_}* x, {d_}* out, u64 n, Dims d) {{ unary_strided<{s_}, {d_}>(x, out, n, d, CastF<{s_}, {d_}>()); }}"));
+                    w(format!(
+                        "extern \"C\" __global__ void cast_{n}_c(const {s_}* x, {d_}* out, u64 n) {{ unary_contig<{s_}, {d_}>(x, out, n, CastF<{s_}, {d_}>()); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void cast_{n}_s(const {s_}* x, {d_}* out, u64 n, Dims d) {{ unary_strided<{s_}, {d_}>(x, out, n, d, CastF<{s_}, {d_}>()); }}"
+                    ));
                 }
             }
             Family::Select(d) => {
                 let t = ctype(d);
                 w("#include \"elementwise.cuh\"".into());
-                w(format!("extern \"C\" __global__ void select_s(const bool* c, const {t}* a, const {t}* b, {t}* out, u64 n, Dims d) {{ select_strided<{t}>(c, a, b, out, n, d); }}"));
+                w(format!(
+                    "extern \"C\" __global__ void select_s(const bool* c, const {t}* a, const {t}* b, {t}* out, u64 n, Dims d) {{ select_strided<{t}>(c, a, b, out, n, d); }}"
+                ));
             }
             Family::Copy(size) => {
                 let t = match size {
@@ -290,7 +356,9 @@ impl Family {
                     _ => "u64",
                 };
                 w("#include \"misc.cuh\"".into());
-                w(format!("extern \"C\" __global__ void copy_s(const {t}* src, {t}* dst, u64 n, Dims d) {{ copy_strided<{t}>(src, dst, n, d); }}"));
+                w(format!(
+                    "extern \"C\" __global__ void copy_s(const {t}* src, {t}* dst, u64 n, Dims d) {{ copy_strided<{t}>(src, dst, n, d); }}"
+                ));
             }
             Family::Reduce(d) => {
                 let t = ctype(d);
@@ -298,19 +366,33 @@ impl Family {
                 for &op in reduce_ops(d) {
                     let (n, c) = (op.name(), reduce_code(op));
                     let a = format!("typename Red<{t}, {c}>::A");
-                    w(format!("extern \"C\" __global__ void reduce_rows_{n}(const {t}* x, {a}* partials, {t}* out, u64 rows, u64 len, u64 segs, Dims d) {{ reduce_rows<{t}, {c}>(x, partials, out, rows, len, segs, d); }}"));
-                    w(format!("extern \"C\" __global__ void reduce_rows_warp_{n}(const {t}* x, {t}* out, u64 rows, u64 len, Dims d) {{ reduce_rows_warp<{t}, {c}>(x, out, rows, len, d); }}"));
-                    w(format!("extern \"C\" __global__ void reduce_finish_{n}(const {a}* partials, {t}* out, u64 rows, u64 segs) {{ reduce_finish<{t}, {c}>(partials, out, rows, segs); }}"));
-                    w(format!("extern \"C\" __global__ void reduce_cols_{n}(const {t}* x, {a}* partials, {t}* out, u64 cols, u64 red, u64 segs, Dims d) {{ reduce_cols<{t}, {c}>(x, partials, out, cols, red, segs, d); }}"));
-                    w(format!("extern \"C\" __global__ void reduce_cols_finish_{n}(const {a}* partials, {t}* out, u64 cols, u64 segs) {{ reduce_cols_finish<{t}, {c}>(partials, out, cols, segs); }}"));
-                    w(format!("extern \"C\" __global__ void reduce_general_{n}(const {t}* x, {t}* out, u64 n_out, u64 n_red, Dims kept, Dims red) {{ reduce_general<{t}, {c}>(x, out, n_out, n_red, kept, red); }}"));
+                    w(format!(
+                        "extern \"C\" __global__ void reduce_rows_{n}(const {t}* x, {a}* partials, {t}* out, u64 rows, u64 len, u64 segs, Dims d) {{ reduce_rows<{t}, {c}>(x, partials, out, rows, len, segs, d); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void reduce_rows_warp_{n}(const {t}* x, {t}* out, u64 rows, u64 len, Dims d) {{ reduce_rows_warp<{t}, {c}>(x, out, rows, len, d); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void reduce_finish_{n}(const {a}* partials, {t}* out, u64 rows, u64 segs) {{ reduce_finish<{t}, {c}>(partials, out, rows, segs); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void reduce_cols_{n}(const {t}* x, {a}* partials, {t}* out, u64 cols, u64 red, u64 segs, Dims d) {{ reduce_cols<{t}, {c}>(x, partials, out, cols, red, segs, d); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void reduce_cols_finish_{n}(const {a}* partials, {t}* out, u64 cols, u64 segs) {{ reduce_cols_finish<{t}, {c}>(partials, out, cols, segs); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void reduce_general_{n}(const {t}* x, {t}* out, u64 n_out, u64 n_red, Dims kept, Dims red) {{ reduce_general<{t}, {c}>(x, out, n_out, n_red, kept, red); }}"
+                    ));
                 }
             }
             Family::ArgReduce(d) => {
                 let t = ctype(d);
                 w("#include \"reduce.cuh\"".into());
                 for (n, max) in [("argmax", true), ("argmin", false)] {
-                    w(format!("extern \"C\" __global__ void {n}(const {t}* x, u32* out, u64 n_out, u64 len, i64 axis_stride, Dims d) {{ arg_reduce<{t}, {max}>(x, out, n_out, len, axis_stride, d); }}"));
+                    w(format!(
+                        "extern \"C\" __global__ void {n}(const {t}* x, u32* out, u64 n_out, u64 len, i64 axis_stride, Dims d) {{ arg_reduce<{t}, {max}>(x, out, n_out, len, axis_stride, d); }}"
+                    ));
                 }
             }
             Family::Scan(d) => {
@@ -318,35 +400,51 @@ impl Family {
                 w("#include \"reduce.cuh\"".into());
                 for op in scan_ops(d) {
                     let (n, c) = (op.name(), scan_code(op));
-                    w(format!("extern \"C\" __global__ void scan_{n}(const {t}* x, {t}* out, u64 lines, u64 len, int reverse, int inclusive) {{ scan_lines<{t}, {c}>(x, out, lines, len, reverse != 0, inclusive != 0); }}"));
+                    w(format!(
+                        "extern \"C\" __global__ void scan_{n}(const {t}* x, {t}* out, u64 lines, u64 len, int reverse, int inclusive) {{ scan_lines<{t}, {c}>(x, out, lines, len, reverse != 0, inclusive != 0); }}"
+                    ));
                 }
             }
             Family::Arange(d) => {
                 let t = ctype(d);
                 w("#include \"misc.cuh\"".into());
-                w(format!("extern \"C\" __global__ void arange({t}* out, u64 n, double start, double step) {{ arange_fill<{t}>(out, n, start, step); }}"));
+                w(format!(
+                    "extern \"C\" __global__ void arange({t}* out, u64 n, double start, double step) {{ arange_fill<{t}>(out, n, start, step); }}"
+                ));
             }
             Family::Fast(d) => {
                 let t = ctype(d);
                 w("#include \"fast.cuh\"".into());
                 for (name, f) in [("softmax", "softmax_rows"), ("logsumexp", "logsumexp_rows")] {
-                    w(format!("extern \"C\" __global__ void {name}(const {t}* x, {t}* out, u64 rows, u64 len) {{ {f}<{t}>(x, out, rows, len); }}"));
-                    w(format!("extern \"C\" __global__ void {name}_warp(const {t}* x, {t}* out, u64 rows, u64 len) {{ {f}_warp<{t}>(x, out, rows, len); }}"));
+                    w(format!(
+                        "extern \"C\" __global__ void {name}(const {t}* x, {t}* out, u64 rows, u64 len) {{ {f}<{t}>(x, out, rows, len); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void {name}_warp(const {t}* x, {t}* out, u64 rows, u64 len) {{ {f}_warp<{t}>(x, out, rows, len); }}"
+                    ));
                 }
             }
             Family::Gemv(d) => {
                 let t = ctype(d);
                 w("#include \"gemv.cuh\"".into());
                 for m in 1..=8 {
-                    w(format!("extern \"C\" __global__ void gemv_rows_{m}(const {t}* x, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {{ gemv_rows<{t}, {m}>(x, w, out, n, k, ldx, ldw, ldo); }}"));
-                    w(format!("extern \"C\" __global__ void gemv_cols_{m}(const {t}* x, const {t}* b, float* partials, {t}* out, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices) {{ gemv_cols<{t}, {m}>(x, b, partials, out, n, k, ldx, ldb, ldo, slices); }}"));
-                    w(format!("extern \"C\" __global__ void gemv_finish_{m}(const float* partials, {t}* out, u64 n, u64 ldo, u64 slices) {{ gemv_finish<{t}, {m}>(partials, out, n, ldo, slices); }}"));
+                    w(format!(
+                        "extern \"C\" __global__ void gemv_rows_{m}(const {t}* x, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {{ gemv_rows<{t}, {m}>(x, w, out, n, k, ldx, ldw, ldo); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void gemv_cols_{m}(const {t}* x, const {t}* b, float* partials, {t}* out, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices) {{ gemv_cols<{t}, {m}>(x, b, partials, out, n, k, ldx, ldb, ldo, slices); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void gemv_finish_{m}(const float* partials, {t}* out, u64 n, u64 ldo, u64 slices) {{ gemv_finish<{t}, {m}>(partials, out, n, ldo, slices); }}"
+                    ));
                 }
             }
             Family::MatmulInt(d) => {
                 let t = ctype(d);
                 w("#include \"misc.cuh\"".into());
-                w(format!("extern \"C\" __global__ void matmul_int(const {t}* a, const {t}* b, {t}* out, u64 batches, u64 m, u64 n, u64 k, i64 sa0, i64 sa1, i64 sb0, i64 sb1, Dims d) {{ matmul_int<{t}>(a, b, out, batches, m, n, k, sa0, sa1, sb0, sb1, d); }}"));
+                w(format!(
+                    "extern \"C\" __global__ void matmul_int(const {t}* a, const {t}* b, {t}* out, u64 batches, u64 m, u64 n, u64 k, i64 sa0, i64 sa1, i64 sb0, i64 sb1, Dims d) {{ matmul_int<{t}>(a, b, out, batches, m, n, k, sa0, sa1, sb0, sb1, d); }}"
+                ));
             }
             // The kernel is self-contained; its source is the module (it includes common.cuh).
             Family::Random => w(include_str!("../kernels/random.cuh").into()),
@@ -354,11 +452,19 @@ impl Family {
                 let t = ctype(d);
                 w("#include \"sort.cuh\"".into());
                 for (suffix, indices) in [("vals", false), ("idx", true)] {
-                    w(format!("extern \"C\" __global__ void sort_block_{suffix}(const {t}* x, void* out, u64 rows, u32 len, u32 p, i64 axis_stride, Dims d) {{ sort_block<{t}, {indices}>(x, out, rows, len, p, axis_stride, d); }}"));
-                    w(format!("extern \"C\" __global__ void sort_global_write_{suffix}(const {t}* keys, const u32* idx, void* out, u64 rows, u32 len, u32 p) {{ sort_global_write<{t}, {indices}>(keys, idx, out, rows, len, p); }}"));
+                    w(format!(
+                        "extern \"C\" __global__ void sort_block_{suffix}(const {t}* x, void* out, u64 rows, u32 len, u32 p, i64 axis_stride, Dims d) {{ sort_block<{t}, {indices}>(x, out, rows, len, p, axis_stride, d); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void sort_global_write_{suffix}(const {t}* keys, const u32* idx, void* out, u64 rows, u32 len, u32 p) {{ sort_global_write<{t}, {indices}>(keys, idx, out, rows, len, p); }}"
+                    ));
                 }
-                w(format!("extern \"C\" __global__ void sort_global_init(const {t}* x, {t}* keys, u32* idx, u64 rows, u32 len, u32 p, i64 axis_stride, Dims d) {{ sort_global_init<{t}>(x, keys, idx, rows, len, p, axis_stride, d); }}"));
-                w(format!("extern \"C\" __global__ void sort_global_step({t}* keys, u32* idx, u64 rows, u32 len, u32 p, u32 k, u32 j) {{ sort_global_step<{t}>(keys, idx, rows, len, p, k, j); }}"));
+                w(format!(
+                    "extern \"C\" __global__ void sort_global_init(const {t}* x, {t}* keys, u32* idx, u64 rows, u32 len, u32 p, i64 axis_stride, Dims d) {{ sort_global_init<{t}>(x, keys, idx, rows, len, p, axis_stride, d); }}"
+                ));
+                w(format!(
+                    "extern \"C\" __global__ void sort_global_step({t}* keys, u32* idx, u64 rows, u32 len, u32 p, u32 k, u32 j) {{ sort_global_step<{t}>(keys, idx, rows, len, p, k, j); }}"
+                ));
             }
             Family::Gather(d) => {
                 let t = ctype(d);
@@ -366,11 +472,17 @@ impl Family {
                 for idt in INDEX_DTYPES {
                     let (i, n) = (ctype(idt), idt.name());
                     let args = "u64 n, i64 axis_n, i64 axis_stride, Dims d";
-                    w(format!("extern \"C\" __global__ void gather_{n}(const {t}* src, const {i}* idx, {t}* out, {args}) {{ gather_axis<{t}, {i}>(src, idx, out, n, axis_n, axis_stride, d); }}"));
-                    w(format!("extern \"C\" __global__ void scatter_none_{n}(const {i}* idx, const {t}* upd, {t}* out, {args}) {{ scatter_set<{t}, {i}>(idx, upd, out, n, axis_n, axis_stride, d); }}"));
+                    w(format!(
+                        "extern \"C\" __global__ void gather_{n}(const {t}* src, const {i}* idx, {t}* out, {args}) {{ gather_axis<{t}, {i}>(src, idx, out, n, axis_n, axis_stride, d); }}"
+                    ));
+                    w(format!(
+                        "extern \"C\" __global__ void scatter_none_{n}(const {i}* idx, const {t}* upd, {t}* out, {args}) {{ scatter_set<{t}, {i}>(idx, upd, out, n, axis_n, axis_stride, d); }}"
+                    ));
                     if has_scatter_reduce(d) {
                         for (r, f) in [("sum", "ScSum"), ("prod", "ScProd"), ("max", "ScMax"), ("min", "ScMin")] {
-                            w(format!("extern \"C\" __global__ void scatter_{r}_{n}(const {i}* idx, const {t}* upd, {t}* out, {args}) {{ scatter_reduce<{t}, {i}>(idx, upd, out, n, axis_n, axis_stride, d, {f}<{t}>()); }}"));
+                            w(format!(
+                                "extern \"C\" __global__ void scatter_{r}_{n}(const {i}* idx, const {t}* upd, {t}* out, {args}) {{ scatter_reduce<{t}, {i}>(idx, upd, out, n, axis_n, axis_stride, d, {f}<{t}>()); }}"
+                            ));
                         }
                     }
                 }
@@ -378,8 +490,12 @@ impl Family {
             Family::Quantize(d) => {
                 let t = ctype(d);
                 w("#include \"quantize.cuh\"".into());
-                w(format!("extern \"C\" __global__ void affine_quantize(const {t}* w, u32* out, {t}* scales, {t}* biases, u64 groups, int bits, int group_size) {{ affine_quantize<{t}>(w, out, scales, biases, groups, bits, group_size); }}"));
-                w(format!("extern \"C\" __global__ void affine_dequantize(const u32* w, const {t}* scales, const {t}* biases, {t}* out, u64 n, int bits, int group_size) {{ affine_dequantize<{t}>(w, scales, biases, out, n, bits, group_size); }}"));
+                w(format!(
+                    "extern \"C\" __global__ void affine_quantize(const {t}* w, u32* out, {t}* scales, {t}* biases, u64 groups, int bits, int group_size) {{ affine_quantize<{t}>(w, out, scales, biases, groups, bits, group_size); }}"
+                ));
+                w(format!(
+                    "extern \"C\" __global__ void affine_dequantize(const u32* w, const {t}* scales, const {t}* biases, {t}* out, u64 n, int bits, int group_size) {{ affine_dequantize<{t}>(w, scales, biases, out, n, bits, group_size); }}"
+                ));
             }
         }
         s

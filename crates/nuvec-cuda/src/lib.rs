@@ -14,8 +14,8 @@ mod eval;
 pub mod kernels;
 mod launch;
 mod matmul;
-mod sort;
 mod quantize;
+mod sort;
 
 use std::sync::Arc;
 
@@ -149,7 +149,8 @@ impl Backend for CudaBackend {
     }
 
     fn supports(&self, primitive: &Primitive, inputs: &[Spec], outputs: &[Spec]) -> bool {
-        let d = inputs.first().map(|s| s.dtype).unwrap_or_else(|| outputs.first().map(|s| s.dtype).unwrap_or(DType::F32));
+        let d =
+            inputs.first().map(|s| s.dtype).unwrap_or_else(|| outputs.first().map(|s| s.dtype).unwrap_or(DType::F32));
         match primitive {
             Primitive::Arange { .. } => !matches!(outputs[0].dtype, DType::Bool | DType::Complex64),
             Primitive::Unary(op) => unary_functor(*op, d).is_some(),
@@ -173,7 +174,9 @@ impl Backend for CudaBackend {
                     && matches!(op, nuvec_core::fast::FastOp::Softmax | nuvec_core::fast::FastOp::LogSumExp)
             }
             Primitive::RandomBits { .. } => d == DType::U32,
-            Primitive::Sort { axis, .. } => inputs.first().and_then(|x| x.shape.get(*axis)).is_some_and(|&len| sort::supports(len as usize)),
+            Primitive::Sort { axis, .. } => {
+                inputs.first().and_then(|x| x.shape.get(*axis)).is_some_and(|&len| sort::supports(len as usize))
+            }
             Primitive::CustomKernel(_) => true,
             Primitive::Quantize { .. } | Primitive::Dequantize { .. } => quantize::supports(primitive, inputs),
             _ => false,

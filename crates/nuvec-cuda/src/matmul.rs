@@ -97,7 +97,9 @@ impl Blas {
         };
         let (compute, scale) = match k.dtype {
             DType::F64 => (lt::cublasComputeType_t::CUBLAS_COMPUTE_64F, lt::cudaDataType::CUDA_R_64F),
-            DType::F32 if k.tf32 => (lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, lt::cudaDataType::CUDA_R_32F),
+            DType::F32 if k.tf32 => {
+                (lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32, lt::cudaDataType::CUDA_R_32F)
+            }
             _ => (lt::cublasComputeType_t::CUBLAS_COMPUTE_32F, lt::cudaDataType::CUDA_R_32F),
         };
         // SAFETY: descriptor calls write into locals and read attribute values from locals of
@@ -116,7 +118,10 @@ impl Blas {
             set_op(lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, k.b.trans)?;
             let layout = |m: &Mat| -> Result<lt::cublasLtMatrixLayout_t> {
                 let mut l = std::ptr::null_mut();
-                blas_check(lt::cublasLtMatrixLayoutCreate(&mut l, dt, m.rows, m.cols, m.ld), "cublasLtMatrixLayoutCreate")?;
+                blas_check(
+                    lt::cublasLtMatrixLayoutCreate(&mut l, dt, m.rows, m.cols, m.ld),
+                    "cublasLtMatrixLayoutCreate",
+                )?;
                 if k.batch > 1 {
                     let count = k.batch as i32;
                     blas_check(
@@ -226,7 +231,12 @@ pub(crate) fn matmul(
             // SAFETY: the output buffer holds `m * n * batch` elements.
             unsafe {
                 crate::driver::check(
-                    cudarc::driver::sys::cuMemsetD8Async(op_ptr, 0, (m * n * batch) as usize * dtype.size(), gpu.stream),
+                    cudarc::driver::sys::cuMemsetD8Async(
+                        op_ptr,
+                        0,
+                        (m * n * batch) as usize * dtype.size(),
+                        gpu.stream,
+                    ),
                     "cuMemsetD8Async",
                 )?;
             }
@@ -383,7 +393,8 @@ fn matmul_int(gpu: &Arc<Gpu>, a: Operand, b: Operand, out: &mut Output) -> Resul
         return Ok(());
     }
     let out_strides = row_major_strides(&out.shape);
-    let d = Dims::new(&out.shape[..nb], &[&a.data.layout.strides[..nb], &b.data.layout.strides[..nb], &out_strides[..nb]])?;
+    let d =
+        Dims::new(&out.shape[..nb], &[&a.data.layout.strides[..nb], &b.data.layout.strides[..nb], &out_strides[..nb]])?;
     let (sa, sb) = (&a.data.layout.strides, &b.data.layout.strides);
     let f = kernel(gpu, Family::MatmulInt(a.dtype), "matmul_int")?;
     let args = vec![

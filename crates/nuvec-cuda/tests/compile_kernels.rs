@@ -49,8 +49,13 @@ fn compile_errors_carry_the_nvrtc_log() {
     if !nvrtc_or_skip() {
         return;
     }
-    let err = nuvec_cuda::compile::compile_cubin("extern \"C\" __global__ void k() { undefined_thing(); }", "bad", "sm_90", &[])
-        .unwrap_err()
-        .to_string();
+    let err = nuvec_cuda::compile::compile_cubin(
+        "extern \"C\" __global__ void k() { undefined_thing(); }",
+        "bad",
+        "sm_90",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("undefined_thing"), "{err}");
 }

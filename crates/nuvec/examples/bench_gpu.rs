@@ -231,7 +231,13 @@ impl Bench {
     }
 
     /// A bandwidth case: `bytes` moved (read + written) per iteration.
-    fn bandwidth(&mut self, name: &str, bytes: f64, target: Option<f64>, setup: impl FnOnce() -> nuvec::Result<Box<dyn Fn(usize) -> Array>>) {
+    fn bandwidth(
+        &mut self,
+        name: &str,
+        bytes: f64,
+        target: Option<f64>,
+        setup: impl FnOnce() -> nuvec::Result<Box<dyn Fn(usize) -> Array>>,
+    ) {
         if !self.wanted(name) {
             return;
         }
@@ -249,7 +255,14 @@ impl Bench {
                     let ok = fraction.is_some_and(|f| f >= g);
                     format!(">={:.0}% {}", 100.0 * g, if ok { "ok" } else { "MISS" })
                 });
-                self.push(Row { name: name.into(), value: gbs, unit: "GB/s", fraction, target, detail: Self::detail(&t) });
+                self.push(Row {
+                    name: name.into(),
+                    value: gbs,
+                    unit: "GB/s",
+                    fraction,
+                    target,
+                    detail: Self::detail(&t),
+                });
             }
             Err(e) => self.failed(name, "GB/s", &e),
         }
@@ -394,7 +407,8 @@ fn run_all(b: &mut Bench) {
 fn ceilings(b: &mut Bench) {
     let n: i32 = 1 << 28; // 256M f32 = 1 GiB
     let bytes = 2.0 * 4.0 * n as f64;
-    let needs_x = ["ceiling_copy_memcpy", "copy_proxy_mul1_f32_256M", "copy_concat_f32_256M"].iter().any(|c| b.wanted(c));
+    let needs_x =
+        ["ceiling_copy_memcpy", "copy_proxy_mul1_f32_256M", "copy_concat_f32_256M"].iter().any(|c| b.wanted(c));
     // The copy ceiling is needed for every fraction: always measure it.
     let x = match random(&[n], DType::F32, 1) {
         Ok(x) => x,
@@ -567,7 +581,10 @@ fn overhead(b: &mut Bench) {
         value: t.median * 1e6 / OPS as f64,
         unit: "us/op",
         fraction: None,
-        target: format!("<={TARGET_OVERHEAD_US:.0}us {}", if t.median * 1e6 / OPS as f64 <= TARGET_OVERHEAD_US { "ok" } else { "MISS" }),
+        target: format!(
+            "<={TARGET_OVERHEAD_US:.0}us {}",
+            if t.median * 1e6 / OPS as f64 <= TARGET_OVERHEAD_US { "ok" } else { "MISS" }
+        ),
         detail: format!("median {:.3} ms per {OPS}-op chain ({}x{})", t.median * 1e3, t.batches, t.count),
     };
     if b.wanted(n1) {

@@ -37,7 +37,8 @@ fn main() {
         std::fs::create_dir_all(&dest).unwrap_or_else(|e| fail(format!("cannot create {}: {e}", dest.display())));
         let mut bytes = 0;
         for m in nuvec_cuda::kernels::all_modules() {
-            let file = nuvec_cuda::compile::cache_file_name(&m.source(), &arch, &[]).unwrap_or_else(|e| fail(e.to_string()));
+            let file =
+                nuvec_cuda::compile::cache_file_name(&m.source(), &arch, &[]).unwrap_or_else(|e| fail(e.to_string()));
             bytes += std::fs::copy(cache.join(&file), dest.join(&file))
                 .unwrap_or_else(|e| fail(format!("cannot copy {file}: {e}")));
         }

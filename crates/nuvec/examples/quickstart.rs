@@ -13,7 +13,12 @@ use nuvec::{DType, array, default_device, ops};
 /// Deterministic pseudo-random values in [-1, 1) (the `random` module comes later).
 fn noise(shape: &[i32], seed: f32) -> nuvec::Array {
     let n: i32 = shape.iter().product();
-    (ops::arange(0, n, 1).astype(DType::F32) * 12.9898 + seed).sin().multiply(43758.547).remainder(2.0).subtract(1.0).reshape(shape)
+    (ops::arange(0, n, 1).astype(DType::F32) * 12.9898 + seed)
+        .sin()
+        .multiply(43758.547)
+        .remainder(2.0)
+        .subtract(1.0)
+        .reshape(shape)
 }
 
 fn main() -> nuvec::Result<()> {

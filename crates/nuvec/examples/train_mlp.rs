@@ -12,7 +12,12 @@ use nuvec::{Array, DType, ops, value_and_grad};
 /// Deterministic pseudo-random values in [-1, 1).
 fn noise(shape: &[i32], seed: f32) -> Array {
     let n: i32 = shape.iter().product();
-    (ops::arange(0, n, 1).astype(DType::F32) * 12.9898 + seed).sin().multiply(43758.547).remainder(2.0).subtract(1.0).reshape(shape)
+    (ops::arange(0, n, 1).astype(DType::F32) * 12.9898 + seed)
+        .sin()
+        .multiply(43758.547)
+        .remainder(2.0)
+        .subtract(1.0)
+        .reshape(shape)
 }
 
 type Params = (Array, Array, Array, Array);
@@ -41,12 +46,7 @@ fn main() -> nuvec::Result<()> {
     let mut first = None;
     for step in 0..=300 {
         let (loss, g) = loss_and_grad(&params)?;
-        params = (
-            &params.0 - &g.0 * lr,
-            &params.1 - &g.1 * lr,
-            &params.2 - &g.2 * lr,
-            &params.3 - &g.3 * lr,
-        );
+        params = (&params.0 - &g.0 * lr, &params.1 - &g.1 * lr, &params.2 - &g.2 * lr, &params.3 - &g.3 * lr);
         nuvec::eval(&(&loss, &params))?;
         let l = loss.item::<f32>()?;
         first.get_or_insert(l);
@@ -56,6 +56,10 @@ fn main() -> nuvec::Result<()> {
     }
     let per_step = start.elapsed().as_secs_f64() * 1e3 / 301.0;
     let last = ((forward(&params, &x) - &y).square().mean(..)).item::<f32>()?;
-    println!("loss {:.4} -> {last:.5} ({per_step:.2} ms per step on {})", first.unwrap_or(f32::NAN), nuvec::default_device());
+    println!(
+        "loss {:.4} -> {last:.5} ({per_step:.2} ms per step on {})",
+        first.unwrap_or(f32::NAN),
+        nuvec::default_device()
+    );
     Ok(())
 }

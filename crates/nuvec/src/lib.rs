@@ -17,14 +17,13 @@
 use std::sync::Arc;
 
 pub use nuvec_core::{
-    Array, ArrayLiteral, At, Axes, Category, Ellipsis, Index, IndexStep, IntoIndex, IntoIndexEntry, NewAxis, Complex64, DType, Device, DeviceKind, Element, Error, IntoShape, Leaves,
-    OpErrorKind, Result, Scalar, ScalarOrArray, ScanOptions, Shape, Stream, VarOptions, array, async_eval, bf16,
-    default_device, default_stream, eval, f16, fast, ops, promote_types, random, transforms, with_stream,
+    Array, ArrayLiteral, At, Axes, Category, Complex64, DType, Device, DeviceKind, Element, Ellipsis, Error, Index,
+    IndexStep, IntoIndex, IntoIndexEntry, IntoShape, Leaves, NewAxis, OpErrorKind, Result, Scalar, ScalarOrArray,
+    ScanOptions, Shape, Stream, VarOptions, array, async_eval, bf16, default_device, default_stream, eval, f16, fast,
+    ops, promote_types, random, transforms, with_stream,
 };
 
-pub use nuvec_core::transforms::{
-    Tree, checkpoint, custom_function, grad, jvp, value_and_grad, vjp, vmap,
-};
+pub use nuvec_core::transforms::{Tree, checkpoint, custom_function, grad, jvp, value_and_grad, vjp, vmap};
 
 /// Graph internals for backends, compilers and tools (no stability promise).
 pub mod graph {
@@ -52,8 +51,8 @@ pub mod cpu {
 /// ```
 pub mod cuda {
     pub use nuvec_cuda::{
-        CudaBackend, DeviceInfo, clear_cache, compile_all, copy_bandwidth, device_count, device_info, is_available, memory,
-        reset_peak, set_cache_limit, set_memory_limit, synchronize, unavailable_reason,
+        CudaBackend, DeviceInfo, clear_cache, compile_all, copy_bandwidth, device_count, device_info, is_available,
+        memory, reset_peak, set_cache_limit, set_memory_limit, synchronize, unavailable_reason,
     };
     // Custom kernels (`fast::CudaKernel`): build counters and an uncached compile check.
     pub use nuvec_cuda::{BuildCounts, CUSTOM_KERNEL_PRELUDE, builds, compile_custom_kernel};

@@ -20,9 +20,7 @@ impl Rng {
         (self.next() % n as u64) as i32
     }
     fn values(&mut self, n: usize) -> Vec<f64> {
-        (0..n)
-            .map(|_| (self.next() >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0)
-            .collect()
+        (0..n).map(|_| (self.next() >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0).collect()
     }
     fn array(&mut self, shape: &[i32]) -> Array {
         let n: i32 = shape.iter().product();
@@ -43,14 +41,7 @@ fn strides(shape: &[i32]) -> Vec<usize> {
 /// `y[n, o.., co] = Σ_{k.., c} x̃[n, o·s + k·kd - lo.., g·Cg + c] · w[co, k.., c]`, where `x̃`
 /// is `x` with input dilation and zeros outside.
 #[allow(clippy::too_many_arguments)]
-fn reference(
-    x: &[f64],
-    xs: &[i32],
-    w: &[f64],
-    ws: &[i32],
-    o: &ConvOptions,
-    out: &[i32],
-) -> Vec<f64> {
+fn reference(x: &[f64], xs: &[i32], w: &[f64], ws: &[i32], o: &ConvOptions, out: &[i32]) -> Vec<f64> {
     let d = xs.len() - 2;
     let at = |v: &[i32], i: usize, def: i32| {
         if v.is_empty() {
@@ -70,9 +61,7 @@ fn reference(
     let taps: i32 = kernel.iter().product();
     let mut y = vec![0.0; total];
     for (flat, yv) in y.iter_mut().enumerate() {
-        let idx: Vec<i32> = (0..out.len())
-            .map(|i| (flat / so[i]) as i32 % out[i])
-            .collect();
+        let idx: Vec<i32> = (0..out.len()).map(|i| (flat / so[i]) as i32 % out[i]).collect();
         let (n, co) = (idx[0], idx[d + 1]);
         let grp = co / cog;
         let mut acc = 0.0;
@@ -88,8 +77,7 @@ fn reference(
             let mut inside = true;
             for i in 0..d {
                 let kk = if o.flip { kernel[i] - 1 - k[i] } else { k[i] };
-                let p = idx[i + 1] * at(&o.stride, i, 1) + kk * at(&o.kernel_dilation, i, 1)
-                    - at(&o.padding_lo, i, 0);
+                let p = idx[i + 1] * at(&o.stride, i, 1) + kk * at(&o.kernel_dilation, i, 1) - at(&o.padding_lo, i, 0);
                 let idil = at(&o.input_dilation, i, 1);
                 if p < 0 || p % idil != 0 || p / idil >= xs[i + 1] {
                     inside = false;
@@ -121,25 +109,13 @@ fn random_geometry(rng: &mut Rng, d: usize) -> (Vec<i32>, Vec<i32>, ConvOptions)
     let depthwise = rng.below(3) == 0;
     let cg = if depthwise { 1 } else { 1 + rng.below(3) };
     let c_in = groups * cg;
-    let c_out = if depthwise {
-        c_in
-    } else {
-        groups * (1 + rng.below(3))
-    };
-    let mut o = ConvOptions {
-        groups,
-        flip: rng.below(4) == 0,
-        ..Default::default()
-    };
+    let c_out = if depthwise { c_in } else { groups * (1 + rng.below(3)) };
+    let mut o = ConvOptions { groups, flip: rng.below(4) == 0, ..Default::default() };
     let mut xs = vec![1 + rng.below(2)];
     let mut ws = vec![c_out];
     for _ in 0..d {
         let k = 1 + rng.below(3);
-        let (s, kd, id) = (
-            1 + rng.below(2),
-            1 + rng.below(2),
-            1 + rng.below(2) * rng.below(2),
-        );
+        let (s, kd, id) = (1 + rng.below(2), 1 + rng.below(2), 1 + rng.below(2) * rng.below(2));
         let (lo, hi) = (rng.below(3) - 1, rng.below(3) - 1);
         // Long enough for the dilated kernel after padding and cropping.
         let span = (k - 1) * kd + 1;
@@ -166,34 +142,22 @@ fn conv_general_matches_direct_loops_in_f64() {
     for trial in 0..60 {
         let d = 1 + trial % 3;
         let (xs, ws, o) = random_geometry(&mut rng, d);
-        let (xv, wv) = (
-            rng.values(xs.iter().product::<i32>() as usize),
-            rng.values(ws.iter().product::<i32>() as usize),
-        );
-        let y = ops::conv_general(
-            &Array::from_slice(&xv, &xs[..]),
-            &Array::from_slice(&wv, &ws[..]),
-            &o,
-        );
-        let got: Vec<f64> = y
-            .to_vec()
-            .unwrap_or_else(|e| panic!("x {xs:?} w {ws:?} {o:?}: {e}"));
+        let (xv, wv) =
+            (rng.values(xs.iter().product::<i32>() as usize), rng.values(ws.iter().product::<i32>() as usize));
+        let y = ops::conv_general(&Array::from_slice(&xv, &xs[..]), &Array::from_slice(&wv, &ws[..]), &o);
+        let got: Vec<f64> = y.to_vec().unwrap_or_else(|e| panic!("x {xs:?} w {ws:?} {o:?}: {e}"));
         assert_eq!(y.dtype(), DType::F64);
         let want = reference(&xv, &xs, &wv, &ws, &o, y.shape());
         assert_eq!(got.len(), want.len());
         // Output length along each axis by the formula, independently of the composition.
         for i in 0..d {
             let at = |v: &[i32]| v[i];
-            let padded =
-                (xs[i + 1] - 1) * at(&o.input_dilation) + 1 + at(&o.padding_lo) + at(&o.padding_hi);
+            let padded = (xs[i + 1] - 1) * at(&o.input_dilation) + 1 + at(&o.padding_lo) + at(&o.padding_hi);
             let len = (padded - (ws[i + 1] - 1) * at(&o.kernel_dilation) - 1) / at(&o.stride) + 1;
             assert_eq!(y.shape()[i + 1], len, "x {xs:?} w {ws:?} {o:?}");
         }
         for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (g - w).abs() <= 1e-12 * (1.0 + w.abs()),
-                "x {xs:?} w {ws:?} {o:?}: element {j}: {g} vs {w}"
-            );
+            assert!((g - w).abs() <= 1e-12 * (1.0 + w.abs()), "x {xs:?} w {ws:?} {o:?}: element {j}: {g} vs {w}");
         }
     }
 }
@@ -214,17 +178,11 @@ fn check_derivatives(name: &str, x: &[Array], f: &dyn Fn(&[Array]) -> Array, rng
     };
     let fd = (at(h) - at(-h)) / (2.0 * h);
     let dot = |a: &[Array], b: &[Array]| -> f64 {
-        a.iter()
-            .zip(b)
-            .map(|(p, q)| (p * q).sum(..).item::<f64>().unwrap())
-            .sum()
+        a.iter().zip(b).map(|(p, q)| (p * q).sum(..).item::<f64>().unwrap()).sum()
     };
     let (from_vjp, from_jvp) = (dot(&g, &dir), dot(&t, std::slice::from_ref(&cot)));
     for (what, v) in [("vjp", from_vjp), ("jvp", from_jvp)] {
-        assert!(
-            (v - fd).abs() <= 1e-6 * (1.0 + fd.abs()),
-            "{name}: {what} gives {v}, finite differences {fd}"
-        );
+        assert!((v - fd).abs() <= 1e-6 * (1.0 + fd.abs()), "{name}: {what} gives {v}, finite differences {fd}");
     }
     for (gi, xi) in g.iter().zip(x) {
         assert_eq!(gi.shape(), xi.shape(), "{name}");
@@ -237,28 +195,13 @@ fn conv_derivatives_match_finite_differences() {
     // Gated DeltaNet's causal depthwise convolution, and ordinary/grouped ones.
     let x = rng.array(&[2, 7, 4]);
     let w = rng.array(&[4, 4, 1]);
-    check_derivatives(
-        "depthwise conv1d",
-        &[x, w],
-        &|v| ops::conv1d(&v[0], &v[1], 1, 3, 1, 4),
-        &mut rng,
-    );
+    check_derivatives("depthwise conv1d", &[x, w], &|v| ops::conv1d(&v[0], &v[1], 1, 3, 1, 4), &mut rng);
     let x = rng.array(&[2, 9, 4]);
     let w = rng.array(&[6, 3, 2]);
-    check_derivatives(
-        "grouped conv1d",
-        &[x, w],
-        &|v| ops::conv1d(&v[0], &v[1], 2, 1, 2, 2),
-        &mut rng,
-    );
+    check_derivatives("grouped conv1d", &[x, w], &|v| ops::conv1d(&v[0], &v[1], 2, 1, 2, 2), &mut rng);
     let x = rng.array(&[1, 6, 5, 3]);
     let w = rng.array(&[2, 3, 2, 3]);
-    check_derivatives(
-        "conv2d",
-        &[x, w],
-        &|v| ops::conv2d(&v[0], &v[1], (2, 1), 1, (1, 2), 1),
-        &mut rng,
-    );
+    check_derivatives("conv2d", &[x, w], &|v| ops::conv2d(&v[0], &v[1], (2, 1), 1, (1, 2), 1), &mut rng);
     for trial in 0..12 {
         let (xs, ws, o) = random_geometry(&mut rng, 1 + trial % 2);
         let x = rng.array(&xs);
@@ -291,20 +234,10 @@ fn einsum_derivatives_match_finite_differences() {
     }
     let a = rng.array(&[3, 4, 2]);
     let b = rng.array(&[2, 4, 5]);
-    check_derivatives(
-        "tensordot",
-        &[a, b],
-        &|v| ops::tensordot(&v[0], &v[1], ([1, 2], [1, 0])),
-        &mut rng,
-    );
+    check_derivatives("tensordot", &[a, b], &|v| ops::tensordot(&v[0], &v[1], ([1, 2], [1, 0])), &mut rng);
     let a = rng.array(&[3, 4]);
     let b = rng.array(&[2, 4]);
-    check_derivatives(
-        "inner",
-        &[a.clone(), b.clone()],
-        &|v| ops::inner(&v[0], &v[1]),
-        &mut rng,
-    );
+    check_derivatives("inner", &[a.clone(), b.clone()], &|v| ops::inner(&v[0], &v[1]), &mut rng);
     check_derivatives("outer", &[a, b], &|v| ops::outer(&v[0], &v[1]), &mut rng);
 }
 
@@ -315,19 +248,12 @@ fn einsum_matches_loops() {
     let a = rng.array(&[3, 4]);
     let b = rng.array(&[4, 5]);
     let m = rng.array(&[4, 4]);
-    let (av, bv, mv): (Vec<f64>, Vec<f64>, Vec<f64>) = (
-        a.to_vec().unwrap(),
-        b.to_vec().unwrap(),
-        m.to_vec().unwrap(),
-    );
+    let (av, bv, mv): (Vec<f64>, Vec<f64>, Vec<f64>) = (a.to_vec().unwrap(), b.to_vec().unwrap(), m.to_vec().unwrap());
     let close = |got: Array, want: Vec<f64>, what: &str| {
         let g: Vec<f64> = got.to_vec().unwrap();
         assert_eq!(g.len(), want.len(), "{what}");
         for (x, y) in g.iter().zip(&want) {
-            assert!(
-                (x - y).abs() < 1e-12 * (1.0 + y.abs()),
-                "{what}: {g:?} vs {want:?}"
-            );
+            assert!((x - y).abs() < 1e-12 * (1.0 + y.abs()), "{what}: {g:?} vs {want:?}");
         }
     };
     let mut mm = vec![0.0; 15];
@@ -336,54 +262,18 @@ fn einsum_matches_loops() {
             mm[i * 5 + k] = (0..4).map(|j| av[i * 4 + j] * bv[j * 5 + k]).sum();
         }
     }
-    close(
-        ops::einsum("ij,jk->ik", &[a.clone(), b.clone()]),
-        mm.clone(),
-        "ij,jk->ik",
-    );
-    close(
-        ops::einsum("ij,jk", &[a.clone(), b.clone()]),
-        mm.clone(),
-        "implicit",
-    );
+    close(ops::einsum("ij,jk->ik", &[a.clone(), b.clone()]), mm.clone(), "ij,jk->ik");
+    close(ops::einsum("ij,jk", &[a.clone(), b.clone()]), mm.clone(), "implicit");
     let mmt: Vec<f64> = (0..15).map(|f| mm[(f % 3) * 5 + f / 3]).collect();
-    close(
-        ops::einsum("ij,jk->ki", &[a.clone(), b.clone()]),
-        mmt,
-        "ij,jk->ki",
-    );
-    close(
-        ops::einsum("ii->i", &[m.clone()]),
-        (0..4).map(|i| mv[i * 5]).collect(),
-        "diagonal",
-    );
-    close(
-        ops::einsum("ii", &[m.clone()]),
-        vec![(0..4).map(|i| mv[i * 5]).sum()],
-        "trace",
-    );
-    close(
-        ops::einsum("ij->j", &[a.clone()]),
-        (0..4)
-            .map(|j| (0..3).map(|i| av[i * 4 + j]).sum())
-            .collect(),
-        "sum",
-    );
+    close(ops::einsum("ij,jk->ki", &[a.clone(), b.clone()]), mmt, "ij,jk->ki");
+    close(ops::einsum("ii->i", &[m.clone()]), (0..4).map(|i| mv[i * 5]).collect(), "diagonal");
+    close(ops::einsum("ii", &[m.clone()]), vec![(0..4).map(|i| mv[i * 5]).sum()], "trace");
+    close(ops::einsum("ij->j", &[a.clone()]), (0..4).map(|j| (0..3).map(|i| av[i * 4 + j]).sum()).collect(), "sum");
     let outer: Vec<f64> = (0..12 * 20).map(|f| av[f / 20] * bv[f % 20]).collect();
-    close(
-        ops::einsum("ij,kl->ijkl", &[a.clone(), b.clone()]),
-        outer.clone(),
-        "outer",
-    );
+    close(ops::einsum("ij,kl->ijkl", &[a.clone(), b.clone()]), outer.clone(), "outer");
     close(ops::outer(&a, &b), outer, "ops::outer");
-    let ab: Vec<f64> = (0..4)
-        .map(|j| (0..3).map(|i| av[i * 4 + j] * mv[j * 4 + j]).sum())
-        .collect();
-    close(
-        ops::einsum("ij,jj->j", &[a.clone(), m.clone()]),
-        ab,
-        "diagonal meets a product",
-    );
+    let ab: Vec<f64> = (0..4).map(|j| (0..3).map(|i| av[i * 4 + j] * mv[j * 4 + j]).sum()).collect();
+    close(ops::einsum("ij,jj->j", &[a.clone(), m.clone()]), ab, "diagonal meets a product");
 }
 
 #[test]
@@ -394,17 +284,8 @@ fn vmap_of_conv_and_einsum_equals_a_loop() {
     let f = |v: &[Array]| Ok(vec![ops::conv1d(&v[0], &v[1], 1, 2, 1, 4)]);
     let batched = vmap_flat(f, &[Some(0), None], &[0])(&[xs.clone(), w.clone()]).unwrap();
     for b in 0..3 {
-        let one = ops::conv1d(
-            &xs.slice(&[b, 0, 0, 0], &[b + 1, 2, 6, 4], &[]).squeeze(0),
-            &w,
-            1,
-            2,
-            1,
-            4,
-        );
-        let got = batched[0]
-            .slice(&[b, 0, 0, 0], &[b + 1, 2, 8, 4], &[])
-            .squeeze(0);
+        let one = ops::conv1d(&xs.slice(&[b, 0, 0, 0], &[b + 1, 2, 6, 4], &[]).squeeze(0), &w, 1, 2, 1, 4);
+        let got = batched[0].slice(&[b, 0, 0, 0], &[b + 1, 2, 8, 4], &[]).squeeze(0);
         assert_eq!(batched[0].shape(), &[3, 2, 8, 4]);
         let diff = (got - one).abs().max(..).item::<f64>().unwrap();
         assert!(diff < 1e-12, "batch {b}: {diff}");
@@ -414,13 +295,7 @@ fn vmap_of_conv_and_einsum_equals_a_loop() {
     let g = |v: &[Array]| Ok(vec![ops::einsum("id,jd->ij", v)]);
     let batched = vmap_flat(g, &[Some(0), None], &[0])(&[q.clone(), k.clone()]).unwrap();
     for b in 0..3 {
-        let one = ops::einsum(
-            "id,jd->ij",
-            &[
-                q.slice(&[b, 0, 0], &[b + 1, 2, 5], &[]).squeeze(0),
-                k.clone(),
-            ],
-        );
+        let one = ops::einsum("id,jd->ij", &[q.slice(&[b, 0, 0], &[b + 1, 2, 5], &[]).squeeze(0), k.clone()]);
         let got = batched[0].slice(&[b, 0, 0], &[b + 1, 2, 4], &[]).squeeze(0);
         let diff = (got - one).abs().max(..).item::<f64>().unwrap();
         assert!(diff < 1e-12, "batch {b}: {diff}");
@@ -436,19 +311,13 @@ fn half_precision_depthwise_tracks_f32() {
     let y = ops::conv1d(&x, &w, 1, 3, 1, 16);
     assert_eq!(y.dtype(), DType::F16);
     let want = ops::conv1d(&x.astype(DType::F32), &w.astype(DType::F32), 1, 3, 1, 16);
-    let err = (y.astype(DType::F32) - &want)
-        .abs()
-        .max(..)
-        .item::<f32>()
-        .unwrap();
+    let err = (y.astype(DType::F32) - &want).abs().max(..).item::<f32>().unwrap();
     let scale = want.abs().max(..).item::<f32>().unwrap();
     assert!(err <= scale * 2e-3, "{err} vs scale {scale}");
 }
 
 fn message(a: &Array) -> String {
-    a.error()
-        .map(|e| e.to_string())
-        .unwrap_or_else(|| panic!("expected a failed array, got shape {:?}", a.shape()))
+    a.error().map(|e| e.to_string()).unwrap_or_else(|| panic!("expected a failed array, got shape {:?}", a.shape()))
 }
 
 #[test]
@@ -457,55 +326,21 @@ fn bad_arguments_give_failed_arrays() {
     let w = ops::ones([2, 3, 4], DType::F32);
     let expect = |a: Array, op: &str, words: &str| {
         let m = message(&a);
-        assert!(
-            m.contains(op) && m.contains(words),
-            "{m:?} should name {op:?} and say {words:?}"
-        );
+        assert!(m.contains(op) && m.contains(words), "{m:?} should name {op:?} and say {words:?}");
     };
     expect(ops::conv1d(&x, &w, 0, 0, 1, 1), "conv1d", "stride");
     expect(ops::conv1d(&x, &w, 1, 0, 0, 1), "conv1d", "kernel_dilation");
     expect(ops::conv1d(&x, &w, 1, 0, 1, 0), "conv1d", "groups");
     expect(ops::conv1d(&x, &w, 1, 0, 1, 3), "conv1d", "channels");
-    expect(
-        ops::conv1d(&x, &ops::ones([3, 3, 2], DType::F32), 1, 0, 1, 2),
-        "conv1d",
-        "divisible",
-    );
-    expect(
-        ops::conv1d(&x, &ops::ones([2, 3, 3], DType::F32), 1, 0, 1, 1),
-        "conv1d",
-        "channels",
-    );
-    expect(
-        ops::conv1d(&x, &ops::ones([2, 9, 4], DType::F32), 1, 0, 1, 1),
-        "conv1d",
-        "shorter",
-    );
-    expect(
-        ops::conv1d(&x, &ops::ones([2, 0, 4], DType::F32), 1, 0, 1, 1),
-        "conv1d",
-        "kernel",
-    );
-    expect(
-        ops::conv1d(&x, &ops::ones([2, 3, 4, 1], DType::F32), 1, 0, 1, 1),
-        "conv1d",
-        "weight",
-    );
-    expect(
-        ops::conv1d(&ops::ones([5, 4], DType::F32), &w, 1, 0, 1, 1),
-        "conv1d",
-        "input",
-    );
-    expect(
-        ops::conv1d(&x.astype(DType::I32), &w, 1, 0, 1, 1),
-        "conv1d",
-        "int32",
-    );
+    expect(ops::conv1d(&x, &ops::ones([3, 3, 2], DType::F32), 1, 0, 1, 2), "conv1d", "divisible");
+    expect(ops::conv1d(&x, &ops::ones([2, 3, 3], DType::F32), 1, 0, 1, 1), "conv1d", "channels");
+    expect(ops::conv1d(&x, &ops::ones([2, 9, 4], DType::F32), 1, 0, 1, 1), "conv1d", "shorter");
+    expect(ops::conv1d(&x, &ops::ones([2, 0, 4], DType::F32), 1, 0, 1, 1), "conv1d", "kernel");
+    expect(ops::conv1d(&x, &ops::ones([2, 3, 4, 1], DType::F32), 1, 0, 1, 1), "conv1d", "weight");
+    expect(ops::conv1d(&ops::ones([5, 4], DType::F32), &w, 1, 0, 1, 1), "conv1d", "input");
+    expect(ops::conv1d(&x.astype(DType::I32), &w, 1, 0, 1, 1), "conv1d", "int32");
     expect(ops::conv2d(&x, &w, 1, 0, 1, 1), "conv2d", "spatial");
-    let bad = ConvOptions {
-        stride: vec![1, 1],
-        ..Default::default()
-    };
+    let bad = ConvOptions { stride: vec![1, 1], ..Default::default() };
     expect(ops::conv_general(&x, &w, &bad), "conv_general", "stride");
     expect(
         ops::conv_general(
@@ -518,18 +353,11 @@ fn bad_arguments_give_failed_arrays() {
     );
     // A failed input propagates its own error.
     let failed = x.reshape([7]);
-    assert_eq!(
-        message(&ops::conv1d(&failed, &w, 1, 0, 1, 1)),
-        message(&failed)
-    );
+    assert_eq!(message(&ops::conv1d(&failed, &w, 1, 0, 1, 1)), message(&failed));
 
     let a = ops::ones([3, 4], DType::F32);
     let b = ops::ones([5, 4], DType::F32);
-    expect(
-        ops::einsum("ij,jk->ik", &[a.clone(), b.clone()]),
-        "einsum",
-        "size",
-    );
+    expect(ops::einsum("ij,jk->ik", &[a.clone(), b.clone()]), "einsum", "size");
     expect(ops::einsum("ij,jk->ik", &[a.clone()]), "einsum", "operands");
     expect(ops::einsum("ij->ii", &[a.clone()]), "einsum", "repeat");
     expect(ops::einsum("ij->ik", &[a.clone()]), "einsum", "no input");
@@ -537,25 +365,13 @@ fn bad_arguments_give_failed_arrays() {
     expect(ops::einsum("i1->i", &[a.clone()]), "einsum", "letters");
     expect(ops::einsum("i.j->i", &[a.clone()]), "einsum", "letters");
     expect(ops::einsum("i->i->", &[a.clone()]), "einsum", "->");
-    expect(
-        ops::einsum("...i...->i", &[a.clone()]),
-        "einsum",
-        "more than one",
-    );
+    expect(ops::einsum("...i...->i", &[a.clone()]), "einsum", "more than one");
     expect(ops::einsum("ii->i", &[a.clone()]), "einsum", "sizes");
     expect(ops::einsum("", &[]), "einsum", "operand");
     expect(ops::tensordot(&a, &b, 3), "tensordot", "contract");
     expect(ops::tensordot(&a, &b, 1), "tensordot", "match");
-    expect(
-        ops::tensordot(&a, &b, (vec![1, 0], vec![1])),
-        "tensordot",
-        "length",
-    );
+    expect(ops::tensordot(&a, &b, (vec![1, 0], vec![1])), "tensordot", "length");
     expect(ops::tensordot(&a, &b, ([1], [2])), "tensordot", "axis");
-    expect(
-        ops::tensordot(&a, &a, ([1, 1], [1, 1])),
-        "tensordot",
-        "repeat",
-    );
+    expect(ops::tensordot(&a, &a, ([1, 1], [1, 1])), "tensordot", "repeat");
     expect(ops::inner(&a, &ops::ones([4, 3], DType::F32)), "inner", "");
 }

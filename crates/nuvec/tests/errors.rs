@@ -286,7 +286,10 @@ fn concatenate_stack_split_mismatch() {
     assert!(matches!(failed(&c, "concatenate", line).kind(), Some(OpErrorKind::ShapeMismatch { .. })));
 
     let (c, line) = (ops::stack(&[a.clone(), b.clone()], 0), line!());
-    assert_eq!(failed(&c, "stack", line).kind(), Some(&OpErrorKind::ShapeMismatch { lhs: vec![2, 3], rhs: vec![2, 4] }));
+    assert_eq!(
+        failed(&c, "stack", line).kind(),
+        Some(&OpErrorKind::ShapeMismatch { lhs: vec![2, 3], rhs: vec![2, 4] })
+    );
 
     let x = iota(&[5, 2]);
     let (parts, line) = (x.split(2, 0), line!());

@@ -135,7 +135,8 @@ fn a_user_held_input_is_never_overwritten() {
 fn views_share_storage() {
     let x = ops::arange(0, 24, 1).reshape([2, 3, 4]);
     x.eval().unwrap();
-    let views = [x.transpose(&[2, 0, 1]), x.slice(&[0, 1, 0], &[2, 3, 4], &[1, 1, 2]), x.reshape([6, 4]), x.expand_dims(0)];
+    let views =
+        [x.transpose(&[2, 0, 1]), x.slice(&[0, 1, 0], &[2, 3, 4], &[1, 1, 2]), x.reshape([6, 4]), x.expand_dims(0)];
     for v in &views {
         v.eval().unwrap();
         assert_eq!(v.buffer_id(), x.buffer_id());

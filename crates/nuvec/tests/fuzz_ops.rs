@@ -243,7 +243,8 @@ fn axes_ok(list: &[i32], ndim: usize) -> Option<Vec<usize>> {
 
 /// Whether a shape is non-negative, each size fits `i32` and the element count is sane.
 fn shape_ok(s: &[i64]) -> bool {
-    s.iter().all(|&d| (0..=i32::MAX as i64).contains(&d)) && s.iter().map(|&d| d as i128).product::<i128>() <= (i64::MAX / 16) as i128
+    s.iter().all(|&d| (0..=i32::MAX as i64).contains(&d))
+        && s.iter().map(|&d| d as i128).product::<i128>() <= (i64::MAX / 16) as i128
 }
 
 fn count(s: &[i32]) -> i128 {
@@ -406,12 +407,30 @@ fn make(rng: &mut Rng, shape: &[i32], d: DType) -> Array {
         DType::I16 => Array::from_slice(&values(rng, n, &[i16::MIN, i16::MAX, -1], |v| v as i16), s),
         DType::I32 => Array::from_slice(&values(rng, n, &[i32::MIN, i32::MAX, -1], |v| v as i32), s),
         DType::I64 => Array::from_slice(&values(rng, n, &[i64::MIN, i64::MAX, -1], |v| v), s),
-        DType::F16 => Array::from_slice(&values(rng, n, &[f16::NAN, f16::INFINITY, f16::NEG_INFINITY, f16::MAX, f16::MIN_POSITIVE_SUBNORMAL], |v| f16::from_f64(v as f64 * 0.75)), s),
-        DType::BF16 => Array::from_slice(&values(rng, n, &[bf16::NAN, bf16::INFINITY, bf16::MAX, bf16::MIN], |v| bf16::from_f64(v as f64 * 0.75)), s),
-        DType::F32 => Array::from_slice(&values(rng, n, &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -0.0, 1e-40], |v| v as f32 * 0.75), s),
-        DType::F64 => Array::from_slice(&values(rng, n, &[f64::NAN, f64::INFINITY, f64::MIN, 5e-324], |v| v as f64 * 0.75), s),
+        DType::F16 => Array::from_slice(
+            &values(
+                rng,
+                n,
+                &[f16::NAN, f16::INFINITY, f16::NEG_INFINITY, f16::MAX, f16::MIN_POSITIVE_SUBNORMAL],
+                |v| f16::from_f64(v as f64 * 0.75),
+            ),
+            s,
+        ),
+        DType::BF16 => Array::from_slice(
+            &values(rng, n, &[bf16::NAN, bf16::INFINITY, bf16::MAX, bf16::MIN], |v| bf16::from_f64(v as f64 * 0.75)),
+            s,
+        ),
+        DType::F32 => Array::from_slice(
+            &values(rng, n, &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -0.0, 1e-40], |v| v as f32 * 0.75),
+            s,
+        ),
+        DType::F64 => {
+            Array::from_slice(&values(rng, n, &[f64::NAN, f64::INFINITY, f64::MIN, 5e-324], |v| v as f64 * 0.75), s)
+        }
         _ => Array::from_slice(
-            &values(rng, n, &[Complex64::new(f32::NAN, 0.0), Complex64::new(0.0, f32::INFINITY)], |v| Complex64::new(v as f32, -v as f32 * 0.5)),
+            &values(rng, n, &[Complex64::new(f32::NAN, 0.0), Complex64::new(0.0, f32::INFINITY)], |v| {
+                Complex64::new(v as f32, -v as f32 * 0.5)
+            }),
             s,
         ),
     }
@@ -435,7 +454,10 @@ fn rand_array(rng: &mut Rng) -> (Array, String) {
         1 if !shape.is_empty() => {
             let big: Vec<i32> = shape.iter().map(|&s| 2 * s + 1).collect();
             let stop: Vec<i32> = big.clone();
-            (make(rng, &big, d).slice(&vec![1; big.len()], &stop, &vec![2; big.len()]), format!("{d} {shape:?} (strided)"))
+            (
+                make(rng, &big, d).slice(&vec![1; big.len()], &stop, &vec![2; big.len()]),
+                format!("{d} {shape:?} (strided)"),
+            )
         }
         2 if !shape.is_empty() => {
             let mut one = shape.clone();
@@ -454,7 +476,8 @@ fn compat_shape(rng: &mut Rng, s: &[i32]) -> Vec<i32> {
         _ => {
             let keep = if s.is_empty() { 0 } else { rng.range(0, s.len() as i64) as usize };
             // Large axes (of empty arrays) become 1: still broadcastable, never allocated.
-            let mut out: Vec<i32> = s[s.len() - keep..].iter().map(|&d| if rng.chance(0.25) || d > 64 { 1 } else { d }).collect();
+            let mut out: Vec<i32> =
+                s[s.len() - keep..].iter().map(|&d| if rng.chance(0.25) || d > 64 { 1 } else { d }).collect();
             if rng.chance(0.1) {
                 out.insert(0, 2);
             }
@@ -690,7 +713,8 @@ impl Fuzz {
             failed.extend(h.a.error());
         }
         let xa = x.a.clone();
-        let desc = format!("clip({}, {lo:?}, {})", x.desc, hi_arr.as_ref().map_or("1.0".to_string(), |h| h.desc.clone()));
+        let desc =
+            format!("clip({}, {lo:?}, {})", x.desc, hi_arr.as_ref().map_or("1.0".to_string(), |h| h.desc.clone()));
         let hi = hi_arr.map(|h| h.a);
         Call {
             op: "clip",
@@ -817,7 +841,8 @@ impl Fuzz {
         let s = x.a.shape().to_vec();
         let xa = x.a.clone();
         let failed = inputs_errors(&[&x.a]);
-        let axis_arg: Option<i32> = if self.rng.chance(0.25) { None } else { Some(self.rng.int_arg(-(nd as i64), nd as i64 - 1)) };
+        let axis_arg: Option<i32> =
+            if self.rng.chance(0.25) { None } else { Some(self.rng.int_arg(-(nd as i64), nd as i64 - 1)) };
         // Shape after flattening for axis None.
         let (fs, fa): (Vec<i32>, Option<usize>) = match axis_arg {
             None => (vec![count(&s) as i32], Some(0)),
@@ -845,7 +870,13 @@ impl Fuzz {
                     expect,
                     failed_inputs: failed,
                     tags: vec![],
-                    run: Box::new(move || vec![if name == "argmax" { ops::argmax(&xa, axis_arg, keep) } else { ops::argmin(&xa, axis_arg, keep) }]),
+                    run: Box::new(move || {
+                        vec![if name == "argmax" {
+                            ops::argmax(&xa, axis_arg, keep)
+                        } else {
+                            ops::argmin(&xa, axis_arg, keep)
+                        }]
+                    }),
                 }
             }
             1 => {
@@ -906,174 +937,236 @@ impl Fuzz {
         let xa = x.a.clone();
         let failed = inputs_errors(&[&x.a]);
         let rng = &mut self.rng;
-        let (op, desc, expect, tags, run): (&'static str, String, Expect, Vec<&'static str>, Box<dyn FnOnce() -> Vec<Array>>) =
-            match rng.below(8) {
-                0 => {
-                    // reshape: valid factorisations, one -1, junk, and counts that overflow.
-                    let mut tags = vec![];
-                    let target: Vec<i32> = match rng.below(6) {
-                        0 => vec![size as i32],
-                        1 => {
-                            let mut t = s.clone();
-                            t.reverse();
-                            t
+        let (op, desc, expect, tags, run): (
+            &'static str,
+            String,
+            Expect,
+            Vec<&'static str>,
+            Box<dyn FnOnce() -> Vec<Array>>,
+        ) = match rng.below(8) {
+            0 => {
+                // reshape: valid factorisations, one -1, junk, and counts that overflow.
+                let mut tags = vec![];
+                let target: Vec<i32> = match rng.below(6) {
+                    0 => vec![size as i32],
+                    1 => {
+                        let mut t = s.clone();
+                        t.reverse();
+                        t
+                    }
+                    2 => {
+                        let mut t = s.clone();
+                        if !t.is_empty() {
+                            let i = rng.below(t.len());
+                            t[i] = -1;
                         }
-                        2 => {
-                            let mut t = s.clone();
-                            if !t.is_empty() {
-                                let i = rng.below(t.len());
-                                t[i] = -1;
-                            }
-                            t.push(1);
-                            t
-                        }
-                        3 => {
-                            tags.push("overflow");
-                            rng.pick(&[vec![65536, 65536, 65536, 65536], vec![i32::MAX, i32::MAX, 4, 0], vec![4, 0, i32::MAX]])
-                        }
-                        _ => (0..rng.below(4)).map(|_| rng.int_arg(-2, 5)).collect(),
-                    };
-                    let infer: Vec<usize> = (0..target.len()).filter(|&i| target[i] == -1).collect();
-                    let expect = if infer.len() > 1 || target.iter().any(|&d| d < -1) {
+                        t.push(1);
+                        t
+                    }
+                    3 => {
+                        tags.push("overflow");
+                        rng.pick(&[
+                            vec![65536, 65536, 65536, 65536],
+                            vec![i32::MAX, i32::MAX, 4, 0],
+                            vec![4, 0, i32::MAX],
+                        ])
+                    }
+                    _ => (0..rng.below(4)).map(|_| rng.int_arg(-2, 5)).collect(),
+                };
+                let infer: Vec<usize> = (0..target.len()).filter(|&i| target[i] == -1).collect();
+                let expect = if infer.len() > 1 || target.iter().any(|&d| d < -1) {
+                    Expect::Invalid(vec!["reshape"])
+                } else if let [i] = infer[..] {
+                    let known: i128 = target.iter().filter(|&&d| d != -1).map(|&d| d as i128).product();
+                    if known == 0 || size % known != 0 || size / known > i32::MAX as i128 {
                         Expect::Invalid(vec!["reshape"])
-                    } else if let [i] = infer[..] {
-                        let known: i128 = target.iter().filter(|&&d| d != -1).map(|&d| d as i128).product();
-                        if known == 0 || size % known != 0 || size / known > i32::MAX as i128 {
-                            Expect::Invalid(vec!["reshape"])
+                    } else {
+                        let mut t = target.clone();
+                        t[i] = (size / known) as i32;
+                        Expect::Valid(Some(t))
+                    }
+                } else if count(&target) == size {
+                    Expect::Valid(Some(target.clone()))
+                } else {
+                    Expect::Invalid(vec!["reshape"])
+                };
+                (
+                    "reshape",
+                    format!("reshape({}, {target:?})", x.desc),
+                    expect,
+                    tags,
+                    Box::new(move || vec![xa.reshape(target)]),
+                )
+            }
+            1 => {
+                let perm: Vec<i32> = if rng.chance(0.5) {
+                    let mut p: Vec<i32> = (0..nd as i32).collect();
+                    for i in (1..p.len()).rev() {
+                        let j = rng.below(i + 1);
+                        p.swap(i, j);
+                    }
+                    p
+                } else {
+                    (0..rng.below(nd + 2)).map(|_| rng.int_arg(-(nd as i64), nd as i64 - 1)).collect()
+                };
+                let expect = match axes_ok(&perm, nd) {
+                    Some(p) if p.len() == nd => {
+                        Expect::Valid(Some(perm.iter().map(|&a| s[axis(a, nd).unwrap_or(0)]).collect()))
+                    }
+                    _ => Expect::Invalid(vec!["transpose"]),
+                };
+                (
+                    "transpose",
+                    format!("transpose({}, {perm:?})", x.desc),
+                    expect,
+                    vec![],
+                    Box::new(move || vec![xa.transpose(&perm)]),
+                )
+            }
+            2 => {
+                let (a, b) = (rng.int_arg(-(nd as i64), nd as i64 - 1), rng.int_arg(-(nd as i64), nd as i64 - 1));
+                let swap = rng.chance(0.5);
+                let name = if swap { "swapaxes" } else { "moveaxis" };
+                let expect = match (axis(a, nd), axis(b, nd)) {
+                    (Some(i), Some(j)) => {
+                        let mut perm: Vec<usize> = (0..nd).collect();
+                        if swap {
+                            perm.swap(i, j);
                         } else {
-                            let mut t = target.clone();
-                            t[i] = (size / known) as i32;
-                            Expect::Valid(Some(t))
+                            perm.retain(|&k| k != i);
+                            perm.insert(j, i);
                         }
-                    } else if count(&target) == size {
-                        Expect::Valid(Some(target.clone()))
-                    } else {
-                        Expect::Invalid(vec!["reshape"])
-                    };
-                    (
-                        "reshape",
-                        format!("reshape({}, {target:?})", x.desc),
-                        expect,
-                        tags,
-                        Box::new(move || vec![xa.reshape(target)]),
-                    )
-                }
-                1 => {
-                    let perm: Vec<i32> = if rng.chance(0.5) {
-                        let mut p: Vec<i32> = (0..nd as i32).collect();
-                        for i in (1..p.len()).rev() {
-                            let j = rng.below(i + 1);
-                            p.swap(i, j);
-                        }
-                        p
-                    } else {
-                        (0..rng.below(nd + 2)).map(|_| rng.int_arg(-(nd as i64), nd as i64 - 1)).collect()
-                    };
-                    let expect = match axes_ok(&perm, nd) {
-                        Some(p) if p.len() == nd => Expect::Valid(Some(perm.iter().map(|&a| s[axis(a, nd).unwrap_or(0)]).collect())),
-                        _ => Expect::Invalid(vec!["transpose"]),
-                    };
-                    ("transpose", format!("transpose({}, {perm:?})", x.desc), expect, vec![], Box::new(move || vec![xa.transpose(&perm)]))
-                }
-                2 => {
-                    let (a, b) = (rng.int_arg(-(nd as i64), nd as i64 - 1), rng.int_arg(-(nd as i64), nd as i64 - 1));
-                    let swap = rng.chance(0.5);
-                    let name = if swap { "swapaxes" } else { "moveaxis" };
-                    let expect = match (axis(a, nd), axis(b, nd)) {
-                        (Some(i), Some(j)) => {
-                            let mut perm: Vec<usize> = (0..nd).collect();
-                            if swap {
-                                perm.swap(i, j);
-                            } else {
-                                perm.retain(|&k| k != i);
-                                perm.insert(j, i);
-                            }
-                            Expect::Valid(Some(perm.iter().map(|&p| s[p]).collect()))
-                        }
-                        _ => Expect::Invalid(vec![name]),
-                    };
-                    (
-                        name,
-                        format!("{name}({}, {a}, {b})", x.desc),
-                        expect,
-                        vec![],
-                        Box::new(move || vec![if swap { xa.swapaxes(a, b) } else { xa.moveaxis(a, b) }]),
-                    )
-                }
-                3 => {
-                    let k = rng.below(3);
-                    let out_nd = nd + k;
-                    let list: Vec<i32> = (0..k).map(|_| rng.int_arg(-(out_nd as i64), out_nd as i64 - 1)).collect();
-                    let expect = match axes_ok(&list, out_nd) {
-                        Some(l) => {
-                            let mut src = s.iter();
-                            Expect::Valid(Some((0..out_nd).map(|i| if l.contains(&i) { 1 } else { *src.next().unwrap_or(&1) }).collect()))
-                        }
-                        None => Expect::Invalid(vec!["expand_dims"]),
-                    };
-                    ("expand_dims", format!("expand_dims({}, {list:?})", x.desc), expect, vec![], Box::new(move || vec![xa.expand_dims(list)]))
-                }
-                4 => {
-                    let all = rng.chance(0.3);
-                    let list: Vec<i32> = (0..rng.below(3)).map(|_| rng.int_arg(-(nd as i64), nd as i64 - 1)).collect();
-                    let expect = if all {
-                        Expect::Valid(Some(s.iter().copied().filter(|&d| d != 1).collect()))
-                    } else {
-                        match axes_ok(&list, nd) {
-                            Some(l) if l.iter().all(|&a| s[a] == 1) => {
-                                Expect::Valid(Some(s.iter().enumerate().filter(|(i, _)| !l.contains(i)).map(|(_, &d)| d).collect()))
-                            }
-                            _ => Expect::Invalid(vec!["squeeze"]),
-                        }
-                    };
-                    let desc = if all { format!("squeeze({}, ..)", x.desc) } else { format!("squeeze({}, {list:?})", x.desc) };
-                    ("squeeze", desc, expect, vec![], Box::new(move || vec![if all { xa.squeeze(..) } else { xa.squeeze(list) }]))
-                }
-                5 => {
-                    let mut target: Vec<i32> = s.iter().map(|&d| if d == 1 { rng.range(0, 3) as i32 } else if rng.chance(0.1) { d + 1 } else { d }).collect();
-                    if rng.chance(0.4) {
-                        target.insert(0, rng.int_arg(0, 3));
+                        Expect::Valid(Some(perm.iter().map(|&p| s[p]).collect()))
                     }
-                    if rng.chance(0.1) {
-                        target.pop();
+                    _ => Expect::Invalid(vec![name]),
+                };
+                (
+                    name,
+                    format!("{name}({}, {a}, {b})", x.desc),
+                    expect,
+                    vec![],
+                    Box::new(move || vec![if swap { xa.swapaxes(a, b) } else { xa.moveaxis(a, b) }]),
+                )
+            }
+            3 => {
+                let k = rng.below(3);
+                let out_nd = nd + k;
+                let list: Vec<i32> = (0..k).map(|_| rng.int_arg(-(out_nd as i64), out_nd as i64 - 1)).collect();
+                let expect = match axes_ok(&list, out_nd) {
+                    Some(l) => {
+                        let mut src = s.iter();
+                        Expect::Valid(Some(
+                            (0..out_nd).map(|i| if l.contains(&i) { 1 } else { *src.next().unwrap_or(&1) }).collect(),
+                        ))
                     }
-                    let wide: Vec<i64> = target.iter().map(|&d| d as i64).collect();
-                    let expect = if target == s || (shape_ok(&wide) && broadcast(&s, &target).as_deref() == Some(&target[..])) {
+                    None => Expect::Invalid(vec!["expand_dims"]),
+                };
+                (
+                    "expand_dims",
+                    format!("expand_dims({}, {list:?})", x.desc),
+                    expect,
+                    vec![],
+                    Box::new(move || vec![xa.expand_dims(list)]),
+                )
+            }
+            4 => {
+                let all = rng.chance(0.3);
+                let list: Vec<i32> = (0..rng.below(3)).map(|_| rng.int_arg(-(nd as i64), nd as i64 - 1)).collect();
+                let expect = if all {
+                    Expect::Valid(Some(s.iter().copied().filter(|&d| d != 1).collect()))
+                } else {
+                    match axes_ok(&list, nd) {
+                        Some(l) if l.iter().all(|&a| s[a] == 1) => Expect::Valid(Some(
+                            s.iter().enumerate().filter(|(i, _)| !l.contains(i)).map(|(_, &d)| d).collect(),
+                        )),
+                        _ => Expect::Invalid(vec!["squeeze"]),
+                    }
+                };
+                let desc =
+                    if all { format!("squeeze({}, ..)", x.desc) } else { format!("squeeze({}, {list:?})", x.desc) };
+                (
+                    "squeeze",
+                    desc,
+                    expect,
+                    vec![],
+                    Box::new(move || vec![if all { xa.squeeze(..) } else { xa.squeeze(list) }]),
+                )
+            }
+            5 => {
+                let mut target: Vec<i32> = s
+                    .iter()
+                    .map(|&d| {
+                        if d == 1 {
+                            rng.range(0, 3) as i32
+                        } else if rng.chance(0.1) {
+                            d + 1
+                        } else {
+                            d
+                        }
+                    })
+                    .collect();
+                if rng.chance(0.4) {
+                    target.insert(0, rng.int_arg(0, 3));
+                }
+                if rng.chance(0.1) {
+                    target.pop();
+                }
+                let wide: Vec<i64> = target.iter().map(|&d| d as i64).collect();
+                let expect =
+                    if target == s || (shape_ok(&wide) && broadcast(&s, &target).as_deref() == Some(&target[..])) {
                         Expect::Valid(Some(target.clone()))
                     } else {
                         Expect::Invalid(vec!["broadcast_to"])
                     };
-                    let big = count(&target) > 1 << 20;
-                    let tags = if big { vec!["big"] } else { vec![] };
-                    ("broadcast_to", format!("broadcast_to({}, {target:?})", x.desc), expect, tags, Box::new(move || vec![xa.broadcast_to(target)]))
-                }
-                6 => {
-                    let (a, b) = (rng.int_arg(-(nd as i64), nd as i64 - 1), rng.int_arg(-(nd as i64), nd as i64 - 1));
-                    let expect = if nd == 0 {
-                        Expect::Valid(Some(vec![1]))
-                    } else {
-                        match (axis(a, nd), axis(b, nd)) {
-                            (Some(i), Some(j)) if i <= j => {
-                                let mut o: Vec<i32> = s[..i].to_vec();
-                                o.push(s[i..=j].iter().product());
-                                o.extend(&s[j + 1..]);
-                                Expect::Valid(Some(o))
-                            }
-                            _ => Expect::Invalid(vec!["flatten"]),
+                let big = count(&target) > 1 << 20;
+                let tags = if big { vec!["big"] } else { vec![] };
+                (
+                    "broadcast_to",
+                    format!("broadcast_to({}, {target:?})", x.desc),
+                    expect,
+                    tags,
+                    Box::new(move || vec![xa.broadcast_to(target)]),
+                )
+            }
+            6 => {
+                let (a, b) = (rng.int_arg(-(nd as i64), nd as i64 - 1), rng.int_arg(-(nd as i64), nd as i64 - 1));
+                let expect = if nd == 0 {
+                    Expect::Valid(Some(vec![1]))
+                } else {
+                    match (axis(a, nd), axis(b, nd)) {
+                        (Some(i), Some(j)) if i <= j => {
+                            let mut o: Vec<i32> = s[..i].to_vec();
+                            o.push(s[i..=j].iter().product());
+                            o.extend(&s[j + 1..]);
+                            Expect::Valid(Some(o))
                         }
-                    };
-                    ("flatten", format!("flatten({}, {a}, {b})", x.desc), expect, vec![], Box::new(move || vec![xa.flatten(a, b)]))
-                }
-                _ => {
-                    let k = rng.range(-3, 3) as i32;
-                    let k = if rng.chance(0.1) { rng.pick(&[i32::MIN, i32::MAX]) } else { k };
-                    let lower = rng.chance(0.5);
-                    let name = if lower { "tril" } else { "triu" };
-                    let expect = if nd >= 2 { Expect::Valid(Some(s.clone())) } else { Expect::Invalid(vec![name]) };
-                    let tags = if k == i32::MIN || k == i32::MAX { vec!["overflow"] } else { vec![] };
-                    (name, format!("{name}({}, {k})", x.desc), expect, tags, Box::new(move || vec![if lower { xa.tril(k) } else { xa.triu(k) }]))
-                }
-            };
+                        _ => Expect::Invalid(vec!["flatten"]),
+                    }
+                };
+                (
+                    "flatten",
+                    format!("flatten({}, {a}, {b})", x.desc),
+                    expect,
+                    vec![],
+                    Box::new(move || vec![xa.flatten(a, b)]),
+                )
+            }
+            _ => {
+                let k = rng.range(-3, 3) as i32;
+                let k = if rng.chance(0.1) { rng.pick(&[i32::MIN, i32::MAX]) } else { k };
+                let lower = rng.chance(0.5);
+                let name = if lower { "tril" } else { "triu" };
+                let expect = if nd >= 2 { Expect::Valid(Some(s.clone())) } else { Expect::Invalid(vec![name]) };
+                let tags = if k == i32::MIN || k == i32::MAX { vec!["overflow"] } else { vec![] };
+                (
+                    name,
+                    format!("{name}({}, {k})", x.desc),
+                    expect,
+                    tags,
+                    Box::new(move || vec![if lower { xa.tril(k) } else { xa.triu(k) }]),
+                )
+            }
+        };
         Call { op, desc, expect, failed_inputs: failed, tags, run }
     }
 
@@ -1083,23 +1176,29 @@ impl Fuzz {
         let s = x.a.shape().to_vec();
         let rng = &mut self.rng;
         let n_start = if rng.chance(0.9) { nd } else { rng.below(nd + 2) };
-        let start: Vec<i32> = (0..n_start).map(|i| rng.int_arg(-(s.get(i).copied().unwrap_or(2) as i64) - 1, s.get(i).copied().unwrap_or(2) as i64)).collect();
+        let start: Vec<i32> = (0..n_start)
+            .map(|i| rng.int_arg(-(s.get(i).copied().unwrap_or(2) as i64) - 1, s.get(i).copied().unwrap_or(2) as i64))
+            .collect();
         let stop: Vec<i32> = (0..nd).map(|i| rng.int_arg(-(s[i] as i64) - 1, s[i] as i64 + 1)).collect();
         let strides: Vec<i32> = if rng.chance(0.2) {
             vec![]
         } else {
-            (0..nd).map(|_| match rng.below(12) {
-                0 => 0,
-                1 => rng.pick(&[i32::MIN, i32::MAX, i32::MIN + 1]),
-                _ => rng.pick(&[1, 2, -1, -2, 3]),
-            })
-            .collect()
+            (0..nd)
+                .map(|_| match rng.below(12) {
+                    0 => 0,
+                    1 => rng.pick(&[i32::MIN, i32::MAX, i32::MIN + 1]),
+                    _ => rng.pick(&[1, 2, -1, -2, 3]),
+                })
+                .collect()
         };
         let mut tags = vec![];
         if strides.contains(&i32::MIN) {
             tags.push("min_step");
         }
-        let valid = start.len() == nd && stop.len() == nd && (strides.is_empty() || strides.len() == nd) && !strides.contains(&0);
+        let valid = start.len() == nd
+            && stop.len() == nd
+            && (strides.is_empty() || strides.len() == nd)
+            && !strides.contains(&0);
         let window: Vec<i32> = if valid {
             (0..nd).map(|i| py_len(start[i], stop[i], strides.get(i).copied().unwrap_or(1), s[i]) as i32).collect()
         } else {
@@ -1156,7 +1255,8 @@ impl Fuzz {
         match rng.below(4) {
             0 => {
                 let r = rng.pick(&[-1, 0, 1, 2, 3, i32::MAX]);
-                let ax: Option<i32> = if rng.chance(0.3) { None } else { Some(rng.int_arg(-(nd as i64), nd as i64 - 1)) };
+                let ax: Option<i32> =
+                    if rng.chance(0.3) { None } else { Some(rng.int_arg(-(nd as i64), nd as i64 - 1)) };
                 let (fs, fa) = match ax {
                     None => (vec![count(&s) as i32], Some(0)),
                     Some(a) => (s.clone(), axis(a, nd)),
@@ -1180,7 +1280,8 @@ impl Fuzz {
                 }
             }
             1 => {
-                let reps: Vec<i32> = (0..rng.below(nd + 2)).map(|_| rng.pick(&[-1, 0, 1, 2, 3, 1, 2, i32::MAX])).collect();
+                let reps: Vec<i32> =
+                    (0..rng.below(nd + 2)).map(|_| rng.pick(&[-1, 0, 1, 2, 3, 1, 2, i32::MAX])).collect();
                 let n = reps.len().max(nd);
                 let mut base = vec![1i64; n - nd];
                 base.extend(s.iter().map(|&d| d as i64));
@@ -1214,7 +1315,8 @@ impl Fuzz {
                 };
                 let expect = match &full {
                     Some(w) if w.iter().all(|&(a, b)| a >= 0 && b >= 0) => {
-                        let out: Vec<i64> = s.iter().zip(w).map(|(&d, &(a, b))| d as i64 + a as i64 + b as i64).collect();
+                        let out: Vec<i64> =
+                            s.iter().zip(w).map(|(&d, &(a, b))| d as i64 + a as i64 + b as i64).collect();
                         let edge_ok = !edge || s.iter().zip(w).all(|(&d, &(a, b))| d > 0 || (a == 0 && b == 0));
                         if shape_ok(&out) && edge_ok {
                             Expect::Valid(Some(out.iter().map(|&v| v as i32).collect()))
@@ -1240,7 +1342,11 @@ impl Fuzz {
                 let v = self.item();
                 let mut failed = failed;
                 failed.extend(v.a.error());
-                let expect = if v.a.ndim() == 0 || v.a.is_failed() { Expect::Valid(Some(s.clone())) } else { Expect::Invalid(vec!["pad"]) };
+                let expect = if v.a.ndim() == 0 || v.a.is_failed() {
+                    Expect::Valid(Some(s.clone()))
+                } else {
+                    Expect::Invalid(vec!["pad"])
+                };
                 let va = v.a.clone();
                 let w = vec![(0, 0); nd];
                 Call {
@@ -1303,7 +1409,9 @@ impl Fuzz {
                     match axis(ax, nd) {
                         None => Expect::Invalid(vec!["concatenate"]),
                         Some(a) => {
-                            let ok = arrays.iter().all(|x| x.ndim() == nd && (0..nd).all(|i| i == a || x.shape()[i] == s[i]));
+                            let ok = arrays
+                                .iter()
+                                .all(|x| x.ndim() == nd && (0..nd).all(|i| i == a || x.shape()[i] == s[i]));
                             if ok {
                                 let mut o = s.clone();
                                 o[a] = arrays.iter().map(|x| x.shape()[a]).sum();
@@ -1408,7 +1516,9 @@ impl Fuzz {
             failed.extend(c.a.error());
             let dc = promote(d, c.a.dtype());
             let expect = match &out {
-                Some(o) if is_float(dc) && broadcast(c.a.shape(), o).as_deref() == Some(&o[..]) => Expect::Valid(Some(o.clone())),
+                Some(o) if is_float(dc) && broadcast(c.a.shape(), o).as_deref() == Some(&o[..]) => {
+                    Expect::Valid(Some(o.clone()))
+                }
                 _ => Expect::Invalid(vec!["addmm"]),
             };
             let ca = c.a.clone();
@@ -1476,7 +1586,9 @@ impl Fuzz {
         let shape: Vec<i32> = (0..rng.below(4)).map(|_| rng.pick(&[0, 1, 2, 3, -1, 2, 3])).collect();
         let ok = shape.iter().all(|&d| d >= 0);
         let d = rng.pick(&DTYPES);
-        let v = |ok: bool, s: &[i32], names: Vec<&'static str>| if ok { Expect::Valid(Some(s.to_vec())) } else { Expect::Invalid(names) };
+        let v = |ok: bool, s: &[i32], names: Vec<&'static str>| {
+            if ok { Expect::Valid(Some(s.to_vec())) } else { Expect::Invalid(names) }
+        };
         let sh = shape.clone();
         let none = vec![];
         match rng.below(9) {
@@ -1518,14 +1630,27 @@ impl Fuzz {
                 let n = ((stop - start) / step).ceil().max(0.0);
                 let finite = start.is_finite() && stop.is_finite() && step.is_finite() && step != 0.0;
                 let dt_ok = !typed || (d != DType::Bool && d != DType::Complex64);
-                let expect = if finite && dt_ok && n <= i32::MAX as f64 { Expect::Valid(Some(vec![n as i32])) } else { Expect::Invalid(vec!["arange"]) };
+                let expect = if finite && dt_ok && n <= i32::MAX as f64 {
+                    Expect::Valid(Some(vec![n as i32]))
+                } else {
+                    Expect::Invalid(vec!["arange"])
+                };
                 Call {
                     op: "arange",
-                    desc: format!("arange({start}, {stop}, {step}{})", if typed { format!(", {d}") } else { String::new() }),
+                    desc: format!(
+                        "arange({start}, {stop}, {step}{})",
+                        if typed { format!(", {d}") } else { String::new() }
+                    ),
                     expect,
                     failed_inputs: none,
                     tags: vec![],
-                    run: Box::new(move || vec![if typed { ops::arange_dtype(start, stop, step, d) } else { ops::arange(start, stop, step) }]),
+                    run: Box::new(move || {
+                        vec![if typed {
+                            ops::arange_dtype(start, stop, step, d)
+                        } else {
+                            ops::arange(start, stop, step)
+                        }]
+                    }),
                 }
             }
             4 => {
@@ -1540,7 +1665,8 @@ impl Fuzz {
                 }
             }
             5 => {
-                let (n, m, k) = (rng.pick(&[-1, 0, 1, 3]), rng.pick(&[None, Some(-2), Some(0), Some(2)]), rng.range(-2, 2) as i32);
+                let (n, m, k) =
+                    (rng.pick(&[-1, 0, 1, 3]), rng.pick(&[None, Some(-2), Some(0), Some(2)]), rng.range(-2, 2) as i32);
                 let mm = m.unwrap_or(n);
                 let tri = rng.chance(0.5);
                 let name = if tri { "tri" } else { "eye" };
@@ -1690,7 +1816,6 @@ struct Known {
     bug: &'static str,
 }
 
-
 /// The labelled skip list of known bugs (empty: every bug the fuzzer found is fixed, and each
 /// has a regression test below).
 const KNOWN_BUGS: &[Known] = &[];
@@ -1762,7 +1887,13 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     GUARDED.with(|g| g.set(outer));
     r.map_err(|p| {
         let msg = payload_message(&*p);
-        let at = PANICS.lock().unwrap_or_else(|e| e.into_inner()).iter().rev().find(|(m, _)| *m == msg).map(|(_, a)| a.clone());
+        let at = PANICS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .rev()
+            .find(|(m, _)| *m == msg)
+            .map(|(_, a)| a.clone());
         format!("{msg} (at {})", at.unwrap_or_default())
     })
 }
@@ -1826,7 +1957,12 @@ struct Report {
 
 impl Report {
     fn add(&mut self, call: &Meta, kind: Kind, what: String) {
-        self.problems.push(Problem { op: call.op, kind, text: format!("{what}\n    call: {}", call.desc), tags: call.tags.clone() });
+        self.problems.push(Problem {
+            op: call.op,
+            kind,
+            text: format!("{what}\n    call: {}", call.desc),
+            tags: call.tags.clone(),
+        });
     }
 }
 
@@ -1875,8 +2011,16 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                         rep.add(&call, Kind::Boundary, m);
                     }
                 }
-                Some(e) => rep.add(&call, Kind::Propagation, format!("gave a new error {e}, not its input's {}", call.failed_inputs[0])),
-                None => rep.add(&call, Kind::Propagation, format!("a failed input ({}) gave a valid array", call.failed_inputs[0])),
+                Some(e) => rep.add(
+                    &call,
+                    Kind::Propagation,
+                    format!("gave a new error {e}, not its input's {}", call.failed_inputs[0]),
+                ),
+                None => rep.add(
+                    &call,
+                    Kind::Propagation,
+                    format!("a failed input ({}) gave a valid array", call.failed_inputs[0]),
+                ),
             }
         }
         return;
@@ -1929,7 +2073,11 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                     None => {
                         // Not failed at record time: it must fail at eval, naming the op.
                         if o.size() > 1 << 16 || call.tags.contains(&"overflow") || call.tags.contains(&"big") {
-                            rep.add(&call, Kind::Accepted, format!("an invalid call gave a valid array of shape {:?}", o.shape()));
+                            rep.add(
+                                &call,
+                                Kind::Accepted,
+                                format!("an invalid call gave a valid array of shape {:?}", o.shape()),
+                            );
                             continue;
                         }
                         match guarded(|| o.eval()) {
@@ -1938,11 +2086,22 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                                 continue;
                             }
                             Ok(Ok(())) => {
-                                rep.add(&call, Kind::Accepted, format!("an invalid call gave a valid array of shape {:?} that evaluates", o.shape()));
+                                rep.add(
+                                    &call,
+                                    Kind::Accepted,
+                                    format!(
+                                        "an invalid call gave a valid array of shape {:?} that evaluates",
+                                        o.shape()
+                                    ),
+                                );
                                 continue;
                             }
                             Ok(Err(e)) if e.op_name().is_none() => {
-                                rep.add(&call, Kind::EvalError, format!("accepted at record time, failed at eval without an op name: {e}"));
+                                rep.add(
+                                    &call,
+                                    Kind::EvalError,
+                                    format!("accepted at record time, failed at eval without an op name: {e}"),
+                                );
                                 continue;
                             }
                             Ok(Err(e)) => e,
@@ -1954,11 +2113,19 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                     Some(n) if names.contains(&n) => {
                         rep.add(&call, Kind::WrongOpName, format!("error names '{n}', not '{}': {e}", names[0]))
                     }
-                    other => rep.add(&call, Kind::WrongOpName, format!("error names {other:?}, expected '{}': {e}", names[0])),
+                    other => rep.add(
+                        &call,
+                        Kind::WrongOpName,
+                        format!("error names {other:?}, expected '{}': {e}", names[0]),
+                    ),
                 }
                 if let Some(at) = e.location() {
                     if !at.file().ends_with("fuzz_ops.rs") {
-                        rep.add(&call, Kind::Location, format!("error located at {}:{}, not in this file: {e}", at.file(), at.line()));
+                        rep.add(
+                            &call,
+                            Kind::Location,
+                            format!("error located at {}:{}, not in this file: {e}", at.file(), at.line()),
+                        );
                     }
                 }
                 if let Err(m) = check_boundaries(o, &e) {
@@ -1971,14 +2138,30 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                     let (name, f) = fz.rng.pick(&follow_ups());
                     match guarded(|| f(&a)) {
                         Err(m) => {
-                            let c = Meta { op: name, desc: format!("{name}(<failed: {}>)", call.desc), expect: Expect::Unknown, failed_inputs: vec![], tags: vec![] };
+                            let c = Meta {
+                                op: name,
+                                desc: format!("{name}(<failed: {}>)", call.desc),
+                                expect: Expect::Unknown,
+                                failed_inputs: vec![],
+                                tags: vec![],
+                            };
                             rep.add(&c, Kind::Panic, format!("panicked: {m}"));
                             break;
                         }
                         Ok(next) => {
                             if next.error().as_ref() != Some(&e) {
-                                let c = Meta { op: name, desc: format!("{name}(<failed: {}>)", call.desc), expect: Expect::Unknown, failed_inputs: vec![], tags: vec![] };
-                                rep.add(&c, Kind::Propagation, format!("gave {:?}, not the first error {e}", next.error()));
+                                let c = Meta {
+                                    op: name,
+                                    desc: format!("{name}(<failed: {}>)", call.desc),
+                                    expect: Expect::Unknown,
+                                    failed_inputs: vec![],
+                                    tags: vec![],
+                                };
+                                rep.add(
+                                    &c,
+                                    Kind::Propagation,
+                                    format!("gave {:?}, not the first error {e}", next.error()),
+                                );
                                 break;
                             }
                             a = next;
@@ -2144,7 +2327,9 @@ fn reshape_to_an_overflowing_shape_fails() {
     match r {
         Err(m) => panic!("reshape panicked: {m}"),
         Ok(a) => {
-            let e = a.error().unwrap_or_else(|| panic!("reshape of 0 elements to 2^64 elements was accepted: shape {:?}, size {}", a.shape(), a.size()));
+            let e = a.error().unwrap_or_else(|| {
+                panic!("reshape of 0 elements to 2^64 elements was accepted: shape {:?}, size {}", a.shape(), a.size())
+            });
             assert_eq!(e.op_name(), Some("reshape"));
         }
     }
@@ -2163,7 +2348,10 @@ fn size_overflow_in_tile_repeat_pad_flatten_concatenate() {
         // Empty arrays: the wrapped size is accepted.
         ("repeat", Box::new(|| ops::zeros([3, 0], DType::F32).repeat(i32::MAX, 0))),
         ("tile", Box::new(|| ops::zeros([2, 1, 3, 1], DType::F32).tile(&[0, 2, i32::MAX, 0]))),
-        ("concatenate", Box::new(|| ops::concatenate(&[ops::zeros([i32::MAX - 1], DType::F32), ops::zeros([5], DType::F32)], 0))),
+        (
+            "concatenate",
+            Box::new(|| ops::concatenate(&[ops::zeros([i32::MAX - 1], DType::F32), ops::zeros([5], DType::F32)], 0)),
+        ),
     ];
     let mut bad = vec![];
     for (op, f) in &cases {

@@ -22,7 +22,10 @@ fn gpu_presence_is_reported_without_panicking() {
         let info = nuvec::cuda::device_info(0).unwrap();
         println!("{info:?}");
         assert!(info.multiprocessors > 0 && info.total_memory > 0);
-        assert_eq!(nuvec::default_device(), if std::env::var("NUVEC_DEVICE").as_deref() == Ok("cpu") { Device::cpu() } else { Device::gpu(0) });
+        assert_eq!(
+            nuvec::default_device(),
+            if std::env::var("NUVEC_DEVICE").as_deref() == Ok("cpu") { Device::cpu() } else { Device::gpu(0) }
+        );
     } else {
         assert!(nuvec::cuda::unavailable_reason().is_some());
         assert!(nuvec::cuda::device_info(0).is_err());
@@ -82,7 +85,11 @@ fn assert_same(what: &str, cpu: &Array, gpu: &Array) {
         if x.is_nan() && y.is_nan() {
             continue;
         }
-        let ok = if x.is_infinite() || y.is_infinite() { x == y } else { (x - y).abs() <= tol * (1.0 + x.abs().max(y.abs())) };
+        let ok = if x.is_infinite() || y.is_infinite() {
+            x == y
+        } else {
+            (x - y).abs() <= tol * (1.0 + x.abs().max(y.abs()))
+        };
         assert!(ok, "{what}: element {i} CPU {x} GPU {y}");
     }
 }
@@ -161,9 +168,30 @@ fn elementwise_agrees() {
     let binary: [BinaryOp; 24] = {
         use BinaryOp::*;
         [
-            Add, Subtract, Multiply, Divide, FloorDivide, Remainder, Power, Maximum, Minimum, LogAddExp, ArcTan2, Equal,
-            NotEqual, Less, LessEqual, Greater, GreaterEqual, LogicalAnd, LogicalOr, BitwiseAnd, BitwiseOr,
-            BitwiseXor, LeftShift, RightShift,
+            Add,
+            Subtract,
+            Multiply,
+            Divide,
+            FloorDivide,
+            Remainder,
+            Power,
+            Maximum,
+            Minimum,
+            LogAddExp,
+            ArcTan2,
+            Equal,
+            NotEqual,
+            Less,
+            LessEqual,
+            Greater,
+            GreaterEqual,
+            LogicalAnd,
+            LogicalOr,
+            BitwiseAnd,
+            BitwiseOr,
+            BitwiseXor,
+            LeftShift,
+            RightShift,
         ]
     };
     for dtype in ALL {
@@ -234,7 +262,10 @@ fn casts_selects_and_copies_agree() {
         both(&format!("copy {from}"), std::slice::from_ref(&x), |v| v[0].t().contiguous());
         both(&format!("reshape of transposed {from}"), std::slice::from_ref(&x), |v| v[0].t().reshape([-1]));
         both(&format!("concatenate {from}"), std::slice::from_ref(&x), |v| {
-            ops::concatenate(&[v[0].clone(), v[0].slice(&[0, 3], &[6, 9], &[1, 1]).t().reshape([6, 6]), v[0].clone()], 1)
+            ops::concatenate(
+                &[v[0].clone(), v[0].slice(&[0, 3], &[6, 9], &[1, 1]).t().reshape([6, 6]), v[0].clone()],
+                1,
+            )
         });
         both(&format!("slice_update {from}"), std::slice::from_ref(&x), |v| {
             v[0].slice_update(&v[0].slice(&[0, 0], &[3, 6], &[1, 2]), &[2, 1], &[5, 7], &[1, 2])
@@ -268,13 +299,19 @@ fn reductions_and_scans_agree() {
                     both(&format!("max {tag}"), std::slice::from_ref(&x), |v| v[0].max(axes));
                     both(&format!("min {tag} transposed"), std::slice::from_ref(&x), |v| v[0].t().min(axes));
                     if dtype.is_float() {
-                        both(&format!("prod {tag}"), std::slice::from_ref(&x), |v| (v[0].clone() * 0.1 + 1.0).prod(axes));
+                        both(&format!("prod {tag}"), std::slice::from_ref(&x), |v| {
+                            (v[0].clone() * 0.1 + 1.0).prod(axes)
+                        });
                         both(&format!("logsumexp {tag}"), std::slice::from_ref(&x), |v| v[0].logsumexp(axes));
                         both(&format!("softmax {tag}"), std::slice::from_ref(&x), |v| v[0].softmax(axes));
-                        both(&format!("mean/var {tag}"), std::slice::from_ref(&x), |v| v[0].var(axes) + v[0].mean(axes));
+                        both(&format!("mean/var {tag}"), std::slice::from_ref(&x), |v| {
+                            v[0].var(axes) + v[0].mean(axes)
+                        });
                     }
                 }
-                both(&format!("all/any {tag}"), std::slice::from_ref(&x), |v| v[0].all(axes).logical_or(&v[0].any(axes)));
+                both(&format!("all/any {tag}"), std::slice::from_ref(&x), |v| {
+                    v[0].all(axes).logical_or(&v[0].any(axes))
+                });
             }
             for axis in 0..nd {
                 let tag = format!("{dtype} {shape:?} axis {axis}");
@@ -290,8 +327,12 @@ fn reductions_and_scans_agree() {
                     both(&format!("cummax {t}"), std::slice::from_ref(&x), |v| v[0].cummax_with(axis, o));
                     both(&format!("cummin {t}"), std::slice::from_ref(&x), |v| v[0].cummin_with(axis, o));
                     if dtype.is_float() {
-                        both(&format!("cumprod {t}"), std::slice::from_ref(&x), |v| (v[0].clone() * 0.01 + 1.0).cumprod_with(axis, o));
-                        both(&format!("logcumsumexp {t}"), std::slice::from_ref(&x), |v| v[0].logcumsumexp_with(axis, o));
+                        both(&format!("cumprod {t}"), std::slice::from_ref(&x), |v| {
+                            (v[0].clone() * 0.01 + 1.0).cumprod_with(axis, o)
+                        });
+                        both(&format!("logcumsumexp {t}"), std::slice::from_ref(&x), |v| {
+                            v[0].logcumsumexp_with(axis, o)
+                        });
                     }
                 }
             }
@@ -303,7 +344,11 @@ fn reductions_and_scans_agree() {
     both("sum of 4M", std::slice::from_ref(&long), |v| v[0].sum(..));
     both("max of 4M", std::slice::from_ref(&long), |v| v[0].max(..));
     // Special values through softmax and logsumexp.
-    let special = array![[1.0, f32::NEG_INFINITY, 2.0], [f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY], [f32::NAN, 0.0, 1.0]];
+    let special = array![
+        [1.0, f32::NEG_INFINITY, 2.0],
+        [f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY],
+        [f32::NAN, 0.0, 1.0]
+    ];
     both("softmax special", std::slice::from_ref(&special), |v| v[0].softmax(-1));
     both("logsumexp special", std::slice::from_ref(&special), |v| v[0].logsumexp(-1));
 }
@@ -391,11 +436,14 @@ fn random_bits_agree() {
     }
     use nuvec::random;
     let keys = [random::key(0), random::key(1), random::key(u64::MAX), random::key(0x1234_5678_9abc_def0)];
-    let shapes: [&[i32]; 12] = [&[], &[1], &[2], &[3], &[5], &[7], &[8], &[13], &[3, 5], &[0], &[1000], &[(1 << 20) + 3]];
+    let shapes: [&[i32]; 12] =
+        [&[], &[1], &[2], &[3], &[5], &[7], &[8], &[13], &[3, 5], &[0], &[1000], &[(1 << 20) + 3]];
     for (i, k) in keys.iter().enumerate() {
         for width in [1, 2, 4] {
             for s in shapes {
-                both(&format!("bits key {i} width {width} shape {s:?}"), &[k.clone()], |v| random::bits(s, width, Some(&v[0])));
+                both(&format!("bits key {i} width {width} shape {s:?}"), &[k.clone()], |v| {
+                    random::bits(s, width, Some(&v[0]))
+                });
             }
         }
     }
@@ -403,7 +451,11 @@ fn random_bits_agree() {
     let ks = random::split(&random::key(9), 6).t();
     for width in [1, 2, 4] {
         for s in [3, 8, 257] {
-            let f = nuvec::transforms::vmap_flat(move |x| Ok(vec![random::bits([s], width, Some(&x[0]))]), &[Some(1)], &[0]);
+            let f = nuvec::transforms::vmap_flat(
+                move |x| Ok(vec![random::bits([s], width, Some(&x[0]))]),
+                &[Some(1)],
+                &[0],
+            );
             let c = on(Device::cpu(), || f(&[ks.clone()]).unwrap().remove(0));
             let g = on(Device::gpu(0), || f(&[ks.clone()]).unwrap().remove(0));
             assert_same(&format!("batched bits width {width} size {s}"), &c, &g);
@@ -429,7 +481,12 @@ fn sorts_agree() {
         for (i, &len) in lens.iter().enumerate() {
             let rows = [3, 1, 2][i % 3];
             let x = values(&[rows, len], dtype, 0.3 + i as f32);
-            let x = if dtype.is_float() { ops::where_((ops::arange(0, rows * len, 1).reshape([rows, len]) % 17).equal(5), f32::NAN, &x).astype(dtype) } else { x };
+            let x = if dtype.is_float() {
+                ops::where_((ops::arange(0, rows * len, 1).reshape([rows, len]) % 17).equal(5), f32::NAN, &x)
+                    .astype(dtype)
+            } else {
+                x
+            };
             for axis in [1, 0] {
                 let tag = format!("{dtype} [{rows}, {len}] axis {axis}");
                 both(&format!("sort {tag}"), std::slice::from_ref(&x), |v| v[0].sort(axis));
@@ -447,8 +504,12 @@ fn sorts_agree() {
                         a.slice(&start, &stop, &[])
                     };
                     both(&format!("partition pivot {t}"), std::slice::from_ref(&x), |v| at(&v[0].partition(kth, axis)));
-                    both(&format!("argpartition pivot {t}"), std::slice::from_ref(&x), |v| at(&v[0].argpartition(kth, axis)));
-                    both(&format!("partition sorted {t}"), std::slice::from_ref(&x), |v| v[0].partition(kth, axis).sort(axis));
+                    both(&format!("argpartition pivot {t}"), std::slice::from_ref(&x), |v| {
+                        at(&v[0].argpartition(kth, axis))
+                    });
+                    both(&format!("partition sorted {t}"), std::slice::from_ref(&x), |v| {
+                        v[0].partition(kth, axis).sort(axis)
+                    });
                 }
                 let k = n.min(5);
                 both(&format!("topk sorted {tag}"), std::slice::from_ref(&x), |v| v[0].topk(k, axis).sort(axis));
@@ -521,7 +582,9 @@ fn custom_kernel_agrees_with_cpu_ops() {
             ],
             ..Default::default()
         };
-        let g = on(Device::gpu(0), || k.call(&[x.clone(), w.clone(), c.clone()], &[(x.shape().to_vec(), d)], &config).remove(0));
+        let g = on(Device::gpu(0), || {
+            k.call(&[x.clone(), w.clone(), c.clone()], &[(x.shape().to_vec(), d)], &config).remove(0)
+        });
         let want = on(Device::cpu(), || (x.astype(acc) * w.astype(acc) + c.astype(acc)).astype(d));
         assert_same(&format!("custom kernel {d:?}"), &want, &g);
     }
@@ -566,7 +629,9 @@ fn gathers_and_scatters_agree() {
     }
     // Index dtypes, a larger float scatter-add with many collisions, and gather_mm.
     for it in [DType::I8, DType::U8, DType::I16, DType::U16, DType::U32, DType::I64, DType::U64] {
-        both(&format!("take idx {it}"), &[values(&[50, 3], DType::F32, 0.2), idx.abs().astype(it)], |a| a[0].take(&a[1], 0));
+        both(&format!("take idx {it}"), &[values(&[50, 3], DType::F32, 0.2), idx.abs().astype(it)], |a| {
+            a[0].take(&a[1], 0)
+        });
     }
     let big = values(&[4096], DType::I32, 0.5).abs().remainder(97);
     both("scatter_add collisions", &[ops::zeros([97, 8], DType::F32), big, values(&[4096, 8], DType::F32, 0.9)], |a| {

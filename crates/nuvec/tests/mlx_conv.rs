@@ -33,10 +33,7 @@ fn fixture() -> &'static Fixture {
 }
 
 fn list(case: &Case, key: &str) -> Result<Vec<i32>, String> {
-    case.params
-        .get(key)
-        .and_then(Json::as_i32_vec)
-        .ok_or_else(|| format!("param {key:?} is not a list of integers"))
+    case.params.get(key).and_then(Json::as_i32_vec).ok_or_else(|| format!("param {key:?} is not a list of integers"))
 }
 
 fn int(case: &Case, key: &str) -> Result<i32, String> {
@@ -50,39 +47,18 @@ fn int(case: &Case, key: &str) -> Result<i32, String> {
 fn run(case: &Case, xs: &[Array]) -> Result<Array, String> {
     let p = |k: &str| list(case, k);
     Ok(match case.op.as_str() {
-        "conv1d" => ops::conv1d(
-            &xs[0],
-            &xs[1],
-            p("stride")?[0],
-            p("padding")?[0],
-            p("dilation")?[0],
-            int(case, "groups")?,
-        ),
+        "conv1d" => {
+            ops::conv1d(&xs[0], &xs[1], p("stride")?[0], p("padding")?[0], p("dilation")?[0], int(case, "groups")?)
+        }
         "conv2d" => {
-            let two = |k: &str| -> Result<[i32; 2], String> {
-                p(k)?.try_into().map_err(|_| format!("{k} needs 2 values"))
-            };
-            ops::conv2d(
-                &xs[0],
-                &xs[1],
-                two("stride")?,
-                two("padding")?,
-                two("dilation")?,
-                int(case, "groups")?,
-            )
+            let two =
+                |k: &str| -> Result<[i32; 2], String> { p(k)?.try_into().map_err(|_| format!("{k} needs 2 values")) };
+            ops::conv2d(&xs[0], &xs[1], two("stride")?, two("padding")?, two("dilation")?, int(case, "groups")?)
         }
         "conv3d" => {
-            let three = |k: &str| -> Result<[i32; 3], String> {
-                p(k)?.try_into().map_err(|_| format!("{k} needs 3 values"))
-            };
-            ops::conv3d(
-                &xs[0],
-                &xs[1],
-                three("stride")?,
-                three("padding")?,
-                three("dilation")?,
-                int(case, "groups")?,
-            )
+            let three =
+                |k: &str| -> Result<[i32; 3], String> { p(k)?.try_into().map_err(|_| format!("{k} needs 3 values")) };
+            ops::conv3d(&xs[0], &xs[1], three("stride")?, three("padding")?, three("dilation")?, int(case, "groups")?)
         }
         "conv_general" => {
             let opts = ConvOptions {
@@ -92,20 +68,13 @@ fn run(case: &Case, xs: &[Array]) -> Result<Array, String> {
                 kernel_dilation: p("kernel_dilation")?,
                 input_dilation: p("input_dilation")?,
                 groups: int(case, "groups")?,
-                flip: case
-                    .params
-                    .get("flip")
-                    .and_then(Json::as_bool)
-                    .ok_or("param \"flip\" is not a boolean")?,
+                flip: case.params.get("flip").and_then(Json::as_bool).ok_or("param \"flip\" is not a boolean")?,
             };
             ops::conv_general(&xs[0], &xs[1], &opts)
         }
         "einsum" => {
-            let s = case
-                .params
-                .get("subscripts")
-                .and_then(Json::as_str)
-                .ok_or("param \"subscripts\" is not a string")?;
+            let s =
+                case.params.get("subscripts").and_then(Json::as_str).ok_or("param \"subscripts\" is not a string")?;
             ops::einsum(s, xs)
         }
         "tensordot" => {
@@ -127,10 +96,7 @@ fn run(case: &Case, xs: &[Array]) -> Result<Array, String> {
 }
 
 fn max_abs(t: &Tensor) -> f64 {
-    t.to_f64()
-        .into_iter()
-        .filter(|v| v.is_finite())
-        .fold(0.0, |m, v| m.max(v.abs()))
+    t.to_f64().into_iter().filter(|v| v.is_finite()).fold(0.0, |m, v| m.max(v.abs()))
 }
 
 /// Terms summed into each output element, for the tolerance.
@@ -152,11 +118,7 @@ fn tolerance(case: &Case, out: &Tensor) -> Tolerance {
     // MLX 0.32.4's CPU convolution computes float64 in float32 (its answers are float32
     // values), while nuvec computes float64 properly (checked against direct loops in
     // tests/conv_einsum.rs): float64 convolutions get float32's tolerance.
-    let dtype = if out.dtype == DType::F64 && case.op.starts_with("conv") {
-        DType::F32
-    } else {
-        out.dtype
-    };
+    let dtype = if out.dtype == DType::F64 && case.op.starts_with("conv") { DType::F32 } else { out.dtype };
     let (rtol, atol) = match dtype {
         DType::F64 => (1e-12, 1e-13),
         DType::F16 => (1e-3, 1e-3),
@@ -165,10 +127,7 @@ fn tolerance(case: &Case, out: &Tensor) -> Tolerance {
     };
     let magnitude: f64 = case.inputs.iter().map(max_abs).take(2).product();
     let root_n = terms(case).sqrt();
-    Tolerance::close(
-        rtol * 10.0 * root_n,
-        atol * 10.0 + rtol * 2.0 * magnitude * root_n,
-    )
+    Tolerance::close(rtol * 10.0 * root_n, atol * 10.0 + rtol * 2.0 * magnitude * root_n)
 }
 
 fn check_case(case: &Case) -> Result<(), String> {
@@ -176,44 +135,21 @@ fn check_case(case: &Case) -> Result<(), String> {
     let got = run(case, &xs)?;
     let want = &case.outputs[0];
     let bytes = got.to_bytes().map_err(|e| format!("nuvec error: {e}"))?;
-    compare(
-        want,
-        got.dtype(),
-        got.shape(),
-        &bytes,
-        tolerance(case, want),
-    )
-    .map_err(|m| m.to_string())
+    compare(want, got.dtype(), got.shape(), &bytes, tolerance(case, want)).map_err(|m| m.to_string())
 }
 
 #[test]
 fn fixture_file_is_complete() {
     let f = fixture();
-    assert!(
-        f.cases.len() >= MIN_CASES,
-        "the fixture holds {} cases, fewer than {MIN_CASES}",
-        f.cases.len()
-    );
+    assert!(f.cases.len() >= MIN_CASES, "the fixture holds {} cases, fewer than {MIN_CASES}", f.cases.len());
     assert_eq!(f.meta.get("device").and_then(Json::as_str), Some("cpu"));
     let mut per_op: BTreeMap<&str, usize> = BTreeMap::new();
     for c in &f.cases {
         *per_op.entry(c.op.as_str()).or_default() += 1;
         assert_eq!(c.outputs.len(), 1, "{}", c.name);
     }
-    for op in [
-        "conv1d",
-        "conv2d",
-        "conv3d",
-        "conv_general",
-        "einsum",
-        "tensordot",
-        "outer",
-        "inner",
-    ] {
-        assert!(
-            per_op.get(op).copied().unwrap_or(0) > 0,
-            "no cases of {op}: {per_op:?}"
-        );
+    for op in ["conv1d", "conv2d", "conv3d", "conv_general", "einsum", "tensordot", "outer", "inner"] {
+        assert!(per_op.get(op).copied().unwrap_or(0) > 0, "no cases of {op}: {per_op:?}");
     }
 }
 
@@ -224,23 +160,12 @@ fn nuvec_matches_mlx() {
         .cases
         .iter()
         .filter_map(|case| {
-            let r = catch_unwind(AssertUnwindSafe(|| check_case(case)))
-                .unwrap_or_else(|_| Err("panicked".to_string()));
-            r.err()
-                .map(|e| format!("  {} [{}]: {e}", case.name, case.params_text))
+            let r = catch_unwind(AssertUnwindSafe(|| check_case(case))).unwrap_or_else(|_| Err("panicked".to_string()));
+            r.err().map(|e| format!("  {} [{}]: {e}", case.name, case.params_text))
         })
         .collect();
-    eprintln!(
-        "replayed {} MLX cases, {} differ",
-        f.cases.len(),
-        failures.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} case(s) differ from MLX:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    eprintln!("replayed {} MLX cases, {} differ", f.cases.len(), failures.len());
+    assert!(failures.is_empty(), "{} case(s) differ from MLX:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
@@ -260,14 +185,5 @@ fn tolerance_catches_a_wrong_tap() {
     let got = run(case, &broken).unwrap();
     let bytes = got.to_bytes().unwrap();
     let want = &case.outputs[0];
-    assert!(
-        compare(
-            want,
-            got.dtype(),
-            got.shape(),
-            &bytes,
-            tolerance(case, want)
-        )
-        .is_err()
-    );
+    assert!(compare(want, got.dtype(), got.shape(), &bytes, tolerance(case, want)).is_err());
 }

@@ -31,10 +31,8 @@ const ARANGE_ACCUMULATES: &str = "MLX's arange accumulates `start += step` in th
 
 /// Cases where nuvec disagrees with MLX 0.32.4, as `(case name, reason)`: bugs or deliberate
 /// differences to decide on in nuvec. Delete an entry once its case agrees (the test says so).
-const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
-    ("arange/bf16/0.0_3.0_0.1", ARANGE_ACCUMULATES),
-    ("arange/f16/0.0_2.0_0.1", ARANGE_ACCUMULATES),
-];
+const KNOWN_DIFFERENCES: &[(&str, &str)] =
+    &[("arange/bf16/0.0_3.0_0.1", ARANGE_ACCUMULATES), ("arange/f16/0.0_2.0_0.1", ARANGE_ACCUMULATES)];
 
 fn fixture() -> &'static Fixture {
     static FIXTURE_DATA: OnceLock<Fixture> = OnceLock::new();
@@ -48,61 +46,39 @@ fn fixture() -> &'static Fixture {
 // Parameters
 
 fn param<'a>(case: &'a Case, key: &str) -> Result<&'a Json, String> {
-    case.params
-        .get(key)
-        .ok_or_else(|| format!("missing param {key:?}"))
+    case.params.get(key).ok_or_else(|| format!("missing param {key:?}"))
 }
 
 fn int_param(case: &Case, key: &str) -> Result<i32, String> {
-    param(case, key)?
-        .as_i64()
-        .map(|v| v as i32)
-        .ok_or_else(|| format!("param {key:?} is not an integer"))
+    param(case, key)?.as_i64().map(|v| v as i32).ok_or_else(|| format!("param {key:?} is not an integer"))
 }
 
 fn bool_param(case: &Case, key: &str) -> Result<bool, String> {
-    param(case, key)?
-        .as_bool()
-        .ok_or_else(|| format!("param {key:?} is not a boolean"))
+    param(case, key)?.as_bool().ok_or_else(|| format!("param {key:?} is not a boolean"))
 }
 
 fn f64_param(case: &Case, key: &str) -> Result<f64, String> {
-    param(case, key)?
-        .as_f64()
-        .ok_or_else(|| format!("param {key:?} is not a number"))
+    param(case, key)?.as_f64().ok_or_else(|| format!("param {key:?} is not a number"))
 }
 
 fn list_param(case: &Case, key: &str) -> Result<Vec<i32>, String> {
-    param(case, key)?
-        .as_i32_vec()
-        .ok_or_else(|| format!("param {key:?} is not a list of integers"))
+    param(case, key)?.as_i32_vec().ok_or_else(|| format!("param {key:?} is not a list of integers"))
 }
 
 /// An optional integer (`null` means "none", e.g. `axis=None`).
 fn opt_int_param(case: &Case, key: &str) -> Result<Option<i32>, String> {
     let v = param(case, key)?;
-    if v.is_null() {
-        Ok(None)
-    } else {
-        int_param(case, key).map(Some)
-    }
+    if v.is_null() { Ok(None) } else { int_param(case, key).map(Some) }
 }
 
 /// An optional list of integers (`null` means "all axes").
 fn opt_list_param(case: &Case, key: &str) -> Result<Option<Vec<i32>>, String> {
     let v = param(case, key)?;
-    if v.is_null() {
-        Ok(None)
-    } else {
-        list_param(case, key).map(Some)
-    }
+    if v.is_null() { Ok(None) } else { list_param(case, key).map(Some) }
 }
 
 fn dtype_named(name: &str) -> Result<DType, String> {
-    DType::ALL
-        .into_iter()
-        .find(|d| d.name() == name)
-        .ok_or_else(|| format!("unknown dtype {name:?}"))
+    DType::ALL.into_iter().find(|d| d.name() == name).ok_or_else(|| format!("unknown dtype {name:?}"))
 }
 
 fn dtype_param(case: &Case, key: &str) -> Result<Option<DType>, String> {
@@ -127,14 +103,9 @@ fn scalar_of(v: &Json) -> Result<Scalar, String> {
 // Layouts: the recipes the recorder applied to the stored inputs
 
 fn apply_layout(x: Array, recipe: &Json) -> Result<Array, String> {
-    let steps = recipe
-        .as_array()
-        .ok_or_else(|| format!("bad layout {recipe}"))?;
+    let steps = recipe.as_array().ok_or_else(|| format!("bad layout {recipe}"))?;
     let list = |i: usize| -> Result<Vec<i32>, String> {
-        steps
-            .get(i)
-            .and_then(Json::as_i32_vec)
-            .ok_or_else(|| format!("bad layout {recipe}"))
+        steps.get(i).and_then(Json::as_i32_vec).ok_or_else(|| format!("bad layout {recipe}"))
     };
     match steps.first().and_then(Json::as_str) {
         Some("transpose") => Ok(x.transpose(&list(1)?)),
@@ -268,18 +239,8 @@ fn reduction(case: &Case, x: &Array) -> Result<Option<Array>, String> {
         "all" => over_axes!(axes()?, |a| ops::all(x, a, keep()?)),
         "any" => over_axes!(axes()?, |a| ops::any(x, a, keep()?)),
         "logsumexp" => over_axes!(axes()?, |a| ops::logsumexp(x, a, keep()?)),
-        "var" => over_axes!(axes()?, |a| ops::var(
-            x,
-            a,
-            keep()?,
-            int_param(case, "ddof")?
-        )),
-        "std" => over_axes!(axes()?, |a| ops::std(
-            x,
-            a,
-            keep()?,
-            int_param(case, "ddof")?
-        )),
+        "var" => over_axes!(axes()?, |a| ops::var(x, a, keep()?, int_param(case, "ddof")?)),
+        "std" => over_axes!(axes()?, |a| ops::std(x, a, keep()?, int_param(case, "ddof")?)),
         "softmax" => over_axes!(axes()?, |a| ops::softmax(x, a)),
         _ => return Ok(None),
     }))
@@ -288,10 +249,7 @@ fn reduction(case: &Case, x: &Array) -> Result<Option<Array>, String> {
 fn scan(case: &Case, x: &Array) -> Result<Option<Array>, String> {
     let axis = || opt_int_param(case, "axis");
     let options = || -> Result<ScanOptions, String> {
-        Ok(ScanOptions {
-            reverse: bool_param(case, "reverse")?,
-            exclusive: !bool_param(case, "inclusive")?,
-        })
+        Ok(ScanOptions { reverse: bool_param(case, "reverse")?, exclusive: !bool_param(case, "inclusive")? })
     };
     Ok(Some(match case.op.as_str() {
         "cumsum" => ops::cumsum(x, axis()?, options()?),
@@ -305,11 +263,7 @@ fn scan(case: &Case, x: &Array) -> Result<Option<Array>, String> {
 
 /// Runs the case's operation in nuvec on `xs`, the inputs with their layouts applied.
 fn run(case: &Case, xs: &[Array]) -> Result<Vec<Array>, String> {
-    let x = || {
-        xs.first()
-            .cloned()
-            .ok_or_else(|| "the case has no input".to_string())
-    };
+    let x = || xs.first().cloned().ok_or_else(|| "the case has no input".to_string());
     let op = case.op.as_str();
     if op == "round" && case.params.get("decimals").is_some() {
         return Ok(vec![x()?.round_decimals(int_param(case, "decimals")?)]);
@@ -322,16 +276,9 @@ fn run(case: &Case, xs: &[Array]) -> Result<Vec<Array>, String> {
             Some(s) => {
                 let s = ScalarOrArray::Scalar(scalar_of(s)?);
                 let a = ScalarOrArray::Array(x()?);
-                if bool_param(case, "scalar_first")? {
-                    (s, a)
-                } else {
-                    (a, s)
-                }
+                if bool_param(case, "scalar_first")? { (s, a) } else { (a, s) }
             }
-            None => (
-                x()?.into(),
-                xs.get(1).ok_or("binary op needs two inputs")?.into(),
-            ),
+            None => (x()?.into(), xs.get(1).ok_or("binary op needs two inputs")?.into()),
         };
         return Ok(vec![f(a, b)]);
     }
@@ -361,9 +308,7 @@ fn run(case: &Case, xs: &[Array]) -> Result<Vec<Array>, String> {
             let mut bound = |key: &str| -> Result<Option<ScalarOrArray>, String> {
                 match param(case, key)? {
                     Json::Null => Ok(None),
-                    Json::Str(s) if s == "input" => {
-                        Ok(Some(rest.next().ok_or("clip needs more inputs")?.into()))
-                    }
+                    Json::Str(s) if s == "input" => Ok(Some(rest.next().ok_or("clip needs more inputs")?.into())),
                     v => Ok(Some(ScalarOrArray::Scalar(scalar_of(v)?))),
                 }
             };
@@ -376,16 +321,8 @@ fn run(case: &Case, xs: &[Array]) -> Result<Vec<Array>, String> {
         }
         "astype" => x()?.astype(dtype()?),
         "view" => x()?.view(dtype()?),
-        "argmax" => ops::argmax(
-            &x()?,
-            opt_int_param(case, "axis")?,
-            bool_param(case, "keepdims")?,
-        ),
-        "argmin" => ops::argmin(
-            &x()?,
-            opt_int_param(case, "axis")?,
-            bool_param(case, "keepdims")?,
-        ),
+        "argmax" => ops::argmax(&x()?, opt_int_param(case, "axis")?, bool_param(case, "keepdims")?),
+        "argmin" => ops::argmin(&x()?, opt_int_param(case, "axis")?, bool_param(case, "keepdims")?),
         "reshape" => x()?.reshape(list_param(case, "shape")?),
         "flatten" => x()?.flatten(int_param(case, "start_axis")?, int_param(case, "end_axis")?),
         "transpose" => match opt_list_param(case, "axes")? {
@@ -400,11 +337,7 @@ fn run(case: &Case, xs: &[Array]) -> Result<Vec<Array>, String> {
             Some(axes) => x()?.squeeze(axes),
         },
         "broadcast_to" => x()?.broadcast_to(list_param(case, "shape")?),
-        "slice" => x()?.slice(
-            &list_param(case, "start")?,
-            &list_param(case, "stop")?,
-            &list_param(case, "step")?,
-        ),
+        "slice" => x()?.slice(&list_param(case, "start")?, &list_param(case, "stop")?, &list_param(case, "step")?),
         "concatenate" => ops::concatenate(xs, int_param(case, "axis")?),
         "stack" => ops::stack(xs, int_param(case, "axis")?),
         "split" => {
@@ -441,13 +374,7 @@ fn run(case: &Case, xs: &[Array]) -> Result<Vec<Array>, String> {
             let [c, a, b] = xs else {
                 return Err("addmm needs three inputs".into());
             };
-            ops::addmm(
-                c,
-                a,
-                b,
-                f64_param(case, "alpha")? as f32,
-                f64_param(case, "beta")? as f32,
-            )
+            ops::addmm(c, a, b, f64_param(case, "alpha")? as f32, f64_param(case, "beta")? as f32)
         }
         "zeros_like" => x()?.zeros_like(),
         "ones_like" => x()?.ones_like(),
@@ -465,34 +392,18 @@ fn run(case: &Case, xs: &[Array]) -> Result<Vec<Array>, String> {
             }
         }
         "arange" => {
-            let (start, stop, step) = (
-                scalar_of(param(case, "start")?)?,
-                scalar_of(param(case, "stop")?)?,
-                scalar_of(param(case, "step")?)?,
-            );
+            let (start, stop, step) =
+                (scalar_of(param(case, "start")?)?, scalar_of(param(case, "stop")?)?, scalar_of(param(case, "step")?)?);
             match dtype_param(case, "dtype")? {
                 None => ops::arange(start, stop, step),
                 Some(d) => ops::arange_dtype(start, stop, step, d),
             }
         }
-        "linspace" => ops::linspace(
-            f64_param(case, "start")?,
-            f64_param(case, "stop")?,
-            int_param(case, "num")?,
-            dtype()?,
-        ),
-        "eye" => ops::eye(
-            int_param(case, "n")?,
-            opt_int_param(case, "m")?,
-            int_param(case, "k")?,
-            dtype()?,
-        ),
-        "tri" => ops::tri(
-            int_param(case, "n")?,
-            opt_int_param(case, "m")?,
-            int_param(case, "k")?,
-            dtype()?,
-        ),
+        "linspace" => {
+            ops::linspace(f64_param(case, "start")?, f64_param(case, "stop")?, int_param(case, "num")?, dtype()?)
+        }
+        "eye" => ops::eye(int_param(case, "n")?, opt_int_param(case, "m")?, int_param(case, "k")?, dtype()?),
+        "tri" => ops::tri(int_param(case, "n")?, opt_int_param(case, "m")?, int_param(case, "k")?, dtype()?),
         "identity" => ops::identity(int_param(case, "n")?, dtype()?),
         _ => return Err(format!("no nuvec mapping for op {op:?}")),
     };
@@ -550,10 +461,7 @@ const MLX_F64_AT_F32_ACCURACY: &[&str] = &[
 ];
 
 fn max_abs(t: &Tensor) -> f64 {
-    t.to_f64()
-        .into_iter()
-        .filter(|v| v.is_finite())
-        .fold(0.0, |m, v| m.max(v.abs()))
+    t.to_f64().into_iter().filter(|v| v.is_finite()).fold(0.0, |m, v| m.max(v.abs()))
 }
 
 /// The tolerance for output `out` of `case` (whose inputs, after layouts, are `xs`).
@@ -598,10 +506,7 @@ fn tolerance(case: &Case, xs: &[Array], out: &Tensor) -> Tolerance {
             }
         };
         let root_n = n.max(1.0).sqrt();
-        return Tolerance::close(
-            rtol * 10.0 * root_n,
-            atol * 10.0 + rtol * 2.0 * magnitude * root_n,
-        );
+        return Tolerance::close(rtol * 10.0 * root_n, atol * 10.0 + rtol * 2.0 * magnitude * root_n);
     }
     if ROUNDED_OPS.contains(&op) {
         return Tolerance::close(rtol, atol);
@@ -623,11 +528,7 @@ fn check_case(case: &Case) -> Result<(), String> {
     let xs = inputs(case)?;
     let outs = run(case, &xs)?;
     if outs.len() != case.outputs.len() {
-        return Err(format!(
-            "{} outputs, MLX gives {}",
-            outs.len(),
-            case.outputs.len()
-        ));
+        return Err(format!("{} outputs, MLX gives {}", outs.len(), case.outputs.len()));
     }
     let mut problems = Vec::new();
     for (i, (got, want)) in outs.iter().zip(&case.outputs).enumerate() {
@@ -638,21 +539,11 @@ fn check_case(case: &Case) -> Result<(), String> {
                 continue;
             }
         };
-        if let Err(m) = compare(
-            want,
-            got.dtype(),
-            got.shape(),
-            &bytes,
-            tolerance(case, &xs, want),
-        ) {
+        if let Err(m) = compare(want, got.dtype(), got.shape(), &bytes, tolerance(case, &xs, want)) {
             problems.push(format!("output {i}: {m}"));
         }
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems.join("; "))
-    }
+    if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
 }
 
 /// Runs every case; returns the failures (a panic inside nuvec counts as one).
@@ -664,51 +555,29 @@ fn replay(cases: &[Case]) -> Vec<Failure> {
                 .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(&p))));
             result.err().map(|detail| Failure {
                 name: case.name.clone(),
-                detail: format!(
-                    "[{}] params {}: {detail}",
-                    case.op,
-                    shorten(&case.params_text, 200)
-                ),
+                detail: format!("[{}] params {}: {detail}", case.op, shorten(&case.params_text, 200)),
             })
         })
         .collect()
 }
 
 fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
+    p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
 }
 
 fn shorten(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        s.chars().take(n).collect::<String>() + "…"
-    }
+    if s.chars().count() <= n { s.to_string() } else { s.chars().take(n).collect::<String>() + "…" }
 }
 
 #[test]
 fn fixture_file_is_complete() {
     let f = fixture();
-    assert!(
-        f.cases.len() >= MIN_CASES,
-        "the fixture holds {} cases, fewer than {MIN_CASES}",
-        f.cases.len()
-    );
+    assert!(f.cases.len() >= MIN_CASES, "the fixture holds {} cases, fewer than {MIN_CASES}", f.cases.len());
     assert_eq!(f.meta.get("device").and_then(Json::as_str), Some("cpu"));
-    assert!(
-        f.meta.get("mlx_version").and_then(Json::as_str).is_some(),
-        "metadata names no MLX version"
-    );
+    assert!(f.meta.get("mlx_version").and_then(Json::as_str).is_some(), "metadata names no MLX version");
     let mut names = HashSet::new();
     for c in &f.cases {
-        assert!(
-            names.insert(c.name.as_str()),
-            "duplicate case name {}",
-            c.name
-        );
+        assert!(names.insert(c.name.as_str()), "duplicate case name {}", c.name);
     }
 }
 
@@ -720,23 +589,13 @@ fn nuvec_matches_mlx() {
     let names: HashSet<&str> = f.cases.iter().map(|c| c.name.as_str()).collect();
     let failed: HashSet<&str> = failures.iter().map(|f| f.name.as_str()).collect();
 
-    let unexpected: Vec<&Failure> = failures
-        .iter()
-        .filter(|f| !known.contains_key(f.name.as_str()))
-        .collect();
-    let mut report: Vec<String> = unexpected
-        .iter()
-        .map(|f| format!("  {}: {}", f.name, f.detail))
-        .collect();
+    let unexpected: Vec<&Failure> = failures.iter().filter(|f| !known.contains_key(f.name.as_str())).collect();
+    let mut report: Vec<String> = unexpected.iter().map(|f| format!("  {}: {}", f.name, f.detail)).collect();
     for name in known.keys().filter(|n| !failed.contains(*n)) {
         if names.contains(name) {
-            report.push(format!(
-                "  {name}: now agrees with MLX; delete it from KNOWN_DIFFERENCES"
-            ));
+            report.push(format!("  {name}: now agrees with MLX; delete it from KNOWN_DIFFERENCES"));
         } else {
-            report.push(format!(
-                "  {name}: listed in KNOWN_DIFFERENCES but not in the fixture file"
-            ));
+            report.push(format!("  {name}: listed in KNOWN_DIFFERENCES but not in the fixture file"));
         }
     }
 
@@ -746,38 +605,23 @@ fn nuvec_matches_mlx() {
         e.0 += 1;
         e.1 += failed.contains(c.name.as_str()) as usize;
     }
-    let summary: Vec<String> = per_op
-        .iter()
-        .filter(|(_, (_, bad))| *bad > 0)
-        .map(|(op, (n, bad))| format!("{op} {bad}/{n}"))
-        .collect();
+    let summary: Vec<String> =
+        per_op.iter().filter(|(_, (_, bad))| *bad > 0).map(|(op, (n, bad))| format!("{op} {bad}/{n}")).collect();
     eprintln!(
         "replayed {} MLX cases: {} differ ({} known); failing by op: {}",
         f.cases.len(),
         failures.len(),
         failures.len() - unexpected.len(),
-        if summary.is_empty() {
-            "none".to_string()
-        } else {
-            summary.join(", ")
-        }
+        if summary.is_empty() { "none".to_string() } else { summary.join(", ") }
     );
-    assert!(
-        report.is_empty(),
-        "{} problem(s) replaying MLX fixtures:\n{}",
-        report.len(),
-        report.join("\n")
-    );
+    assert!(report.is_empty(), "{} problem(s) replaying MLX fixtures:\n{}", report.len(), report.join("\n"));
 }
 
 #[test]
 fn comparator_detects_a_flipped_mantissa_bit() {
     let values = [1.5f32, -0.3, 1e-3, 7.0e4, 0.1];
-    let want = Tensor {
-        dtype: DType::F32,
-        shape: vec![5],
-        bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    };
+    let want =
+        Tensor { dtype: DType::F32, shape: vec![5], bytes: values.iter().flat_map(|v| v.to_le_bytes()).collect() };
     let tol = Tolerance::close(1e-5, 1e-6);
     assert!(compare(&want, DType::F32, &[5], &want.bytes, tol).is_ok());
     // Every mantissa bit under exact comparison, in each element; under the f32 tolerance,
@@ -785,64 +629,35 @@ fn comparator_detects_a_flipped_mantissa_bit() {
     for elem in 0..values.len() {
         for bit in 0..23 {
             let mut bytes = want.bytes.clone();
-            let word =
-                u32::from_le_bytes(bytes[elem * 4..elem * 4 + 4].try_into().unwrap()) ^ (1 << bit);
+            let word = u32::from_le_bytes(bytes[elem * 4..elem * 4 + 4].try_into().unwrap()) ^ (1 << bit);
             bytes[elem * 4..elem * 4 + 4].copy_from_slice(&word.to_le_bytes());
             let exact = compare(&want, DType::F32, &[5], &bytes, Tolerance::EXACT);
             let m = exact.expect_err("exact comparison missed a flipped bit");
             assert_eq!((m.first_index, m.count), (Some(elem), 1));
             if bit >= 10 && values[elem].abs() >= 0.1 {
-                let m = compare(&want, DType::F32, &[5], &bytes, tol)
-                    .expect_err("tolerance hid a flipped bit");
+                let m = compare(&want, DType::F32, &[5], &bytes, tol).expect_err("tolerance hid a flipped bit");
                 assert_eq!(m.first_index, Some(elem));
             }
         }
     }
     // A recorded MLX output with one flipped bit is caught too.
-    let case = fixture()
-        .cases
-        .iter()
-        .find(|c| c.name == "exp/f32/specials")
-        .expect("exp/f32/specials");
+    let case = fixture().cases.iter().find(|c| c.name == "exp/f32/specials").expect("exp/f32/specials");
     let want = &case.outputs[0];
     let mut bytes = want.bytes.clone();
-    let at = (0..want.size())
-        .find(|&i| f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()).is_normal());
+    let at = (0..want.size()).find(|&i| f32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap()).is_normal());
     let i = at.expect("a normal value");
     bytes[i * 4 + 2] ^= 0x20; // mantissa bit 21
     let tol_exp = tolerance(case, &inputs(case).unwrap(), want);
     let m = compare(want, DType::F32, &want.shape, &bytes, tol_exp);
-    assert_eq!(
-        m.expect_err("flipped bit not detected").first_index,
-        Some(i)
-    );
+    assert_eq!(m.expect_err("flipped bit not detected").first_index, Some(i));
     // Integers and NaN/infinity are exact.
-    let ints = Tensor {
-        dtype: DType::I32,
-        shape: vec![2],
-        bytes: [5i32, -7].iter().flat_map(|v| v.to_le_bytes()).collect(),
-    };
+    let ints =
+        Tensor { dtype: DType::I32, shape: vec![2], bytes: [5i32, -7].iter().flat_map(|v| v.to_le_bytes()).collect() };
     let mut flipped = ints.bytes.clone();
     flipped[4] ^= 1;
     assert!(compare(&ints, DType::I32, &[2], &flipped, Tolerance::EXACT).is_err());
-    let nan = Tensor {
-        dtype: DType::F32,
-        shape: vec![1],
-        bytes: f32::NAN.to_le_bytes().to_vec(),
-    };
-    assert!(
-        compare(
-            &nan,
-            DType::F32,
-            &[1],
-            &f32::NAN.to_le_bytes(),
-            Tolerance::EXACT
-        )
-        .is_ok()
-    );
+    let nan = Tensor { dtype: DType::F32, shape: vec![1], bytes: f32::NAN.to_le_bytes().to_vec() };
+    assert!(compare(&nan, DType::F32, &[1], &f32::NAN.to_le_bytes(), Tolerance::EXACT).is_ok());
     assert!(compare(&nan, DType::F32, &[1], &f32::INFINITY.to_le_bytes(), tol).is_err());
-    assert!(
-        compare(&nan, DType::F64, &[1], &0f64.to_le_bytes(), tol).is_err(),
-        "dtype must match"
-    );
+    assert!(compare(&nan, DType::F64, &[1], &0f64.to_le_bytes(), tol).is_err(), "dtype must match");
 }

@@ -30,15 +30,8 @@ fn params(case: &Case) -> Params {
         other => panic!("unknown dtype {other}"),
     });
     Params {
-        mode: p
-            .get("mode")
-            .and_then(|m| m.as_str())
-            .expect("mode")
-            .to_string(),
-        group_size: p
-            .get("group_size")
-            .and_then(|g| g.as_i64())
-            .expect("group_size") as i32,
+        mode: p.get("mode").and_then(|m| m.as_str()).expect("mode").to_string(),
+        group_size: p.get("group_size").and_then(|g| g.as_i64()).expect("group_size") as i32,
         bits: p.get("bits").and_then(|b| b.as_i64()).expect("bits") as i32,
         transpose: p.get("transpose").and_then(|t| t.as_bool()).unwrap_or(true),
         dtype,
@@ -69,37 +62,19 @@ fn run(case: &Case) -> Result<(Vec<(Array, Tolerance)>, Vec<String>)> {
         }
         "quantized_matmul" => {
             let biases = if affine { Some(&x[3]) } else { None };
-            let y = ops::quantized_matmul(
-                &x[0],
-                &x[1],
-                &x[2],
-                biases,
-                p.transpose,
-                p.group_size,
-                p.bits,
-                &p.mode,
-            );
+            let y = ops::quantized_matmul(&x[0], &x[1], &x[2], biases, p.transpose, p.group_size, p.bits, &p.mode);
             let d = x[0].dtype();
             // nuvec accumulates in f32: close to a float64 product of the same dequantized
             // weights (whose bytes the quantize cases pin to MLX's).
-            let deq = ops::dequantize(&x[1], &x[2], biases, p.group_size, p.bits, &p.mode, d)
-                .astype(DType::F64);
-            let wt = if p.transpose {
-                deq.swapaxes(-1, -2)
-            } else {
-                deq
-            };
+            let deq = ops::dequantize(&x[1], &x[2], biases, p.group_size, p.bits, &p.mode, d).astype(DType::F64);
+            let wt = if p.transpose { deq.swapaxes(-1, -2) } else { deq };
             let reference = x[0].astype(DType::F64).matmul(&wt).astype(d);
             let tight = match d {
                 DType::F32 => Tolerance::close(1e-5, 1e-5),
                 DType::F16 => Tolerance::close(2e-3, 2e-3),
                 _ => Tolerance::close(1e-2, 1e-2),
             };
-            let want = fixture::Tensor {
-                dtype: d,
-                shape: reference.shape().to_vec(),
-                bytes: reference.to_bytes()?,
-            };
+            let want = fixture::Tensor { dtype: d, shape: reference.shape().to_vec(), bytes: reference.to_bytes()? };
             if let Err(m) = compare(&want, y.dtype(), y.shape(), &y.to_bytes()?, tight) {
                 extra.push(format!("{}: against the float64 reference: {m}", case.name));
             }
@@ -115,26 +90,10 @@ fn run(case: &Case) -> Result<(Vec<(Array, Tolerance)>, Vec<String>)> {
         "qmm_vjp" => {
             let (wq, gs, bits, tr) = (x[1].clone(), p.group_size, p.bits, p.transpose);
             let f = move |a: &[Array]| {
-                Ok(vec![ops::quantized_matmul(
-                    &a[0],
-                    &wq,
-                    &a[1],
-                    Some(&a[2]),
-                    tr,
-                    gs,
-                    bits,
-                    "affine",
-                )])
+                Ok(vec![ops::quantized_matmul(&a[0], &wq, &a[1], Some(&a[2]), tr, gs, bits, "affine")])
             };
-            let (outs, grads) = vjp_flat(
-                f,
-                &x[..1]
-                    .iter()
-                    .chain([&x[2], &x[3]])
-                    .cloned()
-                    .collect::<Vec<_>>(),
-                &[x[4].clone()],
-            )?;
+            let (outs, grads) =
+                vjp_flat(f, &x[..1].iter().chain([&x[2], &x[3]]).cloned().collect::<Vec<_>>(), &[x[4].clone()])?;
             let tol = Tolerance::close(1e-4, 1e-4);
             outs.into_iter().chain(grads).map(|a| (a, tol)).collect()
         }
@@ -164,12 +123,7 @@ fn quantization_matches_mlx() {
             }
         };
         if outs.len() != case.outputs.len() {
-            failures.push(format!(
-                "{}: {} outputs, MLX {}",
-                case.name,
-                outs.len(),
-                case.outputs.len()
-            ));
+            failures.push(format!("{}: {} outputs, MLX {}", case.name, outs.len(), case.outputs.len()));
             continue;
         }
         for (i, ((got, tol), want)) in outs.iter().zip(&case.outputs).enumerate() {
@@ -200,9 +154,6 @@ fn quantization_matches_mlx() {
         }
     }
     for mode in ["mxfp4", "mxfp8", "nvfp4"] {
-        assert!(
-            seen.iter().any(|(op, m, ..)| op == "quantize" && m == mode),
-            "no case for {mode}"
-        );
+        assert!(seen.iter().any(|(op, m, ..)| op == "quantize" && m == mode), "no case for {mode}");
     }
 }

@@ -32,9 +32,7 @@ fn dtype(name: &str) -> DType {
 }
 
 fn param<'a>(case: &'a Case, name: &str) -> &'a Json {
-    case.params
-        .get(name)
-        .unwrap_or_else(|| panic!("{}: no parameter {name}", case.name))
+    case.params.get(name).unwrap_or_else(|| panic!("{}: no parameter {name}", case.name))
 }
 
 fn shape(case: &Case) -> Vec<i32> {
@@ -67,10 +65,7 @@ fn arg(case: &Case, name: &str) -> Option<ScalarOrArray> {
 }
 
 fn seed(case: &Case) -> u64 {
-    param(case, "seed")
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .expect("seed")
+    param(case, "seed").as_str().and_then(|s| s.parse().ok()).expect("seed")
 }
 
 fn run(case: &Case) -> Result<Vec<Array>> {
@@ -80,13 +75,7 @@ fn run(case: &Case) -> Result<Vec<Array>> {
         "key" => random::key(seed(case)),
         "split" => random::split(k.unwrap(), param(case, "num").as_i64().unwrap() as i32),
         "bits" => random::bits(shape(case), param(case, "width").as_i64().unwrap() as i32, k),
-        "uniform" => random::uniform(
-            arg(case, "low").unwrap(),
-            arg(case, "high").unwrap(),
-            shape(case),
-            dt(case),
-            k,
-        ),
+        "uniform" => random::uniform(arg(case, "low").unwrap(), arg(case, "high").unwrap(), shape(case), dt(case), k),
         "normal" => random::normal(
             shape(case),
             dt(case),
@@ -94,13 +83,7 @@ fn run(case: &Case) -> Result<Vec<Array>> {
             arg(case, "scale").unwrap_or(1.0.into()),
             k,
         ),
-        "randint" => random::randint(
-            arg(case, "low").unwrap(),
-            arg(case, "high").unwrap(),
-            shape(case),
-            dt(case),
-            k,
-        ),
+        "randint" => random::randint(arg(case, "low").unwrap(), arg(case, "high").unwrap(), shape(case), dt(case), k),
         "bernoulli" => {
             let s = opt_shape(case);
             random::bernoulli(arg(case, "p").unwrap(), s.as_deref(), k)

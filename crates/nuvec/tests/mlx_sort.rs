@@ -33,11 +33,7 @@ fn fixture() -> &'static Fixture {
 }
 
 fn int(case: &Case, key: &str) -> Result<i32, String> {
-    case.params
-        .get(key)
-        .and_then(Json::as_i64)
-        .map(|v| v as i32)
-        .ok_or_else(|| format!("param {key:?}"))
+    case.params.get(key).and_then(Json::as_i64).map(|v| v as i32).ok_or_else(|| format!("param {key:?}"))
 }
 
 fn axis(case: &Case) -> Result<Option<i32>, String> {
@@ -54,12 +50,7 @@ fn input(case: &Case) -> Result<Array, String> {
         return Ok(x);
     };
     let steps = recipe.as_array().ok_or("bad layout")?;
-    let list = |i: usize| {
-        steps
-            .get(i)
-            .and_then(Json::as_i32_vec)
-            .ok_or(format!("bad layout {recipe}"))
-    };
+    let list = |i: usize| steps.get(i).and_then(Json::as_i32_vec).ok_or(format!("bad layout {recipe}"));
     match steps.first().and_then(Json::as_str) {
         Some("transpose") => Ok(x.transpose(&list(1)?)),
         Some("slice") => Ok(x.slice(&list(1)?, &list(2)?, &list(3)?)),
@@ -87,16 +78,12 @@ fn order(dtype: DType, a: &[f64], b: &[f64]) -> Ordering {
     if ka.0 || kb.0 {
         return ka.0.cmp(&kb.0);
     }
-    ka.1.partial_cmp(&kb.1)
-        .unwrap()
-        .then(ka.2.partial_cmp(&kb.2).unwrap())
+    ka.1.partial_cmp(&kb.1).unwrap().then(ka.2.partial_cmp(&kb.2).unwrap())
 }
 
 /// Rows along `axis` of a row-major `shape`, as flat positions.
 fn rows(shape: &[i32], axis: usize) -> Vec<Vec<usize>> {
-    let strides: Vec<usize> = (0..shape.len())
-        .map(|i| shape[i + 1..].iter().product::<i32>() as usize)
-        .collect();
+    let strides: Vec<usize> = (0..shape.len()).map(|i| shape[i + 1..].iter().product::<i32>() as usize).collect();
     let n = shape.iter().product::<i32>() as usize;
     let len = shape[axis] as usize;
     if len == 0 {
@@ -116,17 +103,11 @@ struct Values {
 
 impl Values {
     fn of(t: &Tensor) -> Values {
-        Values {
-            dtype: t.dtype,
-            v: decode_f64(t.dtype, &t.bytes),
-        }
+        Values { dtype: t.dtype, v: decode_f64(t.dtype, &t.bytes) }
     }
     fn of_array(a: &Array) -> Result<Values, String> {
         let bytes = a.to_bytes().map_err(|e| e.to_string())?;
-        Ok(Values {
-            dtype: a.dtype(),
-            v: decode_f64(a.dtype(), &bytes),
-        })
+        Ok(Values { dtype: a.dtype(), v: decode_f64(a.dtype(), &bytes) })
     }
     fn at(&self, i: usize) -> &[f64] {
         let w = if self.dtype == DType::Complex64 { 2 } else { 1 };
@@ -141,13 +122,7 @@ fn got_tensor(a: &Array) -> Result<(DType, Vec<i32>, Vec<u8>), String> {
 
 fn same_header(want: &Tensor, got: &Array) -> Result<(), String> {
     if want.dtype != got.dtype() || want.shape[..] != got.shape()[..] {
-        return Err(format!(
-            "MLX {} {:?}, nuvec {} {:?}",
-            want.dtype,
-            want.shape,
-            got.dtype(),
-            got.shape()
-        ));
+        return Err(format!("MLX {} {:?}, nuvec {} {:?}", want.dtype, want.shape, got.dtype(), got.shape()));
     }
     Ok(())
 }
@@ -164,40 +139,26 @@ fn check_partition(
     for (r, row) in xrows.iter().enumerate() {
         let pivot = got(r, k);
         if order(d, &pivot, &want(r, k)) != Ordering::Equal {
-            return Err(format!(
-                "row {r}: element at kth {k} is {pivot:?}, MLX {:?}",
-                want(r, k)
-            ));
+            return Err(format!("row {r}: element at kth {k} is {pivot:?}, MLX {:?}", want(r, k)));
         }
         for j in 0..row.len() {
             let o = order(d, &got(r, j), &pivot);
             if (j < k && o == Ordering::Greater) || (j > k && o == Ordering::Less) {
-                return Err(format!(
-                    "row {r}: position {j} holds {:?} against pivot {pivot:?}",
-                    got(r, j)
-                ));
+                return Err(format!("row {r}: position {j} holds {:?} against pivot {pivot:?}", got(r, j)));
             }
         }
         // The row is a permutation of the input row.
         let sorted = |f: &dyn Fn(usize) -> Vec<f64>| {
             let mut v: Vec<Vec<f64>> = (0..row.len()).map(f).collect();
             v.sort_by(|a, b| {
-                order(d, a, b).then_with(|| {
-                    a.iter()
-                        .zip(b)
-                        .map(|(p, q)| p.total_cmp(q))
-                        .fold(Ordering::Equal, Ordering::then)
-                })
+                order(d, a, b)
+                    .then_with(|| a.iter().zip(b).map(|(p, q)| p.total_cmp(q)).fold(Ordering::Equal, Ordering::then))
             });
             v
         };
         let a = sorted(&|j| got(r, j));
         let b = sorted(&|j| x.at(row[j]).to_vec());
-        let eq = a.iter().zip(&b).all(|(p, q)| {
-            p.iter()
-                .zip(q)
-                .all(|(s, t)| s == t || (s.is_nan() && t.is_nan()))
-        });
+        let eq = a.iter().zip(&b).all(|(p, q)| p.iter().zip(q).all(|(s, t)| s == t || (s.is_nan() && t.is_nan())));
         if !eq {
             return Err(format!("row {r} is not a permutation of the input row"));
         }
@@ -212,23 +173,13 @@ fn run(case: &Case) -> Result<(), String> {
     let xrows = rows(x.shape(), ax);
     match case.op.as_str() {
         "sort" | "argsort" => {
-            let got = if case.op == "sort" {
-                x.sort(ax as i32)
-            } else {
-                x.argsort(ax as i32)
-            };
+            let got = if case.op == "sort" { x.sort(ax as i32) } else { x.argsort(ax as i32) };
             // Through the public entry point too (None flattens there).
-            let public = if case.op == "sort" {
-                input(case)?.sort(axis(case)?)
-            } else {
-                input(case)?.argsort(axis(case)?)
-            };
+            let public =
+                if case.op == "sort" { input(case)?.sort(axis(case)?) } else { input(case)?.argsort(axis(case)?) };
             for g in [&got, &public] {
                 let (dtype, shape, bytes) = got_tensor(g)?;
-                let tol = Tolerance {
-                    bitwise: true,
-                    ..Tolerance::EXACT
-                };
+                let tol = Tolerance { bitwise: true, ..Tolerance::EXACT };
                 compare(want, dtype, &shape, &bytes, tol).map_err(|m| m.to_string())?;
             }
             Ok(())
@@ -254,24 +205,10 @@ fn run(case: &Case) -> Result<(), String> {
                     k,
                 )
             } else {
-                let gi: Vec<u32> = got
-                    .contiguous()
-                    .to_vec::<u32>()
-                    .map_err(|e| e.to_string())?;
-                let wi: Vec<u32> = decode_f64(DType::U32, &want.bytes)
-                    .iter()
-                    .map(|&v| v as u32)
-                    .collect();
-                let pick = |idx: &Vec<u32>, r: usize, j: usize| {
-                    xv.at(xrows[r][idx[outrows[r][j]] as usize]).to_vec()
-                };
-                check_partition(
-                    &xv,
-                    &xrows,
-                    &|r, j| pick(&gi, r, j),
-                    &|r, j| pick(&wi, r, j),
-                    k,
-                )?;
+                let gi: Vec<u32> = got.contiguous().to_vec::<u32>().map_err(|e| e.to_string())?;
+                let wi: Vec<u32> = decode_f64(DType::U32, &want.bytes).iter().map(|&v| v as u32).collect();
+                let pick = |idx: &Vec<u32>, r: usize, j: usize| xv.at(xrows[r][idx[outrows[r][j]] as usize]).to_vec();
+                check_partition(&xv, &xrows, &|r, j| pick(&gi, r, j), &|r, j| pick(&wi, r, j), k)?;
                 // Ties are ranked by index, so the index at kth is MLX's unless NaNs tie there.
                 for r in 0..xrows.len() {
                     let (g, w) = (gi[outrows[r][k]], wi[outrows[r][k]]);
@@ -294,10 +231,7 @@ fn run(case: &Case) -> Result<(), String> {
                     s
                 };
                 let (a, b) = (sorted(&gv), sorted(&wv));
-                if a.iter()
-                    .zip(&b)
-                    .any(|(p, q)| order(gv.dtype, p, q) != Ordering::Equal)
-                {
+                if a.iter().zip(&b).any(|(p, q)| order(gv.dtype, p, q) != Ordering::Equal) {
                     return Err(format!("row {r}: {a:?}, MLX {b:?}"));
                 }
             }
@@ -320,25 +254,15 @@ fn fixture_is_complete() {
         *ops.entry(c.op.as_str()).or_default() += 1;
         dtypes.insert(c.inputs[0].dtype);
     }
-    assert_eq!(
-        ops.keys().copied().collect::<Vec<_>>(),
-        ["argpartition", "argsort", "partition", "sort", "topk"]
-    );
+    assert_eq!(ops.keys().copied().collect::<Vec<_>>(), ["argpartition", "argsort", "partition", "sort", "topk"]);
     assert_eq!(dtypes.len(), 14, "every dtype is recorded");
 }
 
 #[test]
 fn nuvec_matches_mlx() {
     let f = fixture();
-    let failures: Vec<String> = f
-        .cases
-        .iter()
-        .filter_map(|c| {
-            run(c)
-                .err()
-                .map(|e| format!("  {} {}: {e}", c.name, c.params_text))
-        })
-        .collect();
+    let failures: Vec<String> =
+        f.cases.iter().filter_map(|c| run(c).err().map(|e| format!("  {} {}: {e}", c.name, c.params_text))).collect();
     assert!(
         failures.is_empty(),
         "{} of {} cases differ from MLX:\n{}",
@@ -352,11 +276,7 @@ fn nuvec_matches_mlx() {
 fn the_checks_catch_wrong_answers() {
     // A case whose partition MLX put in an order nuvec does not reproduce exactly still passes,
     // but swapping the pivot out of place, or a wrong sort, fails.
-    let case = fixture()
-        .cases
-        .iter()
-        .find(|c| c.name == "partition/f32/long")
-        .expect("partition/f32/long");
+    let case = fixture().cases.iter().find(|c| c.name == "partition/f32/long").expect("partition/f32/long");
     let (x, ax) = operand(case).unwrap();
     let xv = Values::of_array(&x.contiguous()).unwrap();
     let xrows = rows(x.shape(), ax);
@@ -376,18 +296,10 @@ fn the_checks_catch_wrong_answers() {
     let want = |r: usize, j: usize| wv.at(outrows[r][j]).to_vec();
     assert!(check_partition(&xv, &xrows, &want, &want, k).is_ok());
     assert!(check_partition(&xv, &xrows, &swapped, &want, k).is_err());
-    let sort_case = fixture()
-        .cases
-        .iter()
-        .find(|c| c.name == "sort/f32/long")
-        .expect("sort/f32/long");
+    let sort_case = fixture().cases.iter().find(|c| c.name == "sort/f32/long").expect("sort/f32/long");
     let (x, ax) = operand(sort_case).unwrap();
-    let (dtype, shape, bytes) =
-        got_tensor(&x.sort(ax as i32).swapaxes(0, 0).negative().negative()).unwrap();
-    let tol = Tolerance {
-        bitwise: true,
-        ..Tolerance::EXACT
-    };
+    let (dtype, shape, bytes) = got_tensor(&x.sort(ax as i32).swapaxes(0, 0).negative().negative()).unwrap();
+    let tol = Tolerance { bitwise: true, ..Tolerance::EXACT };
     assert!(compare(&sort_case.outputs[0], dtype, &shape, &bytes, tol).is_ok());
     // The unsorted input (a partition would not do: a backend may partition by sorting).
     let (dtype, shape, bytes) = got_tensor(&x.contiguous()).unwrap();

@@ -17,9 +17,7 @@ fn mlp(x: &[Array]) -> Array {
     ((x[0].matmul(&x[1]) + &x[2]).tanh().matmul(&x[3])).softmax(-1)
 }
 fn attention(x: &[Array]) -> Array {
-    (x[0].matmul(&x[1].swapaxes(-1, -2)) * 0.5)
-        .softmax(-1)
-        .matmul(&x[2])
+    (x[0].matmul(&x[1].swapaxes(-1, -2)) * 0.5).softmax(-1).matmul(&x[2])
 }
 fn rms_norm(x: &[Array]) -> Array {
     &x[0] * ((&x[0] * &x[0]).mean_keepdims(-1) + 1e-5).rsqrt() * &x[1]
@@ -30,10 +28,7 @@ fn layer_norm(x: &[Array]) -> Array {
     (&x[0] - mu) * (var + 1e-5).rsqrt()
 }
 fn scans(x: &[Array]) -> Array {
-    let rev = ops::ScanOptions {
-        reverse: true,
-        exclusive: false,
-    };
+    let rev = ops::ScanOptions { reverse: true, exclusive: false };
     x[0].exp().cumsum(1) * x[0].cumprod(0) + x[0].logcumsumexp_with(-1, rev)
 }
 fn max_min(x: &[Array]) -> Array {
@@ -47,10 +42,7 @@ fn where_clip(x: &[Array]) -> Array {
 }
 fn shapes(x: &[Array]) -> Array {
     let a = x[0].transpose(&[2, 0, 1]).reshape([4, 6]);
-    let b = x[0]
-        .slice(&[0, 0, 1], &[2, 3, 4], &[1, 2, 1])
-        .pad(&[(0, 0), (1, 0), (0, 0)], 0.0)
-        .reshape([3, 6]);
+    let b = x[0].slice(&[0, 0, 1], &[2, 3, 4], &[1, 2, 1]).pad(&[(0, 0), (1, 0), (0, 0)], 0.0).reshape([3, 6]);
     ops::concatenate(&[a, b.tile(&[1, 1]) * 2.0], 0)
 }
 fn var_std(x: &[Array]) -> Array {
@@ -101,18 +93,11 @@ fn function(name: &str) -> fn(&[Array]) -> Array {
 
 /// The number of primal arguments (the rest of a case's inputs are cotangents or tangents).
 fn arity(case: &Case) -> usize {
-    case.params
-        .get("n")
-        .and_then(|j| j.as_i64())
-        .expect("params.n") as usize
+    case.params.get("n").and_then(|j| j.as_i64()).expect("params.n") as usize
 }
 
 fn axes_of(case: &Case, key: &str) -> Vec<Option<i32>> {
-    let list = case
-        .params
-        .get(key)
-        .and_then(|j| j.as_array())
-        .expect("in_axes");
+    let list = case.params.get(key).and_then(|j| j.as_array()).expect("in_axes");
     list.iter().map(|a| a.as_i64().map(|v| v as i32)).collect()
 }
 
@@ -120,11 +105,7 @@ fn run(case: &Case) -> Result<Vec<Array>> {
     let f = function(&case.op);
     let inputs: Vec<Array> = case.inputs.iter().map(|t| t.to_array()).collect();
     let n = arity(case);
-    let kind = case
-        .params
-        .get("kind")
-        .and_then(|k| k.as_str())
-        .unwrap_or("?");
+    let kind = case.params.get("kind").and_then(|k| k.as_str()).unwrap_or("?");
     let apply = move |xs: &[Array]| Ok(vec![f(xs)]);
     let loss = move |xs: &[Array]| {
         let y = f(xs);
@@ -145,11 +126,7 @@ fn run(case: &Case) -> Result<Vec<Array>> {
             out.into_iter().chain(t).collect()
         }
         "vmap" => {
-            let out_axes = case
-                .params
-                .get("out_axes")
-                .and_then(|j| j.as_i64())
-                .unwrap() as i32;
+            let out_axes = case.params.get("out_axes").and_then(|j| j.as_i64()).unwrap() as i32;
             vmap_flat(apply, &axes_of(case, "in_axes"), &[out_axes])(&inputs)?
         }
         "vmap_grad" => {
@@ -159,14 +136,11 @@ fn run(case: &Case) -> Result<Vec<Array>> {
         }
         "jvp_of_vjp" => {
             let (primals, cot, tans) = (&inputs[..n], inputs[n].clone(), &inputs[n + 1..]);
-            let grads_of =
-                move |xs: &[Array]| Ok(vjp_flat(apply, xs, std::slice::from_ref(&cot))?.1);
+            let grads_of = move |xs: &[Array]| Ok(vjp_flat(apply, xs, std::slice::from_ref(&cot))?.1);
             jvp_flat(grads_of, primals, tans)?.1
         }
         "grad_grad" => {
-            let inner = move |xs: &[Array]| {
-                Ok(grad_flat(move |ys: &[Array]| Ok(f(ys).sum(..)), &[0])(xs)?[0].sum(..))
-            };
+            let inner = move |xs: &[Array]| Ok(grad_flat(move |ys: &[Array]| Ok(f(ys).sum(..)), &[0])(xs)?[0].sum(..));
             grad_flat(inner, &[0])(&inputs)?
         }
         other => panic!("unknown transform kind {other}"),
@@ -189,12 +163,7 @@ fn transforms_match_mlx() {
             }
         };
         if outs.len() != case.outputs.len() {
-            failures.push(format!(
-                "{}: {} outputs, MLX {}",
-                case.name,
-                outs.len(),
-                case.outputs.len()
-            ));
+            failures.push(format!("{}: {} outputs, MLX {}", case.name, outs.len(), case.outputs.len()));
             continue;
         }
         for (i, (got, want)) in outs.iter().zip(&case.outputs).enumerate() {

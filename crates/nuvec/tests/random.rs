@@ -160,7 +160,8 @@ fn vmap_over_keys_equals_a_loop() {
     for (axis, input) in [(0, keys.clone()), (1, keys.t())] {
         let mapped = vmap_flat(|x| Ok(draw(&x[0])), &[Some(axis)], &[0, 0, 0, 0])(&[input]).unwrap();
         for (j, m) in mapped.iter().enumerate() {
-            let rows: Vec<Array> = (0..5).map(|i| draw(&keys.slice(&[i, 0], &[i + 1, 2], &[1, 1]).reshape([2]))[j].clone()).collect();
+            let rows: Vec<Array> =
+                (0..5).map(|i| draw(&keys.slice(&[i, 0], &[i + 1, 2], &[1, 1]).reshape([2]))[j].clone()).collect();
             let looped = ops::stack(&rows, 0);
             assert_eq!(m.shape(), looped.shape(), "output {j} axis {axis}");
             assert_eq!(m.to_bytes().unwrap(), looped.to_bytes().unwrap(), "output {j} axis {axis}");

@@ -662,7 +662,8 @@ fn r_where(c: &Ref, x: &Ref, y: &Ref) -> Ref {
     let d = promote(x.dtype, y.dtype);
     let (x, y) = (r_cast(x, d), r_cast(y, d));
     let c = r_cast(c, DType::Bool);
-    let shape = broadcast_shapes(&c.shape, &x.shape).and_then(|s| broadcast_shapes(&s, &y.shape)).expect("where shapes");
+    let shape =
+        broadcast_shapes(&c.shape, &x.shape).and_then(|s| broadcast_shapes(&s, &y.shape)).expect("where shapes");
     let (c, x, y) = (r_broadcast(&c, &shape), r_broadcast(&x, &shape), r_broadcast(&y, &shape));
     let mut out = Ref { shape, dtype: d, v: vec![], e: vec![] };
     for i in 0..c.n() {
@@ -758,7 +759,10 @@ fn prod_fold(d: DType) -> impl Fn(&[f64], &[f64]) -> (f64, f64) {
 
 fn extreme_fold(max: bool) -> impl Fn(&[f64], &[f64]) -> (f64, f64) {
     move |vs, es| {
-        let y = vs.iter().copied().fold(if max { f64::NEG_INFINITY } else { f64::INFINITY }, |a, b| if max { a.max(b) } else { a.min(b) });
+        let y = vs
+            .iter()
+            .copied()
+            .fold(if max { f64::NEG_INFINITY } else { f64::INFINITY }, |a, b| if max { a.max(b) } else { a.min(b) });
         (y, es.iter().copied().fold(0.0, f64::max))
     }
 }
@@ -838,7 +842,14 @@ fn r_binary(op: &Bn, a: &Ref, b: &Ref) -> Ref {
             out
         }
         // `ulps == 1`: correctly rounded (`+ - * /`, and `remainder`'s exact fmod plus one add).
-        k => r_map2(&a, &b, cd, &op.f, if matches!(k, BK::Pow | BK::Atan2 | BK::LogAddExp) { 8.0 } else { 1.0 }, !is_float(cd) || matches!(k, BK::MaxMin)),
+        k => r_map2(
+            &a,
+            &b,
+            cd,
+            &op.f,
+            if matches!(k, BK::Pow | BK::Atan2 | BK::LogAddExp) { 8.0 } else { 1.0 },
+            !is_float(cd) || matches!(k, BK::MaxMin),
+        ),
     }
 }
 
@@ -880,7 +891,8 @@ fn r_softmax(x: &Ref, axes: &[usize]) -> Ref {
         for &i in &g {
             let p = (x.v[i] - m).exp() / s;
             out.v[i] = p;
-            out.e[i] = p * ((2.0 * emax).exp_m1() + acc_unit(d) * (g.len() as f64 + 8.0 + 2.0 * spread)) + round_err(d, p, 0.0);
+            out.e[i] = p * ((2.0 * emax).exp_m1() + acc_unit(d) * (g.len() as f64 + 8.0 + 2.0 * spread))
+                + round_err(d, p, 0.0);
         }
     }
     out
@@ -904,7 +916,11 @@ fn r_argext(x: &Ref, axis: usize, keepdims: bool, max: bool) -> Ref {
                 return true;
             }
             let ed = be + x.e[i];
-            if ed == 0.0 { better(bv, x.v[i]) || (bv == x.v[i] && j > at) } else { (bv - x.v[i]).abs() > ed && better(bv, x.v[i]) }
+            if ed == 0.0 {
+                better(bv, x.v[i]) || (bv == x.v[i] && j > at)
+            } else {
+                (bv - x.v[i]).abs() > ed && better(bv, x.v[i])
+            }
         });
         out.v.push(at as f64);
         out.e.push(if decided { 0.0 } else { f64::INFINITY });
@@ -977,7 +993,11 @@ fn r_scan(x: &Ref, axis: Option<usize>, k: ScanK, reverse: bool, exclusive: bool
                     y *= v;
                     hi_prod *= v.abs() + e;
                     lo_prod *= v.abs();
-                    if is_float(d) { (hi_prod - lo_prod) + steps * acc * hi_prod + round_err(d, y, 0.0) } else { hi_prod - lo_prod }
+                    if is_float(d) {
+                        (hi_prod - lo_prod) + steps * acc * hi_prod + round_err(d, y, 0.0)
+                    } else {
+                        hi_prod - lo_prod
+                    }
                 }
                 ScanK::Max | ScanK::Min => {
                     y = if k == ScanK::Max { y.max(v) } else { y.min(v) };
@@ -1040,7 +1060,11 @@ fn r_matmul(a: &Ref, b: &Ref) -> Ref {
                     prop += x.abs() * ez + z.abs() * ex + ex * ez;
                 }
                 out.v.push(y);
-                out.e.push(if is_float(d) { prop + (k as f64 + 2.0) * u_mm * mag + round_err(d, y, 0.0) } else { prop });
+                out.e.push(if is_float(d) {
+                    prop + (k as f64 + 2.0) * u_mm * mag + round_err(d, y, 0.0)
+                } else {
+                    prop
+                });
             }
         }
     }
@@ -1148,7 +1172,23 @@ fn unaries() -> Vec<Un> {
         u("abs", Array::abs as fn(&Array) -> Array, f64::abs as fn(f64) -> f64, Dom::All, false, 0.0, true),
         u("negative", Array::negative, |x| -x, Dom::All, false, 0.0, true),
         u("square", Array::square, |x| x * x, Dom::All, false, 1.0, false),
-        u("sign", Array::sign, |x| if x > 0.0 { 1.0 } else if x < 0.0 { -1.0 } else { 0.0 }, Dom::All, false, 0.0, true),
+        u(
+            "sign",
+            Array::sign,
+            |x| {
+                if x > 0.0 {
+                    1.0
+                } else if x < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                }
+            },
+            Dom::All,
+            false,
+            0.0,
+            true,
+        ),
         u("floor", Array::floor, f64::floor, Dom::All, false, 0.0, true),
         u("ceil", Array::ceil, f64::ceil, Dom::All, false, 0.0, true),
         u("round", Array::round, f64::round_ties_even, Dom::All, false, 0.0, true),
@@ -1591,10 +1631,7 @@ impl Chain {
                 let a = make_array(&big, &big_shape, d).slice(&start, &stop, &step);
                 (a, format!("input: slice {start:?}:{stop:?}:{step:?} of {big_shape:?} {}", fmt_vals(&big)))
             }
-            3 => (
-                make_array(&v, &[n], d).reshape(dims(shape)),
-                format!("input stored flat [{n}] then reshape"),
-            ),
+            3 => (make_array(&v, &[n], d).reshape(dims(shape)), format!("input stored flat [{n}] then reshape")),
             4 if n > 0 && d != DType::Bool => {
                 // A constant from `full`.
                 let c = v[0];
@@ -1805,11 +1842,35 @@ impl Chain {
         let names: &[&str] = if d == DType::Bool {
             &["logical_and", "logical_or", "bitwise_and", "bitwise_or", "bitwise_xor"]
         } else if is_float(d) {
-            &["add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "arctan2", "logaddexp", "floor_divide", "remainder"]
+            &[
+                "add",
+                "subtract",
+                "multiply",
+                "divide",
+                "maximum",
+                "minimum",
+                "power",
+                "arctan2",
+                "logaddexp",
+                "floor_divide",
+                "remainder",
+            ]
         } else {
             &[
-                "add", "subtract", "multiply", "divide", "maximum", "minimum", "floor_divide", "remainder", "bitwise_and",
-                "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "power",
+                "add",
+                "subtract",
+                "multiply",
+                "divide",
+                "maximum",
+                "minimum",
+                "floor_divide",
+                "remainder",
+                "bitwise_and",
+                "bitwise_or",
+                "bitwise_xor",
+                "left_shift",
+                "right_shift",
+                "power",
             ]
         };
         let op = bin(rng.pick(names));
@@ -1900,7 +1961,11 @@ impl Chain {
                     (x.a.max_keepdims(ax as i32), r_reduce(&x.r, &[ax], true, d, &extreme_fold(true)), "max_keepdims")
                 } else {
                     let sd = sum_dtype(d);
-                    (x.a.sum_keepdims(ax as i32), r_sum(&x.r, &[ax], true), if sd == d { "sum_keepdims" } else { "sum_keepdims(widened)" })
+                    (
+                        x.a.sum_keepdims(ax as i32),
+                        r_sum(&x.r, &[ax], true),
+                        if sd == d { "sum_keepdims" } else { "sum_keepdims(widened)" },
+                    )
                 };
                 self.rec(lines, format!("{what}({}, {ax})", x.name), a, r)?
             }
@@ -1999,7 +2064,8 @@ impl Chain {
         rng.shuffle(&mut all);
         let k = if nd == 0 { 0 } else { rng.range(1, nd as i64) as usize };
         let mut chosen: Vec<usize> = all[..k].to_vec();
-        let given: Vec<i32> = chosen.iter().map(|&a| if rng.chance(0.3) { a as i32 - nd as i32 } else { a as i32 }).collect();
+        let given: Vec<i32> =
+            chosen.iter().map(|&a| if rng.chance(0.3) { a as i32 - nd as i32 } else { a as i32 }).collect();
         chosen.sort_unstable();
         (chosen, given)
     }
@@ -2024,7 +2090,9 @@ impl Chain {
         let empty_reduced = axes.iter().any(|&a| x.r.shape[a] == 0);
         let desc = format!("{name}({}, axes={given:?}, keepdims={keep})", x.name);
         let (a, r) = match name {
-            "sum" => (if keep { x.a.sum_keepdims(given.clone()) } else { x.a.sum(given.clone()) }, r_sum(&x.r, &axes, keep)),
+            "sum" => {
+                (if keep { x.a.sum_keepdims(given.clone()) } else { x.a.sum(given.clone()) }, r_sum(&x.r, &axes, keep))
+            }
             "prod" => {
                 let sd = sum_dtype(d);
                 let r = r_reduce(&r_cast(&x.r, sd), &axes, keep, sd, &prod_fold(sd));
@@ -2044,7 +2112,10 @@ impl Chain {
                 };
                 (a, r)
             }
-            "mean" => (if keep { x.a.mean_keepdims(given.clone()) } else { x.a.mean(given.clone()) }, r_mean(&x.r, &axes, keep)),
+            "mean" => (
+                if keep { x.a.mean_keepdims(given.clone()) } else { x.a.mean(given.clone()) },
+                r_mean(&x.r, &axes, keep),
+            ),
             "var" | "std" => {
                 let ddof = rng.below(2);
                 let opts = VarOptions { ddof: ddof as i32, keepdims: keep };
@@ -2094,7 +2165,9 @@ impl Chain {
                     (false, true) => x.a.argmin_keepdims(given_axis),
                     (false, false) => x.a.argmin(given_axis),
                 };
-                return self.rec(lines, format!("{name}({}, axis={given_axis:?}, keepdims={keep})", x.name), a, r).map(Some);
+                return self
+                    .rec(lines, format!("{name}({}, axis={given_axis:?}, keepdims={keep})", x.name), a, r)
+                    .map(Some);
             }
         };
         self.rec(lines, desc, a, r).map(Some)
@@ -2142,7 +2215,8 @@ impl Chain {
             0 if nd >= 2 => {
                 let mut perm: Vec<usize> = (0..nd).collect();
                 rng.shuffle(&mut perm);
-                let given: Vec<i32> = perm.iter().map(|&p| if rng.chance(0.3) { p as i32 - nd as i32 } else { p as i32 }).collect();
+                let given: Vec<i32> =
+                    perm.iter().map(|&p| if rng.chance(0.3) { p as i32 - nd as i32 } else { p as i32 }).collect();
                 let r = r_transpose(&x.r, &perm);
                 self.rec(lines, format!("transpose({}, {given:?})", x.name), x.a.transpose(&given), r).map(Some)
             }
@@ -2215,7 +2289,8 @@ impl Chain {
             }
             3 => {
                 // Broadcast: size-1 axes grow, leading axes appear.
-                let mut target: Vec<usize> = s.iter().map(|&d| if d == 1 && rng.chance(0.7) { rng.range(0, 3) as usize } else { d }).collect();
+                let mut target: Vec<usize> =
+                    s.iter().map(|&d| if d == 1 && rng.chance(0.7) { rng.range(0, 3) as usize } else { d }).collect();
                 if rng.chance(0.5) {
                     target.insert(0, rng.range(1, 3) as usize);
                 }
@@ -2223,14 +2298,16 @@ impl Chain {
                     return Ok(None);
                 }
                 let r = r_broadcast(&x.r, &target);
-                self.rec(lines, format!("broadcast_to({}, {target:?})", x.name), x.a.broadcast_to(dims(&target)), r).map(Some)
+                self.rec(lines, format!("broadcast_to({}, {target:?})", x.name), x.a.broadcast_to(dims(&target)), r)
+                    .map(Some)
             }
             4 => {
                 let out_nd = nd + rng.range(1, 2) as usize;
                 let mut pos: Vec<usize> = (0..out_nd).collect();
                 rng.shuffle(&mut pos);
                 let mut chosen: Vec<usize> = pos[..out_nd - nd].to_vec();
-                let given: Vec<i32> = chosen.iter().map(|&a| if rng.chance(0.3) { a as i32 - out_nd as i32 } else { a as i32 }).collect();
+                let given: Vec<i32> =
+                    chosen.iter().map(|&a| if rng.chance(0.3) { a as i32 - out_nd as i32 } else { a as i32 }).collect();
                 chosen.sort_unstable();
                 let mut target = Vec::new();
                 let mut src = s.iter();
@@ -2262,14 +2339,21 @@ impl Chain {
                 let mut perm: Vec<usize> = (0..nd).collect();
                 perm.swap(i, j);
                 let r = r_transpose(&x.r, &perm);
-                self.rec(lines, format!("swapaxes({}, {i}, {j})", x.name), x.a.swapaxes(i as i32, j as i32 - nd as i32), r).map(Some)
+                self.rec(
+                    lines,
+                    format!("swapaxes({}, {i}, {j})", x.name),
+                    x.a.swapaxes(i as i32, j as i32 - nd as i32),
+                    r,
+                )
+                .map(Some)
             }
             7 if nd >= 2 => {
                 let (src, dst) = (rng.below(nd), rng.below(nd));
                 let mut perm: Vec<usize> = (0..nd).filter(|&a| a != src).collect();
                 perm.insert(dst, src);
                 let r = r_transpose(&x.r, &perm);
-                self.rec(lines, format!("moveaxis({}, {src}, {dst})", x.name), x.a.moveaxis(src as i32, dst as i32), r).map(Some)
+                self.rec(lines, format!("moveaxis({}, {src}, {dst})", x.name), x.a.moveaxis(src as i32, dst as i32), r)
+                    .map(Some)
             }
             8 if nd >= 1 => {
                 let a = rng.below(nd);
@@ -2278,8 +2362,13 @@ impl Chain {
                 target.push(s[a..=b].iter().product());
                 target.extend(&s[b + 1..]);
                 let r = x.r.with_shape(target);
-                self.rec(lines, format!("flatten({}, {a}, {})", x.name, b as i32 - nd as i32), x.a.flatten(a as i32, b as i32 - nd as i32), r)
-                    .map(Some)
+                self.rec(
+                    lines,
+                    format!("flatten({}, {a}, {})", x.name, b as i32 - nd as i32),
+                    x.a.flatten(a as i32, b as i32 - nd as i32),
+                    r,
+                )
+                .map(Some)
             }
             _ => Ok(None),
         }
@@ -2330,7 +2419,7 @@ impl Chain {
         let arrays: Vec<Array> = parts.iter().map(|p| p.a.clone()).collect();
         let given = if rng.chance(0.3) { ax as i32 - nd as i32 } else { ax as i32 };
         let names: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
-        self.rec(lines, format!("concatenate({names:?}, {given})", ), ops::concatenate(&arrays, given), r).map(Some)
+        self.rec(lines, format!("concatenate({names:?}, {given})",), ops::concatenate(&arrays, given), r).map(Some)
     }
 
     fn op_matmul(&mut self, rng: &mut Rng, lines: &mut Vec<String>, x: &Val) -> Res<Option<Val>> {
@@ -2348,7 +2437,13 @@ impl Chain {
         let n = rng.pick(&[0, 1, 2, 3, 4, 5, 1, 3]);
         // x on the left: other is [K, N], [K] or batched; on the right: other is [M, K] or [K].
         let left = rng.chance(0.7);
-        let k = if left { s[nd - 1] } else if nd == 1 { s[0] } else { s[nd - 2] };
+        let k = if left {
+            s[nd - 1]
+        } else if nd == 1 {
+            s[0]
+        } else {
+            s[nd - 2]
+        };
         let mut oshape = match rng.below(3) {
             0 => vec![k],
             _ if left => vec![k, n],
@@ -2377,7 +2472,9 @@ impl Chain {
             let cs = r_scale(&r_broadcast(&c.r, &r.shape), beta as f64);
             let out = r_map2(&scaled, &cs, r.dtype, &|p, q| p + q, 1.0, false);
             let arr = ops::addmm(&c.a, &a.a, &b.a, alpha, beta);
-            return self.rec(lines, format!("addmm({}, {}, {}, alpha={alpha}, beta={beta})", c.name, a.name, b.name), arr, out).map(Some);
+            return self
+                .rec(lines, format!("addmm({}, {}, {}, alpha={alpha}, beta={beta})", c.name, a.name, b.name), arr, out)
+                .map(Some);
         }
         self.rec(lines, format!("matmul({}, {})", a.name, b.name), a.a.matmul(&b.a), r).map(Some)
     }
@@ -2407,7 +2504,8 @@ impl Chain {
         match rng.below(5) {
             0 => {
                 let widths: Vec<(usize, usize)> = (0..nd).map(|_| (rng.below(3), rng.below(3))).collect();
-                let value = if is_float(x.r.dtype) { Sc::F(rng.pick(&[0.0, 1.5, -1.0])) } else { Sc::I(rng.range(0, 2)) };
+                let value =
+                    if is_float(x.r.dtype) { Sc::F(rng.pick(&[0.0, 1.5, -1.0])) } else { Sc::I(rng.range(0, 2)) };
                 let d = x.r.dtype;
                 let fill = round_to(d, value.value());
                 let r = r_pad(&x.r, &widths, fill);
@@ -2429,7 +2527,8 @@ impl Chain {
                 if r.n() > MAX_ELEMS {
                     return Ok(None);
                 }
-                self.rec(lines, format!("repeat({}, {reps}, {given:?})", x.name), x.a.repeat(reps as i32, given), r).map(Some)
+                self.rec(lines, format!("repeat({}, {reps}, {given:?})", x.name), x.a.repeat(reps as i32, given), r)
+                    .map(Some)
             }
             2 => {
                 let len = rng.range(0, nd as i64 + 1) as usize;
@@ -2492,13 +2591,7 @@ impl Chain {
         let nd = rng.weighted(&[2, 5, 8, 6, 3]);
         let zero_ok = rng.chance(0.08);
         let mut shape: Vec<usize> = (0..nd)
-            .map(|_| {
-                if zero_ok && rng.chance(0.3) {
-                    0
-                } else {
-                    rng.pick(&[1, 1, 2, 2, 3, 3, 4, 5, 6, 7])
-                }
-            })
+            .map(|_| if zero_ok && rng.chance(0.3) { 0 } else { rng.pick(&[1, 1, 2, 2, 3, 3, 4, 5, 6, 7]) })
             .collect();
         while numel(&shape) > 160 {
             let i = (0..shape.len()).max_by_key(|&i| shape[i]).unwrap_or(0);
@@ -2515,10 +2608,12 @@ fn in_range(r: &Ref) -> bool {
     r.v.iter().zip(&r.e).all(|(&v, &e)| {
         v.is_nan() && false
             || v.is_infinite() && e == 0.0
-            || v.is_finite() && v.abs() + if e.is_finite() { e } else { 0.0 } <= lim && (!is_int(r.dtype) || {
-                let (lo, hi) = int_range(r.dtype);
-                v >= lo && v <= hi && v.fract() == 0.0
-            })
+            || v.is_finite()
+                && v.abs() + if e.is_finite() { e } else { 0.0 } <= lim
+                && (!is_int(r.dtype) || {
+                    let (lo, hi) = int_range(r.dtype);
+                    v >= lo && v <= hi && v.fract() == 0.0
+                })
     })
 }
 
@@ -2550,18 +2645,17 @@ fn acceptable(r: &Ref, last: bool) -> bool {
         return true;
     }
     let scale = r.v.iter().map(|v| v.abs()).filter(|v| v.is_finite()).fold(0.0, f64::max);
-    let loose = r
-        .v
-        .iter()
-        .zip(&r.e)
-        .filter(|&(&v, &e)| {
-            if r.dtype == DType::Bool || r.dtype == DType::U32 {
-                e >= 1.0
-            } else {
-                e > 0.1 * v.abs().max(1e-2 * scale).max(if is_float(r.dtype) { 1e-6 } else { 0.0 })
-            }
-        })
-        .count();
+    let loose =
+        r.v.iter()
+            .zip(&r.e)
+            .filter(|&(&v, &e)| {
+                if r.dtype == DType::Bool || r.dtype == DType::U32 {
+                    e >= 1.0
+                } else {
+                    e > 0.1 * v.abs().max(1e-2 * scale).max(if is_float(r.dtype) { 1e-6 } else { 0.0 })
+                }
+            })
+            .count();
     loose * 4 <= r.n()
 }
 
@@ -2573,8 +2667,18 @@ struct Case {
     steps: Vec<u64>,
 }
 
-const FAMILIES: [DType; 10] =
-    [DType::F32, DType::F32, DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::I16, DType::U8];
+const FAMILIES: [DType; 10] = [
+    DType::F32,
+    DType::F32,
+    DType::F32,
+    DType::F64,
+    DType::F16,
+    DType::BF16,
+    DType::I32,
+    DType::I64,
+    DType::I16,
+    DType::U8,
+];
 
 fn run_case(case: &Case) -> Result<(), String> {
     let family = FAMILIES[case.family % FAMILIES.len()];
@@ -2647,7 +2751,13 @@ mod stats {
 
     /// Operations kept in some chain so far (in any test of this binary).
     pub fn kept() -> Vec<String> {
-        COUNTS.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|(_, c)| c.0 > 0).map(|(k, _)| k.clone()).collect()
+        COUNTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, c)| c.0 > 0)
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     pub fn record(lines: &[String], kept: bool) {
@@ -2721,19 +2831,32 @@ fn report(chain: &Chain, cur: &Val, got: &[f64], bad: &[String]) -> String {
         s.push_str(l);
         s.push('\n');
     }
-    s.push_str(&format!("result {} ({} {:?}) differs from the f64 reference in {} of {} elements:\n", cur.name, cur.r.dtype, cur.r.shape, bad.len(), cur.r.n()));
+    s.push_str(&format!(
+        "result {} ({} {:?}) differs from the f64 reference in {} of {} elements:\n",
+        cur.name,
+        cur.r.dtype,
+        cur.r.shape,
+        bad.len(),
+        cur.r.n()
+    ));
     for b in bad.iter().take(24) {
         s.push_str(b);
         s.push('\n');
     }
-    s.push_str(&format!("nuvec:     {}\nreference: {}\nbound:     {}\n", fmt_vals(got), fmt_vals(&cur.r.v), fmt_vals(&cur.r.e)));
+    s.push_str(&format!(
+        "nuvec:     {}\nreference: {}\nbound:     {}\n",
+        fmt_vals(got),
+        fmt_vals(&cur.r.v),
+        fmt_vals(&cur.r.e)
+    ));
     s
 }
 
 /// The case named by `NUVEC_REF_CASE`, if set.
 fn replay() -> Option<Case> {
     let v = std::env::var("NUVEC_REF_CASE").ok()?;
-    let nums: Vec<u64> = v.split(|c: char| !c.is_ascii_digit()).filter(|t| !t.is_empty()).filter_map(|t| t.parse().ok()).collect();
+    let nums: Vec<u64> =
+        v.split(|c: char| !c.is_ascii_digit()).filter(|t| !t.is_empty()).filter_map(|t| t.parse().ok()).collect();
     let (&family, rest) = nums.split_first()?;
     let (&input_seed, steps) = rest.split_first()?;
     Some(Case { family: family as usize, input_seed, steps: steps.to_vec() })
@@ -2744,7 +2867,9 @@ fn config() -> Config {
     Config {
         cases,
         failure_persistence: None,
-        rng_seed: RngSeed::Fixed(std::env::var("NUVEC_REF_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x6e75_7665_6301)),
+        rng_seed: RngSeed::Fixed(
+            std::env::var("NUVEC_REF_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x6e75_7665_6301),
+        ),
         max_shrink_iters: 4096,
         ..Config::default()
     }
@@ -2789,16 +2914,106 @@ fn generator_covers_every_operation() {
     stats::print();
     let seen = stats::kept();
     let required = [
-        "input", "full", "arange", "abs", "negative", "square", "sign", "floor", "ceil", "round", "exp", "expm1", "log",
-        "log1p", "log2", "log10", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tan", "arcsin", "arccos", "arctan", "sinh",
-        "cosh", "tanh", "arcsinh", "arccosh", "arctanh", "sigmoid", "erf", "erfinv", "bitwise_invert", "add", "subtract",
-        "multiply", "divide", "floor_divide", "remainder", "power", "maximum", "minimum", "arctan2", "logaddexp",
-        "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "equal", "not_equal", "less",
-        "less_equal", "greater", "greater_equal", "logical_and", "logical_or", "where", "clip", "astype", "sum", "prod",
-        "max", "min", "mean", "var", "std", "logsumexp", "all", "any", "argmax", "argmin", "cumsum", "cumprod", "cummax",
-        "cummin", "logcumsumexp", "transpose", "reshape", "slice", "broadcast_to", "expand_dims", "squeeze", "swapaxes",
-        "moveaxis", "flatten", "concatenate", "stack", "matmul", "addmm", "softmax", "pad", "repeat", "tile", "tril",
-        "triu", "split", "split_at",
+        "input",
+        "full",
+        "arange",
+        "abs",
+        "negative",
+        "square",
+        "sign",
+        "floor",
+        "ceil",
+        "round",
+        "exp",
+        "expm1",
+        "log",
+        "log1p",
+        "log2",
+        "log10",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "sin",
+        "cos",
+        "tan",
+        "arcsin",
+        "arccos",
+        "arctan",
+        "sinh",
+        "cosh",
+        "tanh",
+        "arcsinh",
+        "arccosh",
+        "arctanh",
+        "sigmoid",
+        "erf",
+        "erfinv",
+        "bitwise_invert",
+        "add",
+        "subtract",
+        "multiply",
+        "divide",
+        "floor_divide",
+        "remainder",
+        "power",
+        "maximum",
+        "minimum",
+        "arctan2",
+        "logaddexp",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "left_shift",
+        "right_shift",
+        "equal",
+        "not_equal",
+        "less",
+        "less_equal",
+        "greater",
+        "greater_equal",
+        "logical_and",
+        "logical_or",
+        "where",
+        "clip",
+        "astype",
+        "sum",
+        "prod",
+        "max",
+        "min",
+        "mean",
+        "var",
+        "std",
+        "logsumexp",
+        "all",
+        "any",
+        "argmax",
+        "argmin",
+        "cumsum",
+        "cumprod",
+        "cummax",
+        "cummin",
+        "logcumsumexp",
+        "transpose",
+        "reshape",
+        "slice",
+        "broadcast_to",
+        "expand_dims",
+        "squeeze",
+        "swapaxes",
+        "moveaxis",
+        "flatten",
+        "concatenate",
+        "stack",
+        "matmul",
+        "addmm",
+        "softmax",
+        "pad",
+        "repeat",
+        "tile",
+        "tril",
+        "triu",
+        "split",
+        "split_at",
     ];
     let missing: Vec<&str> = required.iter().copied().filter(|op| !seen.contains(&op.to_string())).collect();
     assert!(missing.is_empty(), "operations never exercised: {missing:?}");
@@ -2841,5 +3056,8 @@ fn reference_rules() {
     assert_eq!(r_argext(&Ref::exact(vec![4], DType::I32, vec![1.0, 3.0, 3.0, 0.0]), 0, false, true).v, vec![1.0]);
     let m = r_matmul(&x, &r_transpose(&x, &[1, 0]));
     assert_eq!(m.v, vec![5.0, 14.0, 14.0, 50.0]);
-    assert_eq!(r_tile(&Ref::exact(vec![2], DType::I32, vec![1.0, 2.0]), &[2, 2]).v, vec![1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0]);
+    assert_eq!(
+        r_tile(&Ref::exact(vec![2], DType::I32, vec![1.0, 2.0]), &[2, 2]).v,
+        vec![1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0]
+    );
 }

@@ -24,15 +24,7 @@ impl Rng {
     }
     /// Values with many ties (small integers), some NaN when `nan`.
     fn values(&mut self, n: usize, nan: bool) -> Vec<f64> {
-        (0..n)
-            .map(|_| {
-                if nan && self.below(8) == 0 {
-                    f64::NAN
-                } else {
-                    self.below(9) as f64 - 4.0
-                }
-            })
-            .collect()
+        (0..n).map(|_| if nan && self.below(8) == 0 { f64::NAN } else { self.below(9) as f64 - 4.0 }).collect()
     }
     /// Distinct-enough values (no ties in practice) for derivative checks.
     fn smooth(&mut self, shape: &[i32]) -> Array {
@@ -44,9 +36,7 @@ impl Rng {
 
 /// The rows along `axis` of a row-major `shape`, as lists of flat positions.
 fn rows(shape: &[i32], axis: usize) -> Vec<Vec<usize>> {
-    let strides: Vec<usize> = (0..shape.len())
-        .map(|i| shape[i + 1..].iter().product::<i32>() as usize)
-        .collect();
+    let strides: Vec<usize> = (0..shape.len()).map(|i| shape[i + 1..].iter().product::<i32>() as usize).collect();
     let n: usize = shape.iter().product::<i32>() as usize;
     let len = shape[axis] as usize;
     (0..n)
@@ -85,8 +75,7 @@ fn inputs(rng: &mut Rng, dtype: DType) -> (Array, usize) {
     let rank = 1 + rng.below(3);
     let shape: Vec<i32> = (0..rank).map(|_| 1 + rng.below(7) as i32).collect();
     let n: i32 = shape.iter().product();
-    let base =
-        Array::from_slice(&rng.values(n as usize * 2, dtype.is_float()), [n * 2]).astype(dtype);
+    let base = Array::from_slice(&rng.values(n as usize * 2, dtype.is_float()), [n * 2]).astype(dtype);
     let x = match rng.below(3) {
         0 => base.slice(&[0], &[n], &[1]).reshape(&shape[..]),
         1 => {
@@ -110,12 +99,7 @@ fn sort_and_argsort_properties_for_every_dtype_and_layout() {
     for dtype in DTYPES {
         for _ in 0..12 {
             let (x, axis) = inputs(&mut rng, dtype);
-            let ax = axis as i32
-                - if rng.below(2) == 0 {
-                    x.ndim() as i32
-                } else {
-                    0
-                };
+            let ax = axis as i32 - if rng.below(2) == 0 { x.ndim() as i32 } else { 0 };
             let s = x.sort(ax);
             let i = x.argsort(ax);
             assert_eq!(s.dtype(), dtype);
@@ -164,32 +148,15 @@ fn partition_properties_for_every_dtype_and_kth() {
             let is: Vec<u32> = x.argsort(axis as i32).contiguous().to_vec::<u32>().unwrap();
             for row in rows(x.shape(), axis) {
                 let pivot = pv[row[k]];
-                assert!(
-                    same(pivot, sorted[row[k]]),
-                    "{dtype} kth {kth}: pivot {pivot}"
-                );
+                assert!(same(pivot, sorted[row[k]]), "{dtype} kth {kth}: pivot {pivot}");
                 // Ties ranked by index: the selected index is the one a stable sort puts there.
-                assert_eq!(
-                    iv[row[k]], is[row[k]],
-                    "{dtype} kth {kth}: argpartition pivot"
-                );
+                assert_eq!(iv[row[k]], is[row[k]], "{dtype} kth {kth}: argpartition pivot");
                 let mut seen = vec![false; row.len()];
                 for (j, &q) in row.iter().enumerate() {
-                    assert!(
-                        if j < k {
-                            le(pv[q], pivot)
-                        } else {
-                            le(pivot, pv[q])
-                        },
-                        "{dtype} kth {kth}: {:?}",
-                        pv
-                    );
+                    assert!(if j < k { le(pv[q], pivot) } else { le(pivot, pv[q]) }, "{dtype} kth {kth}: {:?}", pv);
                     let src = iv[q] as usize;
                     assert!(!std::mem::replace(&mut seen[src], true));
-                    assert!(
-                        same(xv[row[src]], pv[q]),
-                        "{dtype}: partition != take(argpartition)"
-                    );
+                    assert!(same(xv[row[src]], pv[q]), "{dtype}: partition != take(argpartition)");
                 }
             }
         }
@@ -211,14 +178,9 @@ fn topk_returns_the_k_largest() {
             let sorted = f64s(&x.sort(axis as i32));
             let tv = f64s(&t);
             for (r, row) in rows(x.shape(), axis).iter().enumerate() {
-                let mut want: Vec<f64> = row[(len - k) as usize..]
-                    .iter()
-                    .map(|&p| sorted[p])
-                    .collect();
-                let mut got: Vec<f64> = rows(t.shape(), axis)
-                    .get(r)
-                    .map(|tr| tr.iter().map(|&p| tv[p]).collect())
-                    .unwrap_or_default();
+                let mut want: Vec<f64> = row[(len - k) as usize..].iter().map(|&p| sorted[p]).collect();
+                let mut got: Vec<f64> =
+                    rows(t.shape(), axis).get(r).map(|tr| tr.iter().map(|&p| tv[p]).collect()).unwrap_or_default();
                 let key = |a: &f64, b: &f64| a.total_cmp(b);
                 want.sort_by(key);
                 got.sort_by(key);
@@ -234,41 +196,23 @@ fn topk_returns_the_k_largest() {
     let mut t = x.topk(2, None).to_vec::<i32>().unwrap();
     t.sort();
     assert_eq!(t, vec![8, 9]);
-    assert_eq!(
-        x.topk(6, None).to_vec::<i32>().unwrap(),
-        vec![4, 8, 1, 6, 3, 9]
-    );
+    assert_eq!(x.topk(6, None).to_vec::<i32>().unwrap(), vec![4, 8, 1, 6, 3, 9]);
     assert_eq!(x.topk(0, 1).shape(), &[2, 0]);
 }
 
 #[test]
 fn nan_signed_zero_bool_and_complex_order() {
-    let x = Array::from_slice(
-        &[
-            3.0f32,
-            f32::NAN,
-            -0.0,
-            1.0,
-            0.0,
-            f32::NEG_INFINITY,
-            f32::NAN,
-        ],
-        [7],
-    );
+    let x = Array::from_slice(&[3.0f32, f32::NAN, -0.0, 1.0, 0.0, f32::NEG_INFINITY, f32::NAN], [7]);
     let s = x.sort(0).to_vec::<f32>().unwrap();
     assert_eq!(&s[..5], &[f32::NEG_INFINITY, -0.0, 0.0, 1.0, 3.0]);
     assert!(s[4..].iter().skip(1).all(|v| v.is_nan()));
     // Stable: -0.0 (index 2) stays before 0.0 (index 4); NaNs in index order.
-    assert_eq!(
-        x.argsort(0).to_vec::<u32>().unwrap(),
-        vec![5, 2, 4, 3, 0, 1, 6]
-    );
+    assert_eq!(x.argsort(0).to_vec::<u32>().unwrap(), vec![5, 2, 4, 3, 0, 1, 6]);
     let b = Array::from_slice(&[true, false, true, false], [4]);
     assert_eq!(b.argsort(0).to_vec::<u32>().unwrap(), vec![1, 3, 0, 2]);
     let re = Array::from_slice(&[1.0f32, 1.0, 0.0, -1.0], [4]);
     let im = Array::from_slice(&[2.0f32, -1.0, 5.0, 0.0], [4]);
-    let c = &re.astype(DType::Complex64)
-        + &(im.astype(DType::Complex64) * nuvec::Complex64::new(0.0, 1.0));
+    let c = &re.astype(DType::Complex64) + &(im.astype(DType::Complex64) * nuvec::Complex64::new(0.0, 1.0));
     assert_eq!(c.argsort(0).to_vec::<u32>().unwrap(), vec![3, 2, 1, 0]);
     let mut top = c.topk(2, 0).astype(DType::F32).to_vec::<f32>().unwrap();
     top.sort_by(f32::total_cmp);
@@ -325,11 +269,7 @@ fn bad_arguments_give_failed_arrays() {
         ("partition", x.partition(3, -1), "kth 3"),
         ("partition", x.partition(-4, None), "kth -4"),
         ("argpartition", x.argpartition(5, 0), "kth 5"),
-        (
-            "partition",
-            ops::zeros([2, 0], DType::F32).partition(0, 1),
-            "kth 0",
-        ),
+        ("partition", ops::zeros([2, 0], DType::F32).partition(0, 1), "kth 0"),
         ("topk", x.topk(4, -1), "k 4"),
         ("topk", x.topk(-1, -1), "k -1"),
         ("topk", x.topk(1, 2), "axis"),
@@ -351,38 +291,16 @@ type OpFn = Box<dyn Fn(&Array) -> Array>;
 
 fn diff_cases() -> Vec<(String, Vec<i32>, OpFn)> {
     let mut v: Vec<(String, Vec<i32>, OpFn)> = Vec::new();
-    for (shape, axis) in [
-        (vec![5], 0),
-        (vec![3, 4], 1),
-        (vec![3, 4], 0),
-        (vec![2, 3, 4], 1),
-        (vec![2, 3, 4], -1),
-    ] {
+    for (shape, axis) in [(vec![5], 0), (vec![3, 4], 1), (vec![3, 4], 0), (vec![2, 3, 4], 1), (vec![2, 3, 4], -1)] {
         let tag = format!("{shape:?}[{axis}]");
-        v.push((
-            format!("sort{tag}"),
-            shape.clone(),
-            Box::new(move |x| x.sort(axis)),
-        ));
-        v.push((
-            format!("sort_squared{tag}"),
-            shape.clone(),
-            Box::new(move |x| x.sort(axis).square() * x),
-        ));
+        v.push((format!("sort{tag}"), shape.clone(), Box::new(move |x| x.sort(axis))));
+        v.push((format!("sort_squared{tag}"), shape.clone(), Box::new(move |x| x.sort(axis).square() * x)));
         let len = shape[(axis as i64).rem_euclid(shape.len() as i64) as usize];
         for kth in [0, len / 2, -1] {
-            v.push((
-                format!("partition{tag}k{kth}"),
-                shape.clone(),
-                Box::new(move |x| x.partition(kth, axis)),
-            ));
+            v.push((format!("partition{tag}k{kth}"), shape.clone(), Box::new(move |x| x.partition(kth, axis))));
         }
         for k in [1, len - 1] {
-            v.push((
-                format!("topk{tag}k{k}"),
-                shape.clone(),
-                Box::new(move |x| x.topk(k, axis).exp()),
-            ));
+            v.push((format!("topk{tag}k{k}"), shape.clone(), Box::new(move |x| x.topk(k, axis).exp())));
         }
         v.push((
             format!("argsort_weights{tag}"),
@@ -391,11 +309,7 @@ fn diff_cases() -> Vec<(String, Vec<i32>, OpFn)> {
         ));
     }
     v.push(("sort_none".into(), vec![3, 3], Box::new(|x| x.sort(None))));
-    v.push((
-        "transposed".into(),
-        vec![3, 4],
-        Box::new(|x| x.transpose(&[1, 0]).sort(0)),
-    ));
+    v.push(("transposed".into(), vec![3, 4], Box::new(|x| x.transpose(&[1, 0]).sort(0))));
     v
 }
 
@@ -427,13 +341,7 @@ fn vjp_and_jvp_match_finite_differences() {
             }
         }
     }
-    assert!(
-        fails.is_empty(),
-        "{} of {}:\n{}",
-        fails.len(),
-        cases.len(),
-        fails.join("\n")
-    );
+    assert!(fails.is_empty(), "{} of {}:\n{}", fails.len(), cases.len(), fails.join("\n"));
 }
 
 #[test]
@@ -462,23 +370,15 @@ fn vmap_matches_a_loop() {
             let items: Vec<Array> = (0..3).map(|_| rng.smooth(&shape)).collect();
             let batched = ops::stack(&items, in_axis);
             let fun = |xs: &[Array]| Ok(vec![f(&xs[0])]);
-            let got =
-                vmap_flat(fun, &[Some(in_axis)], &[0])(std::slice::from_ref(&batched)).unwrap();
+            let got = vmap_flat(fun, &[Some(in_axis)], &[0])(std::slice::from_ref(&batched)).unwrap();
             let want = ops::stack(&items.iter().map(|x| f(x)).collect::<Vec<_>>(), 0);
             assert_eq!(got[0].shape(), want.shape(), "{name} in_axis {in_axis}");
             let (a, b) = (f64s(&got[0]), f64s(&want));
-            assert!(
-                a.iter().zip(&b).all(|(p, q)| p == q),
-                "{name} in_axis {in_axis}"
-            );
+            assert!(a.iter().zip(&b).all(|(p, q)| p == q), "{name} in_axis {in_axis}");
         }
     }
     // Index outputs batch too.
     let x = Array::from_slice(&[3, 1, 2, 0, 5, 4], [2, 3]);
-    let got = vmap_flat(|xs: &[Array]| Ok(vec![xs[0].argsort(0)]), &[Some(1)], &[1])(&[x.clone()])
-        .unwrap();
-    assert_eq!(
-        got[0].to_vec::<u32>().unwrap(),
-        x.argsort(0).to_vec::<u32>().unwrap()
-    );
+    let got = vmap_flat(|xs: &[Array]| Ok(vec![xs[0].argsort(0)]), &[Some(1)], &[1])(&[x.clone()]).unwrap();
+    assert_eq!(got[0].to_vec::<u32>().unwrap(), x.argsort(0).to_vec::<u32>().unwrap());
 }

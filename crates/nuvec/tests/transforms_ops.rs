@@ -45,9 +45,7 @@ impl Rng {
                     Domain::Positive => 0.5 + 1.5 * u,
                     Domain::Unit => 1.8 * u - 0.9,
                     Domain::AboveOne => 1.2 + 2.0 * u,
-                    Domain::AwayFromZero => {
-                        (0.5 + 1.5 * u) * if self.next() & 1 == 0 { 1.0 } else { -1.0 }
-                    }
+                    Domain::AwayFromZero => (0.5 + 1.5 * u) * if self.next() & 1 == 0 { 1.0 } else { -1.0 },
                 }
             })
             .collect();
@@ -73,23 +71,12 @@ struct Case {
     inputs: Vec<(Vec<i32>, Domain)>,
 }
 
-fn case(
-    name: impl Into<String>,
-    inputs: Vec<(Vec<i32>, Domain)>,
-    f: impl Fn(&[Array]) -> Array + 'static,
-) -> Case {
-    Case {
-        name: name.into(),
-        f: Box::new(f),
-        inputs,
-    }
+fn case(name: impl Into<String>, inputs: Vec<(Vec<i32>, Domain)>, f: impl Fn(&[Array]) -> Array + 'static) -> Case {
+    Case { name: name.into(), f: Box::new(f), inputs }
 }
 
 fn dot(a: &[Array], b: &[Array]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x * y).sum(..).item::<f64>().unwrap())
-        .sum()
+    a.iter().zip(b).map(|(x, y)| (x * y).sum(..).item::<f64>().unwrap()).sum()
 }
 
 fn unary_cases(rng: &mut Rng) -> Vec<Case> {
@@ -140,10 +127,7 @@ fn unary_cases(rng: &mut Rng) -> Vec<Case> {
 /// A second shape that broadcasts against `a`: some axes set to 1, maybe leading axes dropped.
 fn broadcastable(rng: &mut Rng, a: &[i32]) -> Vec<i32> {
     let drop = rng.below(a.len() + 1);
-    a[drop..]
-        .iter()
-        .map(|&d| if rng.below(3) == 0 { 1 } else { d })
-        .collect()
+    a[drop..].iter().map(|&d| if rng.below(3) == 0 { 1 } else { d }).collect()
 }
 
 fn binary_cases(rng: &mut Rng) -> Vec<Case> {
@@ -160,9 +144,7 @@ fn binary_cases(rng: &mut Rng) -> Vec<Case> {
         ("arctan2", AwayFromZero, AwayFromZero, |a, b| a.arctan2(b)),
         ("remainder", Any, AwayFromZero, |a, b| a.remainder(b)),
         ("floor_divide", Any, AwayFromZero, |a, b| a.floor_divide(b)),
-        ("where", Any, Any, |a, b| {
-            ops::where_(a.greater(b), a * 2.0, b.square())
-        }),
+        ("where", Any, Any, |a, b| ops::where_(a.greater(b), a * 2.0, b.square())),
         ("clip_arrays", Any, Any, |a, b| a.clip(b, b + 0.5)),
     ];
     table
@@ -171,11 +153,7 @@ fn binary_cases(rng: &mut Rng) -> Vec<Case> {
             let r = rng.below(4);
             let sa = rng.dims(r);
             let sb = broadcastable(rng, &sa);
-            let (sa, sb) = if rng.below(2) == 0 {
-                (sa, sb)
-            } else {
-                (sb, sa)
-            };
+            let (sa, sb) = if rng.below(2) == 0 { (sa, sb) } else { (sb, sa) };
             case(name, vec![(sa, da), (sb, db)], move |x| f(&x[0], &x[1]))
         })
         .collect()
@@ -187,9 +165,7 @@ fn some_axes(rng: &mut Rng, r: usize) -> Vec<i32> {
     if axes.is_empty() {
         axes.push(rng.below(r) as i32);
     }
-    axes.into_iter()
-        .map(|a| if rng.below(2) == 0 { a - r as i32 } else { a })
-        .collect()
+    axes.into_iter().map(|a| if rng.below(2) == 0 { a - r as i32 } else { a }).collect()
 }
 
 fn reduction_cases(rng: &mut Rng) -> Vec<Case> {
@@ -222,10 +198,7 @@ fn reduction_cases(rng: &mut Rng) -> Vec<Case> {
         red!("std", Any, |x, a, k| ops::std(x, a, k, 0));
         red!("logsumexp", Any, |x, a, k| ops::logsumexp(x, a, k));
         red!("softmax", Any, |x, a, _| ops::softmax(x, a));
-        red!("argmax_blocks", Any, |x, a, _| x * x
-            .argmax(a[0])
-            .astype(DType::F64)
-            .sum(..));
+        red!("argmax_blocks", Any, |x, a, _| x * x.argmax(a[0]).astype(DType::F64).sum(..));
         red!("sum_all", Any, |x, _, _| x.sum(..));
     }
     for _ in 0..2 {
@@ -235,36 +208,16 @@ fn reduction_cases(rng: &mut Rng) -> Vec<Case> {
         for reverse in [false, true] {
             for exclusive in [false, true] {
                 let o = ops::ScanOptions { reverse, exclusive };
-                let tag = format!(
-                    "[{axis}]{}{}",
-                    if reverse { "r" } else { "" },
-                    if exclusive { "x" } else { "" }
-                );
-                out.push(case(
-                    format!("cumsum{tag}"),
-                    vec![(shape.clone(), Any)],
-                    move |x| x[0].cumsum_with(axis, o),
-                ));
-                out.push(case(
-                    format!("cumprod{tag}"),
-                    vec![(shape.clone(), AwayFromZero)],
-                    move |x| x[0].cumprod_with(axis, o),
-                ));
-                out.push(case(
-                    format!("cummax{tag}"),
-                    vec![(shape.clone(), Any)],
-                    move |x| x[0].cummax_with(axis, o),
-                ));
-                out.push(case(
-                    format!("cummin{tag}"),
-                    vec![(shape.clone(), Any)],
-                    move |x| x[0].cummin_with(axis, o),
-                ));
-                out.push(case(
-                    format!("logcumsumexp{tag}"),
-                    vec![(shape.clone(), Any)],
-                    move |x| x[0].logcumsumexp_with(axis, o),
-                ));
+                let tag = format!("[{axis}]{}{}", if reverse { "r" } else { "" }, if exclusive { "x" } else { "" });
+                out.push(case(format!("cumsum{tag}"), vec![(shape.clone(), Any)], move |x| x[0].cumsum_with(axis, o)));
+                out.push(case(format!("cumprod{tag}"), vec![(shape.clone(), AwayFromZero)], move |x| {
+                    x[0].cumprod_with(axis, o)
+                }));
+                out.push(case(format!("cummax{tag}"), vec![(shape.clone(), Any)], move |x| x[0].cummax_with(axis, o)));
+                out.push(case(format!("cummin{tag}"), vec![(shape.clone(), Any)], move |x| x[0].cummin_with(axis, o)));
+                out.push(case(format!("logcumsumexp{tag}"), vec![(shape.clone(), Any)], move |x| {
+                    x[0].logcumsumexp_with(axis, o)
+                }));
             }
         }
     }
@@ -277,30 +230,14 @@ fn shape_cases(rng: &mut Rng) -> Vec<Case> {
     let mut out = vec![
         case("reshape", vec![s(&[2, 3, 4])], |x| x[0].reshape([4, -1])),
         case("flatten", vec![s(&[2, 3, 4])], |x| x[0].flatten(1, 2)),
-        case("transpose", vec![s(&[2, 3, 4])], |x| {
-            x[0].transpose(&[2, 0, 1]) * ops::arange(0.0, 3.0, 1.0)
-        }),
-        case("swapaxes", vec![s(&[2, 3, 4])], |x| {
-            x[0].swapaxes(0, -1).exp()
-        }),
-        case("moveaxis", vec![s(&[2, 3, 4])], |x| {
-            x[0].moveaxis(-1, 0).sin()
-        }),
-        case("slice_steps", vec![s(&[5, 6])], |x| {
-            x[0].slice(&[4, 1], &[-6, 6], &[-2, 2])
-        }),
-        case("broadcast_to", vec![s(&[3, 1])], |x| {
-            x[0].broadcast_to([2, 3, 4]).square()
-        }),
-        case("expand_squeeze", vec![s(&[3, 1, 2])], |x| {
-            x[0].squeeze(1).expand_dims([0, -1]).exp()
-        }),
-        case("concatenate", vec![s(&[2, 3]), s(&[4, 3])], |x| {
-            ops::concatenate(&x[..2], 0).square()
-        }),
-        case("stack", vec![s(&[2, 3]), s(&[2, 3])], |x| {
-            ops::stack(&x[..2], -1).square()
-        }),
+        case("transpose", vec![s(&[2, 3, 4])], |x| x[0].transpose(&[2, 0, 1]) * ops::arange(0.0, 3.0, 1.0)),
+        case("swapaxes", vec![s(&[2, 3, 4])], |x| x[0].swapaxes(0, -1).exp()),
+        case("moveaxis", vec![s(&[2, 3, 4])], |x| x[0].moveaxis(-1, 0).sin()),
+        case("slice_steps", vec![s(&[5, 6])], |x| x[0].slice(&[4, 1], &[-6, 6], &[-2, 2])),
+        case("broadcast_to", vec![s(&[3, 1])], |x| x[0].broadcast_to([2, 3, 4]).square()),
+        case("expand_squeeze", vec![s(&[3, 1, 2])], |x| x[0].squeeze(1).expand_dims([0, -1]).exp()),
+        case("concatenate", vec![s(&[2, 3]), s(&[4, 3])], |x| ops::concatenate(&x[..2], 0).square()),
+        case("stack", vec![s(&[2, 3]), s(&[2, 3])], |x| ops::stack(&x[..2], -1).square()),
         case("split", vec![s(&[6, 2])], |x| {
             let p = x[0].split(3, 0);
             &p[0] * &p[2] + &p[1]
@@ -310,74 +247,38 @@ fn shape_cases(rng: &mut Rng) -> Vec<Case> {
             p[1].square().sum(0) + p[2].sum(0)
         }),
         case("repeat", vec![s(&[2, 3])], |x| x[0].repeat(3, 1).square()),
-        case("repeat_flat", vec![s(&[2, 3])], |x| {
-            x[0].repeat(2, None).exp()
-        }),
+        case("repeat_flat", vec![s(&[2, 3])], |x| x[0].repeat(2, None).exp()),
         case("tile", vec![s(&[2, 3])], |x| x[0].tile(&[2, 1, 2]).square()),
-        case("pad", vec![s(&[2, 3])], |x| {
-            x[0].pad(&[(1, 2), (0, 1)], 0.5).square()
-        }),
-        case("pad_edge", vec![s(&[2, 3])], |x| {
-            x[0].pad_edge(&[(1, 2), (2, 1)]).square()
-        }),
+        case("pad", vec![s(&[2, 3])], |x| x[0].pad(&[(1, 2), (0, 1)], 0.5).square()),
+        case("pad_edge", vec![s(&[2, 3])], |x| x[0].pad_edge(&[(1, 2), (2, 1)]).square()),
         case("tril", vec![s(&[4, 4])], |x| x[0].tril(-1).exp()),
         case("triu", vec![s(&[3, 5])], |x| x[0].triu(1).exp()),
-        case("contiguous", vec![s(&[3, 4])], |x| {
-            x[0].t().contiguous().square()
-        }),
+        case("contiguous", vec![s(&[3, 4])], |x| x[0].t().contiguous().square()),
         case("copy", vec![s(&[3, 4])], |x| x[0].copy().sin()),
         case("slice_update", vec![s(&[4, 5]), s(&[2, 2])], |x| {
             x[0].slice_update(&x[1].square(), &[1, 0], &[3, 4], &[1, 2])
         }),
-        case("matmul", vec![s(&[3, 4]), s(&[4, 2])], |x| {
-            x[0].matmul(&x[1])
-        }),
-        case(
-            "matmul_batched_broadcast",
-            vec![s(&[2, 1, 3, 4]), s(&[3, 4, 2])],
-            |x| x[0].matmul(&x[1]),
-        ),
-        case("matmul_vec_mat", vec![s(&[4]), s(&[2, 4, 3])], |x| {
-            x[0].matmul(&x[1])
-        }),
-        case("matmul_mat_vec", vec![s(&[3, 4]), s(&[4])], |x| {
-            x[0].matmul(&x[1])
-        }),
+        case("matmul", vec![s(&[3, 4]), s(&[4, 2])], |x| x[0].matmul(&x[1])),
+        case("matmul_batched_broadcast", vec![s(&[2, 1, 3, 4]), s(&[3, 4, 2])], |x| x[0].matmul(&x[1])),
+        case("matmul_vec_mat", vec![s(&[4]), s(&[2, 4, 3])], |x| x[0].matmul(&x[1])),
+        case("matmul_mat_vec", vec![s(&[3, 4]), s(&[4])], |x| x[0].matmul(&x[1])),
         case("matmul_dot", vec![s(&[4]), s(&[4])], |x| x[0].matmul(&x[1])),
-        case("addmm", vec![s(&[3, 4]), s(&[4, 2]), s(&[2])], |x| {
-            x[0].addmm(&x[1], &x[2], 0.5, 2.0)
+        case("addmm", vec![s(&[3, 4]), s(&[4, 2]), s(&[2])], |x| x[0].addmm(&x[1], &x[2], 0.5, 2.0)),
+        case("mlp", vec![s(&[5, 4]), s(&[4, 6]), s(&[6]), s(&[6, 3])], |x| {
+            let h = (x[0].matmul(&x[1]) + &x[2]).tanh();
+            h.matmul(&x[3]).softmax(-1).log()
         }),
-        case(
-            "mlp",
-            vec![s(&[5, 4]), s(&[4, 6]), s(&[6]), s(&[6, 3])],
-            |x| {
-                let h = (x[0].matmul(&x[1]) + &x[2]).tanh();
-                h.matmul(&x[3]).softmax(-1).log()
-            },
-        ),
-        case(
-            "attention",
-            vec![s(&[2, 3, 4]), s(&[2, 5, 4]), s(&[2, 5, 4])],
-            |x| {
-                let scores = x[0].matmul(&x[1].swapaxes(-1, -2)) * 0.5;
-                scores.softmax(-1).matmul(&x[2])
-            },
-        ),
+        case("attention", vec![s(&[2, 3, 4]), s(&[2, 5, 4]), s(&[2, 5, 4])], |x| {
+            let scores = x[0].matmul(&x[1].swapaxes(-1, -2)) * 0.5;
+            scores.softmax(-1).matmul(&x[2])
+        }),
         case("rms_norm_chain", vec![s(&[3, 8]), s(&[8])], |x| {
             &x[0] * (x[0].square().mean_keepdims(-1) + 1e-5).rsqrt() * &x[1]
         }),
     ];
     // One random-shape matmul.
-    let (m, k, n) = (
-        1 + rng.below(5) as i32,
-        1 + rng.below(5) as i32,
-        1 + rng.below(5) as i32,
-    );
-    out.push(case(
-        format!("matmul_{m}x{k}x{n}"),
-        vec![s(&[m, k]), s(&[k, n])],
-        |x| x[0].matmul(&x[1]),
-    ));
+    let (m, k, n) = (1 + rng.below(5) as i32, 1 + rng.below(5) as i32, 1 + rng.below(5) as i32);
+    out.push(case(format!("matmul_{m}x{k}x{n}"), vec![s(&[m, k]), s(&[k, n])], |x| x[0].matmul(&x[1])));
     out
 }
 
@@ -399,10 +300,7 @@ fn check_derivatives(c: &Case, rng: &mut Rng) -> Result<(), String> {
     let x = inputs_of(c, rng);
     let y = (c.f)(&x);
     let cot = rng.array(y.shape(), Domain::Any);
-    let dir: Vec<Array> = x
-        .iter()
-        .map(|a| rng.array(a.shape(), Domain::Any))
-        .collect();
+    let dir: Vec<Array> = x.iter().map(|a| rng.array(a.shape(), Domain::Any)).collect();
     let f = |xs: &[Array]| Ok(vec![(c.f)(xs)]);
     let (_, g) = vjp_flat(f, &x, std::slice::from_ref(&cot)).map_err(|e| format!("vjp: {e}"))?;
     let (_, t) = jvp_flat(f, &x, &dir).map_err(|e| format!("jvp: {e}"))?;
@@ -475,23 +373,12 @@ fn check_vmap(c: &Case, rng: &mut Rng) -> Result<(), String> {
         }
     }
     let f = |xs: &[Array]| Ok(vec![(c.f)(xs)]);
-    let got =
-        vmap_flat(f, &axes, &[out_axis])(&batched).map_err(|e| format!("vmap {axes:?}: {e}"))?;
-    let want = ops::stack(
-        &per_item.iter().map(|xs| (c.f)(xs)).collect::<Vec<_>>(),
-        out_axis,
-    );
+    let got = vmap_flat(f, &axes, &[out_axis])(&batched).map_err(|e| format!("vmap {axes:?}: {e}"))?;
+    let want = ops::stack(&per_item.iter().map(|xs| (c.f)(xs)).collect::<Vec<_>>(), out_axis);
     if got[0].shape() != want.shape() {
-        return Err(format!(
-            "vmap {axes:?} -> {out_axis}: shape {:?}, want {:?}",
-            got[0].shape(),
-            want.shape()
-        ));
+        return Err(format!("vmap {axes:?} -> {out_axis}: shape {:?}, want {:?}", got[0].shape(), want.shape()));
     }
-    let (g, w) = (
-        got[0].to_vec::<f64>().map_err(|e| e.to_string())?,
-        want.to_vec::<f64>().unwrap(),
-    );
+    let (g, w) = (got[0].to_vec::<f64>().map_err(|e| e.to_string())?, want.to_vec::<f64>().unwrap());
     for (a, b) in g.iter().zip(&w) {
         if (a - b).abs() > 1e-9 * (1.0 + b.abs()) {
             return Err(format!("vmap {axes:?} -> {out_axis}: {g:?}\nwant {w:?}"));
@@ -512,12 +399,7 @@ fn run_all(check: fn(&Case, &mut Rng) -> Result<(), String>) {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {count} cases failed:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} of {count} cases failed:\n{}", failures.len(), failures.join("\n"));
     assert!(count > 150, "only {count} cases");
 }
 
@@ -535,17 +417,9 @@ fn vmap_matches_a_loop() {
 fn integer_and_boolean_outputs_have_no_gradient() {
     let x = Array::from_slice(&[0.5f64, -1.0, 2.0], [3]);
     let f = |xs: &[Array]| {
-        Ok(vec![
-            (xs[0].argmax(0).astype(DType::F64) + xs[0].greater(0.0).astype(DType::F64) * 3.0)
-                .sum(..),
-        ])
+        Ok(vec![(xs[0].argmax(0).astype(DType::F64) + xs[0].greater(0.0).astype(DType::F64) * 3.0).sum(..)])
     };
-    let (_, g) = vjp_flat(
-        f,
-        std::slice::from_ref(&x),
-        &[Array::from_slice(&[1.0f64], [0i32; 0])],
-    )
-    .unwrap();
+    let (_, g) = vjp_flat(f, std::slice::from_ref(&x), &[Array::from_slice(&[1.0f64], [0i32; 0])]).unwrap();
     assert_eq!(g[0].to_vec::<f64>().unwrap(), vec![0.0; 3]);
     // stop_gradient: d/dx (sg(x) * x) = x.
     let g = nuvec::grad(|x: &Array| (x.stop_gradient() * x).sum(..))(&x).unwrap();

@@ -338,7 +338,8 @@ fn conv_nd(op: &'static str, d: usize, x: &Array, w: &Array, o: &ConvOptions) ->
         x = x.slice(&start, &stop, &[]);
     }
     if o.flip {
-        let start: Vec<i32> = w.shape().iter().enumerate().map(|(i, &s)| if (1..=d).contains(&i) { s - 1 } else { 0 }).collect();
+        let start: Vec<i32> =
+            w.shape().iter().enumerate().map(|(i, &s)| if (1..=d).contains(&i) { s - 1 } else { 0 }).collect();
         let stop: Vec<i32> =
             w.shape().iter().enumerate().map(|(i, &s)| if (1..=d).contains(&i) { -s - 1 } else { s }).collect();
         let steps: Vec<i32> = (0..d + 2).map(|i| if (1..=d).contains(&i) { -1 } else { 1 }).collect();

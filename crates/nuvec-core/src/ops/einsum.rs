@@ -156,7 +156,8 @@ fn contract(a: Operand, b: Operand, later: &dyn Fn(Label) -> bool, sizes: &BTree
     // Shared axes meet at their full size (one side may be 1 and broadcast).
     let full = |op: &Operand, order: &[Label]| -> Array {
         let x = op.arranged(order);
-        let target: Vec<i32> = order.iter().map(|l| if shared.contains(l) { sizes[l] } else { op.size_of(*l) }).collect();
+        let target: Vec<i32> =
+            order.iter().map(|l| if shared.contains(l) { sizes[l] } else { op.size_of(*l) }).collect();
         if x.shape() == &target[..] { x } else { x.broadcast_to(target) }
     };
     let xa = full(&a, &[&batch[..], &a_only[..], &summed[..]].concat());
@@ -284,8 +285,7 @@ fn plan_einsum(subscripts: &str, operands: &[Array]) -> Result<Array, Array> {
     let needed_after = |i: usize, l: Label| output.contains(&l) || ops[i + 1..].iter().any(|o| o.labels.contains(&l));
     let mut rest = ops.iter();
     let first = rest.next().expect("at least one operand");
-    let mut acc = Operand { x: first.x.clone(), labels: first.labels.clone() }
-        .sum_unless(|l| needed_after(0, l));
+    let mut acc = Operand { x: first.x.clone(), labels: first.labels.clone() }.sum_unless(|l| needed_after(0, l));
     for (i, b) in rest.enumerate() {
         let b = Operand { x: b.x.clone(), labels: b.labels.clone() };
         acc = contract(acc, b, &|l| needed_after(i + 1, l), &sizes);
@@ -354,7 +354,10 @@ fn tensordot_named(op: &'static str, a: &Array, b: &Array, axes: TensordotAxes) 
     let (xa, xb) = match axes {
         TensordotAxes::Count(n) => {
             if n < 0 || n > ra || n > rb {
-                return invalid(op, format!("cannot contract {n} axes of arrays with shapes {:?} and {:?}", a.shape(), b.shape()));
+                return invalid(
+                    op,
+                    format!("cannot contract {n} axes of arrays with shapes {:?} and {:?}", a.shape(), b.shape()),
+                );
             }
             ((ra - n..ra).collect(), (0..n).collect())
         }
@@ -435,10 +438,7 @@ pub fn inner(a: &Array, b: &Array) -> Array {
         return a * b;
     }
     if a.shape().last() != b.shape().last() {
-        return Array::failed(
-            "inner",
-            OpErrorKind::ShapeMismatch { lhs: a.shape().to_vec(), rhs: b.shape().to_vec() },
-        );
+        return Array::failed("inner", OpErrorKind::ShapeMismatch { lhs: a.shape().to_vec(), rhs: b.shape().to_vec() });
     }
     tensordot_named("inner", a, b, TensordotAxes::Pairs(vec![-1], vec![-1]))
 }

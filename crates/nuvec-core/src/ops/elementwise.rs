@@ -363,11 +363,7 @@ pub fn clip(x: &Array, min: impl Into<ScalarOrArray>, max: impl Into<ScalarOrArr
 /// assert_eq!(relu.to_vec::<f32>().unwrap(), vec![1.0, 0.0, 3.0]);
 /// ```
 #[track_caller]
-pub fn where_(
-    condition: impl Into<ScalarOrArray>,
-    x: impl Into<ScalarOrArray>,
-    y: impl Into<ScalarOrArray>,
-) -> Array {
+pub fn where_(condition: impl Into<ScalarOrArray>, x: impl Into<ScalarOrArray>, y: impl Into<ScalarOrArray>) -> Array {
     let cond = condition.into().into_array();
     let (x, y, dtype) = match promote_operands(x.into(), y.into()) {
         Ok(p) => p,

@@ -13,7 +13,10 @@ use super::{invalid, propagate};
 #[track_caller]
 fn prepare(op: &'static str, a: &Array, b: &Array) -> Result<(Array, Array, Vec<i32>), Array> {
     if a.ndim() == 0 || b.ndim() == 0 {
-        return Err(invalid(op, format!("operands need at least 1 dimension, got shapes {:?} and {:?}", a.shape(), b.shape())));
+        return Err(invalid(
+            op,
+            format!("operands need at least 1 dimension, got shapes {:?} and {:?}", a.shape(), b.shape()),
+        ));
     }
     let dtype = promote_types(a.dtype(), b.dtype());
     if dtype == DType::Bool || dtype == DType::Complex64 {

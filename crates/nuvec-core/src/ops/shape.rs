@@ -235,7 +235,9 @@ impl Array {
             return f;
         }
         match self.normalize_window("slice", start, stop, strides) {
-            Ok((start, stop, step)) => Array::from_op("slice", Primitive::Slice { start, stop, step }, vec![self.clone()]),
+            Ok((start, stop, step)) => {
+                Array::from_op("slice", Primitive::Slice { start, stop, step }, vec![self.clone()])
+            }
             Err(f) => f,
         }
     }
@@ -243,7 +245,13 @@ impl Array {
     /// This array with the window `start..stop` by `strides` replaced by `update` (broadcast
     /// to the window). Arrays are immutable: the result is a new array.
     #[track_caller]
-    pub fn slice_update(&self, update: impl Into<ScalarOrArray>, start: &[i32], stop: &[i32], strides: &[i32]) -> Array {
+    pub fn slice_update(
+        &self,
+        update: impl Into<ScalarOrArray>,
+        start: &[i32],
+        stop: &[i32],
+        strides: &[i32],
+    ) -> Array {
         let update = update.into();
         let update = match update {
             ScalarOrArray::Scalar(s) => Array::scalar(s, s.weak_dtype_with(self.dtype())),
@@ -284,7 +292,12 @@ impl Array {
         if start.len() != n || stop.len() != n || (strides.len() != n && !strides.is_empty()) {
             return Err(invalid(
                 op,
-                format!("start, stop and strides need one entry per axis ({n}), got {}, {}, {}", start.len(), stop.len(), strides.len()),
+                format!(
+                    "start, stop and strides need one entry per axis ({n}), got {}, {}, {}",
+                    start.len(),
+                    stop.len(),
+                    strides.len()
+                ),
             ));
         }
         let (mut s, mut e, mut st) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
@@ -406,7 +419,8 @@ impl Array {
         let mut out: Vec<i32> = Vec::with_capacity(n);
         for i in 0..n {
             let d = shape[i] as i64 * reps_full[i] as i64;
-            match dim_or_fail("tile", d, || shape.iter().zip(&reps_full).map(|(&a, &b)| a as i64 * b as i64).collect()) {
+            match dim_or_fail("tile", d, || shape.iter().zip(&reps_full).map(|(&a, &b)| a as i64 * b as i64).collect())
+            {
                 Ok(d) => out.push(d),
                 Err(f) => return f,
             }

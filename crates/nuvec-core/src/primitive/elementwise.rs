@@ -318,7 +318,8 @@ impl BinaryOp {
         };
         // Every binary derivative here is linear in the cotangent, so the vjp rule applied to a
         // tangent gives the matching jvp term.
-        let terms = [da.and_then(|t| self.vjp(a, b, y, t)[0].clone()), db.and_then(|t| self.vjp(a, b, y, t)[1].clone())];
+        let terms =
+            [da.and_then(|t| self.vjp(a, b, y, t)[0].clone()), db.and_then(|t| self.vjp(a, b, y, t)[1].clone())];
         match terms {
             [Some(x), Some(z)] => Some(x + z),
             [Some(x), None] | [None, Some(x)] => Some(x),

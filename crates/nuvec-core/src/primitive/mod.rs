@@ -5,9 +5,9 @@
 //! inputs, and then record one of these.
 
 pub mod elementwise;
-pub mod random;
 pub mod gather;
 pub mod quantize;
+pub mod random;
 pub mod reduce;
 mod rules;
 pub mod sort;
@@ -240,11 +240,7 @@ impl Primitive {
             if inputs.len() == n {
                 Ok(())
             } else {
-                Err(OpErrorKind::InvalidArgument(format!(
-                    "{} takes {n} inputs, got {}",
-                    self.name(),
-                    inputs.len()
-                )))
+                Err(OpErrorKind::InvalidArgument(format!("{} takes {n} inputs, got {}", self.name(), inputs.len())))
             }
         };
         match self {
@@ -363,9 +359,9 @@ impl Primitive {
                 one(inputs[0].shape.clone(), inputs[0].dtype)
             }
             Primitive::Concatenate { axis } => {
-                let first = inputs.first().ok_or_else(|| {
-                    OpErrorKind::InvalidArgument("concatenate needs at least one array".into())
-                })?;
+                let first = inputs
+                    .first()
+                    .ok_or_else(|| OpErrorKind::InvalidArgument("concatenate needs at least one array".into()))?;
                 let mut shape = first.shape.clone();
                 if *axis >= shape.len() {
                     return Err(OpErrorKind::InvalidAxis { axis: *axis as i32, ndim: shape.len() });
@@ -417,7 +413,9 @@ impl Primitive {
             }
             Primitive::GatherAxis { axis } => gather::gather_axis_specs(*axis, inputs),
             Primitive::ScatterAxis { axis, .. } => gather::scatter_axis_specs(*axis, inputs),
-            Primitive::Quantize { mode, group_size, bits } => quantize::quantize_specs(*mode, *group_size, *bits, inputs),
+            Primitive::Quantize { mode, group_size, bits } => {
+                quantize::quantize_specs(*mode, *group_size, *bits, inputs)
+            }
             Primitive::Dequantize { mode, group_size, bits, dtype } => {
                 quantize::dequantize_specs(*mode, *group_size, *bits, *dtype, inputs)
             }

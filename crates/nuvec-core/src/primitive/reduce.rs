@@ -171,7 +171,15 @@ fn restore_axes(x: &Array, ndim: usize, axes: &[i32]) -> Array {
 }
 
 /// The cotangent of a scan's input.
-pub(crate) fn scan_vjp(op: ScanOp, axis: usize, reverse: bool, inclusive: bool, x: &Array, y: &Array, g: &Array) -> Option<Array> {
+pub(crate) fn scan_vjp(
+    op: ScanOp,
+    axis: usize,
+    reverse: bool,
+    inclusive: bool,
+    x: &Array,
+    y: &Array,
+    g: &Array,
+) -> Option<Array> {
     if !x.dtype().is_inexact() {
         return None;
     }

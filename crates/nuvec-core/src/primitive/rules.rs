@@ -19,14 +19,24 @@ fn zero(x: &Array) -> Array {
 
 impl Primitive {
     /// Cotangents of the inputs listed in `argnums`.
-    pub(crate) fn vjp(&self, inputs: &[Array], outputs: &[Array], cots: &[Array], argnums: &[usize]) -> Vec<Option<Array>> {
+    pub(crate) fn vjp(
+        &self,
+        inputs: &[Array],
+        outputs: &[Array],
+        cots: &[Array],
+        argnums: &[usize],
+    ) -> Vec<Option<Array>> {
         let all = self.vjp_all(inputs, outputs, cots);
         argnums
             .iter()
             .map(|&i| {
                 all.get(i).cloned().flatten().map(|c| {
                     // Cotangents take their input's floating dtype (rules may promote).
-                    if inputs[i].dtype().is_inexact() && c.dtype() != inputs[i].dtype() { c.astype(inputs[i].dtype()) } else { c }
+                    if inputs[i].dtype().is_inexact() && c.dtype() != inputs[i].dtype() {
+                        c.astype(inputs[i].dtype())
+                    } else {
+                        c
+                    }
                 })
             })
             .collect()
@@ -42,7 +52,9 @@ impl Primitive {
                 let z = zero(g0);
                 vec![None, Some(ops::where_(&x[0], g0, &z)), Some(ops::where_(&x[0], &z, g0))]
             }
-            Primitive::AsType(_) => vec![(x[0].dtype().is_inexact() && g0.dtype().is_inexact()).then(|| g0.astype(x[0].dtype()))],
+            Primitive::AsType(_) => {
+                vec![(x[0].dtype().is_inexact() && g0.dtype().is_inexact()).then(|| g0.astype(x[0].dtype()))]
+            }
             Primitive::Copy | Primitive::Identity => vec![Some(g0.clone())],
             p if p.is_view() => vec![view_vjp(p, &x[0], g0)],
             Primitive::SliceUpdate { start, stop, step } => {
@@ -205,7 +217,9 @@ impl Primitive {
             Primitive::Arange { .. } => y.iter().map(|o| (o.clone(), false)).collect(),
             Primitive::RandomBits { .. } => one(crate::primitive::random::random_bits_vmap(self, &x[0])),
             Primitive::Sort { op, axis } => one(sort::sort_vmap(*op, *axis, &x[0])),
-            Primitive::GatherAxis { .. } | Primitive::ScatterAxis { .. } => one(gather::gather_scatter_vmap(self, x, mapped)),
+            Primitive::GatherAxis { .. } | Primitive::ScatterAxis { .. } => {
+                one(gather::gather_scatter_vmap(self, x, mapped))
+            }
             Primitive::Quantize { .. } | Primitive::Dequantize { .. } => quantize::quantize_vmap(self, x, mapped),
             _ => y.iter().map(|o| (o.clone(), false)).collect(),
         }
@@ -224,7 +238,15 @@ fn matmul_vjp(a: &Array, b: &Array, g: &Array) -> [Option<Array>; 2] {
     [Some(g.matmul(&b.swapaxes(-1, -2))), Some(a.swapaxes(-1, -2).matmul(g))]
 }
 
-fn scan_jvp(op: reduce::ScanOp, axis: usize, reverse: bool, inclusive: bool, x: &Array, y: &Array, t: &Array) -> Option<Array> {
+fn scan_jvp(
+    op: reduce::ScanOp,
+    axis: usize,
+    reverse: bool,
+    inclusive: bool,
+    x: &Array,
+    y: &Array,
+    t: &Array,
+) -> Option<Array> {
     use reduce::ScanOp;
     let ax = axis as i32;
     let o = ops::ScanOptions { reverse, exclusive: !inclusive };

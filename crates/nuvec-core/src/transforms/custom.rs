@@ -40,7 +40,14 @@ impl PartialEq for CustomFn {
 
 impl fmt::Debug for CustomFn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CustomFn({}, vjp: {}, jvp: {}, vmap: {})", self.0.name, self.0.vjp.is_some(), self.0.jvp.is_some(), self.0.vmap.is_some())
+        write!(
+            f,
+            "CustomFn({}, vjp: {}, jvp: {}, vmap: {})",
+            self.0.name,
+            self.0.vjp.is_some(),
+            self.0.jvp.is_some(),
+            self.0.vmap.is_some()
+        )
     }
 }
 
@@ -74,7 +81,12 @@ impl CustomFn {
         match r {
             Ok(d) if d.len() == x.len() => d.into_iter().map(Some).collect(),
             Ok(d) => failed_all(
-                Error::InvalidArgument(format!("{}: the vjp rule returned {} cotangents for {} inputs", self.0.name, d.len(), x.len())),
+                Error::InvalidArgument(format!(
+                    "{}: the vjp rule returned {} cotangents for {} inputs",
+                    self.0.name,
+                    d.len(),
+                    x.len()
+                )),
                 x.len(),
             )
             .into_iter()
@@ -134,7 +146,10 @@ pub fn custom_function_flat(f: impl Fn(&[Array]) -> Result<Vec<Array>> + Send + 
 
 impl CustomFunctionFlat {
     /// The reverse-mode rule: `(primals, outputs, output cotangents) -> input cotangents`.
-    pub fn with_vjp(mut self, rule: impl Fn(&[Array], &[Array], &[Array]) -> Result<Vec<Array>> + Send + Sync + 'static) -> Self {
+    pub fn with_vjp(
+        mut self,
+        rule: impl Fn(&[Array], &[Array], &[Array]) -> Result<Vec<Array>> + Send + Sync + 'static,
+    ) -> Self {
         self.vjp = Some(Arc::new(rule));
         self
     }
@@ -209,7 +224,13 @@ where
     F: Fn(&I) -> R + Send + Sync + 'static,
     R: IntoResult<Ok = O>,
 {
-    CustomFunction { body: Arc::new(move |i: &I| f(i).into_result()), vjp: None, jvp: None, vmap: None, name: "custom_function" }
+    CustomFunction {
+        body: Arc::new(move |i: &I| f(i).into_result()),
+        vjp: None,
+        jvp: None,
+        vmap: None,
+        name: "custom_function",
+    }
 }
 
 impl<I, O> CustomFunction<I, O>
@@ -248,12 +269,15 @@ where
         if let Some(rule) = self.vjp.clone() {
             let (si, so) = (shape_in.clone(), shape_out.clone());
             flat = flat.with_vjp(move |x, y, g| {
-                rule(&si.with_leaves(x.to_vec()), &so.with_leaves(y.to_vec()), &so.with_leaves(g.to_vec())).map(|i| i.flatten())
+                rule(&si.with_leaves(x.to_vec()), &so.with_leaves(y.to_vec()), &so.with_leaves(g.to_vec()))
+                    .map(|i| i.flatten())
             });
         }
         if let Some(rule) = self.jvp.clone() {
             let si = shape_in.clone();
-            flat = flat.with_jvp(move |x, t| rule(&si.with_leaves(x.to_vec()), &si.with_leaves(t.to_vec())).map(|o| o.flatten()));
+            flat = flat.with_jvp(move |x, t| {
+                rule(&si.with_leaves(x.to_vec()), &si.with_leaves(t.to_vec())).map(|o| o.flatten())
+            });
         }
         if let Some(rule) = self.vmap.clone() {
             let si = shape_in.clone();

@@ -272,11 +272,7 @@ pub fn jvp_flat(
     tangents: &[Array],
 ) -> Result<(Vec<Array>, Vec<Array>)> {
     if primals.len() != tangents.len() {
-        return Err(Error::InvalidArgument(format!(
-            "jvp: {} primals but {} tangents",
-            primals.len(),
-            tangents.len()
-        )));
+        return Err(Error::InvalidArgument(format!("jvp: {} primals but {} tangents", primals.len(), tangents.len())));
     }
     for (p, t) in primals.iter().zip(tangents) {
         if let Some(e) = p.error().or_else(|| t.error()) {
@@ -509,9 +505,7 @@ impl AxesSpec {
         match self {
             AxesSpec::All(a) => Ok(vec![*a; n]),
             AxesSpec::PerLeaf(v) if v.len() == n => Ok(v.clone()),
-            AxesSpec::PerLeaf(v) => {
-                Err(Error::InvalidArgument(format!("vmap: {} {what} for {n} arrays", v.len())))
-            }
+            AxesSpec::PerLeaf(v) => Err(Error::InvalidArgument(format!("vmap: {} {what} for {n} arrays", v.len()))),
         }
     }
 }
@@ -531,7 +525,14 @@ where
     F: Fn(&[Array]) -> Result<Vec<Array>>,
 {
     let (in_axes, out_axes) = (in_axes.to_vec(), out_axes.to_vec());
-    move |args: &[Array]| vmap_impl(&f, args, &AxesSpec::PerLeaf(in_axes.clone()), &AxesSpec::PerLeaf(out_axes.iter().map(|&a| Some(a)).collect()))
+    move |args: &[Array]| {
+        vmap_impl(
+            &f,
+            args,
+            &AxesSpec::PerLeaf(in_axes.clone()),
+            &AxesSpec::PerLeaf(out_axes.iter().map(|&a| Some(a)).collect()),
+        )
+    }
 }
 
 fn vmap_impl(
@@ -588,7 +589,8 @@ fn vmap_impl(
     if let Some(e) = outputs.iter().find_map(|o| o.error()) {
         return Err(e);
     }
-    let leaves: Vec<Array> = placeholders.iter().zip(&batched).filter(|(_, m)| m.is_some()).map(|(p, _)| p.clone()).collect();
+    let leaves: Vec<Array> =
+        placeholders.iter().zip(&batched).filter(|(_, m)| m.is_some()).map(|(p, _)| p.clone()).collect();
     let tape = Tape::record(&outputs, &leaves);
     // Batched value (batch on axis 0) of every array that depends on a mapped input.
     let mut values: HashMap<Key, Array> = HashMap::new();
@@ -699,7 +701,8 @@ impl<F> Vmap<F> {
             Ok(leaves)
         };
         let outs = vmap_impl(&f, &input.flatten(), &self.in_axes, &self.out_axes)?;
-        let shape = shape.into_inner().ok_or_else(|| Error::InvalidArgument("vmap: the function did not run".into()))?;
+        let shape =
+            shape.into_inner().ok_or_else(|| Error::InvalidArgument("vmap: the function did not run".into()))?;
         Ok(shape.with_leaves(outs))
     }
 }

@@ -26,10 +26,7 @@ use std::fmt;
 use nuvec::{Array, DType, bf16, f16};
 
 // Tensors are stored little-endian and handed to nuvec as native-endian bytes.
-const _: () = assert!(
-    cfg!(target_endian = "little"),
-    "the fixture reader assumes a little-endian host"
-);
+const _: () = assert!(cfg!(target_endian = "little"), "the fixture reader assumes a little-endian host");
 
 /// The magic bytes that open a fixture file.
 pub const MAGIC: &[u8; 8] = b"NVFIX001";
@@ -96,8 +93,7 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
-        let end =
-            end.ok_or_else(|| format!("truncated file: {n} bytes wanted at offset {}", self.at))?;
+        let end = end.ok_or_else(|| format!("truncated file: {n} bytes wanted at offset {}", self.at))?;
         let s = &self.bytes[self.at..end];
         self.at = end;
         Ok(s)
@@ -115,8 +111,7 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
     }
     fn string(&mut self, len: usize) -> Result<String, String> {
-        String::from_utf8(self.take(len)?.to_vec())
-            .map_err(|e| format!("bad UTF-8 at offset {}: {e}", self.at))
+        String::from_utf8(self.take(len)?.to_vec()).map_err(|e| format!("bad UTF-8 at offset {}: {e}", self.at))
     }
     fn tensor(&mut self) -> Result<Tensor, String> {
         let code = self.u8()?;
@@ -129,11 +124,7 @@ impl<'a> Cursor<'a> {
         }
         let n: usize = shape.iter().map(|&d| d as usize).product();
         let bytes = self.take(n * dtype.size())?.to_vec();
-        Ok(Tensor {
-            dtype,
-            shape,
-            bytes,
-        })
+        Ok(Tensor { dtype, shape, bytes })
     }
     fn tensors(&mut self) -> Result<Vec<Tensor>, String> {
         let n = self.u8()?;
@@ -162,20 +153,10 @@ impl Fixture {
             let params = Json::parse(&params_text).map_err(|e| format!("{name}: params: {e}"))?;
             let inputs = c.tensors()?;
             let outputs = c.tensors()?;
-            cases.push(Case {
-                name,
-                op,
-                params,
-                params_text,
-                inputs,
-                outputs,
-            });
+            cases.push(Case { name, op, params, params_text, inputs, outputs });
         }
         if c.at != bytes.len() {
-            return Err(format!(
-                "{} trailing bytes after the last case",
-                bytes.len() - c.at
-            ));
+            return Err(format!("{} trailing bytes after the last case", bytes.len() - c.at));
         }
         Ok(Fixture { meta, cases })
     }
@@ -204,10 +185,7 @@ pub enum Json {
 impl Json {
     /// Parses a complete JSON text.
     pub fn parse(text: &str) -> Result<Json, String> {
-        let mut p = JsonParser {
-            s: text.as_bytes(),
-            at: 0,
-        };
+        let mut p = JsonParser { s: text.as_bytes(), at: 0 };
         let v = p.value()?;
         p.ws();
         if p.at != p.s.len() {
@@ -272,10 +250,7 @@ impl Json {
 
     /// The value as a list of `i32`.
     pub fn as_i32_vec(&self) -> Option<Vec<i32>> {
-        self.as_array()?
-            .iter()
-            .map(|v| v.as_i64().and_then(|i| i32::try_from(i).ok()))
-            .collect()
+        self.as_array()?.iter().map(|v| v.as_i64().and_then(|i| i32::try_from(i).ok())).collect()
     }
 }
 
@@ -416,10 +391,8 @@ impl JsonParser<'_> {
                         b'b' => out.push('\u{8}'),
                         b'f' => out.push('\u{c}'),
                         b'u' => {
-                            let hex = std::str::from_utf8(
-                                self.s.get(self.at..self.at + 4).ok_or("short \\u escape")?,
-                            )
-                            .map_err(|e| e.to_string())?;
+                            let hex = std::str::from_utf8(self.s.get(self.at..self.at + 4).ok_or("short \\u escape")?)
+                                .map_err(|e| e.to_string())?;
                             let code = u32::from_str_radix(hex, 16).map_err(|e| e.to_string())?;
                             self.at += 4;
                             out.push(char::from_u32(code).unwrap_or('\u{fffd}'));
@@ -434,9 +407,7 @@ impl JsonParser<'_> {
                     while end < self.s.len() && (self.s[end] & 0xC0) == 0x80 {
                         end += 1;
                     }
-                    out.push_str(
-                        std::str::from_utf8(&self.s[start..end]).map_err(|e| e.to_string())?,
-                    );
+                    out.push_str(std::str::from_utf8(&self.s[start..end]).map_err(|e| e.to_string())?);
                     self.at = end;
                 }
             }
@@ -445,12 +416,7 @@ impl JsonParser<'_> {
 
     fn number(&mut self) -> Result<Json, String> {
         let start = self.at;
-        while self.at < self.s.len()
-            && matches!(
-                self.s[self.at],
-                b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'
-            )
-        {
+        while self.at < self.s.len() && matches!(self.s[self.at], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9') {
             self.at += 1;
         }
         let text = std::str::from_utf8(&self.s[start..self.at]).map_err(|e| e.to_string())?;
@@ -458,13 +424,9 @@ impl JsonParser<'_> {
             return Err(format!("unexpected character at {start}"));
         }
         if text.contains(['.', 'e', 'E']) {
-            text.parse()
-                .map(Json::Float)
-                .map_err(|e| format!("bad number {text}: {e}"))
+            text.parse().map(Json::Float).map_err(|e| format!("bad number {text}: {e}"))
         } else {
-            text.parse()
-                .map(Json::Int)
-                .map_err(|e| format!("bad number {text}: {e}"))
+            text.parse().map(Json::Int).map_err(|e| format!("bad number {text}: {e}"))
         }
     }
 }
@@ -472,10 +434,7 @@ impl JsonParser<'_> {
 /// Elements of `bytes` (little-endian, `dtype`) as `f64`; complex numbers give two values each.
 pub fn decode_f64(dtype: DType, bytes: &[u8]) -> Vec<f64> {
     fn each<const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> f64) -> Vec<f64> {
-        bytes
-            .chunks_exact(N)
-            .map(|c| f(c.try_into().unwrap()))
-            .collect()
+        bytes.chunks_exact(N).map(|c| f(c.try_into().unwrap())).collect()
     }
     match dtype {
         DType::Bool => bytes.iter().map(|&b| (b != 0) as u8 as f64).collect(),
@@ -534,19 +493,11 @@ impl Tolerance {
     /// Values must be equal (NaN equals NaN).
     pub const EXACT: Tolerance = Tolerance::close(0.0, 0.0);
     /// Bytes must be identical.
-    pub const BITWISE: Tolerance = Tolerance {
-        rtol: 0.0,
-        atol: 0.0,
-        bitwise: true,
-    };
+    pub const BITWISE: Tolerance = Tolerance { rtol: 0.0, atol: 0.0, bitwise: true };
 
     /// `|got − want| <= atol + rtol·|want|`.
     pub const fn close(rtol: f64, atol: f64) -> Tolerance {
-        Tolerance {
-            rtol,
-            atol,
-            bitwise: false,
-        }
+        Tolerance { rtol, atol, bitwise: false }
     }
 }
 
@@ -567,48 +518,23 @@ impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.what)?;
         if let Some(i) = self.first_index {
-            write!(
-                f,
-                " [{} element(s) differ, max err {:.3e}, first at flat index {i}]",
-                self.count, self.max_err
-            )?;
+            write!(f, " [{} element(s) differ, max err {:.3e}, first at flat index {i}]", self.count, self.max_err)?;
         }
         Ok(())
     }
 }
 
 /// Compares nuvec's output (dtype, shape and row-major bytes) with MLX's.
-pub fn compare(
-    want: &Tensor,
-    dtype: DType,
-    shape: &[i32],
-    bytes: &[u8],
-    tol: Tolerance,
-) -> Result<(), Mismatch> {
-    let mismatch = |what: String| Mismatch {
-        what,
-        max_err: f64::INFINITY,
-        first_index: None,
-        count: 0,
-    };
+pub fn compare(want: &Tensor, dtype: DType, shape: &[i32], bytes: &[u8], tol: Tolerance) -> Result<(), Mismatch> {
+    let mismatch = |what: String| Mismatch { what, max_err: f64::INFINITY, first_index: None, count: 0 };
     if dtype != want.dtype {
-        return Err(mismatch(format!(
-            "dtype: MLX {}, nuvec {dtype}",
-            want.dtype
-        )));
+        return Err(mismatch(format!("dtype: MLX {}, nuvec {dtype}", want.dtype)));
     }
     if shape != want.shape.as_slice() {
-        return Err(mismatch(format!(
-            "shape: MLX {:?}, nuvec {shape:?}",
-            want.shape
-        )));
+        return Err(mismatch(format!("shape: MLX {:?}, nuvec {shape:?}", want.shape)));
     }
     if bytes.len() != want.bytes.len() {
-        return Err(mismatch(format!(
-            "byte count: MLX {}, nuvec {}",
-            want.bytes.len(),
-            bytes.len()
-        )));
+        return Err(mismatch(format!("byte count: MLX {}, nuvec {}", want.bytes.len(), bytes.len())));
     }
     let per_elem = if dtype == DType::Complex64 { 2 } else { 1 };
     let mut first = None;
@@ -625,12 +551,7 @@ pub fn compare(
     };
     if tol.bitwise {
         let n = dtype.size();
-        for (i, (w, g)) in want
-            .bytes
-            .chunks_exact(n)
-            .zip(bytes.chunks_exact(n))
-            .enumerate()
-        {
+        for (i, (w, g)) in want.bytes.chunks_exact(n).zip(bytes.chunks_exact(n)).enumerate() {
             if w != g {
                 note(i, f64::INFINITY, format!("{w:02x?}"), format!("{g:02x?}"));
             }
@@ -639,12 +560,7 @@ pub fn compare(
         let (w, g) = (decode_exact(dtype, &want.bytes), decode_exact(dtype, bytes));
         for (i, (&w, &g)) in w.iter().zip(&g).enumerate() {
             if w != g {
-                note(
-                    i,
-                    (w - g).unsigned_abs() as f64,
-                    w.to_string(),
-                    g.to_string(),
-                );
+                note(i, (w - g).unsigned_abs() as f64, w.to_string(), g.to_string());
             }
         }
     } else {
@@ -658,11 +574,7 @@ pub fn compare(
                 (g - w).abs() <= tol.atol + tol.rtol * w.abs()
             };
             if !ok {
-                let err = if w.is_finite() && g.is_finite() {
-                    (g - w).abs()
-                } else {
-                    f64::INFINITY
-                };
+                let err = if w.is_finite() && g.is_finite() { (g - w).abs() } else { f64::INFINITY };
                 note(i / per_elem, err, format!("{w:?}"), format!("{g:?}"));
             }
         }
@@ -670,10 +582,7 @@ pub fn compare(
     match first {
         None => Ok(()),
         Some(i) => Err(Mismatch {
-            what: format!(
-                "values (MLX {}, nuvec {} at the first mismatch)",
-                first_pair.0, first_pair.1
-            ),
+            what: format!("values (MLX {}, nuvec {} at the first mismatch)", first_pair.0, first_pair.1),
             max_err,
             first_index: Some(i),
             count,
