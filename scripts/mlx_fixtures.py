@@ -395,6 +395,46 @@ def tensor_bytes(a):
     return bytes(out)
 
 
+def encode_case(name, op, params, inputs, outputs):
+    """One case in the file format: name, op, params (compact sorted JSON), inputs, outputs."""
+    pjson = json.dumps(params, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    blob = bytearray()
+    for s, fmt in ((name, "<H"), (op, "<H"), (pjson, "<I")):
+        b = s.encode("utf-8")
+        blob += struct.pack(fmt, len(b)) + b
+    for group in (inputs, outputs):
+        blob += struct.pack("<B", len(group))
+        for x in group:
+            blob += tensor_bytes(x)
+    return bytes(blob)
+
+
+def encode_file(generator, date, seed, cases):
+    """A whole fixture file: magic, metadata (MLX version, device, date, seed, generator), cases."""
+    meta = {"mlx_version": mx.__version__, "device": "cpu", "date": date, "seed": seed, "generator": generator}
+    m = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    out = bytearray(MAGIC)
+    out += struct.pack("<I", len(m)) + m
+    out += struct.pack("<I", len(cases))
+    for c in cases:
+        out += c
+    return bytes(out)
+
+
+def write_or_check(path, data, script, check):
+    """Writes the fixture file, or with `check` exits with an error when it differs from `data`."""
+    if check:
+        with open(path, "rb") as f:
+            if f.read() != data:
+                sys.exit(f"{path} is stale: regenerate it with {script}")
+        print("up to date")
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    print(f"wrote {path}")
+
+
 def mlx_defect(op, p, views, outs):
     """Why MLX 0.32.4's answer for this call is not a reference (a bug, self-inconsistent or
     undefined behaviour), or None. Such calls are not recorded; outs are not evaluated yet."""
@@ -423,7 +463,8 @@ def mlx_defect(op, p, views, outs):
 
 
 class Recorder:
-    def __init__(self):
+    def __init__(self, generator="scripts/mlx_fixtures.py"):
+        self.generator = generator
         self.cases = []
         self.names = set()
         self.skipped = []
@@ -461,35 +502,12 @@ class Recorder:
             return False
         self.names.add(name)
         self.families[self.family] += 1
-        pjson = json.dumps(params, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        blob = bytearray()
-        for s, fmt in ((name, "<H"), (op, "<H"), (pjson, "<I")):
-            b = s.encode("utf-8")
-            blob += struct.pack(fmt, len(b)) + b
-        blob += struct.pack("<B", len(inputs))
-        for x in inputs:
-            blob += tensor_bytes(x)
-        blob += struct.pack("<B", len(outs))
-        for y in outs:
-            blob += tensor_bytes(y)
-        self.cases.append(bytes(blob))
+        self.cases.append(encode_case(name, op, params, inputs, outs))
         return True
 
     def serialize(self):
-        meta = {
-            "mlx_version": mx.__version__,
-            "device": "cpu",
-            "date": RECORDED_ON,
-            "seed": SEED,
-            "generator": "scripts/mlx_fixtures.py",
-        }
-        m = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        out = bytearray(MAGIC)
-        out += struct.pack("<I", len(m)) + m
-        out += struct.pack("<I", len(self.cases))
-        for c in self.cases:
-            out += c
-        return bytes(out)
+        # RECORDED_ON is read at call time: a script reusing this recorder may set its own.
+        return encode_file(self.generator, RECORDED_ON, SEED, self.cases)
 
 
 SHAPES = [[3, 4], [7], [2, 3, 4], [], [1], [0], [4, 0, 3], [1, 5], [2, 1, 3, 2], [5, 1], [3, 2, 2]]
@@ -1077,16 +1095,7 @@ def main():
     if args.verbose:
         for name, why in r.skipped:
             print(f"  skipped {name}: {why}")
-    if args.check:
-        with open(args.out, "rb") as f:
-            if f.read() != data:
-                sys.exit(f"{args.out} is stale: regenerate it with scripts/mlx_fixtures.py")
-        print("up to date")
-        return
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "wb") as f:
-        f.write(data)
-    print(f"wrote {args.out}")
+    write_or_check(args.out, data, "scripts/mlx_fixtures.py", args.check)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,7 @@ Operations and their params:
 """
 
 import argparse
-import json
 import os
-import struct
 import sys
 
 import mlx.core as mx
@@ -216,22 +214,12 @@ def product_cases(r):
 
 
 def record():
-    r = F.Recorder()
+    r = F.Recorder("scripts/mlx_fixtures_conv.py")
     for family in (conv1d_cases, conv2d_cases, conv_general_cases, einsum_cases, product_cases):
         F.reseed(family.__name__)
         r.family = family.__name__
         family(r)
     return r
-
-
-def with_generator(data, generator):
-    """The serialized file with its metadata naming this script (the length prefix follows)."""
-    head = len(F.MAGIC)
-    (n,) = struct.unpack_from("<I", data, head)
-    meta = json.loads(data[head + 4:head + 4 + n])
-    meta["generator"] = generator
-    m = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    return data[:head] + struct.pack("<I", len(m)) + m + data[head + 4 + n:]
 
 
 def main():
@@ -244,23 +232,14 @@ def main():
     F.run_op = run_op
     F.RECORDED_ON = RECORDED_ON
     r = record()
-    data = with_generator(r.serialize(), "scripts/mlx_fixtures_conv.py")
+    data = r.serialize()
     for fam, n in r.families.items():
         print(f"{fam:>20}: {n}")
     print(f"{'total':>20}: {len(r.cases)} cases, {len(data)} bytes; skipped {len(r.skipped)} (-v lists them)")
     if args.verbose:
         for name, why in r.skipped:
             print(f"  skipped {name}: {why}")
-    if args.check:
-        with open(args.out, "rb") as f:
-            if f.read() != data:
-                sys.exit(f"{args.out} is stale: regenerate it with scripts/mlx_fixtures_conv.py")
-        print("up to date")
-        return
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "wb") as f:
-        f.write(data)
-    print(f"wrote {args.out}")
+    F.write_or_check(args.out, data, "scripts/mlx_fixtures_conv.py", args.check)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,7 @@ included); nuvec's own out-of-range rules are tested in the replay file.
 
 import argparse
 import itertools
-import json
 import os
-import struct
 import sys
 import zlib
 
@@ -35,7 +33,7 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mlx_fixtures import MAGIC, tensor_bytes  # noqa: E402
+from mlx_fixtures import encode_case, encode_file  # noqa: E402
 
 SEED = 20261201
 RECORDED_ON = "2026-12-01"
@@ -70,25 +68,10 @@ class Rec:
         out = fn(*inputs)
         mx.eval(out)
         self.names.add(name)
-        pjson = json.dumps(params, sort_keys=True, separators=(",", ":"))
-        blob = bytearray()
-        for s, fmt in ((name, "<H"), (op, "<H"), (pjson, "<I")):
-            b = s.encode("utf-8")
-            blob += struct.pack(fmt, len(b)) + b
-        blob += struct.pack("<B", len(inputs))
-        for x in inputs:
-            blob += tensor_bytes(x)
-        blob += struct.pack("<B", 1) + tensor_bytes(out)
-        self.cases.append(bytes(blob))
+        self.cases.append(encode_case(name, op, params, inputs, [out]))
 
     def serialize(self):
-        meta = {"mlx_version": mx.__version__, "device": "cpu", "date": RECORDED_ON, "seed": SEED,
-                "generator": "scripts/mlx_fixtures_gather.py"}
-        m = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        out = bytearray(MAGIC) + struct.pack("<I", len(m)) + m + struct.pack("<I", len(self.cases))
-        for c in self.cases:
-            out += c
-        return bytes(out)
+        return encode_file("scripts/mlx_fixtures_gather.py", RECORDED_ON, SEED, self.cases)
 
 
 def to_py_index(entries, arrays):

@@ -20,16 +20,14 @@ each case's "op" and params say what ran (params: mode, group_size, bits, and pe
 """
 
 import argparse
-import json
 import os
-import struct
 import sys
 
 import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mlx_fixtures import MAGIC, tensor_bytes  # noqa: E402
+from mlx_fixtures import encode_case, encode_file  # noqa: E402
 
 SEED = 20261201
 RECORDED_ON = "2026-12-01"
@@ -67,34 +65,10 @@ class Writer:
         assert name not in self.names, name
         self.names.add(name)
         mx.eval(inputs, outputs)
-        pjson = json.dumps(params, sort_keys=True, separators=(",", ":"))
-        blob = bytearray()
-        for s, fmt in ((name, "<H"), (op, "<H"), (pjson, "<I")):
-            b = s.encode("utf-8")
-            blob += struct.pack(fmt, len(b)) + b
-        blob += struct.pack("<B", len(inputs))
-        for x in inputs:
-            blob += tensor_bytes(x)
-        blob += struct.pack("<B", len(outputs))
-        for y in outputs:
-            blob += tensor_bytes(y)
-        self.cases.append(bytes(blob))
+        self.cases.append(encode_case(name, op, params, inputs, outputs))
 
     def serialize(self):
-        meta = {
-            "mlx_version": mx.__version__,
-            "device": "cpu",
-            "date": RECORDED_ON,
-            "seed": SEED,
-            "generator": "scripts/mlx_fixtures_quant.py",
-        }
-        m = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        out = bytearray(MAGIC)
-        out += struct.pack("<I", len(m)) + m
-        out += struct.pack("<I", len(self.cases))
-        for c in self.cases:
-            out += c
-        return bytes(out)
+        return encode_file("scripts/mlx_fixtures_quant.py", RECORDED_ON, SEED, self.cases)
 
 
 def quantize_cases(w):

@@ -41,7 +41,6 @@ rewritten to the wanted shape and width, then mx.import_function). The "split" c
 """
 
 import argparse
-import json
 import os
 import struct
 import sys
@@ -51,7 +50,7 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mlx_fixtures import MAGIC, tensor_bytes  # noqa: E402
+from mlx_fixtures import encode_case, encode_file  # noqa: E402
 
 SEED = 20261201
 RECORDED_ON = "2026-12-01"
@@ -113,29 +112,10 @@ class Writer:
         assert name not in self.names, name
         self.names.add(name)
         mx.eval(inputs, outputs)
-        pjson = json.dumps(params, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        blob = bytearray()
-        for s, fmt in ((name, "<H"), (op, "<H"), (pjson, "<I")):
-            b = s.encode("utf-8")
-            blob += struct.pack(fmt, len(b)) + b
-        blob += struct.pack("<B", len(inputs))
-        for x in inputs:
-            blob += tensor_bytes(x)
-        blob += struct.pack("<B", len(outputs))
-        for y in outputs:
-            blob += tensor_bytes(y)
-        self.cases.append(bytes(blob))
+        self.cases.append(encode_case(name, op, params, inputs, outputs))
 
     def serialize(self):
-        meta = {"mlx_version": mx.__version__, "device": "cpu", "date": RECORDED_ON, "seed": SEED,
-                "generator": "scripts/mlx_fixtures_random.py"}
-        m = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        out = bytearray(MAGIC)
-        out += struct.pack("<I", len(m)) + m
-        out += struct.pack("<I", len(self.cases))
-        for c in self.cases:
-            out += c
-        return bytes(out)
+        return encode_file("scripts/mlx_fixtures_random.py", RECORDED_ON, SEED, self.cases)
 
 
 class Args:

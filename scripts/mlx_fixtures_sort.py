@@ -19,9 +19,7 @@ MLX's, not element by element.
 """
 
 import argparse
-import json
 import os
-import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,24 +47,6 @@ def run_op(op, p, xs):
 
 # The recorder looks the operation up in its module.
 base.run_op = run_op
-
-
-class Recorder(base.Recorder):
-    def serialize(self):
-        meta = {
-            "mlx_version": mx.__version__,
-            "device": "cpu",
-            "date": base.RECORDED_ON,
-            "seed": base.SEED,
-            "generator": "scripts/mlx_fixtures_sort.py",
-        }
-        m = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        out = bytearray(base.MAGIC)
-        out += struct.pack("<I", len(m)) + m
-        out += struct.pack("<I", len(self.cases))
-        for c in self.cases:
-            out += c
-        return bytes(out)
 
 
 def domain(dtype):
@@ -137,7 +117,7 @@ def topk_cases(r):
 
 
 def record():
-    r = Recorder()
+    r = base.Recorder("scripts/mlx_fixtures_sort.py")
     for family in (sort_cases, partition_cases, topk_cases):
         base.reseed(family.__name__)
         family(r)
@@ -159,16 +139,7 @@ def main():
     if args.verbose:
         for name, why in r.skipped:
             print(f"  skipped {name}: {why}")
-    if args.check:
-        with open(args.out, "rb") as f:
-            if f.read() != data:
-                sys.exit(f"{args.out} is stale: regenerate it with scripts/mlx_fixtures_sort.py")
-        print("up to date")
-        return
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "wb") as f:
-        f.write(data)
-    print(f"wrote {args.out}")
+    base.write_or_check(args.out, data, "scripts/mlx_fixtures_sort.py", args.check)
 
 
 if __name__ == "__main__":
