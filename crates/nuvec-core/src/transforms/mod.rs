@@ -377,19 +377,33 @@ where
     F: FnOnce(&P) -> R,
     R: IntoResult<Ok = O>,
 {
-    let mut shape: Option<O> = None;
-    let (outs, grads) = vjp_flat(
-        |xs| {
-            let o = f(&primals.with_leaves(xs.to_vec())).into_result()?;
-            let leaves = o.flatten();
-            shape = Some(o);
-            Ok(leaves)
-        },
-        &primals.flatten(),
-        &cotangents.flatten(),
-    )?;
-    let shape = shape.ok_or_else(|| Error::InvalidArgument("vjp: the function did not run".into()))?;
+    let (shape, (outs, grads)) =
+        through_flat("vjp", f, primals, |g| vjp_flat(g, &primals.flatten(), &cotangents.flatten()))?;
     Ok((shape.with_leaves(outs), primals.with_leaves(grads)))
+}
+
+/// Runs a tree transform through its flat form: `flat` receives `f` as a function of the
+/// primals' leaves, and the output's tree structure comes back beside `flat`'s result.
+fn through_flat<'a, P, O, R, T>(
+    transform: &str,
+    f: impl FnOnce(&P) -> R + 'a,
+    primals: &'a P,
+    flat: impl FnOnce(Box<dyn FnOnce(&[Array]) -> Result<Vec<Array>> + '_>) -> Result<T>,
+) -> Result<(O, T)>
+where
+    P: Tree,
+    O: Tree,
+    R: IntoResult<Ok = O>,
+{
+    let mut shape: Option<O> = None;
+    let result = flat(Box::new(|xs: &[Array]| {
+        let o = f(&primals.with_leaves(xs.to_vec())).into_result()?;
+        let leaves = o.flatten();
+        shape = Some(o);
+        Ok(leaves)
+    }))?;
+    let shape = shape.ok_or_else(|| Error::InvalidArgument(format!("{transform}: the function did not run")))?;
+    Ok((shape, result))
 }
 
 /// Forward mode over trees: `(f(primals), output tangents)` for `tangents` shaped like the
@@ -401,18 +415,8 @@ where
     F: FnOnce(&P) -> R,
     R: IntoResult<Ok = O>,
 {
-    let mut shape: Option<O> = None;
-    let (outs, tans) = jvp_flat(
-        |xs| {
-            let o = f(&primals.with_leaves(xs.to_vec())).into_result()?;
-            let leaves = o.flatten();
-            shape = Some(o);
-            Ok(leaves)
-        },
-        &primals.flatten(),
-        &tangents.flatten(),
-    )?;
-    let shape = shape.ok_or_else(|| Error::InvalidArgument("jvp: the function did not run".into()))?;
+    let (shape, (outs, tans)) =
+        through_flat("jvp", f, primals, |g| jvp_flat(g, &primals.flatten(), &tangents.flatten()))?;
     Ok((shape.with_leaves(outs), shape.with_leaves(tans)))
 }
 
