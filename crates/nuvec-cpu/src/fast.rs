@@ -43,21 +43,28 @@ fn row_major(x: Operand) -> Result<Operand> {
     Ok(Operand { shape, dtype, data: o.data.ok_or_else(|| internal("copy produced no output"))?, donated: false })
 }
 
-fn rows<T: Float>(x: &Operand, out: &mut Output, out_len: usize, f: fn(&[T], &mut [T])) -> Result<()> {
+/// Applies the row kernel `f` (a named `#[inline(always)]` function, see [`simd`]) to each row.
+fn rows<T: Float>(x: &Operand, out: &mut Output, out_len: usize, f: impl Fn(&[T], &mut [T]) + Sync) -> Result<()> {
     let len = x.shape.last().copied().unwrap_or(1) as usize;
     let start = x.data.layout.offset;
     let xs = &host_slice::<T>(x)?[start..start + x.size()];
     let mut buf = HostBuffer::uninit(out.size() * size_of::<T>());
     if len > 0 && out_len > 0 {
         let per = (GRAIN / len).max(1);
-        buf.as_mut_slice::<T>().par_chunks_mut(per * out_len).zip(xs.par_chunks(per * len)).for_each(|(o, x)| {
-            for (o, x) in o.chunks_mut(out_len).zip(x.chunks(len)) {
-                simd(|| f(x, o));
-            }
-        });
+        buf.as_mut_slice::<T>()
+            .par_chunks_mut(per * out_len)
+            .zip(xs.par_chunks(per * len))
+            .for_each(|(o, x)| simd(each_row, (o, x, out_len, len, &f)));
     }
     out.data = Some(Data::from_host_buffer(&out.shape, buf));
     Ok(())
+}
+
+#[inline(always)]
+fn each_row<T: Float, F: Fn(&[T], &mut [T])>((o, x, out_len, len, f): (&mut [T], &[T], usize, usize, &F)) {
+    for (o, x) in o.chunks_mut(out_len).zip(x.chunks(len)) {
+        f(x, o)
+    }
 }
 
 const L: usize = 16;
@@ -77,22 +84,43 @@ fn row_max<T: Float>(x: &[T]) -> T::Acc {
     chunks.remainder().iter().map(|v| v.to_acc()).chain(lanes).fold(low, pick)
 }
 
-/// `sum(exp(x - m))`, writing each exponential to `o` when given.
+/// `sum(exp(x - m))`.
 #[inline(always)]
-fn exp_sum<T: Float>(x: &[T], m: T::Acc, mut o: Option<&mut [T]>) -> T::Acc {
+fn exp_sum<T: Float>(x: &[T], m: T::Acc) -> T::Acc {
     let mut lanes = [T::Acc::zero(); L];
-    for (c, chunk) in x.chunks(L).enumerate() {
-        for i in 0..chunk.len() {
-            let e = (chunk[i].to_acc() - m).vexp();
-            if let Some(o) = o.as_deref_mut() {
-                o[c * L + i] = T::from_acc(e);
-            }
+    let mut chunks = x.chunks_exact(L);
+    for c in &mut chunks {
+        for i in 0..L {
+            lanes[i] = lanes[i] + (c[i].to_acc() - m).vexp();
+        }
+    }
+    let tail = chunks.remainder().iter().fold(T::Acc::zero(), |a, v| a + (v.to_acc() - m).vexp());
+    lanes.into_iter().fold(tail, |a, b| a + b)
+}
+
+/// `sum(exp(x - m))`, writing each exponential to `o`.
+#[inline(always)]
+fn exp_sum_store<T: Float>(x: &[T], m: T::Acc, o: &mut [T]) -> T::Acc {
+    let mut lanes = [T::Acc::zero(); L];
+    let mut chunks = x.chunks_exact(L);
+    let mut outs = o.chunks_exact_mut(L);
+    for (c, o) in (&mut chunks).zip(&mut outs) {
+        for i in 0..L {
+            let e = (c[i].to_acc() - m).vexp();
+            o[i] = T::from_acc(e);
             lanes[i] = lanes[i] + e;
         }
     }
-    lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b)
+    let mut tail = T::Acc::zero();
+    for (v, o) in chunks.remainder().iter().zip(outs.into_remainder()) {
+        let e = (v.to_acc() - m).vexp();
+        *o = T::from_acc(e);
+        tail = tail + e;
+    }
+    lanes.into_iter().fold(tail, |a, b| a + b)
 }
 
+#[inline(always)]
 fn softmax_row<T: Float>(x: &[T], o: &mut [T]) {
     let m = row_max(x);
     if m.is_nan() || (m.is_infinite() && m > T::Acc::zero()) {
@@ -103,7 +131,7 @@ fn softmax_row<T: Float>(x: &[T], o: &mut [T]) {
     // When the element type is the accumulator type the stored exponentials are exact, so the
     // second pass only rescales them.
     let exact = TypeId::of::<T>() == TypeId::of::<T::Acc>();
-    let sum = exp_sum(x, m, if exact { Some(&mut *o) } else { None });
+    let sum = if exact { exp_sum_store(x, m, o) } else { exp_sum(x, m) };
     let inv = T::Acc::one() / sum;
     if exact {
         o.iter_mut().for_each(|v| *v = T::from_acc(v.to_acc() * inv));
@@ -114,11 +142,12 @@ fn softmax_row<T: Float>(x: &[T], o: &mut [T]) {
     }
 }
 
+#[inline(always)]
 fn lse_row<T: Float>(x: &[T], o: &mut [T]) {
     let m = row_max(x);
     if m.is_infinite() || m.is_nan() {
         o[0] = T::from_acc(m);
         return;
     }
-    o[0] = T::from_acc(exp_sum(x, m, None).ln() + m);
+    o[0] = T::from_acc(exp_sum(x, m).ln() + m);
 }

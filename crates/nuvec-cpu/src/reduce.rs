@@ -119,7 +119,7 @@ pub fn eval(op: ReduceOp, axes: &[usize], x: Operand, out: &mut Output) -> Resul
 /// Reduces a dense slice with 16 independent lanes (vectorisable, and more accurate than one
 /// running sum).
 #[inline(always)]
-pub fn reduce_slice<T: Elem, R: Reducer<T>>(r: R, s: &[T]) -> R::Acc {
+pub fn reduce_slice<T: Elem, R: Reducer<T>>((r, s): (R, &[T])) -> R::Acc {
     const L: usize = 16;
     let mut lanes = [r.init(); L];
     let mut chunks = s.chunks_exact(L);
@@ -136,6 +136,14 @@ pub fn reduce_slice<T: Elem, R: Reducer<T>>(r: R, s: &[T]) -> R::Acc {
         acc = r.merge(acc, l);
     }
     acc
+}
+
+/// `acc[i] = step(acc[i], row[i])`: one row of a column reduction.
+#[inline(always)]
+fn step_row<T: Elem, R: Reducer<T>>((r, acc, row): (R, &mut [R::Acc], &[T])) {
+    for (a, &v) in acc.iter_mut().zip(row) {
+        *a = r.step(*a, v);
+    }
 }
 
 fn run<T: Elem, R: Reducer<T>>(r: R, axes: &[usize], x: &Operand, out: &mut Output) -> Result<()> {
@@ -163,7 +171,7 @@ fn run<T: Elem, R: Reducer<T>>(r: R, axes: &[usize], x: &Operand, out: &mut Outp
         if n_out == 1 {
             let s = &xs[base..base + len];
             let acc =
-                s.par_chunks(GRAIN * 4).map(|c| simd(|| reduce_slice(r, c))).reduce(|| r.init(), |a, b| r.merge(a, b));
+                s.par_chunks(GRAIN * 4).map(|c| simd(reduce_slice, (r, c))).reduce(|| r.init(), |a, b| r.merge(a, b));
             o[0] = r.finish(acc);
         } else {
             let per = (GRAIN / len).max(1);
@@ -172,7 +180,7 @@ fn run<T: Elem, R: Reducer<T>>(r: R, axes: &[usize], x: &Operand, out: &mut Outp
                 let mut i = 0;
                 out_rows.for_each_element(start, start + chunk.len(), |off| {
                     let s = &xs[off[0] as usize..off[0] as usize + len];
-                    chunk[i] = r.finish(simd(|| reduce_slice(r, s)));
+                    chunk[i] = r.finish(simd(reduce_slice, (r, s)));
                     i += 1;
                 });
             });
@@ -189,11 +197,7 @@ fn run<T: Elem, R: Reducer<T>>(r: R, axes: &[usize], x: &Operand, out: &mut Outp
                     let mut p = off[0];
                     for _ in 0..red.inner {
                         let row = &xs[(col0 as isize + p) as usize..(col0 as isize + p) as usize + chunk.len()];
-                        simd(|| {
-                            for (a, &v) in acc.iter_mut().zip(row) {
-                                *a = r.step(*a, v);
-                            }
-                        });
+                        simd(step_row, (r, &mut acc[..], row));
                         p += red.inner_strides[0];
                     }
                 });

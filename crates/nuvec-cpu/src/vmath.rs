@@ -9,8 +9,14 @@ pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const C1: f32 = 0.693_359_4;
     const C2: f32 = -2.121_944_4e-4;
-    let xc = x.clamp(-104.0, 89.0);
-    let n = (xc * LOG2E).round();
+    // `max`/`min` drop a NaN operand, so `xc` is always in range; the rounding and the integer
+    // exponent are then bit arithmetic. `round()` and a saturating `as i32` compile to scalar
+    // library calls and compares, which kept the whole map from vectorising.
+    let xc = x.max(-104.0).min(89.0);
+    // Adding 1.5·2^23 rounds to the nearest integer and leaves it in the low mantissa bits.
+    let t = xc * LOG2E + 12_582_912.0;
+    let n = t - 12_582_912.0;
+    let ni = (t.to_bits() as i32) - 0x4B40_0000;
     let r = xc - n * C1 - n * C2;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_199_9e-3;
@@ -19,7 +25,6 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 5.000_000_1e-1;
     let y = p * r * r + r + 1.0;
-    let ni = n as i32;
     let n1 = ni >> 1;
     let n2 = ni - n1;
     let s1 = f32::from_bits(((n1 + 127) as u32) << 23);

@@ -1,9 +1,14 @@
 // Fused row kernels: softmax and log-sum-exp over contiguous rows, statistics in f32 (f64 for
 // double inputs). A row's maximum and sum of exponentials come from one online pass (one
 // exponential per element, rescaling the sum only when the maximum grows); softmax then
-// writes exp(x - max) / sum. Rows up to 64 KiB take one warp each; longer rows one block.
+// writes exp(x - max) / sum. A row takes one warp (`_warp` kernels, several rows per block) or a
+// whole block of any multiple of 32 threads; the host picks so the GPU holds enough loads in flight.
 #pragma once
 #include "reduce.cuh"
+
+#ifndef NV_ROW_LOADS
+#define NV_ROW_LOADS 8  // H200: 2 → 83%, 4 → 84%, 8 → 86% of copy for bf16 log-sum-exp 16384×4096
+#endif
 
 template <typename A> struct MaxSum {
   A m, s;
@@ -13,6 +18,19 @@ template <typename A> struct MaxSum {
 // the hardware ex2, within 2 ulp), double precision exactly.
 __device__ __forceinline__ float fast_exp(float x) { return exp2f(x * 1.4426950408889634f); }
 __device__ __forceinline__ double fast_exp(double x) { return exp(x); }
+
+// e^(v - m) given also mL = m·log2(e): one FFMA and the hardware ex2 (flushing subnormal results,
+// which cannot move a sum that holds e^0 = 1). The exponential is the row kernels' bottleneck
+// for 2-byte types, where the multiply-then-exp2f form costs extra instructions per element.
+__device__ __forceinline__ float exp_shifted(float v, float, float mL) {
+  float y, a = fmaf(v, 1.4426950408889634f, -mL);
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(a));
+  return y;
+}
+__device__ __forceinline__ double exp_shifted(double v, double m, double) { return exp(v - m); }
+__device__ __forceinline__ float amax(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double amax(double a, double b) { return fmax(a, b); }
+template <typename A> __device__ __forceinline__ A log2e_times(A m) { return m * (A)1.4426950408889634; }
 
 // Adds one value to a running (max, sum of exp(x - max)).
 template <typename A> __device__ __forceinline__ void ms_push(MaxSum<A>& a, A v) {
@@ -25,7 +43,9 @@ template <typename A> __device__ __forceinline__ void ms_push(MaxSum<A>& a, A v)
   }
 }
 
+// A NaN maximum marks a row that held a NaN (see ms_scan); it wins every merge.
 template <typename A> __device__ __forceinline__ MaxSum<A> ms_merge(MaxSum<A> a, MaxSum<A> b) {
+  if (a.m != a.m || b.m != b.m) return MaxSum<A>{(A)NAN, (A)NAN};
   if (b.s == (A)0 && b.m == -(A)INFINITY) return a;
   if (a.s == (A)0 && a.m == -(A)INFINITY) return b;
   A m = a.m > b.m ? a.m : b.m;
@@ -41,27 +61,20 @@ template <typename A> __device__ __forceinline__ MaxSum<A> ms_warp(MaxSum<A> acc
 }
 
 // Adds N values at once: one rescale when their maximum raises the running maximum, then N
-// independent exponentials (no dependency chain through the running sum).
+// independent exponentials (no dependency chain through the running sum). NaNs are the
+// caller's to track: here they only make the sum NaN.
 template <typename A, int N> __device__ __forceinline__ void ms_push_n(MaxSum<A>& a, const A (&v)[N]) {
   A cm = v[0];
-  bool nan = false;
 #pragma unroll
-  for (int j = 0; j < N; ++j) {
-    cm = v[j] > cm ? v[j] : cm;
-    nan |= v[j] != v[j];
-  }
-  if (nan) {
-    a.s = (A)NAN;
-    return;
-  }
+  for (int j = 1; j < N; ++j) cm = amax(cm, v[j]);
   if (cm == -(A)INFINITY) return;  // every value contributes exp(-inf) = 0
   if (cm > a.m) {
     a.s = a.s * fast_exp(a.m - cm);
     a.m = cm;
   }
-  A t = 0;
+  A mL = log2e_times(a.m), t = 0;
 #pragma unroll
-  for (int j = 0; j < N; ++j) t += fast_exp(v[j] - a.m);
+  for (int j = 0; j < N; ++j) t += exp_shifted(v[j], a.m, mL);
   a.s += t;
 }
 
@@ -72,20 +85,47 @@ __device__ __forceinline__ MaxSum<typename Acc<T>::type> ms_scan(const T* __rest
   typedef typename Acc<T>::type A;
   const int N = 16 / sizeof(T);
   MaxSum<A> acc{-(A)INFINITY, (A)0};
+  bool nan = false;
   u64 start = 0;
   if (((unsigned long long)p % 16) == 0) {
     u64 nv = len / N;
-#pragma unroll 2
-    for (u64 i = first; i < nv; i += lanes) {
+    // NV_ROW_LOADS vectors per thread are loaded before any is used, to keep enough bytes in
+    // flight per thread.
+    const int U = NV_ROW_LOADS;
+    u64 i = first;
+    for (; i + (U - 1) * lanes < nv; i += U * lanes) {
+      Vec<T, N> v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) v[u] = reinterpret_cast<const Vec<T, N>*>(p)[i + u * lanes];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        A w[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          w[j] = widen(v[u].v[j]);
+          nan |= w[j] != w[j];
+        }
+        ms_push_n<A, N>(acc, w);
+      }
+    }
+    for (; i < nv; i += lanes) {
       Vec<T, N> v = reinterpret_cast<const Vec<T, N>*>(p)[i];
       A w[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) w[j] = widen(v.v[j]);
+      for (int j = 0; j < N; ++j) {
+        w[j] = widen(v.v[j]);
+        nan |= w[j] != w[j];
+      }
       ms_push_n<A, N>(acc, w);
     }
     start = nv * N;
   }
-  for (u64 i = start + first; i < len; i += lanes) ms_push(acc, widen(p[i]));
+  for (u64 i = start + first; i < len; i += lanes) {
+    A v = widen(p[i]);
+    nan |= v != v;
+    ms_push(acc, v);
+  }
+  if (nan) acc.m = (A)NAN;
   return acc;
 }
 
@@ -131,6 +171,7 @@ __device__ __forceinline__ void softmax_write(const T* __restrict__ p, T* __rest
   for (u64 i = start + first; i < len; i += lanes) q[i] = narrow<T>(fast_exp(widen(p[i]) - ms.m) * inv);
 }
 
+// As the composition: NaN for a row with a NaN, the maximum for a row whose maximum is infinite.
 template <typename T, typename A> __device__ __forceinline__ T lse_value(MaxSum<A> ms) {
   if (isinf(ms.m) || ms.m != ms.m) return narrow<T>(ms.m);
   return narrow<T>(log(ms.s) + ms.m);

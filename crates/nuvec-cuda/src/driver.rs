@@ -102,6 +102,9 @@ pub(crate) struct Gpu {
     pub(crate) alloc: Allocator,
     pub(crate) modules: Modules,
     pub(crate) blas: Mutex<Option<crate::matmul::Blas>>,
+    /// Zeroed `u32` counters (pointer, count, allocated bytes) that kernels use to elect the last block of a
+    /// group and leave at zero again; grown on demand.
+    counters: Mutex<(sys::CUdeviceptr, usize, usize)>,
 }
 
 // SAFETY: the context and stream handles are plain driver handles that the driver allows to be
@@ -170,8 +173,28 @@ impl Gpu {
                 modules: Modules::new(crate::compile::arch_for(info.compute_capability)),
                 info,
                 blas: Mutex::new(None),
+                counters: Mutex::new((0, 0, 0)),
             })
         }
+    }
+
+    /// At least `n` zeroed `u32` counters. Kernels that take them must leave them at zero; work
+    /// on the one stream is ordered, so every launch finds them so.
+    pub(crate) fn counters(&self, n: usize) -> Result<sys::CUdeviceptr> {
+        let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        if c.1 < n {
+            let want = n.next_power_of_two().max(1024);
+            let (ptr, size) = self.alloc.alloc(self, want * 4)?;
+            self.bind()?;
+            // SAFETY: `ptr` starts a fresh allocation of `want` u32s on this device; the memset
+            // is ordered on the stream before any kernel that receives the pointer.
+            unsafe { check(sys::cuMemsetD32Async(ptr, 0, want, self.stream), "cuMemsetD32Async")? };
+            if c.1 > 0 {
+                self.alloc.free(self, c.0, c.2);
+            }
+            *c = (ptr, want, size);
+        }
+        Ok(c.0)
     }
 
     /// Makes the context current on this thread.

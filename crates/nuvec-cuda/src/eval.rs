@@ -521,6 +521,8 @@ pub(crate) fn fast(gpu: &Arc<Gpu>, op: &nuvec_core::fast::FastOp, x: Operand, ou
         _ => return Err(internal(format!("no kernel for {}", op.name()))),
     };
     let args = vec![Arg::Ptr(ptr_of(&x)?), Arg::Ptr(op_ptr), Arg::U64(rows), Arg::U64(len)];
+    // A warp per row up to 64 KiB rows (measured on the H200: 92–96% of copy bandwidth for f32
+    // log-sum-exp at 4096 and 16384 columns; larger groups per row were slower), a block above.
     if len as usize * x.dtype.size() <= WARP_ROW_BYTES {
         let f = kernel(gpu, Family::Fast(x.dtype), &format!("{name}_warp"))?;
         let grid = grid_for(gpu, rows, (BLOCK / 32) as u64);

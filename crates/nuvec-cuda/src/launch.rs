@@ -1,6 +1,7 @@
 //! Kernel arguments and launches.
 
 use std::ffi::c_void;
+use std::sync::Mutex;
 
 use cudarc::driver::sys;
 use nuvec_core::{Error, Result};
@@ -129,4 +130,27 @@ pub(crate) fn launch(
             "cuLaunchKernel",
         )
     }
+}
+
+/// How many blocks of `threads` threads of `f` one multiprocessor holds at once (asked of the
+/// driver once per function and block size).
+pub(crate) fn resident_blocks(gpu: &Gpu, f: sys::CUfunction, threads: u32) -> Result<u64> {
+    static KNOWN: Mutex<Vec<(usize, u32, u64)>> = Mutex::new(Vec::new());
+    let key = f as usize;
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, _, n)) = known.iter().find(|&&(k, t, _)| k == key && t == threads) {
+        return Ok(n);
+    }
+    gpu.bind()?;
+    let mut n = 0;
+    // SAFETY: `f` is a loaded function of this context; `n` is a local out-pointer.
+    unsafe {
+        check(
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, threads as i32, 0),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        )?
+    };
+    let n = n.max(1) as u64;
+    known.push((key, threads, n));
+    Ok(n)
 }
