@@ -305,6 +305,19 @@ def categorical_cases(w):
         case(f"{tag}_rows", w.normal([3, 11]), key=k)
 
 
+def permutation_cases(w):
+    for n in [1, 7, 100]:
+        k = w.key()
+        a = Args(k)
+        w.add(f"permutation/u32/n{n}", "permutation", dict(a.params, n=n), a.inputs, [mx.random.permutation(n, key=k)])
+    for tag, x, axis in [("rows", w.normal([6, 3]), 0), ("cols", w.normal([2, 9]), 1), ("neg_axis", w.normal([3, 2, 5]), -1)]:
+        k = w.key()
+        a = Args(k)
+        a.array("x", x)
+        w.add(f"permutation/f32/{tag}", "permutation_of", dict(a.params, axis=axis), a.inputs,
+              [mx.random.permutation(x, axis=axis, key=k)])
+
+
 def vmap_cases(w):
     k = mx.random.key(11)
     keys = mx.random.split(k, 4)
@@ -329,7 +342,8 @@ def sequence_cases(w):
 def record():
     w = Writer()
     for fam in (key_cases, bits_cases, uniform_cases, normal_cases, randint_cases, bernoulli_cases,
-                truncated_normal_cases, gumbel_laplace_cases, categorical_cases, vmap_cases, sequence_cases):
+                truncated_normal_cases, gumbel_laplace_cases, categorical_cases, vmap_cases, sequence_cases,
+                permutation_cases):
         fam(w)
     return w
 

@@ -67,7 +67,13 @@ template <typename A, int N> __device__ __forceinline__ void ms_push_n(MaxSum<A>
   A cm = v[0];
 #pragma unroll
   for (int j = 1; j < N; ++j) cm = amax(cm, v[j]);
-  if (cm == -(A)INFINITY) return;  // every value contributes exp(-inf) = 0
+  if (cm == -(A)INFINITY) {
+    // Every value is -inf (contributing exp(-inf) = 0) or NaN, which fmax skipped: keep it.
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if (v[j] != v[j]) a.s = (A)NAN;
+    return;
+  }
   if (cm > a.m) {
     a.s = a.s * fast_exp(a.m - cm);
     a.m = cm;
@@ -85,7 +91,6 @@ __device__ __forceinline__ MaxSum<typename Acc<T>::type> ms_scan(const T* __rest
   typedef typename Acc<T>::type A;
   const int N = 16 / sizeof(T);
   MaxSum<A> acc{-(A)INFINITY, (A)0};
-  bool nan = false;
   u64 start = 0;
   if (((unsigned long long)p % 16) == 0) {
     u64 nv = len / N;
@@ -101,10 +106,7 @@ __device__ __forceinline__ MaxSum<typename Acc<T>::type> ms_scan(const T* __rest
       for (int u = 0; u < U; ++u) {
         A w[N];
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
-          w[j] = widen(v[u].v[j]);
-          nan |= w[j] != w[j];
-        }
+        for (int j = 0; j < N; ++j) w[j] = widen(v[u].v[j]);
         ms_push_n<A, N>(acc, w);
       }
     }
@@ -112,21 +114,24 @@ __device__ __forceinline__ MaxSum<typename Acc<T>::type> ms_scan(const T* __rest
       Vec<T, N> v = reinterpret_cast<const Vec<T, N>*>(p)[i];
       A w[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        w[j] = widen(v.v[j]);
-        nan |= w[j] != w[j];
-      }
+      for (int j = 0; j < N; ++j) w[j] = widen(v.v[j]);
       ms_push_n<A, N>(acc, w);
     }
     start = nv * N;
   }
-  for (u64 i = start + first; i < len; i += lanes) {
-    A v = widen(p[i]);
-    nan |= v != v;
-    ms_push(acc, v);
-  }
-  if (nan) acc.m = (A)NAN;
+  for (u64 i = start + first; i < len; i += lanes) ms_push(acc, widen(p[i]));
+  // A NaN element leaves its NaN in the sum (exp(NaN) is NaN); with a finite maximum nothing
+  // else does, so that marks the row (a NaN maximum, see ms_merge) without a test per element.
+  // A +inf maximum makes the sum NaN on its own: such rows are rescanned (has_nan).
+  if (acc.s != acc.s && !(acc.m == (A)INFINITY)) acc.m = (A)NAN;
   return acc;
+}
+
+// Whether any of the elements `first`, `first + lanes`, ... of the row is NaN.
+template <typename T> __device__ __forceinline__ bool has_nan(const T* __restrict__ p, u64 len, u64 first, u64 lanes) {
+  bool nan = false;
+  for (u64 i = first; i < len; i += lanes) nan |= widen(p[i]) != widen(p[i]);
+  return nan;
 }
 
 // The row's (max, sum) for a whole block (valid in every thread).
@@ -144,6 +149,16 @@ __device__ __forceinline__ MaxSum<typename Acc<T>::type> row_max_sum_block(const
   acc = lane < nw ? MaxSum<A>{sm[lane], ss[lane]} : MaxSum<A>{-(A)INFINITY, (A)0};
   acc = ms_warp(acc);
   __syncthreads();
+  if (acc.m == (A)INFINITY && __syncthreads_or(has_nan(p, len, threadIdx.x, blockDim.x))) acc.m = (A)NAN;
+  return acc;
+}
+
+// The row's (max, sum) for one warp (valid in every lane).
+template <typename T>
+__device__ __forceinline__ MaxSum<typename Acc<T>::type> row_max_sum_warp(const T* __restrict__ p, u64 len, int lane) {
+  typedef typename Acc<T>::type A;
+  MaxSum<A> acc = ms_warp(ms_scan(p, len, lane, 32));
+  if (acc.m == (A)INFINITY && __any_sync(0xffffffffu, has_nan(p, len, lane, 32))) acc.m = (A)NAN;
   return acc;
 }
 
@@ -190,7 +205,7 @@ __device__ __forceinline__ void softmax_rows_warp(const T* __restrict__ x, T* __
   int lane = threadIdx.x & 31;
   u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
   for (u64 row = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
-    auto ms = ms_warp(ms_scan(x + row * len, len, lane, 32));
+    auto ms = row_max_sum_warp(x + row * len, len, lane);
     softmax_write(x + row * len, out + row * len, len, ms, lane, 32);
   }
 }
@@ -208,7 +223,7 @@ __device__ __forceinline__ void logsumexp_rows_warp(const T* __restrict__ x, T* 
   int lane = threadIdx.x & 31;
   u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
   for (u64 row = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
-    auto ms = ms_warp(ms_scan(x + row * len, len, lane, 32));
+    auto ms = row_max_sum_warp(x + row * len, len, lane);
     if (lane == 0) out[row] = lse_value<T>(ms);
   }
 }

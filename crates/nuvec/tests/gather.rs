@@ -200,7 +200,7 @@ fn check_derivatives(name: &str, f: impl Fn(&[Array]) -> Array + Clone, inputs: 
 }
 
 #[test]
-#[ignore = "written against an earlier general-scatter/indexing API: the index_arrays and scatter_max cases build shapes the merged ops reject; to be updated (see issue 3 note)"]
+#[ignore = "index_arrays case rewritten (separate sums of the two indexings) but not yet re-run; scatter_max finite differences to be checked for ties"]
 fn derivatives_match_finite_differences() {
     let idx = array![[2, -1, 0], [0, 0, 1]];
     let x = ramp(&[2, 4]);
@@ -229,7 +229,8 @@ fn derivatives_match_finite_differences() {
     let (ia, ib) = (array![0, 2, -1], array![[1], [3]]);
     check_derivatives(
         "index_arrays",
-        move |a| a[0].i((&ia, .., NewAxis, 1)).square() + a[0].i((1.., &ib)),
+        // The two indexings have different shapes ([3, 4, 1] and [2, 2, 1, 2]): sum each.
+        move |a| a[0].i((&ia, .., NewAxis, 1)).square().sum(..) + (a[0].i((1.., &ib)) * 3.0).sum(..),
         std::slice::from_ref(&y),
     );
     let ic = array![2, 0, 2];

@@ -351,6 +351,36 @@ fn reductions_and_scans_agree() {
     ];
     both("softmax special", std::slice::from_ref(&special), |v| v[0].softmax(-1));
     both("logsumexp special", std::slice::from_ref(&special), |v| v[0].logsumexp(-1));
+    // The same inside rows long enough for the vector loads (NaN, +inf and -inf mid-row; an
+    // all-NaN row), every float type.
+    let mut rows = vec![0.0f32; 6 * 200];
+    for (i, v) in rows.iter_mut().enumerate() {
+        *v = ((i * 37) % 23) as f32 * 0.25 - 2.0;
+    }
+    rows[77] = f32::NAN;
+    rows[200 + 150] = f32::INFINITY;
+    rows[400 + 5] = f32::NAN;
+    rows[400 + 6] = f32::INFINITY;
+    rows[600..800].fill(f32::NAN);
+    rows[800..1000].fill(f32::NEG_INFINITY);
+    rows[1000 + 199] = f32::NEG_INFINITY;
+    // A NaN in a vector otherwise all -inf (the kernels skip such vectors: the NaN must stay).
+    rows[1016..1024].fill(f32::NEG_INFINITY);
+    rows[1020] = f32::NAN;
+    let long_special = Array::from_slice(&rows, [6, 200]);
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        let x = long_special.astype(dtype);
+        both(&format!("softmax special rows {dtype}"), std::slice::from_ref(&x), |v| v[0].softmax(-1));
+        both(&format!("logsumexp special rows {dtype}"), std::slice::from_ref(&x), |v| v[0].logsumexp(-1));
+    }
+    // Rows past the warp kernels' 64 KiB and odd lengths around the 8-vector loop.
+    for shape in [[3, 70_001], [5, 4099], [7, 1031]] {
+        let x = values(&shape, DType::F32, 0.3) * 4.0;
+        both(&format!("logsumexp {shape:?}"), std::slice::from_ref(&x), |v| v[0].logsumexp(-1));
+        both(&format!("softmax {shape:?}"), std::slice::from_ref(&x), |v| v[0].softmax(-1));
+        let h = x.astype(DType::BF16);
+        both(&format!("logsumexp bf16 {shape:?}"), std::slice::from_ref(&h), |v| v[0].logsumexp(-1));
+    }
 }
 
 #[test]
@@ -375,12 +405,17 @@ fn products_agree() {
             both(&format!("matmul {dtype} {sa:?} @ {sb:?}"), &[a.clone(), b.clone()], |v| v[0].matmul(&v[1]));
         }
         // Transposed weights (the decode layout x @ W^T), for the GEMV paths too.
-        for m in [1, 2, 5, 8, 9] {
-            let x = values(&[m, 256], dtype, 0.2) * 0.25;
-            let w = values(&[384, 256], dtype, 0.9) * 0.25;
-            both(&format!("x @ W^T {dtype} m={m}"), &[x.clone(), w.clone()], |v| v[0].matmul(&v[1].t()));
-            let w2 = values(&[256, 384], dtype, 0.9) * 0.25;
-            both(&format!("x @ W {dtype} m={m}"), &[x, w2], |v| v[0].matmul(&v[1]));
+        // (k, n): split-K with partial column tiles (n = 1000, 72) and short slices (k = 300).
+        for (k, n) in [(256, 384), (1000, 1000), (300, 72)] {
+            for m in [1, 2, 5, 8, 9] {
+                let x = values(&[m, k], dtype, 0.2) * 0.25;
+                let w = values(&[n, k], dtype, 0.9) * 0.25;
+                both(&format!("x @ W^T {dtype} m={m} k={k} n={n}"), &[x.clone(), w.clone()], |v| {
+                    v[0].matmul(&v[1].t())
+                });
+                let w2 = values(&[k, n], dtype, 0.9) * 0.25;
+                both(&format!("x @ W {dtype} m={m} k={k} n={n}"), &[x, w2], |v| v[0].matmul(&v[1]));
+            }
         }
         if dtype.is_float() {
             let a = values(&[16, 32], dtype, 0.1) * 0.25;

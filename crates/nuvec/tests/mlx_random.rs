@@ -115,6 +115,10 @@ fn run(case: &Case) -> Result<Vec<Array>> {
                 (None, None) => random::categorical(&logits, axis, k),
             }
         }
+        "permutation" => random::permutation(param(case, "n").as_i64().unwrap() as i32, k),
+        "permutation_of" => {
+            random::permutation_of(&case.inputs[1].to_array(), param(case, "axis").as_i64().unwrap() as i32, k)
+        }
         "vmap_uniform" => {
             let s = shape(case);
             let axis = param(case, "in_axis").as_i64().unwrap() as i32;

@@ -14,7 +14,6 @@
 use crate::array::Array;
 use crate::dtype::DType;
 use crate::error::OpErrorKind;
-use crate::ops;
 use crate::shape::Shape;
 use crate::storage::Spec;
 
@@ -93,29 +92,15 @@ fn permutation(op: SortOp, axis: usize, x: &Array) -> Array {
     Array::from_op(op.indices().name(), p, vec![x.clone()])
 }
 
-/// A one-hot matrix per row along the last axis: `[..., i, j] = (idx[..., i] == j)` in `dtype`.
-///
-/// Gathers and scatters along an axis are written as products with this matrix (quadratic in
-/// the axis length) so the rules need nothing beyond elementwise ops and sums; they compose
-/// with every transform, including second derivatives.
-fn one_hot_last(idx_last: &Array, n: i32, dtype: DType) -> Array {
-    idx_last.expand_dims(-1).equal(ops::arange(0, n, 1).astype(DType::U32)).astype(dtype)
-}
-
 /// `out[..., i, ...] = t[..., idx[i], ...]` along `axis` (a gather by a permutation).
-pub(crate) fn gather_along(t: &Array, idx: &Array, axis: usize) -> Array {
-    let ax = axis as i32;
-    let n = t.shape()[axis];
-    let onehot = one_hot_last(&idx.moveaxis(ax, -1), n, t.dtype());
-    (onehot * t.moveaxis(ax, -1).expand_dims(-2)).sum(-1).moveaxis(-1, ax)
+fn gather_along(t: &Array, idx: &Array, axis: usize) -> Array {
+    t.take_along_axis(idx, axis as i32)
 }
 
-/// `out[..., idx[i], ...] = g[..., i, ...]` along `axis` (the transpose of [`gather_along`]).
-pub(crate) fn scatter_along(g: &Array, idx: &Array, axis: usize) -> Array {
-    let ax = axis as i32;
-    let n = g.shape()[axis];
-    let onehot = one_hot_last(&idx.moveaxis(ax, -1), n, g.dtype());
-    (onehot * g.moveaxis(ax, -1).expand_dims(-1)).sum(-2).moveaxis(-1, ax)
+/// `out[..., idx[i], ...] = g[..., i, ...]` along `axis`: the transpose of [`gather_along`] for
+/// a permutation (every position is written exactly once).
+fn scatter_along(g: &Array, idx: &Array, axis: usize) -> Array {
+    g.zeros_like().put_along_axis(idx, g, axis as i32)
 }
 
 /// The cotangent of the input of a sort: each output's cotangent goes back to the element it

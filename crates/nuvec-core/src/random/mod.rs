@@ -26,6 +26,6 @@ mod sample;
 
 pub use key::{bits, key, next_key, seed, sequence_key, set_sequence_key, split, split_n, split2};
 pub use sample::{
-    bernoulli, categorical, categorical_samples, categorical_shape, gumbel, laplace, normal, randint, truncated_normal,
-    uniform,
+    bernoulli, categorical, categorical_samples, categorical_shape, gumbel, laplace, normal, permutation,
+    permutation_of, randint, truncated_normal, uniform,
 };

@@ -426,3 +426,56 @@ fn categorical_inverse_cdf(op: &'static str, logits: &Array, shape: &Shape, key:
     let at_or_below = cdf.less_equal(u.expand_dims(-1)).astype(DType::U32).sum(-1);
     at_or_below - Array::scalar(1u32, DType::U32)
 }
+
+/// A random permutation of `0..n` (uint32), as MLX's `permutation(n)`: the order that sorts
+/// `n` random 32-bit words.
+///
+/// ```
+/// use nuvec::random;
+/// let p = random::permutation(5, Some(&random::key(3)));
+/// let mut v = p.to_vec::<u32>().unwrap();
+/// v.sort();
+/// assert_eq!(v, [0, 1, 2, 3, 4]);
+/// ```
+#[track_caller]
+pub fn permutation(n: i32, key: Option<&Array>) -> Array {
+    if n < 0 {
+        return invalid("permutation", format!("n must be non-negative, got {n}"));
+    }
+    let key = tri!(checked_key("permutation", key));
+    random_order(n, &key)
+}
+
+/// The indices that sort `n` random words drawn with `key`.
+fn random_order(n: i32, key: &Array) -> Array {
+    super::key::bits([n], 4, Some(key)).argsort(0)
+}
+
+/// `x` shuffled along `axis` by one random permutation, as MLX's `permutation(x, axis)`.
+///
+/// ```
+/// use nuvec::{array, random};
+/// let x = array![[1.0f32, 2.0], [3.0, 4.0], [5.0, 6.0]];
+/// let y = random::permutation_of(&x, 0, Some(&random::key(1)));
+/// let mut rows = y.to_vec::<f32>().unwrap();
+/// rows.sort_by(f32::total_cmp);
+/// assert_eq!(rows, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+/// ```
+#[track_caller]
+pub fn permutation_of(x: &Array, axis: i32, key: Option<&Array>) -> Array {
+    shuffle_from("permutation", x, axis, key)
+}
+
+#[track_caller]
+fn shuffle_from(op: &'static str, x: &Array, axis: i32, key: Option<&Array>) -> Array {
+    if let Some(e) = x.error() {
+        return Array::from_error(e);
+    }
+    let nd = x.ndim() as i32;
+    if axis < -nd || axis >= nd {
+        return Array::failed(op, OpErrorKind::InvalidAxis { axis, ndim: x.ndim() });
+    }
+    let ax = if axis < 0 { axis + nd } else { axis };
+    let key = tri!(checked_key(op, key));
+    x.take(&random_order(x.shape()[ax as usize], &key), ax)
+}
