@@ -3,8 +3,8 @@
 // (crates/nuvec-cuda/kernels), so a variant of a header can be timed before the dispatch in
 // eval.rs / matmul.rs is changed to match. Build and run (on the GPU machine):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I crates/nuvec-cuda/kernels bench/cuda/tune_rows.cu -o tune && ./tune
-// -DNV_ROW_LOADS=n and -DNV_GEMV_LOADS=n set the loads in flight per thread.
-// With -DOLD_GEMV the harness calls the previous gemv_cols signature (partials + gemv_finish).
+// -DNV_ROW_LOADS=n, -DNV_GEMV_ROW_LOADS=n and -DNV_GEMV_COL_LOADS=n set the loads in flight per
+// thread.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,12 +20,7 @@ template <typename T> __global__ void lse_warp(const T* x, T* o, u64 r, u64 l) {
 template <typename T> __global__ void sm_block(const T* x, T* o, u64 r, u64 l) { softmax_rows<T>(x, o, r, l); }
 template <typename T> __global__ void sm_warp(const T* x, T* o, u64 r, u64 l) { softmax_rows_warp<T>(x, o, r, l); }
 template <typename T> __global__ void grows(const T* x, const T* w, T* o, u64 n, u64 k) { gemv_rows<T, 1>(x, w, o, n, k, k, k, n); }
-#ifdef OLD_GEMV
-template <typename T> __global__ void gcols(const T* x, const T* b, float* p, T* o, u64 n, u64 k, u64 s) { gemv_cols<T, 1>(x, b, p, o, n, k, k, n, n, s); }
-template <typename T> __global__ void gfin(const float* p, T* o, u64 n, u64 s) { gemv_finish<T, 1>(p, o, n, n, s); }
-#else
-template <typename T> __global__ void __launch_bounds__(256) gcols(const T* x, const T* b, float* p, unsigned* c, T* o, u64 n, u64 k, u64 s) { gemv_cols<T, 1>(x, b, p, c, o, n, k, k, n, n, s); }
-#endif
+template <typename T> __global__ void __launch_bounds__(NV_GEMV_COL_BLOCK) gcols(const T* x, const T* b, float* p, unsigned* c, T* o, u64 n, u64 k, u64 s) { gemv_cols<T, 1>(x, b, p, c, o, n, k, k, n, n, s); }
 
 static float time_ms(int iters, const std::function<void()>& f) {
   cudaEvent_t a, b;
@@ -89,16 +84,6 @@ int main() {
   bf16* out = (bf16*)o + 8192;
   float ms = time_ms(50, [&] { grows<bf16><<<(unsigned)((n + 7) / 8), 256>>>(xv, (bf16*)y, out, n, k); });
   printf("gemv rows bf16 1x%llux%llu: %7.1f GB/s %5.1f%%\n", k, n, wbytes / ms / 1e6, 100 * wbytes / ms / 1e6 / ceil);
-#ifdef OLD_GEMV
-  u64 bx = (n / 8 + 255) / 256;
-  for (u64 s : {16ull, 38ull, 76ull, 152ull}) {
-    float ms = time_ms(50, [&] {
-      gcols<bf16><<<dim3((unsigned)bx, (unsigned)s), 256>>>(xv, (bf16*)y, part, out, n, k, s);
-      gfin<bf16><<<(unsigned)((n + 255) / 256), 256>>>(part, out, n, s);
-    });
-    printf("gemv cols(old) bf16 slices %3llu: %7.1f GB/s %5.1f%%\n", s, wbytes / ms / 1e6, 100 * wbytes / ms / 1e6 / ceil);
-  }
-#else
   u64 tiles = (n + 63) / 64;
   int resident = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, gcols<bf16>, 256, 0));
@@ -116,6 +101,5 @@ int main() {
   int bad = 0;
   for (u64 i = 0; i < n; ++i) { int d = (int)r1[i] - (int)r3[i]; if (d > 2 || d < -2) ++bad; }
   printf("gemv cols slices 1 vs 3: %d of %llu outputs differ by more than 2 bf16 ulps\n", bad, n);
-#endif
   return 0;
 }

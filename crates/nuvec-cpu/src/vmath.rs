@@ -12,6 +12,7 @@ pub fn exp_f32(x: f32) -> f32 {
     // `max`/`min` drop a NaN operand, so `xc` is always in range; the rounding and the integer
     // exponent are then bit arithmetic. `round()` and a saturating `as i32` compile to scalar
     // library calls and compares, which kept the whole map from vectorising.
+    #[allow(clippy::manual_clamp)] // `clamp` keeps a NaN, which the bit arithmetic cannot take
     let xc = x.max(-104.0).min(89.0);
     // Adding 1.5·2^23 rounds to the nearest integer and leaves it in the low mantissa bits.
     let t = xc * LOG2E + 12_582_912.0;

@@ -1,8 +1,8 @@
 // Fused row kernels: softmax and log-sum-exp over contiguous rows, statistics in f32 (f64 for
 // double inputs). A row's maximum and sum of exponentials come from one online pass (one
 // exponential per element, rescaling the sum only when the maximum grows); softmax then
-// writes exp(x - max) / sum. A row takes one warp (`_warp` kernels, several rows per block) or a
-// whole block of any multiple of 32 threads; the host picks so the GPU holds enough loads in flight.
+// writes exp(x - max) / sum. A row takes one warp (`_warp` kernels, several rows per block) or,
+// past 64 KiB, a whole block (any multiple of 32 threads); eval.rs chooses.
 #pragma once
 #include "reduce.cuh"
 

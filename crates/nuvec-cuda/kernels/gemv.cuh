@@ -74,6 +74,7 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
 // the last block of a tile to arrive (a counter per tile, reset by that block) adds them.
 #define NV_GEMV_CT 8
 #define NV_GEMV_KG 32
+#define NV_GEMV_COL_BLOCK (NV_GEMV_CT * NV_GEMV_KG)
 
 template <typename T, int M>
 __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __restrict__ b, float* __restrict__ partials,
@@ -127,7 +128,7 @@ __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __re
   }
   // A warp holds 4 row groups of the same columns: fold them with shuffles, then the 8 warps
   // through shared memory.
-  __shared__ float red[M][256 / 32][TILE];
+  __shared__ float red[M][NV_GEMV_COL_BLOCK / 32][TILE];
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -144,7 +145,7 @@ __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __re
     int m = e / TILE, c = e % TILE;
     float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < 256 / 32; ++w) v += red[m][w][c];
+    for (int w = 0; w < NV_GEMV_COL_BLOCK / 32; ++w) v += red[m][w][c];
     u64 col = (u64)blockIdx.x * TILE + c;
     if (col >= n) continue;
     if (slices == 1) out[m * ldo + col] = narrow<T>((typename Acc<T>::type)v);

@@ -432,7 +432,7 @@ impl Family {
                         "extern \"C\" __global__ void gemv_rows_{m}(const {t}* x, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {{ gemv_rows<{t}, {m}>(x, w, out, n, k, ldx, ldw, ldo); }}"
                     ));
                     w(format!(
-                        "extern \"C\" __global__ void __launch_bounds__(256) gemv_cols_{m}(const {t}* x, const {t}* b, float* partials, unsigned* counters, {t}* out, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices) {{ gemv_cols<{t}, {m}>(x, b, partials, counters, out, n, k, ldx, ldb, ldo, slices); }}"
+                        "extern \"C\" __global__ void __launch_bounds__(NV_GEMV_COL_BLOCK) gemv_cols_{m}(const {t}* x, const {t}* b, float* partials, unsigned* counters, {t}* out, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices) {{ gemv_cols<{t}, {m}>(x, b, partials, counters, out, n, k, ldx, ldb, ldo, slices); }}"
                     ));
                 }
             }

@@ -320,10 +320,12 @@ fn ptr_of_out(out: &Output) -> Result<u64> {
     ptr_of(&op)
 }
 
-/// The GEMV kernels, when the layout suits them; `None` leaves the product to cuBLASLt.
-/// Column threads per block of `gemv_cols` (NV_GEMV_CT in gemv.cuh).
+/// Column threads of a `gemv_cols` block (NV_GEMV_CT in gemv.cuh).
 const GEMV_COL_THREADS: u64 = 8;
+/// Threads of a `gemv_cols` block (NV_GEMV_COL_BLOCK in gemv.cuh, its launch bound).
+const GEMV_COL_BLOCK: u32 = 256;
 
+/// The GEMV kernels, when the layout suits them; `None` leaves the product to cuBLASLt.
 fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u64) -> Result<Option<()>> {
     let ra = a.shape.len();
     let (sa0, sa1) = (a.data.layout.strides[ra - 2], a.data.layout.strides[ra - 1]);
@@ -360,7 +362,7 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
         let f = kernel(gpu, family, &format!("gemv_cols_{m}"))?;
         let tile = GEMV_COL_THREADS * v;
         let tiles = n.div_ceil(tile);
-        let resident = crate::launch::resident_blocks(gpu, f, 256)? * gpu.info.multiprocessors.max(1) as u64;
+        let resident = crate::launch::resident_blocks(gpu, f, GEMV_COL_BLOCK)? * gpu.info.multiprocessors.max(1) as u64;
         let slices = (resident / tiles).min(k.div_ceil(128)).clamp(1, 65535);
         let partials = if slices > 1 { Some(alloc(gpu, (slices * m * n) as usize, DType::F32)?) } else { None };
         let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
@@ -378,7 +380,7 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
             Arg::U64(n),
             Arg::U64(slices),
         ];
-        launch(gpu, f, (tiles as u32, slices as u32, 1), (256, 1, 1), 0, args)?;
+        launch(gpu, f, (tiles as u32, slices as u32, 1), (GEMV_COL_BLOCK, 1, 1), 0, args)?;
         return Ok(Some(()));
     }
     Ok(None)

@@ -7,7 +7,7 @@ use crate::error::OpErrorKind;
 use crate::ops::{self, ScanOptions};
 use crate::shape::{IntoShape, Shape, broadcast_shapes};
 
-use super::key::{bits_from, checked_key};
+use super::key::{bits, bits_from, checked_key};
 
 macro_rules! tri {
     ($e:expr) => {
@@ -448,7 +448,7 @@ pub fn permutation(n: i32, key: Option<&Array>) -> Array {
 
 /// The indices that sort `n` random words drawn with `key`.
 fn random_order(n: i32, key: &Array) -> Array {
-    super::key::bits([n], 4, Some(key)).argsort(0)
+    bits([n], 4, Some(key)).argsort(0)
 }
 
 /// `x` shuffled along `axis` by one random permutation, as MLX's `permutation(x, axis)`.
@@ -463,11 +463,7 @@ fn random_order(n: i32, key: &Array) -> Array {
 /// ```
 #[track_caller]
 pub fn permutation_of(x: &Array, axis: i32, key: Option<&Array>) -> Array {
-    shuffle_from("permutation", x, axis, key)
-}
-
-#[track_caller]
-fn shuffle_from(op: &'static str, x: &Array, axis: i32, key: Option<&Array>) -> Array {
+    let op = "permutation";
     if let Some(e) = x.error() {
         return Array::from_error(e);
     }
