@@ -5,7 +5,8 @@
 #   .gpu/test-<crate>-<target>[.xz]  stripped test binaries of the crates that touch the GPU
 #   .gpu/bench_gpu[.xz]              stripped crates/nuvec/examples/bench_gpu.rs
 #   .gpu/kcache[.tar.xz]             kernel cache: every CUDA module precompiled for sm_90a
-#   .gpu/manifest.tsv                name<TAB>crate folder (the test's working directory)
+#   .gpu/manifest.tsv                name<TAB>crate folder (the test's working directory)<TAB>
+#                                    libtest arguments (GPU_SUITE_FILTERS, for nuvec's suite)
 #   .gpu/build-info.txt              build root, commit, NVRTC version, date
 #
 # Binaries are compressed with xz by default (one stripped test binary is ~40 MB, ~4 MB
@@ -19,6 +20,9 @@
 #                      "all" for every package: nuvec-core and nuvec-cpu never use the GPU)
 #   GPU_TEST_SKIP      test targets left out (default "compile_kernels": NVRTC only, no GPU, CI
 #                      runs it, and its ~250 uncached serial compiles would take minutes there)
+#   GPU_SUITE_FILTERS  libtest filters for nuvec's one integration-test binary `suite`, e.g.
+#                      "gpu:: cuda_kernel:: mlx_" (default: none, the whole suite, which runs on
+#                      the GPU wherever it uses the default device)
 #   GPU_ARCH           kernel architecture (default sm_90a, the H100/H200's)
 #   NUVEC_KCACHE_PERSIST  long-lived kernel cache feeding the bundle (default target/gpu-kcache)
 #
@@ -113,7 +117,9 @@ while IFS=$'\t' read -r name dir exe why; do
             fi ;;
     esac
     pack "$name" "$exe"
-    printf '%s\t%s\n' "$name" "$dir" >>.gpu/manifest.tsv
+    args=
+    [ "$name" = test-nuvec-suite ] && args=${GPU_SUITE_FILTERS:-}
+    printf '%s\t%s\t%s\n' "$name" "$dir" "$args" >>.gpu/manifest.tsv
 done <"$WORK/artifacts.tsv"
 [ -n "$PRECOMPILE" ] || { echo "build-gpu-bundle: precompile_kernels was not built" >&2; exit 1; }
 

@@ -6,7 +6,8 @@
 # Expects the bundle of scripts/build-gpu-bundle.sh in .gpu/ (stripped binaries .gpu/test-* and
 # .gpu/bench_gpu, plain or .xz; the kernel cache .gpu/kcache or .gpu/kcache.tar.xz). It
 #   1. prints the date and `nvidia-smi -L`, unpacks the bundle;
-#   2. runs every .gpu/test-* binary (--test-threads=4, in its crate's folder, as cargo does),
+#   2. runs every .gpu/test-* binary (--test-threads=8 and the manifest's filters, in its
+#      crate's folder, as cargo does),
 #      one log each in $OUT/<name>.log, pass/fail counts in $OUT/summary.txt, going on after
 #      failures;
 #   3. runs .gpu/bench_gpu --out $OUT/bench_gpu.tsv (its table goes to $OUT/run.log);
@@ -15,7 +16,7 @@
 #      so the last ~12 KB of output are the useful part (also appended to summary.txt).
 # Every step has a timeout; the whole script ends within GPU_CHECK_SECONDS (default 530 s):
 # tests until GPU_CHECK_TEST_SECONDS (230) after the start, each at most GPU_CHECK_TEST_TIMEOUT
-# (180); bench_gpu at most GPU_CHECK_BENCH_TIMEOUT (170) and 150 s before the end; the PyTorch
+# (220); bench_gpu at most GPU_CHECK_BENCH_TIMEOUT (170) and 150 s before the end; the PyTorch
 # peers get the rest and start no torch.compile case in their last 60 s. Exit status 0 when
 # every test binary passed and bench_gpu measured every case.
 # $OUT holds at most 8 files: summary.txt, run.log, bench_gpu.tsv, gpu_peers.tsv and up to 4
@@ -114,8 +115,9 @@ for t in "${TESTS[@]}"; do
     name=$(basename "$t")
     if [ "${#TESTS[@]}" -le 4 ] || [ "$i" -le 3 ]; then log=$OUT/$name.log; : >"$log"; else log=$OUT/tests-rest.log; fi
     dir=$(awk -F'\t' -v n="$name" '$1 == n { print $2 }' .gpu/manifest.tsv 2>/dev/null)
+    read -r -a args < <(awk -F'\t' -v n="$name" '$1 == n { print $3 }' .gpu/manifest.tsv 2>/dev/null)
     [ -n "$dir" ] && [ -d "$dir" ] || dir=.
-    budget=$(min $((TESTS_END - $(now))) "${GPU_CHECK_TEST_TIMEOUT:-180}")
+    budget=$(min $((TESTS_END - $(now))) "${GPU_CHECK_TEST_TIMEOUT:-220}")
     if [ "$budget" -lt 10 ]; then
         line=$(printf '%-40s %6s %6s %6s %6s %7s  %s' "$name" - - - - 0 "SKIPPED (time)")
         TEST_TABLE+="$line"$'\n'
@@ -125,8 +127,8 @@ for t in "${TESTS[@]}"; do
     fi
     t1=$(now)
     tmp=$(mktemp)
-    echo "### $name (cwd $dir, timeout ${budget}s)" >"$tmp"
-    (cd "$dir" && timeout -k 10 "$budget" "$ROOT/$t" --test-threads=4) >>"$tmp" 2>&1
+    echo "### $name ${args[*]} (cwd $dir, timeout ${budget}s)" >"$tmp"
+    (cd "$dir" && timeout -k 10 "$budget" "$ROOT/$t" --test-threads="${GPU_CHECK_TEST_THREADS:-8}" "${args[@]}") >>"$tmp" 2>&1
     rc=$?
     secs=$(($(now) - t1))
     cat "$tmp" >>"$log"

@@ -6,7 +6,7 @@ Run from the repository root (MLX and NumPy must be importable):
     python3 scripts/mlx_fixtures.py            # writes crates/nuvec/tests/fixtures/core_ops.bin
     python3 scripts/mlx_fixtures.py --check    # fails if regenerating would change the file
 
-The replayer is crates/nuvec/tests/mlx_fixtures.rs (reader: crates/nuvec/tests/common/fixture.rs).
+The replayer is crates/nuvec/tests/suite/mlx_fixtures.rs (reader: crates/nuvec/tests/suite/fixture.rs).
 Recording is deterministic: every input comes from NumPy streams seeded by SEED and the name of
 the case before (see reseed), and the metadata holds a fixed date (RECORDED_ON), so regenerating
 with the same MLX gives a byte-identical file, and adding a case leaves the others' inputs alone.

@@ -7,7 +7,7 @@ Run from the repository root (MLX and NumPy must be importable):
     python3 scripts/mlx_fixtures_conv.py --check    # fails if regenerating would change the file
 
 The file format, the deterministic input streams and the recorder are those of
-scripts/mlx_fixtures.py; the replayer is crates/nuvec/tests/mlx_conv.rs.
+scripts/mlx_fixtures.py; the replayer is crates/nuvec/tests/suite/mlx_conv.rs.
 
 Operations and their params:
     conv1d, conv2d, conv3d   {"stride", "padding", "dilation": per-axis lists, "groups"}

@@ -6,8 +6,8 @@ Run from the repository root (MLX and NumPy must be importable):
     python3 scripts/mlx_fixtures_gather.py            # writes crates/nuvec/tests/fixtures/gather.bin
     python3 scripts/mlx_fixtures_gather.py --check    # fails if regenerating would change the file
 
-The file format is the one of scripts/mlx_fixtures.py (reader: crates/nuvec/tests/common/fixture.rs);
-the replayer is crates/nuvec/tests/mlx_gather.rs. Ops and their params:
+The file format is the one of scripts/mlx_fixtures.py (reader: crates/nuvec/tests/suite/fixture.rs);
+the replayer is crates/nuvec/tests/suite/mlx_gather.rs. Ops and their params:
 
     take              inputs (x, indices)             {"axis": int or null}
     take_along_axis   inputs (x, indices)             {"axis": int or null}

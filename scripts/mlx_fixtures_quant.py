@@ -7,7 +7,7 @@ Run from the repository root (MLX and NumPy must be importable):
     python3 scripts/mlx_fixtures_quant.py          # writes crates/nuvec/tests/fixtures/quant.bin
     python3 scripts/mlx_fixtures_quant.py --check  # fails if regenerating would change the file
 
-The replayer is crates/nuvec/tests/mlx_quant.rs. The file format is scripts/mlx_fixtures.py's;
+The replayer is crates/nuvec/tests/suite/mlx_quant.rs. The file format is scripts/mlx_fixtures.py's;
 each case's "op" and params say what ran (params: mode, group_size, bits, and per op below):
 
     quantize          inputs: w;  outputs: w_q, scales, [biases,] dequantize(w_q, ...) in the

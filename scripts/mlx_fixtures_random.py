@@ -7,7 +7,7 @@ Run from the repository root (MLX and NumPy must be importable):
     python3 scripts/mlx_fixtures_random.py          # writes crates/nuvec/tests/fixtures/random.bin
     python3 scripts/mlx_fixtures_random.py --check  # fails if regenerating would change the file
 
-The replayer is crates/nuvec/tests/mlx_random.rs. The file format is scripts/mlx_fixtures.py's.
+The replayer is crates/nuvec/tests/suite/mlx_random.rs. The file format is scripts/mlx_fixtures.py's.
 Each case's inputs are the key (uint32[2]; absent for "key" and the "sequence" cases) followed
 by the array arguments. Arguments in params are numbers or references to inputs:
 

@@ -8,7 +8,7 @@ Run from the repository root (MLX and NumPy must be importable):
     python3 scripts/mlx_fixtures_sort.py --check    # fails if regenerating would change the file
 
 The file format, the input generators, the layout recipes and the recorder are those of
-scripts/mlx_fixtures.py (imported from it). The replayer is crates/nuvec/tests/mlx_sort.rs.
+scripts/mlx_fixtures.py (imported from it). The replayer is crates/nuvec/tests/suite/mlx_sort.rs.
 
 Parameters per op: sort/argsort {"axis": int or null}; partition/argpartition {"kth", "axis"};
 topk {"k", "axis"}; plus the optional "layout" recipe of input 0.

@@ -7,7 +7,7 @@ Run from the repository root (MLX and NumPy must be importable):
     python3 scripts/mlx_fixtures_transforms.py          # writes crates/nuvec/tests/fixtures/transforms.bin
     python3 scripts/mlx_fixtures_transforms.py --check  # fails if regenerating would change the file
 
-The replayer is crates/nuvec/tests/mlx_transforms.rs, which holds the same functions under the
+The replayer is crates/nuvec/tests/suite/mlx_transforms.rs, which holds the same functions under the
 same names (FUNCTIONS below). The file format is scripts/mlx_fixtures.py's; each case's "op" is
 the function's name and its params say which transform ran:
 

@@ -25,7 +25,7 @@
 //! [`KNOWN_BUGS`] (a labelled skip list: each entry matches one specific symptom) and each has
 //! an `#[ignore]`d minimal reproducer at the end of this file.
 //!
-//! Run: `cargo test -p nuvec --release --test fuzz_ops` (add `-- --ignored` for the
+//! Run: `cargo test -p nuvec --release --test suite -- fuzz_ops::` (add `--ignored` for the
 //! reproducers of the known bugs).
 
 use std::collections::BTreeMap;

@@ -5,11 +5,9 @@
 //! tolerances that grow with the length of each sum.
 //!
 //! Regenerate with `python3 scripts/mlx_fixtures_conv.py`; run with
-//! `cargo test -p nuvec --test mlx_conv --release`.
+//! `cargo test -p nuvec --release --test suite -- mlx_conv::`.
 
-#[allow(dead_code)]
-#[path = "common/fixture.rs"]
-mod fixture;
+use crate::fixture;
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -8,9 +8,7 @@
 //! index) at `kth`, nothing greater before it and nothing smaller after it, each row a
 //! permutation of the input row, and `topk` the same multiset as MLX's per row.
 
-#[path = "common/fixture.rs"]
-#[allow(dead_code)] // the reader serves several replay tests
-mod fixture;
+use crate::fixture;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashSet};

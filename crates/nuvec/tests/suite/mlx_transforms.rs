@@ -3,9 +3,7 @@
 //! grad, jvp of vjp and grad of grad, over op chains and small models written here exactly as in
 //! the script (same names).
 
-#[allow(dead_code)] // the reader serves several replay tests
-#[path = "common/fixture.rs"]
-mod fixture;
+use crate::fixture;
 
 use fixture::{Case, Fixture, Tolerance, compare};
 use nuvec::transforms::{grad_flat, jvp_flat, value_and_grad_flat, vjp_flat, vmap_flat};

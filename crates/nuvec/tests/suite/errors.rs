@@ -8,7 +8,7 @@
 //! the error surfaces unchanged at `eval`, `item`, `to_vec` and `check`, and through later
 //! operations.
 //!
-//! Run: `cargo test -p nuvec --release --test errors`.
+//! Run: `cargo test -p nuvec --release --test suite -- errors::`.
 
 use nuvec::{Array, DType, Error, OpErrorKind, ScanOptions, ops};
 

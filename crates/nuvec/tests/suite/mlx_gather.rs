@@ -4,8 +4,7 @@
 //! `x[index] = v` over every index form. Integer results must match exactly; float results
 //! within a few ulps (sums of repeated indices may add in another order).
 
-#[path = "common/fixture.rs"]
-mod fixture;
+use crate::fixture;
 
 use fixture::{Case, Fixture, Json, Tolerance, compare};
 use nuvec::{Array, DType, Index, ops};

@@ -3,14 +3,13 @@
 //! exactly, floating-point values within MLX-like tolerances per dtype and operation.
 //!
 //! Regenerate the fixtures with `python3 scripts/mlx_fixtures.py`; run this replay with
-//! `cargo test -p nuvec --test mlx_fixtures --release`. No Python runs at test time.
+//! `cargo test -p nuvec --release --test suite -- mlx_fixtures::`. No Python runs at test time.
 //!
 //! Cases where nuvec is known to disagree with MLX are listed in [`KNOWN_DIFFERENCES`], each
 //! with the reason; the test fails on any other disagreement, and on a listed case that now
 //! agrees (so the list shrinks as nuvec is fixed).
 
-#[path = "common/fixture.rs"]
-mod fixture;
+use crate::fixture;
 
 use std::collections::{BTreeMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -27,7 +27,7 @@
 //! operation; with `NUVEC_REF_STATS=1 ... generator_covers_every_operation -- --nocapture` it
 //! prints how often each operation ran and how much of their error bounds the results used.
 //!
-//! Run: `cargo test -p nuvec --release --test reference_f64`.
+//! Run: `cargo test -p nuvec --release --test suite -- reference_f64::`.
 
 use nuvec::{Array, DType, ScalarOrArray, ScanOptions, VarOptions, bf16, f16, ops};
 use proptest::prelude::*;

@@ -4,9 +4,7 @@
 //! computes with exactly rounded operations only. Distributions that go through `erfinv`,
 //! `erf` or `log` match within a few units in the last place of their dtype.
 
-#[allow(dead_code)] // the reader serves several replay tests
-#[path = "common/fixture.rs"]
-mod fixture;
+use crate::fixture;
 
 use fixture::{Case, Fixture, Json, Tolerance, compare};
 use nuvec::transforms::vmap_flat;

@@ -3,9 +3,7 @@
 //! group size and float dtype; dequantization exactly; `quantized_matmul` (both transposes)
 //! and its gradients within tolerance.
 
-#[allow(dead_code)] // the reader serves several replay tests
-#[path = "common/fixture.rs"]
-mod fixture;
+use crate::fixture;
 
 use fixture::{Case, Fixture, Tolerance, compare};
 use nuvec::transforms::vjp_flat;

@@ -1,0 +1,28 @@
+//! nuvec's integration tests, one binary for all of them: each module was its own test target,
+//! but every target links the whole library (~50 MB each in release), so two dozen of them cost
+//! gigabytes of disk and most of CI's link time.
+//!
+//! Run one module with a filter: `cargo test -p nuvec --release --test suite -- mlx_sort::`.
+
+mod conv_einsum;
+mod cuda_kernel;
+mod errors;
+mod eval;
+mod fixture;
+mod fuzz_ops;
+mod gather;
+mod gpu;
+mod mlx_conv;
+mod mlx_fixtures;
+mod mlx_gather;
+mod mlx_quant;
+mod mlx_random;
+mod mlx_sort;
+mod mlx_transforms;
+mod quant;
+mod random;
+mod reference_f64;
+mod smoke;
+mod sort;
+mod transforms;
+mod transforms_ops;
