@@ -274,6 +274,8 @@ fn vmap_matches_a_loop() {
             .collect();
         let want = ops::stack(&rows, 0);
         assert_eq!(mapped.shape(), want.shape(), "{name}");
-        assert_eq!(f64s(&mapped), f64s(&want), "{name}");
+        // Scatter-adds on the GPU add in the order their atomics land: equal to the last bits.
+        let (got, want) = (f64s(&mapped), f64s(&want));
+        assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-12 * (1.0 + w.abs())), "{name}: {got:?}\n{want:?}");
     }
 }

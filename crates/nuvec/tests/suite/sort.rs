@@ -359,7 +359,9 @@ fn grad_of_sort_routes_cotangents_and_argsort_has_none() {
         Ok((inner(x)? * &w).sum(..))
     })(&x)
     .unwrap();
-    assert_eq!(gg.to_vec::<f64>().unwrap(), vec![18.0, 12.0, 36.0]);
+    // The GPU may sum the cotangents in another order: equal to the last bits.
+    let gg = gg.to_vec::<f64>().unwrap();
+    assert!(gg.iter().zip([18.0, 12.0, 36.0]).all(|(g, w)| (g - w).abs() < 1e-12 * w), "{gg:?}");
 }
 
 #[test]
