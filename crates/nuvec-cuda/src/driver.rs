@@ -253,4 +253,14 @@ impl Gpu {
         // SAFETY: both ranges are inside live allocations of this device.
         unsafe { check(sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream), "cuMemcpyDtoDAsync") }
     }
+
+    /// Zeros `bytes` of a device buffer, ordered on the stream.
+    pub(crate) fn zero(&self, dst: sys::CUdeviceptr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the range is inside a live allocation of this device.
+        unsafe { check(sys::cuMemsetD8Async(dst, 0, bytes, self.stream), "cuMemsetD8Async") }
+    }
 }

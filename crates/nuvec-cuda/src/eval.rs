@@ -535,6 +535,12 @@ pub(crate) fn fast(gpu: &Arc<Gpu>, op: &nuvec_core::fast::FastOp, x: Operand, ou
 
 /// Dispatch of one primitive.
 pub(crate) fn eval(gpu: &Arc<Gpu>, primitive: &Primitive, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    if let Primitive::Fast(op) = primitive {
+        use nuvec_core::fast::FastOp;
+        if !matches!(op, FastOp::Softmax | FastOp::LogSumExp) {
+            return crate::fast_rows::eval(gpu, op, inputs, outputs);
+        }
+    }
     let out = outputs.first_mut().ok_or_else(|| internal("no output"))?;
     let mut it = inputs.into_iter();
     let mut next = || it.next().ok_or_else(|| internal(format!("{} is missing an input", primitive.name())));

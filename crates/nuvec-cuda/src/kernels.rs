@@ -414,7 +414,39 @@ impl Family {
             }
             Family::Fast(d) => {
                 let t = ctype(d);
-                w("#include \"fast.cuh\"".into());
+                let a = if d == DType::F64 { "double" } else { "float" };
+                w("#include \"norm.cuh\"".into());
+                for line in [
+                    format!(
+                        "__launch_bounds__(1024) rms_norm(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps) {{ rms_norm_rows<{t}>(x, res, w, h, out, rows, len, eps); }}"
+                    ),
+                    format!(
+                        "__launch_bounds__(1024) layer_norm(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps) {{ layer_norm_rows<{t}>(x, w, b, out, rows, len, eps); }}"
+                    ),
+                    format!(
+                        "__launch_bounds__(NV_NORM_VJP_THREADS) rms_norm_vjp(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps) {{ rms_norm_vjp_rows<{t}>(x, w, g, gx, part, rows, len, eps); }}"
+                    ),
+                    format!(
+                        "__launch_bounds__(NV_NORM_VJP_THREADS) layer_norm_vjp(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps) {{ layer_norm_vjp_rows<{t}>(x, w, g, gx, part, rows, len, eps); }}"
+                    ),
+                    format!(
+                        "col_sum(const {a}* part, {a}* out, u64 parts, u64 len, u64 stride) {{ col_sum<{a}>(part, out, parts, len, stride); }}"
+                    ),
+                    format!(
+                        "swiglu(const {t}* gate, const {t}* up, {t}* out, u64 n) {{ swiglu_elems<{t}>(gate, up, out, n); }}"
+                    ),
+                    format!(
+                        "__launch_bounds__(1024) cross_entropy(const {t}* x, const i32* t, {a}* loss, u64 rows, u64 len) {{ cross_entropy_rows<{t}>(x, t, loss, rows, len); }}"
+                    ),
+                    format!(
+                        "__launch_bounds__(1024) cross_entropy_vjp(const {t}* x, const i32* t, const {a}* g, {t}* dx, u64 rows, u64 len) {{ cross_entropy_vjp_rows<{t}>(x, t, g, dx, rows, len); }}"
+                    ),
+                    format!(
+                        "rope(const {t}* x, {t}* out, const i32* offset, int offset_per_batch, const float* freqs, float log2_base, float scale, float sign, int traditional, u64 rows, u64 len, u64 dims, u64 seq, u64 per_batch) {{ rope_rows<{t}>(x, out, offset, offset_per_batch, freqs, log2_base, scale, sign, traditional, rows, len, dims, seq, per_batch); }}"
+                    ),
+                ] {
+                    w(format!("extern \"C\" __global__ void {line}"));
+                }
                 for (name, f) in [("softmax", "softmax_rows"), ("logsumexp", "logsumexp_rows")] {
                     w(format!(
                         "extern \"C\" __global__ void {name}(const {t}* x, {t}* out, u64 rows, u64 len) {{ {f}<{t}>(x, out, rows, len); }}"

@@ -11,6 +11,7 @@ pub mod compile;
 mod custom_kernel;
 mod driver;
 mod eval;
+mod fast_rows;
 pub mod kernels;
 mod launch;
 mod matmul;
@@ -169,9 +170,10 @@ impl Backend for CudaBackend {
             Primitive::Matmul => d.is_float() || d.is_integer(),
             Primitive::AddMM { .. } => d.is_float(),
             Primitive::Fast(op) => {
+                use nuvec_core::fast::FastOp;
                 nuvec_core::fast::fused_enabled()
                     && d.is_float()
-                    && matches!(op, nuvec_core::fast::FastOp::Softmax | nuvec_core::fast::FastOp::LogSumExp)
+                    && (matches!(op, FastOp::Softmax | FastOp::LogSumExp) || fast_rows::supports(op, inputs))
             }
             Primitive::RandomBits { .. } => d == DType::U32,
             Primitive::Sort { axis, .. } => {

@@ -6,13 +6,20 @@
 //! compositions.
 
 pub mod cuda_kernel;
+mod glu_loss;
+mod norm;
+mod rope;
 mod softmax;
 
 pub use cuda_kernel::{CudaKernel, KernelConfig, TemplateArg};
+pub use glu_loss::{cross_entropy, swiglu};
+pub use norm::{add_rms_norm, layer_norm, rms_norm};
+pub use rope::{RopeParams, rope};
 
 use crate::array::Array;
-use crate::error::OpErrorKind;
+use crate::error::{Error, OpErrorKind};
 use crate::storage::Spec;
+use crate::transforms::{AxesSpec, jvp_flat, vjp_flat, vmap_impl};
 
 /// A fused operation recorded in the graph.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,6 +29,54 @@ pub enum FastOp {
     Softmax,
     /// `log(sum(exp(x)))` over the last axis, kept with size 1; accumulates in `float32`.
     LogSumExp,
+    /// [`rms_norm`]: inputs `[x, weight?]`.
+    RmsNorm {
+        /// Added to the mean square.
+        eps: f32,
+        /// Whether a weight is the second input.
+        weighted: bool,
+    },
+    /// [`add_rms_norm`]: inputs `[x, residual, weight?]`, outputs `[x + residual, y]`.
+    AddRmsNorm {
+        /// Added to the mean square.
+        eps: f32,
+        /// Whether a weight is the third input.
+        weighted: bool,
+    },
+    /// [`layer_norm`]: inputs `[x, weight?, bias?]`.
+    LayerNorm {
+        /// Added to the variance.
+        eps: f32,
+        /// Whether a weight follows `x`.
+        weighted: bool,
+        /// Whether a bias comes last.
+        biased: bool,
+    },
+    /// [`rope`]: inputs `[x, offset, freqs?]`.
+    Rope(RopeParams),
+    /// [`swiglu`]: inputs `[gate, up]`.
+    SwiGlu,
+    /// [`cross_entropy`]: inputs `[logits, targets]`, output the `float32` loss per row.
+    CrossEntropy,
+    /// The RMS norm's cotangents: inputs `[x, weight?, g]`, outputs `[gx, gweight?]`
+    /// (`gweight` summed over rows in `float32`).
+    RmsNormVjp {
+        /// The forward's epsilon.
+        eps: f32,
+        /// Whether the forward had a weight.
+        weighted: bool,
+    },
+    /// The layer norm's cotangents: inputs `[x, weight?, g]`, outputs `[gx, gweight?, gbias?]`.
+    LayerNormVjp {
+        /// The forward's epsilon.
+        eps: f32,
+        /// Whether the forward had a weight.
+        weighted: bool,
+        /// Whether the forward had a bias.
+        biased: bool,
+    },
+    /// The cross entropy's cotangent of the logits: inputs `[logits, targets, g]`.
+    CrossEntropyVjp,
 }
 
 impl FastOp {
@@ -30,6 +85,15 @@ impl FastOp {
         match self {
             FastOp::Softmax => "softmax",
             FastOp::LogSumExp => "logsumexp",
+            FastOp::RmsNorm { .. } => "rms_norm",
+            FastOp::AddRmsNorm { .. } => "add_rms_norm",
+            FastOp::LayerNorm { .. } => "layer_norm",
+            FastOp::Rope(_) => "rope",
+            FastOp::SwiGlu => "swiglu",
+            FastOp::CrossEntropy => "cross_entropy",
+            FastOp::RmsNormVjp { .. } => "rms_norm_vjp",
+            FastOp::LayerNormVjp { .. } => "layer_norm_vjp",
+            FastOp::CrossEntropyVjp => "cross_entropy_vjp",
         }
     }
 
@@ -37,21 +101,74 @@ impl FastOp {
     pub fn output_specs(&self, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
         match self {
             FastOp::Softmax | FastOp::LogSumExp => softmax::output_specs(self, inputs),
+            FastOp::RmsNorm { weighted, .. } => norm::rms_norm_specs(*weighted, inputs),
+            FastOp::AddRmsNorm { weighted, .. } => norm::add_rms_norm_specs(*weighted, inputs),
+            FastOp::LayerNorm { weighted, biased, .. } => norm::layer_norm_specs(*weighted, *biased, inputs),
+            FastOp::Rope(p) => rope::output_specs(p, inputs),
+            FastOp::SwiGlu => glu_loss::swiglu_specs(inputs),
+            FastOp::CrossEntropy => glu_loss::cross_entropy_specs(inputs),
+            FastOp::RmsNormVjp { weighted, .. } => norm::rms_norm_vjp_specs(*weighted, inputs),
+            FastOp::LayerNormVjp { weighted, biased, .. } => norm::layer_norm_vjp_specs(*weighted, *biased, inputs),
+            FastOp::CrossEntropyVjp => Ok(vec![inputs[0].clone()]),
         }
     }
 
     /// The operation as ordinary operations on `inputs`.
     pub fn composition(&self, inputs: &[Array]) -> Vec<Array> {
+        let opt = |i: usize, present: bool| present.then(|| &inputs[i]);
         match self {
             FastOp::Softmax => vec![softmax::softmax_composition(&inputs[0])],
             FastOp::LogSumExp => vec![softmax::logsumexp_composition(&inputs[0])],
+            FastOp::RmsNorm { eps, weighted } => vec![norm::rms_norm_composition(*eps, &inputs[0], opt(1, *weighted))],
+            FastOp::AddRmsNorm { eps, weighted } => {
+                let h = &inputs[0] + &inputs[1];
+                let y = norm::rms_norm_composition(*eps, &h, opt(2, *weighted));
+                vec![h, y]
+            }
+            FastOp::LayerNorm { eps, weighted, biased } => {
+                let bias = opt(inputs.len() - 1, *biased);
+                vec![norm::layer_norm_composition(*eps, &inputs[0], opt(1, *weighted), bias)]
+            }
+            FastOp::Rope(p) => vec![rope::composition(p, &inputs[0], &inputs[1], inputs.get(2))],
+            FastOp::SwiGlu => vec![glu_loss::swiglu_composition(&inputs[0], &inputs[1])],
+            FastOp::CrossEntropy => vec![glu_loss::cross_entropy_composition(&inputs[0], &inputs[1])],
+            FastOp::RmsNormVjp { eps, weighted } => {
+                norm::rms_norm_vjp_composition(*eps, &inputs[0], opt(1, *weighted), &inputs[inputs.len() - 1])
+            }
+            FastOp::LayerNormVjp { eps, weighted, biased } => {
+                let g = &inputs[inputs.len() - 1];
+                norm::layer_norm_vjp_composition(*eps, &inputs[0], opt(1, *weighted), *biased, g)
+            }
+            FastOp::CrossEntropyVjp => {
+                vec![glu_loss::cross_entropy_vjp_composition(&inputs[0], &inputs[1], &inputs[2])]
+            }
+        }
+    }
+
+    /// Which inputs are rows (batched like `x`) and which are per-feature parameters, for ops
+    /// that work row by row over the last axis; `None` for the others.
+    fn row_inputs(&self, n: usize) -> Option<usize> {
+        match self {
+            FastOp::Softmax | FastOp::LogSumExp | FastOp::RmsNorm { .. } | FastOp::LayerNorm { .. } => Some(1),
+            FastOp::AddRmsNorm { .. } | FastOp::SwiGlu | FastOp::CrossEntropy => Some(2),
+            FastOp::CrossEntropyVjp => Some(3),
+            FastOp::Rope(_) => Some(1).filter(|_| n >= 2),
+            // The weight and bias cotangents sum over rows, the batch included.
+            FastOp::RmsNormVjp { .. } | FastOp::LayerNormVjp { .. } => None,
         }
     }
 }
 
+/// Every output failed with `e`.
+fn failed(e: Error, n: usize) -> Vec<Array> {
+    vec![Array::from_error(e); n]
+}
+
 impl FastOp {
-    /// Cotangents of the inputs (dedicated formulas; see each operation).
+    /// Cotangents of the inputs: dedicated primitives for the norms, cross entropy and RoPE,
+    /// closed forms for softmax and log-sum-exp, the composition's otherwise.
     pub(crate) fn vjp(&self, x: &[Array], y: &[Array], g: &[Array]) -> Vec<Option<Array>> {
+        let record = |op: FastOp, inputs: Vec<Array>, n: usize| norm::record(op, inputs, n);
         match self {
             // softmax: dx = y * (g - sum(g * y))
             FastOp::Softmax => {
@@ -60,25 +177,105 @@ impl FastOp {
             }
             // logsumexp: dx = g * softmax(x) = g * exp(x - y)
             FastOp::LogSumExp => vec![Some(&g[0] * (&x[0] - &y[0]).exp())],
-        }
-    }
-
-    /// Tangents of the outputs.
-    pub(crate) fn jvp(&self, x: &[Array], y: &[Array], t: &[Option<Array>]) -> Vec<Option<Array>> {
-        let Some(t) = &t[0] else { return vec![None] };
-        match self {
-            FastOp::Softmax => {
-                let y = &y[0];
-                vec![Some(y * (t - (t * y).sum_keepdims(-1)))]
+            FastOp::RmsNorm { eps, weighted } => {
+                let mut inputs = x.to_vec();
+                inputs.push(g[0].clone());
+                let n = 1 + *weighted as usize;
+                record(FastOp::RmsNormVjp { eps: *eps, weighted: *weighted }, inputs, n).into_iter().map(Some).collect()
             }
-            FastOp::LogSumExp => vec![Some((t * (&x[0] - &y[0]).exp()).sum_keepdims(-1))],
+            FastOp::AddRmsNorm { eps, weighted } => {
+                // h = x + residual feeds y = rms_norm(h): both see gh + the norm's gx.
+                let mut inputs = vec![y[0].clone()];
+                inputs.extend(x.get(2).cloned());
+                inputs.push(g[1].clone());
+                let n = 1 + *weighted as usize;
+                let mut d = record(FastOp::RmsNormVjp { eps: *eps, weighted: *weighted }, inputs, n).into_iter();
+                let dh = &g[0] + d.next().unwrap_or_default();
+                let mut out = vec![Some(dh.clone()), Some(dh)];
+                out.extend(d.map(Some));
+                out
+            }
+            FastOp::LayerNorm { eps, weighted, biased } => {
+                let mut inputs = vec![x[0].clone()];
+                if *weighted {
+                    inputs.push(x[1].clone());
+                }
+                inputs.push(g[0].clone());
+                let n = 1 + *weighted as usize + *biased as usize;
+                let op = FastOp::LayerNormVjp { eps: *eps, weighted: *weighted, biased: *biased };
+                record(op, inputs, n).into_iter().map(Some).collect()
+            }
+            FastOp::Rope(p) => {
+                let inverse = FastOp::Rope(RopeParams { forward: !p.forward, ..*p });
+                let mut inputs = vec![g[0].clone()];
+                inputs.extend(x[1..].iter().cloned());
+                let mut out = vec![Some(record(inverse, inputs, 1).remove(0)), None];
+                if x.len() > 2 {
+                    let e = OpErrorKind::InvalidArgument("rope: no derivative with respect to freqs".into());
+                    out.push(Some(Array::failed("rope", e)));
+                }
+                out
+            }
+            FastOp::CrossEntropy => {
+                let inputs = vec![x[0].clone(), x[1].clone(), g[0].clone()];
+                vec![Some(record(FastOp::CrossEntropyVjp, inputs, 1).remove(0)), None]
+            }
+            _ => {
+                let op = self.clone();
+                match vjp_flat(move |xs| Ok(op.composition(xs)), x, g) {
+                    Ok((_, d)) => d.into_iter().map(Some).collect(),
+                    Err(e) => failed(e, x.len()).into_iter().map(Some).collect(),
+                }
+            }
         }
     }
 
-    /// The operation on an input batched on axis 0 (it works row by row over the last axis,
-    /// so the batch axis just joins the leading axes).
-    pub(crate) fn vmap(&self, x: &[Array], _mapped: &[bool]) -> Vec<(Array, bool)> {
-        vec![(Array::from_op(self.name(), crate::primitive::Primitive::Fast(self.clone()), vec![x[0].clone()]), true)]
+    /// Tangents of the outputs: closed forms for softmax and log-sum-exp, the composition's
+    /// otherwise.
+    pub(crate) fn jvp(&self, x: &[Array], y: &[Array], t: &[Option<Array>]) -> Vec<Option<Array>> {
+        match self {
+            FastOp::Softmax | FastOp::LogSumExp => {
+                let Some(t) = &t[0] else { return vec![None] };
+                if *self == FastOp::Softmax {
+                    let y = &y[0];
+                    vec![Some(y * (t - (t * y).sum_keepdims(-1)))]
+                } else {
+                    vec![Some((t * (&x[0] - &y[0]).exp()).sum_keepdims(-1))]
+                }
+            }
+            _ => {
+                let tangents: Vec<Array> =
+                    t.iter().zip(x).map(|(t, x)| t.clone().unwrap_or_else(|| x.zeros_like())).collect();
+                let op = self.clone();
+                let r = jvp_flat(move |xs| Ok(op.composition(xs)), x, &tangents).map(|(_, t)| t);
+                r.unwrap_or_else(|e| failed(e, y.len())).into_iter().map(Some).collect()
+            }
+        }
+    }
+
+    /// The operation on inputs batched on axis 0. Row-wise operations whose row inputs are all
+    /// batched and whose parameters are not stay fused (the batch axis joins the leading axes);
+    /// anything else is the batched composition.
+    pub(crate) fn vmap(&self, x: &[Array], mapped: &[bool]) -> Vec<(Array, bool)> {
+        let fused = self.row_inputs(x.len()).is_some_and(|rows| {
+            mapped[..rows].iter().all(|&m| m)
+                && !mapped[rows..].iter().any(|&m| m)
+                // A per-batch rope offset indexes the original leading axis.
+                && (!matches!(self, FastOp::Rope(_)) || x[1].ndim() == 0)
+        });
+        if fused {
+            let n = self.output_specs(&x.iter().map(Array::spec).collect::<Vec<_>>()).map_or(1, |s| s.len());
+            return norm::record(self.clone(), x.to_vec(), n).into_iter().map(|o| (o, true)).collect();
+        }
+        let axes: Vec<Option<i32>> = mapped.iter().map(|&m| m.then_some(0)).collect();
+        let op = self.clone();
+        let n = self.output_specs(&x.iter().map(Array::spec).collect::<Vec<_>>()).map_or(1, |s| s.len());
+        let f = move |xs: &[Array]| Ok(op.composition(xs));
+        vmap_impl(&f, x, &AxesSpec::PerLeaf(axes), &AxesSpec::All(Some(0)))
+            .unwrap_or_else(|e| failed(e, n))
+            .into_iter()
+            .map(|o| (o, true))
+            .collect()
     }
 }
 

@@ -539,7 +539,7 @@ where
     }
 }
 
-fn vmap_impl(
+pub(crate) fn vmap_impl(
     f: &dyn Fn(&[Array]) -> Result<Vec<Array>>,
     args: &[Array],
     in_axes: &AxesSpec,

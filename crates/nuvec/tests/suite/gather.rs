@@ -200,7 +200,6 @@ fn check_derivatives(name: &str, f: impl Fn(&[Array]) -> Array + Clone, inputs: 
 }
 
 #[test]
-#[ignore = "index_arrays case rewritten (separate sums of the two indexings) but not yet re-run; scatter_max finite differences to be checked for ties"]
 fn derivatives_match_finite_differences() {
     let idx = array![[2, -1, 0], [0, 0, 1]];
     let x = ramp(&[2, 4]);
@@ -233,7 +232,9 @@ fn derivatives_match_finite_differences() {
         move |a| a[0].i((&ia, .., NewAxis, 1)).square().sum(..) + (a[0].i((1.., &ib)) * 3.0).sum(..),
         std::slice::from_ref(&y),
     );
-    let ic = array![2, 0, 2];
+    // Distinct indices: with duplicates which update a `set` keeps is unspecified (as in MLX),
+    // and the derivative gives every duplicate the cotangent, which no finite difference sees.
+    let ic = array![2, 0, 1];
     let w = ramp(&[3, 2]);
     check_derivatives("at_set", move |a| a[0].at((&ic, 1..3, 0)).set(&a[1]), &[y.clone(), w.clone()]);
     let id = array![2, 0, 2];
@@ -276,6 +277,9 @@ fn vmap_matches_a_loop() {
         assert_eq!(mapped.shape(), want.shape(), "{name}");
         // Scatter-adds on the GPU add in the order their atomics land: equal to the last bits.
         let (got, want) = (f64s(&mapped), f64s(&want));
-        assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-12 * (1.0 + w.abs())), "{name}: {got:?}\n{want:?}");
+        assert!(
+            got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-12 * (1.0 + w.abs())),
+            "{name}: {got:?}\n{want:?}"
+        );
     }
 }

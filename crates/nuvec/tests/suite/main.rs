@@ -8,6 +8,7 @@ mod conv_einsum;
 mod cuda_kernel;
 mod errors;
 mod eval;
+mod fast_ops;
 mod fixture;
 mod fuzz_ops;
 mod gather;

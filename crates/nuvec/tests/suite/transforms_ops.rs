@@ -288,7 +288,47 @@ fn all_cases(seed: u64) -> Vec<Case> {
     v.extend(binary_cases(&mut rng));
     v.extend(reduction_cases(&mut rng));
     v.extend(shape_cases(&mut rng));
+    v.extend(fast_cases(&mut rng));
     v
+}
+
+/// The fused operations of `nuvec::fast`, whose forward is a fused primitive and whose reverse
+/// mode goes through dedicated primitives (norms, cross entropy, RoPE's inverse rotation).
+fn fast_cases(rng: &mut Rng) -> Vec<Case> {
+    use Domain::*;
+    use nuvec::fast;
+    let s = |v: &[i32]| (v.to_vec(), Any);
+    let d = 2 + rng.below(7) as i32;
+    let targets = Array::from_slice(&[2i32, 0, -100, 4, 1, 3], [2, 3]);
+    vec![
+        case("fast_rms_norm", vec![s(&[3, d]), s(&[d])], |x| fast::rms_norm(&x[0], &x[1], 1e-5)),
+        case("fast_rms_norm_unweighted", vec![s(&[2, 3, d])], |x| fast::rms_norm(&x[0], None, 1e-3)),
+        case("fast_add_rms_norm", vec![s(&[3, d]), s(&[3, d]), s(&[d])], |x| {
+            let (h, y) = fast::add_rms_norm(&x[0], &x[1], &x[2], 1e-5);
+            h.sin() + y
+        }),
+        case("fast_layer_norm", vec![s(&[3, d]), s(&[d]), s(&[d])], |x| fast::layer_norm(&x[0], &x[1], &x[2], 1e-5)),
+        case("fast_layer_norm_bias_only", vec![s(&[4, d]), s(&[d])], |x| fast::layer_norm(&x[0], None, &x[1], 1e-5)),
+        case("fast_rms_norm_second_order", vec![s(&[2, d]), s(&[d])], move |x| {
+            // The gradient of <c, rms_norm(x, w)> is itself differentiated.
+            let c = Array::from_slice(&(0..2 * d).map(|i| (i as f64 * 0.37).sin()).collect::<Vec<_>>(), [2, d]);
+            let f = move |a: &[Array]| Ok(vec![(fast::rms_norm(&a[0], &a[1], 1e-5) * &c).sum(..)]);
+            let g = nuvec::transforms::vjp_flat(f, x, &[Array::from(1.0f64)]).unwrap().1;
+            g[0].square().sum(..) + g[1].square().sum(..)
+        }),
+        case("fast_rope", vec![s(&[2, 3, 4, 6])], |x| {
+            fast::rope(&x[0], 4, false, Some(10000.0), 1.0, &Array::from(3), None)
+        }),
+        case("fast_rope_traditional_scaled", vec![s(&[1, 2, 5, 8])], |x| {
+            fast::rope(&x[0], 8, true, Some(500.0), 0.5, &Array::from(0), None)
+        }),
+        case("fast_rope_freqs_batch_offsets", vec![s(&[2, 2, 3, 4])], |x| {
+            let freqs = Array::from_slice(&[1.0f32, 7.5], [2]);
+            fast::rope(&x[0], 4, false, None, 1.0, &Array::from_slice(&[1i32, 5], [2]), &freqs)
+        }),
+        case("fast_swiglu", vec![s(&[3, d]), s(&[3, d])], |x| fast::swiglu(&x[0], &x[1])),
+        case("fast_cross_entropy", vec![s(&[2, 3, 5])], move |x| fast::cross_entropy(&x[0], &targets)),
+    ]
 }
 
 fn inputs_of(c: &Case, rng: &mut Rng) -> Vec<Array> {

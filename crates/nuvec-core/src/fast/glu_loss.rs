@@ -1,0 +1,140 @@
+//! The gated MLP activation (SwiGLU) and the cross-entropy loss over the last axis.
+
+use crate::array::Array;
+use crate::dtype::{DType, promote_types};
+use crate::error::OpErrorKind;
+use crate::ops;
+use crate::storage::Spec;
+
+use super::FastOp;
+
+fn invalid(msg: String) -> OpErrorKind {
+    OpErrorKind::InvalidArgument(msg)
+}
+
+pub(super) fn swiglu_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let [gate, up] = inputs else {
+        return Err(invalid("swiglu: takes gate and up".into()));
+    };
+    if gate.shape != up.shape {
+        return Err(invalid(format!(
+            "swiglu: up must have gate's shape {:?}, got {:?}",
+            gate.shape.as_slice(),
+            up.shape.as_slice()
+        )));
+    }
+    let dtype = promote_types(gate.dtype, up.dtype);
+    if !dtype.is_float() {
+        return Err(invalid(format!("swiglu: needs floating inputs, got {dtype:?}")));
+    }
+    Ok(vec![Spec { shape: gate.shape.clone(), dtype }])
+}
+
+fn wide(x: &Array) -> Array {
+    if x.dtype() == DType::F64 { x.clone() } else { x.astype(DType::F32) }
+}
+
+/// `silu(gate) · up` in `float32`, rounded once.
+pub(super) fn swiglu_composition(gate: &Array, up: &Array) -> Array {
+    let dtype = promote_types(gate.dtype(), up.dtype());
+    let g = wide(gate);
+    (&g * g.sigmoid() * wide(up)).astype(dtype)
+}
+
+/// `silu(gate) · up`, the gated activation of LLaMA-style MLPs, computed in `float32` and
+/// rounded once to the inputs' promoted dtype. `gate` and `up` have the same shape.
+///
+/// ```
+/// use nuvec::{array, fast};
+/// let y = fast::swiglu(&array![0.0f32, 1.0], &array![3.0f32, 2.0]);
+/// let v: Vec<f32> = y.to_vec().unwrap();
+/// assert_eq!(v[0], 0.0);
+/// assert!((v[1] - 2.0 / (1.0 + (-1f32).exp())).abs() < 1e-6);
+/// ```
+#[track_caller]
+pub fn swiglu(gate: &Array, up: &Array) -> Array {
+    super::norm::record(FastOp::SwiGlu, vec![gate.clone(), up.clone()], 1).remove(0)
+}
+
+pub(super) fn cross_entropy_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let [logits, targets] = inputs else {
+        return Err(invalid("cross_entropy: takes logits and targets".into()));
+    };
+    let Some((&v, lead)) = logits.shape.split_last() else {
+        return Err(invalid("cross_entropy: logits must have at least one axis (the classes)".into()));
+    };
+    if !logits.dtype.is_float() {
+        return Err(invalid(format!("cross_entropy: logits must be floating, got {:?}", logits.dtype)));
+    }
+    if v == 0 {
+        return Err(invalid("cross_entropy: logits have no classes (last axis of size 0)".into()));
+    }
+    if !targets.dtype.is_integer() {
+        return Err(invalid(format!("cross_entropy: targets must be integers, got {:?}", targets.dtype)));
+    }
+    if targets.shape.as_slice() != lead {
+        return Err(invalid(format!(
+            "cross_entropy: targets must have shape {lead:?} (logits' without the class axis), got {:?}",
+            targets.shape.as_slice()
+        )));
+    }
+    Ok(vec![Spec { shape: targets.shape.clone(), dtype: loss_dtype(logits.dtype) }])
+}
+
+/// `float32`, or `float64` for `float64` logits.
+fn loss_dtype(logits: DType) -> DType {
+    if logits == DType::F64 { DType::F64 } else { DType::F32 }
+}
+
+/// Targets as an index into the class axis (`[..., 1]`, in range) and the mask of counted rows.
+fn target_index(targets: &Array, classes: i32) -> (Array, Array) {
+    let t = targets.astype(DType::I32);
+    let keep = t.greater_equal(0);
+    (ops::where_(&keep, &t, 0).minimum(classes - 1).expand_dims(-1), keep)
+}
+
+/// `logsumexp(logits) − logits[target]` in `float32` (`float64` for `float64` logits); 0 where the target is negative (ignored),
+/// NaN where it is `≥ classes`.
+pub(super) fn cross_entropy_composition(logits: &Array, targets: &Array) -> Array {
+    let v = *logits.shape().last().unwrap_or(&1);
+    let x = wide(logits);
+    let (idx, keep) = target_index(targets, v);
+    let picked = x.take_along_axis(&idx, -1).squeeze(-1);
+    let loss = x.logsumexp(-1) - picked;
+    let loss = ops::where_(targets.astype(DType::I32).greater_equal(v), f32::NAN, &loss);
+    ops::where_(&keep, &loss, 0.0).astype(loss_dtype(logits.dtype()))
+}
+
+/// `g · (softmax(logits) − onehot(target))`, zero on ignored rows, in the logits' dtype.
+pub(super) fn cross_entropy_vjp_composition(logits: &Array, targets: &Array, g: &Array) -> Array {
+    let v = *logits.shape().last().unwrap_or(&1);
+    let x = wide(logits);
+    let (idx, keep) = target_index(targets, v);
+    let onehot = ops::arange(0, v, 1).equal(&idx).astype(x.dtype());
+    let scale = ops::where_(&keep, wide(g), 0.0).expand_dims(-1);
+    ((x.softmax(-1) - onehot) * scale).astype(logits.dtype())
+}
+
+/// Cross-entropy loss per row: `logsumexp(logits) − logits[target]` over the last (class) axis,
+/// in `float32` whatever the logits' dtype (`float64` logits give `float64`). `targets` are integers of the logits' shape without
+/// the class axis; a negative target marks a row to ignore (loss 0, no gradient, as PyTorch's
+/// `ignore_index = -100`), and a target `≥ classes` gives NaN.
+///
+/// ```
+/// use nuvec::{array, fast};
+/// let logits = array![[0.0f32, 0.0], [2.0, 0.0]];
+/// let loss = fast::cross_entropy(&logits, &array![1, -100]);
+/// let v: Vec<f32> = loss.to_vec().unwrap();
+/// assert!((v[0] - 2f32.ln()).abs() < 1e-6);
+/// assert_eq!(v[1], 0.0);
+/// ```
+#[track_caller]
+pub fn cross_entropy(logits: &Array, targets: &Array) -> Array {
+    // Class indices travel as int32 (vocabularies stay far below 2³¹).
+    let targets = if targets.dtype().is_integer() && targets.dtype() != DType::I32 {
+        targets.astype(DType::I32)
+    } else {
+        targets.clone()
+    };
+    super::norm::record(FastOp::CrossEntropy, vec![logits.clone(), targets], 1).remove(0)
+}

@@ -1,0 +1,480 @@
+// Fused row kernels of nuvec::fast beyond softmax: RMS norm (with the residual add), layer norm,
+// their derivatives, SwiGLU, cross entropy and RoPE. Rows are contiguous (eval.rs copies
+// strided inputs first); statistics accumulate in f32 (f64 for double). One block per row,
+// grid-striding over rows; a row is read once from memory and again from cache.
+//
+// The derivative kernels keep each thread's share of the weight (and bias) gradient in
+// registers across the rows it visits (NV_RMS_SLOTS values per thread for the RMS norm,
+// NV_LN_SLOTS each of weight and bias for the layer norm; at most NV_NORM_VJP_THREADS threads,
+// so rows of up to slots × threads features) and write one partial row per block, which
+// col_sum adds. More slots spill (sm_90a, 512 threads: 32 slots spilled 178 bytes).
+#pragma once
+#include "fast.cuh"
+
+#ifndef NV_RMS_SLOTS
+#define NV_RMS_SLOTS 16
+#endif
+#ifndef NV_LN_SLOTS
+#define NV_LN_SLOTS 16
+#endif
+#ifndef NV_NORM_VJP_THREADS
+#define NV_NORM_VJP_THREADS 512
+#endif
+
+__device__ __forceinline__ float inv_sqrt(float v) { return rsqrtf(v); }
+__device__ __forceinline__ double inv_sqrt(double v) { return rsqrt(v); }
+__device__ __forceinline__ bool aligned16(const void* p) { return ((u64)p & 15) == 0; }
+
+// Sums of K values over the block (valid in every thread). `sm` holds 32 × K values.
+template <typename A, int K> __device__ __forceinline__ void block_sums(A (&v)[K], A* sm) {
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    for (int o = 16; o > 0; o >>= 1) v[k] += shfl_xor_any(v[k], o);
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  __syncthreads();  // the previous row's readers are done with sm
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) sm[k * 32 + warp] = v[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    v[k] = lane < nw ? sm[k * 32 + lane] : (A)0;
+    for (int o = 16; o > 0; o >>= 1) v[k] += shfl_xor_any(v[k], o);
+  }
+}
+
+// A row is visited in pieces of M elements: vectors of N = 16 / sizeof(T) when every pointer
+// the kernel touches is 16-byte aligned and the row a multiple of N (`vec`), single elements
+// otherwise. `visit(Width<M>{}, v, slot)` gets piece v (elements v·M .. v·M + M) and the
+// register index of its first element for this thread; pieces go round-robin over threads in
+// the same order on every row.
+template <int M> struct Width {
+  static constexpr int value = M;
+};
+
+template <typename T, typename F> __device__ __forceinline__ void for_row(u64 len, bool vec, F visit) {
+  const int N = 16 / sizeof(T);
+  int s = 0;
+  if (vec) {
+    for (u64 v = threadIdx.x; v < len / N; v += blockDim.x, s += N) visit(Width<N>{}, v, s);
+  } else {
+    for (u64 v = threadIdx.x; v < len; v += blockDim.x, ++s) visit(Width<1>{}, v, s);
+  }
+}
+
+// As for_row, unrolled over at most S register slots per thread, so that `slot` is a constant
+// and accumulators indexed by it stay in registers. The caller guarantees len ≤ S · blockDim.
+template <typename T, int S, typename F> __device__ __forceinline__ void for_slots(u64 len, bool vec, F visit) {
+  const int N = 16 / sizeof(T);
+  if (vec) {
+#pragma unroll
+    for (int s = 0; s < S / N; ++s) {
+      u64 v = threadIdx.x + (u64)s * blockDim.x;
+      if (v < len / N) visit(Width<N>{}, v, s * N);
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      u64 v = threadIdx.x + (u64)s * blockDim.x;
+      if (v < len) visit(Width<1>{}, v, s);
+    }
+  }
+}
+
+template <typename T, int M>
+__device__ __forceinline__ void load(const T* __restrict__ p, u64 v, typename Acc<T>::type (&out)[M]) {
+  Vec<T, M> r = reinterpret_cast<const Vec<T, M>*>(p)[v];
+#pragma unroll
+  for (int j = 0; j < M; ++j) out[j] = widen(r.v[j]);
+}
+// The weight's piece, or ones without a weight.
+template <typename T, int M>
+__device__ __forceinline__ void load_or_one(const T* __restrict__ p, u64 v, typename Acc<T>::type (&out)[M]) {
+  if (p) {
+    load<T, M>(p, v, out);
+  } else {
+#pragma unroll
+    for (int j = 0; j < M; ++j) out[j] = 1;
+  }
+}
+template <typename T, int M> __device__ __forceinline__ void store(T* __restrict__ p, u64 v, const T (&in)[M]) {
+  Vec<T, M> r;
+#pragma unroll
+  for (int j = 0; j < M; ++j) r.v[j] = in[j];
+  reinterpret_cast<Vec<T, M>*>(p)[v] = r;
+}
+
+template <typename T> __device__ __forceinline__ bool rows_vectorisable(u64 len, const void* a, const void* b,
+                                                                       const void* c, const void* d) {
+  const int N = 16 / sizeof(T);
+  return len % N == 0 && aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d);
+}
+
+// As the composition: the normalised value rounded to T, then times the weight (rounded).
+template <typename T> __device__ __forceinline__ T scaled(typename Acc<T>::type y, typename Acc<T>::type w, bool has_w) {
+  T r = narrow<T>(y);
+  return has_w ? narrow<T>(widen(r) * w) : r;
+}
+
+#define NV_PIECE constexpr int M = decltype(W)::value
+
+// ---- RMS norm: y = (x · rsqrt(mean(x²) + eps)) · w; with `res`, h = x + res is written to `h`
+// and normalised instead of x.
+template <typename T>
+__device__ __forceinline__ void rms_norm_rows(const T* __restrict__ x, const T* __restrict__ res, const T* __restrict__ w,
+                                              T* __restrict__ h, T* __restrict__ out, u64 rows, u64 len, float eps) {
+  typedef typename Acc<T>::type A;
+  __shared__ A sm[32];
+  bool vec = rows_vectorisable<T>(len, x, out, w ? (const void*)w : x, res ? (const void*)res : x) &&
+             (!h || aligned16(h));
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* p = x + row * len;
+    A s[1] = {0};
+    if (res) {
+      const T* r = res + row * len;
+      T* q = h + row * len;
+      for_row<T>(len, vec, [&](auto W, u64 v, int) {
+        NV_PIECE;
+        A a[M], b[M];
+        T hv[M];
+        load<T, M>(p, v, a);
+        load<T, M>(r, v, b);
+#pragma unroll
+        for (int j = 0; j < M; ++j) {
+          hv[j] = narrow<T>(a[j] + b[j]);
+          A c = widen(hv[j]);
+          s[0] += c * c;
+        }
+        store<T, M>(q, v, hv);
+      });
+      p = q;  // read back by the thread that wrote it
+    } else {
+      for_row<T>(len, vec, [&](auto W, u64 v, int) {
+        NV_PIECE;
+        A a[M];
+        load<T, M>(p, v, a);
+#pragma unroll
+        for (int j = 0; j < M; ++j) s[0] += a[j] * a[j];
+      });
+    }
+    block_sums<A, 1>(s, sm);
+    A n = inv_sqrt(s[0] / (A)len + (A)eps);
+    T* q = out + row * len;
+    for_row<T>(len, vec, [&](auto W, u64 v, int) {
+      NV_PIECE;
+      A a[M], wv[M];
+      T y[M];
+      load<T, M>(p, v, a);
+      load_or_one<T, M>(w, v, wv);
+#pragma unroll
+      for (int j = 0; j < M; ++j) y[j] = scaled<T>(a[j] * n, wv[j], w != nullptr);
+      store<T, M>(q, v, y);
+    });
+  }
+}
+
+// ---- Layer norm: y = ((x − μ) · rsqrt(σ² + eps)) · w + b, mean and variance in two passes.
+template <typename T>
+__device__ __forceinline__ void layer_norm_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                                T* __restrict__ out, u64 rows, u64 len, float eps) {
+  typedef typename Acc<T>::type A;
+  __shared__ A sm[32];
+  bool vec = rows_vectorisable<T>(len, x, out, w ? (const void*)w : x, b ? (const void*)b : x);
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* p = x + row * len;
+    A s[1] = {0};
+    for_row<T>(len, vec, [&](auto W, u64 v, int) {
+      NV_PIECE;
+      A a[M];
+      load<T, M>(p, v, a);
+#pragma unroll
+      for (int j = 0; j < M; ++j) s[0] += a[j];
+    });
+    block_sums<A, 1>(s, sm);
+    A mu = s[0] / (A)len;
+    s[0] = 0;
+    for_row<T>(len, vec, [&](auto W, u64 v, int) {
+      NV_PIECE;
+      A a[M];
+      load<T, M>(p, v, a);
+#pragma unroll
+      for (int j = 0; j < M; ++j) s[0] += (a[j] - mu) * (a[j] - mu);
+    });
+    block_sums<A, 1>(s, sm);
+    A n = inv_sqrt(s[0] / (A)len + (A)eps);
+    T* q = out + row * len;
+    for_row<T>(len, vec, [&](auto W, u64 v, int) {
+      NV_PIECE;
+      A a[M], wv[M], bv[M];
+      T y[M];
+      load<T, M>(p, v, a);
+      load_or_one<T, M>(w, v, wv);
+      if (b) load<T, M>(b, v, bv);
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        y[j] = scaled<T>((a[j] - mu) * n, wv[j], w != nullptr);
+        if (b) y[j] = narrow<T>(widen(y[j]) + bv[j]);
+      }
+      store<T, M>(q, v, y);
+    });
+  }
+}
+
+// ---- RMS norm derivative: with n = rsqrt(mean(x²) + eps) and u = g·w,
+// gx = n·u − x·n³·mean(u·x); the block's rows' Σ g·x·n go to part[blockIdx.x].
+template <typename T>
+__device__ __forceinline__ void rms_norm_vjp_rows(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g,
+                                                  T* __restrict__ gx, typename Acc<T>::type* __restrict__ part, u64 rows,
+                                                  u64 len, float eps) {
+  typedef typename Acc<T>::type A;
+  const int S = NV_RMS_SLOTS;
+  __shared__ A sm[64];
+  A acc[S];
+#pragma unroll
+  for (int k = 0; k < S; ++k) acc[k] = 0;
+  bool vec = rows_vectorisable<T>(len, x, g, gx, w ? (const void*)w : x);
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* p = x + row * len;
+    const T* gr = g + row * len;
+    A s[2] = {0, 0};
+    for_row<T>(len, vec, [&](auto W, u64 v, int) {
+      NV_PIECE;
+      A a[M], gv[M], wv[M];
+      load<T, M>(p, v, a);
+      load<T, M>(gr, v, gv);
+      load_or_one<T, M>(w, v, wv);
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        s[0] += a[j] * a[j];
+        s[1] += gv[j] * wv[j] * a[j];
+      }
+    });
+    block_sums<A, 2>(s, sm);
+    A n = inv_sqrt(s[0] / (A)len + (A)eps);
+    A c = n * n * n * (s[1] / (A)len);
+    T* q = gx + row * len;
+    for_slots<T, S>(len, vec, [&](auto W, u64 v, int slot) {
+      NV_PIECE;
+      A a[M], gv[M], wv[M];
+      T d[M];
+      load<T, M>(p, v, a);
+      load<T, M>(gr, v, gv);
+      load_or_one<T, M>(w, v, wv);
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        d[j] = narrow<T>(gv[j] * wv[j] * n - a[j] * c);
+        acc[slot + j] += gv[j] * (a[j] * n);
+      }
+      store<T, M>(q, v, d);
+    });
+  }
+  if (w) {
+    A* dst = part + (u64)blockIdx.x * len;
+    for_slots<T, S>(len, vec, [&](auto W, u64 v, int slot) {
+      NV_PIECE;
+#pragma unroll
+      for (int j = 0; j < M; ++j) dst[v * M + j] = acc[slot + j];
+    });
+  }
+}
+
+// ---- Layer norm derivative: with x̂ = (x − μ)·n and u = g·w,
+// gx = n·(u − mean(u) − x̂·mean(u·x̂)); Σ g·x̂ and Σ g go to part[2·blockIdx.x] and the row after.
+template <typename T>
+__device__ __forceinline__ void layer_norm_vjp_rows(const T* __restrict__ x, const T* __restrict__ w,
+                                                    const T* __restrict__ g, T* __restrict__ gx,
+                                                    typename Acc<T>::type* __restrict__ part, u64 rows, u64 len,
+                                                    float eps) {
+  typedef typename Acc<T>::type A;
+  const int S = NV_LN_SLOTS;
+  __shared__ A sm[96];
+  A aw[S], ab[S];
+#pragma unroll
+  for (int k = 0; k < S; ++k) aw[k] = ab[k] = 0;
+  bool vec = rows_vectorisable<T>(len, x, g, gx, w ? (const void*)w : x);
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* p = x + row * len;
+    const T* gr = g + row * len;
+    A s1[1] = {0};
+    for_row<T>(len, vec, [&](auto W, u64 v, int) {
+      NV_PIECE;
+      A a[M];
+      load<T, M>(p, v, a);
+#pragma unroll
+      for (int j = 0; j < M; ++j) s1[0] += a[j];
+    });
+    block_sums<A, 1>(s1, sm);
+    A mu = s1[0] / (A)len;
+    A s[3] = {0, 0, 0};
+    for_row<T>(len, vec, [&](auto W, u64 v, int) {
+      NV_PIECE;
+      A a[M], gv[M], wv[M];
+      load<T, M>(p, v, a);
+      load<T, M>(gr, v, gv);
+      load_or_one<T, M>(w, v, wv);
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        A c = a[j] - mu, u = gv[j] * wv[j];
+        s[0] += c * c;
+        s[1] += u;
+        s[2] += u * c;
+      }
+    });
+    block_sums<A, 3>(s, sm);
+    A n = inv_sqrt(s[0] / (A)len + (A)eps);
+    A mean_u = s[1] / (A)len, mean_ux = n * s[2] / (A)len;
+    T* q = gx + row * len;
+    for_slots<T, S>(len, vec, [&](auto W, u64 v, int slot) {
+      NV_PIECE;
+      A a[M], gv[M], wv[M];
+      T d[M];
+      load<T, M>(p, v, a);
+      load<T, M>(gr, v, gv);
+      load_or_one<T, M>(w, v, wv);
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        A xh = (a[j] - mu) * n;
+        d[j] = narrow<T>(n * (gv[j] * wv[j] - mean_u - xh * mean_ux));
+        aw[slot + j] += gv[j] * xh;
+        ab[slot + j] += gv[j];
+      }
+      store<T, M>(q, v, d);
+    });
+  }
+  A* dst = part + (u64)blockIdx.x * len * 2;
+  for_slots<T, S>(len, vec, [&](auto W, u64 v, int slot) {
+    NV_PIECE;
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      dst[v * M + j] = aw[slot + j];
+      dst[len + v * M + j] = ab[slot + j];
+    }
+  });
+}
+
+// out[c] = Σ_p part[p·stride + c] for c < len: the per-block partial rows added up.
+template <typename A> __device__ __forceinline__ void col_sum(const A* __restrict__ part, A* __restrict__ out, u64 parts,
+                                                              u64 len, u64 stride) {
+  for (u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x; c < len; c += (u64)gridDim.x * blockDim.x) {
+    A s = 0;
+    for (u64 p = 0; p < parts; ++p) s += part[p * stride + c];
+    out[c] = s;
+  }
+}
+
+// ---- SwiGLU: silu(gate) · up in f32, rounded once.
+template <typename T>
+__device__ __forceinline__ void swiglu_elems(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
+                                             u64 n) {
+  typedef typename Acc<T>::type A;
+  const int N = 16 / sizeof(T);
+  u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, lanes = (u64)gridDim.x * blockDim.x, start = 0;
+  if (aligned16(gate) && aligned16(up) && aligned16(out)) {
+    u64 nv = n / N;
+    for (u64 i = tid; i < nv; i += lanes) {
+      Vec<T, N> a = reinterpret_cast<const Vec<T, N>*>(gate)[i], b = reinterpret_cast<const Vec<T, N>*>(up)[i], r;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        A v = widen(a.v[j]);
+        r.v[j] = narrow<T>(v / ((A)1 + exp(-v)) * widen(b.v[j]));
+      }
+      reinterpret_cast<Vec<T, N>*>(out)[i] = r;
+    }
+    start = nv * N;
+  }
+  for (u64 i = start + tid; i < n; i += lanes) {
+    A v = widen(gate[i]);
+    out[i] = narrow<T>(v / ((A)1 + exp(-v)) * widen(up[i]));
+  }
+}
+
+// ---- Cross entropy: loss = logsumexp(row) − row[t] (0 for t < 0, NaN for t ≥ len), and its
+// derivative g·(softmax(row) − onehot(t)).
+template <typename T>
+__device__ __forceinline__ typename Acc<T>::type row_lse(const T* __restrict__ p, u64 len) {
+  auto ms = row_max_sum_block(p, len);
+  if (isinf(ms.m) || ms.m != ms.m) return ms.m;
+  return log(ms.s) + ms.m;
+}
+
+template <typename T>
+__device__ __forceinline__ void cross_entropy_rows(const T* __restrict__ x, const i32* __restrict__ t,
+                                                   typename Acc<T>::type* __restrict__ loss, u64 rows, u64 len) {
+  typedef typename Acc<T>::type A;
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    i32 target = t[row];
+    if (target < 0) {
+      if (threadIdx.x == 0) loss[row] = 0;
+      continue;  // uniform across the block: no barrier is skipped by some threads only
+    }
+    A lse = row_lse(x + row * len, len);
+    if (threadIdx.x == 0) loss[row] = (u64)target < len ? lse - widen(x[row * len + target]) : (A)NAN;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void cross_entropy_vjp_rows(const T* __restrict__ x, const i32* __restrict__ t,
+                                                       const typename Acc<T>::type* __restrict__ g, T* __restrict__ dx,
+                                                       u64 rows, u64 len) {
+  typedef typename Acc<T>::type A;
+  bool vec = rows_vectorisable<T>(len, x, dx, x, x);
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    i32 target = t[row];
+    const T* p = x + row * len;
+    T* q = dx + row * len;
+    // Ignored rows (and any row) go through the same barriers: the branch is block-uniform.
+    A lse = target < 0 ? (A)0 : row_lse(p, len), gv = target < 0 ? (A)0 : g[row];
+    // An out-of-range target has no one-hot column: as the composition (clamped index), the
+    // last column takes it, and the loss itself is NaN.
+    u64 hot = (u64)target < len ? (u64)target : len - 1;
+    A L = log2e_times(lse);
+    for_row<T>(len, vec, [&](auto W, u64 v, int) {
+      NV_PIECE;
+      A a[M];
+      T d[M];
+      load<T, M>(p, v, a);
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        A e = exp_shifted(a[j], lse, L);
+        d[j] = narrow<T>((e - (v * M + j == hot ? (A)1 : (A)0)) * gv);
+      }
+      store<T, M>(q, v, d);
+    });
+  }
+}
+
+// ---- RoPE over rows of `len` features ([rows = B·…·T, len]); positions (offset[b] + t)·scale,
+// b = row / per_batch, t = row % seq. inv_freq from log2(base) or 1/freqs. `sign` −1 is the
+// inverse rotation. Features from `dims` on are copied.
+template <typename T>
+__device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict__ out, const i32* __restrict__ offset,
+                                          int offset_per_batch, const float* __restrict__ freqs, float log2_base,
+                                          float scale, float sign, int traditional, u64 rows, u64 len, u64 dims,
+                                          u64 seq, u64 per_batch) {
+  typedef typename Acc<T>::type A;
+  u64 half = dims / 2, work = rows * half;
+  u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, lanes = (u64)gridDim.x * blockDim.x;
+  for (u64 k = tid; k < work; k += lanes) {
+    u64 row = k / half, i = k - row * half;
+    i32 off = offset[offset_per_batch ? row / per_batch : 0];
+    float pos = ((float)off + (float)(row % seq)) * scale;
+    float inv = freqs ? 1.0f / freqs[i] : exp2f(-(float)i * (log2_base / (float)half));
+    float s, c;
+    sincosf(pos * inv, &s, &c);
+    s *= sign;
+    u64 a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
+    const T* p = x + row * len;
+    T* q = out + row * len;
+    A x1 = widen(p[a]), x2 = widen(p[b]);
+    q[a] = narrow<T>(x1 * c - x2 * s);
+    q[b] = narrow<T>(x1 * s + x2 * c);
+  }
+  if (dims < len) {
+    u64 rest = len - dims;
+    for (u64 k = tid; k < rows * rest; k += lanes) {
+      u64 row = k / rest, i = dims + (k - row * rest);
+      out[row * len + i] = x[row * len + i];
+    }
+  }
+}

@@ -1,0 +1,370 @@
+//! `nuvec::fast` norms, RoPE, SwiGLU and cross entropy against float64 loops written here:
+//! rows of 1 to 65536 features (non-multiples of 8 included), several batch shapes, every
+//! float dtype, contiguous and strided inputs; the fused primitive against its composition;
+//! fused derivatives against the composition's; bad arguments named in the error. The tests
+//! run on the default device, so a GPU run (`NUVEC_REQUIRE_GPU=1`) checks its kernels.
+//! Derivatives against finite differences and vmap are in `transforms_ops.rs`.
+
+use nuvec::fast::{self, FastOp, RopeParams};
+use nuvec::transforms::vjp_flat;
+use nuvec::{Array, DType};
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn unit(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn values(&mut self, n: usize, lo: f64, hi: f64) -> Vec<f64> {
+        (0..n).map(|_| lo + (hi - lo) * self.unit()).collect()
+    }
+}
+
+const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+/// (rows, features): rows of 1..65536, non-multiples of 8 among them.
+const SHAPES: [(i32, i32); 9] =
+    [(1, 1), (3, 7), (5, 8), (4, 33), (17, 256), (2, 1000), (3, 4099), (2, 8192), (1, 65536)];
+
+/// The epsilon the tests pass, as the float32 the operations receive.
+const EPS5: f64 = 1e-5f32 as f64;
+
+fn f64s(a: &Array) -> Vec<f64> {
+    a.astype(DType::F64).to_vec::<f64>().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `values` in `dtype`, laid out as `[rows, d]` but strided when `strided` (the transpose of
+/// a `[d, rows]` array), and the values as the dtype rounded them.
+fn input(values: &[f64], rows: i32, d: i32, dtype: DType, strided: bool) -> (Array, Vec<f64>) {
+    let a = if strided {
+        let t: Vec<f64> = (0..d as usize)
+            .flat_map(|j| (0..rows as usize).map(move |i| (i, j)))
+            .map(|(i, j)| values[i * d as usize + j])
+            .collect();
+        Array::from_slice(&t, [d, rows]).astype(dtype).t()
+    } else {
+        Array::from_slice(values, [rows, d]).astype(dtype)
+    };
+    let rounded = f64s(&a);
+    (a, rounded)
+}
+
+fn epsilon(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        DType::F32 => 2f64.powi(-24),
+        _ => 2f64.powi(-53),
+    }
+}
+
+/// Rounding to `dtype` (a few times) plus `float32` accumulation over `d` terms.
+fn close(what: &str, got: &[f64], want: &[f64], dtype: DType, d: i32) {
+    let acc = if dtype == DType::F64 { epsilon(DType::F64) } else { epsilon(DType::F32) };
+    close_within(what, got, want, 4.0 * epsilon(dtype) + acc * (16.0 + (d as f64).sqrt()));
+}
+
+/// `|got − want| ≤ tol · (1 + |want|)` element by element.
+fn close_within(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g - w).abs() <= tol * (1.0 + w.abs()) || (g.is_nan() && w.is_nan());
+        assert!(ok, "{what}: element {i}: {g} vs {w} (tolerance {tol:e} relative)");
+    }
+}
+
+fn rms_ref(x: &[f64], d: usize, w: Option<&[f64]>, eps: f64) -> Vec<f64> {
+    x.chunks(d)
+        .flat_map(|r| {
+            let n = 1.0 / (r.iter().map(|v| v * v).sum::<f64>() / d as f64 + eps).sqrt();
+            r.iter().enumerate().map(move |(j, v)| v * n * w.map_or(1.0, |w| w[j]))
+        })
+        .collect()
+}
+
+fn layer_ref(x: &[f64], d: usize, w: Option<&[f64]>, b: Option<&[f64]>, eps: f64) -> Vec<f64> {
+    x.chunks(d)
+        .flat_map(|r| {
+            let mu = r.iter().sum::<f64>() / d as f64;
+            let var = r.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / d as f64;
+            let n = 1.0 / (var + eps).sqrt();
+            r.iter().enumerate().map(move |(j, v)| (v - mu) * n * w.map_or(1.0, |w| w[j]) + b.map_or(0.0, |b| b[j]))
+        })
+        .collect()
+}
+
+#[test]
+fn norms_match_float64_over_shapes_dtypes_and_layouts() {
+    let mut rng = Rng(7);
+    for &(rows, d) in &SHAPES {
+        let n = (rows * d) as usize;
+        let xv = rng.values(n, -3.0, 3.0);
+        let rv = rng.values(n, -1.0, 1.0);
+        let wv = rng.values(d as usize, 0.5, 1.5);
+        let bv = rng.values(d as usize, -0.5, 0.5);
+        for dtype in DTYPES {
+            for strided in [false, true] {
+                let what = |op: &str| format!("{op} {rows}x{d} {dtype:?} strided={strided}");
+                let (x, xr) = input(&xv, rows, d, dtype, strided);
+                let (w, wr) = input(&wv, 1, d, dtype, false);
+                let w = w.reshape([d]);
+                let (b, br) = input(&bv, 1, d, dtype, false);
+                let b = b.reshape([d]);
+                let y = fast::rms_norm(&x, &w, 1e-5);
+                assert_eq!((y.shape(), y.dtype()), (&[rows, d][..], dtype));
+                close(&what("rms_norm"), &f64s(&y), &rms_ref(&xr, d as usize, Some(&wr), EPS5), dtype, d);
+                let y = fast::rms_norm(&x, None, 1e-5);
+                close(&what("rms_norm (no weight)"), &f64s(&y), &rms_ref(&xr, d as usize, None, EPS5), dtype, d);
+                let y = fast::layer_norm(&x, &w, &b, 1e-5);
+                let want = layer_ref(&xr, d as usize, Some(&wr), Some(&br), EPS5);
+                close(&what("layer_norm"), &f64s(&y), &want, dtype, d);
+                let y = fast::layer_norm(&x, None, None, 1e-5);
+                close(&what("layer_norm (plain)"), &f64s(&y), &layer_ref(&xr, d as usize, None, None, EPS5), dtype, d);
+
+                let (r, rr) = input(&rv, rows, d, dtype, !strided);
+                let (h, y) = fast::add_rms_norm(&x, &r, &w, 1e-6);
+                // h is rounded to the dtype before the norm reads it, as in the composition.
+                let hr: Vec<f64> = f64s(&(&x + &r));
+                let hsum: Vec<f64> = xr.iter().zip(&rr).map(|(a, b)| a + b).collect();
+                close(&what("add_rms_norm h"), &f64s(&h), &hsum, dtype, 1);
+                close(
+                    &what("add_rms_norm y"),
+                    &f64s(&y),
+                    &rms_ref(&hr, d as usize, Some(&wr), 1e-6f32 as f64),
+                    dtype,
+                    d,
+                );
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rope_ref(
+    x: &[f64],
+    shape: &[i32],
+    dims: usize,
+    traditional: bool,
+    inv_freq: &[f64],
+    scale: f64,
+    offsets: &[i32],
+    forward: bool,
+) -> Vec<f64> {
+    let (t, d) = (shape[shape.len() - 2] as usize, shape[shape.len() - 1] as usize);
+    let per_batch = x.len() / shape[0] as usize;
+    let mut out = x.to_vec();
+    for (row, chunk) in out.chunks_mut(d).enumerate() {
+        let batch = row * d / per_batch;
+        let pos = (offsets[batch.min(offsets.len() - 1)] as f64 + (row % t) as f64) * scale;
+        let src = &x[row * d..row * d + d];
+        for i in 0..dims / 2 {
+            let (a, b) = if traditional { (2 * i, 2 * i + 1) } else { (i, i + dims / 2) };
+            let th = pos * inv_freq[i];
+            let (c, s) = (th.cos(), if forward { th.sin() } else { -th.sin() });
+            chunk[a] = src[a] * c - src[b] * s;
+            chunk[b] = src[a] * s + src[b] * c;
+        }
+    }
+    out
+}
+
+#[test]
+fn rope_matches_float64_over_layouts_offsets_and_dtypes() {
+    let mut rng = Rng(11);
+    // (shape, dims, traditional, base or freqs, scale, offsets)
+    let cases: Vec<(Vec<i32>, usize, bool, bool, f64, Vec<i32>)> = vec![
+        (vec![1, 4, 1, 128], 128, false, true, 1.0, vec![37]),
+        (vec![2, 3, 5, 64], 64, true, true, 1.0, vec![0]),
+        (vec![2, 2, 7, 80], 32, false, true, 0.25, vec![5, 1000]),
+        (vec![3, 9, 12], 6, true, false, 2.0, vec![2, 0, 9]),
+        (vec![1, 32, 33, 128], 128, false, false, 1.0, vec![4095]),
+    ];
+    for (shape, dims, traditional, with_base, scale, offsets) in cases {
+        let n: i32 = shape.iter().product();
+        let xv = rng.values(n as usize, -2.0, 2.0);
+        let half = dims / 2;
+        let base = 10000.0f64;
+        let freqs: Vec<f32> = (0..half).map(|i| 1.0 + 3.0 * i as f32).collect();
+        let inv_freq: Vec<f64> = if with_base {
+            (0..half).map(|i| (-(i as f64) * base.ln() / half as f64).exp()).collect()
+        } else {
+            freqs.iter().map(|&f| 1.0 / f as f64).collect()
+        };
+        let offset = if offsets.len() == 1 {
+            Array::from(offsets[0])
+        } else {
+            Array::from_slice(&offsets, [offsets.len() as i32])
+        };
+        let freq_arr = Array::from_slice(&freqs, [half as i32]);
+        for dtype in DTYPES {
+            let x = Array::from_slice(&xv, shape.as_slice()).astype(dtype);
+            let xr = f64s(&x);
+            let (b, f) = if with_base { (Some(base as f32), None) } else { (None, Some(&freq_arr)) };
+            let y = fast::rope(&x, dims as i32, traditional, b, scale as f32, &offset, f);
+            let what = format!("rope {shape:?} dims {dims} trad {traditional} {dtype:?}");
+            let want = rope_ref(&xr, &shape, dims, traditional, &inv_freq, scale, &offsets, true);
+            // Angles (up to ~4000 radians here) are float32: their error is ~position · 2⁻²⁴.
+            let max_pos = (offsets.iter().max().copied().unwrap_or(0) as f64 + shape[shape.len() - 2] as f64) * scale;
+            let tol = 4.0 * epsilon(dtype) + (16.0 + 4.0 * max_pos) * epsilon(DType::F32);
+            close_within(&what, &f64s(&y), &want, tol);
+            // The inverse rotation undoes it: the cotangent path.
+            let g = Array::from_slice(&xv, shape.as_slice()).astype(dtype);
+            let op = FastOp::Rope(RopeParams {
+                dims: dims as i32,
+                traditional,
+                base: b,
+                scale: scale as f32,
+                forward: true,
+            });
+            let mut inputs = vec![x.clone(), offset.clone()];
+            inputs.extend(f.cloned());
+            let f_op = op.clone();
+            let (_, d) = vjp_flat(move |a| Ok(f_op.composition(a)), &inputs, std::slice::from_ref(&g)).unwrap();
+            let want = rope_ref(&f64s(&g), &shape, dims, traditional, &inv_freq, scale, &offsets, false);
+            close_within(&format!("{what} (vjp)"), &f64s(&d[0]), &want, tol);
+        }
+    }
+}
+
+#[test]
+fn swiglu_and_cross_entropy_match_float64() {
+    let mut rng = Rng(13);
+    for &(rows, d) in &SHAPES {
+        let n = (rows * d) as usize;
+        let (gv, uv) = (rng.values(n, -6.0, 6.0), rng.values(n, -2.0, 2.0));
+        let targets: Vec<i32> = (0..rows).map(|r| if r % 5 == 4 { -100 } else { (r * 7919) % d }).collect();
+        for dtype in DTYPES {
+            for strided in [false, true] {
+                let what = |op: &str| format!("{op} {rows}x{d} {dtype:?} strided={strided}");
+                let (g, gr) = input(&gv, rows, d, dtype, strided);
+                let (u, ur) = input(&uv, rows, d, dtype, false);
+                let y = fast::swiglu(&g, &u);
+                let want: Vec<f64> = gr.iter().zip(&ur).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+                close(&what("swiglu"), &f64s(&y), &want, dtype, 1);
+
+                let t = Array::from_slice(&targets, [rows]);
+                let loss = fast::cross_entropy(&g, &t);
+                assert_eq!(loss.dtype(), if dtype == DType::F64 { DType::F64 } else { DType::F32 });
+                let want: Vec<f64> = gr
+                    .chunks(d as usize)
+                    .zip(&targets)
+                    .map(|(r, &t)| {
+                        if t < 0 {
+                            return 0.0;
+                        }
+                        let m = r.iter().cloned().fold(f64::MIN, f64::max);
+                        m + r.iter().map(|v| (v - m).exp()).sum::<f64>().ln() - r[t as usize]
+                    })
+                    .collect();
+                // The loss is float32 whatever the logits (float64 for float64): accumulation only.
+                let loss_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+                close(&what("cross_entropy"), &f64s(&loss), &want, loss_dtype, d);
+            }
+        }
+    }
+}
+
+/// The fused derivative primitives against the derivative of the composition.
+#[test]
+fn fused_derivatives_match_the_composition() {
+    let mut rng = Rng(17);
+    for &(rows, d) in &[(3, 7), (4, 256), (2, 4099)] {
+        let n = (rows * d) as usize;
+        for dtype in [DType::F32, DType::BF16] {
+            let x = Array::from_slice(&rng.values(n, -2.0, 2.0), [rows, d]).astype(dtype);
+            let r = Array::from_slice(&rng.values(n, -2.0, 2.0), [rows, d]).astype(dtype);
+            let w = Array::from_slice(&rng.values(d as usize, 0.5, 1.5), [d]).astype(dtype);
+            let b = Array::from_slice(&rng.values(d as usize, -1.0, 1.0), [d]).astype(dtype);
+            let c = Array::from_slice(&rng.values(n, -1.0, 1.0), [rows, d]).astype(dtype);
+            let targets = Array::from_slice(
+                &(0..rows).map(|i| if i == 1 { -1 } else { (i * 31) % d }).collect::<Vec<i32>>(),
+                [rows],
+            );
+            let cases: Vec<(&str, FastOp, Vec<Array>, Vec<Array>)> = vec![
+                (
+                    "rms_norm",
+                    FastOp::RmsNorm { eps: 1e-5, weighted: true },
+                    vec![x.clone(), w.clone()],
+                    vec![c.clone()],
+                ),
+                (
+                    "add_rms_norm",
+                    FastOp::AddRmsNorm { eps: 1e-5, weighted: true },
+                    vec![x.clone(), r.clone(), w.clone()],
+                    vec![r.clone(), c.clone()],
+                ),
+                (
+                    "layer_norm",
+                    FastOp::LayerNorm { eps: 1e-5, weighted: true, biased: true },
+                    vec![x.clone(), w.clone(), b.clone()],
+                    vec![c.clone()],
+                ),
+                (
+                    "cross_entropy",
+                    FastOp::CrossEntropy,
+                    vec![x.clone(), targets.clone()],
+                    vec![Array::from_slice(&rng.values(rows as usize, 0.5, 2.0), [rows]).astype(DType::F32)],
+                ),
+            ];
+            for (name, op, inputs, cots) in cases {
+                let (fused_op, comp_op) = (op.clone(), op.clone());
+                let (_, fused) = vjp_flat(
+                    move |a| {
+                        Ok(nuvec::Array::from_op_multi(
+                            fused_op.name(),
+                            nuvec::graph::Primitive::Fast(fused_op.clone()),
+                            a.to_vec(),
+                        ))
+                    },
+                    &inputs,
+                    &cots,
+                )
+                .unwrap();
+                let (_, comp) = vjp_flat(move |a| Ok(comp_op.composition(a)), &inputs, &cots).unwrap();
+                for (i, (f, c)) in fused.iter().zip(&comp).enumerate() {
+                    if !inputs[i].dtype().is_float() {
+                        continue;
+                    }
+                    assert_eq!((f.shape(), f.dtype()), (c.shape(), c.dtype()), "{name} input {i}");
+                    // Sums over rows accumulate differently: bf16 rounding of each path.
+                    close(&format!("{name} {rows}x{d} {dtype:?} d(input {i})"), &f64s(f), &f64s(c), dtype, d * rows);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_fail_naming_them() {
+    let x = Array::from_slice(&[1.0f32; 24], [2, 3, 4]);
+    let msg = |a: &Array| a.clone().check().expect_err("must fail").to_string();
+    let w3 = Array::from_slice(&[1.0f32; 3], [3]);
+    assert!(msg(&fast::rms_norm(&x, &w3, 1e-5)).contains("weight"));
+    assert!(msg(&fast::layer_norm(&x, None, &w3, 1e-5)).contains("bias"));
+    assert!(msg(&fast::rms_norm(&Array::from_slice(&[1i32; 4], [4]), None, 1e-5)).contains("floating"));
+    assert!(msg(&fast::rms_norm(&Array::from(1.0f32), None, 1e-5)).contains("axis"));
+    let (h, y) = fast::add_rms_norm(&x, &w3, None, 1e-5);
+    assert!(msg(&h).contains("residual") && msg(&y).contains("residual"));
+    let off = Array::from(0);
+    assert!(msg(&fast::rope(&x, 3, false, Some(1e4), 1.0, &off, None)).contains("dims"));
+    assert!(msg(&fast::rope(&x, 6, false, Some(1e4), 1.0, &off, None)).contains("dims"));
+    assert!(msg(&fast::rope(&x, 4, false, None, 1.0, &off, None)).contains("base and freqs"));
+    assert!(msg(&fast::rope(&x, 4, false, Some(1e4), 1.0, &off, &w3)).contains("base and freqs"));
+    let f3 = Array::from_slice(&[1.0f32; 3], [3]);
+    assert!(msg(&fast::rope(&x, 4, false, None, 1.0, &off, &f3)).contains("freqs"));
+    assert!(
+        msg(&fast::rope(&x, 4, false, Some(1e4), 1.0, &Array::from_slice(&[0, 1, 2], [3]), None)).contains("offset")
+    );
+    assert!(msg(&fast::rope(&x, 4, false, Some(1e4), 1.0, &Array::from(0.5f32), None)).contains("offset"));
+    assert!(msg(&fast::rope(&x.reshape([6, 4]), 4, false, Some(1e4), 1.0, &off, None)).contains("3-D"));
+    assert!(msg(&fast::swiglu(&x, &w3)).contains("up"));
+    assert!(msg(&fast::cross_entropy(&x, &Array::from_slice(&[0i32; 3], [3]))).contains("targets"));
+    assert!(msg(&fast::cross_entropy(&x, &Array::from_slice(&[0.0f32; 6], [2, 3]))).contains("targets"));
+    // Out-of-range targets give NaN, never a read outside the row.
+    let loss = fast::cross_entropy(&x, &Array::from_slice(&[0, 4, 1, 9, -1, 3], [2, 3]));
+    let v = loss.to_vec::<f32>().unwrap();
+    assert!(v[1].is_nan() && v[3].is_nan() && v[4] == 0.0 && v[0].is_finite());
+}
