@@ -14,6 +14,7 @@ mod fuzz_ops;
 mod gather;
 mod gpu;
 mod mlx_conv;
+mod mlx_fast;
 mod mlx_fixtures;
 mod mlx_gather;
 mod mlx_quant;
