@@ -725,3 +725,38 @@ fn quantization_agrees() {
         }
     }
 }
+
+/// The fast operations run as fused kernels on the GPU (not silently as their compositions),
+/// so `fast_ops` and `mlx_fast` test the kernels when the GPU is the default device.
+#[test]
+fn fast_ops_have_gpu_kernels() {
+    use nuvec::fast::{FastOp, RopeParams};
+    use nuvec::graph::{Primitive, Spec, backend_for};
+    if !gpu() {
+        return;
+    }
+    let backend = backend_for(Device::gpu(0)).unwrap();
+    let spec = |shape: &[i32], dtype: DType| Spec { shape: shape.iter().copied().collect(), dtype };
+    for d in [DType::F32, DType::F16, DType::BF16] {
+        let (x, w) = (spec(&[64, 4096], d), spec(&[4096], d));
+        let rows = spec(&[64], DType::I32);
+        let acc = spec(&[64], DType::F32);
+        let rope = RopeParams { dims: 128, traditional: false, base: Some(1e4), scale: 1.0, forward: true };
+        let cases: Vec<(FastOp, Vec<Spec>)> = vec![
+            (FastOp::RmsNorm { eps: 1e-5, weighted: true }, vec![x.clone(), w.clone()]),
+            (FastOp::AddRmsNorm { eps: 1e-5, weighted: true }, vec![x.clone(), x.clone(), w.clone()]),
+            (FastOp::LayerNorm { eps: 1e-5, weighted: true, biased: true }, vec![x.clone(), w.clone(), w.clone()]),
+            (FastOp::RmsNormVjp { eps: 1e-5, weighted: true }, vec![x.clone(), w.clone(), x.clone()]),
+            (FastOp::LayerNormVjp { eps: 1e-5, weighted: true, biased: true }, vec![x.clone(), w.clone(), x.clone()]),
+            (FastOp::SwiGlu, vec![x.clone(), x.clone()]),
+            (FastOp::CrossEntropy, vec![x.clone(), rows.clone()]),
+            (FastOp::CrossEntropyVjp, vec![x.clone(), rows.clone(), acc.clone()]),
+            (FastOp::Rope(rope), vec![spec(&[1, 32, 16, 128], d), spec(&[], DType::I32)]),
+        ];
+        for (op, inputs) in cases {
+            let outputs = op.output_specs(&inputs).unwrap();
+            let name = op.name();
+            assert!(backend.supports(&Primitive::Fast(op), &inputs, &outputs), "{name} {d:?} has no GPU kernel");
+        }
+    }
+}
