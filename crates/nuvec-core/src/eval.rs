@@ -80,11 +80,10 @@ fn schedule(outputs: &[Array]) -> Vec<Array> {
             if *next < node_ref.inputs.len() {
                 let input = node_ref.inputs[*next].clone();
                 *next += 1;
-                if let Some(n) = pending_node(&input) {
-                    if seen.insert(Arc::as_ptr(&n)) {
+                if let Some(n) = pending_node(&input)
+                    && seen.insert(Arc::as_ptr(&n)) {
                         stack.push((input, Some(n), 0));
                     }
-                }
             } else {
                 order.push(array.clone());
                 stack.pop();

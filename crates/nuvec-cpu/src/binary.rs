@@ -13,15 +13,15 @@ pub fn eval(op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()
     use BinaryOp::*;
     let dtype = a.dtype;
     match op {
-        Add => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::add(x, y))),
-        Subtract => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::sub(x, y))),
-        Multiply => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::mul(x, y))),
-        Divide => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::div(x, y))),
-        FloorDivide => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::floor_div(x, y))),
-        Remainder => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::rem(x, y))),
-        Power => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::pow(x, y))),
-        Maximum => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::max(x, y))),
-        Minimum => for_all!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Num::min(x, y))),
+        Add => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::add)),
+        Subtract => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::sub)),
+        Multiply => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::mul)),
+        Divide => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::div)),
+        FloorDivide => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::floor_div)),
+        Remainder => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::rem)),
+        Power => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::pow)),
+        Maximum => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::max)),
+        Minimum => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::min)),
         Equal => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(x == y))),
         NotEqual => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(x != y))),
         Less => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(Num::lt(x, y)))),
@@ -30,11 +30,11 @@ pub fn eval(op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()
         GreaterEqual => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(Num::le(y, x)))),
         LogicalAnd => map2::<B8, B8, B8>(a, b, out, |x, y| B8(x.0 & y.0)),
         LogicalOr => map2::<B8, B8, B8>(a, b, out, |x, y| B8(x.0 | y.0)),
-        BitwiseAnd => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::and(x, y))),
-        BitwiseOr => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::or(x, y))),
-        BitwiseXor => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::xor(x, y))),
-        LeftShift => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::shl(x, y))),
-        RightShift => for_int!(dtype, T => map2::<T, T, T>(a, b, out, |x, y| Bits::shr(x, y))),
+        BitwiseAnd => for_int!(dtype, T => map2::<T, T, T>(a, b, out, Bits::and)),
+        BitwiseOr => for_int!(dtype, T => map2::<T, T, T>(a, b, out, Bits::or)),
+        BitwiseXor => for_int!(dtype, T => map2::<T, T, T>(a, b, out, Bits::xor)),
+        LeftShift => for_int!(dtype, T => map2::<T, T, T>(a, b, out, Bits::shl)),
+        RightShift => for_int!(dtype, T => map2::<T, T, T>(a, b, out, Bits::shr)),
         LogAddExp if dtype == DType::Complex64 => {
             map2::<nuvec_core::Complex64, nuvec_core::Complex64, nuvec_core::Complex64>(a, b, out, complex_logaddexp)
         }

@@ -55,7 +55,7 @@ fn flat_plan(ops: &[&Operand]) -> Option<(Vec<Flat>, Option<Layout>)> {
 }
 
 /// The dense range of `op`'s elements as a slice (its whole span for a flat operand).
-fn dense<'a, T: Elem>(op: &'a Operand, n: usize) -> Result<&'a [T]> {
+fn dense<T: Elem>(op: &Operand, n: usize) -> Result<&[T]> {
     let s = host_slice::<T>(op)?;
     let start = op.data.layout.offset;
     s.get(start..start + n).ok_or_else(|| internal("operand shorter than its layout"))

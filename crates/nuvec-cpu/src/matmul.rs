@@ -29,7 +29,7 @@ pub fn eval(a: Operand, b: Operand, c: Option<Operand>, alpha: f32, beta: f32, o
         None => HostBuffer::uninit(out.size() * out.dtype.size()),
     };
     let read_dst =
-        beta != 0.0 && buf.len() > 0 && matches!(out.dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+        beta != 0.0 && !buf.is_empty() && matches!(out.dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
     match out.dtype {
         DType::F32 => gemm_batched::<f32>(&a, &b, buf.as_mut_slice(), &out.shape, read_dst, beta, alpha)?,
         DType::F64 => gemm_batched::<f64>(&a, &b, buf.as_mut_slice(), &out.shape, read_dst, beta as f64, alpha as f64)?,

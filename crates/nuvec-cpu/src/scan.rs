@@ -18,10 +18,10 @@ pub fn eval(op: ScanOp, axis: usize, reverse: bool, inclusive: bool, x: Operand,
         ScanOp::LogAddExp | ScanOp::Sum | ScanOp::Prod if dtype.is_float() => {
             for_float!(dtype, T => float::<T>(&plan, op, &x, out))
         }
-        ScanOp::Sum => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::zero(), |a, v| Num::add(a, v), |a| a)),
-        ScanOp::Prod => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::one(), |a, v| Num::mul(a, v), |a| a)),
-        ScanOp::Max => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::lowest(), |a, v| Num::max(a, v), |a| a)),
-        ScanOp::Min => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::highest(), |a, v| Num::min(a, v), |a| a)),
+        ScanOp::Sum => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::zero(), Num::add, |a| a)),
+        ScanOp::Prod => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::one(), Num::mul, |a| a)),
+        ScanOp::Max => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::lowest(), Num::max, |a| a)),
+        ScanOp::Min => for_all!(dtype, T => plan.run::<T, T>(&x, out, T::highest(), Num::min, |a| a)),
         ScanOp::LogAddExp if dtype == DType::Complex64 => {
             let init = Complex64::new(f32::NEG_INFINITY, 0.0);
             plan.run::<Complex64, Complex64>(&x, out, init, crate::binary::complex_logaddexp, |a| a)

@@ -27,17 +27,16 @@ impl<const K: usize> Rows<K> {
                 continue;
             }
             let s: [isize; K] = std::array::from_fn(|k| strides[k][i]);
-            if let Some((pd, ps)) = dims.last_mut() {
-                if (0..K).all(|k| ps[k] == s[k] * d as isize) {
+            if let Some((pd, ps)) = dims.last_mut()
+                && (0..K).all(|k| ps[k] == s[k] * d as isize) {
                     *pd *= d as usize;
                     *ps = s;
                     continue;
                 }
-            }
             dims.push((d as usize, s));
         }
         let base = base.map(|b| b as isize);
-        if shape.iter().any(|&d| d == 0) {
+        if shape.contains(&0) {
             return Rows {
                 outer_shape: vec![],
                 outer_strides: vec![],

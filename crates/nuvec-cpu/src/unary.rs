@@ -19,7 +19,7 @@ pub fn eval(op: UnaryOp, x: Operand, out: &mut Output) -> Result<()> {
     }
     match op {
         LogicalNot => map1::<B8, B8>(x, out, |v| B8::new(!v.get())),
-        BitwiseInvert => for_int!(dtype, T => map1::<T, T>(x, out, |v| Bits::not(v))),
+        BitwiseInvert => for_int!(dtype, T => map1::<T, T>(x, out, Bits::not)),
         Abs | Sign | Negative | Square => match dtype {
             d if d.is_float() => for_float!(d, T => simple::<T>(op, x, out)),
             d => for_int!(d, T => simple::<T>(op, x, out)),
@@ -91,7 +91,7 @@ fn complex(op: UnaryOp, x: Operand, out: &mut Output) -> Result<()> {
     let go = |x, out: &mut Output, f: fn(Complex64) -> Complex64| map1::<Complex64, Complex64>(x, out, f);
     match op {
         Abs => map1::<Complex64, f32>(x, out, |v| v.norm()),
-        Sign => go(x, out, |v| Num::sign(v)),
+        Sign => go(x, out, Num::sign),
         Negative => go(x, out, |v| -v),
         Square => go(x, out, |v| v * v),
         Round => go(x, out, |v| Complex64::new(round_half_even(v.re), round_half_even(v.im))),

@@ -24,7 +24,7 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 5e-1;
     let y = p * r * r + r + 1.0;
     let n1 = ni >> 1;
     let n2 = ni - n1;

@@ -254,11 +254,10 @@ pub fn cache_file_name(source: &str, arch: &str, extra_headers: &[(&str, &str)])
 pub fn cached_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&str, &str)]) -> Result<Vec<u8>> {
     let key = cache_file_name(source, arch, extra_headers)?;
     let path = cache_dir().map(|d| d.join(&key));
-    if let Some(p) = &path {
-        if let Ok(bin) = std::fs::read(p) {
+    if let Some(p) = &path
+        && let Ok(bin) = std::fs::read(p) {
             return Ok(bin);
         }
-    }
     let bin = compile_cubin(source, name, arch, extra_headers)?;
     if let Some(p) = &path {
         // Write then rename, so concurrent processes never read a partial file.

@@ -34,13 +34,12 @@ impl Dims {
             for j in 0..k {
                 s[j] = strides[j][i] as i64;
             }
-            if let Some((pd, ps)) = dims.last_mut() {
-                if (0..k).all(|j| ps[j] == s[j] * d as i64) {
+            if let Some((pd, ps)) = dims.last_mut()
+                && (0..k).all(|j| ps[j] == s[j] * d as i64) {
                     *pd *= d as i64;
                     *ps = s;
                     continue;
                 }
-            }
             dims.push((d as i64, s));
         }
         if dims.len() > MAX_DIMS {

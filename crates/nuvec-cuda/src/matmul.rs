@@ -244,21 +244,19 @@ pub(crate) fn matmul(
         }
         return Err(internal("addmm with an empty inner dimension reached the GPU"));
     }
-    if !with_c && batch == 1 && m <= 8 && matches!(dtype, DType::F16 | DType::BF16 | DType::F32) && alpha == 1.0 {
-        if let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k)? {
+    if !with_c && batch == 1 && m <= 8 && matches!(dtype, DType::F16 | DType::BF16 | DType::F32) && alpha == 1.0
+        && let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k)? {
             return Ok(done);
         }
-    }
     // Operands whose layout cuBLASLt cannot read become row-major copies.
     let fit = |op: Operand| -> Result<(Operand, Mat)> {
         let rr = op.shape.len();
         let (rows, cols) = (op.shape[rr - 2] as u64, op.shape[rr - 1] as u64);
         let s = &op.data.layout.strides;
-        if let Some(bs) = batch_stride(&op, nb) {
-            if let Some(mat) = as_col_major(rows, cols, s[rr - 2], s[rr - 1], bs) {
+        if let Some(bs) = batch_stride(&op, nb)
+            && let Some(mat) = as_col_major(rows, cols, s[rr - 2], s[rr - 1], bs) {
                 return Ok((op, mat));
             }
-        }
         let op = row_major(gpu, op)?;
         let mat = as_col_major(rows, cols, cols.max(1) as isize, 1, (rows * cols) as isize)
             .ok_or_else(|| internal("row-major operand has no cuBLASLt layout"))?;
@@ -338,7 +336,7 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
     let ldx = if m > 1 { sa0 as u64 } else { k };
     let family = Family::Gemv(a.dtype);
     let x_aligned = xp % 16 == 0 && (m == 1 || ldx % v == 0);
-    if sb0 == 1 && sb1 as u64 >= k && x_aligned && wp % 16 == 0 && (sb1 as u64) % v == 0 {
+    if sb0 == 1 && sb1 as u64 >= k && x_aligned && wp % 16 == 0 && (sb1 as u64).is_multiple_of(v) {
         // B = W^T with W [N, K] row-major: one warp per output column.
         let f = kernel(gpu, family, &format!("gemv_rows_{m}"))?;
         let grid = n.div_ceil((BLOCK / 32) as u64).min(65535 * 32) as u32;
@@ -355,7 +353,7 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
         launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
         return Ok(Some(()));
     }
-    if sb1 == 1 && sb0 as u64 >= n && wp % 16 == 0 && (sb0 as u64) % v == 0 {
+    if sb1 == 1 && sb0 as u64 >= n && wp % 16 == 0 && (sb0 as u64).is_multiple_of(v) {
         // B [K, N] row-major: a block per tile of columns and slice of K (gemv.cuh). Slices: as
         // many as keep every block resident in one wave (a second, partial wave measured 15%
         // slower on the H200), at least 128 rows each.

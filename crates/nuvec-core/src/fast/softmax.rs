@@ -48,5 +48,5 @@ pub(super) fn logsumexp_composition(x: &Array) -> Array {
     let m = xf.max_keepdims(-1).stop_gradient();
     let out = (&xf - &m).exp().sum_keepdims(-1).log() + &m;
     // Rows whose maximum is infinite (all -inf, or a +inf) give that maximum.
-    crate::ops::where_(&m.isinf(), &m, &out).astype(x.dtype())
+    crate::ops::where_(m.isinf(), &m, &out).astype(x.dtype())
 }

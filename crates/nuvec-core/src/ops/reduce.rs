@@ -136,7 +136,7 @@ impl Array {
             Err(f) => return f,
         };
         let x = self.astype(self.dtype().at_least_float());
-        let mu = x.mean_keepdims(&list.iter().map(|&a| a as i32).collect::<Vec<_>>());
+        let mu = x.mean_keepdims(list.iter().map(|&a| a as i32).collect::<Vec<_>>());
         let d = &x - &mu;
         let sq = if x.dtype() == DType::Complex64 { d.abs().square() } else { d.square() };
         let divisor = (count(self, &list) - options.ddof as f64).max(0.0);

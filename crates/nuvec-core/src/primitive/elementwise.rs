@@ -288,7 +288,7 @@ impl BinaryOp {
             Power => {
                 let da = g * b * a.power(b - 1.0);
                 // d/db a^b = a^b log a, taken as 0 where a == 0 (as MLX).
-                let log_a = crate::ops::where_(&a.equal(0.0), 0.0, &a.log());
+                let log_a = crate::ops::where_(a.equal(0.0), 0.0, a.log());
                 [Some(da), Some(g * y * log_a)]
             }
             Maximum => {

@@ -313,7 +313,7 @@ impl Primitive {
             Primitive::Broadcast(shape) => {
                 arity(1)?;
                 let b = crate::shape::broadcast_shapes(&inputs[0].shape, shape)?;
-                if &b[..] != &shape[..] {
+                if b[..] != shape[..] {
                     return Err(OpErrorKind::ShapeMismatch { lhs: inputs[0].shape.to_vec(), rhs: shape.to_vec() });
                 }
                 one(shape.clone(), inputs[0].dtype)

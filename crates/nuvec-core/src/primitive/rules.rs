@@ -109,7 +109,7 @@ impl Primitive {
         match self {
             Primitive::Unary(op) => vec![t[0].as_ref().and_then(|ti| op.derivative(&x[0], &y[0], ti))],
             Primitive::Binary(op) => vec![op.jvp(&x[0], &x[1], &y[0], t[0].as_ref(), t[1].as_ref())],
-            Primitive::Select => vec![Some(ops::where_(&x[0], &tz(1), &tz(2)))],
+            Primitive::Select => vec![Some(ops::where_(&x[0], tz(1), tz(2)))],
             Primitive::AsType(d) => vec![t[0].as_ref().filter(|ti| ti.dtype().is_inexact()).map(|ti| ti.astype(*d))],
             Primitive::StopGradient | Primitive::BitCast(_) => vec![None],
             // Linear primitives: the same primitive applied to the tangents.
@@ -181,8 +181,8 @@ impl Primitive {
         let one = |a: Array| vec![(a, true)];
         match self {
             Primitive::Unary(op) => one(crate::ops::elementwise::unary(*op, &x[0])),
-            Primitive::Binary(op) => one(crate::ops::elementwise::binary(*op, &lead(0), &lead(1))),
-            Primitive::Select => one(ops::where_(&lead(0), &lead(1), &lead(2))),
+            Primitive::Binary(op) => one(crate::ops::elementwise::binary(*op, lead(0), lead(1))),
+            Primitive::Select => one(ops::where_(lead(0), lead(1), lead(2))),
             Primitive::AsType(d) => one(x[0].astype(*d)),
             Primitive::Copy => one(x[0].contiguous()),
             Primitive::Identity => one(x[0].clone()),
@@ -192,7 +192,7 @@ impl Primitive {
                 let st: Vec<i32> = std::iter::once(0).chain(start.iter().copied()).collect();
                 let sp: Vec<i32> = std::iter::once(b).chain(window).collect();
                 let sd: Vec<i32> = std::iter::once(1).chain(step.iter().copied()).collect();
-                one(full(0).slice_update(&full(1), &st, &sp, &sd))
+                one(full(0).slice_update(full(1), &st, &sp, &sd))
             }
             Primitive::Reduce { op, axes } => {
                 let ax: Vec<usize> = axes.iter().map(|&a| a + 1).collect();

@@ -148,7 +148,7 @@ pub fn view_layout(prim: &Primitive, input: &Spec, layout: &Layout, out_shape: &
             if from == to {
                 return Some(layout.clone());
             }
-            if !layout.flags.row_contiguous || (layout.offset * from) % to != 0 {
+            if !layout.flags.row_contiguous || !(layout.offset * from).is_multiple_of(to) {
                 return None;
             }
             Some(Layout::new(out_shape, crate::shape::row_major_strides(out_shape), layout.offset * from / to))
@@ -201,32 +201,6 @@ pub fn reshape_strides(shape: &[i32], strides: &[isize], new_shape: &[i32]) -> O
         out[k] = 1;
     }
     Some(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reshape_views() {
-        // Row-major [2, 3, 4] -> [6, 4] is a view.
-        assert_eq!(&reshape_strides(&[2, 3, 4], &[12, 4, 1], &[6, 4]).unwrap()[..], &[4, 1]);
-        // Transposed [4, 3] (strides [1, 4]) -> [12] needs a copy.
-        assert!(reshape_strides(&[4, 3], &[1, 4], &[12]).is_none());
-        // Splitting an axis of a transposed array is still a view.
-        assert_eq!(&reshape_strides(&[4, 6], &[1, 4], &[4, 2, 3]).unwrap()[..], &[1, 12, 4]);
-        // Size-1 axes anywhere.
-        assert_eq!(&reshape_strides(&[3, 1, 2], &[2, 7, 1], &[1, 3, 2, 1]).unwrap()[..], &[6, 2, 1, 1]);
-    }
-
-    #[test]
-    fn slices() {
-        assert_eq!(slice_len(0, 10, 3), 4);
-        assert_eq!(slice_len(9, -1, -1), 10);
-        assert_eq!(slice_len(5, 2, 1), 0);
-        assert_eq!(normalize_slice(None, None, -1, 5), (4, -1));
-        assert_eq!(normalize_slice(Some(-2), None, 1, 5), (3, 5));
-    }
 }
 
 // ---- derivatives and batching ---------------------------------------------------------------
@@ -304,5 +278,31 @@ pub(crate) fn view_vmap(prim: &Primitive, x: &Array, out_shape: &[i32]) -> Array
         Primitive::StopGradient => x.stop_gradient(),
         Primitive::BitCast(d) => x.view(*d),
         _ => x.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reshape_views() {
+        // Row-major [2, 3, 4] -> [6, 4] is a view.
+        assert_eq!(&reshape_strides(&[2, 3, 4], &[12, 4, 1], &[6, 4]).unwrap()[..], &[4, 1]);
+        // Transposed [4, 3] (strides [1, 4]) -> [12] needs a copy.
+        assert!(reshape_strides(&[4, 3], &[1, 4], &[12]).is_none());
+        // Splitting an axis of a transposed array is still a view.
+        assert_eq!(&reshape_strides(&[4, 6], &[1, 4], &[4, 2, 3]).unwrap()[..], &[1, 12, 4]);
+        // Size-1 axes anywhere.
+        assert_eq!(&reshape_strides(&[3, 1, 2], &[2, 7, 1], &[1, 3, 2, 1]).unwrap()[..], &[6, 2, 1, 1]);
+    }
+
+    #[test]
+    fn slices() {
+        assert_eq!(slice_len(0, 10, 3), 4);
+        assert_eq!(slice_len(9, -1, -1), 10);
+        assert_eq!(slice_len(5, 2, 1), 0);
+        assert_eq!(normalize_slice(None, None, -1, 5), (4, -1));
+        assert_eq!(normalize_slice(Some(-2), None, 1, 5), (3, 5));
     }
 }

@@ -428,7 +428,7 @@ fn atomic_histogram_with_init_value() {
         return;
     }
     let values: Vec<i32> = (0..5000).map(|i| ((i * 7919) % 13 + (i % 3)) % 10).collect();
-    let mut want = vec![0u32; 10];
+    let mut want = [0u32; 10];
     for &v in &values {
         want[v as usize] += 1;
     }

@@ -751,7 +751,7 @@ impl Fuzz {
         let expect = if from == to {
             Expect::Valid(Some(s))
         } else if let Some(&last) = s.last() {
-            if (last as usize * from) % to == 0 {
+            if (last as usize * from).is_multiple_of(to) {
                 let mut o = s.clone();
                 if let Some(l) = o.last_mut() {
                     *l = (last as usize * from / to) as i32;
@@ -2028,11 +2028,10 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
     match &call.expect {
         Expect::Unknown => {
             for o in &outs {
-                if o.error().is_none() && o.size() <= 1 << 16 && !call.tags.contains(&"big") {
-                    if let Err(m) = guarded(|| o.eval()) {
+                if o.error().is_none() && o.size() <= 1 << 16 && !call.tags.contains(&"big")
+                    && let Err(m) = guarded(|| o.eval()) {
                         rep.add(&call, Kind::Panic, format!("eval panicked: {m}"));
                     }
-                }
                 if o.error().is_none() && poolable(o) {
                     fz.pool.push(Item { a: o.clone(), desc: format!("<{}>", call.desc) });
                 }
@@ -2045,12 +2044,11 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                     rep.add(&call, Kind::Rejected, format!("a valid call failed: {e}"));
                     continue;
                 }
-                if let Some(s) = shape {
-                    if o.shape() != &s[..] {
+                if let Some(s) = shape
+                    && o.shape() != &s[..] {
                         rep.add(&call, Kind::WrongShape, format!("shape {:?}, the oracle says {s:?}", o.shape()));
                         continue;
                     }
-                }
                 if o.size() > 1 << 16 || call.tags.contains(&"big") {
                     continue;
                 }
@@ -2119,15 +2117,14 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                         format!("error names {other:?}, expected '{}': {e}", names[0]),
                     ),
                 }
-                if let Some(at) = e.location() {
-                    if !at.file().ends_with("fuzz_ops.rs") {
+                if let Some(at) = e.location()
+                    && !at.file().ends_with("fuzz_ops.rs") {
                         rep.add(
                             &call,
                             Kind::Location,
                             format!("error located at {}:{}, not in this file: {e}", at.file(), at.line()),
                         );
                     }
-                }
                 if let Err(m) = check_boundaries(o, &e) {
                     rep.add(&call, Kind::Boundary, m);
                 }
@@ -2266,7 +2263,7 @@ fn listed_invalid_calls_fail_naming_the_op() {
         ("argmax", Box::new(|| ops::zeros([0], DType::F32).argmax(None))),
         ("cumsum", Box::new(move || f().cumsum_with(5, ScanOptions::default()))),
         ("remainder", Box::new(|| ops::zeros([2], DType::Complex64).remainder(2.0))),
-        ("where", Box::new(move || ops::where_(&f(), &i(), 0))),
+        ("where", Box::new(move || ops::where_(f(), i(), 0))),
         ("stack", Box::new(move || ops::stack(&[f(), f().t()], 0))),
         ("addmm", Box::new(move || ops::addmm(&f(), &i().reshape([2, 2]), &i().reshape([2, 2]), 1.0, 1.0))),
         ("eye", Box::new(|| ops::eye(2, -1, 0, DType::F32))),
@@ -2373,7 +2370,7 @@ fn clip_and_broadcast_arrays_propagate_failed_inputs() {
     let first = bad.error().expect("reshape fails");
     let x = ops::zeros([3], DType::U16);
     // min does not broadcast (maximum fails), max is the failed array: its error must win.
-    assert_eq!(x.clip(&ops::zeros([5], DType::U16), &bad).error(), Some(first.clone()));
+    assert_eq!(x.clip(ops::zeros([5], DType::U16), &bad).error(), Some(first.clone()));
     let outs = ops::broadcast_arrays(&[bad.clone(), ops::zeros([2, 2], DType::F32)]);
     for o in &outs {
         assert_eq!(o.error(), Some(first.clone()), "output of shape {:?}", o.shape());

@@ -25,11 +25,11 @@ fn out_of_range_array_indices_clamp_in_gathers_and_drop_in_scatters() {
     // Negative wraps once; anything beyond the axis clamps to its ends.
     assert_eq!(i32s(&x.take(&array![-1, -4, 7, -9, 2], 0)), vec![40, 10, 40, 10, 30]);
     assert_eq!(i32s(&x.take_along_axis(&array![100i64, -100], 0)), vec![40, 10]);
-    assert_eq!(i32s(&x.i(&array![5u32, 0])), vec![40, 10]);
+    assert_eq!(i32s(&x.i(array![5u32, 0])), vec![40, 10]);
     // Scatters skip positions outside the axis (after wrapping negatives once).
     let y = x.put_along_axis(&array![9, -1, -5], array![1, 2, 3], 0);
     assert_eq!(i32s(&y), vec![10, 20, 30, 2]);
-    let z = x.at(&array![4, -4, -4]).add(1);
+    let z = x.at(array![4, -4, -4]).add(1);
     assert_eq!(i32s(&z), vec![12, 20, 30, 40]);
     let m = ops::zeros([3], DType::F32).scatter_add_along_axis(&array![0, 3, 0, -3], array![1.0, 5.0, 2.0, 4.0], 0);
     assert_eq!(f64s(&m), vec![7.0, 0.0, 0.0]);
@@ -47,11 +47,11 @@ fn integer_index_out_of_range_fails_naming_the_op() {
     assert!(e.to_string().contains("integer"), "{e}");
     assert_eq!(x.take(&array![0], 2).check().unwrap_err().op_name(), Some("take"));
     assert_eq!(x.take_along_axis(&array![0], 1).check().unwrap_err().op_name(), Some("take_along_axis"));
-    assert_eq!(x.i(&array![true]).check().unwrap_err().op_name(), Some("index"));
+    assert_eq!(x.i(array![true]).check().unwrap_err().op_name(), Some("index"));
     let e = ops::zeros([0], DType::F32).take(&array![0], 0).check().unwrap_err();
     assert_eq!(e.op_name(), Some("take"));
     // Wrong value shape for an update.
-    assert_eq!(x.at(0).set(&array![1.0, 2.0]).check().unwrap_err().op_name(), Some("at.set"));
+    assert_eq!(x.at(0).set(array![1.0, 2.0]).check().unwrap_err().op_name(), Some("at.set"));
     let e = ops::gather(&x, &[array![0]], &[0, 1], &[1, 1]).check().unwrap_err();
     assert_eq!(e.op_name(), Some("gather"));
     let e = ops::scatter_add(&x, &[array![0]], &ops::zeros([1, 3], DType::F32), &[0]).check().unwrap_err();
@@ -59,6 +59,8 @@ fn integer_index_out_of_range_fails_naming_the_op() {
 }
 
 #[test]
+// `1..=-1` is Python's `1:` with an inclusive negative end, not an empty Rust range.
+#[allow(clippy::reversed_empty_ranges)]
 fn basic_indexing_gives_views_with_python_rules() {
     let x = ops::arange(0, 24, 1).reshape([2, 3, 4]);
     assert_eq!(i32s(&x.i((1, .., 3))), vec![15, 19, 23]);
@@ -109,7 +111,7 @@ fn general_gather_and_scatter_match_loops() {
     for (n, &i) in [0, 2, 0, 3].iter().enumerate() {
         for j in 0..5 {
             for k in 0..2 {
-                want[(i * 15 + j * 3 + k) as usize] += uv[n * 10 + j * 2 + k];
+                want[((i * 15 + j * 3 + k))] += uv[n * 10 + j * 2 + k];
             }
         }
     }
@@ -146,8 +148,8 @@ fn general_gather_and_scatter_match_loops() {
 fn size_zero_indices_and_arrays() {
     let x = ramp(&[3, 4]);
     assert_eq!(x.take(&ops::zeros([0], DType::I32), 1).shape(), &[3, 0]);
-    assert_eq!(x.i(&ops::zeros([2, 0], DType::I32)).shape(), &[2, 0, 4]);
-    let y = x.at(&ops::zeros([0], DType::I32)).add(1.0);
+    assert_eq!(x.i(ops::zeros([2, 0], DType::I32)).shape(), &[2, 0, 4]);
+    let y = x.at(ops::zeros([0], DType::I32)).add(1.0);
     assert_eq!(f64s(&y), f64s(&x));
     let e = ops::zeros([0, 4], DType::F32);
     assert_eq!(e.take(&array![1, 2], 1).shape(), &[0, 2]);

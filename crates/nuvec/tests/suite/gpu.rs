@@ -258,7 +258,7 @@ fn casts_selects_and_copies_agree() {
             both(&format!("astype {from} -> {to} strided"), std::slice::from_ref(&x), |v| v[0].t().astype(to));
         }
         let c = values(&[6, 17], DType::Bool, 0.7);
-        both(&format!("where {from}"), &[c, x.clone(), x.t().t()], |v| ops::where_(&v[0], &v[1], &v[2].zeros_like()));
+        both(&format!("where {from}"), &[c, x.clone(), x.t().t()], |v| ops::where_(&v[0], &v[1], v[2].zeros_like()));
         both(&format!("copy {from}"), std::slice::from_ref(&x), |v| v[0].t().contiguous());
         both(&format!("reshape of transposed {from}"), std::slice::from_ref(&x), |v| v[0].t().reshape([-1]));
         both(&format!("concatenate {from}"), std::slice::from_ref(&x), |v| {
@@ -268,7 +268,7 @@ fn casts_selects_and_copies_agree() {
             )
         });
         both(&format!("slice_update {from}"), std::slice::from_ref(&x), |v| {
-            v[0].slice_update(&v[0].slice(&[0, 0], &[3, 6], &[1, 2]), &[2, 1], &[5, 7], &[1, 2])
+            v[0].slice_update(v[0].slice(&[0, 0], &[3, 6], &[1, 2]), &[2, 1], &[5, 7], &[1, 2])
         });
         both(&format!("pad {from}"), std::slice::from_ref(&x), |v| v[0].pad(&[(1, 2), (0, 3)], 1));
     }
@@ -310,7 +310,7 @@ fn reductions_and_scans_agree() {
                     }
                 }
                 both(&format!("all/any {tag}"), std::slice::from_ref(&x), |v| {
-                    v[0].all(axes).logical_or(&v[0].any(axes))
+                    v[0].all(axes).logical_or(v[0].any(axes))
                 });
             }
             for axis in 0..nd {
@@ -644,7 +644,7 @@ fn gathers_and_scatters_agree() {
         both(&name("take_along_axis_t"), &[x.clone(), idx.clone()], |a| a[0].t().take_along_axis(&a[1].t(), 0));
         both(&name("index"), &[x.clone(), idx.clone()], |a| a[0].i((&a[1].i((.., 0..1)), (..).step(-2))));
         both(&name("put_along_axis"), &[x.clone(), unique.clone(), u.clone()], |a| {
-            a[0].put_along_axis(&a[1], &a[2].i((.., ..3)), 1)
+            a[0].put_along_axis(&a[1], a[2].i((.., ..3)), 1)
         });
         for op in ["add", "multiply", "maximum", "minimum"] {
             if matches!(d, DType::Bool | DType::Complex64) && op != "add" {

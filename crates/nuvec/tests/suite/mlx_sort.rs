@@ -88,7 +88,7 @@ fn rows(shape: &[i32], axis: usize) -> Vec<Vec<usize>> {
         return vec![];
     }
     (0..n)
-        .filter(|&p| (p / strides[axis]) % len == 0)
+        .filter(|&p| (p / strides[axis]).is_multiple_of(len))
         .map(|p| (0..len).map(|j| p + j * strides[axis]).collect())
         .collect()
 }

@@ -2240,7 +2240,7 @@ impl Chain {
                     _ => {
                         // Split the first splittable axis.
                         let mut t = s.clone();
-                        if let Some(i) = (0..nd).find(|&i| t[i] >= 4 && t[i] % 2 == 0) {
+                        if let Some(i) = (0..nd).find(|&i| t[i] >= 4 && t[i].is_multiple_of(2)) {
                             let half = t[i] / 2;
                             t.splice(i..i + 1, [2, half]);
                         } else {
@@ -2550,7 +2550,7 @@ impl Chain {
             4 if nd >= 1 => {
                 let ax = rng.below(nd);
                 let dim = s[ax];
-                let divisors: Vec<usize> = (1..=dim.max(1)).filter(|&k| dim % k == 0).collect();
+                let divisors: Vec<usize> = (1..=dim.max(1)).filter(|&k| dim.is_multiple_of(k)).collect();
                 let (parts, desc, bounds) = if rng.chance(0.5) && dim > 0 {
                     let k = rng.pick(&divisors);
                     let bounds: Vec<usize> = (0..=k).map(|i| i * dim / k).collect();
@@ -2606,8 +2606,7 @@ impl Chain {
 fn in_range(r: &Ref) -> bool {
     let lim = limit(r.dtype);
     r.v.iter().zip(&r.e).all(|(&v, &e)| {
-        v.is_nan() && false
-            || v.is_infinite() && e == 0.0
+        v.is_infinite() && e == 0.0
             || v.is_finite()
                 && v.abs() + if e.is_finite() { e } else { 0.0 } <= lim
                 && (!is_int(r.dtype) || {

@@ -40,7 +40,7 @@ fn rows(shape: &[i32], axis: usize) -> Vec<Vec<usize>> {
     let n: usize = shape.iter().product::<i32>() as usize;
     let len = shape[axis] as usize;
     (0..n)
-        .filter(|&p| (p / strides[axis]) % len == 0)
+        .filter(|&p| (p / strides[axis]).is_multiple_of(len))
         .map(|p| (0..len).map(|j| p + j * strides[axis]).collect())
         .collect()
 }
@@ -373,7 +373,7 @@ fn vmap_matches_a_loop() {
             let batched = ops::stack(&items, in_axis);
             let fun = |xs: &[Array]| Ok(vec![f(&xs[0])]);
             let got = vmap_flat(fun, &[Some(in_axis)], &[0])(std::slice::from_ref(&batched)).unwrap();
-            let want = ops::stack(&items.iter().map(|x| f(x)).collect::<Vec<_>>(), 0);
+            let want = ops::stack(&items.iter().map(&f).collect::<Vec<_>>(), 0);
             assert_eq!(got[0].shape(), want.shape(), "{name} in_axis {in_axis}");
             let (a, b) = (f64s(&got[0]), f64s(&want));
             assert!(a.iter().zip(&b).all(|(p, q)| p == q), "{name} in_axis {in_axis}");

@@ -256,7 +256,7 @@ fn shape_cases(rng: &mut Rng) -> Vec<Case> {
         case("contiguous", vec![s(&[3, 4])], |x| x[0].t().contiguous().square()),
         case("copy", vec![s(&[3, 4])], |x| x[0].copy().sin()),
         case("slice_update", vec![s(&[4, 5]), s(&[2, 2])], |x| {
-            x[0].slice_update(&x[1].square(), &[1, 0], &[3, 4], &[1, 2])
+            x[0].slice_update(x[1].square(), &[1, 0], &[3, 4], &[1, 2])
         }),
         case("matmul", vec![s(&[3, 4]), s(&[4, 2])], |x| x[0].matmul(&x[1])),
         case("matmul_batched_broadcast", vec![s(&[2, 1, 3, 4]), s(&[3, 4, 2])], |x| x[0].matmul(&x[1])),

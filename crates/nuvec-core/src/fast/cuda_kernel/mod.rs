@@ -278,11 +278,10 @@ impl CudaKernel {
                 config.threadgroup
             )));
         }
-        if let Some(v) = config.init_value {
-            if v.is_nan() && outputs.iter().any(|o| !o.1.is_inexact()) {
+        if let Some(v) = config.init_value
+            && v.is_nan() && outputs.iter().any(|o| !o.1.is_inexact()) {
                 return Err(self.invalid("init_value NaN does not fit an integer output".into()));
             }
-        }
         Ok(())
     }
 
