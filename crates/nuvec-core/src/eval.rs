@@ -81,9 +81,10 @@ fn schedule(outputs: &[Array]) -> Vec<Array> {
                 let input = node_ref.inputs[*next].clone();
                 *next += 1;
                 if let Some(n) = pending_node(&input)
-                    && seen.insert(Arc::as_ptr(&n)) {
-                        stack.push((input, Some(n), 0));
-                    }
+                    && seen.insert(Arc::as_ptr(&n))
+                {
+                    stack.push((input, Some(n), 0));
+                }
             } else {
                 order.push(array.clone());
                 stack.pop();

@@ -30,9 +30,12 @@ pub fn eval(op: ScanOp, axis: usize, reverse: bool, inclusive: bool, x: Operand,
     }
 }
 
+/// One step of a float scan: the running accumulator and the next element to the new accumulator.
+type FloatStep<T> = fn(<T as Float>::Acc, T) -> <T as Float>::Acc;
+
 /// Sums, products and log-add-exp of floats accumulate in `f32` (or `f64`).
 fn float<T: Float>(plan: &Plan, op: ScanOp, x: &Operand, out: &mut Output) -> Result<()> {
-    let (init, step): (T, fn(T::Acc, T) -> T::Acc) = match op {
+    let (init, step): (T, FloatStep<T>) = match op {
         ScanOp::Sum => (T::zero(), |a, v| a + v.to_acc()),
         ScanOp::Prod => (T::one(), |a, v| a * v.to_acc()),
         _ => (T::lowest(), |a, v| lae(a, v.to_acc())),

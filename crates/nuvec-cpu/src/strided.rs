@@ -28,11 +28,12 @@ impl<const K: usize> Rows<K> {
             }
             let s: [isize; K] = std::array::from_fn(|k| strides[k][i]);
             if let Some((pd, ps)) = dims.last_mut()
-                && (0..K).all(|k| ps[k] == s[k] * d as isize) {
-                    *pd *= d as usize;
-                    *ps = s;
-                    continue;
-                }
+                && (0..K).all(|k| ps[k] == s[k] * d as isize)
+            {
+                *pd *= d as usize;
+                *ps = s;
+                continue;
+            }
             dims.push((d as usize, s));
         }
         let base = base.map(|b| b as isize);
@@ -65,8 +66,8 @@ impl<const K: usize> Rows<K> {
             let d = self.outer_shape[i];
             let idx = (r % d) as isize;
             r /= d;
-            for k in 0..K {
-                off[k] += idx * self.outer_strides[i][k];
+            for (o, &st) in off.iter_mut().zip(&self.outer_strides[i]) {
+                *o += idx * st;
             }
         }
         off
@@ -90,14 +91,14 @@ impl<const K: usize> Rows<K> {
             // Odometer step.
             for i in (0..n).rev() {
                 idx[i] += 1;
-                for k in 0..K {
-                    off[k] += self.outer_strides[i][k];
+                for (o, &st) in off.iter_mut().zip(&self.outer_strides[i]) {
+                    *o += st;
                 }
                 if idx[i] < self.outer_shape[i] {
                     break;
                 }
-                for k in 0..K {
-                    off[k] -= self.outer_strides[i][k] * self.outer_shape[i] as isize;
+                for (o, &st) in off.iter_mut().zip(&self.outer_strides[i]) {
+                    *o -= st * self.outer_shape[i] as isize;
                 }
                 idx[i] = 0;
             }

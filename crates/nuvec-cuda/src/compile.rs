@@ -255,9 +255,10 @@ pub fn cached_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&str
     let key = cache_file_name(source, arch, extra_headers)?;
     let path = cache_dir().map(|d| d.join(&key));
     if let Some(p) = &path
-        && let Ok(bin) = std::fs::read(p) {
-            return Ok(bin);
-        }
+        && let Ok(bin) = std::fs::read(p)
+    {
+        return Ok(bin);
+    }
     let bin = compile_cubin(source, name, arch, extra_headers)?;
     if let Some(p) = &path {
         // Write then rename, so concurrent processes never read a partial file.

@@ -509,7 +509,7 @@ pub(crate) fn fast(gpu: &Arc<Gpu>, op: &nuvec_core::fast::FastOp, x: Operand, ou
     use nuvec_core::fast::FastOp;
     let x = row_major(gpu, x)?;
     let len = *x.shape.last().unwrap_or(&1) as u64;
-    let rows = if len == 0 { 0 } else { x.size() as u64 / len };
+    let rows = (x.size() as u64).checked_div(len).unwrap_or(0);
     let op_ptr = alloc_out(gpu, out)?;
     if rows == 0 {
         return Ok(());

@@ -35,11 +35,12 @@ impl Dims {
                 s[j] = strides[j][i] as i64;
             }
             if let Some((pd, ps)) = dims.last_mut()
-                && (0..k).all(|j| ps[j] == s[j] * d as i64) {
-                    *pd *= d as i64;
-                    *ps = s;
-                    continue;
-                }
+                && (0..k).all(|j| ps[j] == s[j] * d as i64)
+            {
+                *pd *= d as i64;
+                *ps = s;
+                continue;
+            }
             dims.push((d as i64, s));
         }
         if dims.len() > MAX_DIMS {
@@ -51,8 +52,8 @@ impl Dims {
         let mut out = Dims { shape: [1; MAX_DIMS], strides: [[0; MAX_DIMS]; 4], ndim: dims.len().max(1) as i32 };
         for (i, (d, s)) in dims.iter().enumerate() {
             out.shape[i] = *d;
-            for j in 0..4 {
-                out.strides[j][i] = s[j];
+            for (operand, &sj) in out.strides.iter_mut().zip(s) {
+                operand[i] = sj;
             }
         }
         Ok(out)

@@ -244,19 +244,25 @@ pub(crate) fn matmul(
         }
         return Err(internal("addmm with an empty inner dimension reached the GPU"));
     }
-    if !with_c && batch == 1 && m <= 8 && matches!(dtype, DType::F16 | DType::BF16 | DType::F32) && alpha == 1.0
-        && let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k)? {
-            return Ok(done);
-        }
+    if !with_c
+        && batch == 1
+        && m <= 8
+        && matches!(dtype, DType::F16 | DType::BF16 | DType::F32)
+        && alpha == 1.0
+        && let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k)?
+    {
+        return Ok(done);
+    }
     // Operands whose layout cuBLASLt cannot read become row-major copies.
     let fit = |op: Operand| -> Result<(Operand, Mat)> {
         let rr = op.shape.len();
         let (rows, cols) = (op.shape[rr - 2] as u64, op.shape[rr - 1] as u64);
         let s = &op.data.layout.strides;
         if let Some(bs) = batch_stride(&op, nb)
-            && let Some(mat) = as_col_major(rows, cols, s[rr - 2], s[rr - 1], bs) {
-                return Ok((op, mat));
-            }
+            && let Some(mat) = as_col_major(rows, cols, s[rr - 2], s[rr - 1], bs)
+        {
+            return Ok((op, mat));
+        }
         let op = row_major(gpu, op)?;
         let mat = as_col_major(rows, cols, cols.max(1) as isize, 1, (rows * cols) as isize)
             .ok_or_else(|| internal("row-major operand has no cuBLASLt layout"))?;

@@ -235,14 +235,13 @@ fn axes_first(x: &Array, axes: &[usize]) -> (Array, Vec<usize>) {
     (x.transpose(&p), perm)
 }
 
+/// What [`general_indices`] yields: the index arrays (widened to one integer dtype and
+/// broadcast together), the normalised axes they index, and their common broadcast shape.
+type GeneralIndices = (Vec<Array>, Vec<usize>, Vec<i32>);
+
 /// Validated, broadcast indices of a general gather or scatter with their normalised axes.
 #[track_caller]
-fn general_indices(
-    op: &'static str,
-    a: &Array,
-    indices: &[Array],
-    axes: &[i32],
-) -> Result<(Vec<Array>, Vec<usize>, Vec<i32>), Array> {
+fn general_indices(op: &'static str, a: &Array, indices: &[Array], axes: &[i32]) -> Result<GeneralIndices, Array> {
     let refs: Vec<&Array> = std::iter::once(a).chain(indices).collect();
     if let Some(f) = propagate(&refs) {
         return Err(f);

@@ -440,8 +440,8 @@ impl Plan {
             for d in &self.order {
                 match d {
                     Dim::Broadcast => {
-                        for j in 0..nb {
-                            perm[j] = (at + j) as i32;
+                        for (slot, p) in perm[..nb].iter_mut().zip(at..) {
+                            *slot = p as i32;
                         }
                         no_new.extend((at..at + nb).map(|p| p as i32));
                         at += nb;
@@ -552,6 +552,8 @@ impl At {
     }
 
     /// The array with `value` added to the indexed elements.
+    // Named after MLX's `x.at(idx).add(v)`; it consumes an index view, not an `Add` operand.
+    #[allow(clippy::should_implement_trait)]
     #[track_caller]
     pub fn add(self, value: impl Into<ScalarOrArray>) -> Array {
         self.apply("at.add", value.into(), ScatterReduce::Sum)

@@ -10,6 +10,9 @@ use crate::shape::{Axes, IntoShape, Shape, check_shape};
 
 use super::{axes_or_fail, axis_or_fail, dim_or_fail, invalid, propagate};
 
+/// A normalised slice window: the start, stop and step of every axis, in axis order.
+type Window = (Vec<i32>, Vec<i32>, Vec<i32>);
+
 impl Array {
     /// The same elements with another shape; one size may be `-1` (inferred). A view when the
     /// strides allow it.
@@ -287,7 +290,7 @@ impl Array {
         start: &[i32],
         stop: &[i32],
         strides: &[i32],
-    ) -> Result<(Vec<i32>, Vec<i32>, Vec<i32>), Array> {
+    ) -> Result<Window, Array> {
         let n = self.ndim();
         if start.len() != n || stop.len() != n || (strides.len() != n && !strides.is_empty()) {
             return Err(invalid(

@@ -197,13 +197,19 @@ impl CustomFunctionFlat {
 }
 
 type TreeBody<I, O> = Arc<dyn Fn(&I) -> Result<O> + Send + Sync>;
+/// A tree-level VJP rule: (primals, outputs, output cotangents) to the input cotangents.
+type TreeVjpRule<I, O> = Arc<dyn Fn(&I, &O, &O) -> Result<I> + Send + Sync>;
+/// A tree-level JVP rule: (primals, tangents) to the output tangents.
+type TreeJvpRule<I, O> = Arc<dyn Fn(&I, &I) -> Result<O> + Send + Sync>;
+/// A tree-level vmap rule: (inputs, batch axis of each input leaf) to (outputs, their batch axis).
+type TreeVmapRule<I, O> = Arc<dyn Fn(&I, &[Option<i32>]) -> Result<(O, i32)> + Send + Sync>;
 
 /// A function with its own derivative or batching rules (MLX's `mx.custom_function`).
 pub struct CustomFunction<I, O> {
     body: TreeBody<I, O>,
-    vjp: Option<Arc<dyn Fn(&I, &O, &O) -> Result<I> + Send + Sync>>,
-    jvp: Option<Arc<dyn Fn(&I, &I) -> Result<O> + Send + Sync>>,
-    vmap: Option<Arc<dyn Fn(&I, &[Option<i32>]) -> Result<(O, i32)> + Send + Sync>>,
+    vjp: Option<TreeVjpRule<I, O>>,
+    jvp: Option<TreeJvpRule<I, O>>,
+    vmap: Option<TreeVmapRule<I, O>>,
     name: &'static str,
 }
 

@@ -266,9 +266,13 @@ fn einsum_matches_loops() {
     close(ops::einsum("ij,jk", &[a.clone(), b.clone()]), mm.clone(), "implicit");
     let mmt: Vec<f64> = (0..15).map(|f| mm[(f % 3) * 5 + f / 3]).collect();
     close(ops::einsum("ij,jk->ki", &[a.clone(), b.clone()]), mmt, "ij,jk->ki");
-    close(ops::einsum("ii->i", &[m.clone()]), (0..4).map(|i| mv[i * 5]).collect(), "diagonal");
-    close(ops::einsum("ii", &[m.clone()]), vec![(0..4).map(|i| mv[i * 5]).sum()], "trace");
-    close(ops::einsum("ij->j", &[a.clone()]), (0..4).map(|j| (0..3).map(|i| av[i * 4 + j]).sum()).collect(), "sum");
+    close(ops::einsum("ii->i", std::slice::from_ref(&m)), (0..4).map(|i| mv[i * 5]).collect(), "diagonal");
+    close(ops::einsum("ii", std::slice::from_ref(&m)), vec![(0..4).map(|i| mv[i * 5]).sum()], "trace");
+    close(
+        ops::einsum("ij->j", std::slice::from_ref(&a)),
+        (0..4).map(|j| (0..3).map(|i| av[i * 4 + j]).sum()).collect(),
+        "sum",
+    );
     let outer: Vec<f64> = (0..12 * 20).map(|f| av[f / 20] * bv[f % 20]).collect();
     close(ops::einsum("ij,kl->ijkl", &[a.clone(), b.clone()]), outer.clone(), "outer");
     close(ops::outer(&a, &b), outer, "ops::outer");
@@ -358,15 +362,15 @@ fn bad_arguments_give_failed_arrays() {
     let a = ops::ones([3, 4], DType::F32);
     let b = ops::ones([5, 4], DType::F32);
     expect(ops::einsum("ij,jk->ik", &[a.clone(), b.clone()]), "einsum", "size");
-    expect(ops::einsum("ij,jk->ik", &[a.clone()]), "einsum", "operands");
-    expect(ops::einsum("ij->ii", &[a.clone()]), "einsum", "repeat");
-    expect(ops::einsum("ij->ik", &[a.clone()]), "einsum", "no input");
-    expect(ops::einsum("ijk->i", &[a.clone()]), "einsum", "axes");
-    expect(ops::einsum("i1->i", &[a.clone()]), "einsum", "letters");
-    expect(ops::einsum("i.j->i", &[a.clone()]), "einsum", "letters");
-    expect(ops::einsum("i->i->", &[a.clone()]), "einsum", "->");
-    expect(ops::einsum("...i...->i", &[a.clone()]), "einsum", "more than one");
-    expect(ops::einsum("ii->i", &[a.clone()]), "einsum", "sizes");
+    expect(ops::einsum("ij,jk->ik", std::slice::from_ref(&a)), "einsum", "operands");
+    expect(ops::einsum("ij->ii", std::slice::from_ref(&a)), "einsum", "repeat");
+    expect(ops::einsum("ij->ik", std::slice::from_ref(&a)), "einsum", "no input");
+    expect(ops::einsum("ijk->i", std::slice::from_ref(&a)), "einsum", "axes");
+    expect(ops::einsum("i1->i", std::slice::from_ref(&a)), "einsum", "letters");
+    expect(ops::einsum("i.j->i", std::slice::from_ref(&a)), "einsum", "letters");
+    expect(ops::einsum("i->i->", std::slice::from_ref(&a)), "einsum", "->");
+    expect(ops::einsum("...i...->i", std::slice::from_ref(&a)), "einsum", "more than one");
+    expect(ops::einsum("ii->i", std::slice::from_ref(&a)), "einsum", "sizes");
     expect(ops::einsum("", &[]), "einsum", "operand");
     expect(ops::tensordot(&a, &b, 3), "tensordot", "contract");
     expect(ops::tensordot(&a, &b, 1), "tensordot", "match");

@@ -353,17 +353,29 @@ fn bad_arguments_give_failed_arrays_naming_the_argument() {
         }
     };
     check(k.call(&[], &out, &cfg), 1, "inputs: expected 1 arrays, got 0");
-    check(k.call(&[x.clone()], &[(vec![4], DType::F32), (vec![4], DType::F32)], &cfg), 1, "outputs: expected 1");
-    check(k.call(&[x.clone()], &out, &config(4, 2048, vec![])), 1, "threadgroup");
-    check(k.call(&[x.clone()], &out, &KernelConfig { threadgroup: (0, 1, 1), ..cfg.clone() }), 1, "threadgroup");
-    check(k.call(&[x.clone()], &[(vec![-1], DType::F32)], &cfg), 1, "output `out` has an invalid shape");
-    check(CudaKernel::new("a-b", &["inp"], &["out"], "").call(&[x.clone()], &out, &cfg), 1, "C identifier");
-    check(CudaKernel::new("k", &["inp"], &["inp"], "").call(&[x.clone()], &out, &cfg), 1, "used twice");
-    check(CudaKernel::new("k", &["inp"], &[] as &[&str], "").call(&[x.clone()], &out, &cfg), 1, "output_names");
+    check(
+        k.call(std::slice::from_ref(&x), &[(vec![4], DType::F32), (vec![4], DType::F32)], &cfg),
+        1,
+        "outputs: expected 1",
+    );
+    check(k.call(std::slice::from_ref(&x), &out, &config(4, 2048, vec![])), 1, "threadgroup");
+    check(
+        k.call(std::slice::from_ref(&x), &out, &KernelConfig { threadgroup: (0, 1, 1), ..cfg.clone() }),
+        1,
+        "threadgroup",
+    );
+    check(k.call(std::slice::from_ref(&x), &[(vec![-1], DType::F32)], &cfg), 1, "output `out` has an invalid shape");
+    check(CudaKernel::new("a-b", &["inp"], &["out"], "").call(std::slice::from_ref(&x), &out, &cfg), 1, "C identifier");
+    check(CudaKernel::new("k", &["inp"], &["inp"], "").call(std::slice::from_ref(&x), &out, &cfg), 1, "used twice");
+    check(
+        CudaKernel::new("k", &["inp"], &[] as &[&str], "").call(std::slice::from_ref(&x), &out, &cfg),
+        1,
+        "output_names",
+    );
     let two = CudaKernel::new("k", &["inp"], &["a", "b"], "");
-    check(two.call(&[x.clone()], &out, &cfg), 2, "outputs: expected 2");
+    check(two.call(std::slice::from_ref(&x), &out, &cfg), 2, "outputs: expected 2");
     let tpl = config(4, 4, vec![("1N", TemplateArg::Int(1))]);
-    check(k.call(&[x.clone()], &out, &tpl), 1, "`1N`");
+    check(k.call(std::slice::from_ref(&x), &out, &tpl), 1, "`1N`");
     // A failed input propagates its own error.
     let bad = x.reshape([3]);
     let e = k.call(&[bad], &out, &cfg).remove(0).eval().unwrap_err();
@@ -570,7 +582,7 @@ fn gradients_through_custom_function() {
     use nuvec::transforms::{custom_function, grad};
     let (fwd, bwd) = sinx_kernels();
     let (fwd2, bwd2) = (fwd.clone(), bwd.clone());
-    let f = custom_function(move |x: &Array| run_sinx(&fwd2, &[x.clone()]))
+    let f = custom_function(move |x: &Array| run_sinx(&fwd2, std::slice::from_ref(x)))
         .with_vjp(move |x: &Array, _y: &Array, g: &Array| Ok(run_sinx(&bwd2, &[x.clone(), g.clone()])));
     let xs = [0.3f64, -1.2, 2.0, 0.0, 4.5, -3.3];
     let x = Array::from_slice(&xs, [xs.len()]);
@@ -592,7 +604,7 @@ fn gradients_through_custom_function() {
         assert!((g[i] - fd).abs() < 1e-6 * fd.abs().max(1.0), "d/dx[{i}]: {} vs {fd}", g[i]);
     }
     // Without a rule, transforming the kernel is an error that says what to do.
-    let raw = grad(move |x: &Array| Ok::<_, Error>(run_sinx(&fwd, &[x.clone()]).sum(..)));
+    let raw = grad(move |x: &Array| Ok::<_, Error>(run_sinx(&fwd, std::slice::from_ref(x)).sum(..)));
     let e = raw(&x).and_then(|g| g.eval().map(|_| g)).unwrap_err();
     assert!(e.to_string().contains("custom_function"), "{e}");
 }

@@ -46,7 +46,7 @@ fn failed_somewhere(a: &Array, op: &str) -> Error {
     assert_eq!(a.to_vec::<f32>().unwrap_err(), e);
     assert_eq!(a.item::<f32>().unwrap_err(), e);
     assert_eq!(a.clone().check().unwrap_err(), e);
-    assert_eq!(nuvec::eval(&[a.clone()]).unwrap_err(), e);
+    assert_eq!(nuvec::eval(std::slice::from_ref(a)).unwrap_err(), e);
     // The message names the op first.
     let msg = e.to_string();
     assert!(msg.starts_with(op), "message {msg:?} does not start with the op name {op}");
@@ -447,7 +447,7 @@ fn failures_propagate_unchanged() {
         bad.matmul(&a),
         a.matmul(&bad),
         ops::concatenate(&[a.clone(), bad.clone()], 0),
-        ops::stack(&[bad.clone()], 0),
+        ops::stack(std::slice::from_ref(&bad), 0),
         ops::where_(&bad, &a, &a),
         ops::where_(a.greater(0.0), &bad, 0.0),
         bad.clip(0.0, 1.0),

@@ -287,6 +287,10 @@ fn binary_valid(k: Bk, promoted: DType) -> bool {
 }
 
 type BinFn = fn(ScalarOrArray, ScalarOrArray) -> Array;
+/// A unary operation on an array.
+type UnFn = fn(&Array) -> Array;
+/// Whether an operation accepts a dtype.
+type AcceptsFn = fn(DType) -> bool;
 
 fn binaries() -> Vec<(&'static str, BinFn, Bk)> {
     vec![
@@ -320,7 +324,7 @@ fn binaries() -> Vec<(&'static str, BinFn, Bk)> {
 
 /// Unary operations and the dtypes each accepts. Closures call the methods directly: a
 /// `#[track_caller]` method called through a function pointer cannot see its caller.
-fn unaries() -> Vec<(&'static str, fn(&Array) -> Array, fn(DType) -> bool)> {
+fn unaries() -> Vec<(&'static str, UnFn, AcceptsFn)> {
     let any: fn(DType) -> bool = |_| true;
     let real: fn(DType) -> bool = |d| d != DType::Complex64;
     vec![
@@ -524,6 +528,9 @@ enum Expect {
     Unknown,
 }
 
+/// The deferred call of the op under test (run under a panic guard).
+type RunFn = Box<dyn FnOnce() -> Vec<Array>>;
+
 struct Call {
     op: &'static str,
     desc: String,
@@ -532,7 +539,7 @@ struct Call {
     failed_inputs: Vec<Error>,
     /// Probe tags that known-bug entries match on (`overflow`, `min_step`, `complex`, ...).
     tags: Vec<&'static str>,
-    run: Box<dyn FnOnce() -> Vec<Array>>,
+    run: RunFn,
 }
 
 /// A pool entry.
@@ -651,7 +658,7 @@ impl Fuzz {
         let desc = if swap { format!("{name}({b_desc}, {})", x.desc) } else { format!("{name}({}, {b_desc})", x.desc) };
         // Operators for the ops that have them, free functions otherwise.
         let use_operator = self.rng.chance(0.3) && b_arr.is_some() && !swap;
-        let run: Box<dyn FnOnce() -> Vec<Array>> = if use_operator {
+        let run: RunFn = if use_operator {
             let b = b_arr.clone().unwrap_or_default();
             Box::new(move || {
                 vec![match name {
@@ -803,7 +810,7 @@ impl Fuzz {
         let xa = x.a.clone();
         let ax2 = ax.clone();
         let ddof = self.rng.range(0, 2) as i32;
-        let run: Box<dyn FnOnce() -> Vec<Array>> = Box::new(move || {
+        let run: RunFn = Box::new(move || {
             let list: Vec<i32> = match &ax2 {
                 AxesArg::All => (0..xa.ndim() as i32).collect(),
                 AxesArg::List(l) => l.clone(),
@@ -937,13 +944,8 @@ impl Fuzz {
         let xa = x.a.clone();
         let failed = inputs_errors(&[&x.a]);
         let rng = &mut self.rng;
-        let (op, desc, expect, tags, run): (
-            &'static str,
-            String,
-            Expect,
-            Vec<&'static str>,
-            Box<dyn FnOnce() -> Vec<Array>>,
-        ) = match rng.below(8) {
+        let (op, desc, expect, tags, run): (&'static str, String, Expect, Vec<&'static str>, RunFn) = match rng.below(8)
+        {
             0 => {
                 // reshape: valid factorisations, one -1, junk, and counts that overflow.
                 let mut tags = vec![];
@@ -1899,7 +1901,7 @@ fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 }
 
 /// Operations applied to a failed array: each must give back its error unchanged.
-fn follow_ups() -> Vec<(&'static str, fn(&Array) -> Array)> {
+fn follow_ups() -> Vec<(&'static str, UnFn)> {
     vec![
         ("exp", |a| a.exp()),
         ("add", |a| a + 1),
@@ -1931,7 +1933,7 @@ fn follow_ups() -> Vec<(&'static str, fn(&Array) -> Array)> {
         ("slice", |a| a.slice(&[0], &[1], &[])),
         ("var", |a| a.var(0)),
         ("logsumexp", |a| a.logsumexp(0)),
-        ("stack", |a| ops::stack(&[a.clone()], 0)),
+        ("stack", |a| ops::stack(std::slice::from_ref(a), 0)),
         ("tril", |a| a.tril(0)),
         ("bitwise_and", |a| a.bitwise_and(a)),
         ("view", |a| a.view(DType::U8)),
@@ -2028,10 +2030,13 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
     match &call.expect {
         Expect::Unknown => {
             for o in &outs {
-                if o.error().is_none() && o.size() <= 1 << 16 && !call.tags.contains(&"big")
-                    && let Err(m) = guarded(|| o.eval()) {
-                        rep.add(&call, Kind::Panic, format!("eval panicked: {m}"));
-                    }
+                if o.error().is_none()
+                    && o.size() <= 1 << 16
+                    && !call.tags.contains(&"big")
+                    && let Err(m) = guarded(|| o.eval())
+                {
+                    rep.add(&call, Kind::Panic, format!("eval panicked: {m}"));
+                }
                 if o.error().is_none() && poolable(o) {
                     fz.pool.push(Item { a: o.clone(), desc: format!("<{}>", call.desc) });
                 }
@@ -2045,10 +2050,11 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                     continue;
                 }
                 if let Some(s) = shape
-                    && o.shape() != &s[..] {
-                        rep.add(&call, Kind::WrongShape, format!("shape {:?}, the oracle says {s:?}", o.shape()));
-                        continue;
-                    }
+                    && o.shape() != &s[..]
+                {
+                    rep.add(&call, Kind::WrongShape, format!("shape {:?}, the oracle says {s:?}", o.shape()));
+                    continue;
+                }
                 if o.size() > 1 << 16 || call.tags.contains(&"big") {
                     continue;
                 }
@@ -2118,13 +2124,14 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                     ),
                 }
                 if let Some(at) = e.location()
-                    && !at.file().ends_with("fuzz_ops.rs") {
-                        rep.add(
-                            &call,
-                            Kind::Location,
-                            format!("error located at {}:{}, not in this file: {e}", at.file(), at.line()),
-                        );
-                    }
+                    && !at.file().ends_with("fuzz_ops.rs")
+                {
+                    rep.add(
+                        &call,
+                        Kind::Location,
+                        format!("error located at {}:{}, not in this file: {e}", at.file(), at.line()),
+                    );
+                }
                 if let Err(m) = check_boundaries(o, &e) {
                     rep.add(&call, Kind::Boundary, m);
                 }
@@ -2237,12 +2244,15 @@ fn random_calls_fail_cleanly() {
 }
 
 /// A few explicit calls from the brief, checked the same way as the random ones.
+/// An op's name and a call of it (which must fail naming that op).
+type NamedCall<'a> = (&'a str, Box<dyn Fn() -> Array + 'a>);
+
 #[test]
 fn listed_invalid_calls_fail_naming_the_op() {
     quiet_panics();
     let f = || ops::zeros([2, 3], DType::F32);
     let i = || ops::zeros([4], DType::I32);
-    let cases: Vec<(&str, Box<dyn Fn() -> Array>)> = vec![
+    let cases: Vec<NamedCall<'_>> = vec![
         ("add", Box::new(move || f() + ops::zeros([4], DType::F32))),
         ("sum", Box::new(move || f().sum(2))),
         ("bitwise_and", Box::new(move || f().bitwise_and(f()))),
@@ -2337,7 +2347,7 @@ fn size_overflow_in_tile_repeat_pad_flatten_concatenate() {
     quiet_panics();
     let x = ops::zeros([2, 2], DType::F32);
     let huge = ops::zeros([65536, 65536], DType::F32);
-    let cases: Vec<(&str, Box<dyn Fn() -> Array>)> = vec![
+    let cases: Vec<NamedCall<'_>> = vec![
         ("tile", Box::new(|| x.tile(&[i32::MAX, i32::MAX]))),
         ("repeat", Box::new(|| x.repeat(i32::MAX, 0))),
         ("pad", Box::new(|| x.pad(&[(i32::MAX, 1)], 0.0))),

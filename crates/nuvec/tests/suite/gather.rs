@@ -105,13 +105,13 @@ fn general_gather_and_scatter_match_loops() {
     // Scatter-add of windows [1, 5, 2] on axis 0 (repeated index accumulates, -1 wraps).
     let idx = array![0, 2, 0, -1];
     let upd = ramp(&[4, 1, 5, 2]);
-    let s = ops::scatter_add(&a, &[idx.clone()], &upd, &[0]);
+    let s = ops::scatter_add(&a, std::slice::from_ref(&idx), &upd, &[0]);
     let (sv, uv) = (f64s(&s), f64s(&upd));
     let mut want = av.clone();
     for (n, &i) in [0, 2, 0, 3].iter().enumerate() {
         for j in 0..5 {
             for k in 0..2 {
-                want[((i * 15 + j * 3 + k))] += uv[n * 10 + j * 2 + k];
+                want[i * 15 + j * 3 + k] += uv[n * 10 + j * 2 + k];
             }
         }
     }
@@ -123,10 +123,10 @@ fn general_gather_and_scatter_match_loops() {
     let upd = ramp(&[2, 1, 5, 3]) * 3.0;
     let uv = f64s(&upd);
     for (name, r) in [
-        ("max", ops::scatter_max(&a, &[idx.clone()], &upd, &[0])),
-        ("min", ops::scatter_min(&a, &[idx.clone()], &upd, &[0])),
-        ("prod", ops::scatter_prod(&a, &[idx.clone()], &upd, &[0])),
-        ("set", ops::scatter(&a, &[idx.clone()], &upd, &[0])),
+        ("max", ops::scatter_max(&a, std::slice::from_ref(&idx), &upd, &[0])),
+        ("min", ops::scatter_min(&a, std::slice::from_ref(&idx), &upd, &[0])),
+        ("prod", ops::scatter_prod(&a, std::slice::from_ref(&idx), &upd, &[0])),
+        ("set", ops::scatter(&a, std::slice::from_ref(&idx), &upd, &[0])),
     ] {
         let mut want = av.clone();
         for (n, &i) in [3, 1].iter().enumerate() {
@@ -165,9 +165,9 @@ fn gather_mm_matches_matmul_of_picked_matrices() {
     assert_eq!(y.shape(), &[2, 3, 2, 3]);
     let lv = [[2, 2, 2], [0, 0, 0]];
     let rv = [4, 1, 1];
-    for p in 0..2 {
-        for q in 0..3 {
-            let want = a.i(lv[p][q]).matmul(&b.i(rv[q]));
+    for (p, lp) in lv.iter().enumerate() {
+        for (q, (&l, &r)) in lp.iter().zip(&rv).enumerate() {
+            let want = a.i(l).matmul(&b.i(r));
             assert_eq!(f64s(&y.i((p as i32, q as i32))), f64s(&want));
         }
     }
@@ -223,7 +223,7 @@ fn derivatives_match_finite_differences() {
     let i6 = array![1, 3];
     check_derivatives(
         "scatter_max",
-        move |a| ops::scatter_max(&a[0], &[i6.clone()], &a[1].reshape([2, 2, 1]), &[1]),
+        move |a| ops::scatter_max(&a[0], std::slice::from_ref(&i6), &a[1].reshape([2, 2, 1]), &[1]),
         &[x.clone(), v.clone()],
     );
     let y = ramp(&[3, 4, 2]);

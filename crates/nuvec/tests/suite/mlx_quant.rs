@@ -36,9 +36,13 @@ fn params(case: &Case) -> Params {
     }
 }
 
+/// What [`run`] yields for a case: nuvec's outputs, each with the tolerance it must meet, and
+/// the failures of checks made against a float64 reference.
+type CaseRun = (Vec<(Array, Tolerance)>, Vec<String>);
+
 /// nuvec's outputs for a case with the tolerance each must meet, and the failures of checks
 /// made against a float64 reference.
-fn run(case: &Case) -> Result<(Vec<(Array, Tolerance)>, Vec<String>)> {
+fn run(case: &Case) -> Result<CaseRun> {
     let p = params(case);
     let x: Vec<Array> = case.inputs.iter().map(|t| t.to_array()).collect();
     let affine = p.mode == "affine";

@@ -127,9 +127,12 @@ fn quantized_matmul_gradients_match_finite_differences() {
         let cot = weights(&[3, n], 1.7).astype(DType::F64);
         let qmm =
             |x: &Array, s: &Array, b: &Array| ops::quantized_matmul(x, &q, s, Some(b), transpose, 32, 4, "affine");
-        let (_, g) =
-            vjp_flat(|a| Ok(vec![qmm(&a[0], &a[1], &a[2])]), &[x.clone(), s.clone(), b.clone()], &[cot.clone()])
-                .unwrap();
+        let (_, g) = vjp_flat(
+            |a| Ok(vec![qmm(&a[0], &a[1], &a[2])]),
+            &[x.clone(), s.clone(), b.clone()],
+            std::slice::from_ref(&cot),
+        )
+        .unwrap();
         let loss = |y: Array| (y * &cot).sum(..).item::<f64>().unwrap();
         check_fd(&format!("dx transpose {transpose}"), &|v| loss(qmm(v, &s, &b)), &x, &g[0]);
         check_fd(&format!("dscales transpose {transpose}"), &|v| loss(qmm(&x, v, &b)), &s, &g[1]);
@@ -137,8 +140,8 @@ fn quantized_matmul_gradients_match_finite_differences() {
         // The packed weights are integers: no gradient flows to them.
         let (_, gq) = vjp_flat(
             |a| Ok(vec![ops::quantized_matmul(&x, &a[0], &s, Some(&b), transpose, 32, 4, "affine")]),
-            &[q.clone()],
-            &[cot.clone()],
+            std::slice::from_ref(&q),
+            std::slice::from_ref(&cot),
         )
         .unwrap();
         assert_eq!(gq[0].astype(DType::F64).abs().max(..).item::<f64>().unwrap(), 0.0, "packed weights got a gradient");
@@ -152,7 +155,7 @@ fn vmap_over_quantize_and_dequantize_matches_a_loop() {
         let (q, s, b) = ops::quantize(&a[0], 32, 3, "affine");
         Ok(vec![q.clone(), ops::dequantize(&q, &s, b.as_ref(), 32, 3, "affine", None)])
     };
-    let batched = vmap_flat(f, &[Some(1)], &[0, 0])(&[w.clone()]).unwrap();
+    let batched = vmap_flat(f, &[Some(1)], &[0, 0])(std::slice::from_ref(&w)).unwrap();
     for i in 0..4 {
         let wi = w.slice(&[0, i, 0], &[3, i + 1, 64], &[1, 1, 1]).squeeze(1);
         let one = f(&[wi]).unwrap();

@@ -633,13 +633,17 @@ fn r_logic(a: &Ref, b: &Ref, and: bool) -> Ref {
     for i in 0..a.n() {
         let (x, ux) = truth(a.v[i], a.e[i]);
         let (y, uy) = truth(b.v[i], b.e[i]);
+        let both_decided = !ux && !uy;
         let (v, u) = if and {
             let v = x && y;
             // Decided when both are decided, or one decided operand is false.
-            (v, !((!ux && !uy) || (!ux && !x) || (!uy && !y)))
+            let one_false = (!ux && !x) || (!uy && !y);
+            (v, !(both_decided || one_false))
         } else {
             let v = x || y;
-            (v, !((!ux && !uy) || (!ux && x) || (!uy && y)))
+            // Decided when both are decided, or one decided operand is true.
+            let one_true = (!ux && x) || (!uy && y);
+            (v, !(both_decided || one_true))
         };
         out.v.push(v as u8 as f64);
         out.e.push(if u { 1.0 } else { 0.0 });
@@ -710,7 +714,10 @@ fn reduced_shape(shape: &[usize], axes: &[usize], keepdims: bool) -> Vec<usize> 
     }
 }
 
-fn r_reduce(x: &Ref, axes: &[usize], keepdims: bool, dtype: DType, fold: &dyn Fn(&[f64], &[f64]) -> (f64, f64)) -> Ref {
+/// A reduction of one group: its values and their error bounds to the reduced value and its bound.
+type Fold = dyn Fn(&[f64], &[f64]) -> (f64, f64);
+
+fn r_reduce(x: &Ref, axes: &[usize], keepdims: bool, dtype: DType, fold: &Fold) -> Ref {
     let mut out = Ref { shape: reduced_shape(&x.shape, axes, keepdims), dtype, v: vec![], e: vec![] };
     for g in groups(&x.shape, axes) {
         let vs: Vec<f64> = g.iter().map(|&i| x.v[i]).collect();
@@ -816,7 +823,8 @@ fn r_binary(op: &Bn, a: &Ref, b: &Ref) -> Ref {
             // order): at a zero on the branch cut or at the origin, any angle goes.
             let mut out = r_map2(&a, &b, cd, &op.f, 8.0, false);
             for i in 0..out.n() {
-                if (a.v[i] == 0.0 && b.v[i] <= 0.0) || (a.v[i] == 0.0 && b.v[i] == 0.0) {
+                // y == 0 with x <= 0: the branch cut (x < 0) and the origin (x == 0).
+                if a.v[i] == 0.0 && b.v[i] <= 0.0 {
                     out.e[i] = out.e[i].max(2.0 * std::f64::consts::PI);
                 }
             }
@@ -1384,8 +1392,8 @@ fn compare(got: &[f64], r: &Ref) -> Vec<String> {
         bad.push(format!("nuvec gave {} elements, the reference {}", got.len(), r.n()));
         return bad;
     }
-    for i in 0..r.n() {
-        let (g, w, e) = (got[i], r.v[i], r.e[i]);
+    for (i, &g) in got.iter().enumerate() {
+        let (w, e) = (r.v[i], r.e[i]);
         let ok = if w.is_nan() {
             g.is_nan()
         } else if w.is_infinite() {
@@ -1618,7 +1626,7 @@ impl Chain {
                 // Fill the big array with junk, then place the values where the slice reads.
                 let mut big = Chain::values(rng, numel(&big_shape), d, Vk::General);
                 let bst = row_strides(&big_shape);
-                for i in 0..n {
+                for (i, &vi) in v.iter().enumerate() {
                     let idx = unravel(i, shape);
                     let src: Vec<usize> = (0..nd)
                         .map(|k| {
@@ -1626,7 +1634,7 @@ impl Chain {
                             (first + idx[k] as i64 * step[k] as i64) as usize
                         })
                         .collect();
-                    big[dot(&src, &bst)] = v[i];
+                    big[dot(&src, &bst)] = vi;
                 }
                 let a = make_array(&big, &big_shape, d).slice(&start, &stop, &step);
                 (a, format!("input: slice {start:?}:{stop:?}:{step:?} of {big_shape:?} {}", fmt_vals(&big)))

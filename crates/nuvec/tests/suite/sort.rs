@@ -381,6 +381,6 @@ fn vmap_matches_a_loop() {
     }
     // Index outputs batch too.
     let x = Array::from_slice(&[3, 1, 2, 0, 5, 4], [2, 3]);
-    let got = vmap_flat(|xs: &[Array]| Ok(vec![xs[0].argsort(0)]), &[Some(1)], &[1])(&[x.clone()]).unwrap();
+    let got = vmap_flat(|xs: &[Array]| Ok(vec![xs[0].argsort(0)]), &[Some(1)], &[1])(std::slice::from_ref(&x)).unwrap();
     assert_eq!(got[0].to_vec::<u32>().unwrap(), x.argsort(0).to_vec::<u32>().unwrap());
 }

@@ -88,7 +88,8 @@ fn nesting_in_every_order() {
     // jvp of grad: the Hessian-vector product of sum(x^3) is 6 x v.
     let v = array![1.0, 2.0, -1.0];
     let (_, hv) =
-        jvp_flat(|xs| grad_flat(|ys| Ok((&ys[0] * &ys[0] * &ys[0]).sum(..)), &[0])(xs), &[x.clone()], &[v]).unwrap();
+        jvp_flat(|xs| grad_flat(|ys| Ok((&ys[0] * &ys[0] * &ys[0]).sum(..)), &[0])(xs), std::slice::from_ref(&x), &[v])
+            .unwrap();
     close(&hv[0], &[3.0, -18.0, -12.0]);
     // vjp of jvp.
     let (_, ct) = vjp_flat(
@@ -120,7 +121,8 @@ fn vmap_in_and_out_axes() {
     let err = f(&[a.clone(), ops::zeros([4, 5], DType::F32)]).unwrap_err().to_string();
     assert!(err.contains("vmap"), "{err}");
     // An out-of-range in_axis is an error too.
-    let err = vmap_flat(|xs| Ok(vec![xs[0].clone()]), &[Some(3)], &[0])(&[a.clone()]).unwrap_err().to_string();
+    let err =
+        vmap_flat(|xs| Ok(vec![xs[0].clone()]), &[Some(3)], &[0])(std::slice::from_ref(&a)).unwrap_err().to_string();
     assert!(err.contains("vmap"), "{err}");
     // Tree form with unmapped arguments and a negative out axis.
     let g = vmap(|(x, y): &(Array, Array)| x * y).in_axes(vec![Some(-1), None]).out_axes(-1);

@@ -63,6 +63,10 @@ enum Domain {
 }
 
 type OpFn = Box<dyn Fn(&[Array]) -> Array>;
+/// A unary operation under test.
+type UnaryFn = fn(&Array) -> Array;
+/// A binary operation under test.
+type BinaryFn = fn(&Array, &Array) -> Array;
 
 /// One case: a function of some inputs, with their shapes and domains.
 struct Case {
@@ -81,7 +85,7 @@ fn dot(a: &[Array], b: &[Array]) -> f64 {
 
 fn unary_cases(rng: &mut Rng) -> Vec<Case> {
     use Domain::*;
-    let table: Vec<(&str, Domain, fn(&Array) -> Array)> = vec![
+    let table: Vec<(&str, Domain, UnaryFn)> = vec![
         ("abs", AwayFromZero, |x| x.abs()),
         ("negative", Any, |x| x.negative()),
         ("exp", Any, |x| x.exp()),
@@ -132,7 +136,7 @@ fn broadcastable(rng: &mut Rng, a: &[i32]) -> Vec<i32> {
 
 fn binary_cases(rng: &mut Rng) -> Vec<Case> {
     use Domain::*;
-    let table: Vec<(&str, Domain, Domain, fn(&Array, &Array) -> Array)> = vec![
+    let table: Vec<(&str, Domain, Domain, BinaryFn)> = vec![
         ("add", Any, Any, |a, b| a + b),
         ("subtract", Any, Any, |a, b| a - b),
         ("multiply", Any, Any, |a, b| a * b),
