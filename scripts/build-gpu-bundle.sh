@@ -4,10 +4,16 @@
 #
 #   .gpu/test-<crate>-<target>[.xz]  stripped test binaries of the crates that touch the GPU
 #   .gpu/bench_gpu[.xz]              stripped crates/nuvec/examples/bench_gpu.rs
+#   .gpu/bench_fast[.xz]             stripped crates/nuvec/examples/bench_fast.rs (fused ops)
 #   .gpu/kcache[.tar.xz]             kernel cache: every CUDA module precompiled for sm_90a
 #   .gpu/manifest.tsv                name<TAB>crate folder (the test's working directory)<TAB>
 #                                    libtest arguments (GPU_SUITE_FILTERS, for nuvec's suite)
 #   .gpu/build-info.txt              build root, commit, NVRTC version, date
+#   .gpu/wheels/*.whl                Python wheels for the device machine, which has no network:
+#                                    those already in .gpu/wheels are kept across rebuilds and
+#                                    checked with `python3 -m zipfile -t`; gpu-check.sh installs
+#                                    them for bench/gpu_fast_peers.py. Liger Kernel's, once:
+#                                    pip download liger-kernel --no-deps -d .gpu/wheels
 #
 # Binaries are compressed with xz by default (one stripped test binary is ~40 MB, ~4 MB
 # compressed; the device machine takes at most 64 MiB of carried files); gpu-check.sh unpacks
@@ -49,8 +55,9 @@ t0=$(date +%s)
 
 echo "== building test binaries (cargo test --workspace --release --no-run)"
 cargo test --workspace --release --no-run --message-format=json >"$WORK/tests.json"
-echo "== building examples bench_gpu and precompile_kernels"
-cargo build --release -p nuvec --example bench_gpu --example precompile_kernels --message-format=json >"$WORK/examples.json"
+echo "== building examples bench_gpu, bench_fast and precompile_kernels"
+cargo build --release -p nuvec --example bench_gpu --example bench_fast --example precompile_kernels \
+    --message-format=json >"$WORK/examples.json"
 
 # name<TAB>crate dir (relative)<TAB>executable, for test targets and the two examples.
 python3 - "$WORK" "$ROOT" "$PACKAGES" "$SKIP_TARGETS" >"$WORK/artifacts.tsv" <<'EOF'
@@ -78,10 +85,17 @@ for m in artifacts(os.path.join(work, "tests.json")):
     print(f"test-{crate}-{m['target']['name']}\t{os.path.relpath(crate_dir, root)}\t{m['executable']}")
 for m in artifacts(os.path.join(work, "examples.json")):
     name = m["target"]["name"]
-    if name in ("bench_gpu", "precompile_kernels"):
+    if name in ("bench_gpu", "bench_fast", "precompile_kernels"):
         print(f"{name}\t{os.path.relpath(os.path.dirname(m['manifest_path']), root)}\t{m['executable']}")
 EOF
 
+# The wheels in .gpu/wheels outlive the rebuild of .gpu (set aside, then put back).
+WHEELS_KEPT=$WORK/wheels
+rm -rf "$WHEELS_KEPT"
+if compgen -G ".gpu/wheels/*.whl" >/dev/null; then
+    mkdir -p "$WHEELS_KEPT"
+    cp .gpu/wheels/*.whl "$WHEELS_KEPT/"
+fi
 rm -rf .gpu
 mkdir -p .gpu
 : >.gpu/manifest.tsv
@@ -107,7 +121,7 @@ while IFS=$'\t' read -r name dir exe why; do
             printf '  %-44s skipped (%s), %s unstripped\n' "$dir" "$why" "$(human "$(stat -c %s "$exe")")"
             continue ;;
         precompile_kernels) PRECOMPILE=$exe; continue ;;
-        bench_gpu) ;;
+        bench_gpu|bench_fast) ;;
         test-*)
             # Skip test binaries with no tests (a library without #[test]s).
             n=$("$exe" --list --format terse 2>/dev/null | grep -c ': test$' || true)
@@ -144,6 +158,20 @@ if [ "$PLAIN" = 0 ]; then
     tar -C .gpu -cf - kcache | xz -6 -T0 >.gpu/kcache.tar.xz
     rm -rf .gpu/kcache
     printf '  %-44s %9s\n' kcache.tar.xz "$(human "$(stat -c %s .gpu/kcache.tar.xz)")"
+fi
+
+if compgen -G "$WHEELS_KEPT/*.whl" >/dev/null; then
+    echo "== wheels"
+    mkdir -p .gpu/wheels
+    for w in "$WHEELS_KEPT"/*.whl; do
+        # A truncated download would only fail on the device machine, after minutes of its time.
+        if ! python3 -m zipfile -t "$w" >/dev/null; then
+            echo "build-gpu-bundle: $w is not a readable wheel (zip); download it again" >&2
+            exit 1
+        fi
+        cp "$w" .gpu/wheels/
+        printf '  %-44s %9s\n' "wheels/$(basename "$w")" "$(human "$(stat -c %s "$w")")"
+    done
 fi
 
 {

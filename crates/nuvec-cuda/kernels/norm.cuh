@@ -390,7 +390,7 @@ __device__ __forceinline__ void swiglu_elems(const T* __restrict__ gate, const T
 }
 
 // ---- Cross entropy: loss = logsumexp(row) − row[t] (0 for t < 0, NaN for t ≥ len), and its
-// derivative g·(softmax(row) − onehot(t)).
+// derivative g·(softmax(row) − onehot(t)) (zero for rows whose target is out of range).
 template <typename T>
 __device__ __forceinline__ typename Acc<T>::type row_lse(const T* __restrict__ p, u64 len) {
   auto ms = row_max_sum_block(p, len);
@@ -413,21 +413,22 @@ __device__ __forceinline__ void cross_entropy_rows(const T* __restrict__ x, cons
   }
 }
 
+// One pass over the logits: the row's log-sum-exp is the loss plus the target's logit.
 template <typename T>
 __device__ __forceinline__ void cross_entropy_vjp_rows(const T* __restrict__ x, const i32* __restrict__ t,
-                                                       const typename Acc<T>::type* __restrict__ g, T* __restrict__ dx,
-                                                       u64 rows, u64 len) {
+                                                       const typename Acc<T>::type* __restrict__ g,
+                                                       const typename Acc<T>::type* __restrict__ loss,
+                                                       T* __restrict__ dx, u64 rows, u64 len) {
   typedef typename Acc<T>::type A;
   bool vec = rows_vectorisable<T>(len, x, dx, x, x);
   for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
     i32 target = t[row];
     const T* p = x + row * len;
     T* q = dx + row * len;
-    // Ignored rows (and any row) go through the same barriers: the branch is block-uniform.
-    A lse = target < 0 ? (A)0 : row_lse(p, len), gv = target < 0 ? (A)0 : g[row];
-    // An out-of-range target has no one-hot column: as the composition (clamped index), the
-    // last column takes it, and the loss itself is NaN.
-    u64 hot = (u64)target < len ? (u64)target : len - 1;
+    // Rows whose target is out of range (ignored, or past the classes) get no gradient.
+    bool counted = target >= 0 && (u64)target < len;
+    A gv = counted ? g[row] : (A)0;
+    A lse = counted ? loss[row] + widen(p[target]) : (A)0;
     A L = log2e_times(lse);
     for_row<T>(len, vec, [&](auto W, u64 v, int) {
       NV_PIECE;
@@ -436,8 +437,8 @@ __device__ __forceinline__ void cross_entropy_vjp_rows(const T* __restrict__ x, 
       load<T, M>(p, v, a);
 #pragma unroll
       for (int j = 0; j < M; ++j) {
-        A e = exp_shifted(a[j], lse, L);
-        d[j] = narrow<T>((e - (v * M + j == hot ? (A)1 : (A)0)) * gv);
+        A e = counted ? exp_shifted(a[j], lse, L) : (A)0;
+        d[j] = narrow<T>((e - (v * M + j == (u64)target ? (A)1 : (A)0)) * gv);
       }
       store<T, M>(q, v, d);
     });

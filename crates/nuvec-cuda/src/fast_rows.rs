@@ -35,7 +35,9 @@ pub(crate) fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
         FastOp::RmsNormVjp { .. } => same(inputs) && len <= RMS_SLOTS * VJP_THREADS,
         FastOp::LayerNormVjp { .. } => same(inputs) && len <= LN_SLOTS * VJP_THREADS,
         FastOp::CrossEntropy => inputs[1].dtype == DType::I32,
-        FastOp::CrossEntropyVjp => inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d),
+        FastOp::CrossEntropyVjp => {
+            inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d) && inputs[3].dtype == acc(d)
+        }
         FastOp::Rope(_) => inputs[1].dtype == DType::I32 && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
         _ => false,
     }
@@ -70,7 +72,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
     let x = &inputs[0];
     let d = x.dtype;
     let len = x.shape.last().copied().unwrap_or(1).max(0) as u64;
-    let rows = if len == 0 { 0 } else { x.size() as u64 / len };
+    let rows = (x.size() as u64).checked_div(len).unwrap_or(0);
     let out_ptrs: Vec<u64> = outputs.iter_mut().map(|o| alloc_out(gpu, o)).collect::<Result<_>>()?;
     if x.size() == 0 {
         // Weight cotangents of empty rows are zeros.
@@ -146,11 +148,8 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             let (name, mut args) = if *op == FastOp::CrossEntropy {
                 ("cross_entropy", vec![Arg::Ptr(ptr_of(x)?), Arg::Ptr(ptr_of(&inputs[1])?), Arg::Ptr(out_ptrs[0])])
             } else {
-                let g = ptr_of(&inputs[2])?;
-                (
-                    "cross_entropy_vjp",
-                    vec![Arg::Ptr(ptr_of(x)?), Arg::Ptr(ptr_of(&inputs[1])?), Arg::Ptr(g), Arg::Ptr(out_ptrs[0])],
-                )
+                let (t, g, loss) = (ptr_of(&inputs[1])?, ptr_of(&inputs[2])?, ptr_of(&inputs[3])?);
+                ("cross_entropy_vjp", [ptr_of(x)?, t, g, loss, out_ptrs[0]].map(Arg::Ptr).into())
             };
             args.extend([Arg::U64(rows), Arg::U64(len)]);
             // The statistics' loop reads 8 vectors per thread in flight (fast.cuh): a block of

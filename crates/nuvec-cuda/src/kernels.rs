@@ -439,7 +439,7 @@ impl Family {
                         "__launch_bounds__(1024) cross_entropy(const {t}* x, const i32* t, {a}* loss, u64 rows, u64 len) {{ cross_entropy_rows<{t}>(x, t, loss, rows, len); }}"
                     ),
                     format!(
-                        "__launch_bounds__(1024) cross_entropy_vjp(const {t}* x, const i32* t, const {a}* g, {t}* dx, u64 rows, u64 len) {{ cross_entropy_vjp_rows<{t}>(x, t, g, dx, rows, len); }}"
+                        "cross_entropy_vjp(const {t}* x, const i32* t, const {a}* g, const {a}* loss, {t}* dx, u64 rows, u64 len) {{ cross_entropy_vjp_rows<{t}>(x, t, g, loss, dx, rows, len); }}"
                     ),
                     format!(
                         "rope(const {t}* x, {t}* out, const i32* offset, int offset_per_batch, const float* freqs, float log2_base, float scale, float sign, int traditional, u64 rows, u64 len, u64 dims, u64 seq, u64 per_batch) {{ rope_rows<{t}>(x, out, offset, offset_per_batch, freqs, log2_base, scale, sign, traditional, rows, len, dims, seq, per_batch); }}"

@@ -12,6 +12,8 @@
 //!
 //! # Method
 //!
+//! The harness is `bench_harness/mod.rs`, shared with the `bench_fast` example.
+//!
 //! Inputs are pseudo-random (`sin` of a scaled `arange`, never zeros), created and evaluated
 //! before timing. Each case first runs warm-up iterations (the first one loads or compiles its
 //! kernels), then at least [`BATCHES`] batches of `count` iterations; an iteration records the
@@ -40,14 +42,13 @@
 //! run cut short keeps what it measured). Environment: `NUVEC_BENCH_BATCH_MS` (100),
 //! `NUVEC_BENCH_BATCHES` (5, at least 3), `NUVEC_BENCH_WARMUP` (3).
 
-use std::fs::File;
-use std::io::Write;
+mod bench_harness;
+
 use std::time::{Duration, Instant};
 
-use nuvec::{Array, DType, Device, ops, with_stream};
+use bench_harness::{BATCHES, Bench, Row, Timing, copy_ceiling, median, random, randoms, time_batches};
+use nuvec::{Array, DType, ops};
 
-/// Fewest timed batches per case.
-const BATCHES: usize = 5;
 /// Element-wise target: fraction of the copy ceiling.
 const TARGET_ELEMENTWISE: f64 = 0.90;
 /// Row-reduction target: fraction of the copy ceiling.
@@ -57,341 +58,8 @@ const TARGET_GEMV: f64 = 0.85;
 /// Lazy-graph overhead target, microseconds per operation.
 const TARGET_OVERHEAD_US: f64 = 10.0;
 
-const GPU: Device = Device::gpu(0);
-/// The case whose rate is the compute ceiling (measured first, with the copy ceiling).
-const CEILING_MATMUL: &str = "matmul_bf16_8192";
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn sync() -> nuvec::Result<()> {
-    nuvec::cuda::synchronize(0)
-}
-
-/// Pseudo-random values in about [-1, 1] of `shape` and `dtype`, evaluated on the GPU.
-fn random(shape: &[i32], dtype: DType, seed: u32) -> nuvec::Result<Array> {
-    let n: i64 = shape.iter().map(|&d| d as i64).product();
-    assert!(n <= i32::MAX as i64, "random: {n} elements");
-    let i = ops::arange_dtype(0, n as i32, 1, DType::F32);
-    let s = seed as f32 * 1.618;
-    let v = (&i * 0.37f32 + s).sin() * 0.75f32 + (&i * 0.0113f32 + 2.0 * s).cos() * 0.25f32;
-    let v = v.reshape(shape).astype(dtype);
-    v.eval()?;
-    Ok(v)
-}
-
-/// `k` random arrays of one shape.
-fn randoms(k: usize, shape: &[i32], dtype: DType, seed: u32) -> nuvec::Result<Vec<Array>> {
-    (0..k).map(|j| random(shape, dtype, seed + 101 * j as u32)).collect()
-}
-
-/// One timed case.
-struct Timing {
-    /// Median seconds per iteration.
-    median: f64,
-    /// Fastest batch, seconds per iteration.
-    min: f64,
-    /// Slowest batch, seconds per iteration.
-    max: f64,
-    /// Iterations per batch.
-    count: usize,
-    /// Batches.
-    batches: usize,
-}
-
-impl Timing {
-    /// A timing measured elsewhere as one median.
-    fn from_seconds(s: f64) -> Timing {
-        Timing { median: s, min: s, max: s, count: 1, batches: 1 }
-    }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
-}
-
-/// Times `run(i)` (which does the work of iteration `i`: record and `eval`), in batches that
-/// end with a synchronize.
-fn time_batches(run: &mut dyn FnMut(usize) -> nuvec::Result<()>) -> nuvec::Result<Timing> {
-    let warmup: usize = env_or("NUVEC_BENCH_WARMUP", 3).max(1);
-    let batches: usize = env_or("NUVEC_BENCH_BATCHES", BATCHES).max(3);
-    let batch_time = Duration::from_secs_f64(env_or("NUVEC_BENCH_BATCH_MS", 100.0) / 1e3);
-    let mut i = 0usize;
-    for _ in 0..warmup {
-        run(i)?;
-        i += 1;
-    }
-    sync()?;
-    // Estimate the time of one iteration from a short batch.
-    let probe = 2;
-    let t = Instant::now();
-    for _ in 0..probe {
-        run(i)?;
-        i += 1;
-    }
-    sync()?;
-    let each = t.elapsed().as_secs_f64() / probe as f64;
-    let count = ((batch_time.as_secs_f64() / each.max(1e-7)) as usize).clamp(3, 5000);
-    let mut per = Vec::with_capacity(batches);
-    for _ in 0..batches {
-        let t = Instant::now();
-        for _ in 0..count {
-            run(i)?;
-            i += 1;
-        }
-        sync()?;
-        per.push(t.elapsed().as_secs_f64() / count as f64);
-    }
-    let (min, max) = per.iter().fold((f64::MAX, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-    Ok(Timing { median: median(&mut per), min, max, count, batches })
-}
-
-/// Times an operation over rotating inputs: iteration `i` records `op(i)` and evaluates it.
-fn time_op(op: &dyn Fn(usize) -> Array) -> nuvec::Result<Timing> {
-    time_batches(&mut |i| {
-        let y = op(i);
-        y.eval()
-    })
-}
-
-/// A result row.
-struct Row {
-    name: String,
-    value: f64,
-    unit: &'static str,
-    fraction: Option<f64>,
-    target: String,
-    detail: String,
-}
-
-impl Row {
-    fn tsv(&self) -> String {
-        let f = self.fraction.map_or("-".to_string(), |f| format!("{f:.4}"));
-        format!("{}\t{:.4}\t{}\t{}", self.name, self.value, self.unit, f)
-    }
-}
-
-/// The benchmark's state: options, ceilings found so far, rows written.
-struct Bench {
-    only: Option<String>,
-    out: Option<File>,
-    rows: Vec<Row>,
-    /// Copy ceiling, GB/s (bytes read + written).
-    copy_gbs: Option<f64>,
-    /// bf16 matmul ceiling, TFLOP/s.
-    matmul_tflops: Option<f64>,
-    /// Bytes of inputs under which iterations rotate among copies (3× L2).
-    rotate_below: usize,
-}
-
-impl Bench {
-    fn wanted(&self, name: &str) -> bool {
-        self.only.as_deref().is_none_or(|f| name.contains(f))
-    }
-
-    /// Copies needed so one iteration's inputs do not stay in L2 (1 to 8).
-    fn copies(&self, input_bytes: usize) -> usize {
-        self.rotate_below.div_ceil(input_bytes.max(1)).clamp(1, 8)
-    }
-
-    fn push(&mut self, row: Row) {
-        let f = row.fraction.map_or("-".to_string(), |f| format!("{:.1}%", 100.0 * f));
-        println!("{:<36} {:>12.3} {:<9} {:>8} {:>10}  {}", row.name, row.value, row.unit, f, row.target, row.detail);
-        if let Some(file) = self.out.as_mut() {
-            let _ = writeln!(file, "{}", row.tsv());
-            let _ = file.flush();
-        }
-        self.rows.push(row);
-    }
-
-    fn failed(&mut self, name: &str, unit: &'static str, e: &nuvec::Error) {
-        eprintln!("# {name} FAILED: {e}");
-        self.push(Row {
-            name: name.into(),
-            value: f64::NAN,
-            unit,
-            fraction: None,
-            target: String::new(),
-            detail: format!("FAILED: {}", e.to_string().lines().next().unwrap_or("")),
-        });
-    }
-
-    fn detail(t: &Timing) -> String {
-        format!(
-            "median {:.4} ms (min {:.4}, max {:.4}; {}x{})",
-            t.median * 1e3,
-            t.min * 1e3,
-            t.max * 1e3,
-            t.batches,
-            t.count
-        )
-    }
-
-    /// A bandwidth case: `bytes` moved (read + written) per iteration.
-    fn bandwidth(
-        &mut self,
-        name: &str,
-        bytes: f64,
-        target: Option<f64>,
-        setup: impl FnOnce() -> nuvec::Result<Box<dyn Fn(usize) -> Array>>,
-    ) {
-        if !self.wanted(name) {
-            return;
-        }
-        let result = setup().and_then(|op| time_op(&*op));
-        self.bandwidth_row(name, bytes, target, result);
-        let _ = nuvec::cuda::clear_cache(0);
-    }
-
-    fn bandwidth_row(&mut self, name: &str, bytes: f64, target: Option<f64>, result: nuvec::Result<Timing>) {
-        match result {
-            Ok(t) => {
-                let gbs = bytes / t.median / 1e9;
-                let fraction = self.copy_gbs.map(|c| gbs / c);
-                let target = target.map_or(String::new(), |g| {
-                    let ok = fraction.is_some_and(|f| f >= g);
-                    format!(">={:.0}% {}", 100.0 * g, if ok { "ok" } else { "MISS" })
-                });
-                self.push(Row {
-                    name: name.into(),
-                    value: gbs,
-                    unit: "GB/s",
-                    fraction,
-                    target,
-                    detail: Self::detail(&t),
-                });
-            }
-            Err(e) => self.failed(name, "GB/s", &e),
-        }
-    }
-
-    /// A matrix-product case of `flops` per iteration.
-    fn compute(&mut self, name: &str, flops: f64, setup: impl FnOnce() -> nuvec::Result<Box<dyn Fn(usize) -> Array>>) {
-        if !self.wanted(name) {
-            return;
-        }
-        let result = setup().and_then(|op| time_op(&*op));
-        let _ = nuvec::cuda::clear_cache(0);
-        match result {
-            Ok(t) => {
-                let tflops = flops / t.median / 1e12;
-                if name == CEILING_MATMUL {
-                    self.matmul_tflops = Some(tflops);
-                }
-                let fraction = self.matmul_tflops.map(|c| tflops / c);
-                self.push(Row {
-                    name: name.into(),
-                    value: tflops,
-                    unit: "TFLOP/s",
-                    fraction,
-                    target: ">=95% torch".into(),
-                    detail: Self::detail(&t),
-                });
-            }
-            Err(e) => self.failed(name, "TFLOP/s", &e),
-        }
-    }
-}
-
-fn gib(bytes: usize) -> f64 {
-    bytes as f64 / (1u64 << 30) as f64
-}
-
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let (mut out_path, mut only) = (None::<String>, None::<String>);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--out" => out_path = args.next(),
-            "--only" => only = args.next(),
-            "-h" | "--help" => {
-                println!("usage: bench_gpu [--out PATH] [--only SUBSTRING]");
-                return;
-            }
-            other if !other.starts_with('-') && only.is_none() => only = Some(other.to_string()),
-            other => {
-                eprintln!("bench_gpu: unknown argument {other:?}");
-                std::process::exit(2);
-            }
-        }
-    }
-
-    if !nuvec::cuda::is_available() {
-        let why = nuvec::cuda::unavailable_reason().unwrap_or_else(|| "unknown reason".into());
-        println!("bench_gpu: no usable CUDA GPU: {why}");
-        return;
-    }
-
-    let out = out_path.as_ref().map(|p| match File::create(p) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("bench_gpu: cannot create {p}: {e}");
-            std::process::exit(2);
-        }
-    });
-
-    let info = match nuvec::cuda::device_info(0) {
-        Ok(i) => i,
-        Err(e) => {
-            println!("bench_gpu: GPU 0 cannot be opened: {e}");
-            std::process::exit(1);
-        }
-    };
-    let l2 = info.l2_cache.max(60 << 20);
-    println!(
-        "# GPU 0: {} (sm_{}{}), {} SMs, {:.1} GiB, L2 {:.1} MB",
-        info.name,
-        info.compute_capability.0,
-        info.compute_capability.1,
-        info.multiprocessors,
-        gib(info.total_memory),
-        info.l2_cache as f64 / 1e6
-    );
-    match nuvec_cuda::compile::nvrtc_version() {
-        Ok((a, b)) => println!("# NVRTC {a}.{b}; kernel cache {:?}", nuvec_cuda::compile::cache_dir()),
-        Err(e) => println!("# NVRTC: {e}"),
-    }
-    println!(
-        "# {} batches (>= 3) of ~{} ms each, median of per-iteration time = batch time / count",
-        env_or("NUVEC_BENCH_BATCHES", BATCHES).max(3),
-        env_or("NUVEC_BENCH_BATCH_MS", 100.0)
-    );
-    println!("{:<36} {:>12} {:<9} {:>8} {:>10}  detail", "case", "value", "unit", "of ceil", "target");
-
-    let mut bench = Bench { only, out, rows: Vec::new(), copy_gbs: None, matmul_tflops: None, rotate_below: 3 * l2 };
-    let started = Instant::now();
-    with_stream(GPU, || run_all(&mut bench));
-    if let Ok(m) = nuvec::cuda::memory(0) {
-        println!("# GPU memory: peak {:.2} GiB held by arrays", gib(m.peak));
-    }
-    println!("# total {:.1} s", started.elapsed().as_secs_f64());
-    println!("# libraries: {}", loaded_cuda_libraries().join(" "));
-
-    println!("\n# name\tvalue\tunit\tfraction");
-    for r in &bench.rows {
-        println!("{}", r.tsv());
-    }
-    if bench.rows.iter().any(|r| r.value.is_nan()) {
-        std::process::exit(1);
-    }
-}
-
-/// The CUDA libraries this process loaded (from `/proc/self/maps`), to tell which NVRTC and
-/// cuBLASLt were used.
-fn loaded_cuda_libraries() -> Vec<String> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut libs: Vec<String> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| ["libcuda.so", "libnvrtc", "libcublasLt"].iter().any(|n| p.contains(n)))
-        .map(str::to_string)
-        .collect();
-    libs.sort();
-    libs.dedup();
-    libs
+    bench_harness::main_with("bench_gpu", run_all);
 }
 
 fn run_all(b: &mut Bench) {
@@ -417,10 +85,8 @@ fn ceilings(b: &mut Bench) {
             return;
         }
     };
-    // cuMemcpyDtoD of 1 GiB timed with CUDA events; set first, so its own row reads 100%.
-    let r = nuvec::cuda::copy_bandwidth(0, bytes as usize / 2, 20).map(|gbs| Timing::from_seconds(bytes / (gbs * 1e9)));
-    b.copy_gbs = r.as_ref().ok().map(|t| bytes / t.median / 1e9);
-    b.bandwidth_row("ceiling_copy_memcpy", bytes, None, r);
+    // cuMemcpyDtoD of 1 GiB (the harness's copy ceiling), as many bytes as the proxies move.
+    copy_ceiling(b);
     if needs_x {
         let xc = x.clone();
         b.bandwidth("copy_proxy_mul1_f32_256M", bytes, None, move || {

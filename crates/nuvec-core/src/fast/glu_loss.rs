@@ -86,11 +86,12 @@ fn loss_dtype(logits: DType) -> DType {
     if logits == DType::F64 { DType::F64 } else { DType::F32 }
 }
 
-/// Targets as an index into the class axis (`[..., 1]`, in range) and the mask of counted rows.
+/// Targets as an index into the class axis (`[..., 1]`, in range) and the mask of the rows
+/// that count (`0 <= target < classes`).
 fn target_index(targets: &Array, classes: i32) -> (Array, Array) {
     let t = targets.astype(DType::I32);
-    let keep = t.greater_equal(0);
-    (ops::where_(&keep, &t, 0).minimum(classes - 1).expand_dims(-1), keep)
+    let keep = ops::logical_and(t.greater_equal(0), t.less(classes));
+    (ops::where_(&keep, &t, 0).expand_dims(-1), keep)
 }
 
 /// `logsumexp(logits) − logits[target]` in `float32` (`float64` for `float64` logits); 0 where the target is negative (ignored),
@@ -101,11 +102,15 @@ pub(super) fn cross_entropy_composition(logits: &Array, targets: &Array) -> Arra
     let (idx, keep) = target_index(targets, v);
     let picked = x.take_along_axis(&idx, -1).squeeze(-1);
     let loss = x.logsumexp(-1) - picked;
-    let loss = ops::where_(targets.astype(DType::I32).greater_equal(v), f32::NAN, &loss);
-    ops::where_(&keep, &loss, 0.0).astype(loss_dtype(logits.dtype()))
+    let t = targets.astype(DType::I32);
+    let loss = ops::where_(&keep, &loss, 0.0);
+    ops::where_(t.greater_equal(v), f32::NAN, &loss).astype(loss_dtype(logits.dtype()))
 }
 
-/// `g · (softmax(logits) − onehot(target))`, zero on ignored rows, in the logits' dtype.
+/// `g · (softmax(logits) − onehot(target))` in the logits' dtype, zero on rows whose target is
+/// out of range (the loss there is 0 or NaN, a constant). The VJP primitive's fourth input,
+/// the loss, is what lets the kernel skip recomputing the log-sum-exp (`lse = loss +
+/// logits[target]`); the reference does not need it.
 pub(super) fn cross_entropy_vjp_composition(logits: &Array, targets: &Array, g: &Array) -> Array {
     let v = *logits.shape().last().unwrap_or(&1);
     let x = wide(logits);
@@ -118,7 +123,7 @@ pub(super) fn cross_entropy_vjp_composition(logits: &Array, targets: &Array, g: 
 /// Cross-entropy loss per row: `logsumexp(logits) − logits[target]` over the last (class) axis,
 /// in `float32` whatever the logits' dtype (`float64` logits give `float64`). `targets` are integers of the logits' shape without
 /// the class axis; a negative target marks a row to ignore (loss 0, no gradient, as PyTorch's
-/// `ignore_index = -100`), and a target `≥ classes` gives NaN.
+/// `ignore_index = -100`), and a target `≥ classes` gives NaN (and no gradient).
 ///
 /// ```
 /// use nuvec::{array, fast};

@@ -75,7 +75,8 @@ pub enum FastOp {
         /// Whether the forward had a bias.
         biased: bool,
     },
-    /// The cross entropy's cotangent of the logits: inputs `[logits, targets, g]`.
+    /// The cross entropy's cotangent of the logits: inputs `[logits, targets, g, loss]` (the
+    /// loss gives the kernel each row's log-sum-exp without a second pass).
     CrossEntropyVjp,
 }
 
@@ -151,7 +152,7 @@ impl FastOp {
         match self {
             FastOp::Softmax | FastOp::LogSumExp | FastOp::RmsNorm { .. } | FastOp::LayerNorm { .. } => Some(1),
             FastOp::AddRmsNorm { .. } | FastOp::SwiGlu | FastOp::CrossEntropy => Some(2),
-            FastOp::CrossEntropyVjp => Some(3),
+            FastOp::CrossEntropyVjp => Some(4),
             FastOp::Rope(_) => Some(1).filter(|_| n >= 2),
             // The weight and bias cotangents sum over rows, the batch included.
             FastOp::RmsNormVjp { .. } | FastOp::LayerNormVjp { .. } => None,
@@ -217,7 +218,7 @@ impl FastOp {
                 out
             }
             FastOp::CrossEntropy => {
-                let inputs = vec![x[0].clone(), x[1].clone(), g[0].clone()];
+                let inputs = vec![x[0].clone(), x[1].clone(), g[0].clone(), y[0].clone()];
                 vec![Some(record(FastOp::CrossEntropyVjp, inputs, 1).remove(0)), None]
             }
             _ => {

@@ -69,14 +69,15 @@ pub(super) fn output_specs(p: &RopeParams, inputs: &[Spec]) -> Result<Vec<Spec>,
         }
     }
     if let Some(f) = freqs
-        && (f.shape.as_slice() != [p.dims / 2] || !f.dtype.is_float()) {
-            return Err(invalid(format!(
-                "rope: freqs must be a floating vector of shape [{}] (dims / 2), got {:?} {:?}",
-                p.dims / 2,
-                f.dtype,
-                f.shape.as_slice()
-            )));
-        }
+        && (f.shape.as_slice() != [p.dims / 2] || !f.dtype.is_float())
+    {
+        return Err(invalid(format!(
+            "rope: freqs must be a floating vector of shape [{}] (dims / 2), got {:?} {:?}",
+            p.dims / 2,
+            f.dtype,
+            f.shape.as_slice()
+        )));
+    }
     Ok(vec![x.clone()])
 }
 

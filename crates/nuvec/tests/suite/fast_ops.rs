@@ -160,9 +160,9 @@ fn rope_ref(
         let batch = row * d / per_batch;
         let pos = (offsets[batch.min(offsets.len() - 1)] as f64 + (row % t) as f64) * scale;
         let src = &x[row * d..row * d + d];
-        for i in 0..dims / 2 {
+        for (i, f) in inv_freq.iter().enumerate().take(dims / 2) {
             let (a, b) = if traditional { (2 * i, 2 * i + 1) } else { (i, i + dims / 2) };
-            let th = pos * inv_freq[i];
+            let th = pos * f;
             let (c, s) = (th.cos(), if forward { th.sin() } else { -th.sin() });
             chunk[a] = src[a] * c - src[b] * s;
             chunk[b] = src[a] * s + src[b] * c;
@@ -171,11 +171,13 @@ fn rope_ref(
     out
 }
 
+/// (shape, dims, traditional, base (else freqs), scale, offsets: one, or one per batch row)
+type RopeCase = (Vec<i32>, usize, bool, bool, f64, Vec<i32>);
+
 #[test]
 fn rope_matches_float64_over_layouts_offsets_and_dtypes() {
     let mut rng = Rng(11);
-    // (shape, dims, traditional, base or freqs, scale, offsets)
-    let cases: Vec<(Vec<i32>, usize, bool, bool, f64, Vec<i32>)> = vec![
+    let cases: Vec<RopeCase> = vec![
         (vec![1, 4, 1, 128], 128, false, true, 1.0, vec![37]),
         (vec![2, 3, 5, 64], 64, true, true, 1.0, vec![0]),
         (vec![2, 2, 7, 80], 32, false, true, 0.25, vec![5, 1000]),

@@ -279,9 +279,11 @@ impl CudaKernel {
             )));
         }
         if let Some(v) = config.init_value
-            && v.is_nan() && outputs.iter().any(|o| !o.1.is_inexact()) {
-                return Err(self.invalid("init_value NaN does not fit an integer output".into()));
-            }
+            && v.is_nan()
+            && outputs.iter().any(|o| !o.1.is_inexact())
+        {
+            return Err(self.invalid("init_value NaN does not fit an integer output".into()));
+        }
         Ok(())
     }
 

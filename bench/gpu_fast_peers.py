@@ -1,0 +1,577 @@
+#!/usr/bin/env python3
+"""PyTorch and Liger Kernel peers of nuvec's fused-op benchmark (crates/nuvec/examples/bench_fast.rs).
+
+Times the cases of bench_fast, by the same names and byte counts, on GPU 0, in these modes
+(the prefix of each output line):
+
+* ``torch_eager``: plain PyTorch. RMS norm as MLX computes it,
+  ``(x * rsqrt(mean(x^2) + eps))`` in float32, cast to bf16, times ``w``; the residual add
+  then that; ``F.layer_norm``; ``F.silu(gate) * up``; rotary embedding by halves,
+  ``x * cos + cat(-x2, x1) * sin`` in float32 with the cos/sin tables made before timing (as a
+  model shares them between layers); ``F.cross_entropy``.
+* ``torch_compile``: ``torch.compile`` of the eager function (forward and backward).
+* ``torch_F_rms_norm``: ``torch.nn.functional.rms_norm`` (RMS norm cases only).
+* ``liger``: Liger Kernel's autograd functions from ``liger_kernel.ops``
+  (LigerRMSNormFunction with ``in_place=False`` so that the cotangent survives repeated
+  backward passes, LigerFusedAddRMSNormFunction, LigerLayerNormFunction, LigerSiLUMulFunction,
+  LigerRopeFunction, LigerCrossEntropyFunction), when the package imports; otherwise the mode
+  is skipped with a ``#`` line. Liger's rope rotates q and k together, in place, in the
+  [B, T, H, D] memory layout that attention projections produce: here q and k have 16 heads
+  each (the 32 of the case) as transposed views of that layout, and bf16 cos/sin tables.
+  Liger's SwiGLU backward writes the gradients over its saved inputs, so repeated backward
+  passes see changed values (the time does not depend on them).
+
+Backward cases (``*_bwd_*``) build the forward graph before timing and time
+``torch.autograd.grad(outputs, inputs, cotangents, retain_graph=True)``; the graph of
+``torch.compile`` keeps its buffers (``torch._functorch.config.donated_buffer = False``) so
+that it can run backward again. ``cross_entropy_fwdbwd_*`` times the forward and the logits'
+gradient together, of the mean loss (Liger's fused path: it writes the gradient during the
+forward pass, over the logits); ``cross_entropy_fwd_*`` uses ``reduction='none'``.
+
+Method (as in bench/gpu_peers.py, whose Timer it uses): inputs made before timing; warm-up
+iterations (for torch.compile and Triton the first call compiles); then at least 3 batches
+(default 5) of ``count`` iterations, each batch timed with CUDA events around the whole batch,
+per-iteration time = batch time / count, median over batches; ``count`` makes a batch last
+about 100 ms. Inputs smaller than 3x the L2 cache rotate among copies (with their graphs, for
+backward cases).
+
+Output: on stdout, ``# ...`` comment lines and one line per case and mode
+``<mode>:<case>\\t<GB/s>\\tGB/s\\t<fraction>``, the fraction being against torch's own copy
+ceiling ``torch_eager:ceiling_copy_memcpy`` (a 1 GiB ``copy_``, bytes read + written, measured
+first whatever ``--only`` says); latency-bound cases (1 and 16 tokens, decode rope) add
+``<mode>:<case>_us\\t<microseconds per call>\\tus\\t-``. A case that fails prints ``nan``;
+progress and errors go to stderr.
+
+    python3 bench/gpu_fast_peers.py                          # everything
+    python3 bench/gpu_fast_peers.py --only cross_entropy     # cases whose name contains it
+    python3 bench/gpu_fast_peers.py --modes eager,liger      # some modes only
+    python3 bench/gpu_fast_peers.py --deadline 300           # end within 300 s
+
+Time: eager, F.rms_norm and Liger run case by case first, then torch.compile, the cases with a
+target (main tensor of at least 64 MiB) first; with ``--deadline`` no case starts within 10 s
+of it and no torch.compile case within 60 s.
+"""
+
+import argparse
+import inspect
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_peers import L2_FLOOR, Timer, random  # noqa: E402  (the same timing as the core peers)
+
+EPS = 1e-5
+BF16 = torch.bfloat16
+ELEM = 2  # bytes per bf16
+TARGET_MIN_BYTES = 64 << 20
+ROPE_BASE = 10000.0
+HEADS, HEAD_DIM = 32, 128
+MODES = ("eager", "F_rms_norm", "liger", "compile")
+
+
+def prefix_of(mode):
+    """The output prefix of a mode: torch's modes say so, Liger's does not."""
+    return "liger" if mode == "liger" else f"torch_{mode}"
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def emit(line):
+    print(line, flush=True)
+
+
+# --- the eager functions (torch.compile compiles the same ones) ---------------------------
+
+def rms_norm_eager(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
+
+
+def rms_norm_functional(x, w):
+    return F.rms_norm(x, (x.shape[-1],), w, EPS)
+
+
+def add_rms_norm_eager(x, r, w):
+    h = x + r
+    return h, rms_norm_eager(h, w)
+
+
+def layer_norm_eager(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, EPS)
+
+
+def swiglu_eager(gate, up):
+    return F.silu(gate) * up
+
+
+def rope_eager(x, cos, sin):
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), -1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def cross_entropy_eager(logits, targets):
+    return F.cross_entropy(logits, targets, reduction="none")
+
+
+def cross_entropy_mean_eager(logits, targets):
+    return F.cross_entropy(logits, targets)
+
+
+def rope_tables(t, offset, dtype):
+    """cos and sin of positions offset..offset+t, [t, HEAD_DIM] with both halves equal (as HF)."""
+    inv = ROPE_BASE ** (-torch.arange(0, HEAD_DIM, 2, device="cuda", dtype=torch.float32) / HEAD_DIM)
+    pos = torch.arange(offset, offset + t, device="cuda", dtype=torch.float32)
+    ang = torch.outer(pos, inv)
+    ang = torch.cat((ang, ang), -1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+# --- Liger ---------------------------------------------------------------------------------
+
+class Liger:
+    """Liger Kernel's autograd functions, called by parameter name (their positional order
+    has changed between versions), or ``None`` where the package or a function is missing."""
+
+    # Optional parameters that some versions declare without a default.
+    NONE_UNLESS_GIVEN = ("weight",)
+    NAMES = ("LigerRMSNormFunction", "LigerFusedAddRMSNormFunction", "LigerLayerNormFunction",
+             "LigerSiLUMulFunction", "LigerRopeFunction", "LigerCrossEntropyFunction")
+
+    def __init__(self, load=True):
+        self.error = None
+        self.version = "?"
+        self.fns = {}
+        if not load:
+            return
+        try:
+            import liger_kernel.ops as ops
+        except Exception as e:  # not installed, or not importable with this torch/triton
+            self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return
+        try:
+            from importlib.metadata import version
+            self.version = version("liger-kernel")
+        except Exception:
+            pass
+        for name in self.NAMES:
+            fn = getattr(ops, name, None)
+            if fn is not None:
+                self.fns[name] = fn
+
+    def has(self, name):
+        return name in self.fns
+
+    def __call__(self, name, **kw):
+        cls = self.fns[name]
+        params = list(inspect.signature(cls.forward).parameters.values())[1:]  # without ctx
+        names = [p.name for p in params]
+        unknown = set(kw) - set(names)
+        if unknown:
+            raise TypeError(f"{name}.forward has no parameter {sorted(unknown)}")
+        last = max(names.index(k) for k in kw)
+        args = []
+        for p in params[: last + 1]:
+            if p.name in kw:
+                args.append(kw[p.name])
+            elif p.default is not inspect.Parameter.empty:
+                args.append(p.default)
+            elif p.name in self.NONE_UNLESS_GIVEN:
+                args.append(None)
+            else:
+                raise TypeError(f"{name}.forward needs {p.name}")
+        return cls.apply(*args)
+
+
+# --- cases ---------------------------------------------------------------------------------
+
+class Case:
+    """One benchmark case: its name, bytes per iteration, target kind, and a maker per mode.
+
+    A maker returns ``(run, k)``: iteration ``i`` calls ``run(i)``, ``k`` being the copies it
+    rotates among (for the log)."""
+
+    def __init__(self, name, nbytes, main_bytes, latency):
+        self.name = name
+        self.bytes = nbytes
+        self.has_target = main_bytes >= TARGET_MIN_BYTES
+        self.latency = latency
+        self.makers = {}
+
+
+def fwd_maker(fn, make_inputs, k):
+    """Forward: iteration ``i`` calls ``fn(*inputs[i % k])`` (no input requires grad)."""
+    def make():
+        ins = [make_inputs(j) for j in range(k)]
+        return (lambda i: fn(*ins[i % k])), k
+    return make
+
+
+def bwd_maker(fn, make_inputs, diff, make_cots, k):
+    """Backward: ``fn`` runs once per copy before timing, on inputs whose positions ``diff``
+    require grad; iteration ``i`` runs the backward of copy ``i % k`` again."""
+    def make():
+        graphs = []
+        for j in range(k):
+            ins = list(make_inputs(j))
+            for d in diff:
+                ins[d].requires_grad_(True)
+            outs = fn(*ins)
+            outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+            graphs.append((outs, [ins[d] for d in diff], make_cots(j, outs)))
+
+        def run(i):
+            outs, wrt, cots = graphs[i % k]
+            return torch.autograd.grad(outs, wrt, cots, retain_graph=True)
+        return run, k
+    return make
+
+
+def build_cases(copies, liger):
+    cases = []
+
+    def rand(shape, seed):
+        return random(shape, BF16, seed)
+
+    def param(h, seed):
+        return (1.0 + 0.25 * random((h,), torch.float32, seed)).to(BF16)
+
+    def cots_like(seed):
+        return lambda j, outs: tuple(rand(o.shape, seed + 7 * j + i) for i, o in enumerate(outs))
+
+    def compiled(fn):
+        def make_compiled(maker_of):
+            def make():
+                torch._dynamo.reset()
+                return maker_of(torch.compile(fn, dynamic=False))()
+            return make
+        return make_compiled
+
+    # RMS norm.
+    for t in (1, 16, 4096, 32768):
+        for h in (2048, 4096, 8192):
+            xb, wb = t * h * ELEM, h * ELEM
+            c = Case(f"rms_norm_fwd_bf16_{t}x{h}", 2 * xb + wb, xb, t <= 16)
+            k = copies(xb)
+
+            def ins(j, t=t, h=h):
+                return rand((t, h), 100 + j), param(h, 110)
+            for mode, fn in (("eager", rms_norm_eager), ("F_rms_norm", rms_norm_functional)):
+                c.makers[mode] = fwd_maker(fn, ins, k)
+            c.makers["compile"] = compiled(rms_norm_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
+            if liger.has("LigerRMSNormFunction"):
+                c.makers["liger"] = fwd_maker(
+                    lambda x, w: liger("LigerRMSNormFunction", X=x, W=w, eps=EPS, casting_mode="llama"), ins, k)
+            cases.append(c)
+            if t == 1:
+                continue
+            c = Case(f"rms_norm_bwd_bf16_{t}x{h}", 3 * xb + 2 * wb, xb, t <= 16)
+            k = copies(2 * xb)
+            cots = cots_like(120)
+            for mode, fn in (("eager", rms_norm_eager), ("F_rms_norm", rms_norm_functional)):
+                c.makers[mode] = bwd_maker(fn, ins, (0, 1), cots, k)
+            c.makers["compile"] = compiled(rms_norm_eager)(
+                lambda fn, ins=ins, k=k, cots=cots: bwd_maker(fn, ins, (0, 1), cots, k))
+            if liger.has("LigerRMSNormFunction"):
+                c.makers["liger"] = bwd_maker(
+                    lambda x, w: liger("LigerRMSNormFunction", X=x, W=w, eps=EPS, casting_mode="llama",
+                                       in_place=False), ins, (0, 1), cots, k)
+            cases.append(c)
+
+    # Residual add + RMS norm.
+    h = 4096
+    for t in (4096, 32768):
+        xb = t * h * ELEM
+        c = Case(f"add_rms_norm_fwd_bf16_{t}x{h}", 4 * xb + h * ELEM, xb, False)
+        k = copies(2 * xb)
+
+        def ins(j, t=t):
+            return rand((t, h), 200 + j), rand((t, h), 210 + j), param(h, 220)
+        c.makers["eager"] = fwd_maker(add_rms_norm_eager, ins, k)
+        c.makers["compile"] = compiled(add_rms_norm_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
+        if liger.has("LigerFusedAddRMSNormFunction"):
+            c.makers["liger"] = fwd_maker(
+                lambda x, r, w: liger("LigerFusedAddRMSNormFunction", X=x, R=r, W=w, eps=EPS,
+                                      casting_mode="llama", in_place=False), ins, k)
+        cases.append(c)
+
+    # Layer norm with weight and bias.
+    for t in (4096, 32768):
+        xb, pb = t * h * ELEM, h * ELEM
+
+        def ins(j, t=t):
+            return rand((t, h), 300 + j), param(h, 310), rand((h,), 320)
+        c = Case(f"layer_norm_fwd_bf16_{t}x{h}", 2 * xb + 2 * pb, xb, False)
+        k = copies(xb)
+        c.makers["eager"] = fwd_maker(layer_norm_eager, ins, k)
+        c.makers["compile"] = compiled(layer_norm_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
+        if liger.has("LigerLayerNormFunction"):
+            c.makers["liger"] = fwd_maker(lambda x, w, b: liger("LigerLayerNormFunction", X=x, W=w, B=b, eps=EPS),
+                                          ins, k)
+        cases.append(c)
+        c = Case(f"layer_norm_bwd_bf16_{t}x{h}", 3 * xb + 3 * pb, xb, False)
+        k = copies(2 * xb)
+        cots = cots_like(330)
+        c.makers["eager"] = bwd_maker(layer_norm_eager, ins, (0, 1, 2), cots, k)
+        c.makers["compile"] = compiled(layer_norm_eager)(
+            lambda fn, ins=ins, k=k, cots=cots: bwd_maker(fn, ins, (0, 1, 2), cots, k))
+        if liger.has("LigerLayerNormFunction"):
+            c.makers["liger"] = bwd_maker(lambda x, w, b: liger("LigerLayerNormFunction", X=x, W=w, B=b, eps=EPS),
+                                          ins, (0, 1, 2), cots, k)
+        cases.append(c)
+
+    # SwiGLU.
+    ffn = 14336
+    for t in (4096, 32768):
+        nb = t * ffn * ELEM
+
+        def ins(j, t=t):
+            return rand((t, ffn), 400 + j), rand((t, ffn), 410 + j)
+
+        def liger_swiglu(g, u):
+            return liger("LigerSiLUMulFunction", a=g, b=u)
+        c = Case(f"swiglu_fwd_bf16_{t}x{ffn}", 3 * nb, nb, False)
+        k = copies(2 * nb)
+        c.makers["eager"] = fwd_maker(swiglu_eager, ins, k)
+        c.makers["compile"] = compiled(swiglu_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
+        if liger.has("LigerSiLUMulFunction"):
+            c.makers["liger"] = fwd_maker(liger_swiglu, ins, k)
+        cases.append(c)
+        c = Case(f"swiglu_bwd_bf16_{t}x{ffn}", 5 * nb, nb, False)
+        k = copies(3 * nb)
+        cots = cots_like(420)
+        c.makers["eager"] = bwd_maker(swiglu_eager, ins, (0, 1), cots, k)
+        c.makers["compile"] = compiled(swiglu_eager)(
+            lambda fn, ins=ins, k=k, cots=cots: bwd_maker(fn, ins, (0, 1), cots, k))
+        if liger.has("LigerSiLUMulFunction"):
+            c.makers["liger"] = bwd_maker(liger_swiglu, ins, (0, 1), cots, k)
+        cases.append(c)
+
+    # Rotary embedding on [B, 32, T, 128].
+    def liger_rope_inputs(b, t, offset, seed):
+        """q and k of 16 heads each, [B, H, T, D] views of [B, T, H, D] memory, and tables."""
+        def ins(j):
+            q = rand((b, t, HEADS // 2, HEAD_DIM), seed + j).transpose(1, 2)
+            kk = rand((b, t, HEADS // 2, HEAD_DIM), seed + 50 + j).transpose(1, 2)
+            cos, sin = rope_tables(t, offset, BF16)
+            return q, kk, cos.unsqueeze(0), sin.unsqueeze(0)
+        return ins
+
+    def liger_rope(q, kk, cos, sin):
+        return liger("LigerRopeFunction", q=q, k=kk, cos=cos, sin=sin)
+
+    for b, t, offset, tag in ((1, 4096, 0, ""), (4, 4096, 0, ""), (32, 1, 1000, "_decode")):
+        xb = b * HEADS * t * HEAD_DIM * ELEM
+        c = Case(f"rope_fwd_bf16_{b}x{HEADS}x{t}x{HEAD_DIM}{tag}", 2 * xb, xb, t == 1)
+        k = copies(xb)
+
+        def ins(j, b=b, t=t, offset=offset):
+            cos, sin = rope_tables(t, offset, torch.float32)
+            return rand((b, HEADS, t, HEAD_DIM), 500 + j), cos, sin
+        c.makers["eager"] = fwd_maker(rope_eager, ins, k)
+        c.makers["compile"] = compiled(rope_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
+        if liger.has("LigerRopeFunction"):
+            c.makers["liger"] = fwd_maker(liger_rope, liger_rope_inputs(b, t, offset, 500), k)
+        cases.append(c)
+    b, t = 1, 4096
+    xb = b * HEADS * t * HEAD_DIM * ELEM
+    c = Case(f"rope_bwd_bf16_{b}x{HEADS}x{t}x{HEAD_DIM}", 2 * xb, xb, False)
+    k = copies(xb)
+
+    def rope_ins(j):
+        cos, sin = rope_tables(t, 0, torch.float32)
+        return rand((b, HEADS, t, HEAD_DIM), 500 + j), cos, sin
+    cots = cots_like(510)
+    c.makers["eager"] = bwd_maker(rope_eager, rope_ins, (0,), cots, k)
+    c.makers["compile"] = compiled(rope_eager)(lambda fn, k=k, cots=cots: bwd_maker(fn, rope_ins, (0,), cots, k))
+    if liger.has("LigerRopeFunction"):
+        def liger_cots(j, outs):
+            # The layout Liger works in, so that it needs no copy of the cotangent.
+            return tuple(rand((o.shape[0], o.shape[2], o.shape[1], o.shape[3]), 510 + 7 * j + i).transpose(1, 2)
+                         for i, o in enumerate(outs))
+        c.makers["liger"] = bwd_maker(liger_rope, liger_rope_inputs(b, t, 0, 500), (0, 1), liger_cots, k)
+    cases.append(c)
+
+    # Cross entropy over 4096 rows.
+    n = 4096
+    for v in (32000, 128256, 152064):
+        lb = n * v * ELEM
+        k = copies(lb)
+
+        def ins(j, v=v):
+            targets = (torch.arange(n, device="cuda", dtype=torch.int64) * 7919) % v
+            return rand((n, v), 600 + j), targets
+
+        c = Case(f"cross_entropy_fwd_bf16_{n}x{v}", lb + 8 * n, lb, False)
+        c.makers["eager"] = fwd_maker(cross_entropy_eager, ins, k)
+        c.makers["compile"] = compiled(cross_entropy_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
+        if liger.has("LigerCrossEntropyFunction"):
+            c.makers["liger"] = fwd_maker(
+                lambda lg, tg: liger("LigerCrossEntropyFunction", _input=lg, target=tg, reduction="none")[0], ins, k)
+        cases.append(c)
+
+        def fwdbwd_maker(loss_fn, ins=ins, k=k):
+            """The mean loss and the logits' gradient, every iteration."""
+            def make():
+                copies_ = []
+                for j in range(k):
+                    logits, targets = ins(j)
+                    copies_.append((logits.requires_grad_(True), targets))
+
+                def run(i):
+                    logits, targets = copies_[i % k]
+                    loss = loss_fn(logits, targets)
+                    return loss, torch.autograd.grad(loss, logits)
+                return run, k
+            return make
+
+        c = Case(f"cross_entropy_fwdbwd_bf16_{n}x{v}", 2 * lb + 12 * n, lb, False)
+        c.makers["eager"] = fwdbwd_maker(cross_entropy_mean_eager)
+        c.makers["compile"] = compiled(cross_entropy_mean_eager)(lambda fn, m=fwdbwd_maker: m(fn))
+        if liger.has("LigerCrossEntropyFunction"):
+            c.makers["liger"] = fwdbwd_maker(
+                lambda lg, tg: liger("LigerCrossEntropyFunction", _input=lg, target=tg, reduction="mean")[0])
+        cases.append(c)
+    return cases
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default=None, help="run cases whose name contains this")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"comma-separated modes among {', '.join(MODES)} (default: all)")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--deadline", type=float, default=float(os.environ.get("GPU_FAST_PEERS_DEADLINE", "inf")),
+                    help="seconds from the start within which to end: no case starts in its last 10 s, "
+                         "no torch.compile case in its last 60 s")
+    ap.add_argument("--batch-ms", type=float, default=100.0)
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        ap.error(f"unknown mode(s) {bad}; choose among {MODES}")
+    if args.no_compile and "compile" in modes:
+        modes.remove("compile")
+
+    if not torch.cuda.is_available():
+        emit("# torch sees no CUDA device")
+        return 0
+    t0 = time.time()
+    props = torch.cuda.get_device_properties(0)
+    l2 = max(getattr(props, "L2_cache_size", 0), L2_FLOOR)
+    emit(f"# torch {torch.__version__} (CUDA {torch.version.cuda}), {props.name}, "
+         f"{props.multi_processor_count} SMs, L2 {getattr(props, 'L2_cache_size', 0) / 1e6:.1f} MB")
+    try:
+        import triton
+        emit(f"# triton {triton.__version__}")
+    except Exception as e:
+        emit(f"# triton: {type(e).__name__}")
+    liger = Liger(load="liger" in modes)
+    if liger.error:
+        emit(f"# liger: unavailable, mode skipped ({liger.error})")
+        modes.remove("liger")
+    elif "liger" in modes:
+        emit(f"# liger-kernel {liger.version}: {', '.join(sorted(liger.fns))}")
+    try:
+        import torch._functorch.config as functorch_config
+
+        # A compiled graph whose saved buffers are donated to its backward cannot run the
+        # backward twice, which the retained-graph timing of backward cases does.
+        functorch_config.donated_buffer = False
+    except Exception as e:
+        log(f"# donated_buffer not set ({type(e).__name__}): compiled backward cases may fail")
+    timer = Timer(args.batch_ms, args.batches, args.warmup)
+
+    def copies(input_bytes):
+        return max(1, min(8, math.ceil(3 * l2 / max(1, input_bytes))))
+
+    def left():
+        return args.deadline - (time.time() - t0)
+
+    copy_gbs = None
+
+    def report(mode, name, value, unit="GB/s"):
+        frac = "-"
+        if unit == "GB/s" and copy_gbs and math.isfinite(value):
+            frac = f"{value / copy_gbs:.4f}"
+        emit(f"{mode}:{name}\t{value:.4f}\t{unit}\t{frac}")
+
+    # The copy ceiling first: every fraction is against it.
+    n = 1 << 28
+    try:
+        x = random((n,), torch.float32, 1)
+        y = torch.empty_like(x)
+        med, lo, hi, count = timer.time(lambda i: y.copy_(x))
+        copy_gbs = 2 * 4 * n / med / 1e9
+        report("torch_eager", "ceiling_copy_memcpy", copy_gbs)
+        del x, y
+    except Exception as e:
+        report("torch_eager", "ceiling_copy_memcpy", float("nan"))
+        log(f"# ceiling FAILED: {type(e).__name__}: {e}")
+    torch.cuda.empty_cache()
+
+    cases = [c for c in build_cases(copies, liger) if args.only is None
+             or args.only in c.name or (c.latency and args.only in c.name + "_us")]
+
+    def measure(mode, case):
+        """(median, min, max, count, copies); its inputs and graphs go when it returns."""
+        run, k = case.makers[mode]()
+        return (*timer.time(run), k)
+
+    def run_case(mode, case):
+        prefix = prefix_of(mode)
+        t_start = time.time()
+        try:
+            med, lo, hi, count, k = measure(mode, case)
+            report(prefix, case.name, case.bytes / med / 1e9)
+            if case.latency:
+                report(prefix, case.name + "_us", med * 1e6, "us")
+            log(f"# {prefix}:{case.name}: median {med * 1e3:.4f} ms (min {lo * 1e3:.4f}, max {hi * 1e3:.4f}; "
+                f"{timer.batches}x{count}, k={k}) {time.time() - t_start:.1f} s")
+        except Exception as e:  # report and go on
+            report(prefix, case.name, float("nan"))
+            if case.latency:
+                report(prefix, case.name + "_us", float("nan"), "us")
+            first = str(e).splitlines()[0] if str(e) else ""
+            log(f"# {prefix}:{case.name} FAILED: {type(e).__name__}: {first}")
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # a broken context fails every later case too; say so once here
+            log(f"# synchronize after {prefix}:{case.name} FAILED: {type(e).__name__}")
+        torch.cuda.empty_cache()
+
+    def skip(mode, case, why):
+        emit(f"# {prefix_of(mode)}:{case.name} skipped ({why})")
+
+    for case in cases:
+        for mode in ("eager", "F_rms_norm", "liger"):
+            if mode not in modes or mode not in case.makers:
+                continue
+            if left() < 10:
+                skip(mode, case, "time budget")
+                continue
+            run_case(mode, case)
+
+    if "compile" in modes:
+        # Cases with a target first: they are the comparison that matters when time runs out.
+        for case in sorted(cases, key=lambda c: not c.has_target):
+            if left() < 60:
+                skip("compile", case, "time budget")
+                continue
+            run_case("compile", case)
+    emit(f"# total {time.time() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+//! GPU benchmark of nuvec's fused operations (`nuvec::fast`) on GPU 0: RMS norm forward and
+//! backward, the residual add + RMS norm, layer norm forward and backward, SwiGLU forward and
+//! backward, rotary embeddings (prefill, decode, backward) and the cross-entropy loss (forward,
+//! and forward with the logits' gradient), all bf16, each as a bandwidth against the copy
+//! ceiling.
+//!
+//! ```text
+//! cargo run --release -p nuvec --example bench_fast                       # every case
+//! cargo run --release -p nuvec --example bench_fast -- --out fast.tsv     # also write the TSV lines
+//! cargo run --release -p nuvec --example bench_fast -- --only rms_norm    # cases whose name contains "rms_norm"
+//! NUVEC_FUSED=0 cargo run --release -p nuvec --example bench_fast         # the compositions instead
+//! ```
+//!
+//! Without a usable GPU it prints why and exits with status 0. `bench/gpu_fast_peers.py` times
+//! the same cases in PyTorch (eager, `torch.compile`, `F.rms_norm`) and Liger Kernel, and
+//! `scripts/gpu-check.sh` (with `GPU_CHECK_FAST=1`) runs both and prints them side by side.
+//!
+//! # Method
+//!
+//! As `bench_gpu`'s (the harness is `bench_harness/mod.rs`): the copy ceiling
+//! `ceiling_copy_memcpy` (a 1 GiB `cuMemcpyDtoD`) is measured first, whatever `--only` says;
+//! each case runs warm-up iterations, then batches of iterations ending with a synchronize, and
+//! reports the median over batches of batch time / iterations; inputs smaller than 3× L2 rotate
+//! among copies. A forward iteration records the operation and evaluates its outputs. A backward
+//! iteration records the operation inside `nuvec::transforms::vjp_flat`, with a fixed
+//! cotangent, and evaluates only the inputs' cotangents: the forward's output, which the
+//! derivative kernels do not read, is never computed, and tracing is part of the time as it is
+//! in a training step. `cross_entropy_fwdbwd_*` evaluates the loss and the logits' cotangent in
+//! one `eval`, with the cotangent `1/N` per row (the gradient of the mean loss).
+//!
+//! # Cases and bytes
+//!
+//! Bytes are those an ideal kernel reads plus writes (bf16: 2 bytes; int32 targets and `float32`
+//! losses and cotangents of the loss: 4), per iteration:
+//!
+//! * `rms_norm_fwd_bf16_{T}x{H}`, T in {1, 16, 4096, 32768}, H in {2048, 4096, 8192}: read
+//!   `x` and `w`, write `y`.
+//! * `rms_norm_bwd_bf16_{T}x{H}`, T in {16, 4096, 32768}: read `x`, `g`, `w`, write `dx`,
+//!   `dw`.
+//! * `add_rms_norm_fwd_bf16_{T}x4096`, T in {4096, 32768}: read `x`, `r`, `w`, write `h`, `y`.
+//! * `layer_norm_fwd_bf16_{T}x4096` (read `x`, `w`, `b`, write `y`) and
+//!   `layer_norm_bwd_bf16_{T}x4096` (read `x`, `g`, `w`, write `dx`, `dw`, `db`), T in
+//!   {4096, 32768}.
+//! * `swiglu_fwd_bf16_{T}x14336` (read gate, up, write out) and `swiglu_bwd_bf16_{T}x14336`
+//!   (read gate, up, `g`, write dgate, dup), T in {4096, 32768}.
+//! * `rope_fwd_bf16_{B}x32x{T}x128` for (B, T) in {(1, 4096), (4, 4096)},
+//!   `rope_fwd_bf16_32x32x1x128_decode` (offset 1000), `rope_bwd_bf16_1x32x4096x128`: read `x`
+//!   (or `g`), write the result; base 10000, all 128 dims rotated, halves (not traditional).
+//! * `cross_entropy_fwd_bf16_4096x{V}` (read logits and targets, write the loss) and
+//!   `cross_entropy_fwdbwd_bf16_4096x{V}` (also read the cotangent and write the logits'
+//!   gradient), V in {32000, 128256, 152064}.
+//!
+//! Latency-bound cases (1 and 16 tokens, decode rope) add a row `<name>_us`: microseconds per
+//! call, unit `us`.
+//!
+//! # Targets
+//!
+//! Where the case's main tensor (`x`, gate or logits) is at least 64 MiB: forward at least 85%
+//! of the copy ceiling, backward (and forward + backward) at least 75%. Smaller cases have none.
+//!
+//! # `NUVEC_FUSED=0`
+//!
+//! Backends then decline every fused primitive, so the same case names measure the operations'
+//! compositions and their derivatives; compare the TSV of such a run with a default one to see
+//! what fusion buys.
+//!
+//! # Output
+//!
+//! As `bench_gpu`: a table on stdout as cases finish, then `name<TAB>value<TAB>unit<TAB>fraction`
+//! per case (also written line by line to `--out PATH`); exit status 1 when a case failed.
+//! Environment: `NUVEC_BENCH_BATCH_MS` (100), `NUVEC_BENCH_BATCHES` (5, at least 3),
+//! `NUVEC_BENCH_WARMUP` (3).
+
+mod bench_harness;
+
+use bench_harness::{Bench, Outputs, copy_ceiling, random, randoms};
+use nuvec::transforms::vjp_flat;
+use nuvec::{Array, DType, fast, ops};
+
+/// Forward target: fraction of the copy ceiling.
+const TARGET_FWD: f64 = 0.85;
+/// Backward (and forward + backward) target: fraction of the copy ceiling.
+const TARGET_BWD: f64 = 0.75;
+/// Main tensors smaller than this finish in a few microseconds, where launches rather than
+/// bandwidth decide: no target.
+const TARGET_MIN_BYTES: usize = 64 << 20;
+/// Every case's dtype.
+const DT: DType = DType::BF16;
+/// Bytes per element of [`DT`].
+const ELEM: usize = 2;
+/// Norm epsilon (its value does not change the work).
+const EPS: f32 = 1e-5;
+
+fn main() {
+    bench_harness::main_with("bench_fast", run_all);
+}
+
+fn run_all(b: &mut Bench) {
+    copy_ceiling(b);
+    rms_norm(b);
+    add_rms_norm(b);
+    layer_norm(b);
+    swiglu(b);
+    rope(b);
+    cross_entropy(b);
+}
+
+/// `goal` when the main tensor is big enough for bandwidth to decide.
+fn target(tensor_bytes: usize, goal: f64) -> Option<f64> {
+    (tensor_bytes >= TARGET_MIN_BYTES).then_some(goal)
+}
+
+/// Whether `tokens` rows are too few to fill the GPU, so that time per call is what matters.
+fn latency_bound(tokens: i32) -> bool {
+    tokens <= 16
+}
+
+/// A timed operation from a closure; naming the bound here gives the closure its signature.
+fn op(f: impl Fn(usize) -> nuvec::Result<Vec<Array>> + 'static) -> Outputs {
+    Box::new(f)
+}
+
+/// A timed operation of one output.
+fn one(f: impl Fn(usize) -> Array + 'static) -> Outputs {
+    Box::new(move |i| Ok(vec![f(i)]))
+}
+
+/// The cotangents of `primals` through `f` for the output cotangents `cots`. The outputs are
+/// dropped unevaluated, so only what the derivative needs runs.
+fn grads(f: impl FnOnce(&[Array]) -> Vec<Array>, primals: &[Array], cots: &[Array]) -> nuvec::Result<Vec<Array>> {
+    vjp_flat(|p| Ok(f(p)), primals, cots).map(|(_, g)| g)
+}
+
+/// A per-feature parameter near 1 (a norm's weight), so that outputs keep their scale.
+fn param(h: i32, seed: u32) -> nuvec::Result<Array> {
+    let w = (random(&[h], DType::F32, seed)? * 0.25f32 + 1.0f32).astype(DT);
+    w.eval()?;
+    Ok(w)
+}
+
+/// `rms_norm` forward over every shape, backward over those of more than one token.
+fn rms_norm(b: &mut Bench) {
+    for t in [1i32, 16, 4096, 32768] {
+        for h in [2048i32, 4096, 8192] {
+            let x_bytes = t as usize * h as usize * ELEM;
+            let w_bytes = h as usize * ELEM;
+            let k = b.copies(x_bytes);
+            let bytes = (2 * x_bytes + w_bytes) as f64;
+            let name = format!("rms_norm_fwd_bf16_{t}x{h}");
+            b.bandwidth_outputs(&name, bytes, target(x_bytes, TARGET_FWD), latency_bound(t), || {
+                let xs = randoms(k, &[t, h], DT, 100)?;
+                let w = param(h, 110)?;
+                Ok(one(move |i| fast::rms_norm(&xs[i % k], &w, EPS)))
+            });
+            if t == 1 {
+                continue;
+            }
+            let k = b.copies(2 * x_bytes);
+            let bytes = (3 * x_bytes + 2 * w_bytes) as f64;
+            let name = format!("rms_norm_bwd_bf16_{t}x{h}");
+            b.bandwidth_outputs(&name, bytes, target(x_bytes, TARGET_BWD), latency_bound(t), || {
+                let xs = randoms(k, &[t, h], DT, 100)?;
+                let gs = randoms(k, &[t, h], DT, 120)?;
+                let w = param(h, 110)?;
+                Ok(op(move |i| {
+                    let fwd = |p: &[Array]| vec![fast::rms_norm(&p[0], &p[1], EPS)];
+                    grads(fwd, &[xs[i % k].clone(), w.clone()], &[gs[i % k].clone()])
+                }))
+            });
+        }
+    }
+}
+
+/// `add_rms_norm` forward: the residual stream `h` and the normalised `y`.
+fn add_rms_norm(b: &mut Bench) {
+    let h = 4096i32;
+    for t in [4096i32, 32768] {
+        let x_bytes = t as usize * h as usize * ELEM;
+        let k = b.copies(2 * x_bytes);
+        let bytes = (4 * x_bytes + h as usize * ELEM) as f64;
+        let name = format!("add_rms_norm_fwd_bf16_{t}x{h}");
+        b.bandwidth_outputs(&name, bytes, target(x_bytes, TARGET_FWD), false, || {
+            let xs = randoms(k, &[t, h], DT, 200)?;
+            let rs = randoms(k, &[t, h], DT, 210)?;
+            let w = param(h, 220)?;
+            Ok(op(move |i| {
+                let (h, y) = fast::add_rms_norm(&xs[i % k], &rs[i % k], &w, EPS);
+                Ok(vec![h, y])
+            }))
+        });
+    }
+}
+
+/// `layer_norm` with weight and bias, forward and backward.
+fn layer_norm(b: &mut Bench) {
+    let h = 4096i32;
+    for t in [4096i32, 32768] {
+        let x_bytes = t as usize * h as usize * ELEM;
+        let p_bytes = h as usize * ELEM;
+        let k = b.copies(x_bytes);
+        let name = format!("layer_norm_fwd_bf16_{t}x{h}");
+        b.bandwidth_outputs(&name, (2 * x_bytes + 2 * p_bytes) as f64, target(x_bytes, TARGET_FWD), false, || {
+            let xs = randoms(k, &[t, h], DT, 300)?;
+            let (w, bias) = (param(h, 310)?, random(&[h], DT, 320)?);
+            Ok(one(move |i| fast::layer_norm(&xs[i % k], &w, &bias, EPS)))
+        });
+        let k = b.copies(2 * x_bytes);
+        let name = format!("layer_norm_bwd_bf16_{t}x{h}");
+        b.bandwidth_outputs(&name, (3 * x_bytes + 3 * p_bytes) as f64, target(x_bytes, TARGET_BWD), false, || {
+            let xs = randoms(k, &[t, h], DT, 300)?;
+            let gs = randoms(k, &[t, h], DT, 330)?;
+            let (w, bias) = (param(h, 310)?, random(&[h], DT, 320)?);
+            Ok(op(move |i| {
+                let fwd = |p: &[Array]| vec![fast::layer_norm(&p[0], &p[1], &p[2], EPS)];
+                grads(fwd, &[xs[i % k].clone(), w.clone(), bias.clone()], &[gs[i % k].clone()])
+            }))
+        });
+    }
+}
+
+/// `swiglu` of a LLaMA-3-8B-sized MLP (14336 hidden), forward and backward.
+fn swiglu(b: &mut Bench) {
+    let ffn = 14336i32;
+    for t in [4096i32, 32768] {
+        let bytes = t as usize * ffn as usize * ELEM;
+        let k = b.copies(2 * bytes);
+        let name = format!("swiglu_fwd_bf16_{t}x{ffn}");
+        b.bandwidth_outputs(&name, (3 * bytes) as f64, target(bytes, TARGET_FWD), false, || {
+            let gates = randoms(k, &[t, ffn], DT, 400)?;
+            let ups = randoms(k, &[t, ffn], DT, 410)?;
+            Ok(one(move |i| fast::swiglu(&gates[i % k], &ups[i % k])))
+        });
+        let k = b.copies(3 * bytes);
+        let name = format!("swiglu_bwd_bf16_{t}x{ffn}");
+        b.bandwidth_outputs(&name, (5 * bytes) as f64, target(bytes, TARGET_BWD), false, || {
+            let gates = randoms(k, &[t, ffn], DT, 400)?;
+            let ups = randoms(k, &[t, ffn], DT, 410)?;
+            let gs = randoms(k, &[t, ffn], DT, 420)?;
+            Ok(op(move |i| {
+                let fwd = |p: &[Array]| vec![fast::swiglu(&p[0], &p[1])];
+                grads(fwd, &[gates[i % k].clone(), ups[i % k].clone()], &[gs[i % k].clone()])
+            }))
+        });
+    }
+}
+
+/// `rope` on `[B, 32, T, 128]` (32 heads of 128): prefill, decode at position 1000, and the
+/// backward of the single-sequence prefill.
+fn rope(b: &mut Bench) {
+    const HEADS: i32 = 32;
+    const D: i32 = 128;
+    let rot = |x: &Array, offset: &Array| fast::rope(x, D, false, Some(10000.0), 1.0, offset, None);
+    for (batch, t, offset, tag) in [(1i32, 4096i32, 0i32, ""), (4, 4096, 0, ""), (32, 1, 1000, "_decode")] {
+        let shape = [batch, HEADS, t, D];
+        let x_bytes = (batch * HEADS * t * D) as usize * ELEM;
+        let k = b.copies(x_bytes);
+        let name = format!("rope_fwd_bf16_{batch}x{HEADS}x{t}x{D}{tag}");
+        b.bandwidth_outputs(&name, (2 * x_bytes) as f64, target(x_bytes, TARGET_FWD), latency_bound(t), || {
+            let xs = randoms(k, &shape, DT, 500)?;
+            let off = Array::from(offset);
+            Ok(one(move |i| rot(&xs[i % k], &off)))
+        });
+    }
+    let (batch, t) = (1i32, 4096i32);
+    let shape = [batch, HEADS, t, D];
+    let x_bytes = (batch * HEADS * t * D) as usize * ELEM;
+    let k = b.copies(x_bytes);
+    let name = format!("rope_bwd_bf16_{batch}x{HEADS}x{t}x{D}");
+    b.bandwidth_outputs(&name, (2 * x_bytes) as f64, target(x_bytes, TARGET_BWD), false, || {
+        let xs = randoms(k, &shape, DT, 500)?;
+        let gs = randoms(k, &shape, DT, 510)?;
+        let off = Array::from(0i32);
+        Ok(op(move |i| grads(|p: &[Array]| vec![rot(&p[0], &off)], &[xs[i % k].clone()], &[gs[i % k].clone()])))
+    });
+}
+
+/// `cross_entropy` over 4096 rows of LLaMA-2, LLaMA-3 and Qwen-2 vocabularies: the loss alone,
+/// and the loss with the logits' gradient.
+fn cross_entropy(b: &mut Bench) {
+    let n = 4096i32;
+    for v in [32000i32, 128256, 152064] {
+        let l_bytes = n as usize * v as usize * ELEM;
+        let k = b.copies(l_bytes);
+        // Targets spread over the vocabulary, all in range.
+        let targets = || -> nuvec::Result<Array> {
+            let t = (ops::arange_dtype(0, n, 1, DType::I32) * 7919i32) % v;
+            t.eval()?;
+            Ok(t)
+        };
+        let name = format!("cross_entropy_fwd_bf16_{n}x{v}");
+        b.bandwidth_outputs(&name, (l_bytes + 8 * n as usize) as f64, target(l_bytes, TARGET_FWD), false, || {
+            let ls = randoms(k, &[n, v], DT, 600)?;
+            let t = targets()?;
+            Ok(one(move |i| fast::cross_entropy(&ls[i % k], &t)))
+        });
+        let name = format!("cross_entropy_fwdbwd_bf16_{n}x{v}");
+        let bytes = (2 * l_bytes + 12 * n as usize) as f64;
+        b.bandwidth_outputs(&name, bytes, target(l_bytes, TARGET_BWD), false, || {
+            let ls = randoms(k, &[n, v], DT, 600)?;
+            let t = targets()?;
+            // The cotangent of the mean loss.
+            let g = ops::full([n], 1.0f32 / n as f32);
+            g.eval()?;
+            Ok(op(move |i| {
+                let (mut outs, mut gs) = vjp_flat(
+                    |p| Ok(vec![fast::cross_entropy(&p[0], &t)]),
+                    &[ls[i % k].clone()],
+                    std::slice::from_ref(&g),
+                )?;
+                Ok(vec![outs.remove(0), gs.remove(0)])
+            }))
+        });
+    }
+}
