@@ -111,8 +111,11 @@ fn main() {
     nuvec::with_stream(Device::cpu(), || run(&filter));
 }
 
+/// A named case and the function measuring it.
+type BenchCase = (&'static str, fn() -> f64);
+
 fn run(filter: &str) {
-    let cases: [(&str, fn() -> f64); 3] = [
+    let cases: [BenchCase; 3] = [
         ("mlp_grad_step", mlp_step_ms),
         ("record_per_op_us", || record_per_op_us(false)),
         ("record_grad_per_op_us", || record_per_op_us(true)),
