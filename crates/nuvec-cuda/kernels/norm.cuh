@@ -389,6 +389,38 @@ __device__ __forceinline__ void swiglu_elems(const T* __restrict__ gate, const T
   }
 }
 
+// SwiGLU's derivative in one pass: with s = sigmoid(gate), dgate = g·up·s·(1 + gate·(1 − s))
+// and dup = g·gate·s (3 reads, 2 writes).
+template <typename T>
+__device__ __forceinline__ void swiglu_vjp_elems(const T* __restrict__ gate, const T* __restrict__ up,
+                                                 const T* __restrict__ g, T* __restrict__ dgate, T* __restrict__ dup,
+                                                 u64 n) {
+  typedef typename Acc<T>::type A;
+  const int N = 16 / sizeof(T);
+  u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, lanes = (u64)gridDim.x * blockDim.x, start = 0;
+  auto one = [](A x, A u, A gv, T& dg, T& du) {
+    A s = (A)1 / ((A)1 + exp(-x));
+    dg = narrow<T>(gv * u * s * ((A)1 + x * ((A)1 - s)));
+    du = narrow<T>(gv * x * s);
+  };
+  if (aligned16(gate) && aligned16(up) && aligned16(g) && aligned16(dgate) && aligned16(dup)) {
+    u64 nv = n / N;
+    for (u64 i = tid; i < nv; i += lanes) {
+      A a[N], b[N], c[N];
+      T dg[N], du[N];
+      load<T, N>(gate, i, a);
+      load<T, N>(up, i, b);
+      load<T, N>(g, i, c);
+#pragma unroll
+      for (int j = 0; j < N; ++j) one(a[j], b[j], c[j], dg[j], du[j]);
+      store<T, N>(dgate, i, dg);
+      store<T, N>(dup, i, du);
+    }
+    start = nv * N;
+  }
+  for (u64 i = start + tid; i < n; i += lanes) one(widen(gate[i]), widen(up[i]), widen(g[i]), dgate[i], dup[i]);
+}
+
 // ---- Cross entropy: loss = logsumexp(row) − row[t] (0 for t < 0, NaN for t ≥ len), and its
 // derivative g·(softmax(row) − onehot(t)) (zero for rows whose target is out of range).
 template <typename T>

@@ -31,7 +31,11 @@ pub(crate) fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
     let same = |specs: &[Spec]| specs.iter().all(|s| s.dtype == d);
     let len = inputs[0].shape.last().copied().unwrap_or(1).max(0) as usize;
     match op {
-        FastOp::RmsNorm { .. } | FastOp::AddRmsNorm { .. } | FastOp::LayerNorm { .. } | FastOp::SwiGlu => same(inputs),
+        FastOp::RmsNorm { .. }
+        | FastOp::AddRmsNorm { .. }
+        | FastOp::LayerNorm { .. }
+        | FastOp::SwiGlu
+        | FastOp::SwiGluVjp => same(inputs),
         FastOp::RmsNormVjp { .. } => same(inputs) && len <= RMS_SLOTS * VJP_THREADS,
         FastOp::LayerNormVjp { .. } => same(inputs) && len <= LN_SLOTS * VJP_THREADS,
         FastOp::CrossEntropy => inputs[1].dtype == DType::I32,
@@ -136,6 +140,15 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
                     next += 1;
                 }
             }
+        }
+        FastOp::SwiGluVjp => {
+            let n = x.size() as u64;
+            let f = kernel(gpu, fam, "swiglu_vjp")?;
+            let grid = grid_for(gpu, n, BLOCK as u64 * (16 / d.size()) as u64);
+            let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, ptr_of(&inputs[2])?, out_ptrs[0], out_ptrs[1]];
+            let mut args: Vec<Arg> = ptrs.map(Arg::Ptr).into();
+            args.push(Arg::U64(n));
+            launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
         }
         FastOp::SwiGlu => {
             let n = x.size() as u64;

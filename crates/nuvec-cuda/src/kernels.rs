@@ -436,6 +436,9 @@ impl Family {
                         "swiglu(const {t}* gate, const {t}* up, {t}* out, u64 n) {{ swiglu_elems<{t}>(gate, up, out, n); }}"
                     ),
                     format!(
+                        "swiglu_vjp(const {t}* gate, const {t}* up, const {t}* g, {t}* dgate, {t}* dup, u64 n) {{ swiglu_vjp_elems<{t}>(gate, up, g, dgate, dup, n); }}"
+                    ),
+                    format!(
                         "__launch_bounds__(1024) cross_entropy(const {t}* x, const i32* t, {a}* loss, u64 rows, u64 len) {{ cross_entropy_rows<{t}>(x, t, loss, rows, len); }}"
                     ),
                     format!(

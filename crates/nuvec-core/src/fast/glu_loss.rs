@@ -41,6 +41,16 @@ pub(super) fn swiglu_composition(gate: &Array, up: &Array) -> Array {
     (&g * g.sigmoid() * wide(up)).astype(dtype)
 }
 
+/// SwiGLU's cotangents in `float32`, with `s = sigmoid(gate)`:
+/// `dgate = g · up · s · (1 + gate · (1 − s))`, `dup = g · gate · s`, each in its input's dtype.
+pub(super) fn swiglu_vjp_composition(gate: &Array, up: &Array, g: &Array) -> Vec<Array> {
+    let (x, u, gf) = (wide(gate), wide(up), wide(g));
+    let s = x.sigmoid();
+    let dgate = &gf * &u * &s * ((&x * (1.0 - &s)) + 1.0);
+    let dup = gf * &x * s;
+    vec![dgate.astype(gate.dtype()), dup.astype(up.dtype())]
+}
+
 /// `silu(gate) · up`, the gated activation of LLaMA-style MLPs, computed in `float32` and
 /// rounded once to the inputs' promoted dtype. `gate` and `up` have the same shape.
 ///

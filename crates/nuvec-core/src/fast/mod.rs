@@ -75,6 +75,8 @@ pub enum FastOp {
         /// Whether the forward had a bias.
         biased: bool,
     },
+    /// SwiGLU's cotangents: inputs `[gate, up, g]`, outputs `[dgate, dup]`.
+    SwiGluVjp,
     /// The cross entropy's cotangent of the logits: inputs `[logits, targets, g, loss]` (the
     /// loss gives the kernel each row's log-sum-exp without a second pass).
     CrossEntropyVjp,
@@ -91,6 +93,7 @@ impl FastOp {
             FastOp::LayerNorm { .. } => "layer_norm",
             FastOp::Rope(_) => "rope",
             FastOp::SwiGlu => "swiglu",
+            FastOp::SwiGluVjp => "swiglu_vjp",
             FastOp::CrossEntropy => "cross_entropy",
             FastOp::RmsNormVjp { .. } => "rms_norm_vjp",
             FastOp::LayerNormVjp { .. } => "layer_norm_vjp",
@@ -107,6 +110,7 @@ impl FastOp {
             FastOp::LayerNorm { weighted, biased, .. } => norm::layer_norm_specs(*weighted, *biased, inputs),
             FastOp::Rope(p) => rope::output_specs(p, inputs),
             FastOp::SwiGlu => glu_loss::swiglu_specs(inputs),
+            FastOp::SwiGluVjp => Ok(inputs[..2].to_vec()),
             FastOp::CrossEntropy => glu_loss::cross_entropy_specs(inputs),
             FastOp::RmsNormVjp { weighted, .. } => norm::rms_norm_vjp_specs(*weighted, inputs),
             FastOp::LayerNormVjp { weighted, biased, .. } => norm::layer_norm_vjp_specs(*weighted, *biased, inputs),
@@ -132,6 +136,7 @@ impl FastOp {
             }
             FastOp::Rope(p) => vec![rope::composition(p, &inputs[0], &inputs[1], inputs.get(2))],
             FastOp::SwiGlu => vec![glu_loss::swiglu_composition(&inputs[0], &inputs[1])],
+            FastOp::SwiGluVjp => glu_loss::swiglu_vjp_composition(&inputs[0], &inputs[1], &inputs[2]),
             FastOp::CrossEntropy => vec![glu_loss::cross_entropy_composition(&inputs[0], &inputs[1])],
             FastOp::RmsNormVjp { eps, weighted } => {
                 norm::rms_norm_vjp_composition(*eps, &inputs[0], opt(1, *weighted), &inputs[inputs.len() - 1])
@@ -153,6 +158,7 @@ impl FastOp {
             FastOp::Softmax | FastOp::LogSumExp | FastOp::RmsNorm { .. } | FastOp::LayerNorm { .. } => Some(1),
             FastOp::AddRmsNorm { .. } | FastOp::SwiGlu | FastOp::CrossEntropy => Some(2),
             FastOp::CrossEntropyVjp => Some(4),
+            FastOp::SwiGluVjp => Some(3),
             FastOp::Rope(_) => Some(1).filter(|_| n >= 2),
             // The weight and bias cotangents sum over rows, the batch included.
             FastOp::RmsNormVjp { .. } | FastOp::LayerNormVjp { .. } => None,
@@ -216,6 +222,10 @@ impl FastOp {
                     out.push(Some(Array::failed("rope", e)));
                 }
                 out
+            }
+            FastOp::SwiGlu => {
+                let inputs = vec![x[0].clone(), x[1].clone(), g[0].clone()];
+                record(FastOp::SwiGluVjp, inputs, 2).into_iter().map(Some).collect()
             }
             FastOp::CrossEntropy => {
                 let inputs = vec![x[0].clone(), x[1].clone(), g[0].clone(), y[0].clone()];

@@ -304,6 +304,7 @@ fn fused_derivatives_match_the_composition() {
                     vec![x.clone(), w.clone(), b.clone()],
                     vec![c.clone()],
                 ),
+                ("swiglu", FastOp::SwiGlu, vec![x.clone(), r.clone()], vec![c.clone()]),
                 (
                     "cross_entropy",
                     FastOp::CrossEntropy,

@@ -749,6 +749,7 @@ fn fast_ops_have_gpu_kernels() {
             (FastOp::RmsNormVjp { eps: 1e-5, weighted: true }, vec![x.clone(), w.clone(), x.clone()]),
             (FastOp::LayerNormVjp { eps: 1e-5, weighted: true, biased: true }, vec![x.clone(), w.clone(), x.clone()]),
             (FastOp::SwiGlu, vec![x.clone(), x.clone()]),
+            (FastOp::SwiGluVjp, vec![x.clone(), x.clone(), x.clone()]),
             (FastOp::CrossEntropy, vec![x.clone(), rows.clone()]),
             (FastOp::CrossEntropyVjp, vec![x.clone(), rows.clone(), acc.clone(), acc.clone()]),
             (FastOp::Rope(rope), vec![spec(&[1, 32, 16, 128], d), spec(&[], DType::I32)]),
