@@ -318,21 +318,8 @@ echo "$TEST_LINE"
 [ "$CORE" = 1 ] && python3 - "$OUT/bench_gpu.tsv" "$OUT/gpu_peers.tsv" <<'EOF' | tee -a "$SUMMARY"
 import math, sys
 
-def load(path):
-    rows = {}
-    try:
-        for line in open(path):
-            if line.startswith("#") or not line.strip():
-                continue
-            f = line.rstrip("\n").split("\t")
-            if len(f) >= 4:
-                try:
-                    rows[f[0]] = (float(f[1]), f[2], None if f[3] == "-" else float(f[3]))
-                except ValueError:
-                    pass
-    except OSError:
-        pass
-    return rows
+sys.path.insert(0, "bench")
+from bench_tsv import load
 
 nu, peers = load(sys.argv[1]), load(sys.argv[2])
 names = list(nu) + [n.split(":", 1)[1] for n in peers if ":" in n and n.split(":", 1)[1] not in nu]
@@ -386,21 +373,8 @@ EOF
 [ "$FAST" = 1 ] && python3 - "$OUT/bench_fast.tsv" "$OUT/gpu_fast_peers.tsv" <<'EOF' | tee -a "$SUMMARY"
 import math, re, sys
 
-def load(path):
-    rows = {}
-    try:
-        for line in open(path):
-            if line.startswith("#") or not line.strip():
-                continue
-            f = line.rstrip("\n").split("\t")
-            if len(f) >= 4:
-                try:
-                    rows[f[0]] = (float(f[1]), f[2], None if f[3] == "-" else float(f[3]))
-                except ValueError:
-                    pass
-    except OSError:
-        pass
-    return rows
+sys.path.insert(0, "bench")
+from bench_tsv import load
 
 nu, peers = load(sys.argv[1]), load(sys.argv[2])
 MODES = (("torch_eager", "eager"), ("torch_compile", "compile"), ("torch_F_rms_norm", "F.rms"), ("liger", "liger"))

@@ -66,6 +66,12 @@ fn row_grid(gpu: &Gpu, f: cudarc::driver::sys::CUfunction, threads: u32, rows: u
     Ok(rows.clamp(1, resident.min(u32::MAX as u64)) as u32)
 }
 
+/// Blocks of the derivative kernels, each writing one partial row of the weight cotangent:
+/// two per SM (enough to fill it; more would add partial rows to sum).
+fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
+    rows.min(2 * gpu.info.multiprocessors.max(1) as u64).max(1)
+}
+
 fn ptr_or_null(x: Option<&Operand>) -> Result<u64> {
     x.map(ptr_of).transpose().map(|p| p.unwrap_or(0))
 }
@@ -94,7 +100,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
         let threads = row_threads(d, len as usize, slots);
         let grid = match slots {
             // The derivative kernels write one partial row per block: two blocks per SM.
-            Some(_) => (rows.min(2 * gpu.info.multiprocessors.max(1) as u64)).max(1) as u32,
+            Some(_) => vjp_blocks(gpu, rows) as u32,
             None => row_grid(gpu, f, threads, rows)?,
         };
         launch(gpu, f, (grid, 1, 1), (threads, 1, 1), 0, args)?;
@@ -118,7 +124,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
         FastOp::RmsNormVjp { eps, weighted } => {
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
             let g = ptr_of(&inputs[inputs.len() - 1])?;
-            let parts = rows.min(2 * gpu.info.multiprocessors.max(1) as u64).max(1);
+            let parts = vjp_blocks(gpu, rows);
             let scratch = if *weighted { Some(alloc(gpu, (parts * len) as usize, acc(d))?) } else { None };
             let sp = scratch.as_ref().map_or(0, |s| s.0);
             let grid = rows_launch("rms_norm_vjp", Some(RMS_SLOTS), vec![ptr_of(x)?, w, g, out_ptrs[0], sp], *eps)?;
@@ -129,7 +135,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
         FastOp::LayerNormVjp { eps, weighted, biased } => {
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
             let g = ptr_of(&inputs[inputs.len() - 1])?;
-            let parts = rows.min(2 * gpu.info.multiprocessors.max(1) as u64).max(1);
+            let parts = vjp_blocks(gpu, rows);
             let (sp, _keep) = alloc(gpu, (parts * 2 * len) as usize, acc(d))?;
             let grid = rows_launch("layer_norm_vjp", Some(LN_SLOTS), vec![ptr_of(x)?, w, g, out_ptrs[0], sp], *eps)?;
             let mut next = 1;

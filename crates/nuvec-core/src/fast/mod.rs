@@ -274,13 +274,12 @@ impl FastOp {
                 // A per-batch rope offset indexes the original leading axis.
                 && (!matches!(self, FastOp::Rope(_)) || x[1].ndim() == 0)
         });
+        let n = self.output_specs(&x.iter().map(Array::spec).collect::<Vec<_>>()).map_or(1, |s| s.len());
         if fused {
-            let n = self.output_specs(&x.iter().map(Array::spec).collect::<Vec<_>>()).map_or(1, |s| s.len());
             return norm::record(self.clone(), x.to_vec(), n).into_iter().map(|o| (o, true)).collect();
         }
         let axes: Vec<Option<i32>> = mapped.iter().map(|&m| m.then_some(0)).collect();
         let op = self.clone();
-        let n = self.output_specs(&x.iter().map(Array::spec).collect::<Vec<_>>()).map_or(1, |s| s.len());
         let f = move |xs: &[Array]| Ok(op.composition(xs));
         vmap_impl(&f, x, &AxesSpec::PerLeaf(axes), &AxesSpec::All(Some(0)))
             .unwrap_or_else(|e| failed(e, n))
