@@ -1,7 +1,9 @@
 // Fused row kernels of nuvec::fast beyond softmax: RMS norm (with the residual add), layer norm,
-// their derivatives, SwiGLU, cross entropy and RoPE. Rows are contiguous (eval.rs copies
-// strided inputs first); statistics accumulate in f32 (f64 for double). One block per row,
-// grid-striding over rows; a row is read once from memory and again from cache.
+// their derivatives, SwiGLU and cross entropy (RoPE: rope.cuh). Rows are contiguous (eval.rs
+// copies strided inputs first); statistics accumulate in f32 (f64 for double). The norms here
+// take any row: one block per row, grid-striding over rows; a row is read once from memory and
+// again from cache. Rows of whole 16-byte vectors that fit in registers take norm_regs.cuh's
+// kernels instead.
 //
 // The derivative kernels keep each thread's share of the weight (and bias) gradient in
 // registers across the rows it visits (NV_RMS_SLOTS values per thread for the RMS norm,
@@ -474,40 +476,5 @@ __device__ __forceinline__ void cross_entropy_vjp_rows(const T* __restrict__ x, 
       }
       store<T, M>(q, v, d);
     });
-  }
-}
-
-// ---- RoPE over rows of `len` features ([rows = B·…·T, len]); positions (offset[b] + t)·scale,
-// b = row / per_batch, t = row % seq. inv_freq from log2(base) or 1/freqs. `sign` −1 is the
-// inverse rotation. Features from `dims` on are copied.
-template <typename T>
-__device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict__ out, const i32* __restrict__ offset,
-                                          int offset_per_batch, const float* __restrict__ freqs, float log2_base,
-                                          float scale, float sign, int traditional, u64 rows, u64 len, u64 dims,
-                                          u64 seq, u64 per_batch) {
-  typedef typename Acc<T>::type A;
-  u64 half = dims / 2, work = rows * half;
-  u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, lanes = (u64)gridDim.x * blockDim.x;
-  for (u64 k = tid; k < work; k += lanes) {
-    u64 row = k / half, i = k - row * half;
-    i32 off = offset[offset_per_batch ? row / per_batch : 0];
-    float pos = ((float)off + (float)(row % seq)) * scale;
-    float inv = freqs ? 1.0f / freqs[i] : exp2f(-(float)i * (log2_base / (float)half));
-    float s, c;
-    sincosf(pos * inv, &s, &c);
-    s *= sign;
-    u64 a = traditional ? 2 * i : i, b = traditional ? 2 * i + 1 : i + half;
-    const T* p = x + row * len;
-    T* q = out + row * len;
-    A x1 = widen(p[a]), x2 = widen(p[b]);
-    q[a] = narrow<T>(x1 * c - x2 * s);
-    q[b] = narrow<T>(x1 * s + x2 * c);
-  }
-  if (dims < len) {
-    u64 rest = len - dims;
-    for (u64 k = tid; k < rows * rest; k += lanes) {
-      u64 row = k / rest, i = dims + (k - row * rest);
-      out[row * len + i] = x[row * len + i];
-    }
   }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use nuvec_core::fast::FastOp;
+use nuvec_core::fast::{FastOp, RopeParams};
 use nuvec_core::storage::{Operand, Output, Spec};
 use nuvec_core::{DType, Result};
 
@@ -60,16 +60,89 @@ fn row_threads(d: DType, len: usize, slots: Option<usize>) -> u32 {
     (t.div_ceil(32) * 32).clamp(32, most) as u32
 }
 
-/// Blocks for `rows` rows: as many as fit on the device at once, at most one per row.
-fn row_grid(gpu: &Gpu, f: cudarc::driver::sys::CUfunction, threads: u32, rows: u64) -> Result<u32> {
+/// Blocks for `rows` rows, `per_block` rows per block: as many as fit on the device at once.
+fn row_grid(gpu: &Gpu, f: cudarc::driver::sys::CUfunction, threads: u32, rows: u64, per_block: u64) -> Result<u32> {
     let resident = resident_blocks(gpu, f, threads)?.max(1) * gpu.info.multiprocessors.max(1) as u64;
-    Ok(rows.clamp(1, resident.min(u32::MAX as u64)) as u32)
+    Ok(rows.div_ceil(per_block.max(1)).clamp(1, resident.min(u32::MAX as u64)) as u32)
 }
 
-/// Blocks of the derivative kernels, each writing one partial row of the weight cotangent:
-/// two per SM (enough to fill it; more would add partial rows to sum).
+/// Blocks of the looping derivative kernels, each writing one partial row of the weight
+/// cotangent: two per SM (enough to fill it; more would add partial rows to sum).
 fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
     rows.min(2 * gpu.info.multiprocessors.max(1) as u64).max(1)
+}
+
+/// Threads per block of norm_regs.cuh's kernels (NV_REG_BLOCK).
+const REG_BLOCK: u32 = 512;
+
+/// How a norm kernel covers its rows.
+#[derive(Clone, Copy)]
+enum RowPlan {
+    /// norm_regs.cuh: `v` 16-byte vectors per thread, `group` threads per row, several groups
+    /// per block.
+    Regs { v: usize, group: u32 },
+    /// norm.cuh's looping kernels, one block per row; `slots` for the derivatives' register
+    /// partials.
+    Loop { slots: Option<usize> },
+}
+
+/// The register kernels take rows of whole, aligned 16-byte vectors, up to 8 vectors per thread
+/// of a 512-thread group; about 4 vectors per thread keep enough bytes in flight.
+fn row_plan(d: DType, len: usize, ptrs: &[u64], slots: Option<usize>) -> RowPlan {
+    let per = 16 / d.size();
+    let nvec = len / per;
+    let v = match nvec {
+        _ if len % per != 0 || ptrs.iter().any(|p| p % 16 != 0) => 0,
+        1..=64 => 2,
+        65..=2048 => 4,
+        2049..=4096 => 8,
+        _ => 0,
+    };
+    if v == 0 {
+        return RowPlan::Loop { slots };
+    }
+    RowPlan::Regs { v, group: (nvec.div_ceil(v).div_ceil(32) * 32) as u32 }
+}
+
+/// A norm kernel ready to launch: its function, block, grid and trailing arguments.
+struct RowLaunch {
+    f: cudarc::driver::sys::CUfunction,
+    threads: u32,
+    grid: u32,
+    tail: Vec<Arg>,
+}
+
+impl RowLaunch {
+    /// `base` (rms_norm, layer_norm, or their `_vjp`) for `rows` rows of `len` under `plan`.
+    fn new(gpu: &Gpu, d: DType, base: &str, plan: RowPlan, rows: u64, len: u64, eps: f32) -> Result<RowLaunch> {
+        let mut tail = vec![Arg::U64(rows), Arg::U64(len), Arg::F32(eps)];
+        let (f, threads, grid) = match plan {
+            RowPlan::Regs { v, group } => {
+                let f = kernel(gpu, Family::Fast(d), &format!("{base}_r{v}"))?;
+                let groups = (REG_BLOCK / group).max(1);
+                let threads = groups * group;
+                tail.push(Arg::I32(group as i32));
+                (f, threads, row_grid(gpu, f, threads, rows, groups as u64)?)
+            }
+            RowPlan::Loop { slots } => {
+                let f = kernel(gpu, Family::Fast(d), base)?;
+                let threads = row_threads(d, len as usize, slots);
+                // The derivative kernels write one partial row per block: two blocks per SM.
+                let grid = match slots {
+                    Some(_) => vjp_blocks(gpu, rows) as u32,
+                    None => row_grid(gpu, f, threads, rows, 1)?,
+                };
+                (f, threads, grid)
+            }
+        };
+        Ok(RowLaunch { f, threads, grid, tail })
+    }
+
+    fn run(self, gpu: &Gpu, ptrs: &[u64]) -> Result<()> {
+        let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::Ptr(p)).collect();
+        args.extend(self.tail);
+        launch(gpu, self.f, (self.grid, 1, 1), (self.threads, 1, 1), 0, args)
+    }
 }
 
 fn ptr_or_null(x: Option<&Operand>) -> Result<u64> {
@@ -92,57 +165,55 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
         return Ok(());
     }
     let fam = Family::Fast(d);
-    // A row kernel's arguments: pointers, then rows, len and eps.
-    let rows_launch = |name: &str, slots: Option<usize>, ptrs: Vec<u64>, eps: f32| -> Result<u32> {
-        let mut args: Vec<Arg> = ptrs.into_iter().map(Arg::Ptr).collect();
-        args.extend([Arg::U64(rows), Arg::U64(len), Arg::F32(eps)]);
-        let f = kernel(gpu, fam, name)?;
-        let threads = row_threads(d, len as usize, slots);
-        let grid = match slots {
-            // The derivative kernels write one partial row per block: two blocks per SM.
-            Some(_) => vjp_blocks(gpu, rows) as u32,
-            None => row_grid(gpu, f, threads, rows)?,
-        };
-        launch(gpu, f, (grid, 1, 1), (threads, 1, 1), 0, args)?;
-        Ok(grid)
+    let norm = |base: &str, slots: Option<usize>, ptrs: &[u64], eps: f32| -> Result<RowLaunch> {
+        let plan = row_plan(d, len as usize, ptrs, slots);
+        RowLaunch::new(gpu, d, base, plan, rows, len, eps)
     };
     match op {
         FastOp::RmsNorm { eps, weighted } => {
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
-            rows_launch("rms_norm", None, vec![ptr_of(x)?, 0, w, 0, out_ptrs[0]], *eps)?;
+            let ptrs = [ptr_of(x)?, 0, w, 0, out_ptrs[0]];
+            norm("rms_norm", None, &ptrs, *eps)?.run(gpu, &ptrs)?;
         }
         FastOp::AddRmsNorm { eps, weighted } => {
             let w = ptr_or_null(weighted.then(|| &inputs[2]))?;
-            let ptrs = vec![ptr_of(x)?, ptr_of(&inputs[1])?, w, out_ptrs[0], out_ptrs[1]];
-            rows_launch("rms_norm", None, ptrs, *eps)?;
+            let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, w, out_ptrs[0], out_ptrs[1]];
+            norm("rms_norm", None, &ptrs, *eps)?.run(gpu, &ptrs)?;
         }
         FastOp::LayerNorm { eps, weighted, biased } => {
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
             let b = ptr_or_null(biased.then(|| &inputs[inputs.len() - 1]))?;
-            rows_launch("layer_norm", None, vec![ptr_of(x)?, w, b, out_ptrs[0]], *eps)?;
+            let ptrs = [ptr_of(x)?, w, b, out_ptrs[0]];
+            norm("layer_norm", None, &ptrs, *eps)?.run(gpu, &ptrs)?;
         }
         FastOp::RmsNormVjp { eps, weighted } => {
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
             let g = ptr_of(&inputs[inputs.len() - 1])?;
-            let parts = vjp_blocks(gpu, rows);
+            let mut ptrs = [ptr_of(x)?, w, g, out_ptrs[0], 0];
+            let run = norm("rms_norm_vjp", Some(RMS_SLOTS), &ptrs, *eps)?;
+            // One partial row of the weight's cotangent per block.
+            let parts = run.grid as u64;
             let scratch = if *weighted { Some(alloc(gpu, (parts * len) as usize, acc(d))?) } else { None };
-            let sp = scratch.as_ref().map_or(0, |s| s.0);
-            let grid = rows_launch("rms_norm_vjp", Some(RMS_SLOTS), vec![ptr_of(x)?, w, g, out_ptrs[0], sp], *eps)?;
+            ptrs[4] = scratch.as_ref().map_or(0, |s| s.0);
+            run.run(gpu, &ptrs)?;
             if *weighted {
-                col_sum(gpu, d, sp, out_ptrs[1], grid as u64, len, len)?;
+                col_sum(gpu, d, ptrs[4], out_ptrs[1], parts, len, len)?;
             }
         }
         FastOp::LayerNormVjp { eps, weighted, biased } => {
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
             let g = ptr_of(&inputs[inputs.len() - 1])?;
-            let parts = vjp_blocks(gpu, rows);
+            let mut ptrs = [ptr_of(x)?, w, g, out_ptrs[0], 0];
+            let run = norm("layer_norm_vjp", Some(LN_SLOTS), &ptrs, *eps)?;
+            let parts = run.grid as u64;
             let (sp, _keep) = alloc(gpu, (parts * 2 * len) as usize, acc(d))?;
-            let grid = rows_launch("layer_norm_vjp", Some(LN_SLOTS), vec![ptr_of(x)?, w, g, out_ptrs[0], sp], *eps)?;
+            ptrs[4] = sp;
+            run.run(gpu, &ptrs)?;
             let mut next = 1;
             for (want, offset) in [(*weighted, 0), (*biased, len)] {
                 if want {
                     let part = sp + offset * acc(d).size() as u64;
-                    col_sum(gpu, d, part, out_ptrs[next], grid as u64, len, 2 * len)?;
+                    col_sum(gpu, d, part, out_ptrs[next], parts, len, 2 * len)?;
                     next += 1;
                 }
             }
@@ -175,36 +246,10 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             // 256 threads per row up to 64 K features, 1024 beyond.
             let threads = if len > 65536 { MAX_THREADS as u32 } else { BLOCK };
             let f = kernel(gpu, fam, name)?;
-            let grid = row_grid(gpu, f, threads, rows)?;
+            let grid = row_grid(gpu, f, threads, rows, 1)?;
             launch(gpu, f, (grid, 1, 1), (threads, 1, 1), 0, args)?;
         }
-        FastOp::Rope(p) => {
-            let nd = x.shape.len();
-            let (seq, dims) = (x.shape[nd - 2].max(1) as u64, p.dims as u64);
-            let per_batch = (rows / x.shape[0].max(1) as u64).max(1);
-            let offset = &inputs[1];
-            let freqs = ptr_or_null(inputs.get(2))?;
-            let log2_base = p.base.map_or(0.0, f32::log2);
-            let args = vec![
-                Arg::Ptr(ptr_of(x)?),
-                Arg::Ptr(out_ptrs[0]),
-                Arg::Ptr(ptr_of(offset)?),
-                Arg::I32((offset.shape.len() == 1) as i32),
-                Arg::Ptr(freqs),
-                Arg::F32(log2_base),
-                Arg::F32(p.scale),
-                Arg::F32(if p.forward { 1.0 } else { -1.0 }),
-                Arg::I32(p.traditional as i32),
-                Arg::U64(rows),
-                Arg::U64(len),
-                Arg::U64(dims),
-                Arg::U64(seq),
-                Arg::U64(per_batch),
-            ];
-            let f = kernel(gpu, fam, "rope")?;
-            let grid = grid_for(gpu, rows * (dims / 2).max(len - dims), BLOCK as u64);
-            launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
-        }
+        FastOp::Rope(p) => rope(gpu, p, x, &inputs[1], inputs.get(2), out_ptrs[0], rows, len)?,
         _ => return Err(internal(format!("no fused kernel for {}", op.name()))),
     }
     Ok(())
@@ -216,4 +261,60 @@ fn col_sum(gpu: &Arc<Gpu>, d: DType, part: u64, out: u64, parts: u64, len: u64, 
     let grid = grid_for(gpu, len, BLOCK as u64);
     let args = vec![Arg::Ptr(part), Arg::Ptr(out), Arg::U64(parts), Arg::U64(len), Arg::U64(stride)];
     launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)
+}
+
+/// RoPE (rope.cuh): rows `[B, M, T, len]`; the M rows of a batch and position share their
+/// rotation, so each thread rotates one chunk of features in `heads` of them.
+#[allow(clippy::too_many_arguments)]
+fn rope(
+    gpu: &Arc<Gpu>,
+    p: &RopeParams,
+    x: &Operand,
+    offset: &Operand,
+    freqs: Option<&Operand>,
+    out: u64,
+    rows: u64,
+    len: u64,
+) -> Result<()> {
+    let d = x.dtype;
+    let nd = x.shape.len();
+    let (seq, dims) = (x.shape[nd - 2].max(1) as u64, p.dims as u64);
+    // Rows per offset entry (a per-batch offset indexes the first axis).
+    let per_batch = (rows / x.shape[0].max(1) as u64).max(1);
+    // Rows sharing a position: the middle axes when the first axis is a batch of them.
+    let m_count = if per_batch % seq == 0 { per_batch / seq } else { 1 };
+    let positions = rows / m_count;
+    let (xp, per) = (ptr_of(x)?, (16 / d.size()) as u64);
+    let rotated = if p.traditional { dims } else { dims / 2 };
+    let vec = xp % 16 == 0 && out % 16 == 0 && len % per == 0 && rotated % per == 0;
+    let (name, width) = match (vec, p.traditional) {
+        (true, _) => ("rope_vec", per),
+        (false, false) => ("rope_s1", 1),
+        (false, true) => ("rope_s2", 2),
+    };
+    let chunks = rotated / width + (len - dims).div_ceil(width);
+    // Enough threads to fill the device, each taking as many heads as that leaves.
+    let target = gpu.info.multiprocessors.max(1) as u64 * 2048;
+    let heads = (chunks * positions * m_count).div_ceil(target).clamp(1, m_count.max(1));
+    let work = chunks * positions * m_count.div_ceil(heads);
+    let args = vec![
+        Arg::Ptr(xp),
+        Arg::Ptr(out),
+        Arg::Ptr(ptr_of(offset)?),
+        Arg::I32((offset.shape.len() == 1) as i32),
+        Arg::Ptr(ptr_or_null(freqs)?),
+        Arg::F32(p.base.map_or(0.0, f32::log2)),
+        Arg::F32(p.scale),
+        Arg::F32(if p.forward { 1.0 } else { -1.0 }),
+        Arg::I32(p.traditional as i32),
+        Arg::U64(len),
+        Arg::U64(dims),
+        Arg::U64(seq),
+        Arg::U64(per_batch),
+        Arg::U64(positions),
+        Arg::U64(m_count),
+        Arg::U64(heads),
+    ];
+    let f = kernel(gpu, Family::Fast(d), name)?;
+    launch(gpu, f, (grid_for(gpu, work, BLOCK as u64), 1, 1), (BLOCK, 1, 1), 0, args)
 }

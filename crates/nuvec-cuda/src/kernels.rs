@@ -415,7 +415,34 @@ impl Family {
             Family::Fast(d) => {
                 let t = ctype(d);
                 let a = if d == DType::F64 { "double" } else { "float" };
-                w("#include \"norm.cuh\"".into());
+                w("#include \"norm_regs.cuh\"".into());
+                w("#include \"rope.cuh\"".into());
+                // The register-row norms, by vectors per thread (fast_rows.rs: reg_plan).
+                for v in [2, 4, 8] {
+                    for line in [
+                        format!(
+                            "__launch_bounds__(NV_REG_BLOCK) rms_norm_r{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps, int group) {{ rms_norm_regs<{t}, {v}>(x, res, w, h, out, rows, len, eps, group); }}"
+                        ),
+                        format!(
+                            "__launch_bounds__(NV_REG_BLOCK) layer_norm_r{v}(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps, int group) {{ layer_norm_regs<{t}, {v}>(x, w, b, out, rows, len, eps, group); }}"
+                        ),
+                        format!(
+                            "__launch_bounds__(NV_REG_BLOCK, 1) rms_norm_vjp_r{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ rms_norm_vjp_regs<{t}, {v}>(x, w, g, gx, part, rows, len, eps, group); }}"
+                        ),
+                        format!(
+                            "__launch_bounds__(NV_REG_BLOCK, 1) layer_norm_vjp_r{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ layer_norm_vjp_regs<{t}, {v}>(x, w, g, gx, part, rows, len, eps, group); }}"
+                        ),
+                    ] {
+                        w(format!("extern \"C\" __global__ void {line}"));
+                    }
+                }
+                // RoPE: 16-byte chunks, or single features (pairs when traditional).
+                let n = 16 / d.size();
+                for (name, width, vec) in [("rope_vec", n, true), ("rope_s1", 1, false), ("rope_s2", 2, false)] {
+                    w(format!(
+                        "extern \"C\" __global__ void {name}(const {t}* x, {t}* out, const i32* offset, int offset_per_batch, const float* freqs, float log2_base, float scale, float sign, int traditional, u64 len, u64 dims, u64 seq, u64 per_batch, u64 positions, u64 m_count, u64 heads) {{ rope_rows<{t}, {width}, {vec}>(x, out, offset, offset_per_batch, freqs, log2_base, scale, sign, traditional, len, dims, seq, per_batch, positions, m_count, heads); }}"
+                    ));
+                }
                 for line in [
                     format!(
                         "__launch_bounds__(1024) rms_norm(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps) {{ rms_norm_rows<{t}>(x, res, w, h, out, rows, len, eps); }}"
@@ -443,9 +470,6 @@ impl Family {
                     ),
                     format!(
                         "cross_entropy_vjp(const {t}* x, const i32* t, const {a}* g, const {a}* loss, {t}* dx, u64 rows, u64 len) {{ cross_entropy_vjp_rows<{t}>(x, t, g, loss, dx, rows, len); }}"
-                    ),
-                    format!(
-                        "rope(const {t}* x, {t}* out, const i32* offset, int offset_per_batch, const float* freqs, float log2_base, float scale, float sign, int traditional, u64 rows, u64 len, u64 dims, u64 seq, u64 per_batch) {{ rope_rows<{t}>(x, out, offset, offset_per_batch, freqs, log2_base, scale, sign, traditional, rows, len, dims, seq, per_batch); }}"
                     ),
                 ] {
                     w(format!("extern \"C\" __global__ void {line}"));

@@ -26,8 +26,21 @@ impl Rng {
 
 const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
 /// (rows, features): rows of 1..65536, non-multiples of 8 among them.
-const SHAPES: [(i32, i32); 9] =
-    [(1, 1), (3, 7), (5, 8), (4, 33), (17, 256), (2, 1000), (3, 4099), (2, 8192), (1, 65536)];
+// (67, 1536) and (20000, 16) give the GPU's register-row kernels several rows per block and,
+// for the second, several per group of threads.
+const SHAPES: [(i32, i32); 11] = [
+    (1, 1),
+    (3, 7),
+    (5, 8),
+    (4, 33),
+    (17, 256),
+    (2, 1000),
+    (3, 4099),
+    (2, 8192),
+    (1, 65536),
+    (67, 1536),
+    (20000, 16),
+];
 
 /// The epsilon the tests pass, as the float32 the operations receive.
 const EPS5: f64 = 1e-5f32 as f64;
@@ -183,6 +196,10 @@ fn rope_matches_float64_over_layouts_offsets_and_dtypes() {
         (vec![2, 2, 7, 80], 32, false, true, 0.25, vec![5, 1000]),
         (vec![3, 9, 12], 6, true, false, 2.0, vec![2, 0, 9]),
         (vec![1, 32, 33, 128], 128, false, false, 1.0, vec![4095]),
+        // Odd halves (per-element path on the GPU), and enough rows that a GPU thread rotates
+        // several heads, the last group of heads partial.
+        (vec![2, 3, 4, 10], 10, false, true, 1.0, vec![3, 8]),
+        (vec![3, 40, 600, 128], 128, false, true, 1.0, vec![3, 0, 700]),
     ];
     for (shape, dims, traditional, with_base, scale, offsets) in cases {
         let n: i32 = shape.iter().product();
@@ -273,7 +290,7 @@ fn swiglu_and_cross_entropy_match_float64() {
 #[test]
 fn fused_derivatives_match_the_composition() {
     let mut rng = Rng(17);
-    for &(rows, d) in &[(3, 7), (4, 256), (2, 4099)] {
+    for &(rows, d) in &[(3, 7), (4, 256), (2, 4099), (37, 2048), (600, 64)] {
         let n = (rows * d) as usize;
         for dtype in [DType::F32, DType::BF16] {
             let x = Array::from_slice(&rng.values(n, -2.0, 2.0), [rows, d]).astype(dtype);
