@@ -60,66 +60,156 @@ template <typename A> __device__ __forceinline__ MaxSum<A> ms_warp(MaxSum<A> acc
   return acc;
 }
 
-// Adds N values at once: one rescale when their maximum raises the running maximum, then N
-// independent exponentials (no dependency chain through the running sum). NaNs are the
-// caller's to track: here they only make the sum NaN.
-template <typename A, int N> __device__ __forceinline__ void ms_push_n(MaxSum<A>& a, const A (&v)[N]) {
-  A cm = v[0];
+// -inf, the value that adds nothing (exp(-inf) = 0): it pads a partial group of vectors.
+template <typename T> __device__ __forceinline__ T neg_inf() { return -(T)INFINITY; }
+template <> __device__ __forceinline__ bf16 neg_inf<bf16>() { return __ushort_as_bfloat16((u16)0xff80u); }
+template <> __device__ __forceinline__ f16 neg_inf<f16>() { return __ushort_as_half((u16)0xfc00u); }
+
+// A vector's elements in the statistics' precision.
+template <typename T, int N>
+__device__ __forceinline__ void widen_vec(const Vec<T, N>& v, typename Acc<T>::type (&w)[N]) {
 #pragma unroll
-  for (int j = 1; j < N; ++j) cm = amax(cm, v[j]);
+  for (int j = 0; j < N; ++j) w[j] = widen(v.v[j]);
+}
+// bf16 pairs widen by shift and mask: one instruction each, where the conversion spends two on
+// the upper half.
+template <> __device__ __forceinline__ void widen_vec<bf16, 8>(const Vec<bf16, 8>& v, float (&w)[8]) {
+  u32 u[4];
+  memcpy(u, &v, sizeof(u));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    w[2 * j] = __uint_as_float(u[j] << 16);
+    w[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+  }
+}
+
+// The largest element of U vectors, NaNs skipped (as fmax; all NaN gives NaN). 2-byte types
+// compare packed pairs (max.bf16x2 / max.f16x2 skip a NaN the same way), halving the count.
+template <typename T> struct Pair2 {};
+template <> struct Pair2<bf16> { typedef __nv_bfloat162 type; };
+template <> struct Pair2<f16> { typedef __half2 type; };
+template <typename T, int N, int U>
+__device__ __forceinline__ typename Acc<T>::type vecs_max(const Vec<T, N> (&v)[U]) {
+  typedef typename Acc<T>::type A;
+#if __CUDA_ARCH__ >= 800
+  constexpr bool packed = sizeof(T) == 2;
+#else
+  constexpr bool packed = false;
+#endif
+  if constexpr (packed) {
+    typedef typename Pair2<T>::type P;
+    const int W = U * N / 2;
+    P m[W];
+    memcpy(m, v, sizeof(m));
+#pragma unroll
+    for (int s = 1; s < W; s *= 2)
+#pragma unroll
+      for (int i = 0; i + s < W; i += 2 * s) m[i] = __hmax2(m[i], m[i + s]);
+    T h[2];
+    memcpy(h, &m[0], sizeof(h));
+    return amax(widen(h[0]), widen(h[1]));
+  } else {
+    A r[U * N];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      A w[N];
+      widen_vec(v[u], w);
+#pragma unroll
+      for (int j = 0; j < N; ++j) r[u * N + j] = w[j];
+    }
+#pragma unroll
+    for (int s = 1; s < U * N; s *= 2)
+#pragma unroll
+      for (int i = 0; i + s < U * N; i += 2 * s) r[i] = amax(r[i], r[i + s]);
+    return r[0];
+  }
+}
+
+// Adds U vectors at once: one maximum over all their elements, at most one rescale of the sum,
+// then independent exponentials summed as a tree (no dependency chain through the running sum).
+// -inf elements (a partial group's padding among them) add exp(-inf) = 0. NaNs are the caller's
+// to track: here they only make the sum NaN.
+template <typename T, int N, int U>
+__device__ __forceinline__ void ms_push_vecs(MaxSum<typename Acc<T>::type>& a, const Vec<T, N> (&v)[U]) {
+  typedef typename Acc<T>::type A;
+  if constexpr (sizeof(A) == 8 && U > 1) {
+    // Double's exponential is long: a vector at a time keeps its registers in bounds (under the
+    // cross-entropy's 1024-thread launch bound among others).
+#pragma unroll
+    for (int u = 0; u < U; ++u) ms_push_vecs<T, N, 1>(a, reinterpret_cast<const Vec<T, N>(&)[1]>(v[u]));
+    return;
+  }
+  A cm = vecs_max(v);
   if (cm == -(A)INFINITY) {
-    // Every value is -inf (contributing exp(-inf) = 0) or NaN, which fmax skipped: keep it.
+    // Every element is -inf or NaN, which the maximum skipped: only a NaN counts.
+    bool nan = false;
 #pragma unroll
-    for (int j = 0; j < N; ++j)
-      if (v[j] != v[j]) a.s = (A)NAN;
+    for (int u = 0; u < U; ++u) {
+      A w[N];
+      widen_vec(v[u], w);
+#pragma unroll
+      for (int j = 0; j < N; ++j) nan |= w[j] != w[j];
+    }
+    if (nan) a.s = (A)NAN;
     return;
   }
   if (cm > a.m) {
     a.s = a.s * fast_exp(a.m - cm);
     a.m = cm;
   }
-  A mL = log2e_times(a.m), t = 0;
+  A mL = log2e_times(a.m), t[U];
 #pragma unroll
-  for (int j = 0; j < N; ++j) t += exp_shifted(v[j], a.m, mL);
-  a.s += t;
+  for (int u = 0; u < U; ++u) {
+    A w[N];
+    widen_vec(v[u], w);
+    t[u] = exp_shifted(w[0], a.m, mL);
+#pragma unroll
+    for (int j = 1; j < N; ++j) t[u] += exp_shifted(w[j], a.m, mL);
+  }
+#pragma unroll
+  for (int s = 1; s < U; s *= 2)
+#pragma unroll
+    for (int u = 0; u + s < U; u += 2 * s) t[u] += t[u + s];
+  a.s += t[0];
 }
 
-// The (max, sum) of `len` elements read by `lanes` threads starting at `first`.
+// The (max, sum) of `len` elements read by `lanes` threads starting at `first` (< lanes).
 template <typename T>
 __device__ __forceinline__ MaxSum<typename Acc<T>::type> ms_scan(const T* __restrict__ p, u64 len, u64 first,
                                                                  u64 lanes) {
   typedef typename Acc<T>::type A;
-  const int N = 16 / sizeof(T);
+  const int N = 16 / sizeof(T), U = NV_ROW_LOADS;
   MaxSum<A> acc{-(A)INFINITY, (A)0};
-  u64 start = 0;
-  if (((unsigned long long)p % 16) == 0) {
-    u64 nv = len / N;
-    // NV_ROW_LOADS vectors per thread are loaded before any is used, to keep enough bytes in
-    // flight per thread.
-    const int U = NV_ROW_LOADS;
-    u64 i = first;
-    for (; i + (U - 1) * lanes < nv; i += U * lanes) {
-      Vec<T, N> v[U];
+  // Elements before the first 16-byte boundary (rows of a length that is no multiple of N start
+  // anywhere) and after the last whole vector go one by one: at most one of each per thread.
+  u64 head = (16 - (unsigned long long)p % 16) % 16 / sizeof(T);
+  if (head > len) head = len;
+  for (u64 j = first; j < head; j += lanes) ms_push(acc, widen(p[j]));
+  const Vec<T, N>* q = reinterpret_cast<const Vec<T, N>*>(p + head);
+  u64 nv = (len - head) / N, i = first;
+  // U vectors per thread are loaded before any is used, to keep enough bytes in flight per thread.
+  for (; i + (U - 1) * lanes < nv; i += U * lanes) {
+    Vec<T, N> v[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) v[u] = reinterpret_cast<const Vec<T, N>*>(p)[i + u * lanes];
+    for (int u = 0; u < U; ++u) v[u] = q[i + u * lanes];
+    ms_push_vecs<T, N, U>(acc, v);
+  }
+  // The rest, fewer than U vectors, also at once (a thread would otherwise wait on each in
+  // turn: most of a 32000-wide bf16 row's second half for 256 threads); -inf pads the group.
+  if (i < nv) {
+    Vec<T, N> v[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        A w[N];
+    for (int u = 0; u < U; ++u) {
+      if (i + u * lanes < nv) {
+        v[u] = q[i + u * lanes];
+      } else {
 #pragma unroll
-        for (int j = 0; j < N; ++j) w[j] = widen(v[u].v[j]);
-        ms_push_n<A, N>(acc, w);
+        for (int j = 0; j < N; ++j) v[u].v[j] = neg_inf<T>();
       }
     }
-    for (; i < nv; i += lanes) {
-      Vec<T, N> v = reinterpret_cast<const Vec<T, N>*>(p)[i];
-      A w[N];
-#pragma unroll
-      for (int j = 0; j < N; ++j) w[j] = widen(v.v[j]);
-      ms_push_n<A, N>(acc, w);
-    }
-    start = nv * N;
+    ms_push_vecs<T, N, U>(acc, v);
   }
-  for (u64 i = start + first; i < len; i += lanes) ms_push(acc, widen(p[i]));
+  for (u64 j = head + nv * N + first; j < len; j += lanes) ms_push(acc, widen(p[j]));
   // A NaN element leaves its NaN in the sum (exp(NaN) is NaN); with a finite maximum nothing
   // else does, so that marks the row (a NaN maximum, see ms_merge) without a test per element.
   // A +inf maximum makes the sum NaN on its own: such rows are rescanned (has_nan).

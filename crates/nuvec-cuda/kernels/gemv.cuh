@@ -1,69 +1,130 @@
 // Matrix-vector products for few rows (M <= 8), where a library GEMM leaves bandwidth unused.
 // f32 accumulation. Two weight layouts:
 //  - gemv_rows: B is W^T with W [N, K] row-major (each output reads one contiguous row of W);
-//    one warp per output column, 16-byte loads along K.
+//    a block computes a few adjacent outputs together, K split over all its threads.
 //  - gemv_cols: B [K, N] row-major; each thread owns 16 bytes of consecutive columns and a
 //    slice of K (blockIdx.y); slices write f32 partials that gemv_finish sums.
 #pragma once
 #include "common.cuh"
 
 #define NV_GEMV_MAX_M 8
-// 16-byte loads each thread issues before using any (bytes in flight bound a GEMV); measured
-// best on the H200 at 1×4096·4096×14336 bf16 (bench/cuda/tune_rows.cu).
+// gemv_rows: 16-byte loads of W each thread issues before using any (bytes in flight bound a
+// GEMV).
 #ifndef NV_GEMV_ROW_LOADS
-#define NV_GEMV_ROW_LOADS 2
+#define NV_GEMV_ROW_LOADS 8
 #endif
 #ifndef NV_GEMV_COL_LOADS
 #define NV_GEMV_COL_LOADS 8
 #endif
 
+// Sums each of P (a power of two, at most 32) values over the warp's lanes with P - 1 + 5 -
+// log2(P) shuffles instead of 5·P: each step sends half of the values still held to the partner
+// lane and keeps the other half. Lane l ends with the total of value l / (32 / P).
+template <int P> __device__ __forceinline__ float warp_sum_scatter(float (&a)[P], int lane) {
+  int held = P;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    if (held > 1) {
+      bool up = lane & o;
+      held /= 2;
+#pragma unroll
+      for (int i = 0; i < P / 2; ++i)
+        if (i < held) {
+          float keep = up ? a[i + held] : a[i], send = up ? a[i] : a[i + held];
+          a[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    } else {
+      a[0] += __shfl_xor_sync(0xffffffffu, a[0], o);
+    }
+  }
+  return a[0];
+}
+
+// gemv_rows: a block takes C adjacent outputs (rows of W) at a time, C·M ≤ 16, and every thread
+// reads all C rows at its own slice of K: C × U loads in flight per thread (not U as with a warp
+// per output), each x vector read once per block for all C rows, and a block done in one or two
+// round trips to memory (a warp per output made eight for K = 4096, so the wave's last blocks
+// left the GPU idle). Partial sums fold within warps (warp_sum_scatter), then across warps in
+// shared memory. The launch (matmul.rs: a warp's worth of threads per output, 256 per block)
+// covers the outputs by a grid-stride loop; blockDim must be a multiple of 32.
 template <typename T, int M>
 __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
                                           u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {
   const int V = 16 / sizeof(T);
-  int lane = threadIdx.x & 31;
-  u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-  for (u64 col = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; col < n; col += warps) {
-    const T* wr = w + col * ldw;
-    float acc[M];
+  const int C = M == 1 ? 8 : M == 2 ? 4 : 2;
+  const int U = NV_GEMV_ROW_LOADS / C > 0 ? NV_GEMV_ROW_LOADS / C : 1;
+  const int R = C * M, P = R <= 8 ? 8 : 16;
+  __shared__ float red[32][P];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const u64 th = blockDim.x, kv = k / V;
+  for (u64 c0 = (u64)blockIdx.x * C; c0 < n; c0 += (u64)gridDim.x * C) {
+    // Past the last output, rows repeat the last one (cached) and their sums are dropped.
+    const T* wr[C];
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-    u64 kv = k / V;
-    const int U = NV_GEMV_ROW_LOADS;
-    u64 i = lane;
-    for (; i + 32 * (U - 1) < kv; i += 32 * U) {
-      Vec<T, V> wv[U];
+    for (int c = 0; c < C; ++c) wr[c] = w + (c0 + c < n ? c0 + c : n - 1) * ldw;
+    float acc[C][M];
 #pragma unroll
-      for (int u = 0; u < U; ++u) wv[u] = reinterpret_cast<const Vec<T, V>*>(wr)[i + 32 * u];
+    for (int c = 0; c < C; ++c)
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          Vec<T, V> xv = reinterpret_cast<const Vec<T, V>*>(x + m * ldx)[i + 32 * u];
-#pragma unroll
-          for (int j = 0; j < V; ++j) acc[m] += widen(wv[u].v[j]) * widen(xv.v[j]);
-        }
-    }
-    for (; i < kv; i += 32) {
-      Vec<T, V> wv = reinterpret_cast<const Vec<T, V>*>(wr)[i];
+      for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
+    // W travels as 32-bit words: as elements, 2-byte types took a register each to cross the
+    // loop's branch.
+    typedef Vec<u32, 4> Raw;
+    auto step = [&](const Raw(&raw)[C], u64 j) {
+      Vec<T, V> wv[C];
+      memcpy(wv, raw, sizeof(wv));
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        Vec<T, V> xv = reinterpret_cast<const Vec<T, V>*>(x + m * ldx)[i];
+        Vec<T, V> xv = reinterpret_cast<const Vec<T, V>*>(x + m * ldx)[j];
 #pragma unroll
-        for (int j = 0; j < V; ++j) acc[m] += widen(wv.v[j]) * widen(xv.v[j]);
+        for (int c = 0; c < C; ++c)
+#pragma unroll
+          for (int e = 0; e < V; ++e) acc[c][m] += widen(wv[c].v[e]) * widen(xv.v[e]);
       }
-    }
-    for (u64 i = kv * V + lane; i < k; i += 32) {
-      float wv = widen(wr[i]);
+    };
+    // Loads are issued at the end of an iteration, across the loop's branch from their use:
+    // ptxas does not move them past it, where within one block it spreads them among the
+    // multiply-adds of the first ones to arrive (a warp stalling before issuing the rest). Past
+    // the end of K the index repeats the last vector (cached; its products are skipped) rather
+    // than a predicate splitting the loads again.
+    Raw wv[U][C];
+    auto load = [&](u64 j) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) acc[m] += wv * widen(x[m * ldx + i]);
-    }
+      for (int u = 0; u < U; ++u) {
+        u64 i = j + u * th < kv ? j + u * th : kv - 1;
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float v = acc[m];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) out[m * ldo + col] = narrow<T>((typename Acc<T>::type)v);
+        for (int c = 0; c < C; ++c) wv[u][c] = reinterpret_cast<const Raw*>(wr[c])[i];
+      }
+    };
+    u64 j = threadIdx.x;
+    if (j < kv) load(j);
+    while (j < kv) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (j + u * th < kv) step(wv[u], j + u * th);
+      j += U * th;
+      if (j < kv) load(j);
     }
+    for (u64 e = kv * V + threadIdx.x; e < k; e += th)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float xe = widen(x[m * ldx + e]);
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[c][m] += widen(wr[c][e]) * xe;
+      }
+    float a[P];
+#pragma unroll
+    for (int r = 0; r < P; ++r) a[r] = r < R ? acc[r / M][r % M] : 0.0f;
+    float v = warp_sum_scatter<P>(a, lane);
+    if (lane % (32 / P) == 0) red[warp][lane / (32 / P)] = v;
+    __syncthreads();
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+      float s = 0.0f;
+      for (int q = 0; q < nw; ++q) s += red[q][r];
+      u64 col = c0 + r / M;
+      if (col < n) out[(r % M) * ldo + col] = narrow<T>((typename Acc<T>::type)s);
+    }
+    __syncthreads();  // red is written again by the next group
   }
 }
 

@@ -5,10 +5,11 @@
 //
 // A group of G threads (a multiple of 32, at most 512) takes a row, each thread holding V
 // vectors of it: vectors t, t + G, ..., t + (V − 1)·G. The row is read from memory once, every
-// load of a row is issued before any is used, and a block holds 512 / G groups working on
-// different rows, so while one group waits at its reduction the others' loads are in flight —
-// the looping kernels re-read each row from cache after every reduction, with one row per block
-// in flight. Groups synchronise on their own named barrier (1 + group index; 0 is
+// load of a row is issued before any is used, and a group loads its next row before it reduces
+// the current one, so loads stay in flight through the reductions (H200, bf16 32768×4096:
+// without that prefetch the layer norm reached 53–65% of copy, the looping kernels, which
+// re-read each row from cache after every reduction, 35–56% for the derivatives). Blocks hold
+// several groups working on different rows. Groups synchronise on their own named barrier (1 + group index; 0 is
 // __syncthreads'), at most 8 of them when G > 32; a group of one warp needs none.
 //
 // The derivative kernels keep each thread's share of the weight (and bias) gradient in
@@ -74,6 +75,11 @@ __device__ __forceinline__ void row_store(T* __restrict__ p, u64 nvec, const Row
     if (vec_index(g, v) < nvec) reinterpret_cast<Vec16<T>*>(p)[vec_index(g, v)] = r[v];
 }
 
+template <typename T, int V> __device__ __forceinline__ void row_move(Vec16<T> (&dst)[V], const Vec16<T> (&src)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) dst[v] = src[v];
+}
+
 // The first row of a group and the stride between its rows.
 __device__ __forceinline__ u64 first_row(const RowGroup& g) { return (u64)blockIdx.x * g.count + g.id; }
 __device__ __forceinline__ u64 row_stride(const RowGroup& g) { return (u64)gridDim.x * g.count; }
@@ -101,8 +107,8 @@ __device__ __forceinline__ void block_partial(const A (&acc)[V][16 / sizeof(T)],
   }
 }
 
-// ---- RMS norm (norm.cuh's rms_norm_rows, rows in registers).
-template <typename T, int V>
+// ---- RMS norm (norm.cuh's rms_norm_rows, rows in registers); RES: with the residual add.
+template <typename T, int V, bool RES>
 __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* __restrict__ res, const T* __restrict__ w,
                                               T* __restrict__ h, T* __restrict__ out, u64 rows, u64 len, float eps,
                                               int group) {
@@ -110,13 +116,19 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
   const int N = 16 / sizeof(T);
   __shared__ A sm[8 * 16];
   RowGroup g = row_group(group);
-  u64 nvec = len / N;
-  for (u64 row = first_row(g); row < rows; row += row_stride(g)) {
-    Vec16<T> r[V];
+  u64 nvec = len / N, row = first_row(g);
+  Vec16<T> r[V], b[V], nr[V], nb[V];
+  if (row < rows) {
     row_load<T, V>(x + row * len, nvec, g, r);
-    if (res) {
-      Vec16<T> b[V];
-      row_load<T, V>(res + row * len, nvec, g, b);
+    if (RES) row_load<T, V>(res + row * len, nvec, g, b);
+  }
+  for (; row < rows; row += row_stride(g)) {
+    u64 next = row + row_stride(g);
+    if (next < rows) {
+      row_load<T, V>(x + next * len, nvec, g, nr);
+      if (RES) row_load<T, V>(res + next * len, nvec, g, nb);
+    }
+    if (RES) {
 #pragma unroll
       for (int v = 0; v < V; ++v)
 #pragma unroll
@@ -141,6 +153,8 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
       for (int j = 0; j < N; ++j) r[v].v[j] = scaled<T>(widen(r[v].v[j]) * n, wv[j], w != nullptr);
     }
     row_store<T, V>(out + row * len, nvec, g, r);
+    row_move<T, V>(r, nr);
+    if (RES) row_move<T, V>(b, nb);
   }
 }
 
@@ -153,10 +167,12 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
   const int N = 16 / sizeof(T);
   __shared__ A sm[8 * 16];
   RowGroup g = row_group(group);
-  u64 nvec = len / N;
-  for (u64 row = first_row(g); row < rows; row += row_stride(g)) {
-    Vec16<T> r[V];
-    row_load<T, V>(x + row * len, nvec, g, r);
+  u64 nvec = len / N, row = first_row(g);
+  Vec16<T> r[V], nr[V];
+  if (row < rows) row_load<T, V>(x + row * len, nvec, g, r);
+  for (; row < rows; row += row_stride(g)) {
+    u64 next = row + row_stride(g);
+    if (next < rows) row_load<T, V>(x + next * len, nvec, g, nr);
     A s[1] = {0};
 #pragma unroll
     for (int v = 0; v < V; ++v)
@@ -191,6 +207,7 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
       }
     }
     row_store<T, V>(out + row * len, nvec, g, r);
+    row_move<T, V>(r, nr);
   }
 }
 
@@ -214,10 +231,18 @@ __device__ __forceinline__ void rms_norm_vjp_regs(const T* __restrict__ x, const
 #pragma unroll
     for (int j = 0; j < N; ++j) acc[v][j] = 0;
   if (w) row_load<T, V>(w, nvec, grp, wr);
-  for (u64 row = first_row(grp); row < rows; row += row_stride(grp)) {
-    Vec16<T> xr[V], gr[V];
+  u64 row = first_row(grp);
+  Vec16<T> xr[V], gr[V], nx[V], ng[V];
+  if (row < rows) {
     row_load<T, V>(x + row * len, nvec, grp, xr);
     row_load<T, V>(g + row * len, nvec, grp, gr);
+  }
+  for (; row < rows; row += row_stride(grp)) {
+    u64 next = row + row_stride(grp);
+    if (next < rows) {
+      row_load<T, V>(x + next * len, nvec, grp, nx);
+      row_load<T, V>(g + next * len, nvec, grp, ng);
+    }
     A s[2] = {0, 0};
 #pragma unroll
     for (int v = 0; v < V; ++v)
@@ -243,6 +268,8 @@ __device__ __forceinline__ void rms_norm_vjp_regs(const T* __restrict__ x, const
       }
     }
     row_store<T, V>(gx + row * len, nvec, grp, xr);
+    row_move<T, V>(xr, nx);
+    row_move<T, V>(gr, ng);
   }
   if (w) block_partial<T, V, A>(acc, part + (u64)blockIdx.x * len, nvec, grp, red);
 }
@@ -267,10 +294,18 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
 #pragma unroll
     for (int j = 0; j < N; ++j) aw[v][j] = ab[v][j] = 0;
   if (w) row_load<T, V>(w, nvec, grp, wr);
-  for (u64 row = first_row(grp); row < rows; row += row_stride(grp)) {
-    Vec16<T> xr[V], gr[V];
+  u64 row = first_row(grp);
+  Vec16<T> xr[V], gr[V], nx[V], ng[V];
+  if (row < rows) {
     row_load<T, V>(x + row * len, nvec, grp, xr);
     row_load<T, V>(g + row * len, nvec, grp, gr);
+  }
+  for (; row < rows; row += row_stride(grp)) {
+    u64 next = row + row_stride(grp);
+    if (next < rows) {
+      row_load<T, V>(x + next * len, nvec, grp, nx);
+      row_load<T, V>(g + next * len, nvec, grp, ng);
+    }
     A s1[1] = {0};
 #pragma unroll
     for (int v = 0; v < V; ++v)
@@ -307,6 +342,8 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
       }
     }
     row_store<T, V>(gx + row * len, nvec, grp, xr);
+    row_move<T, V>(xr, nx);
+    row_move<T, V>(gr, ng);
   }
   A* dst = part + (u64)blockIdx.x * len * 2;
   block_partial<T, V, A>(aw, dst, nvec, grp, red);

@@ -72,8 +72,10 @@ fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
     rows.min(2 * gpu.info.multiprocessors.max(1) as u64).max(1)
 }
 
-/// Threads per block of norm_regs.cuh's kernels (NV_REG_BLOCK).
+/// Threads per block of norm_regs.cuh's kernels: at most NV_REG_BLOCK (512, the derivatives'
+/// block), 256 for the forward kernels (more blocks per SM measured faster for the layer norm).
 const REG_BLOCK: u32 = 512;
+const REG_BLOCK_FWD: u32 = 256;
 
 /// How a norm kernel covers its rows.
 #[derive(Clone, Copy)]
@@ -86,19 +88,26 @@ enum RowPlan {
     Loop { slots: Option<usize> },
 }
 
-/// The register kernels take rows of whole, aligned 16-byte vectors, up to 8 vectors per thread
-/// of a 512-thread group; about 4 vectors per thread keep enough bytes in flight.
-fn row_plan(d: DType, len: usize, ptrs: &[u64], slots: Option<usize>) -> RowPlan {
+/// The register kernels take rows of whole, aligned 16-byte vectors, with about 4 vectors per
+/// thread (enough bytes in flight) and at most `max_v` per thread of a 512-thread group: 8 for
+/// the forward kernels; the derivatives (`slots`) also hold the cotangent, the next rows and the
+/// weight's partial sums, so 4 for the RMS norm's and 2 for the layer norm's (more spills).
+fn row_plan(d: DType, len: usize, ptrs: &[u64], max_v: usize, slots: Option<usize>) -> RowPlan {
     let per = 16 / d.size();
     let nvec = len / per;
-    let v = match nvec {
-        _ if len % per != 0 || ptrs.iter().any(|p| p % 16 != 0) => 0,
-        1..=64 => 2,
-        65..=2048 => 4,
-        2049..=4096 => 8,
-        _ => 0,
+    let mut v = match (slots, nvec) {
+        (_, 0) => 0,
+        // Derivatives: 2 vectors per thread where groups of up to 256 threads take the row
+        // (measured best for bf16 rows of 4096 on the H200), more for longer rows.
+        (Some(_), _) => 2,
+        (None, 1..=64) => 2,
+        (None, 65..=2048) => 4,
+        (None, _) => 8,
     };
-    if v == 0 {
+    while v > 0 && v < max_v && nvec.div_ceil(v) > if slots.is_some() { 256 } else { 512 } {
+        v *= 2;
+    }
+    if v == 0 || len % per != 0 || ptrs.iter().any(|p| p % 16 != 0) || nvec.div_ceil(v) > 512 {
         return RowPlan::Loop { slots };
     }
     RowPlan::Regs { v, group: (nvec.div_ceil(v).div_ceil(32) * 32) as u32 }
@@ -113,19 +122,21 @@ struct RowLaunch {
 }
 
 impl RowLaunch {
-    /// `base` (rms_norm, layer_norm, or their `_vjp`) for `rows` rows of `len` under `plan`.
+    /// `base` (rms_norm, add_rms_norm, layer_norm, or their `_vjp`) for `rows` rows of `len`
+    /// under `plan`. The looping kernels have one RMS norm for both (a null residual).
     fn new(gpu: &Gpu, d: DType, base: &str, plan: RowPlan, rows: u64, len: u64, eps: f32) -> Result<RowLaunch> {
         let mut tail = vec![Arg::U64(rows), Arg::U64(len), Arg::F32(eps)];
         let (f, threads, grid) = match plan {
             RowPlan::Regs { v, group } => {
                 let f = kernel(gpu, Family::Fast(d), &format!("{base}_r{v}"))?;
-                let groups = (REG_BLOCK / group).max(1);
+                let block = if base.ends_with("_vjp") { REG_BLOCK } else { REG_BLOCK_FWD };
+                let groups = (block / group).max(1);
                 let threads = groups * group;
                 tail.push(Arg::I32(group as i32));
                 (f, threads, row_grid(gpu, f, threads, rows, groups as u64)?)
             }
             RowPlan::Loop { slots } => {
-                let f = kernel(gpu, Family::Fast(d), base)?;
+                let f = kernel(gpu, Family::Fast(d), base.strip_prefix("add_").unwrap_or(base))?;
                 let threads = row_threads(d, len as usize, slots);
                 // The derivative kernels write one partial row per block: two blocks per SM.
                 let grid = match slots {
@@ -166,7 +177,12 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
     }
     let fam = Family::Fast(d);
     let norm = |base: &str, slots: Option<usize>, ptrs: &[u64], eps: f32| -> Result<RowLaunch> {
-        let plan = row_plan(d, len as usize, ptrs, slots);
+        let max_v = match base {
+            "rms_norm_vjp" => 4,
+            "layer_norm_vjp" => 2,
+            _ => 8,
+        };
+        let plan = row_plan(d, len as usize, ptrs, max_v, slots);
         RowLaunch::new(gpu, d, base, plan, rows, len, eps)
     };
     match op {
@@ -178,7 +194,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
         FastOp::AddRmsNorm { eps, weighted } => {
             let w = ptr_or_null(weighted.then(|| &inputs[2]))?;
             let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, w, out_ptrs[0], out_ptrs[1]];
-            norm("rms_norm", None, &ptrs, *eps)?.run(gpu, &ptrs)?;
+            norm("add_rms_norm", None, &ptrs, *eps)?.run(gpu, &ptrs)?;
         }
         FastOp::LayerNorm { eps, weighted, biased } => {
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
@@ -293,10 +309,18 @@ fn rope(
         (false, true) => ("rope_s2", 2),
     };
     let chunks = rotated / width + (len - dims).div_ceil(width);
-    // Enough threads to fill the device, each taking as many heads as that leaves.
-    let target = gpu.info.multiprocessors.max(1) as u64 * 2048;
-    let heads = (chunks * positions * m_count).div_ceil(target).clamp(1, m_count.max(1));
-    let work = chunks * positions * m_count.div_ceil(heads);
+    // Block: the chunks of a row across x, positions across y. Grid: positions across x, groups
+    // of `heads` rows sharing a position across y (at most 65535 of them): enough threads for
+    // about four full waves of the device (2048 per SM), each taking as many heads as that
+    // leaves (4 at [4, 32, 4096, 128]), so one set of sines serves several rows.
+    let bx = chunks.clamp(1, BLOCK as u64);
+    let by = (BLOCK as u64 / bx).max(1);
+    let sm = gpu.info.multiprocessors.max(1) as u64;
+    let threads_wanted = sm * 8192;
+    let mut heads = (chunks * positions * m_count).div_ceil(threads_wanted).clamp(1, m_count.max(1));
+    heads = heads.max(m_count.div_ceil(65535));
+    let gy = m_count.div_ceil(heads).max(1);
+    let gx = positions.div_ceil(by).clamp(1, (sm * 32).div_ceil(gy).max(1));
     let args = vec![
         Arg::Ptr(xp),
         Arg::Ptr(out),
@@ -316,5 +340,5 @@ fn rope(
         Arg::U64(heads),
     ];
     let f = kernel(gpu, Family::Fast(d), name)?;
-    launch(gpu, f, (grid_for(gpu, work, BLOCK as u64), 1, 1), (BLOCK, 1, 1), 0, args)
+    launch(gpu, f, (gx as u32, gy as u32, 1), (bx as u32, by as u32, 1), 0, args)
 }

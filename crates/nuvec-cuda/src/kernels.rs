@@ -417,15 +417,25 @@ impl Family {
                 let a = if d == DType::F64 { "double" } else { "float" };
                 w("#include \"norm_regs.cuh\"".into());
                 w("#include \"rope.cuh\"".into());
-                // The register-row norms, by vectors per thread (fast_rows.rs: reg_plan).
+                // The register-row norms, by vectors per thread (fast_rows.rs: row_plan).
                 for v in [2, 4, 8] {
                     for line in [
                         format!(
-                            "__launch_bounds__(NV_REG_BLOCK) rms_norm_r{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps, int group) {{ rms_norm_regs<{t}, {v}>(x, res, w, h, out, rows, len, eps, group); }}"
+                            "__launch_bounds__(NV_REG_BLOCK) rms_norm_r{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps, int group) {{ rms_norm_regs<{t}, {v}, false>(x, res, w, h, out, rows, len, eps, group); }}"
+                        ),
+                        format!(
+                            "__launch_bounds__(NV_REG_BLOCK) add_rms_norm_r{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps, int group) {{ rms_norm_regs<{t}, {v}, true>(x, res, w, h, out, rows, len, eps, group); }}"
                         ),
                         format!(
                             "__launch_bounds__(NV_REG_BLOCK) layer_norm_r{v}(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps, int group) {{ layer_norm_regs<{t}, {v}>(x, w, b, out, rows, len, eps, group); }}"
                         ),
+                    ] {
+                        w(format!("extern \"C\" __global__ void {line}"));
+                    }
+                }
+                // Their derivatives: at most 4 vectors per thread (8 spill).
+                for v in [2, 4] {
+                    for line in [
                         format!(
                             "__launch_bounds__(NV_REG_BLOCK, 1) rms_norm_vjp_r{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ rms_norm_vjp_regs<{t}, {v}>(x, w, g, gx, part, rows, len, eps, group); }}"
                         ),
