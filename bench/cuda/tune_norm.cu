@@ -17,7 +17,7 @@
 typedef bf16 T;
 typedef float A;
 
-template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK) rms_r(const T* x, const T* w, T* o, u64 r, u64 l, int g) { rms_norm_regs<T, V>(x, nullptr, w, nullptr, o, r, l, 1e-5f, g); }
+template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK) rms_r(const T* x, const T* w, T* o, u64 r, u64 l, int g) { rms_norm_regs<T, V, false>(x, nullptr, w, nullptr, o, r, l, 1e-5f, g); }
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK) ln_r(const T* x, const T* w, const T* b, T* o, u64 r, u64 l, int g) { layer_norm_regs<T, V>(x, w, b, o, r, l, 1e-5f, g); }
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) rmsb_r(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { rms_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) lnb_r(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { layer_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
@@ -54,6 +54,25 @@ template <typename K> static unsigned resident(K k, int threads) {
   return (unsigned)(n > 0 ? n : 1) * sms;
 }
 
+template <int V> static void sweep_bwd(u64 rows, u64 len, T* x, T* w, T* gy, T* o, A* part, A* dw) {
+  u64 nvec = len / 8;
+  int g = (int)(((nvec + V - 1) / V + 31) / 32 * 32);
+  if (g > 512) return;
+  double xb = (double)rows * len * 2, wb = (double)len * 2;
+  int groups = 512 / g, threads = groups * g;
+  u64 want = (rows + groups - 1) / groups;
+  unsigned grid = (unsigned)std::min<u64>(want, resident(rmsb_r<V>, threads));
+  report("rms bwd", rows, len, V, threads, grid, 3 * xb + 2 * wb, time_ms(20, [&] {
+    rmsb_r<V><<<grid, threads>>>(x, w, gy, o, part, rows, len, g);
+    colsum<<<(unsigned)((len + 255) / 256), 256>>>(part, dw, grid, len);
+  }));
+  grid = (unsigned)std::min<u64>(want, resident(lnb_r<V>, threads));
+  report("ln bwd", rows, len, V, threads, grid, 3 * xb + 3 * wb, time_ms(20, [&] {
+    lnb_r<V><<<grid, threads>>>(x, w, gy, o, part, rows, len, g);
+    colsum<<<(unsigned)((len + 255) / 256), 256>>>(part, dw, grid, len);
+  }));
+}
+
 template <int V> static void sweep(u64 rows, u64 len, T* x, T* w, T* b, T* gy, T* o, A* part, A* dw) {
   u64 nvec = len / 8;
   int g = (int)(((nvec + V - 1) / V + 31) / 32 * 32);
@@ -67,16 +86,6 @@ template <int V> static void sweep(u64 rows, u64 len, T* x, T* w, T* b, T* gy, T
     report("rms fwd", rows, len, V, threads, grid, 2 * xb + wb, time_ms(20, [&] { rms_r<V><<<grid, threads>>>(x, w, o, rows, len, g); }));
     grid = (unsigned)std::min<u64>(want, resident(ln_r<V>, threads));
     report("ln fwd", rows, len, V, threads, grid, 2 * xb + 2 * wb, time_ms(20, [&] { ln_r<V><<<grid, threads>>>(x, w, b, o, rows, len, g); }));
-    grid = (unsigned)std::min<u64>(want, resident(rmsb_r<V>, threads));
-    report("rms bwd", rows, len, V, threads, grid, 3 * xb + 2 * wb, time_ms(20, [&] {
-      rmsb_r<V><<<grid, threads>>>(x, w, gy, o, part, rows, len, g);
-      colsum<<<(unsigned)((len + 255) / 256), 256>>>(part, dw, grid, len);
-    }));
-    grid = (unsigned)std::min<u64>(want, resident(lnb_r<V>, threads));
-    report("ln bwd", rows, len, V, threads, grid, 3 * xb + 3 * wb, time_ms(20, [&] {
-      lnb_r<V><<<grid, threads>>>(x, w, gy, o, part, rows, len, g);
-      colsum<<<(unsigned)((len + 255) / 256), 256>>>(part, dw, grid, len);
-    }));
   }
 }
 
@@ -115,18 +124,21 @@ int main() {
     sweep<2>(s.rows, s.len, x, w, b, gy, o, part, dw);
     sweep<4>(s.rows, s.len, x, w, b, gy, o, part, dw);
     sweep<8>(s.rows, s.len, x, w, b, gy, o, part, dw);
+    sweep_bwd<2>(s.rows, s.len, x, w, gy, o, part, dw);
+    sweep_bwd<4>(s.rows, s.len, x, w, gy, o, part, dw);
   }
-  // RoPE [B, 32, T, 128], all dims rotated, halves: heads per thread.
+  // RoPE [B, 32, T, 128], all dims rotated, halves: heads per thread (fast_rows.rs's layout:
+  // 8 chunks × 32 positions per block, head groups on grid y).
   i32* off;
   CK(cudaMalloc(&off, 64)); CK(cudaMemset(off, 0, 64));
   for (u64 bsz : {1ull, 4ull}) {
     u64 m = 32, seq = 4096, len = 128, rows = bsz * m * seq, pos = bsz * seq;
     double bytes = 2.0 * rows * len * 2;
-    for (u64 heads : {1ull, 2ull, 4ull, 8ull, 16ull, 32ull}) {
-      u64 work = 8 * pos * ((m + heads - 1) / heads);
-      unsigned grid = (unsigned)std::min<u64>((work + 255) / 256, (u64)sms * 32);
-      float ms = time_ms(20, [&] { rope_k<<<grid, 256>>>(x, o, off, len, len, seq, m * seq, pos, m, heads); });
-      printf("rope %llux32x%llux128 heads/thread %2llu grid %5u: %7.1f GB/s %5.1f%%\n", bsz, seq, heads, grid, bytes / ms / 1e6, 100 * bytes / ms / 1e6 / ceil_gbs);
+    for (u64 heads : {1ull, 2ull, 4ull, 8ull, 16ull}) {
+      u64 gy = (m + heads - 1) / heads;
+      u64 gx = std::min<u64>((pos + 31) / 32, ((u64)sms * 32 + gy - 1) / gy);
+      float ms = time_ms(20, [&] { rope_k<<<dim3((unsigned)gx, (unsigned)gy), dim3(8, 32)>>>(x, o, off, len, len, seq, m * seq, pos, m, heads); });
+      printf("rope %llux32x%llux128 heads/thread %2llu grid %5llux%llu: %7.1f GB/s %5.1f%%\n", bsz, seq, heads, gx, gy, bytes / ms / 1e6, 100 * bytes / ms / 1e6 / ceil_gbs);
     }
   }
   return 0;

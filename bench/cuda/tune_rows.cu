@@ -1,10 +1,23 @@
-// Sweeps launch shapes of nuvec's row kernels (log-sum-exp, softmax) and decode GEMVs on the
-// GPU, against the copy ceiling measured in the same run. It compiles the kernels' own headers
+// Times nuvec's row kernels (log-sum-exp, the cross-entropy forward's statistics, softmax) and
+// decode GEMVs on the GPU against the copy ceiling measured in the same run, checks them against
+// plain reference kernels, and sweeps launch shapes. It compiles the kernels' own headers
 // (crates/nuvec-cuda/kernels), so a variant of a header can be timed before the dispatch in
-// eval.rs / matmul.rs is changed to match. Build and run (on the GPU machine):
-//   nvcc -O3 -std=c++17 -arch=sm_90 -I crates/nuvec-cuda/kernels bench/cuda/tune_rows.cu -o tune && ./tune
-// -DNV_ROW_LOADS=n, -DNV_GEMV_ROW_LOADS=n and -DNV_GEMV_COL_LOADS=n set the loads in flight per
-// thread.
+// eval.rs / fast_rows.rs / matmul.rs changes to match; the previous ms_scan and gemv_rows are
+// copied below (`o_` names) to time old against new in one run. Build and run on the GPU
+// machine, from the repository root:
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I crates/nuvec-cuda/kernels bench/cuda/tune_rows.cu -o tune && ./tune
+// -DNV_ROW_LOADS=n / -DNV_GEMV_ROW_LOADS=n set the new kernels' 16-byte loads in flight per
+// thread (-DNV_GEMV_COL_LOADS=n gemv_cols'); `./tune targets` stops after the target lines:
+//   for u in 4 8 16; do nvcc ... -DNV_GEMV_ROW_LOADS=$u -o tune$u && ./tune$u targets; done
+// Prints: the copy ceiling; "target" lines, old and new in GB/s and % of the ceiling, for bf16
+// log-sum-exp 16384x4096 and 4096x16384 (a warp per row, as eval.rs), cross-entropy
+// 4096x{32000,128256,152064} (a block per row, 256 threads, 1024 past 65536 columns, grid of
+// resident blocks, as fast_rows.rs; also with the target's logit read before the statistics)
+// and the GEMV 1x4096 . W[14336,4096]^T (matmul.rs's launch; in parentheses two other GEMV
+// shapes); "check" lines against the references (edge rows with NaN/inf, short and unaligned
+// rows for 4 types; GEMVs for M = 1..8 and ragged shapes), each should say 0 bad; then the older
+// sweeps (threads per row, softmax, gemv_cols slices).
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,91 +28,519 @@
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1); } } while (0)
 
-template <typename T> __global__ void lse_block(const T* x, T* o, u64 r, u64 l) { logsumexp_rows<T>(x, o, r, l); }
-template <typename T> __global__ void lse_warp(const T* x, T* o, u64 r, u64 l) { logsumexp_rows_warp<T>(x, o, r, l); }
+// ---- The previous code paths (fast.cuh's ms_scan with per-vector rescaling and single-load
+// remainder; gemv.cuh's warp-per-output gemv_rows with 2 loads in flight), for comparison.
+template <typename A, int N> __device__ __forceinline__ void o_ms_push_n(MaxSum<A>& a, const A (&v)[N]) {
+  A cm = v[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) cm = amax(cm, v[j]);
+  if (cm == -(A)INFINITY) {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      if (v[j] != v[j]) a.s = (A)NAN;
+    return;
+  }
+  if (cm > a.m) {
+    a.s = a.s * fast_exp(a.m - cm);
+    a.m = cm;
+  }
+  A mL = log2e_times(a.m), t = 0;
+#pragma unroll
+  for (int j = 0; j < N; ++j) t += exp_shifted(v[j], a.m, mL);
+  a.s += t;
+}
+template <typename T>
+__device__ __forceinline__ MaxSum<typename Acc<T>::type> o_ms_scan(const T* __restrict__ p, u64 len, u64 first, u64 lanes) {
+  typedef typename Acc<T>::type A;
+  const int N = 16 / sizeof(T);
+  MaxSum<A> acc{-(A)INFINITY, (A)0};
+  u64 start = 0;
+  if (((unsigned long long)p % 16) == 0) {
+    u64 nv = len / N;
+    const int U = 8;
+    u64 i = first;
+    for (; i + (U - 1) * lanes < nv; i += U * lanes) {
+      Vec<T, N> v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) v[u] = reinterpret_cast<const Vec<T, N>*>(p)[i + u * lanes];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        A w[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) w[j] = widen(v[u].v[j]);
+        o_ms_push_n<A, N>(acc, w);
+      }
+    }
+    for (; i < nv; i += lanes) {
+      Vec<T, N> v = reinterpret_cast<const Vec<T, N>*>(p)[i];
+      A w[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) w[j] = widen(v.v[j]);
+      o_ms_push_n<A, N>(acc, w);
+    }
+    start = nv * N;
+  }
+  for (u64 i = start + first; i < len; i += lanes) ms_push(acc, widen(p[i]));
+  if (acc.s != acc.s && !(acc.m == (A)INFINITY)) acc.m = (A)NAN;
+  return acc;
+}
+template <typename T>
+__device__ __forceinline__ MaxSum<typename Acc<T>::type> o_row_max_sum_block(const T* __restrict__ p, u64 len) {
+  typedef typename Acc<T>::type A;
+  __shared__ A sm[32], ss[32];
+  MaxSum<A> acc = ms_warp(o_ms_scan(p, len, threadIdx.x, blockDim.x));
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  if (lane == 0) {
+    sm[warp] = acc.m;
+    ss[warp] = acc.s;
+  }
+  __syncthreads();
+  acc = lane < nw ? MaxSum<A>{sm[lane], ss[lane]} : MaxSum<A>{-(A)INFINITY, (A)0};
+  acc = ms_warp(acc);
+  __syncthreads();
+  if (acc.m == (A)INFINITY && __syncthreads_or(has_nan(p, len, threadIdx.x, blockDim.x))) acc.m = (A)NAN;
+  return acc;
+}
+template <typename T>
+__device__ __forceinline__ MaxSum<typename Acc<T>::type> o_row_max_sum_warp(const T* __restrict__ p, u64 len, int lane) {
+  typedef typename Acc<T>::type A;
+  MaxSum<A> acc = ms_warp(o_ms_scan(p, len, lane, 32));
+  if (acc.m == (A)INFINITY && __any_sync(0xffffffffu, has_nan(p, len, lane, 32))) acc.m = (A)NAN;
+  return acc;
+}
+template <typename T, int M>
+__device__ __forceinline__ void o_gemv_rows(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out, u64 n,
+                                            u64 k, u64 ldx, u64 ldw, u64 ldo) {
+  const int V = 16 / sizeof(T);
+  int lane = threadIdx.x & 31;
+  u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+  for (u64 col = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; col < n; col += warps) {
+    const T* wr = w + col * ldw;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+    u64 kv = k / V;
+    const int U = 2;
+    u64 i = lane;
+    for (; i + 32 * (U - 1) < kv; i += 32 * U) {
+      Vec<T, V> wv[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) wv[u] = reinterpret_cast<const Vec<T, V>*>(wr)[i + 32 * u];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          Vec<T, V> xv = reinterpret_cast<const Vec<T, V>*>(x + m * ldx)[i + 32 * u];
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[m] += widen(wv[u].v[j]) * widen(xv.v[j]);
+        }
+    }
+    for (; i < kv; i += 32) {
+      Vec<T, V> wv = reinterpret_cast<const Vec<T, V>*>(wr)[i];
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        Vec<T, V> xv = reinterpret_cast<const Vec<T, V>*>(x + m * ldx)[i];
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[m] += widen(wv.v[j]) * widen(xv.v[j]);
+      }
+    }
+    for (u64 i = kv * V + lane; i < k; i += 32) {
+      float wv = widen(wr[i]);
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[m] += wv * widen(x[m * ldx + i]);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float v = acc[m];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) out[m * ldo + col] = narrow<T>((typename Acc<T>::type)v);
+    }
+  }
+}
+
+// ---- Kernels as kernels.rs wraps them (OLD selects the copies above).
+template <typename T, bool OLD> __global__ void lse_warp(const T* x, T* o, u64 rows, u64 len) {
+  int lane = threadIdx.x & 31;
+  u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+  for (u64 row = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+    auto ms = OLD ? o_row_max_sum_warp(x + row * len, len, lane) : row_max_sum_warp(x + row * len, len, lane);
+    if (lane == 0) o[row] = lse_value<T>(ms);
+  }
+}
+template <typename T, bool OLD> __global__ void lse_block(const T* x, T* o, u64 rows, u64 len) {
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    auto ms = OLD ? o_row_max_sum_block(x + row * len, len) : row_max_sum_block(x + row * len, len);
+    if (threadIdx.x == 0) o[row] = lse_value<T>(ms);
+  }
+}
+// norm.cuh's cross_entropy_rows (row_lse, then the target's logit), under its launch bound.
+// EARLY reads the target's logit before the statistics instead of after them (thread 0 then
+// does not start the next row a memory round trip late, holding the block at its barriers).
+template <typename T, bool OLD, bool EARLY = false>
+__global__ void __launch_bounds__(1024) ce(const T* x, const i32* t, typename Acc<T>::type* loss, u64 rows, u64 len) {
+  typedef typename Acc<T>::type A;
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    i32 target = t[row];
+    if (target < 0) {
+      if (threadIdx.x == 0) loss[row] = 0;
+      continue;
+    }
+    A xt = 0;
+    if (EARLY && threadIdx.x == 0 && (u64)target < len) xt = widen(x[row * len + target]);
+    auto ms = OLD ? o_row_max_sum_block(x + row * len, len) : row_max_sum_block(x + row * len, len);
+    A lse = (isinf(ms.m) || ms.m != ms.m) ? ms.m : log(ms.s) + ms.m;
+    if (!EARLY && threadIdx.x == 0 && (u64)target < len) xt = widen(x[row * len + target]);
+    if (threadIdx.x == 0) loss[row] = (u64)target < len ? lse - xt : (A)NAN;
+  }
+}
 template <typename T> __global__ void sm_block(const T* x, T* o, u64 r, u64 l) { softmax_rows<T>(x, o, r, l); }
 template <typename T> __global__ void sm_warp(const T* x, T* o, u64 r, u64 l) { softmax_rows_warp<T>(x, o, r, l); }
-template <typename T> __global__ void grows(const T* x, const T* w, T* o, u64 n, u64 k) { gemv_rows<T, 1>(x, w, o, n, k, k, k, n); }
+template <typename T, int M, bool OLD>
+__global__ void grows(const T* x, const T* w, T* o, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {
+  if constexpr (OLD) o_gemv_rows<T, M>(x, w, o, n, k, ldx, ldw, ldo);
+  else gemv_rows<T, M>(x, w, o, n, k, ldx, ldw, ldo);
+}
 template <typename T> __global__ void __launch_bounds__(NV_GEMV_COL_BLOCK) gcols(const T* x, const T* b, float* p, unsigned* c, T* o, u64 n, u64 k, u64 s) { gemv_cols<T, 1>(x, b, p, c, o, n, k, k, n, n, s); }
+
+// ---- References: a thread per row / output, double precision, the composition's semantics.
+template <typename T> __global__ void ref_lse(const T* x, double* o, u64 rows, u64 len) {
+  u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const T* p = x + r * len;
+  double m = -INFINITY;
+  bool nan = false;
+  for (u64 i = 0; i < len; ++i) {
+    double v = (double)widen(p[i]);
+    if (v != v) nan = true;
+    else if (v > m) m = v;
+  }
+  if (nan) { o[r] = NAN; return; }
+  if (isinf(m)) { o[r] = m; return; }
+  double s = 0;
+  for (u64 i = 0; i < len; ++i) s += exp((double)widen(p[i]) - m);
+  o[r] = log(s) + m;
+}
+template <typename T> __global__ void ref_gemv(const T* x, const T* w, double* o, double* mag, int M, u64 n, u64 k, u64 ldx, u64 ldw) {
+  u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= (u64)M * n) return;
+  u64 m = e / n, c = e % n;
+  double s = 0, a = 0;
+  for (u64 i = 0; i < k; ++i) {
+    double p = (double)widen(x[m * ldx + i]) * (double)widen(w[c * ldw + i]);
+    s += p;
+    a += fabs(p);
+  }
+  o[e] = s;
+  mag[e] = a;
+}
+// Deterministic inputs: uniform in [lo, hi) from a hash of the index.
+template <typename T> __global__ void fill(T* p, u64 n, float lo, float hi, u32 seed) {
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+    u64 h = (i + 1) * 0x9E3779B97F4A7C15ull ^ ((u64)seed << 32);
+    h ^= h >> 29; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 32;
+    p[i] = narrow<T>((typename Acc<T>::type)(lo + (hi - lo) * (float)(h >> 40) * (1.0f / 16777216.0f)));
+  }
+}
 
 static float time_ms(int iters, const std::function<void()>& f) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
   for (int i = 0; i < 3; ++i) f();
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) f();
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms; CK(cudaEventElapsedTime(&ms, a, b));
+  float best = 1e30f;
+  for (int rep = 0; rep < 3; ++rep) {  // best of three batches
+    CK(cudaEventRecord(a));
+    for (int i = 0; i < iters; ++i) f();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms; CK(cudaEventElapsedTime(&ms, a, b));
+    if (ms / iters < best) best = ms / iters;
+  }
   CK(cudaGetLastError());
-  return ms / iters;
+  CK(cudaEventDestroy(a)); CK(cudaEventDestroy(b));
+  return best;
 }
 
-template <typename T> void rows_case(const char* op, const char* ty, u64 rows, u64 len, void* x, void* o, double ceil, int sms) {
+static int sms;
+static double ceil_gbs;
+
+static void target(const char* what, double bytes, const std::function<void()>& old_f, const std::function<void()>& new_f,
+                   const char* extra_name = nullptr, const std::function<void()>& extra_f = nullptr) {
+  float mo = time_ms(20, old_f), mn = time_ms(20, new_f);
+  double go = bytes / mo / 1e6, gn = bytes / mn / 1e6;
+  printf("target %-40s old %7.1f GB/s %5.1f%%   new %7.1f GB/s %5.1f%%", what, go, 100 * go / ceil_gbs, gn, 100 * gn / ceil_gbs);
+  if (extra_f) {
+    double ge = bytes / time_ms(20, extra_f) / 1e6;
+    printf("   %s %7.1f GB/s %5.1f%%", extra_name, ge, 100 * ge / ceil_gbs);
+  }
+  printf("\n");
+}
+
+// eval.rs: a warp per row up to 64 KiB (grid_for: rows / 8 blocks of 256, at most 32 per SM).
+template <typename T, bool OLD> static void launch_lse_warp(const T* x, T* o, u64 rows, u64 len) {
+  u64 g = (rows + 7) / 8, cap = (u64)sms * 32;
+  lse_warp<T, OLD><<<(unsigned)(g < cap ? g : cap), 256>>>(x, o, rows, len);
+}
+// fast_rows.rs: 256 threads per row up to 64 K features, 1024 beyond; row_grid: as many blocks
+// as are resident at once.
+template <typename T, bool OLD, bool EARLY = false>
+static std::function<void()> launch_ce(const T* x, const i32* t, float* loss, u64 rows, u64 len) {
+  int threads = len > 65536 ? 1024 : 256, per = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, ce<T, OLD, EARLY>, threads, 0));
+  u64 resident = (u64)(per > 0 ? per : 1) * sms, g = rows < resident ? rows : resident;
+  return [=] { ce<T, OLD, EARLY><<<(unsigned)g, threads>>>(x, t, loss, rows, len); };
+}
+// matmul.rs: n / 8 blocks of 256 (a warp's worth of threads per output).
+template <typename T, int M, bool OLD>
+static void launch_gemv(const T* x, const T* w, T* o, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo, unsigned block = 256,
+                        unsigned grid = 0) {
+  u64 g = (n + block / 32 - 1) / (block / 32), cap = 65535ull * 32;
+  if (grid == 0) grid = (unsigned)(g < cap ? g : cap);
+  grows<T, M, OLD><<<grid, block>>>(x, w, o, n, k, ldx, ldw, ldo);
+}
+
+// ---- Checks.
+static float h2f(bf16 v) { return __bfloat162float(v); }
+static float h2f(f16 v) { return __half2float(v); }
+static float h2f(float v) { return v; }
+static double h2f(double v) { return v; }
+template <typename T> static T f2h(float v);
+template <> bf16 f2h<bf16>(float v) { return __float2bfloat16(v); }
+template <> f16 f2h<f16>(float v) { return __float2half(v); }
+template <> float f2h<float>(float v) { return v; }
+template <> double f2h<double>(float v) { return v; }
+
+static bool agrees(double got, double want, double tol) {
+  if (want != want) return got != got;
+  if (std::isinf(want)) return got == want;
+  return fabs(got - want) <= tol;
+}
+
+// Rows of `len` elements, packed (odd lengths leave rows unaligned), starting `shift` elements
+// past an aligned address; row kinds cover NaN/inf combinations. Both the warp and the block
+// kernel (64 and 256 threads) are checked against ref_lse; returns the mismatches.
+template <typename T> static int check_lse(const char* ty, u64 len, u64 shift) {
+  const int kinds = 12;
+  u64 rows = 3 * kinds, n = rows * len + shift;
+  std::vector<T> h(n);
+  u64 s = 12345 + len;
+  auto rnd = [&] { s = s * 6364136223846793005ull + 1442695040888963407ull; return (float)((s >> 40) & 0xffffff) / 16777216.0f; };
+  for (u64 i = 0; i < n; ++i) h[i] = f2h<T>(8 * rnd() - 4);
+  for (u64 r = 0; r < rows; ++r) {
+    T* p = &h[shift + r * len];
+    u64 a = (u64)(rnd() * len), b = (u64)(rnd() * len);
+    float inf = INFINITY, nan = NAN;
+    switch (r % kinds) {
+      case 0: break;                                                   // plain
+      case 1: p[a] = f2h<T>(nan); break;                               // one NaN
+      case 2: p[a] = f2h<T>(inf); break;                               // +inf: the maximum
+      case 3: p[a] = f2h<T>(inf); p[b] = f2h<T>(inf); break;           // two (or one) +inf
+      case 4: for (u64 i = 0; i < len; ++i) p[i] = f2h<T>(-inf); break;  // all -inf
+      case 5: for (u64 i = 0; i < len; ++i) p[i] = f2h<T>(-inf); p[a] = f2h<T>(nan); break;
+      case 6: p[a] = f2h<T>(inf); p[b] = f2h<T>(nan); break;           // +inf and NaN
+      case 7: for (u64 i = 0; i < len; ++i) p[i] = f2h<T>(nan); break;   // all NaN
+      case 8: for (u64 i = 0; i < len; ++i) p[i] = f2h<T>(-inf); p[a] = f2h<T>(1.5f); break;
+      case 9: for (u64 i = 0; i < len; ++i) p[i] = f2h<T>(60 + 30 * rnd()); break;  // exp would overflow
+      case 10: for (u64 i = 0; i < len; ++i) p[i] = f2h<T>(i % 3 ? -inf : 2 * rnd()); break;
+      case 11: for (u64 i = 0; i < len; ++i) p[i] = f2h<T>((float)i / len * 20 - 10); break;  // rising: rescales
+    }
+  }
+  T *x, *o; double* ref;
+  CK(cudaMalloc(&x, n * sizeof(T) + 16)); CK(cudaMalloc(&o, rows * sizeof(T))); CK(cudaMalloc(&ref, rows * 8));
+  CK(cudaMemcpy(x, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  ref_lse<T><<<(unsigned)((rows + 63) / 64), 64>>>(x + shift, ref, rows, len);
+  std::vector<double> want(rows);
+  CK(cudaMemcpy(want.data(), ref, rows * 8, cudaMemcpyDeviceToHost));
+  int bad = 0;
+  std::vector<T> got(rows);
+  for (int variant = 0; variant < 3; ++variant) {
+    CK(cudaMemset(o, 0x55, rows * sizeof(T)));
+    if (variant == 0) lse_warp<T, false><<<(unsigned)((rows + 7) / 8), 256>>>(x + shift, o, rows, len);
+    if (variant == 1) lse_block<T, false><<<(unsigned)rows, 256>>>(x + shift, o, rows, len);
+    if (variant == 2) lse_block<T, false><<<5, 64>>>(x + shift, o, rows, len);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(got.data(), o, rows * sizeof(T), cudaMemcpyDeviceToHost));
+    double rel = sizeof(T) == 2 ? 1.0 / 128 : sizeof(T) == 4 ? 1e-5 : 1e-10;
+    for (u64 r = 0; r < rows; ++r) {
+      double g = h2f(got[r]);
+      if (!agrees(g, want[r], rel * fabs(want[r]) + rel)) {
+        if (bad < 5) printf("  lse %s len %llu shift %llu variant %d row %llu (kind %llu): got %g want %g\n", ty, len, shift, variant, r, r % kinds, g, want[r]);
+        ++bad;
+      }
+    }
+  }
+  CK(cudaFree(x)); CK(cudaFree(o)); CK(cudaFree(ref));
+  return bad;
+}
+
+template <typename T, int M> static int check_gemv_m(u64 n, u64 k, unsigned block, unsigned grid) {
+  const int V = 16 / sizeof(T);
+  u64 ldw = (k + V - 1) / V * V, ldx = M > 1 ? ldw + V : k;  // the dispatch's alignment rules
+  u64 nx = (u64)M * (ldx > k ? ldx : k), nw = n * ldw;
+  T *x, *w, *o; double *ref, *mag;
+  CK(cudaMalloc(&x, nx * sizeof(T))); CK(cudaMalloc(&w, nw * sizeof(T))); CK(cudaMalloc(&o, M * n * sizeof(T)));
+  CK(cudaMalloc(&ref, M * n * 8)); CK(cudaMalloc(&mag, M * n * 8));
+  fill<T><<<256, 256>>>(x, nx, -1, 1, 7 + M);
+  fill<T><<<1024, 256>>>(w, nw, -1, 1, 11 + (u32)k);
+  ref_gemv<T><<<(unsigned)((M * n + 127) / 128), 128>>>(x, w, ref, mag, M, n, k, ldx, ldw);
+  CK(cudaMemset(o, 0x55, M * n * sizeof(T)));
+  launch_gemv<T, M, false>(x, w, o, n, k, ldx, ldw, n, block, grid);
+  CK(cudaGetLastError());
+  std::vector<T> got(M * n);
+  std::vector<double> want(M * n), m(M * n);
+  CK(cudaMemcpy(got.data(), o, M * n * sizeof(T), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(want.data(), ref, M * n * 8, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(m.data(), mag, M * n * 8, cudaMemcpyDeviceToHost));
+  int bad = 0;
+  double rel = sizeof(T) == 2 ? 1.0 / 128 : 1e-6;  // the output's rounding
+  for (u64 e = 0; e < (u64)M * n; ++e) {
+    double g = h2f(got[e]);
+    if (!agrees(g, want[e], rel * fabs(want[e]) + 3e-5 * m[e] + 1e-6)) {
+      if (bad < 3) printf("  gemv M %d n %llu k %llu block %u: out[%llu] got %g want %g\n", M, n, k, block, e, g, want[e]);
+      ++bad;
+    }
+  }
+  CK(cudaFree(x)); CK(cudaFree(w)); CK(cudaFree(o)); CK(cudaFree(ref)); CK(cudaFree(mag));
+  return bad;
+}
+template <typename T> static int check_gemv(u64 n, u64 k, unsigned block = 256, unsigned grid = 0) {
+  return check_gemv_m<T, 1>(n, k, block, grid) + check_gemv_m<T, 2>(n, k, block, grid) + check_gemv_m<T, 3>(n, k, block, grid) +
+         check_gemv_m<T, 4>(n, k, block, grid) + check_gemv_m<T, 5>(n, k, block, grid) + check_gemv_m<T, 6>(n, k, block, grid) +
+         check_gemv_m<T, 7>(n, k, block, grid) + check_gemv_m<T, 8>(n, k, block, grid);
+}
+
+template <typename T> void rows_case(const char* op, const char* ty, u64 rows, u64 len, void* x, void* o) {
   double bytes = (double)rows * len * sizeof(T) * (op[0] == 's' ? 2 : 1);
   for (int g = 32; g <= 1024; g *= 4) {
     float ms;
     if (op[0] == 'l') {
-      if (g == 32) ms = time_ms(20, [&] { lse_warp<T><<<(unsigned)((rows + 7) / 8), 256>>>((T*)x, (T*)o, rows, len); });
-      else ms = time_ms(20, [&] { lse_block<T><<<(unsigned)rows, g>>>((T*)x, (T*)o, rows, len); });
+      if (g == 32) ms = time_ms(20, [&] { lse_warp<T, false><<<(unsigned)((rows + 7) / 8), 256>>>((T*)x, (T*)o, rows, len); });
+      else ms = time_ms(20, [&] { lse_block<T, false><<<(unsigned)rows, g>>>((T*)x, (T*)o, rows, len); });
     } else {
       if (g == 32) ms = time_ms(20, [&] { sm_warp<T><<<(unsigned)((rows + 7) / 8), 256>>>((T*)x, (T*)o, rows, len); });
       else ms = time_ms(20, [&] { sm_block<T><<<(unsigned)rows, g>>>((T*)x, (T*)o, rows, len); });
     }
     double gbs = bytes / ms / 1e6;
-    printf("%s %s %llux%llu threads/row %4d: %7.1f GB/s %5.1f%%\n", op, ty, rows, len, g, gbs, 100 * gbs / ceil);
+    printf("%s %s %llux%llu threads/row %4d: %7.1f GB/s %5.1f%%\n", op, ty, rows, len, g, gbs, 100 * gbs / ceil_gbs);
   }
 }
 
-int main() {
-  int sms; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+int main(int argc, char** argv) {
+  bool only_targets = argc > 1 && !strcmp(argv[1], "targets");
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   size_t big = 256ull << 20;
   void *x, *o, *y;
   CK(cudaMalloc(&x, big)); CK(cudaMalloc(&o, big)); CK(cudaMalloc(&y, big));
-  // Inputs: uniform in [-4, 4) as bytes of the element type (f32 and bf16 views of one buffer).
-  {
-    std::vector<float> h(big / 4);
-    for (size_t i = 0; i < h.size(); ++i) h[i] = ((i * 2654435761u) % 8000) / 1000.0f - 4.0f;
-    CK(cudaMemcpy(x, h.data(), big, cudaMemcpyHostToDevice));
-    std::vector<unsigned short> hb(big / 2);
-    for (size_t i = 0; i < hb.size(); ++i) { float f = h[i % h.size()]; unsigned u; memcpy(&u, &f, 4); hb[i] = u >> 16; }
-    CK(cudaMemcpy(y, hb.data(), big, cudaMemcpyHostToDevice));
-  }
+  fill<float><<<4096, 256>>>((float*)x, big / 4, -4, 4, 1);
+  fill<bf16><<<4096, 256>>>((bf16*)y, big / 2, -4, 4, 2);
   float cms = time_ms(20, [&] { CK(cudaMemcpyAsync(o, x, big, cudaMemcpyDeviceToDevice)); });
-  double ceil = 2.0 * big / cms / 1e6;
-  printf("copy ceiling: %.1f GB/s (%d SMs)\n", ceil, sms);
-  rows_case<float>("lse", "f32", 16384, 4096, x, o, ceil, sms);
-  rows_case<float>("lse", "f32", 4096, 16384, x, o, ceil, sms);
-  rows_case<bf16>("lse", "bf16", 16384, 4096, y, o, ceil, sms);
-  rows_case<bf16>("lse", "bf16", 4096, 16384, y, o, ceil, sms);
-  rows_case<bf16>("lse", "bf16", 32768, 4096, y, o, ceil, sms);
-  rows_case<float>("softmax", "f32", 4096, 16384, x, o, ceil, sms);
-  rows_case<bf16>("softmax", "bf16", 16384, 4096, y, o, ceil, sms);
-  // Decode GEMV: bf16 1×4096 · [4096, 14336] (cols layout) and W [14336, 4096] (rows layout).
+  ceil_gbs = 2.0 * big / cms / 1e6;
+  printf("copy ceiling: %.1f GB/s (%d SMs), NV_ROW_LOADS %d, NV_GEMV_ROW_LOADS %d\n", ceil_gbs, sms, NV_ROW_LOADS, NV_GEMV_ROW_LOADS);
+
+  // ---- Targets.
+  bf16* yb = (bf16*)y;
+  bf16* ob = (bf16*)o;
+  for (u64 len : {4096ull, 16384ull}) {
+    u64 rows = (64ull << 20) / len;  // 128 MiB of bf16
+    char what[64];
+    snprintf(what, sizeof what, "lse bf16 %llux%llu (warp)", rows, len);
+    target(what, (double)rows * len * 2, [&] { launch_lse_warp<bf16, true>(yb, ob, rows, len); },
+           [&] { launch_lse_warp<bf16, false>(yb, ob, rows, len); });
+    std::vector<unsigned short> a(rows), b(rows);
+    launch_lse_warp<bf16, true>(yb, ob, rows, len);
+    CK(cudaMemcpy(a.data(), ob, rows * 2, cudaMemcpyDeviceToHost));
+    launch_lse_warp<bf16, false>(yb, ob, rows, len);
+    CK(cudaMemcpy(b.data(), ob, rows * 2, cudaMemcpyDeviceToHost));
+    int d = 0;
+    for (u64 r = 0; r < rows; ++r) d += a[r] != b[r] && a[r] + 1 != b[r] && a[r] != b[r] + 1;
+    if (d) printf("  lse %llu: %d of %llu outputs differ between old and new by more than 1 bf16 ulp\n", len, d, rows);
+  }
+  {
+    u64 rows = 4096, maxlen = 152064;
+    bf16* logits;
+    i32* tg;
+    float* loss;
+    CK(cudaMalloc(&logits, rows * maxlen * 2)); CK(cudaMalloc(&tg, rows * 4)); CK(cudaMalloc(&loss, rows * 4));
+    fill<bf16><<<8192, 256>>>(logits, rows * maxlen, -8, 8, 3);
+    std::vector<i32> ht(rows);
+    for (u64 len : {32000ull, 128256ull, 152064ull}) {
+      for (u64 r = 0; r < rows; ++r) ht[r] = (i32)((r * 7919) % len);
+      CK(cudaMemcpy(tg, ht.data(), rows * 4, cudaMemcpyHostToDevice));
+      char what[64];
+      snprintf(what, sizeof what, "cross-entropy bf16 %llux%llu (%d thr)", rows, len, len > 65536 ? 1024 : 256);
+      auto ce_old = launch_ce<bf16, true>(logits, tg, loss, rows, len), ce_new = launch_ce<bf16, false>(logits, tg, loss, rows, len);
+      target(what, (double)rows * len * 2, ce_old, ce_new, "new+early-target", launch_ce<bf16, false, true>(logits, tg, loss, rows, len));
+      // Old and new agree (f32 losses; summation order and rescaling points differ).
+      std::vector<float> lo(rows), ln(rows);
+      ce_old();
+      CK(cudaMemcpy(lo.data(), loss, rows * 4, cudaMemcpyDeviceToHost));
+      ce_new();
+      CK(cudaMemcpy(ln.data(), loss, rows * 4, cudaMemcpyDeviceToHost));
+      int bad = 0;
+      for (u64 r = 0; r < rows; ++r) bad += !(fabsf(lo[r] - ln[r]) <= 1e-4f * fabsf(lo[r]) + 1e-4f);
+      if (bad) printf("  cross-entropy %llu: %d of %llu losses differ between old and new\n", len, bad, rows);
+    }
+    CK(cudaFree(logits)); CK(cudaFree(tg)); CK(cudaFree(loss));
+  }
   u64 n = 14336, k = 4096;
   double wbytes = (double)n * k * 2;
+  bf16* xv = (bf16*)o;  // up to 8 rows of 14336 inputs
+  bf16* out = (bf16*)o + (1 << 20);
+  fill<bf16><<<256, 256>>>(xv, 8 * 14336, -1, 1, 4);
+  target("gemv rows bf16 1x4096 . [14336,4096]^T", wbytes, [&] { launch_gemv<bf16, 1, true>(xv, yb, out, n, k, k, k, n); },
+         [&] { launch_gemv<bf16, 1, false>(xv, yb, out, n, k, k, k, n); });
+  // Not a target: the down projection's shape (long K, fewer outputs: 512 blocks), and M = 4.
+  target("(gemv rows bf16 1x14336 . [4096,14336]^T)", wbytes, [&] { launch_gemv<bf16, 1, true>(xv, yb, out, k, n, n, n, k); },
+         [&] { launch_gemv<bf16, 1, false>(xv, yb, out, k, n, n, n, k); });
+  target("(gemv rows bf16 4x4096 . [14336,4096]^T)", wbytes, [&] { launch_gemv<bf16, 4, true>(xv, yb, out, n, k, k, k, n); },
+         [&] { launch_gemv<bf16, 4, false>(xv, yb, out, n, k, k, k, n); });
+  if (only_targets) return 0;
+
+  // ---- Checks against the references.
+  int bad = 0;
+  for (u64 len : {1ull, 3ull, 7ull, 8ull, 9ull, 17ull, 100ull, 255ull, 1000ull, 4096ull, 4099ull, 33000ull})
+    for (u64 shift : {0ull, 1ull, 5ull}) {
+      bad += check_lse<bf16>("bf16", len, shift);
+      bad += check_lse<f16>("f16", len, shift);
+      bad += check_lse<float>("f32", len, shift);
+      bad += check_lse<double>("f64", len, shift);
+    }
+  printf("check lse (edge rows, 12 lengths x 3 offsets x 4 types x 3 launches): %d bad\n", bad);
+  bad = 0;
+  for (auto nk : std::vector<std::pair<u64, u64>>{{1, 8}, {7, 13}, {9, 4096}, {37, 1000}, {37, 1003}, {300, 257}, {3, 70001}, {14336, 4096}}) {
+    bad += check_gemv<bf16>(nk.first, nk.second);
+    bad += check_gemv<f16>(nk.first, nk.second);
+    bad += check_gemv<float>(nk.first, nk.second);
+  }
+  bad += check_gemv<bf16>(1000, 4096, 96, 3);  // 3 warps per block, grid-stride over groups
+  bad += check_gemv<float>(77, 515, 1024, 2);
+  printf("check gemv rows (M 1..8, 8 shapes x 3 types, 2 other launches): %d bad\n", bad);
+  {
+    std::vector<unsigned short> a(n), b(n);
+    launch_gemv<bf16, 1, true>(xv, yb, out, n, k, k, k, n);
+    CK(cudaMemcpy(a.data(), out, n * 2, cudaMemcpyDeviceToHost));
+    launch_gemv<bf16, 1, false>(xv, yb, out, n, k, k, k, n);
+    CK(cudaMemcpy(b.data(), out, n * 2, cudaMemcpyDeviceToHost));
+    int d = 0;
+    for (u64 i = 0; i < n; ++i) { int e = (int)a[i] - (int)b[i]; if (e > 2 || e < -2) ++d; }
+    printf("check gemv rows old vs new 1x4096x14336: %d of %llu outputs differ by more than 2 bf16 ulps\n", d, n);
+  }
+
+  // ---- Sweeps: threads per row, softmax, gemv_cols slices.
+  rows_case<float>("lse", "f32", 16384, 4096, x, o);
+  rows_case<float>("lse", "f32", 4096, 16384, x, o);
+  rows_case<bf16>("lse", "bf16", 16384, 4096, y, o);
+  rows_case<bf16>("lse", "bf16", 4096, 16384, y, o);
+  rows_case<float>("softmax", "f32", 4096, 16384, x, o);
+  rows_case<bf16>("softmax", "bf16", 16384, 4096, y, o);
   float* part; unsigned* cnt;
   CK(cudaMalloc(&part, 256 * n * 4)); CK(cudaMalloc(&cnt, 1 << 16)); CK(cudaMemset(cnt, 0, 1 << 16));
-  bf16* xv = (bf16*)o;  // any 4096 values
-  bf16* out = (bf16*)o + 8192;
-  float ms = time_ms(50, [&] { grows<bf16><<<(unsigned)((n + 7) / 8), 256>>>(xv, (bf16*)y, out, n, k); });
-  printf("gemv rows bf16 1x%llux%llu: %7.1f GB/s %5.1f%%\n", k, n, wbytes / ms / 1e6, 100 * wbytes / ms / 1e6 / ceil);
   u64 tiles = (n + 63) / 64;
   int resident = 0;
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, gcols<bf16>, 256, 0));
   printf("gemv cols: %d resident blocks per SM, %llu tiles\n", resident, tiles);
-  for (u64 s : {1ull, 2ull, 3ull, 4ull, 6ull, 8ull, 12ull}) {
-    float ms = time_ms(50, [&] { gcols<bf16><<<dim3((unsigned)tiles, (unsigned)s), 256>>>(xv, (bf16*)y, part, cnt, out, n, k, s); });
-    printf("gemv cols bf16 slices %3llu: %7.1f GB/s %5.1f%%\n", s, wbytes / ms / 1e6, 100 * wbytes / ms / 1e6 / ceil);
+  for (u64 s : {1ull, 2ull, 3ull, 4ull, 6ull, 8ull}) {
+    float ms = time_ms(50, [&] { gcols<bf16><<<dim3((unsigned)tiles, (unsigned)s), 256>>>(xv, yb, part, cnt, out, n, k, s); });
+    printf("gemv cols bf16 slices %3llu: %7.1f GB/s %5.1f%%\n", s, wbytes / ms / 1e6, 100 * wbytes / ms / 1e6 / ceil_gbs);
   }
-  // Correctness of the split: slices 1 and 3 agree (f32 accumulation in a different order).
-  std::vector<unsigned short> r1(n), r3(n);
-  gcols<bf16><<<dim3((unsigned)tiles, 1), 256>>>(xv, (bf16*)y, part, cnt, out, n, k, 1);
-  CK(cudaMemcpy(r1.data(), out, n * 2, cudaMemcpyDeviceToHost));
-  gcols<bf16><<<dim3((unsigned)tiles, 3), 256>>>(xv, (bf16*)y, part, cnt, out, n, k, 3);
-  CK(cudaMemcpy(r3.data(), out, n * 2, cudaMemcpyDeviceToHost));
-  int bad = 0;
-  for (u64 i = 0; i < n; ++i) { int d = (int)r1[i] - (int)r3[i]; if (d > 2 || d < -2) ++bad; }
-  printf("gemv cols slices 1 vs 3: %d of %llu outputs differ by more than 2 bf16 ulps\n", bad, n);
   return 0;
 }

@@ -9,7 +9,7 @@
 
 #define NV_GEMV_MAX_M 8
 // gemv_rows: 16-byte loads of W each thread issues before using any (bytes in flight bound a
-// GEMV).
+// GEMV): one per output of its group (up to 8 / M, at least 2), times steps along K.
 #ifndef NV_GEMV_ROW_LOADS
 #define NV_GEMV_ROW_LOADS 8
 #endif
@@ -40,18 +40,18 @@ template <int P> __device__ __forceinline__ float warp_sum_scatter(float (&a)[P]
   return a[0];
 }
 
-// gemv_rows: a block takes C adjacent outputs (rows of W) at a time, C·M ≤ 16, and every thread
-// reads all C rows at its own slice of K: C × U loads in flight per thread (not U as with a warp
-// per output), each x vector read once per block for all C rows, and a block done in one or two
-// round trips to memory (a warp per output made eight for K = 4096, so the wave's last blocks
-// left the GPU idle). Partial sums fold within warps (warp_sum_scatter), then across warps in
-// shared memory. The launch (matmul.rs: a warp's worth of threads per output, 256 per block)
-// covers the outputs by a grid-stride loop; blockDim must be a multiple of 32.
+// gemv_rows: a block takes C adjacent outputs (rows of W) at a time, C·M ≤ 16, and splits K over
+// all its threads, each reading all C rows: C × U loads in flight per thread, each x vector read
+// once for C rows, and a block done in a round trip or two to memory. (A warp per output took
+// eight round trips at K = 4096, 2 loads at a time, and the last wave's blocks left the GPU
+// idle.) Sums fold within warps (warp_sum_scatter), then across warps in shared memory. Any
+// grid covers the outputs (matmul.rs launches a warp's worth of threads per output, 256 per
+// block); blockDim must be a multiple of 32.
 template <typename T, int M>
 __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
                                           u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {
   const int V = 16 / sizeof(T);
-  const int C = M == 1 ? 8 : M == 2 ? 4 : 2;
+  const int CM = 8 / M > 2 ? 8 / M : 2, C = NV_GEMV_ROW_LOADS < CM ? NV_GEMV_ROW_LOADS : CM;
   const int U = NV_GEMV_ROW_LOADS / C > 0 ? NV_GEMV_ROW_LOADS / C : 1;
   const int R = C * M, P = R <= 8 ? 8 : 16;
   __shared__ float red[32][P];
