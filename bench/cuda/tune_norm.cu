@@ -23,8 +23,8 @@ template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) rmsb_r(const
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) lnb_r(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { layer_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
 __global__ void __launch_bounds__(1024) rms_loop(const T* x, const T* w, T* o, u64 r, u64 l) { rms_norm_rows<T>(x, nullptr, w, nullptr, o, r, l, 1e-5f); }
 __global__ void __launch_bounds__(NV_NORM_VJP_THREADS) rmsb_loop(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l) { rms_norm_vjp_rows<T>(x, w, gy, gx, p, r, l, 1e-5f); }
-__global__ void rope_k(const T* x, T* o, const i32* off, u64 len, u64 dims, u64 seq, u64 pb, u64 pos, u64 m, u64 heads) {
-  rope_rows<T, 8, true>(x, o, off, 0, nullptr, 13.2877f, 1.0f, 1.0f, 0, len, dims, seq, pb, pos, m, heads);
+template <int U> __global__ void rope_k(const T* x, T* o, const i32* off, u64 len, u64 dims, u64 seq, u64 pb, u64 pos, u64 m, u64 heads) {
+  rope_rows<T, 8, true, U>(x, o, off, 0, nullptr, 13.2877f, 1.0f, 1.0f, 0, len, dims, seq, pb, pos, m, heads);
 }
 __global__ void colsum(const A* p, A* o, u64 parts, u64 len) { col_sum<A>(p, o, parts, len, len); }
 
@@ -134,11 +134,14 @@ int main() {
   for (u64 bsz : {1ull, 4ull}) {
     u64 m = 32, seq = 4096, len = 128, rows = bsz * m * seq, pos = bsz * seq;
     double bytes = 2.0 * rows * len * 2;
-    for (u64 heads : {1ull, 2ull, 4ull, 8ull, 16ull}) {
+    for (u64 heads : {2ull, 4ull, 8ull, 16ull, 32ull}) {
       u64 gy = (m + heads - 1) / heads;
       u64 gx = std::min<u64>((pos + 31) / 32, ((u64)sms * 32 + gy - 1) / gy);
-      float ms = time_ms(20, [&] { rope_k<<<dim3((unsigned)gx, (unsigned)gy), dim3(8, 32)>>>(x, o, off, len, len, seq, m * seq, pos, m, heads); });
-      printf("rope %llux32x%llux128 heads/thread %2llu grid %5llux%llu: %7.1f GB/s %5.1f%%\n", bsz, seq, heads, gx, gy, bytes / ms / 1e6, 100 * bytes / ms / 1e6 / ceil_gbs);
+      dim3 grid((unsigned)gx, (unsigned)gy), block(8, 32);
+      float ms4 = time_ms(20, [&] { rope_k<4><<<grid, block>>>(x, o, off, len, len, seq, m * seq, pos, m, heads); });
+      float ms8 = time_ms(20, [&] { rope_k<8><<<grid, block>>>(x, o, off, len, len, seq, m * seq, pos, m, heads); });
+      printf("rope %llux32x%llux128 heads/thread %2llu grid %5llux%llu: U4 %7.1f GB/s %5.1f%%  U8 %7.1f GB/s %5.1f%%\n", bsz, seq, heads, gx, gy,
+             bytes / ms4 / 1e6, 100 * bytes / ms4 / 1e6 / ceil_gbs, bytes / ms8 / 1e6, 100 * bytes / ms8 / 1e6 / ceil_gbs);
     }
   }
   return 0;

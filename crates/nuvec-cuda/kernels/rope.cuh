@@ -49,13 +49,12 @@ __device__ __forceinline__ void rope_sincos(float a, float* s, float* c) {
 
 // Threads: x over the chunks of a row, y (with blockIdx.x) over the B·T positions, blockIdx.y over
 // groups of `heads` of the M rows sharing a position.
-template <typename T, int W, bool VEC>
+template <typename T, int W, bool VEC, int U = 4>
 __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict__ out, const i32* __restrict__ offset,
                                           int offset_per_batch, const float* __restrict__ freqs, float log2_base,
                                           float scale, float sign, int traditional, u64 len, u64 dims, u64 seq,
                                           u64 per_batch, u64 positions, u64 m_count, u64 heads) {
   typedef typename Acc<T>::type A;
-  const int U = 4;
   u64 half = dims / 2;
   u64 rot_chunks = (traditional ? dims : half) / W;
   u64 chunks = rot_chunks + (len - dims + W - 1) / W;
@@ -74,20 +73,25 @@ __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict
         }
         continue;
       }
-      i32 off = offset[offset_per_batch ? row0 / per_batch : 0];
-      float pos = ((float)off + (float)t) * scale;
-      // The chunk's pairs: W of them (W / 2 when traditional), frequency indices from i0.
+      // The chunk's pairs: W of them (W / 2 when traditional), frequency indices from i0. Their
+      // sines are computed after the first rows' loads are issued.
       u64 i0 = traditional ? c * W / 2 : c * W;
       int pairs = traditional ? W / 2 : W;
       float cs[W], sn[W];
+      bool have = false;
+      auto sines = [&] {
+        i32 off = offset[offset_per_batch ? row0 / per_batch : 0];
+        float pos = ((float)off + (float)t) * scale;
 #pragma unroll
-      for (int q = 0; q < W; ++q) {
-        if (q >= pairs) break;
-        u64 i = i0 + q;
-        float inv = freqs ? 1.0f / freqs[i] : exp2f(-(float)i * (log2_base / (float)half));
-        rope_sincos(pos * inv, &sn[q], &cs[q]);
-        sn[q] *= sign;
-      }
+        for (int q = 0; q < W; ++q) {
+          if (q >= pairs) break;
+          u64 i = i0 + q;
+          float inv = freqs ? 1.0f / freqs[i] : exp2f(-(float)i * (log2_base / (float)half));
+          rope_sincos(pos * inv, &sn[q], &cs[q]);
+          sn[q] *= sign;
+        }
+        have = true;
+      };
       u64 ea = traditional ? c * W : i0, eb = ea + half;
       for (u64 m = m0; m < m1; m += U) {
         Vec<T, W> va[U], vb[U];
@@ -99,6 +103,7 @@ __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict
             if (!traditional) rope_ld<T, W, VEC>(r + eb, vb[u], W);
           }
         }
+        if (!have) sines();
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           if (m + u >= m1) continue;

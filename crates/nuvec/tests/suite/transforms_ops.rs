@@ -423,8 +423,11 @@ fn check_vmap(c: &Case, rng: &mut Rng) -> Result<(), String> {
         return Err(format!("vmap {axes:?} -> {out_axis}: shape {:?}, want {:?}", got[0].shape(), want.shape()));
     }
     let (g, w) = (got[0].to_vec::<f64>().map_err(|e| e.to_string())?, want.to_vec::<f64>().unwrap());
+    // RoPE's angles are float32 either way; the GPU kernel's range-reduced hardware sine
+    // (~4e-7) and the composition's sin may meet in one comparison.
+    let tol = if c.name.starts_with("fast_rope") { 2e-6 } else { 1e-9 };
     for (a, b) in g.iter().zip(&w) {
-        if (a - b).abs() > 1e-9 * (1.0 + b.abs()) {
+        if (a - b).abs() > tol * (1.0 + b.abs()) {
             return Err(format!("vmap {axes:?} -> {out_axis}: {g:?}\nwant {w:?}"));
         }
     }
