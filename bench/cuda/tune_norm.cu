@@ -64,12 +64,12 @@ template <int V> static void sweep_bwd(u64 rows, u64 len, T* x, T* w, T* gy, T* 
   unsigned grid = (unsigned)std::min<u64>(want, resident(rmsb_r<V>, threads));
   report("rms bwd", rows, len, V, threads, grid, 3 * xb + 2 * wb, time_ms(20, [&] {
     rmsb_r<V><<<grid, threads>>>(x, w, gy, o, part, rows, len, g);
-    colsum<<<(unsigned)((len + 255) / 256), 256>>>(part, dw, grid, len);
+    colsum<<<(unsigned)((len + 31) / 32), 256>>>(part, dw, grid, len);
   }));
   grid = (unsigned)std::min<u64>(want, resident(lnb_r<V>, threads));
   report("ln bwd", rows, len, V, threads, grid, 3 * xb + 3 * wb, time_ms(20, [&] {
     lnb_r<V><<<grid, threads>>>(x, w, gy, o, part, rows, len, g);
-    colsum<<<(unsigned)((len + 255) / 256), 256>>>(part, dw, grid, len);
+    colsum<<<(unsigned)((len + 31) / 32), 256>>>(part, dw, grid, len);
   }));
 }
 
@@ -118,7 +118,7 @@ int main() {
       unsigned gb = (unsigned)std::min<u64>(s.rows, 2 * sms);
       report("rms bwd*", s.rows, s.len, 0, tb, gb, 3 * xb + 2 * wb, time_ms(20, [&] {
         rmsb_loop<<<gb, tb>>>(x, w, gy, o, part, s.rows, s.len);
-        colsum<<<(unsigned)((s.len + 255) / 256), 256>>>(part, dw, gb, s.len);
+        colsum<<<(unsigned)((s.len + 31) / 32), 256>>>(part, dw, gb, s.len);
       }));
     }
     sweep<2>(s.rows, s.len, x, w, b, gy, o, part, dw);

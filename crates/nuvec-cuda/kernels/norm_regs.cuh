@@ -56,64 +56,6 @@ template <typename A, int K> __device__ __forceinline__ void group_sums(A (&v)[K
   }
 }
 
-// A layer norm row's statistics in one reduction: the count, mean and Σ(x − mean)² of each
-// thread's values (two passes over its registers), and for the derivative Σu and Σu·(x − mean)
-// of paired values u; merged pairwise (Chan et al.), which is as exact as two passes and halves
-// the reductions — their barriers, not bandwidth, bounded the two-pass kernels (H200 bf16
-// 32768×4096: 75% of copy forward, 68% backward).
-template <typename A> struct Moments {
-  A n, mean, m2, su, cu;
-};
-
-template <typename A, bool CO> __device__ __forceinline__ Moments<A> moments_merge(const Moments<A>& a, const Moments<A>& b) {
-  A n = a.n + b.n;
-  if (n == (A)0) return a;
-  A d = b.mean - a.mean, fb = b.n / n;
-  Moments<A> r;
-  r.n = n;
-  r.mean = a.mean + d * fb;
-  r.m2 = a.m2 + b.m2 + d * d * a.n * fb;
-  r.su = CO ? a.su + b.su : (A)0;
-  r.cu = CO ? a.cu + b.cu + d * (a.n * b.su - b.n * a.su) / n : (A)0;
-  return r;
-}
-
-// One butterfly step: both partners merge (lower lane, upper lane) in that order, so every lane
-// ends with the same bits.
-template <typename A, bool CO> __device__ __forceinline__ Moments<A> moments_step(const Moments<A>& v, int lane, int o) {
-  Moments<A> w{shfl_xor_any(v.n, o), shfl_xor_any(v.mean, o), shfl_xor_any(v.m2, o), (A)0, (A)0};
-  if (CO) {
-    w.su = shfl_xor_any(v.su, o);
-    w.cu = shfl_xor_any(v.cu, o);
-  }
-  return (lane & o) ? moments_merge<A, CO>(w, v) : moments_merge<A, CO>(v, w);
-}
-
-// The group's merged moments (valid in every thread of it). `sm` holds 8 × 5 × 16 values.
-template <typename A, bool CO> __device__ __forceinline__ Moments<A> group_moments(Moments<A> v, A* sm, const RowGroup& g) {
-  int lane = g.t & 31;
-  for (int o = 1; o < 32; o <<= 1) v = moments_step<A, CO>(v, lane, o);
-  if (g.size == 32) return v;
-  int warp = g.t >> 5, nw = g.size >> 5;
-  A* s = sm + g.id * 5 * 16;
-  group_sync(g);  // the group's readers of its previous row's moments are done
-  if (lane == 0) {
-    s[warp] = v.n;
-    s[16 + warp] = v.mean;
-    s[32 + warp] = v.m2;
-    s[48 + warp] = v.su;
-    s[64 + warp] = v.cu;
-  }
-  group_sync(g);
-  if (lane < nw) {
-    v = Moments<A>{s[lane], s[16 + lane], s[32 + lane], s[48 + lane], s[64 + lane]};
-  } else {
-    v = Moments<A>{(A)0, (A)0, (A)0, (A)0, (A)0};
-  }
-  for (int o = 1; o < 32; o <<= 1) v = moments_step<A, CO>(v, lane, o);
-  return v;
-}
-
 template <typename T> using Vec16 = Vec<T, 16 / sizeof(T)>;
 
 // Whether the thread's v-th vector lies in the row, and its index.
@@ -216,14 +158,14 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
   }
 }
 
-// ---- Layer norm (norm.cuh's layer_norm_rows, rows in registers): mean and variance from one
-// reduction of moments, then the output.
+// ---- Layer norm (norm.cuh's layer_norm_rows, rows in registers): mean, then the variance of
+// the held values, then the output.
 template <typename T, int V>
 __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                                 T* __restrict__ out, u64 rows, u64 len, float eps, int group) {
   typedef typename Acc<T>::type A;
   const int N = 16 / sizeof(T);
-  __shared__ A sm[8 * 5 * 16];
+  __shared__ A sm[8 * 16];
   RowGroup g = row_group(group);
   u64 nvec = len / N, row = first_row(g);
   Vec16<T> r[V], nr[V];
@@ -231,27 +173,27 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
   for (; row < rows; row += row_stride(g)) {
     u64 next = row + row_stride(g);
     if (next < rows) row_load<T, V>(x + next * len, nvec, g, nr);
-    Moments<A> m{0, 0, 0, 0, 0};
+    A s[1] = {0};
 #pragma unroll
     for (int v = 0; v < V; ++v)
       if (vec_index(g, v) < nvec) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) m.mean += widen(r[v].v[j]);
-        m.n += (A)N;
+        for (int j = 0; j < N; ++j) s[0] += widen(r[v].v[j]);
       }
-    if (m.n > (A)0) m.mean /= m.n;
+    group_sums<A, 1>(s, sm, g);
+    A mu = s[0] / (A)len;
+    s[0] = 0;
 #pragma unroll
     for (int v = 0; v < V; ++v)
       if (vec_index(g, v) < nvec) {
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          A c = widen(r[v].v[j]) - m.mean;
-          m.m2 += c * c;
+          A c = widen(r[v].v[j]) - mu;
+          s[0] += c * c;
         }
       }
-    m = group_moments<A, false>(m, sm, g);
-    A mu = m.mean;
-    A n = inv_sqrt(m.m2 / (A)len + (A)eps);
+    group_sums<A, 1>(s, sm, g);
+    A n = inv_sqrt(s[0] / (A)len + (A)eps);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       if (vec_index(g, v) >= nvec) continue;
@@ -341,7 +283,7 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
                                                     float eps, int group) {
   typedef typename Acc<T>::type A;
   const int N = 16 / sizeof(T);
-  __shared__ A sm[8 * 5 * 16];
+  __shared__ A sm[8 * 3 * 16];
   __shared__ A red[NV_REG_BLOCK * N];
   RowGroup grp = row_group(group);
   u64 nvec = len / N;
@@ -364,32 +306,30 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
       row_load<T, V>(x + next * len, nvec, grp, nx);
       row_load<T, V>(g + next * len, nvec, grp, ng);
     }
-    Moments<A> m{0, 0, 0, 0, 0};
+    A s1[1] = {0};
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      if (vec_index(grp, v) < nvec) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) s1[0] += widen(xr[v].v[j]);
+      }
+    group_sums<A, 1>(s1, sm, grp);
+    A mu = s1[0] / (A)len;
+    A s[3] = {0, 0, 0};
 #pragma unroll
     for (int v = 0; v < V; ++v)
       if (vec_index(grp, v) < nvec) {
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          m.mean += widen(xr[v].v[j]);
-          m.su += widen(gr[v].v[j]) * (w ? widen(wr[v].v[j]) : (A)1);
-        }
-        m.n += (A)N;
-      }
-    if (m.n > (A)0) m.mean /= m.n;
-#pragma unroll
-    for (int v = 0; v < V; ++v)
-      if (vec_index(grp, v) < nvec) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          A c = widen(xr[v].v[j]) - m.mean, u = widen(gr[v].v[j]) * (w ? widen(wr[v].v[j]) : (A)1);
-          m.m2 += c * c;
-          m.cu += u * c;
+          A c = widen(xr[v].v[j]) - mu, u = widen(gr[v].v[j]) * (w ? widen(wr[v].v[j]) : (A)1);
+          s[0] += c * c;
+          s[1] += u;
+          s[2] += u * c;
         }
       }
-    m = group_moments<A, true>(m, sm, grp);
-    A mu = m.mean;
-    A n = inv_sqrt(m.m2 / (A)len + (A)eps);
-    A mean_u = m.su / (A)len, mean_ux = n * m.cu / (A)len;
+    group_sums<A, 3>(s, sm, grp);
+    A n = inv_sqrt(s[0] / (A)len + (A)eps);
+    A mean_u = s[1] / (A)len, mean_ux = n * s[2] / (A)len;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       if (vec_index(grp, v) >= nvec) continue;

@@ -42,6 +42,7 @@ pub(crate) fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
         FastOp::CrossEntropyVjp => {
             inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d) && inputs[3].dtype == acc(d)
         }
+        FastOp::CrossEntropyWithVjp => inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d),
         FastOp::Rope(_) => inputs[1].dtype == DType::I32 && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
         _ => false,
     }
@@ -243,12 +244,18 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             let args = vec![Arg::Ptr(ptr_of(x)?), Arg::Ptr(ptr_of(&inputs[1])?), Arg::Ptr(out_ptrs[0]), Arg::U64(n)];
             launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
         }
-        FastOp::CrossEntropy | FastOp::CrossEntropyVjp => {
-            let (name, mut args) = if *op == FastOp::CrossEntropy {
-                ("cross_entropy", vec![Arg::Ptr(ptr_of(x)?), Arg::Ptr(ptr_of(&inputs[1])?), Arg::Ptr(out_ptrs[0])])
-            } else {
-                let (t, g, loss) = (ptr_of(&inputs[1])?, ptr_of(&inputs[2])?, ptr_of(&inputs[3])?);
-                ("cross_entropy_vjp", [ptr_of(x)?, t, g, loss, out_ptrs[0]].map(Arg::Ptr).into())
+        FastOp::CrossEntropy | FastOp::CrossEntropyVjp | FastOp::CrossEntropyWithVjp => {
+            let (x, t) = (ptr_of(x)?, ptr_of(&inputs[1])?);
+            let (name, mut args) = match op {
+                FastOp::CrossEntropy => ("cross_entropy", vec![Arg::Ptr(x), Arg::Ptr(t), Arg::Ptr(out_ptrs[0])]),
+                FastOp::CrossEntropyVjp => {
+                    let (g, loss) = (ptr_of(&inputs[2])?, ptr_of(&inputs[3])?);
+                    ("cross_entropy_vjp", [x, t, g, loss, out_ptrs[0]].map(Arg::Ptr).into())
+                }
+                _ => {
+                    let g = ptr_of(&inputs[2])?;
+                    ("cross_entropy_with_vjp", [x, t, g, out_ptrs[0], out_ptrs[1]].map(Arg::Ptr).into())
+                }
             };
             args.extend([Arg::U64(rows), Arg::U64(len)]);
             // The statistics' loop reads 8 vectors per thread in flight (fast.cuh): a block of
@@ -265,12 +272,13 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
     Ok(())
 }
 
-/// `out[c] = Σ_p part[p · stride + c]`: the derivative kernels' partial rows added up.
+/// `out[c] = Σ_p part[p · stride + c]`: the derivative kernels' partial rows added up, 32
+/// columns per block of 256 threads (NV_COL_SUM_COLS in norm.cuh).
 fn col_sum(gpu: &Arc<Gpu>, d: DType, part: u64, out: u64, parts: u64, len: u64, stride: u64) -> Result<()> {
     let f = kernel(gpu, Family::Fast(d), "col_sum")?;
-    let grid = grid_for(gpu, len, BLOCK as u64);
+    let grid = len.div_ceil(32).clamp(1, 65535) as u32;
     let args = vec![Arg::Ptr(part), Arg::Ptr(out), Arg::U64(parts), Arg::U64(len), Arg::U64(stride)];
-    launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)
+    launch(gpu, f, (grid, 1, 1), (256, 1, 1), 0, args)
 }
 
 /// RoPE (rope.cuh): rows `[B, M, T, len]`; the M rows of a batch and position share their

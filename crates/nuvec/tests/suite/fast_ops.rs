@@ -28,19 +28,8 @@ const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
 /// (rows, features): rows of 1..65536, non-multiples of 8 among them.
 // (67, 1536) and (20000, 16) give the GPU's register-row kernels several rows per block and,
 // for the second, several per group of threads.
-const SHAPES: [(i32, i32); 11] = [
-    (1, 1),
-    (3, 7),
-    (5, 8),
-    (4, 33),
-    (17, 256),
-    (2, 1000),
-    (3, 4099),
-    (2, 8192),
-    (1, 65536),
-    (67, 1536),
-    (20000, 16),
-];
+const SHAPES: [(i32, i32); 11] =
+    [(1, 1), (3, 7), (5, 8), (4, 33), (17, 256), (2, 1000), (3, 4099), (2, 8192), (1, 65536), (67, 1536), (20000, 16)];
 
 /// The epsilon the tests pass, as the float32 the operations receive.
 const EPS5: f64 = 1e-5f32 as f64;
@@ -281,6 +270,84 @@ fn swiglu_and_cross_entropy_match_float64() {
                 // The loss is float32 whatever the logits (float64 for float64): accumulation only.
                 let loss_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
                 close(&what("cross_entropy"), &f64s(&loss), &want, loss_dtype, d);
+            }
+        }
+    }
+}
+
+/// The loss and the logits' gradient evaluated together (on the GPU one fused kernel when the
+/// cotangent does not depend on the loss) against float64: cotangent computed, pending, and
+/// depending on the loss (no fusion); ignored and out-of-range targets.
+#[test]
+fn cross_entropy_loss_and_gradient_together_match_float64() {
+    let mut rng = Rng(23);
+    for &(rows, d) in &[(5, 7), (9, 1000), (3, 70001)] {
+        let xv = rng.values((rows * d) as usize, -6.0, 6.0);
+        let targets: Vec<i32> = (0..rows)
+            .map(|r| {
+                if r == 1 {
+                    -100
+                } else if r == 2 {
+                    d + 3
+                } else {
+                    (r * 31) % d
+                }
+            })
+            .collect();
+        let t = Array::from_slice(&targets, [rows]);
+        let cot: Vec<f64> = (0..rows).map(|r| 0.5 + r as f64 / 7.0).collect();
+        for dtype in [DType::F32, DType::BF16, DType::F64] {
+            let x = Array::from_slice(&xv, [rows, d]).astype(dtype);
+            let xr = f64s(&x);
+            let loss_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+            for how in ["computed", "pending", "loss-dependent"] {
+                let what = format!("cross_entropy with gradient {rows}x{d} {dtype:?} cotangent {how}");
+                let g = Array::from_slice(&cot, [rows]).astype(loss_dtype);
+                g.eval().unwrap();
+                let t2 = t.clone();
+                let (outs, grads) = match how {
+                    "computed" => vjp_flat(move |p| Ok(vec![fast::cross_entropy(&p[0], &t2)]), &[x.clone()], &[g]),
+                    // The cotangent is still to compute: a product the fused run evaluates first.
+                    "pending" => {
+                        vjp_flat(move |p| Ok(vec![fast::cross_entropy(&p[0], &t2)]), &[x.clone()], &[&g * 1.0])
+                    }
+                    // loss²/2 with cotangent g: the loss's cotangent g·loss needs the loss first.
+                    _ => vjp_flat(
+                        move |p| {
+                            let l = fast::cross_entropy(&p[0], &t2);
+                            Ok(vec![&l * &l * 0.5])
+                        },
+                        &[x.clone()],
+                        &[g],
+                    ),
+                }
+                .unwrap();
+                nuvec::eval(&(&outs[0], &grads[0])).unwrap();
+                let mut want_loss = Vec::new();
+                let mut want_dx = Vec::new();
+                for (r, row) in xr.chunks(d as usize).enumerate() {
+                    let tr = targets[r];
+                    let m = row.iter().cloned().fold(f64::MIN, f64::max);
+                    let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+                    let loss = if tr < 0 {
+                        0.0
+                    } else if tr >= d {
+                        f64::NAN
+                    } else {
+                        lse - row[tr as usize]
+                    };
+                    let counted = tr >= 0 && tr < d;
+                    let gl = if how == "loss-dependent" { cot[r] * loss } else { cot[r] };
+                    want_loss.push(if how == "loss-dependent" { loss * loss * 0.5 } else { loss });
+                    for (i, v) in row.iter().enumerate() {
+                        let onehot = if i as i32 == tr { 1.0 } else { 0.0 };
+                        want_dx.push(if counted { gl * ((v - lse).exp() - onehot) } else { 0.0 });
+                    }
+                }
+                close(&format!("{what}: loss"), &f64s(&outs[0]), &want_loss, loss_dtype, d);
+                let tol = 4.0 * epsilon(dtype) + 64.0 * epsilon(loss_dtype);
+                let scale = want_dx.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+                close_within(&format!("{what}: gradient"), &f64s(&grads[0]), &want_dx, tol * scale.max(1.0));
             }
         }
     }
