@@ -23,8 +23,59 @@ template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) rmsb_r(const
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) lnb_r(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { layer_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
 __global__ void __launch_bounds__(1024) rms_loop(const T* x, const T* w, T* o, u64 r, u64 l) { rms_norm_rows<T>(x, nullptr, w, nullptr, o, r, l, 1e-5f); }
 __global__ void __launch_bounds__(NV_NORM_VJP_THREADS) rmsb_loop(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l) { rms_norm_vjp_rows<T>(x, w, gy, gx, p, r, l, 1e-5f); }
-template <int U> __global__ void rope_k(const T* x, T* o, const i32* off, u64 len, u64 dims, u64 seq, u64 pb, u64 pos, u64 m, u64 heads) {
-  rope_rows<T, 8, true, U>(x, o, off, 0, nullptr, 13.2877f, 1.0f, 1.0f, 0, len, dims, seq, pb, pos, m, heads);
+__global__ void rope_k(const T* x, T* o, const i32* off, u64 rows, u64 len, u64 seq) {
+  rope_rows<T, 8, true>(x, o, off, 0, nullptr, 13.2877f, 1.0f, 1.0f, 0, rows, len, len, seq, rows);
+}
+
+// RoPE alternatives, [rows, 128] bf16 halves, one 8-feature chunk per thread in memory order:
+// (A) sines computed per thread; (B) from a [T, 64] float2 table built first (L2-resident).
+__global__ void rope_lin(const T* x, T* o, u64 rows, u64 seq, float step) {
+  u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= rows * 8) return;
+  u64 row = k >> 3, c = k & 7, t = row % seq;
+  const Vec<T, 8>* p = reinterpret_cast<const Vec<T, 8>*>(x + row * 128);
+  Vec<T, 8> a = p[c], b = p[8 + c];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    float inv = exp2f(-(float)(c * 8 + q) * step), s, co;
+    rope_sincos((float)t * inv, &s, &co);
+    float x1 = widen(a.v[q]), x2 = widen(b.v[q]);
+    a.v[q] = narrow<T>(x1 * co - x2 * s);
+    b.v[q] = narrow<T>(x1 * s + x2 * co);
+  }
+  Vec<T, 8>* q = reinterpret_cast<Vec<T, 8>*>(o + row * 128);
+  q[c] = a;
+  q[8 + c] = b;
+}
+__global__ void rope_table(float2* tab, u64 seq, float step) {
+  u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= seq * 64) return;
+  u64 t = k / 64, i = k % 64;
+  float s, c;
+  rope_sincos((float)t * exp2f(-(float)i * step), &s, &c);
+  tab[k] = make_float2(c, s);
+}
+__global__ void rope_tab(const T* x, T* o, const float2* tab, u64 rows, u64 seq) {
+  u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= rows * 8) return;
+  u64 row = k >> 3, c = k & 7, t = row % seq;
+  const Vec<T, 8>* p = reinterpret_cast<const Vec<T, 8>*>(x + row * 128);
+  Vec<T, 8> a = p[c], b = p[8 + c];
+  const float4* tb = reinterpret_cast<const float4*>(tab + t * 64 + c * 8);
+  float4 tv[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) tv[j] = tb[j];
+  const float* f = reinterpret_cast<const float*>(tv);
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    float co = f[2 * q], s = f[2 * q + 1];
+    float x1 = widen(a.v[q]), x2 = widen(b.v[q]);
+    a.v[q] = narrow<T>(x1 * co - x2 * s);
+    b.v[q] = narrow<T>(x1 * s + x2 * co);
+  }
+  Vec<T, 8>* q = reinterpret_cast<Vec<T, 8>*>(o + row * 128);
+  q[c] = a;
+  q[8 + c] = b;
 }
 __global__ void colsum(const A* p, A* o, u64 parts, u64 len) { col_sum<A>(p, o, parts, len, len); }
 
@@ -127,22 +178,29 @@ int main() {
     sweep_bwd<2>(s.rows, s.len, x, w, gy, o, part, dw);
     sweep_bwd<4>(s.rows, s.len, x, w, gy, o, part, dw);
   }
-  // RoPE [B, 32, T, 128], all dims rotated, halves: heads per thread (fast_rows.rs's layout:
-  // 8 chunks × 32 positions per block, head groups on grid y).
+  // RoPE [B, 32, T, 128], all dims rotated, halves: rope.cuh as fast_rows.rs launches it (8
+  // chunks × 32 rows per block, rows in memory order), and the two kernels it was chosen against.
   i32* off;
   CK(cudaMalloc(&off, 64)); CK(cudaMemset(off, 0, 64));
   for (u64 bsz : {1ull, 4ull}) {
-    u64 m = 32, seq = 4096, len = 128, rows = bsz * m * seq, pos = bsz * seq;
+    u64 m = 32, seq = 4096, len = 128, rows = bsz * m * seq;
     double bytes = 2.0 * rows * len * 2;
-    for (u64 heads : {2ull, 4ull, 8ull, 16ull, 32ull}) {
-      u64 gy = (m + heads - 1) / heads;
-      u64 gx = std::min<u64>((pos + 31) / 32, ((u64)sms * 32 + gy - 1) / gy);
-      dim3 grid((unsigned)gx, (unsigned)gy), block(8, 32);
-      float ms4 = time_ms(20, [&] { rope_k<4><<<grid, block>>>(x, o, off, len, len, seq, m * seq, pos, m, heads); });
-      float ms8 = time_ms(20, [&] { rope_k<8><<<grid, block>>>(x, o, off, len, len, seq, m * seq, pos, m, heads); });
-      printf("rope %llux32x%llux128 heads/thread %2llu grid %5llux%llu: U4 %7.1f GB/s %5.1f%%  U8 %7.1f GB/s %5.1f%%\n", bsz, seq, heads, gx, gy,
-             bytes / ms4 / 1e6, 100 * bytes / ms4 / 1e6 / ceil_gbs, bytes / ms8 / 1e6, 100 * bytes / ms8 / 1e6 / ceil_gbs);
+    {
+      float step = 13.2877f / 64.0f;
+      unsigned nb = (unsigned)((rows * 8 + 255) / 256);
+      float msa = time_ms(20, [&] { rope_lin<<<nb, 256>>>(x, o, rows, seq, step); });
+      float2* tab;
+      CK(cudaMalloc(&tab, seq * 64 * sizeof(float2)));
+      float msb = time_ms(20, [&] {
+        rope_table<<<(unsigned)((seq * 64 + 255) / 256), 256>>>(tab, seq, step);
+        rope_tab<<<nb, 256>>>(x, o, tab, rows, seq);
+      });
+      CK(cudaFree(tab));
+      printf("rope %llux32x%llux128 linear: sines per thread %7.1f GB/s %5.1f%%  table %7.1f GB/s %5.1f%%\n", bsz, seq,
+             bytes / msa / 1e6, 100 * bytes / msa / 1e6 / ceil_gbs, bytes / msb / 1e6, 100 * bytes / msb / 1e6 / ceil_gbs);
     }
+    float ms = time_ms(20, [&] { rope_k<<<(unsigned)((rows + 31) / 32), dim3(8, 32)>>>(x, o, off, rows, len, seq); });
+    printf("rope %llux32x%llux128 rope.cuh: %7.1f GB/s %5.1f%%\n", bsz, seq, bytes / ms / 1e6, 100 * bytes / ms / 1e6 / ceil_gbs);
   }
   return 0;
 }

@@ -521,7 +521,7 @@ __device__ __forceinline__ void cross_entropy_with_vjp_rows(const T* __restrict_
     }
     A gv = counted ? g[row] : (A)0;
     A L = log2e_times(lse);
-    for_row<T>(len, vec, [&](auto W, u64 v, int) {
+    auto put = [&](auto W, u64 v) {
       NV_PIECE;
       A a[M];
       T d[M];
@@ -532,6 +532,14 @@ __device__ __forceinline__ void cross_entropy_with_vjp_rows(const T* __restrict_
         d[j] = narrow<T>((e - (v * M + j == (u64)target ? (A)1 : (A)0)) * gv);
       }
       store<T, M>(q, v, d);
-    });
+    };
+    // Back to front: the statistics' pass read front to back, so the row's end is the likeliest
+    // still in L2.
+    const int N = 16 / sizeof(T);
+    if (vec) {
+      for (u64 i = threadIdx.x; i < len / N; i += blockDim.x) put(Width<N>{}, len / N - 1 - i);
+    } else {
+      for (u64 i = threadIdx.x; i < len; i += blockDim.x) put(Width<1>{}, len - 1 - i);
+    }
   }
 }

@@ -35,7 +35,10 @@ __device__ __forceinline__ void group_sync(const RowGroup& g) {
   if (g.size > 32) asm volatile("bar.sync %0, %1;" ::"r"(1 + g.id), "r"(g.size) : "memory");
 }
 
-// Sums of K values over the group (valid in every thread of it). `sm` holds 8 × K × 16 values.
+// Sums of K values over the group (valid in every thread of it). `sm` holds 8 × K × 16 values;
+// callers alternate two such buffers between consecutive calls, so one barrier suffices: a
+// thread writing a buffer has passed the previous call's barrier, which every thread reaches
+// only after reading this buffer's previous sums. (Layer norms make two reductions per row.)
 template <typename A, int K> __device__ __forceinline__ void group_sums(A (&v)[K], A* sm, const RowGroup& g) {
 #pragma unroll
   for (int k = 0; k < K; ++k)
@@ -43,7 +46,6 @@ template <typename A, int K> __device__ __forceinline__ void group_sums(A (&v)[K
   if (g.size == 32) return;
   int lane = g.t & 31, warp = g.t >> 5, nw = g.size >> 5;
   A* s = sm + g.id * K * 16;
-  group_sync(g);  // the group's readers of its previous row's sums are done
   if (lane == 0) {
 #pragma unroll
     for (int k = 0; k < K; ++k) s[k * 16 + warp] = v[k];
@@ -114,7 +116,8 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
                                               int group) {
   typedef typename Acc<T>::type A;
   const int N = 16 / sizeof(T);
-  __shared__ A sm[8 * 16];
+  __shared__ A sm[2][8 * 16];
+  int ph = 0;
   RowGroup g = row_group(group);
   u64 nvec = len / N, row = first_row(g);
   Vec16<T> r[V], b[V], nr[V], nb[V];
@@ -142,7 +145,8 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
 #pragma unroll
         for (int j = 0; j < N; ++j) s[0] += widen(r[v].v[j]) * widen(r[v].v[j]);
       }
-    group_sums<A, 1>(s, sm, g);
+    group_sums<A, 1>(s, sm[ph], g);
+    ph ^= 1;
     A n = inv_sqrt(s[0] / (A)len + (A)eps);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
@@ -165,7 +169,8 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
                                                 T* __restrict__ out, u64 rows, u64 len, float eps, int group) {
   typedef typename Acc<T>::type A;
   const int N = 16 / sizeof(T);
-  __shared__ A sm[8 * 16];
+  __shared__ A sm[2][8 * 16];
+  int ph = 0;
   RowGroup g = row_group(group);
   u64 nvec = len / N, row = first_row(g);
   Vec16<T> r[V], nr[V];
@@ -180,7 +185,8 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
 #pragma unroll
         for (int j = 0; j < N; ++j) s[0] += widen(r[v].v[j]);
       }
-    group_sums<A, 1>(s, sm, g);
+    group_sums<A, 1>(s, sm[ph], g);
+    ph ^= 1;
     A mu = s[0] / (A)len;
     s[0] = 0;
 #pragma unroll
@@ -192,7 +198,8 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
           s[0] += c * c;
         }
       }
-    group_sums<A, 1>(s, sm, g);
+    group_sums<A, 1>(s, sm[ph], g);
+    ph ^= 1;
     A n = inv_sqrt(s[0] / (A)len + (A)eps);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
@@ -220,7 +227,8 @@ __device__ __forceinline__ void rms_norm_vjp_regs(const T* __restrict__ x, const
                                                   float eps, int group) {
   typedef typename Acc<T>::type A;
   const int N = 16 / sizeof(T);
-  __shared__ A sm[8 * 2 * 16];
+  __shared__ A sm[2][8 * 2 * 16];
+  int ph = 0;
   __shared__ A red[NV_REG_BLOCK * N];
   RowGroup grp = row_group(group);
   u64 nvec = len / N;
@@ -254,7 +262,8 @@ __device__ __forceinline__ void rms_norm_vjp_regs(const T* __restrict__ x, const
           s[1] += u * a;
         }
       }
-    group_sums<A, 2>(s, sm, grp);
+    group_sums<A, 2>(s, sm[ph], grp);
+    ph ^= 1;
     A n = inv_sqrt(s[0] / (A)len + (A)eps);
     A c = n * n * n * (s[1] / (A)len);
 #pragma unroll
@@ -283,7 +292,8 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
                                                     float eps, int group) {
   typedef typename Acc<T>::type A;
   const int N = 16 / sizeof(T);
-  __shared__ A sm[8 * 3 * 16];
+  __shared__ A sm[2][8 * 3 * 16];
+  int ph = 0;
   __shared__ A red[NV_REG_BLOCK * N];
   RowGroup grp = row_group(group);
   u64 nvec = len / N;
@@ -313,7 +323,8 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
 #pragma unroll
         for (int j = 0; j < N; ++j) s1[0] += widen(xr[v].v[j]);
       }
-    group_sums<A, 1>(s1, sm, grp);
+    group_sums<A, 1>(s1, sm[ph], grp);
+    ph ^= 1;
     A mu = s1[0] / (A)len;
     A s[3] = {0, 0, 0};
 #pragma unroll
@@ -327,7 +338,8 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
           s[2] += u * c;
         }
       }
-    group_sums<A, 3>(s, sm, grp);
+    group_sums<A, 3>(s, sm[ph], grp);
+    ph ^= 1;
     A n = inv_sqrt(s[0] / (A)len + (A)eps);
     A mean_u = s[1] / (A)len, mean_ux = n * s[2] / (A)len;
 #pragma unroll

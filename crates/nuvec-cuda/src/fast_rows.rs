@@ -89,16 +89,17 @@ enum RowPlan {
     Loop { slots: Option<usize> },
 }
 
-/// The register kernels take rows of whole, aligned 16-byte vectors: 2 vectors per thread
-/// (with the next row's loads issued early, enough bytes in flight: on the H200 2 beat 4 and 8
-/// for bf16 rows of 2048–8192), more where a row would need over 512 threads, at most `max_v`:
-/// 8 for the forward kernels; 4 for the RMS norm's derivative and 2 for the layer norm's, which
-/// also hold the cotangent, the next rows and the weight's partial sums (more spills).
-fn row_plan(d: DType, len: usize, ptrs: &[u64], max_v: usize, slots: Option<usize>) -> RowPlan {
+/// The register kernels take rows of whole, aligned 16-byte vectors: `v_min` vectors per thread
+/// (the next row's loads are issued early, so few suffice: on the H200 2 beat 4 and 8 for bf16
+/// RMS norm rows of 2048–8192; the layer norm, with two reductions per row, is faster with 4),
+/// more where a row would need over 512 threads, at most `v_max`: 8 for the forward kernels; 4
+/// for the RMS norm's derivative and 2 for the layer norm's, which also hold the cotangent, the
+/// next rows and the weight's partial sums (more spills).
+fn row_plan(d: DType, len: usize, ptrs: &[u64], v_min: usize, v_max: usize, slots: Option<usize>) -> RowPlan {
     let per = 16 / d.size();
     let nvec = len / per;
-    let mut v = 2;
-    while v < max_v && nvec.div_ceil(v) > 512 {
+    let mut v = v_min;
+    while v < v_max && nvec.div_ceil(v) > 512 {
         v *= 2;
     }
     if nvec == 0 || len % per != 0 || ptrs.iter().any(|p| p % 16 != 0) || nvec.div_ceil(v) > 512 {
@@ -171,12 +172,13 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
     }
     let fam = Family::Fast(d);
     let norm = |base: &str, slots: Option<usize>, ptrs: &[u64], eps: f32| -> Result<RowLaunch> {
-        let max_v = match base {
-            "rms_norm_vjp" => 4,
-            "layer_norm_vjp" => 2,
-            _ => 8,
+        let (v_min, v_max) = match base {
+            "rms_norm_vjp" => (2, 4),
+            "layer_norm_vjp" => (2, 2),
+            "layer_norm" => (4, 8),
+            _ => (2, 8),
         };
-        let plan = row_plan(d, len as usize, ptrs, max_v, slots);
+        let plan = row_plan(d, len as usize, ptrs, v_min, v_max, slots);
         RowLaunch::new(gpu, d, base, plan, rows, len, eps)
     };
     match op {
@@ -258,10 +260,17 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
                 }
             };
             args.extend([Arg::U64(rows), Arg::U64(len)]);
-            // The statistics' loop reads 8 vectors per thread in flight (fast.cuh): a block of
-            // 256 threads per row up to 64 K features, 512 beyond (two blocks per SM: with 1024,
-            // one, the SM idles while its block reduces).
-            let threads = if len > 65536 { 512 } else { BLOCK };
+            // The statistics' loop reads 8 vectors per thread in flight (fast.cuh). The loss: 128
+            // threads per row up to 64 K features, 512 beyond (H200, bf16 4096 rows: 32000 wide
+            // 91% of copy with 128, 83% with 256; 128256 wide 95% with 512, 84% with 1024, one
+            // block per SM that idles while it reduces). With the gradient, whose second read
+            // of each row should come from L2, fewer rows at once: 512 and 1024 threads.
+            let threads = match (op, len > 65536) {
+                (FastOp::CrossEntropyWithVjp, false) => 512,
+                (FastOp::CrossEntropyWithVjp, true) => MAX_THREADS as u32,
+                (_, false) => 128,
+                (_, true) => 512,
+            };
             let f = kernel(gpu, fam, name)?;
             let grid = row_grid(gpu, f, threads, rows, 1)?;
             launch(gpu, f, (grid, 1, 1), (threads, 1, 1), 0, args)?;
@@ -281,8 +290,7 @@ fn col_sum(gpu: &Arc<Gpu>, d: DType, part: u64, out: u64, parts: u64, len: u64, 
     launch(gpu, f, (grid, 1, 1), (256, 1, 1), 0, args)
 }
 
-/// RoPE (rope.cuh): rows `[B, M, T, len]`; the M rows of a batch and position share their
-/// rotation, so each thread rotates one chunk of features in `heads` of them.
+/// RoPE (rope.cuh): a thread per chunk of a row's features, rows in memory order.
 #[allow(clippy::too_many_arguments)]
 fn rope(
     gpu: &Arc<Gpu>,
@@ -299,9 +307,6 @@ fn rope(
     let (seq, dims) = (x.shape[nd - 2].max(1) as u64, p.dims as u64);
     // Rows per offset entry (a per-batch offset indexes the first axis).
     let per_batch = (rows / x.shape[0].max(1) as u64).max(1);
-    // Rows sharing a position: the middle axes when the first axis is a batch of them.
-    let m_count = if per_batch % seq == 0 { per_batch / seq } else { 1 };
-    let positions = rows / m_count;
     let (xp, per) = (ptr_of(x)?, (16 / d.size()) as u64);
     let rotated = if p.traditional { dims } else { dims / 2 };
     let vec = xp % 16 == 0 && out % 16 == 0 && len % per == 0 && rotated % per == 0;
@@ -311,19 +316,10 @@ fn rope(
         (false, true) => ("rope_s2", 2),
     };
     let chunks = rotated / width + (len - dims).div_ceil(width);
-    // Block: the chunks of a row across x, positions across y. Grid: positions across x, groups
-    // of `heads` rows sharing a position across y (at most 65535 of them): about one full wave
-    // of the device (2048 threads per SM), each thread taking as many heads as that leaves, so
-    // one set of sines serves several rows (H200, [4, 32, 4096, 128] bf16: 16 heads per thread
-    // 77% of copy, 4 heads 73%, 1 head 53%).
+    // Block: a row's chunks across x, rows across y; the grid covers the rows in memory order.
     let bx = chunks.clamp(1, BLOCK as u64);
     let by = (BLOCK as u64 / bx).max(1);
-    let sm = gpu.info.multiprocessors.max(1) as u64;
-    let threads_wanted = sm * 2048;
-    let mut heads = (chunks * positions * m_count).div_ceil(threads_wanted).clamp(1, m_count.max(1));
-    heads = heads.max(m_count.div_ceil(65535));
-    let gy = m_count.div_ceil(heads).max(1);
-    let gx = positions.div_ceil(by).clamp(1, (sm * 32).div_ceil(gy).max(1));
+    let gx = rows.div_ceil(by).clamp(1, i32::MAX as u64);
     let args = vec![
         Arg::Ptr(xp),
         Arg::Ptr(out),
@@ -334,14 +330,12 @@ fn rope(
         Arg::F32(p.scale),
         Arg::F32(if p.forward { 1.0 } else { -1.0 }),
         Arg::I32(p.traditional as i32),
+        Arg::U64(rows),
         Arg::U64(len),
         Arg::U64(dims),
         Arg::U64(seq),
         Arg::U64(per_batch),
-        Arg::U64(positions),
-        Arg::U64(m_count),
-        Arg::U64(heads),
     ];
     let f = kernel(gpu, Family::Fast(d), name)?;
-    launch(gpu, f, (gx as u32, gy as u32, 1), (bx as u32, by as u32, 1), 0, args)
+    launch(gpu, f, (gx as u32, 1, 1), (bx as u32, by as u32, 1), 0, args)
 }

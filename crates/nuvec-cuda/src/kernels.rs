@@ -450,7 +450,7 @@ impl Family {
                 let n = 16 / d.size();
                 for (name, width, vec) in [("rope_vec", n, true), ("rope_s1", 1, false), ("rope_s2", 2, false)] {
                     w(format!(
-                        "extern \"C\" __global__ void {name}(const {t}* x, {t}* out, const i32* offset, int offset_per_batch, const float* freqs, float log2_base, float scale, float sign, int traditional, u64 len, u64 dims, u64 seq, u64 per_batch, u64 positions, u64 m_count, u64 heads) {{ rope_rows<{t}, {width}, {vec}>(x, out, offset, offset_per_batch, freqs, log2_base, scale, sign, traditional, len, dims, seq, per_batch, positions, m_count, heads); }}"
+                        "extern \"C\" __global__ void {name}(const {t}* x, {t}* out, const i32* offset, int offset_per_batch, const float* freqs, float log2_base, float scale, float sign, int traditional, u64 rows, u64 len, u64 dims, u64 seq, u64 per_batch) {{ rope_rows<{t}, {width}, {vec}>(x, out, offset, offset_per_batch, freqs, log2_base, scale, sign, traditional, rows, len, dims, seq, per_batch); }}"
                     ));
                 }
                 for line in [
