@@ -1,8 +1,8 @@
-// Sweeps the launch shapes of the register-row norm kernels (norm_regs.cuh), RoPE (rope.cuh) and
-// the fused cross entropy with gradient against norm.cuh's looping kernels, the separate kernels
-// and the copy ceiling measured in the same run, bf16, at the shapes of bench_fast. Bytes are
-// those of an ideal kernel (as bench_fast counts them). Build and run on the GPU machine
-// (-Xptxas -v lists registers and spills per kernel; an argument norm, ce or rope runs one part):
+// Sweeps the launch shapes of the register-row norm kernels (norm_regs.cuh) and RoPE (rope.cuh)
+// against norm.cuh's looping kernels, the alternatives they were chosen against and the copy
+// ceiling measured in the same run, bf16, at the shapes of bench_fast. Bytes are those of an
+// ideal kernel (as bench_fast counts them). Build and run on the GPU machine (-Xptxas -v lists
+// registers and spills per kernel; an argument norm or rope runs one part):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I crates/nuvec-cuda/kernels bench/cuda/tune_norm.cu -o tune_norm && ./tune_norm
 #include <cstdio>
 #include <algorithm>
@@ -77,13 +77,6 @@ __global__ void rope_tab(const T* x, T* o, const float2* tab, u64 rows, u64 seq)
   Vec<T, 8>* q = reinterpret_cast<Vec<T, 8>*>(o + row * 128);
   q[c] = a;
   q[8 + c] = b;
-}
-template <int TH> __global__ void __launch_bounds__(TH) ce_fused(const T* x, const i32* t, const float* g, float* loss, T* dx, u64 rows, u64 len) {
-  cross_entropy_with_vjp_rows<T>(x, t, g, loss, dx, rows, len);
-}
-__global__ void __launch_bounds__(1024) ce_fwd(const T* x, const i32* t, float* loss, u64 rows, u64 len) { cross_entropy_rows<T>(x, t, loss, rows, len); }
-__global__ void ce_vjp(const T* x, const i32* t, const float* g, const float* loss, T* dx, u64 rows, u64 len) {
-  cross_entropy_vjp_rows<T>(x, t, g, loss, dx, rows, len);
 }
 // Layer norm experiment: a warp per row of 4096 bf16 (16 vectors per lane, no prefetch, no barrier).
 __global__ void __launch_bounds__(256) ln_warp(const T* x, const T* w, const T* b, T* o, u64 rows, u64 len) {
@@ -187,7 +180,7 @@ template <int V> static void sweep(u64 rows, u64 len, T* x, T* w, T* b, T* gy, T
 }
 
 int main(int argc, char** argv) {
-  // An argument (norm, ce, rope) runs only that part.
+  // An argument (norm, rope) runs only that part.
   auto want = [&](const char* p) { return argc < 2 || strcmp(argv[1], p) == 0; };
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   size_t big = 512ull << 20;
@@ -232,35 +225,6 @@ int main(int argc, char** argv) {
     sweep<8>(s.rows, s.len, x, w, b, gy, o, part, dw);
     sweep_bwd<2>(s.rows, s.len, x, w, gy, o, part, dw);
     sweep_bwd<4>(s.rows, s.len, x, w, gy, o, part, dw);
-  }
-  // Cross entropy with its gradient, 1024 rows (the buffers hold 512 MiB): the fused kernel (as many blocks as are resident)
-  // against the loss kernel followed by the derivative kernel, as fast_rows.rs launches them.
-  if (want("ce")) {
-    u64 rows = 1024;
-    i32* tg;
-    float *g, *loss;
-    CK(cudaMalloc(&tg, rows * 4)); CK(cudaMalloc(&g, rows * 4)); CK(cudaMalloc(&loss, rows * 4));
-    CK(cudaMemset(g, 0, rows * 4));
-    for (u64 len : {32000ull, 128256ull, 152064ull}) {
-      std::vector<i32> ht(rows);
-      for (u64 r = 0; r < rows; ++r) ht[r] = (i32)((r * 7919) % len);
-      CK(cudaMemcpy(tg, ht.data(), rows * 4, cudaMemcpyHostToDevice));
-      double bytes = 2.0 * rows * len * 2;
-      int fth = len > 65536 ? 512 : 128;
-      unsigned gf = (unsigned)std::min<u64>(rows, resident(ce_fwd, fth)), gv = (unsigned)std::min<u64>(rows, resident(ce_vjp, 256));
-      float ms2 = time_ms(10, [&] {
-        ce_fwd<<<gf, fth>>>(x, tg, loss, rows, len);
-        ce_vjp<<<gv, 256>>>(x, tg, g, loss, o, rows, len);
-      });
-      printf("cross_entropy %llux%llu fwd+vjp kernels: %7.1f GB/s %5.1f%%\n", rows, len, bytes / ms2 / 1e6, 100 * bytes / ms2 / 1e6 / ceil_gbs);
-      unsigned g2 = (unsigned)std::min<u64>(rows, resident(ce_fused<256>, 256)), g5 = (unsigned)std::min<u64>(rows, resident(ce_fused<512>, 512)),
-               g10 = (unsigned)std::min<u64>(rows, resident(ce_fused<1024>, 1024));
-      float a = time_ms(10, [&] { ce_fused<256><<<g2, 256>>>(x, tg, g, loss, o, rows, len); });
-      float b = time_ms(10, [&] { ce_fused<512><<<g5, 512>>>(x, tg, g, loss, o, rows, len); });
-      float c = time_ms(10, [&] { ce_fused<1024><<<g10, 1024>>>(x, tg, g, loss, o, rows, len); });
-      printf("cross_entropy %llux%llu fused: 256 thr (grid %u) %5.1f%%  512 (grid %u) %5.1f%%  1024 (grid %u) %5.1f%%\n", rows, len, g2,
-             100 * bytes / a / 1e6 / ceil_gbs, g5, 100 * bytes / b / 1e6 / ceil_gbs, g10, 100 * bytes / c / 1e6 / ceil_gbs);
-    }
   }
   // RoPE [B, 32, T, 128], all dims rotated, halves: rope.cuh as fast_rows.rs launches it (8
   // chunks × 32 rows per block, rows in memory order), and the two kernels it was chosen against.

@@ -2,9 +2,9 @@
 // decode GEMVs on the GPU against the copy ceiling measured in the same run, checks them against
 // plain reference kernels, and sweeps launch shapes. It compiles the kernels' own headers
 // (crates/nuvec-cuda/kernels), so a variant of a header can be timed before the dispatch in
-// eval.rs / fast_rows.rs / matmul.rs changes to match; the previous ms_scan, gemv_rows and
-// gemv_cols are copied below (`o_` names) to time old against new in one run. Build and run on
-// the GPU machine, from the repository root:
+// eval.rs / fast_rows.rs / matmul.rs changes to match; the previous ms_scan and gemv_rows are
+// copied below (`o_` names) to time old against new in one run. Build and run on the GPU
+// machine, from the repository root:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I crates/nuvec-cuda/kernels bench/cuda/tune_rows.cu -o tune && ./tune
 // -DNV_ROW_LOADS=n / -DNV_GEMV_ROW_LOADS=n set the new kernels' 16-byte loads in flight per
 // thread (-DNV_GEMV_COL_LOADS=n gemv_cols'); `./tune targets` stops after the target lines:
@@ -12,15 +12,11 @@
 // Prints: the copy ceiling; "target" lines, old and new in GB/s and % of the ceiling, for bf16
 // log-sum-exp 16384x4096 and 4096x16384 (a warp per row, as eval.rs), cross-entropy
 // 4096x{32000,128256,152064} (a block per row, 256 threads, 1024 past 65536 columns, grid of
-// resident blocks, as fast_rows.rs; also with the target's logit read before the statistics),
-// the GEMV 1x4096 . W[14336,4096]^T (matmul.rs's gemv_rows launch; in parentheses two other
-// GEMV shapes) and the GEMV 1x4096 . B[4096,14336] (gemv_cols, matmul.rs's launch: tiles x
-// slices of K; then the blocks per SM and grid each got; in parentheses the down projection's
-// shape and M = 4); "check" lines against the references (edge rows with NaN/inf, short and
-// unaligned rows for 4 types; GEMVs for M = 1..8 and ragged shapes, gemv_cols for slices 1..12,
-// padded B rows, unaligned x, +inf in the rows that end slices; the swept gemv_cols variants),
-// each should say 0 bad; then the sweeps (threads per row, softmax; gemv_cols column threads CT
-// x loads in flight U x slices, % of the copy ceiling).
+// resident blocks, as fast_rows.rs; also with the target's logit read before the statistics)
+// and the GEMV 1x4096 . W[14336,4096]^T (matmul.rs's launch; in parentheses two other GEMV
+// shapes); "check" lines against the references (edge rows with NaN/inf, short and unaligned
+// rows for 4 types; GEMVs for M = 1..8 and ragged shapes), each should say 0 bad; then the older
+// sweeps (threads per row, softmax, gemv_cols slices).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -162,102 +158,6 @@ __device__ __forceinline__ void o_gemv_rows(const T* __restrict__ x, const T* __
   }
 }
 
-// gemv.cuh's previous gemv_cols: 8 row loads per thread issued at the top of the loop (ptxas
-// interleaved them with the multiply-adds: 2 in flight), the slice's last rows one at a time.
-template <typename T, int M>
-__device__ __forceinline__ void o_gemv_cols(const T* __restrict__ x, const T* __restrict__ b, float* __restrict__ partials,
-                                          unsigned* __restrict__ counters, T* __restrict__ out, u64 n, u64 k, u64 ldx,
-                                          u64 ldb, u64 ldo, u64 slices) {
-  const int V = 16 / sizeof(T);
-  const int U = 8;
-  const int TILE = 8 * V;
-  int ct = threadIdx.x % 8, kg = threadIdx.x / 8;
-  u64 c0 = (u64)blockIdx.x * TILE + ct * V;
-  u64 per = (k + slices - 1) / slices;
-  u64 lo = blockIdx.y * per, hi = lo + per < k ? lo + per : k;
-  float acc[M][V];
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int j = 0; j < V; ++j) acc[m][j] = 0.0f;
-  if (c0 + V <= n) {
-    u64 r = lo + kg;
-    for (; r + 32 * (U - 1) < hi; r += 32 * U) {
-      Vec<T, V> bv[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) bv[u] = *reinterpret_cast<const Vec<T, V>*>(b + (r + 32 * u) * ldb + c0);
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float xv = widen(x[m * ldx + r + 32 * u]);
-#pragma unroll
-          for (int j = 0; j < V; ++j) acc[m][j] += xv * widen(bv[u].v[j]);
-        }
-    }
-    for (; r < hi; r += 32) {
-      Vec<T, V> bv = *reinterpret_cast<const Vec<T, V>*>(b + r * ldb + c0);
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float xv = widen(x[m * ldx + r]);
-#pragma unroll
-        for (int j = 0; j < V; ++j) acc[m][j] += xv * widen(bv.v[j]);
-      }
-    }
-  } else if (c0 < n) {
-    for (u64 r = lo + kg; r < hi; r += 32)
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float xv = widen(x[m * ldx + r]);
-#pragma unroll
-        for (int j = 0; j < V; ++j)
-          if (c0 + j < n) acc[m][j] += xv * widen(b[r * ldb + c0 + j]);
-      }
-  }
-  // A warp holds 4 row groups of the same columns: fold them with shuffles, then the 8 warps
-  // through shared memory.
-  __shared__ float red[M][8][TILE];
-  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      float v = acc[m][j];
-      v += __shfl_xor_sync(0xffffffffu, v, 8);
-      v += __shfl_xor_sync(0xffffffffu, v, 2 * 8);
-      if (lane < 8) red[m][warp][ct * V + j] = v;
-    }
-  __syncthreads();
-  __shared__ bool last;
-  for (int e = threadIdx.x; e < M * TILE; e += blockDim.x) {
-    int m = e / TILE, c = e % TILE;
-    float v = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) v += red[m][w][c];
-    u64 col = (u64)blockIdx.x * TILE + c;
-    if (col >= n) continue;
-    if (slices == 1) out[m * ldo + col] = narrow<T>((typename Acc<T>::type)v);
-    else partials[((u64)blockIdx.y * M + m) * n + col] = v;
-  }
-  if (slices == 1) return;
-  // Publish this slice's partials, then count it in; the last slice to arrive sums them.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == slices - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int e = threadIdx.x; e < M * TILE; e += blockDim.x) {
-    int m = e / TILE, c = e % TILE;
-    u64 col = (u64)blockIdx.x * TILE + c;
-    if (col >= n) continue;
-    float v = 0.0f;
-    for (u64 sl = 0; sl < slices; ++sl) v += __ldcg(&partials[(sl * M + m) * n + col]);
-    out[m * ldo + col] = narrow<T>((typename Acc<T>::type)v);
-  }
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0;
-}
-
 // ---- Kernels as kernels.rs wraps them (OLD selects the copies above).
 template <typename T, bool OLD> __global__ void lse_warp(const T* x, T* o, u64 rows, u64 len) {
   int lane = threadIdx.x & 31;
@@ -300,13 +200,7 @@ __global__ void grows(const T* x, const T* w, T* o, u64 n, u64 k, u64 ldx, u64 l
   if constexpr (OLD) o_gemv_rows<T, M>(x, w, o, n, k, ldx, ldw, ldo);
   else gemv_rows<T, M>(x, w, o, n, k, ldx, ldw, ldo);
 }
-// kernels.rs's gemv_cols_{M} (CT, U: the new kernel's column threads and loads in flight).
-template <typename T, int M, bool OLD, int CT = NV_GEMV_CT, int U = NV_GEMV_COL_LOADS>
-__global__ void __launch_bounds__(NV_GEMV_COL_BLOCK) gcols(const T* x, const T* b, float* p, unsigned* c, T* o, u64 n, u64 k,
-                                                           u64 ldx, u64 ldb, u64 ldo, u64 s) {
-  if constexpr (OLD) o_gemv_cols<T, M>(x, b, p, c, o, n, k, ldx, ldb, ldo, s);
-  else gemv_cols<T, M, CT, U>(x, b, p, c, o, n, k, ldx, ldb, ldo, s);
-}
+template <typename T> __global__ void __launch_bounds__(NV_GEMV_COL_BLOCK) gcols(const T* x, const T* b, float* p, unsigned* c, T* o, u64 n, u64 k, u64 s) { gemv_cols<T, 1>(x, b, p, c, o, n, k, k, n, n, s); }
 
 // ---- References: a thread per row / output, double precision, the composition's semantics.
 template <typename T> __global__ void ref_lse(const T* x, double* o, u64 rows, u64 len) {
@@ -326,15 +220,13 @@ template <typename T> __global__ void ref_lse(const T* x, double* o, u64 rows, u
   for (u64 i = 0; i < len; ++i) s += exp((double)widen(p[i]) - m);
   o[r] = log(s) + m;
 }
-// Output c of row m: sum over i of x[m, i] * w[c * wc + i * wi] (W^T: wc = ldw, wi = 1; B [K, N]:
-// wc = 1, wi = ldb).
-template <typename T> __global__ void ref_gemv(const T* x, const T* w, double* o, double* mag, int M, u64 n, u64 k, u64 ldx, u64 wc, u64 wi) {
+template <typename T> __global__ void ref_gemv(const T* x, const T* w, double* o, double* mag, int M, u64 n, u64 k, u64 ldx, u64 ldw) {
   u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= (u64)M * n) return;
   u64 m = e / n, c = e % n;
   double s = 0, a = 0;
   for (u64 i = 0; i < k; ++i) {
-    double p = (double)widen(x[m * ldx + i]) * (double)widen(w[c * wc + i * wi]);
+    double p = (double)widen(x[m * ldx + i]) * (double)widen(w[c * ldw + i]);
     s += p;
     a += fabs(p);
   }
@@ -405,37 +297,6 @@ static void launch_gemv(const T* x, const T* w, T* o, u64 n, u64 k, u64 ldx, u64
   u64 g = (n + block / 32 - 1) / (block / 32), cap = 65535ull * 32;
   if (grid == 0) grid = (unsigned)(g < cap ? g : cap);
   grows<T, M, OLD><<<grid, block>>>(x, w, o, n, k, ldx, ldw, ldo);
-}
-
-// matmul.rs's gemv_cols launch: tiles of NV_GEMV_CT * V columns (CT here), 256 threads, slices as
-// many as keep every block resident in one wave, at least 128 rows each (slices = 0), or as
-// given. Partials and per-tile counters (zeroed once; the kernel resets them) are shared.
-static float* col_partials;
-static unsigned* col_counters;
-static const u64 col_partials_floats = 16ull << 20, col_counter_words = 1 << 18;
-struct ColsPlan { u64 tiles, slices; int per_sm; };
-template <typename T, int M, bool OLD, int CT = NV_GEMV_CT, int U = NV_GEMV_COL_LOADS>
-static ColsPlan cols_plan(u64 n, u64 k, u64 slices = 0) {
-  const u64 V = 16 / sizeof(T);
-  int per = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, gcols<T, M, OLD, CT, U>, NV_GEMV_COL_BLOCK, 0));
-  u64 tiles = (n + CT * V - 1) / (CT * V), resident = (u64)per * sms;
-  if (slices == 0) {
-    slices = resident / tiles;
-    u64 cap = (k + 127) / 128;
-    if (slices > cap) slices = cap;
-    if (slices < 1) slices = 1;
-    if (slices > 65535) slices = 65535;
-  }
-  if (slices > 1 && (slices * M * n > col_partials_floats || tiles > col_counter_words)) { printf("cols_plan: buffers too small\n"); exit(1); }
-  return {tiles, slices, per};
-}
-template <typename T, int M, bool OLD, int CT = NV_GEMV_CT, int U = NV_GEMV_COL_LOADS>
-static std::function<void()> launch_cols(const T* x, const T* b, T* o, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices = 0) {
-  ColsPlan pl = cols_plan<T, M, OLD, CT, U>(n, k, slices);
-  float* p = col_partials;
-  unsigned* c = col_counters;
-  return [=] { gcols<T, M, OLD, CT, U><<<dim3((unsigned)pl.tiles, (unsigned)pl.slices), NV_GEMV_COL_BLOCK>>>(x, b, p, c, o, n, k, ldx, ldb, ldo, pl.slices); };
 }
 
 // ---- Checks.
@@ -521,7 +382,7 @@ template <typename T, int M> static int check_gemv_m(u64 n, u64 k, unsigned bloc
   CK(cudaMalloc(&ref, M * n * 8)); CK(cudaMalloc(&mag, M * n * 8));
   fill<T><<<256, 256>>>(x, nx, -1, 1, 7 + M);
   fill<T><<<1024, 256>>>(w, nw, -1, 1, 11 + (u32)k);
-  ref_gemv<T><<<(unsigned)((M * n + 127) / 128), 128>>>(x, w, ref, mag, M, n, k, ldx, ldw, 1);
+  ref_gemv<T><<<(unsigned)((M * n + 127) / 128), 128>>>(x, w, ref, mag, M, n, k, ldx, ldw);
   CK(cudaMemset(o, 0x55, M * n * sizeof(T)));
   launch_gemv<T, M, false>(x, w, o, n, k, ldx, ldw, n, block, grid);
   CK(cudaGetLastError());
@@ -546,83 +407,6 @@ template <typename T> static int check_gemv(u64 n, u64 k, unsigned block = 256, 
   return check_gemv_m<T, 1>(n, k, block, grid) + check_gemv_m<T, 2>(n, k, block, grid) + check_gemv_m<T, 3>(n, k, block, grid) +
          check_gemv_m<T, 4>(n, k, block, grid) + check_gemv_m<T, 5>(n, k, block, grid) + check_gemv_m<T, 6>(n, k, block, grid) +
          check_gemv_m<T, 7>(n, k, block, grid) + check_gemv_m<T, 8>(n, k, block, grid);
-}
-
-// gemv_cols against ref_gemv for each of `slices`: B [k, n] with row stride ldb (n rounded up to
-// a vector, plus `pad` vectors), x rows k + 3 apart (M > 1) starting `xoff` elements past an
-// aligned address (the cols dispatch does not require x aligned). `edge`: the rows that end a
-// slice (for every slice count checked) hold +inf in every fifth column, so the repeated rows of
-// a last iteration must add nothing (a product of 0 and inf would give NaN).
-template <typename T, int M, int CT = NV_GEMV_CT, int U = NV_GEMV_COL_LOADS>
-static int check_cols_m(u64 n, u64 k, u64 pad, u64 xoff, const std::vector<u64>& slice_list, bool edge = false) {
-  const u64 V = 16 / sizeof(T);
-  u64 ldb = (n + V - 1) / V * V + pad * V, ldx = M > 1 ? k + 3 : k;
-  u64 nx = xoff + (u64)M * ldx, nb = k * ldb;
-  T *x, *b, *o; double *ref, *mag;
-  CK(cudaMalloc(&x, nx * sizeof(T))); CK(cudaMalloc(&b, nb * sizeof(T))); CK(cudaMalloc(&o, M * n * sizeof(T)));
-  CK(cudaMalloc(&ref, M * n * 8)); CK(cudaMalloc(&mag, M * n * 8));
-  fill<T><<<256, 256>>>(x, nx, -1, 1, 17 + M);
-  fill<T><<<1024, 256>>>(b, nb, -1, 1, 19 + (u32)k);
-  if (edge) {
-    std::vector<T> hb(nb);
-    CK(cudaMemcpy(hb.data(), b, nb * sizeof(T), cudaMemcpyDeviceToHost));
-    for (u64 s : slice_list) {
-      u64 per = (k + s - 1) / s;
-      for (u64 e = per; e <= k + per - 1; e += per) {
-        u64 r = (e < k ? e : k) - 1;
-        for (u64 c = 1; c < n; c += 5) hb[r * ldb + c] = f2h<T>(INFINITY);
-      }
-    }
-    CK(cudaMemcpy(b, hb.data(), nb * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ref_gemv<T><<<(unsigned)((M * n + 127) / 128), 128>>>(x + xoff, b, ref, mag, M, n, k, ldx, 1, ldb);
-  std::vector<T> got(M * n);
-  std::vector<double> want(M * n), m(M * n);
-  CK(cudaMemcpy(want.data(), ref, M * n * 8, cudaMemcpyDeviceToHost));
-  CK(cudaMemcpy(m.data(), mag, M * n * 8, cudaMemcpyDeviceToHost));
-  int bad = 0;
-  double rel = sizeof(T) == 2 ? 1.0 / 128 : 1e-6;  // the output's rounding
-  for (u64 s : slice_list) {
-    CK(cudaMemset(o, 0x55, M * n * sizeof(T)));
-    launch_cols<T, M, false, CT, U>(x + xoff, b, o, n, k, ldx, ldb, n, s)();
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(got.data(), o, M * n * sizeof(T), cudaMemcpyDeviceToHost));
-    for (u64 e = 0; e < (u64)M * n; ++e) {
-      double g = h2f(got[e]);
-      if (!agrees(g, want[e], rel * fabs(want[e]) + 3e-5 * m[e] + 1e-6)) {
-        if (bad < 3) printf("  gemv cols CT %d U %d M %d n %llu k %llu slices %llu: out[%llu] got %g want %g\n", CT, U, M, n, k, s, e, g, want[e]);
-        ++bad;
-      }
-    }
-  }
-  CK(cudaFree(x)); CK(cudaFree(b)); CK(cudaFree(o)); CK(cudaFree(ref)); CK(cudaFree(mag));
-  return bad;
-}
-template <typename T>
-static int check_cols(u64 n, u64 k, u64 pad, u64 xoff, const std::vector<u64>& sl, bool edge = false) {
-  return check_cols_m<T, 1>(n, k, pad, xoff, sl, edge) + check_cols_m<T, 2>(n, k, pad, xoff, sl, edge) +
-         check_cols_m<T, 3>(n, k, pad, xoff, sl, edge) + check_cols_m<T, 4>(n, k, pad, xoff, sl, edge) +
-         check_cols_m<T, 5>(n, k, pad, xoff, sl, edge) + check_cols_m<T, 6>(n, k, pad, xoff, sl, edge) +
-         check_cols_m<T, 7>(n, k, pad, xoff, sl, edge) + check_cols_m<T, 8>(n, k, pad, xoff, sl, edge);
-}
-// The swept variants (column threads CT, loads U), M = 1 and 2.
-template <int CT, int U> static int check_cols_variant(u64 n, u64 k, const std::vector<u64>& sl) {
-  return check_cols_m<bf16, 1, CT, U>(n, k, 1, 1, sl) + check_cols_m<bf16, 2, CT, U>(n, k, 0, 0, sl) +
-         check_cols_m<float, 1, CT, U>(n, k, 0, 1, sl) + check_cols_m<float, 2, CT, U>(n, k, 1, 0, sl);
-}
-
-// Times gemv_cols<bf16, M, CT, U> on B [k, n] for matmul.rs's slice count (auto) and others.
-template <int CT, int U, int M = 1> static void sweep_cols(const bf16* x, const bf16* b, bf16* o, u64 n, u64 k) {
-  ColsPlan a = cols_plan<bf16, M, false, CT, U>(n, k);
-  double bytes = (double)n * k * 2;
-  printf("gemv cols bf16 %dx%llu . [%llu,%llu] CT %2d U %2d: %d blocks/SM, %4llu tiles, %% of copy for slices auto(%llu)", M, k, k,
-         n, CT, U, a.per_sm, a.tiles, a.slices);
-  for (u64 s : {0ull, 1ull, 2ull, 3ull, 4ull, 6ull, 8ull, 12ull}) {
-    float ms = time_ms(20, launch_cols<bf16, M, false, CT, U>(x, b, o, n, k, k, n, n, s));
-    if (s) printf(" %llu:", s);
-    printf(" %5.1f", 100 * bytes / ms / 1e6 / ceil_gbs);
-  }
-  printf("\n");
 }
 
 template <typename T> void rows_case(const char* op, const char* ty, u64 rows, u64 len, void* x, void* o) {
@@ -651,10 +435,7 @@ int main(int argc, char** argv) {
   fill<bf16><<<4096, 256>>>((bf16*)y, big / 2, -4, 4, 2);
   float cms = time_ms(20, [&] { CK(cudaMemcpyAsync(o, x, big, cudaMemcpyDeviceToDevice)); });
   ceil_gbs = 2.0 * big / cms / 1e6;
-  printf("copy ceiling: %.1f GB/s (%d SMs), NV_ROW_LOADS %d, NV_GEMV_ROW_LOADS %d, NV_GEMV_COL_LOADS %d\n", ceil_gbs, sms, NV_ROW_LOADS,
-         NV_GEMV_ROW_LOADS, NV_GEMV_COL_LOADS);
-  CK(cudaMalloc(&col_partials, col_partials_floats * 4)); CK(cudaMalloc(&col_counters, col_counter_words * 4));
-  CK(cudaMemset(col_counters, 0, col_counter_words * 4));
+  printf("copy ceiling: %.1f GB/s (%d SMs), NV_ROW_LOADS %d, NV_GEMV_ROW_LOADS %d\n", ceil_gbs, sms, NV_ROW_LOADS, NV_GEMV_ROW_LOADS);
 
   // ---- Targets.
   bf16* yb = (bf16*)y;
@@ -714,19 +495,6 @@ int main(int argc, char** argv) {
          [&] { launch_gemv<bf16, 1, false>(xv, yb, out, k, n, n, n, k); });
   target("(gemv rows bf16 4x4096 . [14336,4096]^T)", wbytes, [&] { launch_gemv<bf16, 4, true>(xv, yb, out, n, k, k, k, n); },
          [&] { launch_gemv<bf16, 4, false>(xv, yb, out, n, k, k, k, n); });
-  // B [K, N] row-major (gemv_cols), matmul.rs's launch: the target, then the down projection's
-  // shape and M = 4.
-  {
-    ColsPlan po = cols_plan<bf16, 1, true>(n, k), pn = cols_plan<bf16, 1, false>(n, k);
-    target("gemv cols bf16 1x4096 . [4096,14336]", wbytes, launch_cols<bf16, 1, true>(xv, yb, out, n, k, k, n, n),
-           launch_cols<bf16, 1, false>(xv, yb, out, n, k, k, n, n));
-    printf("  (old %d blocks/SM, %llu x %llu blocks; new %d blocks/SM, %llu x %llu blocks)\n", po.per_sm, po.tiles, po.slices,
-           pn.per_sm, pn.tiles, pn.slices);
-    target("(gemv cols bf16 1x14336 . [14336,4096])", wbytes, launch_cols<bf16, 1, true>(xv, yb, out, k, n, n, k, k),
-           launch_cols<bf16, 1, false>(xv, yb, out, k, n, n, k, k));
-    target("(gemv cols bf16 4x4096 . [4096,14336])", wbytes, launch_cols<bf16, 4, true>(xv, yb, out, n, k, k, n, n),
-           launch_cols<bf16, 4, false>(xv, yb, out, n, k, k, n, n));
-  }
   if (only_targets) return 0;
 
   // ---- Checks against the references.
@@ -759,42 +527,6 @@ int main(int argc, char** argv) {
     printf("check gemv rows old vs new 1x4096x14336: %d of %llu outputs differ by more than 2 bf16 ulps\n", d, n);
   }
 
-  bad = 0;
-  {
-    std::vector<u64> all = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, few = {1, 2, 3, 7};
-    // n: below, at and past one tile (64 bf16 / 32 f32 columns), ragged; k: 1 to 4099 rows.
-    for (auto nk : std::vector<std::pair<u64, u64>>{{1, 1}, {7, 5}, {8, 13}, {9, 128}, {63, 300}, {65, 1000}, {100, 4099}, {1000, 257}, {777, 2048}}) {
-      u64 pad = nk.first % 2, xoff = nk.second % 3;
-      bad += check_cols<bf16>(nk.first, nk.second, pad, xoff, all);
-      bad += check_cols<f16>(nk.first, nk.second, pad, xoff, all);
-      bad += check_cols<float>(nk.first, nk.second, pad, xoff, all);
-    }
-    bad += check_cols<bf16>(14336, 4096, 0, 0, few);
-    bad += check_cols<float>(4096, 14336, 0, 0, few);
-    bad += check_cols<bf16>(100, 300, 0, 1, few, true);
-    bad += check_cols<f16>(70, 1001, 1, 0, few, true);
-    bad += check_cols<float>(33, 515, 0, 2, few, true);
-  }
-  printf("check gemv cols (M 1..8, 9 ragged shapes x 3 types x slices 1..12, 2 large, 3 with inf at slice ends): %d bad\n", bad);
-  bad = 0;
-  for (auto nk : std::vector<std::pair<u64, u64>>{{65, 300}, {1000, 4099}}) {
-    bad += check_cols_variant<8, 4>(nk.first, nk.second, {1, 3, 7});
-    bad += check_cols_variant<8, 16>(nk.first, nk.second, {1, 3, 7});
-    bad += check_cols_variant<16, 8>(nk.first, nk.second, {1, 3, 7});
-    bad += check_cols_variant<32, 8>(nk.first, nk.second, {1, 3, 7});
-  }
-  printf("check gemv cols variants (CT/U 8/4 8/16 16/8 32/8, M 1..2, bf16 f32): %d bad\n", bad);
-  {
-    std::vector<unsigned short> a(n), b(n);
-    launch_cols<bf16, 1, true>(xv, yb, out, n, k, k, n, n)();
-    CK(cudaMemcpy(a.data(), out, n * 2, cudaMemcpyDeviceToHost));
-    launch_cols<bf16, 1, false>(xv, yb, out, n, k, k, n, n)();
-    CK(cudaMemcpy(b.data(), out, n * 2, cudaMemcpyDeviceToHost));
-    int d = 0;
-    for (u64 i = 0; i < n; ++i) { int e = (int)a[i] - (int)b[i]; if (e > 2 || e < -2) ++d; }
-    printf("check gemv cols old vs new 1x4096x14336: %d of %llu outputs differ by more than 2 bf16 ulps\n", d, n);
-  }
-
   // ---- Sweeps: threads per row, softmax, gemv_cols slices.
   rows_case<float>("lse", "f32", 16384, 4096, x, o);
   rows_case<float>("lse", "f32", 4096, 16384, x, o);
@@ -802,21 +534,15 @@ int main(int argc, char** argv) {
   rows_case<bf16>("lse", "bf16", 4096, 16384, y, o);
   rows_case<float>("softmax", "f32", 4096, 16384, x, o);
   rows_case<bf16>("softmax", "bf16", 16384, 4096, y, o);
-  // gemv_cols: column threads per tile (CT; matmul.rs's GEMV_COL_THREADS must follow NV_GEMV_CT),
-  // 16-byte loads in flight per thread (U) and slices of K.
-  sweep_cols<8, 4>(xv, yb, out, n, k);
-  sweep_cols<8, 8>(xv, yb, out, n, k);
-  sweep_cols<8, 12>(xv, yb, out, n, k);
-  sweep_cols<8, 16>(xv, yb, out, n, k);
-  sweep_cols<16, 4>(xv, yb, out, n, k);
-  sweep_cols<16, 8>(xv, yb, out, n, k);
-  sweep_cols<16, 16>(xv, yb, out, n, k);
-  sweep_cols<32, 4>(xv, yb, out, n, k);
-  sweep_cols<32, 8>(xv, yb, out, n, k);
-  sweep_cols<32, 16>(xv, yb, out, n, k);
-  sweep_cols<8, 8>(xv, yb, out, k, n);
-  sweep_cols<16, 8>(xv, yb, out, k, n);
-  sweep_cols<8, 8, 4>(xv, yb, out, n, k);
-  sweep_cols<8, 4, 4>(xv, yb, out, n, k);
+  float* part; unsigned* cnt;
+  CK(cudaMalloc(&part, 256 * n * 4)); CK(cudaMalloc(&cnt, 1 << 16)); CK(cudaMemset(cnt, 0, 1 << 16));
+  u64 tiles = (n + 63) / 64;
+  int resident = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, gcols<bf16>, 256, 0));
+  printf("gemv cols: %d resident blocks per SM, %llu tiles\n", resident, tiles);
+  for (u64 s : {1ull, 2ull, 3ull, 4ull, 6ull, 8ull}) {
+    float ms = time_ms(50, [&] { gcols<bf16><<<dim3((unsigned)tiles, (unsigned)s), 256>>>(xv, yb, part, cnt, out, n, k, s); });
+    printf("gemv cols bf16 slices %3llu: %7.1f GB/s %5.1f%%\n", s, wbytes / ms / 1e6, 100 * wbytes / ms / 1e6 / ceil_gbs);
+  }
   return 0;
 }

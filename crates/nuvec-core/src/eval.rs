@@ -8,7 +8,6 @@ use crate::array::{Array, Node, State};
 use crate::backend::backend_for;
 use crate::device::{Device, Stream, with_stream};
 use crate::error::{Error, Result};
-use crate::fast::FastOp;
 use crate::primitive::Primitive;
 use crate::primitive::view::view_layout;
 use crate::storage::{Data, Operand, Output, Spec, internal};
@@ -48,14 +47,11 @@ pub fn async_eval<T: Leaves + ?Sized>(tree: &T) -> Result<()> {
 
 /// Evaluates `outputs` and everything they depend on.
 pub(crate) fn eval_arrays(outputs: &[Array]) -> Result<()> {
-    let mut order: Vec<Option<Array>> = schedule(outputs).into_iter().map(Some).collect();
+    let order = schedule(outputs);
     // Consume the order as we go: once a node has run, only its consumers hold its outputs,
     // so an intermediate is freed right after its last consumer.
-    for i in 0..order.len() {
-        let Some(array) = order[i].take() else { continue };
-        if !run_cross_entropy_pair(&array, &order[i + 1..])? {
-            run(&array)?;
-        }
+    for array in order {
+        run(&array)?;
     }
     match outputs.iter().find_map(|a| a.error()) {
         Some(e) => Err(e),
@@ -129,11 +125,6 @@ fn run(array: &Array) -> Result<()> {
             .map(|o| o.data.ok_or_else(|| internal(format!("{} produced no output", node.primitive.name()))))
             .collect::<Result<Vec<Data>>>()
     });
-    settle(array, &node, result)
-}
-
-/// Stores a node's outputs (or its error) in every array of it.
-fn settle(array: &Array, node: &Arc<Node>, result: Result<Vec<Data>>) -> Result<()> {
     let siblings: Vec<Array> = match node.siblings.get() {
         Some(weak) => weak.iter().filter_map(|w| w.upgrade()).map(|inner| Array { inner }).collect(),
         None => vec![array.clone()],
@@ -164,99 +155,20 @@ fn settle(array: &Array, node: &Arc<Node>, result: Result<Vec<Data>>) -> Result<
     }
 }
 
-/// A pending cross entropy and the pending derivative in `later` that consumes its loss (same
-/// logits and targets) run as one [`FastOp::CrossEntropyWithVjp`], which reads the logits once
-/// for both, when the backend has that kernel and the derivative's cotangent is computed, or
-/// can be first because it does not depend on the loss. Returns whether it ran them; if the
-/// fused kernel fails, each runs on its own (and reports its own error).
-fn run_cross_entropy_pair(array: &Array, later: &[Option<Array>]) -> Result<bool> {
-    let Some(node) = pending_node(array) else { return Ok(false) };
-    if !matches!(node.primitive, Primitive::Fast(FastOp::CrossEntropy)) || !crate::fast::fused_enabled() {
-        return Ok(false);
-    }
-    let same = |a: &Array, b: &Array| Arc::ptr_eq(&a.inner, &b.inner);
-    let pair = later.iter().flatten().find_map(|b| {
-        let n = pending_node(b)?;
-        let consumes = matches!(n.primitive, Primitive::Fast(FastOp::CrossEntropyVjp))
-            && same(&n.inputs[3], array)
-            && same(&n.inputs[0], &node.inputs[0])
-            && same(&n.inputs[1], &node.inputs[1]);
-        consumes.then(|| (b.clone(), n))
-    });
-    let Some((vjp_array, vjp_node)) = pair else { return Ok(false) };
-    let stream = array.stream();
-    let g = vjp_node.inputs[2].clone();
-    let op = Primitive::Fast(FastOp::CrossEntropyWithVjp);
-    let inputs = [node.inputs[0].clone(), node.inputs[1].clone(), g.clone()];
-    let in_specs: Vec<Spec> = inputs.iter().map(Array::spec).collect();
-    let out_specs = [node.outputs[0].clone(), vjp_node.outputs[0].clone()];
-    let backend = backend_for(stream.device)?;
-    if vjp_array.stream() != stream || !backend.supports(&op, &in_specs, &out_specs) {
-        return Ok(false);
-    }
-    if pending_node(&g).is_some() {
-        if depends_on(&g, &node) {
-            return Ok(false);
-        }
-        eval_arrays(std::slice::from_ref(&g))?;
-    }
-    let _first = node.run.lock().unwrap_or_else(|e| e.into_inner());
-    let _second = vjp_node.run.lock().unwrap_or_else(|e| e.into_inner());
-    // Another evaluation may have run either while we waited.
-    if pending_node(array).is_none() || pending_node(&vjp_array).is_none() {
-        return Ok(false);
-    }
-    let mut outputs: Vec<Output> =
-        out_specs.iter().map(|s| Output { shape: s.shape.clone(), dtype: s.dtype, data: None }).collect();
-    let ran = gather_operands(&inputs, false, stream, op.name())
-        .and_then(|operands| dispatch(stream, &op, operands, &mut outputs))
-        .and_then(|()| {
-            outputs
-                .into_iter()
-                .map(|o| o.data.ok_or_else(|| internal(format!("{} produced no output", op.name()))))
-                .collect::<Result<Vec<Data>>>()
-        });
-    let Ok(mut datas) = ran else { return Ok(false) };
-    let dx = datas.pop();
-    settle(array, &node, Ok(datas))?;
-    settle(&vjp_array, &vjp_node, dx.map(|d| vec![d]).ok_or_else(|| internal("no cotangent")))?;
-    Ok(true)
-}
-
-/// Whether `a`'s pending graph reaches `target`.
-fn depends_on(a: &Array, target: &Arc<Node>) -> bool {
-    let mut seen: HashSet<*const Node> = HashSet::new();
-    let mut stack: Vec<Arc<Node>> = pending_node(a).into_iter().collect();
-    while let Some(n) = stack.pop() {
-        if Arc::ptr_eq(&n, target) {
-            return true;
-        }
-        if seen.insert(Arc::as_ptr(&n)) {
-            stack.extend(n.inputs.iter().filter_map(pending_node));
-        }
-    }
-    false
-}
-
 /// The inputs of `node` as operands on `stream`'s device. An input that only this node still
 /// references hands over its bytes (donation).
 fn gather_inputs(node: &Node, stream: Stream) -> Result<Vec<Operand>> {
-    gather_operands(&node.inputs, node.primitive.is_view(), stream, node.primitive.name())
-}
-
-/// `inputs` as operands on `stream`'s device, donating those only the caller still holds
-/// (through `inputs`) unless `view`; `name` for errors.
-fn gather_operands(inputs: &[Array], view: bool, stream: Stream, name: &str) -> Result<Vec<Operand>> {
-    let mut operands = Vec::with_capacity(inputs.len());
-    for input in inputs {
+    let view = node.primitive.is_view();
+    let mut operands = Vec::with_capacity(node.inputs.len());
+    for input in &node.inputs {
         let mut st = input.inner.lock();
         let data = match &*st {
             State::Ready(d) => d.clone(),
             State::Failed(e) => return Err(e.clone()),
             State::Pending { .. } => {
-                return Err(internal(format!("input of {name} was not evaluated")));
+                return Err(internal(format!("input of {} was not evaluated", node.primitive.name())));
             }
-            State::Donated => return Err(internal(format!("input of {name} was donated"))),
+            State::Donated => return Err(internal(format!("input of {} was donated", node.primitive.name()))),
         };
         let mut donated = false;
         let data = if data.storage.location() == stream.device || view {

@@ -3,7 +3,7 @@
 //  - gemv_rows: B is W^T with W [N, K] row-major (each output reads one contiguous row of W);
 //    a block computes a few adjacent outputs together, K split over all its threads.
 //  - gemv_cols: B [K, N] row-major; each thread owns 16 bytes of consecutive columns and a
-//    slice of K (blockIdx.y); slices write f32 partials that the tile's last block sums.
+//    slice of K (blockIdx.y); slices write f32 partials that gemv_finish sums.
 #pragma once
 #include "common.cuh"
 
@@ -128,87 +128,57 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
   }
 }
 
-// gemv_cols: a block owns a tile of CT * V columns (CT column threads of 16 bytes) and one slice
-// of K. Its 256 threads are CT column threads × 256 / CT row groups: with CT = 8 a warp reads 4
-// consecutive rows of 128 bytes, and each thread keeps U rows' loads in flight. The row groups are
-// summed in the block (shuffles, then shared memory); slices, when the tiles alone do not fill
-// the GPU, leave f32 partials and the last block of a tile to arrive (a counter per tile, reset
-// by that block) adds them. CT and U are template parameters for bench/cuda/tune_rows.cu's
-// sweeps; the runtime uses the defaults (matmul.rs's GEMV_COL_THREADS is NV_GEMV_CT).
+// gemv_cols: a block owns a tile of NV_GEMV_CT * V columns and one slice of K. Its 256 threads
+// are NV_GEMV_CT column threads × 32 row groups: a warp reads 4 consecutive rows of 128 bytes, and
+// each thread keeps U rows' loads in flight. The row groups are summed in the block (shuffles,
+// then shared memory); slices, when the tiles alone do not fill the GPU, leave f32 partials and
+// the last block of a tile to arrive (a counter per tile, reset by that block) adds them.
 #define NV_GEMV_CT 8
-#define NV_GEMV_COL_BLOCK 256
+#define NV_GEMV_KG 32
+#define NV_GEMV_COL_BLOCK (NV_GEMV_CT * NV_GEMV_KG)
 
-template <typename T, int M, int CT = NV_GEMV_CT, int U = NV_GEMV_COL_LOADS>
+template <typename T, int M>
 __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __restrict__ b, float* __restrict__ partials,
                                           unsigned* __restrict__ counters, T* __restrict__ out, u64 n, u64 k, u64 ldx,
                                           u64 ldb, u64 ldo, u64 slices) {
   const int V = 16 / sizeof(T);
-  const int KG = NV_GEMV_COL_BLOCK / CT, TILE = CT * V, W = NV_GEMV_COL_BLOCK / 32;
-  static_assert(CT >= 1 && CT <= 32 && 32 % CT == 0, "column threads: a divisor of 32");
-  static_assert(M * W * TILE * 4 <= 48 * 1024, "the block's sums exceed static shared memory");
-  const int ct = threadIdx.x % CT, kg = threadIdx.x / CT;
-  const u64 c0 = (u64)blockIdx.x * TILE + ct * V;
-  const u64 per = (k + slices - 1) / slices;
-  const u64 lo = blockIdx.y * per, hi = lo + per < k ? lo + per : k;
+  const int U = NV_GEMV_COL_LOADS;
+  const int TILE = NV_GEMV_CT * V;
+  int ct = threadIdx.x % NV_GEMV_CT, kg = threadIdx.x / NV_GEMV_CT;
+  u64 c0 = (u64)blockIdx.x * TILE + ct * V;
+  u64 per = (k + slices - 1) / slices;
+  u64 lo = blockIdx.y * per, hi = lo + per < k ? lo + per : k;
   float acc[M][V];
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[m][j] = 0.0f;
   if (c0 + V <= n) {
-    // As gemv_rows: the U loads of the next rows are issued at the end of an iteration, across
-    // the loop's branch from their use (issued at the top, ptxas interleaved them with the
-    // multiply-adds of the first to arrive: 2 of 8 were in flight). Rows past the slice repeat
-    // its last row (cached) with B and x zeroed (the sum is unchanged, inf included), so the last
-    // iteration keeps its loads together instead of finishing a row at a time (the old remainder
-    // loop took up to 7 round trips with one load in flight). x's values of the next rows are
-    // loaded with B when U·M ≤ 16 (M ≤ 2 at U = 8); otherwise at the top of the iteration (L1
-    // hits, a few at a time). B travels as 32-bit words (see gemv_rows).
-    typedef Vec<u32, 4> Raw;
-    const T* bc = b + c0;
-    const bool XP = U * M <= 16;
-    Raw bv[U];
-    T xr[XP ? U : 1][M];
-    auto load = [&](u64 r) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        u64 i = r + (u64)KG * u < hi ? r + (u64)KG * u : hi - 1;
-        bv[u] = *reinterpret_cast<const Raw*>(bc + i * ldb);
-        if (XP)
-#pragma unroll
-          for (int m = 0; m < M; ++m) xr[XP ? u : 0][m] = x[m * ldx + i];
-      }
-    };
     u64 r = lo + kg;
-    if (r < hi) load(r);
-    while (r < hi) {
-      float xv[U][M];
+    for (; r + NV_GEMV_KG * (U - 1) < hi; r += NV_GEMV_KG * U) {
+      Vec<T, V> bv[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        bool ok = r + (u64)KG * u < hi;
-        u64 i = ok ? r + (u64)KG * u : hi - 1;
+      for (int u = 0; u < U; ++u) bv[u] = *reinterpret_cast<const Vec<T, V>*>(b + (r + NV_GEMV_KG * u) * ldb + c0);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          float v = widen(XP ? xr[XP ? u : 0][m] : x[m * ldx + i]);
-          xv[u][m] = ok ? v : 0.0f;
+          float xv = widen(x[m * ldx + r + NV_GEMV_KG * u]);
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[m][j] += xv * widen(bv[u].v[j]);
         }
+    }
+    for (; r < hi; r += NV_GEMV_KG) {
+      Vec<T, V> bv = *reinterpret_cast<const Vec<T, V>*>(b + r * ldb + c0);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) bv[u].v[q] = ok ? bv[u].v[q] : 0u;
+      for (int m = 0; m < M; ++m) {
+        float xv = widen(x[m * ldx + r]);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[m][j] += xv * widen(bv.v[j]);
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        Vec<T, V> bw;
-        memcpy(&bw, &bv[u], sizeof(bw));
-#pragma unroll
-        for (int m = 0; m < M; ++m)
-#pragma unroll
-          for (int j = 0; j < V; ++j) acc[m][j] += xv[u][m] * widen(bw.v[j]);
-      }
-      r += (u64)KG * U;
-      if (r < hi) load(r);
     }
   } else if (c0 < n) {
-    for (u64 r = lo + kg; r < hi; r += KG)
+    for (u64 r = lo + kg; r < hi; r += NV_GEMV_KG)
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float xv = widen(x[m * ldx + r]);
@@ -217,55 +187,45 @@ __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __re
           if (c0 + j < n) acc[m][j] += xv * widen(b[r * ldb + c0 + j]);
       }
   }
-  // A warp holds 32 / CT row groups of the same columns: fold them with shuffles, then the W
-  // warps through shared memory.
-  __shared__ float red[M][W][TILE];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // A warp holds 4 row groups of the same columns: fold them with shuffles, then the 8 warps
+  // through shared memory.
+  __shared__ float red[M][NV_GEMV_COL_BLOCK / 32][TILE];
+  int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       float v = acc[m][j];
-#pragma unroll
-      for (int o = CT; o < 32; o *= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane < CT) red[m][warp][ct * V + j] = v;
+      v += __shfl_xor_sync(0xffffffffu, v, NV_GEMV_CT);
+      v += __shfl_xor_sync(0xffffffffu, v, 2 * NV_GEMV_CT);
+      if (lane < NV_GEMV_CT) red[m][warp][ct * V + j] = v;
     }
   __syncthreads();
   __shared__ bool last;
-  for (int e = threadIdx.x; e < M * TILE; e += NV_GEMV_COL_BLOCK) {
+  for (int e = threadIdx.x; e < M * TILE; e += blockDim.x) {
     int m = e / TILE, c = e % TILE;
     float v = 0.0f;
 #pragma unroll
-    for (int w = 0; w < W; ++w) v += red[m][w][c];
+    for (int w = 0; w < NV_GEMV_COL_BLOCK / 32; ++w) v += red[m][w][c];
     u64 col = (u64)blockIdx.x * TILE + c;
     if (col >= n) continue;
     if (slices == 1) out[m * ldo + col] = narrow<T>((typename Acc<T>::type)v);
     else partials[((u64)blockIdx.y * M + m) * n + col] = v;
   }
   if (slices == 1) return;
-  // Publish this slice's partials, then count it in; the last slice to arrive sums them in
-  // slice order, loads issued 4 at a time (one L2 round trip for up to 4 slices).
+  // Publish this slice's partials, then count it in; the last slice to arrive sums them.
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == slices - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  for (int e = threadIdx.x; e < M * TILE; e += NV_GEMV_COL_BLOCK) {
+  for (int e = threadIdx.x; e < M * TILE; e += blockDim.x) {
     int m = e / TILE, c = e % TILE;
     u64 col = (u64)blockIdx.x * TILE + c;
     if (col >= n) continue;
-    const float* p = partials + (u64)m * n + col;
-    const u64 step = (u64)M * n;
     float v = 0.0f;
-    for (u64 sl = 0; sl < slices; sl += 4) {
-      float a[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) a[q] = sl + q < slices ? __ldcg(p + (sl + q) * step) : 0.0f;
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (sl + q < slices) v += a[q];
-    }
+    for (u64 sl = 0; sl < slices; ++sl) v += __ldcg(&partials[(sl * M + m) * n + col]);
     out[m * ldo + col] = narrow<T>((typename Acc<T>::type)v);
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;

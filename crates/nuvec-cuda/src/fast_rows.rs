@@ -42,7 +42,6 @@ pub(crate) fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
         FastOp::CrossEntropyVjp => {
             inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d) && inputs[3].dtype == acc(d)
         }
-        FastOp::CrossEntropyWithVjp => inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d),
         FastOp::Rope(_) => inputs[1].dtype == DType::I32 && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
         _ => false,
     }
@@ -246,31 +245,20 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             let args = vec![Arg::Ptr(ptr_of(x)?), Arg::Ptr(ptr_of(&inputs[1])?), Arg::Ptr(out_ptrs[0]), Arg::U64(n)];
             launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
         }
-        FastOp::CrossEntropy | FastOp::CrossEntropyVjp | FastOp::CrossEntropyWithVjp => {
+        FastOp::CrossEntropy | FastOp::CrossEntropyVjp => {
             let (x, t) = (ptr_of(x)?, ptr_of(&inputs[1])?);
-            let (name, mut args) = match op {
-                FastOp::CrossEntropy => ("cross_entropy", vec![Arg::Ptr(x), Arg::Ptr(t), Arg::Ptr(out_ptrs[0])]),
-                FastOp::CrossEntropyVjp => {
-                    let (g, loss) = (ptr_of(&inputs[2])?, ptr_of(&inputs[3])?);
-                    ("cross_entropy_vjp", [x, t, g, loss, out_ptrs[0]].map(Arg::Ptr).into())
-                }
-                _ => {
-                    let g = ptr_of(&inputs[2])?;
-                    ("cross_entropy_with_vjp", [x, t, g, out_ptrs[0], out_ptrs[1]].map(Arg::Ptr).into())
-                }
+            let (name, mut args) = if *op == FastOp::CrossEntropy {
+                ("cross_entropy", vec![Arg::Ptr(x), Arg::Ptr(t), Arg::Ptr(out_ptrs[0])])
+            } else {
+                let (g, loss) = (ptr_of(&inputs[2])?, ptr_of(&inputs[3])?);
+                ("cross_entropy_vjp", [x, t, g, loss, out_ptrs[0]].map(Arg::Ptr).into())
             };
             args.extend([Arg::U64(rows), Arg::U64(len)]);
-            // The statistics' loop reads 8 vectors per thread in flight (fast.cuh). The loss: 128
-            // threads per row up to 64 K features, 512 beyond (H200, bf16 4096 rows: 32000 wide
-            // 91% of copy with 128, 83% with 256; 128256 wide 95% with 512, 84% with 1024, one
-            // block per SM that idles while it reduces). With the gradient, whose second read
-            // of each row should come from L2, fewer rows at once: 512 and 1024 threads.
-            let threads = match (op, len > 65536) {
-                (FastOp::CrossEntropyWithVjp, false) => 512,
-                (FastOp::CrossEntropyWithVjp, true) => MAX_THREADS as u32,
-                (_, false) => 128,
-                (_, true) => 512,
-            };
+            // The statistics' loop reads 8 vectors per thread in flight (fast.cuh): 128 threads
+            // per row up to 64 K features, 512 beyond (H200, bf16 4096 rows: 32000 wide 91% of
+            // copy with 128, 83% with 256; 128256 wide 95% with 512, 84% with 1024, one block
+            // per SM that idles while it reduces).
+            let threads = if len > 65536 { 512 } else { 128 };
             let f = kernel(gpu, fam, name)?;
             let grid = row_grid(gpu, f, threads, rows, 1)?;
             launch(gpu, f, (grid, 1, 1), (threads, 1, 1), 0, args)?;

@@ -481,9 +481,6 @@ impl Family {
                     format!(
                         "cross_entropy_vjp(const {t}* x, const i32* t, const {a}* g, const {a}* loss, {t}* dx, u64 rows, u64 len) {{ cross_entropy_vjp_rows<{t}>(x, t, g, loss, dx, rows, len); }}"
                     ),
-                    format!(
-                        "__launch_bounds__(1024) cross_entropy_with_vjp(const {t}* x, const i32* t, const {a}* g, {a}* loss, {t}* dx, u64 rows, u64 len) {{ cross_entropy_with_vjp_rows<{t}>(x, t, g, loss, dx, rows, len); }}"
-                    ),
                 ] {
                     w(format!("extern \"C\" __global__ void {line}"));
                 }

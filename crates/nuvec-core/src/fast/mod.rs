@@ -80,11 +80,6 @@ pub enum FastOp {
     /// The cross entropy's cotangent of the logits: inputs `[logits, targets, g, loss]` (the
     /// loss gives the kernel each row's log-sum-exp without a second pass).
     CrossEntropyVjp,
-    /// The loss and the logits' cotangent in one pass over the logits: inputs `[logits,
-    /// targets, g]`, outputs `[loss, dlogits]`. Never recorded: evaluation runs a pending
-    /// [`FastOp::CrossEntropy`] and the pending [`FastOp::CrossEntropyVjp`] that consumes its
-    /// loss as this, when the backend has a kernel for it (see `eval.rs`).
-    CrossEntropyWithVjp,
 }
 
 impl FastOp {
@@ -103,7 +98,6 @@ impl FastOp {
             FastOp::RmsNormVjp { .. } => "rms_norm_vjp",
             FastOp::LayerNormVjp { .. } => "layer_norm_vjp",
             FastOp::CrossEntropyVjp => "cross_entropy_vjp",
-            FastOp::CrossEntropyWithVjp => "cross_entropy_with_vjp",
         }
     }
 
@@ -121,11 +115,6 @@ impl FastOp {
             FastOp::RmsNormVjp { weighted, .. } => norm::rms_norm_vjp_specs(*weighted, inputs),
             FastOp::LayerNormVjp { weighted, biased, .. } => norm::layer_norm_vjp_specs(*weighted, *biased, inputs),
             FastOp::CrossEntropyVjp => Ok(vec![inputs[0].clone()]),
-            FastOp::CrossEntropyWithVjp => {
-                let mut out = glu_loss::cross_entropy_specs(inputs.get(..2).unwrap_or(inputs))?;
-                out.extend(inputs.first().cloned());
-                Ok(out)
-            }
         }
     }
 
@@ -159,10 +148,6 @@ impl FastOp {
             FastOp::CrossEntropyVjp => {
                 vec![glu_loss::cross_entropy_vjp_composition(&inputs[0], &inputs[1], &inputs[2])]
             }
-            FastOp::CrossEntropyWithVjp => vec![
-                glu_loss::cross_entropy_composition(&inputs[0], &inputs[1]),
-                glu_loss::cross_entropy_vjp_composition(&inputs[0], &inputs[1], &inputs[2]),
-            ],
         }
     }
 
@@ -173,7 +158,6 @@ impl FastOp {
             FastOp::Softmax | FastOp::LogSumExp | FastOp::RmsNorm { .. } | FastOp::LayerNorm { .. } => Some(1),
             FastOp::AddRmsNorm { .. } | FastOp::SwiGlu | FastOp::CrossEntropy => Some(2),
             FastOp::CrossEntropyVjp => Some(4),
-            FastOp::CrossEntropyWithVjp => Some(3),
             FastOp::SwiGluVjp => Some(3),
             FastOp::Rope(_) => Some(1).filter(|_| n >= 2),
             // The weight and bias cotangents sum over rows, the batch included.

@@ -275,9 +275,8 @@ fn swiglu_and_cross_entropy_match_float64() {
     }
 }
 
-/// The loss and the logits' gradient evaluated together (on the GPU one fused kernel when the
-/// cotangent does not depend on the loss) against float64: cotangent computed, pending, and
-/// depending on the loss (no fusion); ignored and out-of-range targets.
+/// The loss and the logits' gradient evaluated together against float64: the cotangent
+/// computed, pending, and depending on the loss; ignored and out-of-range targets.
 #[test]
 fn cross_entropy_loss_and_gradient_together_match_float64() {
     let mut rng = Rng(23);
