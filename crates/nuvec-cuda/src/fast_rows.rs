@@ -101,7 +101,7 @@ fn row_plan(d: DType, len: usize, ptrs: &[u64], v_min: usize, v_max: usize, slot
     while v < v_max && nvec.div_ceil(v) > 512 {
         v *= 2;
     }
-    if nvec == 0 || len % per != 0 || ptrs.iter().any(|p| p % 16 != 0) || nvec.div_ceil(v) > 512 {
+    if nvec == 0 || !len.is_multiple_of(per) || ptrs.iter().any(|p| p % 16 != 0) || nvec.div_ceil(v) > 512 {
         return RowPlan::Loop { slots };
     }
     RowPlan::Regs { v, group: (nvec.div_ceil(v).div_ceil(32) * 32) as u32 }
@@ -297,7 +297,7 @@ fn rope(
     let per_batch = (rows / x.shape[0].max(1) as u64).max(1);
     let (xp, per) = (ptr_of(x)?, (16 / d.size()) as u64);
     let rotated = if p.traditional { dims } else { dims / 2 };
-    let vec = xp % 16 == 0 && out % 16 == 0 && len % per == 0 && rotated % per == 0;
+    let vec = xp.is_multiple_of(16) && out.is_multiple_of(16) && len.is_multiple_of(per) && rotated.is_multiple_of(per);
     let (name, width) = match (vec, p.traditional) {
         (true, _) => ("rope_vec", per),
         (false, false) => ("rope_s1", 1),

@@ -305,18 +305,22 @@ fn cross_entropy_loss_and_gradient_together_match_float64() {
                 g.eval().unwrap();
                 let t2 = t.clone();
                 let (outs, grads) = match how {
-                    "computed" => vjp_flat(move |p| Ok(vec![fast::cross_entropy(&p[0], &t2)]), &[x.clone()], &[g]),
-                    // The cotangent is still to compute: a product the fused run evaluates first.
-                    "pending" => {
-                        vjp_flat(move |p| Ok(vec![fast::cross_entropy(&p[0], &t2)]), &[x.clone()], &[&g * 1.0])
+                    "computed" => {
+                        vjp_flat(move |p| Ok(vec![fast::cross_entropy(&p[0], &t2)]), std::slice::from_ref(&x), &[g])
                     }
+                    // The cotangent is still to compute: a product the fused run evaluates first.
+                    "pending" => vjp_flat(
+                        move |p| Ok(vec![fast::cross_entropy(&p[0], &t2)]),
+                        std::slice::from_ref(&x),
+                        &[&g * 1.0],
+                    ),
                     // loss²/2 with cotangent g: the loss's cotangent g·loss needs the loss first.
                     _ => vjp_flat(
                         move |p| {
                             let l = fast::cross_entropy(&p[0], &t2);
                             Ok(vec![&l * &l * 0.5])
                         },
-                        &[x.clone()],
+                        std::slice::from_ref(&x),
                         &[g],
                     ),
                 }
