@@ -440,6 +440,26 @@ int main(int argc, char** argv) {
   // ---- Targets.
   bf16* yb = (bf16*)y;
   bf16* ob = (bf16*)o;
+  // `./tune cols`: only the gemv_cols slices sweep, three times (its spread is a few points).
+  if (argc > 1 && !strcmp(argv[1], "cols")) {
+    u64 n = 14336, k = 4096, tiles = (n + 63) / 64;
+    double wbytes = (double)n * k * 2;
+    float* part;
+    unsigned* cnt;
+    CK(cudaMalloc(&part, 256 * n * 4)); CK(cudaMalloc(&cnt, 1 << 16)); CK(cudaMemset(cnt, 0, 1 << 16));
+    int resident = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, gcols<bf16>, 256, 0));
+    printf("gemv cols (NV_GEMV_COL_LOADS %d): %d resident blocks per SM, %llu tiles\n", NV_GEMV_COL_LOADS, resident, tiles);
+    for (int rep = 0; rep < 3; ++rep) {
+      printf("gemv cols bf16 1x4096 . [4096,14336] %% of copy by slices:");
+      for (u64 sl : {1ull, 2ull, 3ull, 4ull, 5ull, 6ull, 8ull}) {
+        float ms = time_ms(100, [&] { gcols<bf16><<<dim3((unsigned)tiles, (unsigned)sl), 256>>>(ob, yb, part, cnt, ob + (1 << 20), n, k, sl); });
+        printf("  %llu: %5.1f", sl, 100 * wbytes / ms / 1e6 / ceil_gbs);
+      }
+      printf("\n");
+    }
+    return 0;
+  }
   for (u64 len : {4096ull, 16384ull}) {
     u64 rows = (64ull << 20) / len;  // 128 MiB of bf16
     char what[64];
