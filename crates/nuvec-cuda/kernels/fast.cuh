@@ -8,8 +8,8 @@
 
 #ifndef NV_ROW_LOADS
 // 16-byte loads in flight per thread. H200, bf16 log-sum-exp 16384×4096 with the earlier
-// per-vector rescaling: 2 → 83%, 4 → 84%, 8 → 86% of copy. Past 8, the cross-entropy's
-// 1024-thread blocks (64 registers) spill.
+// per-vector rescaling: 2 → 83%, 4 → 84%, 8 → 86% of copy. Past 8, kernels under a
+// 1024-thread launch bound (64 registers, as the cross-entropy loss's) spill.
 #define NV_ROW_LOADS 8
 #endif
 
@@ -137,7 +137,7 @@ __device__ __forceinline__ void ms_push_vecs(MaxSum<typename Acc<T>::type>& a, c
   typedef typename Acc<T>::type A;
   if constexpr (sizeof(A) == 8 && U > 1) {
     // Double's exponential is long: a vector at a time keeps its registers in bounds (under the
-    // cross-entropy's 1024-thread launch bound among others).
+    // cross-entropy loss kernel's 1024-thread launch bound among others).
 #pragma unroll
     for (int u = 0; u < U; ++u) ms_push_vecs<T, N, 1>(a, reinterpret_cast<const Vec<T, N>(&)[1]>(v[u]));
     return;
@@ -198,7 +198,7 @@ __device__ __forceinline__ MaxSum<typename Acc<T>::type> ms_scan(const T* __rest
     ms_push_vecs<T, N, U>(acc, v);
   }
   // The rest, fewer than U vectors, also at once (a thread would otherwise wait on each in
-  // turn: most of a 32000-wide bf16 row's second half for 256 threads); -inf pads the group.
+  // turn: with 256 threads, most of a 32000-wide bf16 row's second half); -inf pads the group.
   if (i < nv) {
     Vec<T, N> v[U];
 #pragma unroll

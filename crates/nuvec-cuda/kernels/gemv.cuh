@@ -3,7 +3,7 @@
 //  - gemv_rows: B is W^T with W [N, K] row-major (each output reads one contiguous row of W);
 //    a block computes a few adjacent outputs together, K split over all its threads.
 //  - gemv_cols: B [K, N] row-major; each thread owns 16 bytes of consecutive columns and a
-//    slice of K (blockIdx.y); slices write f32 partials that gemv_finish sums.
+//    slice of K (blockIdx.y); slices write f32 partials that the tile's last block adds.
 #pragma once
 #include "common.cuh"
 

@@ -60,7 +60,7 @@ template <typename A, int K> __device__ __forceinline__ void group_sums(A (&v)[K
 
 template <typename T> using Vec16 = Vec<T, 16 / sizeof(T)>;
 
-// Whether the thread's v-th vector lies in the row, and its index.
+// The index in the row of the thread's v-th vector (in the row when below the row's count).
 __device__ __forceinline__ u64 vec_index(const RowGroup& g, int v) { return (u64)g.t + (u64)v * g.size; }
 
 template <typename T, int V>

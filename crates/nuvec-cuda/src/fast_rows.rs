@@ -1,6 +1,7 @@
-//! Launches of the fused row kernels of `kernels/norm.cuh`: RMS norm (with the residual add),
-//! layer norm and their derivatives, SwiGLU, cross entropy and RoPE. Which cases they cover is
-//! [`supports`]; the rest run as their compositions.
+//! Launches of the fused row kernels of `kernels/norm.cuh`, `kernels/norm_regs.cuh` and
+//! `kernels/rope.cuh`: RMS norm (with the residual add), layer norm and their derivatives,
+//! SwiGLU, cross entropy and RoPE. Which cases they cover is [`supports`]; the rest run as their
+//! compositions.
 
 use std::sync::Arc;
 
@@ -72,8 +73,9 @@ fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
     rows.min(2 * gpu.info.multiprocessors.max(1) as u64).max(1)
 }
 
-/// Threads per block of norm_regs.cuh's kernels: at most NV_REG_BLOCK (512, the derivatives'
-/// block), 256 for the forward kernels (more blocks per SM measured faster for the layer norm).
+/// Threads per block of norm_regs.cuh's kernels: as many groups of G threads as fit in 512 for
+/// the derivatives (NV_REG_BLOCK) and in 256 for the forward kernels (more, smaller blocks per
+/// SM measured faster for the layer norm), at least one group.
 const REG_BLOCK: u32 = 512;
 const REG_BLOCK_FWD: u32 = 256;
 

@@ -343,7 +343,8 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
     let family = Family::Gemv(a.dtype);
     let x_aligned = xp % 16 == 0 && (m == 1 || ldx % v == 0);
     if sb0 == 1 && sb1 as u64 >= k && x_aligned && wp % 16 == 0 && (sb1 as u64).is_multiple_of(v) {
-        // B = W^T with W [N, K] row-major: one warp per output column.
+        // B = W^T with W [N, K] row-major: a warp's worth of threads per output column (gemv.cuh
+        // groups adjacent outputs in a block and splits K across it).
         let f = kernel(gpu, family, &format!("gemv_rows_{m}"))?;
         let grid = n.div_ceil((BLOCK / 32) as u64).min(65535 * 32) as u32;
         let args = vec![
