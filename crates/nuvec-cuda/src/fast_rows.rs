@@ -93,9 +93,9 @@ enum RowPlan {
 /// The register kernels take rows of whole, aligned 16-byte vectors: `v_min` vectors per thread
 /// (the next row's loads are issued early, so few suffice: on the H200 2 beat 4 and 8 for bf16
 /// RMS norm rows of 2048–8192; the layer norm, with two reductions per row, is faster with 4),
-/// more where a row would need over 512 threads, at most `v_max`: 8 for the forward kernels; 4
-/// for the RMS norm's derivative and 2 for the layer norm's, which also hold the cotangent, the
-/// next rows and the weight's partial sums (more spills).
+/// more where a row would need over 512 threads, at most `v_max`: 8 for the RMS norm, 4 for the
+/// residual add and the layer norm, 4 for the RMS norm's derivative and 2 for the layer norm's,
+/// which also hold the cotangent, the next rows and the weight's partial sums (more spills).
 fn row_plan(d: DType, len: usize, ptrs: &[u64], v_min: usize, v_max: usize, slots: Option<usize>) -> RowPlan {
     let per = 16 / d.size();
     let nvec = len / per;
@@ -173,10 +173,13 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
     }
     let fam = Family::Fast(d);
     let norm = |base: &str, slots: Option<usize>, ptrs: &[u64], eps: f32| -> Result<RowLaunch> {
+        // At most the vectors per thread that compile without spilling (ptxas, sm_90a, 512
+        // threads): the residual add and the layer norm spill with 8.
         let (v_min, v_max) = match base {
             "rms_norm_vjp" => (2, 4),
             "layer_norm_vjp" => (2, 2),
-            "layer_norm" => (4, 8),
+            "layer_norm" => (4, 4),
+            "add_rms_norm" => (2, 4),
             _ => (2, 8),
         };
         let plan = row_plan(d, len as usize, ptrs, v_min, v_max, slots);
