@@ -1,8 +1,8 @@
-// Sweeps the launch shapes of the register-row norm kernels (norm_regs.cuh) and RoPE (rope.cuh)
-// against norm.cuh's looping kernels, the alternatives they were chosen against and the copy
-// ceiling measured in the same run, bf16, at the shapes of bench_fast. Bytes are those of an
-// ideal kernel (as bench_fast counts them). Build and run on the GPU machine (-Xptxas -v lists
-// registers and spills per kernel; an argument norm or rope runs one part):
+// Sweeps the launch shapes of the register-row norm kernels (norm_regs.cuh) against norm.cuh's
+// looping kernels, and times RoPE (rope.cuh), against the copy ceiling measured in the same run,
+// bf16, at the shapes of bench_fast. Bytes are those of an ideal kernel (as bench_fast counts
+// them). Build and run on the GPU machine (-Xptxas -v lists registers and spills per kernel; an
+// argument norm or rope runs one part):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I crates/nuvec-cuda/kernels bench/cuda/tune_norm.cu -o tune_norm && ./tune_norm
 #include <cstdio>
 #include <algorithm>
@@ -28,94 +28,6 @@ __global__ void rope_k(const T* x, T* o, const i32* off, u64 rows, u64 len, u64 
   rope_rows<T, 8, true>(x, o, off, 0, nullptr, 13.2877f, 1.0f, 1.0f, 0, rows, len, len, seq, rows);
 }
 
-// RoPE alternatives, [rows, 128] bf16 halves, one 8-feature chunk per thread in memory order:
-// (A) sines computed per thread; (B) from a [T, 64] float2 table built first (L2-resident).
-__global__ void rope_lin(const T* x, T* o, u64 rows, u64 seq, float step) {
-  u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (k >= rows * 8) return;
-  u64 row = k >> 3, c = k & 7, t = row % seq;
-  const Vec<T, 8>* p = reinterpret_cast<const Vec<T, 8>*>(x + row * 128);
-  Vec<T, 8> a = p[c], b = p[8 + c];
-#pragma unroll
-  for (int q = 0; q < 8; ++q) {
-    float inv = exp2f(-(float)(c * 8 + q) * step), s, co;
-    rope_sincos((float)t * inv, &s, &co);
-    float x1 = widen(a.v[q]), x2 = widen(b.v[q]);
-    a.v[q] = narrow<T>(x1 * co - x2 * s);
-    b.v[q] = narrow<T>(x1 * s + x2 * co);
-  }
-  Vec<T, 8>* q = reinterpret_cast<Vec<T, 8>*>(o + row * 128);
-  q[c] = a;
-  q[8 + c] = b;
-}
-__global__ void rope_table(float2* tab, u64 seq, float step) {
-  u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (k >= seq * 64) return;
-  u64 t = k / 64, i = k % 64;
-  float s, c;
-  rope_sincos((float)t * exp2f(-(float)i * step), &s, &c);
-  tab[k] = make_float2(c, s);
-}
-__global__ void rope_tab(const T* x, T* o, const float2* tab, u64 rows, u64 seq) {
-  u64 k = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (k >= rows * 8) return;
-  u64 row = k >> 3, c = k & 7, t = row % seq;
-  const Vec<T, 8>* p = reinterpret_cast<const Vec<T, 8>*>(x + row * 128);
-  Vec<T, 8> a = p[c], b = p[8 + c];
-  const float4* tb = reinterpret_cast<const float4*>(tab + t * 64 + c * 8);
-  float4 tv[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) tv[j] = tb[j];
-  const float* f = reinterpret_cast<const float*>(tv);
-#pragma unroll
-  for (int q = 0; q < 8; ++q) {
-    float co = f[2 * q], s = f[2 * q + 1];
-    float x1 = widen(a.v[q]), x2 = widen(b.v[q]);
-    a.v[q] = narrow<T>(x1 * co - x2 * s);
-    b.v[q] = narrow<T>(x1 * s + x2 * co);
-  }
-  Vec<T, 8>* q = reinterpret_cast<Vec<T, 8>*>(o + row * 128);
-  q[c] = a;
-  q[8 + c] = b;
-}
-// Layer norm experiment: a warp per row of 4096 bf16 (16 vectors per lane, no prefetch, no barrier).
-__global__ void __launch_bounds__(256) ln_warp(const T* x, const T* w, const T* b, T* o, u64 rows, u64 len) {
-  const int V = 16;
-  int lane = threadIdx.x & 31;
-  u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-  for (u64 row = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
-    const Vec<T, 8>* p = reinterpret_cast<const Vec<T, 8>*>(x + row * len);
-    Vec<T, 8> r[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) r[v] = p[lane + 32 * v];
-    float s = 0;
-#pragma unroll
-    for (int v = 0; v < V; ++v)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s += widen(r[v].v[j]);
-    for (int k = 16; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
-    float mu = s / (float)len, q = 0;
-#pragma unroll
-    for (int v = 0; v < V; ++v)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        float c = widen(r[v].v[j]) - mu;
-        q += c * c;
-      }
-    for (int k = 16; k > 0; k >>= 1) q += __shfl_xor_sync(0xffffffffu, q, k);
-    float n = rsqrtf(q / (float)len + 1e-5f);
-    Vec<T, 8>* out = reinterpret_cast<Vec<T, 8>*>(o + row * len);
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      float wv[8], bv[8];
-      load<T, 8>(w, lane + 32 * v, wv);
-      load<T, 8>(b, lane + 32 * v, bv);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) r[v].v[j] = narrow<T>(widen(scaled<T>((widen(r[v].v[j]) - mu) * n, wv[j], true)) + bv[j]);
-      out[lane + 32 * v] = r[v];
-    }
-  }
-}
 __global__ void colsum(const A* p, A* o, u64 parts, u64 len) { col_sum<A>(p, o, parts, len, len); }
 
 static float time_ms(int iters, const std::function<void()>& f) {
@@ -163,7 +75,7 @@ template <int V> static void sweep_bwd(u64 rows, u64 len, T* x, T* w, T* gy, T* 
   }));
 }
 
-template <int V> static void sweep(u64 rows, u64 len, T* x, T* w, T* b, T* gy, T* o, A* part, A* dw) {
+template <int V> static void sweep(u64 rows, u64 len, T* x, T* w, T* b, T* o) {
   u64 nvec = len / 8;
   int g = (int)(((nvec + V - 1) / V + 31) / 32 * 32);
   if (g > 512) return;
@@ -214,40 +126,20 @@ int main(int argc, char** argv) {
         colsum<<<(unsigned)((s.len + 31) / 32), 256>>>(part, dw, gb, s.len);
       }));
     }
-    if (s.len == 4096) {
-      unsigned gw = (unsigned)std::min<u64>((s.rows + 7) / 8, resident(ln_warp, 256));
-      float ms = time_ms(20, [&] { ln_warp<<<gw, 256>>>(x, w, b, o, s.rows, s.len); });
-      double xb = (double)s.rows * s.len * 2, wb = (double)s.len * 2;
-      report("ln warp", s.rows, s.len, 16, 256, gw, 2 * xb + 2 * wb, ms);
-    }
-    sweep<2>(s.rows, s.len, x, w, b, gy, o, part, dw);
-    sweep<4>(s.rows, s.len, x, w, b, gy, o, part, dw);
-    sweep<8>(s.rows, s.len, x, w, b, gy, o, part, dw);
+    sweep<2>(s.rows, s.len, x, w, b, o);
+    sweep<4>(s.rows, s.len, x, w, b, o);
+    sweep<8>(s.rows, s.len, x, w, b, o);
     sweep_bwd<2>(s.rows, s.len, x, w, gy, o, part, dw);
     sweep_bwd<4>(s.rows, s.len, x, w, gy, o, part, dw);
   }
   // RoPE [B, 32, T, 128], all dims rotated, halves: rope.cuh as fast_rows.rs launches it (8
-  // chunks × 32 rows per block, rows in memory order), and the two kernels it was chosen against.
+  // chunks × 32 rows per block, rows in memory order).
   i32* off;
   CK(cudaMalloc(&off, 64)); CK(cudaMemset(off, 0, 64));
   for (u64 bsz : {1ull, 4ull}) {
     if (!want("rope")) break;
     u64 m = 32, seq = 4096, len = 128, rows = bsz * m * seq;
     double bytes = 2.0 * rows * len * 2;
-    {
-      float step = 13.2877f / 64.0f;
-      unsigned nb = (unsigned)((rows * 8 + 255) / 256);
-      float msa = time_ms(20, [&] { rope_lin<<<nb, 256>>>(x, o, rows, seq, step); });
-      float2* tab;
-      CK(cudaMalloc(&tab, seq * 64 * sizeof(float2)));
-      float msb = time_ms(20, [&] {
-        rope_table<<<(unsigned)((seq * 64 + 255) / 256), 256>>>(tab, seq, step);
-        rope_tab<<<nb, 256>>>(x, o, tab, rows, seq);
-      });
-      CK(cudaFree(tab));
-      printf("rope %llux32x%llux128 linear: sines per thread %7.1f GB/s %5.1f%%  table %7.1f GB/s %5.1f%%\n", bsz, seq,
-             bytes / msa / 1e6, 100 * bytes / msa / 1e6 / ceil_gbs, bytes / msb / 1e6, 100 * bytes / msb / 1e6 / ceil_gbs);
-    }
     float ms = time_ms(20, [&] { rope_k<<<(unsigned)((rows + 31) / 32), dim3(8, 32)>>>(x, o, off, rows, len, seq); });
     printf("rope %llux32x%llux128 rope.cuh: %7.1f GB/s %5.1f%%\n", bsz, seq, bytes / ms / 1e6, 100 * bytes / ms / 1e6 / ceil_gbs);
   }

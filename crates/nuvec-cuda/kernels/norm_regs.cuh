@@ -35,17 +35,20 @@ __device__ __forceinline__ void group_sync(const RowGroup& g) {
   if (g.size > 32) asm volatile("bar.sync %0, %1;" ::"r"(1 + g.id), "r"(g.size) : "memory");
 }
 
-// Sums of K values over the group (valid in every thread of it). `sm` holds 8 × K × 16 values;
-// callers alternate two such buffers between consecutive calls, so one barrier suffices: a
-// thread writing a buffer has passed the previous call's barrier, which every thread reaches
+// Sums of K values over the group (valid in every thread of it). `sm` is a pair of buffers of
+// 8 × K' × 16 values (K' ≥ K); calls alternate between them (`phase`), so one barrier suffices:
+// a thread writing a buffer has passed the previous call's barrier, which every thread reaches
 // only after reading this buffer's previous sums. (Layer norms make two reductions per row.)
-template <typename A, int K> __device__ __forceinline__ void group_sums(A (&v)[K], A* sm, const RowGroup& g) {
+template <typename A, int K, int S>
+__device__ __forceinline__ void group_sums(A (&v)[K], A (&sm)[2][S], int& phase, const RowGroup& g) {
+  static_assert(S >= 8 * K * 16, "buffers too small for K sums of 8 groups");
 #pragma unroll
   for (int k = 0; k < K; ++k)
     for (int o = 16; o > 0; o >>= 1) v[k] += shfl_xor_any(v[k], o);
   if (g.size == 32) return;
   int lane = g.t & 31, warp = g.t >> 5, nw = g.size >> 5;
-  A* s = sm + g.id * K * 16;
+  A* s = sm[phase] + g.id * K * 16;
+  phase ^= 1;
   if (lane == 0) {
 #pragma unroll
     for (int k = 0; k < K; ++k) s[k * 16 + warp] = v[k];
@@ -86,6 +89,29 @@ template <typename T, int V> __device__ __forceinline__ void row_move(Vec16<T> (
 __device__ __forceinline__ u64 first_row(const RowGroup& g) { return (u64)blockIdx.x * g.count + g.id; }
 __device__ __forceinline__ u64 row_stride(const RowGroup& g) { return (u64)gridDim.x * g.count; }
 
+// Walks the group's rows holding K arrays' rows (src[k] + row·len) in registers: the next row's
+// loads are issued before `body(row, cur)` reduces and rewrites the current one, so loads stay
+// in flight through the reductions.
+template <typename T, int V, int K, typename F>
+__device__ __forceinline__ void walk_rows(const T* const (&src)[K], u64 rows, u64 len, const RowGroup& g, F body) {
+  u64 nvec = len / (16 / sizeof(T)), row = first_row(g);
+  Vec16<T> cur[K][V], nxt[K][V];
+  if (row < rows) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) row_load<T, V>(src[k] + row * len, nvec, g, cur[k]);
+  }
+  for (; row < rows; row += row_stride(g)) {
+    u64 next = row + row_stride(g);
+    if (next < rows) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) row_load<T, V>(src[k] + next * len, nvec, g, nxt[k]);
+    }
+    body(row, cur);
+#pragma unroll
+    for (int k = 0; k < K; ++k) row_move<T, V>(cur[k], nxt[k]);
+  }
+}
+
 // Adds the block's groups' accumulators (the same columns in every group) and writes them to
 // dst[0 .. len). `red` holds NV_REG_BLOCK × N values; every thread of the block calls this.
 template <typename T, int V, typename A>
@@ -119,23 +145,17 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
   __shared__ A sm[2][8 * 16];
   int ph = 0;
   RowGroup g = row_group(group);
-  u64 nvec = len / N, row = first_row(g);
-  Vec16<T> r[V], b[V], nr[V], nb[V];
-  if (row < rows) {
-    row_load<T, V>(x + row * len, nvec, g, r);
-    if (RES) row_load<T, V>(res + row * len, nvec, g, b);
-  }
-  for (; row < rows; row += row_stride(g)) {
-    u64 next = row + row_stride(g);
-    if (next < rows) {
-      row_load<T, V>(x + next * len, nvec, g, nr);
-      if (RES) row_load<T, V>(res + next * len, nvec, g, nb);
-    }
-    if (RES) {
+  u64 nvec = len / N;
+  const T* src[RES ? 2 : 1];
+  src[0] = x;
+  if constexpr (RES) src[1] = res;
+  walk_rows<T, V, RES ? 2 : 1>(src, rows, len, g, [&](u64 row, auto& cur) {
+    auto& r = cur[0];
+    if constexpr (RES) {
 #pragma unroll
       for (int v = 0; v < V; ++v)
 #pragma unroll
-        for (int j = 0; j < N; ++j) r[v].v[j] = narrow<T>(widen(r[v].v[j]) + widen(b[v].v[j]));
+        for (int j = 0; j < N; ++j) r[v].v[j] = narrow<T>(widen(r[v].v[j]) + widen(cur[1][v].v[j]));
       row_store<T, V>(h + row * len, nvec, g, r);
     }
     A s[1] = {0};
@@ -145,8 +165,7 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
 #pragma unroll
         for (int j = 0; j < N; ++j) s[0] += widen(r[v].v[j]) * widen(r[v].v[j]);
       }
-    group_sums<A, 1>(s, sm[ph], g);
-    ph ^= 1;
+    group_sums(s, sm, ph, g);
     A n = inv_sqrt(s[0] / (A)len + (A)eps);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
@@ -157,9 +176,7 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
       for (int j = 0; j < N; ++j) r[v].v[j] = scaled<T>(widen(r[v].v[j]) * n, wv[j], w != nullptr);
     }
     row_store<T, V>(out + row * len, nvec, g, r);
-    row_move<T, V>(r, nr);
-    if (RES) row_move<T, V>(b, nb);
-  }
+  });
 }
 
 // ---- Layer norm (norm.cuh's layer_norm_rows, rows in registers): mean, then the variance of
@@ -172,12 +189,10 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
   __shared__ A sm[2][8 * 16];
   int ph = 0;
   RowGroup g = row_group(group);
-  u64 nvec = len / N, row = first_row(g);
-  Vec16<T> r[V], nr[V];
-  if (row < rows) row_load<T, V>(x + row * len, nvec, g, r);
-  for (; row < rows; row += row_stride(g)) {
-    u64 next = row + row_stride(g);
-    if (next < rows) row_load<T, V>(x + next * len, nvec, g, nr);
+  u64 nvec = len / N;
+  const T* src[1] = {x};
+  walk_rows<T, V, 1>(src, rows, len, g, [&](u64 row, auto& cur) {
+    auto& r = cur[0];
     A s[1] = {0};
 #pragma unroll
     for (int v = 0; v < V; ++v)
@@ -185,8 +200,7 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
 #pragma unroll
         for (int j = 0; j < N; ++j) s[0] += widen(r[v].v[j]);
       }
-    group_sums<A, 1>(s, sm[ph], g);
-    ph ^= 1;
+    group_sums(s, sm, ph, g);
     A mu = s[0] / (A)len;
     s[0] = 0;
 #pragma unroll
@@ -198,8 +212,7 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
           s[0] += c * c;
         }
       }
-    group_sums<A, 1>(s, sm[ph], g);
-    ph ^= 1;
+    group_sums(s, sm, ph, g);
     A n = inv_sqrt(s[0] / (A)len + (A)eps);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
@@ -214,8 +227,21 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
       }
     }
     row_store<T, V>(out + row * len, nvec, g, r);
-    row_move<T, V>(r, nr);
-  }
+  });
+}
+
+// The weight's element j of the thread's v-th vector, or 1 without a weight.
+template <typename T, int V>
+__device__ __forceinline__ typename Acc<T>::type weight_at(const T* w, const Vec16<T> (&wr)[V], int v, int j) {
+  return w ? widen(wr[v].v[j]) : (typename Acc<T>::type)1;
+}
+
+// Zeroed per-thread partial sums of a weight-like cotangent.
+template <typename A, int V, int N> __device__ __forceinline__ void zero(A (&acc)[V][N]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v)
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[v][j] = 0;
 }
 
 // ---- RMS norm derivative (norm.cuh's rms_norm_vjp_rows, rows in registers); the block's Σ
@@ -233,37 +259,24 @@ __device__ __forceinline__ void rms_norm_vjp_regs(const T* __restrict__ x, const
   RowGroup grp = row_group(group);
   u64 nvec = len / N;
   A acc[V][N];
+  zero(acc);
   Vec16<T> wr[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v)
-#pragma unroll
-    for (int j = 0; j < N; ++j) acc[v][j] = 0;
   if (w) row_load<T, V>(w, nvec, grp, wr);
-  u64 row = first_row(grp);
-  Vec16<T> xr[V], gr[V], nx[V], ng[V];
-  if (row < rows) {
-    row_load<T, V>(x + row * len, nvec, grp, xr);
-    row_load<T, V>(g + row * len, nvec, grp, gr);
-  }
-  for (; row < rows; row += row_stride(grp)) {
-    u64 next = row + row_stride(grp);
-    if (next < rows) {
-      row_load<T, V>(x + next * len, nvec, grp, nx);
-      row_load<T, V>(g + next * len, nvec, grp, ng);
-    }
+  const T* src[2] = {x, g};
+  walk_rows<T, V, 2>(src, rows, len, grp, [&](u64 row, auto& cur) {
+    auto &xr = cur[0], &gr = cur[1];
     A s[2] = {0, 0};
 #pragma unroll
     for (int v = 0; v < V; ++v)
       if (vec_index(grp, v) < nvec) {
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          A a = widen(xr[v].v[j]), u = widen(gr[v].v[j]) * (w ? widen(wr[v].v[j]) : (A)1);
+          A a = widen(xr[v].v[j]), u = widen(gr[v].v[j]) * weight_at<T, V>(w, wr, v, j);
           s[0] += a * a;
           s[1] += u * a;
         }
       }
-    group_sums<A, 2>(s, sm[ph], grp);
-    ph ^= 1;
+    group_sums(s, sm, ph, grp);
     A n = inv_sqrt(s[0] / (A)len + (A)eps);
     A c = n * n * n * (s[1] / (A)len);
 #pragma unroll
@@ -273,13 +286,11 @@ __device__ __forceinline__ void rms_norm_vjp_regs(const T* __restrict__ x, const
       for (int j = 0; j < N; ++j) {
         A a = widen(xr[v].v[j]), gv = widen(gr[v].v[j]);
         acc[v][j] += gv * (a * n);
-        xr[v].v[j] = narrow<T>(gv * (w ? widen(wr[v].v[j]) : (A)1) * n - a * c);
+        xr[v].v[j] = narrow<T>(gv * weight_at<T, V>(w, wr, v, j) * n - a * c);
       }
     }
     row_store<T, V>(gx + row * len, nvec, grp, xr);
-    row_move<T, V>(xr, nx);
-    row_move<T, V>(gr, ng);
-  }
+  });
   if (w) block_partial<T, V, A>(acc, part + (u64)blockIdx.x * len, nvec, grp, red);
 }
 
@@ -298,24 +309,13 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
   RowGroup grp = row_group(group);
   u64 nvec = len / N;
   A aw[V][N], ab[V][N];
+  zero(aw);
+  zero(ab);
   Vec16<T> wr[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v)
-#pragma unroll
-    for (int j = 0; j < N; ++j) aw[v][j] = ab[v][j] = 0;
   if (w) row_load<T, V>(w, nvec, grp, wr);
-  u64 row = first_row(grp);
-  Vec16<T> xr[V], gr[V], nx[V], ng[V];
-  if (row < rows) {
-    row_load<T, V>(x + row * len, nvec, grp, xr);
-    row_load<T, V>(g + row * len, nvec, grp, gr);
-  }
-  for (; row < rows; row += row_stride(grp)) {
-    u64 next = row + row_stride(grp);
-    if (next < rows) {
-      row_load<T, V>(x + next * len, nvec, grp, nx);
-      row_load<T, V>(g + next * len, nvec, grp, ng);
-    }
+  const T* src[2] = {x, g};
+  walk_rows<T, V, 2>(src, rows, len, grp, [&](u64 row, auto& cur) {
+    auto &xr = cur[0], &gr = cur[1];
     A s1[1] = {0};
 #pragma unroll
     for (int v = 0; v < V; ++v)
@@ -323,8 +323,7 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
 #pragma unroll
         for (int j = 0; j < N; ++j) s1[0] += widen(xr[v].v[j]);
       }
-    group_sums<A, 1>(s1, sm[ph], grp);
-    ph ^= 1;
+    group_sums(s1, sm, ph, grp);
     A mu = s1[0] / (A)len;
     A s[3] = {0, 0, 0};
 #pragma unroll
@@ -332,14 +331,13 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
       if (vec_index(grp, v) < nvec) {
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          A c = widen(xr[v].v[j]) - mu, u = widen(gr[v].v[j]) * (w ? widen(wr[v].v[j]) : (A)1);
+          A c = widen(xr[v].v[j]) - mu, u = widen(gr[v].v[j]) * weight_at<T, V>(w, wr, v, j);
           s[0] += c * c;
           s[1] += u;
           s[2] += u * c;
         }
       }
-    group_sums<A, 3>(s, sm[ph], grp);
-    ph ^= 1;
+    group_sums(s, sm, ph, grp);
     A n = inv_sqrt(s[0] / (A)len + (A)eps);
     A mean_u = s[1] / (A)len, mean_ux = n * s[2] / (A)len;
 #pragma unroll
@@ -350,13 +348,11 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
         A xh = (widen(xr[v].v[j]) - mu) * n, gv = widen(gr[v].v[j]);
         aw[v][j] += gv * xh;
         ab[v][j] += gv;
-        xr[v].v[j] = narrow<T>(n * (gv * (w ? widen(wr[v].v[j]) : (A)1) - mean_u - xh * mean_ux));
+        xr[v].v[j] = narrow<T>(n * (gv * weight_at<T, V>(w, wr, v, j) - mean_u - xh * mean_ux));
       }
     }
     row_store<T, V>(gx + row * len, nvec, grp, xr);
-    row_move<T, V>(xr, nx);
-    row_move<T, V>(gr, ng);
-  }
+  });
   A* dst = part + (u64)blockIdx.x * len * 2;
   block_partial<T, V, A>(aw, dst, nvec, grp, red);
   block_partial<T, V, A>(ab, dst + len, nvec, grp, red);

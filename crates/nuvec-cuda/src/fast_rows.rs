@@ -73,11 +73,52 @@ fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
     rows.min(2 * gpu.info.multiprocessors.max(1) as u64).max(1)
 }
 
-/// Threads per block of norm_regs.cuh's kernels: as many groups of G threads as fit in 512 for
-/// the derivatives (NV_REG_BLOCK) and in 256 for the forward kernels (more, smaller blocks per
-/// SM measured faster for the layer norm), at least one group.
-const REG_BLOCK: u32 = 512;
-const REG_BLOCK_FWD: u32 = 256;
+/// A norm kernel: its register-row kernels (`{regs}_r{v}`, norm_regs.cuh), its looping kernel
+/// (norm.cuh), and how the register kernels are launched.
+struct NormKernel {
+    regs: &'static str,
+    /// The looping kernel, for rows the register kernels do not take (one RMS norm serves the
+    /// residual add too, with a null residual).
+    looping: &'static str,
+    /// Register slots per thread of the looping derivative kernels; `None` for forward kernels.
+    slots: Option<usize>,
+    /// Vectors per thread: `v_min` where groups of up to 512 threads hold the row, more for
+    /// longer rows, at most `v_max` (more spills under ptxas, sm_90a).
+    v_min: usize,
+    v_max: usize,
+    /// Threads per block: as many groups of G as fit (at least one). Forward kernels take 256
+    /// (more, smaller blocks per SM measured faster for the layer norm); the derivatives 512
+    /// (NV_REG_BLOCK), each block summing its groups' weight partials into one row.
+    block: u32,
+}
+
+// With the next row's loads issued early, 2 vectors per thread keep enough bytes in flight (H200,
+// bf16 RMS norm rows of 2048–8192: 2 beat 4 and 8); the layer norm, with two reductions per row,
+// is faster with 4. The residual add and the layer norm spill with 8; the derivatives also hold
+// the cotangent, the next rows and the weight's partial sums: at most 4 for the RMS norm's, 2 for
+// the layer norm's.
+const RMS_NORM: NormKernel =
+    NormKernel { regs: "rms_norm", looping: "rms_norm", slots: None, v_min: 2, v_max: 8, block: 256 };
+const ADD_RMS_NORM: NormKernel =
+    NormKernel { regs: "add_rms_norm", looping: "rms_norm", slots: None, v_min: 2, v_max: 4, block: 256 };
+const LAYER_NORM: NormKernel =
+    NormKernel { regs: "layer_norm", looping: "layer_norm", slots: None, v_min: 4, v_max: 4, block: 256 };
+const RMS_NORM_VJP: NormKernel = NormKernel {
+    regs: "rms_norm_vjp",
+    looping: "rms_norm_vjp",
+    slots: Some(RMS_SLOTS),
+    v_min: 2,
+    v_max: 4,
+    block: 512,
+};
+const LAYER_NORM_VJP: NormKernel = NormKernel {
+    regs: "layer_norm_vjp",
+    looping: "layer_norm_vjp",
+    slots: Some(LN_SLOTS),
+    v_min: 2,
+    v_max: 2,
+    block: 512,
+};
 
 /// How a norm kernel covers its rows.
 #[derive(Clone, Copy)]
@@ -85,26 +126,21 @@ enum RowPlan {
     /// norm_regs.cuh: `v` 16-byte vectors per thread, `group` threads per row, several groups
     /// per block.
     Regs { v: usize, group: u32 },
-    /// norm.cuh's looping kernels, one block per row; `slots` for the derivatives' register
-    /// partials.
-    Loop { slots: Option<usize> },
+    /// norm.cuh's looping kernels, one block per row.
+    Loop,
 }
 
-/// The register kernels take rows of whole, aligned 16-byte vectors: `v_min` vectors per thread
-/// (the next row's loads are issued early, so few suffice: on the H200 2 beat 4 and 8 for bf16
-/// RMS norm rows of 2048–8192; the layer norm, with two reductions per row, is faster with 4),
-/// more where a row would need over 512 threads, at most `v_max`: 8 for the RMS norm, 4 for the
-/// residual add and the layer norm, 4 for the RMS norm's derivative and 2 for the layer norm's,
-/// which also hold the cotangent, the next rows and the weight's partial sums (more spills).
-fn row_plan(d: DType, len: usize, ptrs: &[u64], v_min: usize, v_max: usize, slots: Option<usize>) -> RowPlan {
+/// The register kernels take rows of whole, aligned 16-byte vectors that `k`'s vectors per
+/// thread cover with at most 512 threads.
+fn row_plan(d: DType, len: usize, ptrs: &[u64], k: &NormKernel) -> RowPlan {
     let per = 16 / d.size();
     let nvec = len / per;
-    let mut v = v_min;
-    while v < v_max && nvec.div_ceil(v) > 512 {
+    let mut v = k.v_min;
+    while v < k.v_max && nvec.div_ceil(v) > 512 {
         v *= 2;
     }
     if nvec == 0 || !len.is_multiple_of(per) || ptrs.iter().any(|p| p % 16 != 0) || nvec.div_ceil(v) > 512 {
-        return RowPlan::Loop { slots };
+        return RowPlan::Loop;
     }
     RowPlan::Regs { v, group: (nvec.div_ceil(v).div_ceil(32) * 32) as u32 }
 }
@@ -118,24 +154,22 @@ struct RowLaunch {
 }
 
 impl RowLaunch {
-    /// `base` (rms_norm, add_rms_norm, layer_norm, or their `_vjp`) for `rows` rows of `len`
-    /// under `plan`. The looping kernels have one RMS norm for both (a null residual).
-    fn new(gpu: &Gpu, d: DType, base: &str, plan: RowPlan, rows: u64, len: u64, eps: f32) -> Result<RowLaunch> {
+    /// `k` for `rows` rows of `len` elements at `ptrs`.
+    fn new(gpu: &Gpu, d: DType, k: &NormKernel, ptrs: &[u64], rows: u64, len: u64, eps: f32) -> Result<RowLaunch> {
         let mut tail = vec![Arg::U64(rows), Arg::U64(len), Arg::F32(eps)];
-        let (f, threads, grid) = match plan {
+        let (f, threads, grid) = match row_plan(d, len as usize, ptrs, k) {
             RowPlan::Regs { v, group } => {
-                let f = kernel(gpu, Family::Fast(d), &format!("{base}_r{v}"))?;
-                let block = if base.ends_with("_vjp") { REG_BLOCK } else { REG_BLOCK_FWD };
-                let groups = (block / group).max(1);
+                let f = kernel(gpu, Family::Fast(d), &format!("{}_r{v}", k.regs))?;
+                let groups = (k.block / group).max(1);
                 let threads = groups * group;
                 tail.push(Arg::I32(group as i32));
                 (f, threads, row_grid(gpu, f, threads, rows, groups as u64)?)
             }
-            RowPlan::Loop { slots } => {
-                let f = kernel(gpu, Family::Fast(d), base.strip_prefix("add_").unwrap_or(base))?;
-                let threads = row_threads(d, len as usize, slots);
+            RowPlan::Loop => {
+                let f = kernel(gpu, Family::Fast(d), k.looping)?;
+                let threads = row_threads(d, len as usize, k.slots);
                 // The derivative kernels write one partial row per block: two blocks per SM.
-                let grid = match slots {
+                let grid = match k.slots {
                     Some(_) => vjp_blocks(gpu, rows) as u32,
                     None => row_grid(gpu, f, threads, rows, 1)?,
                 };
@@ -172,41 +206,29 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
         return Ok(());
     }
     let fam = Family::Fast(d);
-    let norm = |base: &str, slots: Option<usize>, ptrs: &[u64], eps: f32| -> Result<RowLaunch> {
-        // At most the vectors per thread that compile without spilling (ptxas, sm_90a, 512
-        // threads): the residual add and the layer norm spill with 8.
-        let (v_min, v_max) = match base {
-            "rms_norm_vjp" => (2, 4),
-            "layer_norm_vjp" => (2, 2),
-            "layer_norm" => (4, 4),
-            "add_rms_norm" => (2, 4),
-            _ => (2, 8),
-        };
-        let plan = row_plan(d, len as usize, ptrs, v_min, v_max, slots);
-        RowLaunch::new(gpu, d, base, plan, rows, len, eps)
-    };
+    let norm = |k: &NormKernel, ptrs: &[u64], eps: f32| RowLaunch::new(gpu, d, k, ptrs, rows, len, eps);
     match op {
         FastOp::RmsNorm { eps, weighted } => {
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
             let ptrs = [ptr_of(x)?, 0, w, 0, out_ptrs[0]];
-            norm("rms_norm", None, &ptrs, *eps)?.run(gpu, &ptrs)?;
+            norm(&RMS_NORM, &ptrs, *eps)?.run(gpu, &ptrs)?;
         }
         FastOp::AddRmsNorm { eps, weighted } => {
             let w = ptr_or_null(weighted.then(|| &inputs[2]))?;
             let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, w, out_ptrs[0], out_ptrs[1]];
-            norm("add_rms_norm", None, &ptrs, *eps)?.run(gpu, &ptrs)?;
+            norm(&ADD_RMS_NORM, &ptrs, *eps)?.run(gpu, &ptrs)?;
         }
         FastOp::LayerNorm { eps, weighted, biased } => {
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
             let b = ptr_or_null(biased.then(|| &inputs[inputs.len() - 1]))?;
             let ptrs = [ptr_of(x)?, w, b, out_ptrs[0]];
-            norm("layer_norm", None, &ptrs, *eps)?.run(gpu, &ptrs)?;
+            norm(&LAYER_NORM, &ptrs, *eps)?.run(gpu, &ptrs)?;
         }
         FastOp::RmsNormVjp { eps, weighted } => {
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
             let g = ptr_of(&inputs[inputs.len() - 1])?;
             let mut ptrs = [ptr_of(x)?, w, g, out_ptrs[0], 0];
-            let run = norm("rms_norm_vjp", Some(RMS_SLOTS), &ptrs, *eps)?;
+            let run = norm(&RMS_NORM_VJP, &ptrs, *eps)?;
             // One partial row of the weight's cotangent per block.
             let parts = run.grid as u64;
             let scratch = if *weighted { Some(alloc(gpu, (parts * len) as usize, acc(d))?) } else { None };
@@ -220,7 +242,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             let w = ptr_or_null(weighted.then(|| &inputs[1]))?;
             let g = ptr_of(&inputs[inputs.len() - 1])?;
             let mut ptrs = [ptr_of(x)?, w, g, out_ptrs[0], 0];
-            let run = norm("layer_norm_vjp", Some(LN_SLOTS), &ptrs, *eps)?;
+            let run = norm(&LAYER_NORM_VJP, &ptrs, *eps)?;
             let parts = run.grid as u64;
             let (sp, _keep) = alloc(gpu, (parts * 2 * len) as usize, acc(d))?;
             ptrs[4] = sp;
