@@ -2,8 +2,9 @@
 // f32 accumulation. Two weight layouts:
 //  - gemv_rows: B is W^T with W [N, K] row-major (each output reads one contiguous row of W);
 //    a block computes a few adjacent outputs together, K split over all its threads.
-//  - gemv_cols: B [K, N] row-major; each thread owns 16 bytes of consecutive columns and a
-//    slice of K (blockIdx.y); slices write f32 partials that the tile's last block adds.
+//  - gemv_cols: B [K, N] row-major; each thread owns 16 bytes of consecutive columns and runs
+//    of U rows in a slice of K (blockIdx.y); slices write f32 partials that the tile's last
+//    block adds.
 #pragma once
 #include "common.cuh"
 
@@ -129,13 +130,26 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
 }
 
 // gemv_cols: a block owns a tile of NV_GEMV_CT * V columns and one slice of K. Its 256 threads
-// are NV_GEMV_CT column threads × 32 row groups: a warp reads 4 consecutive rows of 128 bytes, and
-// each thread keeps U rows' loads in flight. The row groups are summed in the block (shuffles,
-// then shared memory); slices, when the tiles alone do not fill the GPU, leave f32 partials and
-// the last block of a tile to arrive (a counter per tile, reset by that block) adds them.
+// are NV_GEMV_CT column threads × 32 row groups: a warp reads 128 bytes of 4 rows at a time, and
+// each thread takes U consecutive rows, so its U loads of B are in flight together and its x
+// values are one vector load. The row groups are summed in the block (shuffles, then shared
+// memory); slices, when the tiles alone leave SMs idle, leave f32 partials and the last block
+// of a tile to arrive (a counter per tile, reset by that block) adds them. matmul.rs launches
+// about two blocks per SM: more bytes in flight than that measured slower on the H200.
 #define NV_GEMV_CT 8
 #define NV_GEMV_KG 32
 #define NV_GEMV_COL_BLOCK (NV_GEMV_CT * NV_GEMV_KG)
+
+// A 16-byte load of data no kernel writes while this one runs, kept out of L1 (each byte of B is
+// read once; x and the partials keep the cache).
+template <typename T, int V> __device__ __forceinline__ Vec<T, V> load_once(const T* p) {
+  static_assert(sizeof(Vec<T, V>) == 16, "16-byte loads");
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return *reinterpret_cast<Vec<T, V>*>(&r);
+}
 
 template <typename T, int M>
 __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __restrict__ b, float* __restrict__ partials,
@@ -144,32 +158,47 @@ __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __re
   const int V = 16 / sizeof(T);
   const int U = NV_GEMV_COL_LOADS;
   const int TILE = NV_GEMV_CT * V;
+  static_assert(U % V == 0, "x is read in 16-byte vectors");
   int ct = threadIdx.x % NV_GEMV_CT, kg = threadIdx.x / NV_GEMV_CT;
   u64 c0 = (u64)blockIdx.x * TILE + ct * V;
-  u64 per = (k + slices - 1) / slices;
-  u64 lo = blockIdx.y * per, hi = lo + per < k ? lo + per : k;
+  // Slices start on multiples of U, so a thread's rows start on a 16-byte boundary of x.
+  u64 per = ((k + slices - 1) / slices + U - 1) / U * U;
+  u64 lo = min((u64)blockIdx.y * per, k), hi = min(lo + per, k);
+  bool x_vec = (reinterpret_cast<u64>(x) % 16 == 0) && (ldx % V == 0);
   float acc[M][V];
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[m][j] = 0.0f;
+  u64 r = lo + (u64)kg * U;
   if (c0 + V <= n) {
-    u64 r = lo + kg;
-    for (; r + NV_GEMV_KG * (U - 1) < hi; r += NV_GEMV_KG * U) {
+    for (; r + U <= hi; r += NV_GEMV_KG * U) {
       Vec<T, V> bv[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) bv[u] = *reinterpret_cast<const Vec<T, V>*>(b + (r + NV_GEMV_KG * u) * ldb + c0);
+      for (int u = 0; u < U; ++u) bv[u] = load_once<T, V>(b + (r + u) * ldb + c0);
 #pragma unroll
-      for (int u = 0; u < U; ++u)
+      for (int m = 0; m < M; ++m) {
+        float xf[U];
+        if (x_vec) {
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float xv = widen(x[m * ldx + r + NV_GEMV_KG * u]);
+          for (int q = 0; q < U / V; ++q) {
+            Vec<T, V> xq = *reinterpret_cast<const Vec<T, V>*>(x + m * ldx + r + q * V);
 #pragma unroll
-          for (int j = 0; j < V; ++j) acc[m][j] += xv * widen(bv[u].v[j]);
+            for (int j = 0; j < V; ++j) xf[q * V + j] = widen(xq.v[j]);
+          }
+        } else {
+#pragma unroll
+          for (int u = 0; u < U; ++u) xf[u] = widen(x[m * ldx + r + u]);
         }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[m][j] += xf[u] * widen(bv[u].v[j]);
+      }
     }
-    for (; r < hi; r += NV_GEMV_KG) {
-      Vec<T, V> bv = *reinterpret_cast<const Vec<T, V>*>(b + r * ldb + c0);
+    // The slice's last rows, when they are fewer than U, are this thread's if r stopped in them.
+    for (; r < hi; ++r) {
+      Vec<T, V> bv = load_once<T, V>(b + r * ldb + c0);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float xv = widen(x[m * ldx + r]);
@@ -178,14 +207,15 @@ __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __re
       }
     }
   } else if (c0 < n) {
-    for (u64 r = lo + kg; r < hi; r += NV_GEMV_KG)
+    for (; r < hi; r += NV_GEMV_KG * U)
+      for (u64 q = r; q < min(r + U, hi); ++q)
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float xv = widen(x[m * ldx + r]);
+        for (int m = 0; m < M; ++m) {
+          float xv = widen(x[m * ldx + q]);
 #pragma unroll
-        for (int j = 0; j < V; ++j)
-          if (c0 + j < n) acc[m][j] += xv * widen(b[r * ldb + c0 + j]);
-      }
+          for (int j = 0; j < V; ++j)
+            if (c0 + j < n) acc[m][j] += xv * widen(b[q * ldb + c0 + j]);
+        }
   }
   // A warp holds 4 row groups of the same columns: fold them with shuffles, then the 8 warps
   // through shared memory.

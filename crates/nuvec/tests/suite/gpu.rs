@@ -414,7 +414,13 @@ fn products_agree() {
                     v[0].matmul(&v[1].t())
                 });
                 let w2 = values(&[k, n], dtype, 0.9) * 0.25;
-                both(&format!("x @ W {dtype} m={m} k={k} n={n}"), &[x, w2], |v| v[0].matmul(&v[1]));
+                both(&format!("x @ W {dtype} m={m} k={k} n={n}"), &[x, w2.clone()], |v| v[0].matmul(&v[1]));
+                // x a view one element into wider rows: its rows are not 16-byte aligned, so
+                // the row-major GEMV reads x element by element.
+                let wide = values(&[m, k + 3], dtype, 0.4) * 0.25;
+                both(&format!("x[:, 1..] @ W {dtype} m={m} k={k} n={n}"), &[wide, w2], |v| {
+                    v[0].slice(&[0, 1], &[m, k + 1], &[1, 1]).matmul(&v[1])
+                });
             }
         }
         if dtype.is_float() {
