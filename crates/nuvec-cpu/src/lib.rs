@@ -13,6 +13,7 @@ pub mod quantize;
 mod random;
 mod reduce;
 mod scan;
+mod sgemm;
 mod sort;
 mod strided;
 mod unary;

@@ -8,9 +8,9 @@ use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
 use nuvec_core::{DType, Result};
 use rayon::prelude::*;
 
-use crate::copy;
 use crate::elem::{Elem, Num};
 use crate::strided::Rows;
+use crate::{copy, sgemm};
 use crate::{for_int, host_slice, internal, unsupported};
 
 /// `alpha * a @ b + beta * c` for batched `[.., M, K] @ [.., K, N]`; `c` is `None` for a plain
@@ -57,7 +57,11 @@ fn batches(a: &Operand, b: &Operand, out_shape: &[i32]) -> Vec<[isize; 3]> {
     v
 }
 
-fn gemm_batched<T: Elem>(
+/// Products at least this large (m·n·k) take `sgemm` when it runs here: below it, starting its
+/// threads costs more than it gains.
+const SGEMM_MIN: usize = 1 << 24;
+
+fn gemm_batched<T: Elem + 'static>(
     a: &Operand,
     b: &Operand,
     dst: &mut [T],
@@ -114,6 +118,23 @@ fn gemm_batched<T: Elem>(
             }
         } else {
             dst.fill(T::zeroed());
+        }
+        return Ok(());
+    }
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && m * n * k >= SGEMM_MIN && sgemm::available() {
+        let beta = read_dst.then(|| dst_scale.to_f64() as f32);
+        let alpha = product_scale.to_f64() as f32;
+        for (chunk, &[oa, ob, _]) in dst.chunks_mut(m * n).zip(&batch) {
+            let a = sgemm::Mat { ptr: xs.as_ptr().wrapping_offset(oa) as *const f32, rs: sa[r - 2], cs: sa[r - 1] };
+            let b = sgemm::Mat { ptr: ys.as_ptr().wrapping_offset(ob) as *const f32, rs: sb[r - 2], cs: sb[r - 1] };
+            // SAFETY: T is f32 (checked above), so the casts keep the element type; the
+            // operands' layouts keep every element they name inside their buffers, which stay
+            // borrowed and unchanged for the call; `chunk` is this batch's m×n block of a fresh
+            // buffer; k > 0 (the empty product returned above); AVX2 and FMA are present.
+            unsafe {
+                let c = chunk.as_mut_ptr() as *mut f32;
+                sgemm::sgemm(sgemm::Product { m, n, k, a, b, c, ldc: n, alpha, beta }, threads)
+            };
         }
         return Ok(());
     }
