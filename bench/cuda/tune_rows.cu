@@ -23,7 +23,7 @@
 #include <functional>
 #include <vector>
 #include "gemv.cuh"
-#include "norm.cuh"
+#include "cross_entropy.cuh"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1); } } while (0)
 

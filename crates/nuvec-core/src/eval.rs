@@ -1,13 +1,14 @@
 //! Evaluation: run the pending nodes behind some arrays, each once, in dependency order,
 //! freeing intermediates after their last consumer and donating buffers no one else holds.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::array::{Array, Node, State};
 use crate::backend::backend_for;
 use crate::device::{Device, Stream, with_stream};
 use crate::error::{Error, Result};
+use crate::fast::FastOp;
 use crate::primitive::Primitive;
 use crate::primitive::view::view_layout;
 use crate::storage::{Data, Operand, Output, Spec, internal};
@@ -48,9 +49,15 @@ pub fn async_eval<T: Leaves + ?Sized>(tree: &T) -> Result<()> {
 /// Evaluates `outputs` and everything they depend on.
 pub(crate) fn eval_arrays(outputs: &[Array]) -> Result<()> {
     let order = schedule(outputs);
+    let mut joint = joint_runs(&order);
     // Consume the order as we go: once a node has run, only its consumers hold its outputs,
     // so an intermediate is freed right after its last consumer.
     for array in order {
+        if !joint.is_empty()
+            && let Some(grad) = pending_node(&array).and_then(|n| joint.remove(&Arc::as_ptr(&n)))
+        {
+            run_joint(&array, &grad);
+        }
         run(&array)?;
     }
     match outputs.iter().find_map(|a| a.error()) {
@@ -116,15 +123,24 @@ fn run(array: &Array) -> Result<()> {
         _ => return Ok(()),
     }
     let stream = array.stream();
-    let result = gather_inputs(&node, stream).and_then(|inputs| {
-        let mut outputs: Vec<Output> =
-            node.outputs.iter().map(|s| Output { shape: s.shape.clone(), dtype: s.dtype, data: None }).collect();
-        dispatch(stream, &node.primitive, inputs, &mut outputs)?;
-        outputs
-            .into_iter()
-            .map(|o| o.data.ok_or_else(|| internal(format!("{} produced no output", node.primitive.name()))))
-            .collect::<Result<Vec<Data>>>()
-    });
+    let result = gather(&node.inputs, &node.primitive, stream)
+        .and_then(|inputs| dispatch_collect(stream, &node.primitive, inputs, &node.outputs));
+    settle(&node, array, result)
+}
+
+/// Runs `primitive` on `inputs` and returns its outputs' data.
+fn dispatch_collect(stream: Stream, primitive: &Primitive, inputs: Vec<Operand>, specs: &[Spec]) -> Result<Vec<Data>> {
+    let mut outputs: Vec<Output> =
+        specs.iter().map(|s| Output { shape: s.shape.clone(), dtype: s.dtype, data: None }).collect();
+    dispatch(stream, primitive, inputs, &mut outputs)?;
+    outputs
+        .into_iter()
+        .map(|o| o.data.ok_or_else(|| internal(format!("{} produced no output", primitive.name()))))
+        .collect()
+}
+
+/// Stores `node`'s results (or its error) in every live array of its outputs; `array` is one.
+fn settle(node: &Arc<Node>, array: &Array, result: Result<Vec<Data>>) -> Result<()> {
     let siblings: Vec<Array> = match node.siblings.get() {
         Some(weak) => weak.iter().filter_map(|w| w.upgrade()).map(|inner| Array { inner }).collect(),
         None => vec![array.clone()],
@@ -155,20 +171,20 @@ fn run(array: &Array) -> Result<()> {
     }
 }
 
-/// The inputs of `node` as operands on `stream`'s device. An input that only this node still
-/// references hands over its bytes (donation).
-fn gather_inputs(node: &Node, stream: Stream) -> Result<Vec<Operand>> {
-    let view = node.primitive.is_view();
-    let mut operands = Vec::with_capacity(node.inputs.len());
-    for input in &node.inputs {
+/// `inputs` of `primitive` as operands on `stream`'s device. An input that only this node
+/// still references hands over its bytes (donation).
+fn gather(inputs: &[Array], primitive: &Primitive, stream: Stream) -> Result<Vec<Operand>> {
+    let view = primitive.is_view();
+    let mut operands = Vec::with_capacity(inputs.len());
+    for input in inputs {
         let mut st = input.inner.lock();
         let data = match &*st {
             State::Ready(d) => d.clone(),
             State::Failed(e) => return Err(e.clone()),
             State::Pending { .. } => {
-                return Err(internal(format!("input of {} was not evaluated", node.primitive.name())));
+                return Err(internal(format!("input of {} was not evaluated", primitive.name())));
             }
-            State::Donated => return Err(internal(format!("input of {} was donated", node.primitive.name()))),
+            State::Donated => return Err(internal(format!("input of {} was donated", primitive.name()))),
         };
         let mut donated = false;
         let data = if data.storage.location() == stream.device || view {
@@ -194,6 +210,75 @@ fn gather_inputs(node: &Node, stream: Stream) -> Result<Vec<Operand>> {
         operands.push(Operand { shape: input.inner.shape.clone(), dtype: input.inner.dtype, data, donated });
     }
     Ok(operands)
+}
+
+// ---- Joint runs: a pending cross entropy and the derivative that consumes its loss, both
+// wanted by one evaluation (a training step's loss and gradient), run as one primitive,
+// FastOp::CrossEntropyWithGrad, whose kernel reads the logits once instead of twice.
+
+/// The pending cross entropies of `order` whose loss a pending derivative in `order` consumes,
+/// by node, each with that derivative's array.
+fn joint_runs(order: &[Array]) -> HashMap<*const Node, Array> {
+    let mut pairs = HashMap::new();
+    for array in order {
+        let node = match &*array.inner.lock() {
+            State::Pending { node, .. } if matches!(node.primitive, Primitive::Fast(FastOp::CrossEntropyVjp)) => {
+                node.clone()
+            }
+            _ => continue,
+        };
+        let [x, t, _, loss] = &node.inputs[..] else { continue };
+        let Some(forward) = pending_node(loss) else { continue };
+        let same = |a: &Array, b: &Array| Arc::ptr_eq(&a.inner, &b.inner);
+        if matches!(forward.primitive, Primitive::Fast(FastOp::CrossEntropy))
+            && same(&forward.inputs[0], x)
+            && same(&forward.inputs[1], t)
+        {
+            pairs.insert(Arc::as_ptr(&forward), array.clone());
+        }
+    }
+    pairs
+}
+
+/// Runs the cross entropy behind `loss` and the derivative behind `grad` as one primitive when
+/// the backend has a kernel for it and the derivative's cotangent does not need the loss (it is
+/// evaluated first). Otherwise, or if the joint kernel fails, both stay pending for `run`.
+fn run_joint(loss: &Array, grad: &Array) {
+    let (Some(forward), Some(derivative)) = (pending_node(loss), pending_node(grad)) else { return };
+    let stream = grad.stream();
+    if loss.stream() != stream {
+        return;
+    }
+    let inputs = derivative.inputs[..3].to_vec();
+    let op = Primitive::Fast(FastOp::CrossEntropyWithGrad);
+    let in_specs: Vec<Spec> =
+        inputs.iter().map(|a| Spec { shape: a.inner.shape.clone(), dtype: a.inner.dtype }).collect();
+    let out_specs = [forward.outputs[0].clone(), derivative.outputs[0].clone()];
+    let Ok(backend) = backend_for(stream.device) else { return };
+    if !backend.supports(&op, &in_specs, &out_specs) {
+        return;
+    }
+    let before = schedule(&inputs);
+    if before.iter().any(|a| pending_node(a).is_some_and(|n| Arc::ptr_eq(&n, &forward))) {
+        return;
+    }
+    for a in before {
+        if run(&a).is_err() {
+            return;
+        }
+    }
+    let _forward = forward.run.lock().unwrap_or_else(|e| e.into_inner());
+    let _derivative = derivative.run.lock().unwrap_or_else(|e| e.into_inner());
+    if pending_node(loss).is_none() || pending_node(grad).is_none() {
+        return;
+    }
+    let Ok(mut datas) = gather(&inputs, &op, stream).and_then(|x| dispatch_collect(stream, &op, x, &out_specs)) else {
+        return;
+    };
+    let (Some(d), Some(l)) = (datas.pop(), datas.pop()) else { return };
+    // Both succeeded: settling cannot fail.
+    let _ = settle(&forward, loss, Ok(vec![l]));
+    let _ = settle(&derivative, grad, Ok(vec![d]));
 }
 
 /// Runs a primitive on evaluated operands.

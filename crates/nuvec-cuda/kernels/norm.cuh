@@ -1,6 +1,6 @@
 // Fused row kernels of nuvec::fast beyond softmax: RMS norm (with the residual add), layer norm,
-// their derivatives, SwiGLU and cross entropy (RoPE: rope.cuh). Rows are contiguous (eval.rs
-// copies strided inputs first); statistics accumulate in f32 (f64 for double). The norms here
+// their derivatives and SwiGLU (RoPE: rope.cuh; cross entropy: cross_entropy.cuh). Rows are
+// contiguous (eval.rs copies strided inputs first); statistics accumulate in f32 (f64 for double). The norms here
 // take any row: one block per row, grid-striding over rows; a row is read once from memory and
 // again from cache. Rows of whole 16-byte vectors that fit in registers take norm_regs.cuh's
 // kernels instead.
@@ -439,60 +439,4 @@ __device__ __forceinline__ void swiglu_vjp_elems(const T* __restrict__ gate, con
     start = nv * N;
   }
   for (u64 i = start + tid; i < n; i += lanes) one(widen(gate[i]), widen(up[i]), widen(g[i]), dgate[i], dup[i]);
-}
-
-// ---- Cross entropy: loss = logsumexp(row) − row[t] (0 for t < 0, NaN for t ≥ len), and its
-// derivative g·(softmax(row) − onehot(t)) (zero for rows whose target is out of range).
-template <typename T>
-__device__ __forceinline__ typename Acc<T>::type row_lse(const T* __restrict__ p, u64 len) {
-  auto ms = row_max_sum_block(p, len);
-  if (isinf(ms.m) || ms.m != ms.m) return ms.m;
-  return log(ms.s) + ms.m;
-}
-
-template <typename T>
-__device__ __forceinline__ void cross_entropy_rows(const T* __restrict__ x, const i32* __restrict__ t,
-                                                   typename Acc<T>::type* __restrict__ loss, u64 rows, u64 len) {
-  typedef typename Acc<T>::type A;
-  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
-    i32 target = t[row];
-    if (target < 0) {
-      if (threadIdx.x == 0) loss[row] = 0;
-      continue;  // uniform across the block: no barrier is skipped by some threads only
-    }
-    A lse = row_lse(x + row * len, len);
-    if (threadIdx.x == 0) loss[row] = (u64)target < len ? lse - widen(x[row * len + target]) : (A)NAN;
-  }
-}
-
-// One pass over the logits: the row's log-sum-exp is the loss plus the target's logit.
-template <typename T>
-__device__ __forceinline__ void cross_entropy_vjp_rows(const T* __restrict__ x, const i32* __restrict__ t,
-                                                       const typename Acc<T>::type* __restrict__ g,
-                                                       const typename Acc<T>::type* __restrict__ loss,
-                                                       T* __restrict__ dx, u64 rows, u64 len) {
-  typedef typename Acc<T>::type A;
-  bool vec = rows_vectorisable<T>(len, x, dx, x, x);
-  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
-    i32 target = t[row];
-    const T* p = x + row * len;
-    T* q = dx + row * len;
-    // Rows whose target is out of range (ignored, or past the classes) get no gradient.
-    bool counted = target >= 0 && (u64)target < len;
-    A gv = counted ? g[row] : (A)0;
-    A lse = counted ? loss[row] + widen(p[target]) : (A)0;
-    A L = log2e_times(lse);
-    for_row<T>(len, vec, [&](auto W, u64 v, int) {
-      NV_PIECE;
-      A a[M];
-      T d[M];
-      load<T, M>(p, v, a);
-#pragma unroll
-      for (int j = 0; j < M; ++j) {
-        A e = counted ? exp_shifted(a[j], lse, L) : (A)0;
-        d[j] = narrow<T>((e - (v * M + j == (u64)target ? (A)1 : (A)0)) * gv);
-      }
-      store<T, M>(q, v, d);
-    });
-  }
 }

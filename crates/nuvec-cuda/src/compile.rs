@@ -14,13 +14,14 @@ use nuvec_core::{Error, Result};
 use crate::driver::{Gpu, check};
 
 /// The headers our kernel sources include, by name.
-pub const HEADERS: [(&str, &str); 12] = [
+pub const HEADERS: [(&str, &str); 13] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("elementwise.cuh", include_str!("../kernels/elementwise.cuh")),
     ("reduce.cuh", include_str!("../kernels/reduce.cuh")),
     ("fast.cuh", include_str!("../kernels/fast.cuh")),
     ("norm.cuh", include_str!("../kernels/norm.cuh")),
     ("norm_regs.cuh", include_str!("../kernels/norm_regs.cuh")),
+    ("cross_entropy.cuh", include_str!("../kernels/cross_entropy.cuh")),
     ("rope.cuh", include_str!("../kernels/rope.cuh")),
     ("misc.cuh", include_str!("../kernels/misc.cuh")),
     ("gemv.cuh", include_str!("../kernels/gemv.cuh")),

@@ -1,7 +1,7 @@
-//! Launches of the fused row kernels of `kernels/norm.cuh`, `kernels/norm_regs.cuh` and
-//! `kernels/rope.cuh`: RMS norm (with the residual add), layer norm and their derivatives,
-//! SwiGLU, cross entropy and RoPE. Which cases they cover is [`supports`]; the rest run as their
-//! compositions.
+//! Launches of the fused row kernels of `kernels/norm.cuh`, `kernels/norm_regs.cuh`,
+//! `kernels/cross_entropy.cuh` and `kernels/rope.cuh`: RMS norm (with the residual add), layer
+//! norm and their derivatives, SwiGLU, cross entropy and RoPE. Which cases they cover is
+//! [`supports`]; the rest run as their compositions.
 
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use nuvec_core::{DType, Result};
 use crate::driver::Gpu;
 use crate::eval::{alloc, alloc_out, internal, kernel, ptr_of, row_major};
 use crate::kernels::Family;
-use crate::launch::{Arg, BLOCK, grid_for, launch, resident_blocks};
+use crate::launch::{Arg, BLOCK, grid_for, launch, launch_cluster, resident_blocks, resident_clusters};
 
 /// Register slots per thread of the derivative kernels (NV_RMS_SLOTS, NV_LN_SLOTS and
 /// NV_NORM_VJP_THREADS in norm.cuh): they take rows of up to slots × threads features.
@@ -43,6 +43,7 @@ pub(crate) fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
         FastOp::CrossEntropyVjp => {
             inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d) && inputs[3].dtype == acc(d)
         }
+        FastOp::CrossEntropyWithGrad => inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d),
         FastOp::Rope(_) => inputs[1].dtype == DType::I32 && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
         _ => false,
     }
@@ -272,28 +273,91 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             let args = vec![Arg::Ptr(ptr_of(x)?), Arg::Ptr(ptr_of(&inputs[1])?), Arg::Ptr(out_ptrs[0]), Arg::U64(n)];
             launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
         }
-        FastOp::CrossEntropy | FastOp::CrossEntropyVjp => {
-            let (x, t) = (ptr_of(x)?, ptr_of(&inputs[1])?);
-            let (name, mut args) = if *op == FastOp::CrossEntropy {
-                ("cross_entropy", vec![Arg::Ptr(x), Arg::Ptr(t), Arg::Ptr(out_ptrs[0])])
-            } else {
-                let (g, loss) = (ptr_of(&inputs[2])?, ptr_of(&inputs[3])?);
-                ("cross_entropy_vjp", [x, t, g, loss, out_ptrs[0]].map(Arg::Ptr).into())
-            };
-            args.extend([Arg::U64(rows), Arg::U64(len)]);
-            // The statistics' loop reads 8 vectors per thread in flight (fast.cuh): 128 threads
-            // per row up to 64 K features, 512 beyond (H200, bf16 4096 rows: 32000 wide 91% of
-            // copy with 128, 83% with 256; 128256 wide 95% with 512, 84% with 1024, one block
-            // per SM that idles while it reduces).
-            let threads = if len > 65536 { 512 } else { 128 };
-            let f = kernel(gpu, fam, name)?;
-            let grid = row_grid(gpu, f, threads, rows, 1)?;
-            launch(gpu, f, (grid, 1, 1), (threads, 1, 1), 0, args)?;
+        FastOp::CrossEntropy => {
+            let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, out_ptrs[0]];
+            cross_entropy(gpu, d, "cross_entropy", &ptrs, rows, len)?;
+        }
+        FastOp::CrossEntropyVjp => {
+            let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, ptr_of(&inputs[2])?, ptr_of(&inputs[3])?, out_ptrs[0]];
+            cross_entropy(gpu, d, "cross_entropy_vjp", &ptrs, rows, len)?;
+        }
+        FastOp::CrossEntropyWithGrad => {
+            let (xp, t, g) = (ptr_of(x)?, ptr_of(&inputs[1])?, ptr_of(&inputs[2])?);
+            let (loss, dx) = (out_ptrs[0], out_ptrs[1]);
+            if !cross_entropy_fused(gpu, d, [xp, t, g, loss, dx], rows, len)? {
+                cross_entropy(gpu, d, "cross_entropy", &[xp, t, loss], rows, len)?;
+                cross_entropy(gpu, d, "cross_entropy_vjp", &[xp, t, g, loss, dx], rows, len)?;
+            }
         }
         FastOp::Rope(p) => rope(gpu, p, x, &inputs[1], inputs.get(2), out_ptrs[0], rows, len)?,
         _ => return Err(internal(format!("no fused kernel for {}", op.name()))),
     }
     Ok(())
+}
+
+/// The cross-entropy loss (`ptrs`: logits, targets, loss) or its derivative given the loss
+/// (logits, targets, cotangent, loss, gradient): a block per row.
+fn cross_entropy(gpu: &Gpu, d: DType, name: &str, ptrs: &[u64], rows: u64, len: u64) -> Result<()> {
+    let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::Ptr(p)).collect();
+    args.extend([Arg::U64(rows), Arg::U64(len)]);
+    // The statistics' loop reads 8 vectors per thread in flight (fast.cuh): 128 threads per row
+    // up to 64 K features, 512 beyond (H200, bf16 4096 rows: 32000 wide 91% of copy with 128,
+    // 83% with 256; 128256 wide 95% with 512, 84% with 1024, one block per SM that idles while
+    // it reduces).
+    let threads = if len > 65536 { 512 } else { 128 };
+    let f = kernel(gpu, Family::Fast(d), name)?;
+    let grid = row_grid(gpu, f, threads, rows, 1)?;
+    launch(gpu, f, (grid, 1, 1), (threads, 1, 1), 0, args)
+}
+
+/// 16-byte loads per thread of the fused cross-entropy kernel (NV_ROW_LOADS in fast.cuh): each
+/// thread holds that many vectors of its row in registers.
+const FUSED_LOADS: usize = 8;
+
+/// The loss and the gradient in one read of the logits (cross_entropy.cuh's fused kernel; `ptrs`:
+/// logits, targets, cotangent, loss, gradient), where it applies: sm_90 or later, float32 or
+/// half logits, rows of whole aligned 16-byte vectors that at most 8 blocks hold in registers.
+/// Returns whether it ran.
+fn cross_entropy_fused(gpu: &Gpu, d: DType, ptrs: [u64; 5], rows: u64, len: u64) -> Result<bool> {
+    let per = (16 / d.size()) as u64;
+    let usable = gpu.info.compute_capability.0 >= 9
+        && matches!(d, DType::F32 | DType::F16 | DType::BF16)
+        && len.is_multiple_of(per)
+        && [ptrs[0], ptrs[4]].iter().all(|p| p % 16 == 0);
+    if !usable {
+        return Ok(false);
+    }
+    let nv = (len / per) as usize;
+    // Blocks per row (a cluster) and threads per block, from sweeps on the H200 (bf16, 4096 rows;
+    // bench/cuda/tune_xent.cu). Each thread holds at most FUSED_LOADS vectors, so the registers
+    // bound the rows in flight, and a row's blocks meet once per row: rows of up to 4096 vectors
+    // in blocks of up to 256 threads (32000 classes, two blocks: 79% of copy; one of 512: 77%,
+    // four of 128: 75%), up to 16384 in two blocks of up to 1024 (128256: 79%; four of 512: 71%,
+    // eight of 256: 74%), longer ones in as many blocks of up to 512 as they need (152064: five
+    // of 480, 67%; eight of 320: 67%; three of 1024: 60%; ten of 256: 65%).
+    let (threads, cluster) = if nv <= 4096 {
+        (nv.div_ceil(FUSED_LOADS).clamp(32, 256), nv.div_ceil(256 * FUSED_LOADS))
+    } else if nv <= 16384 {
+        (nv.div_ceil(2 * FUSED_LOADS), 2)
+    } else {
+        let cluster = nv.div_ceil(512 * FUSED_LOADS);
+        (nv.div_ceil(cluster * FUSED_LOADS), cluster)
+    };
+    let threads = threads.next_multiple_of(32);
+    if cluster > 8 {
+        return Ok(false);
+    }
+    let f = kernel(gpu, Family::Fast(d), "cross_entropy_fused")?;
+    let resident = resident_clusters(gpu, f, threads as u32, cluster as u32)?;
+    if resident == 0 {
+        return Ok(false);
+    }
+    let clusters = rows.min(resident).min(u32::MAX as u64 / 8);
+    let slice = nv.div_ceil(cluster) as u64;
+    let mut args: Vec<Arg> = ptrs.map(Arg::Ptr).into();
+    args.extend([Arg::U64(rows), Arg::U64(len), Arg::U64(slice)]);
+    launch_cluster(gpu, f, (clusters * cluster as u64) as u32, threads as u32, cluster as u32, args)?;
+    Ok(true)
 }
 
 /// `out[c] = Σ_p part[p · stride + c]`: the derivative kernels' partial rows added up, 32

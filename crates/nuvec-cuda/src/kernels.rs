@@ -416,6 +416,7 @@ impl Family {
                 let t = ctype(d);
                 let a = if d == DType::F64 { "double" } else { "float" };
                 w("#include \"norm_regs.cuh\"".into());
+                w("#include \"cross_entropy.cuh\"".into());
                 w("#include \"rope.cuh\"".into());
                 // The register-row norms, by vectors per thread (fast_rows.rs: row_plan).
                 for v in [2, 4, 8] {
@@ -483,6 +484,12 @@ impl Family {
                     ),
                 ] {
                     w(format!("extern \"C\" __global__ void {line}"));
+                }
+                if d != DType::F64 {
+                    // Float statistics only; clusters need sm_90 (the body traps before).
+                    w(format!(
+                        "extern \"C\" __global__ void __launch_bounds__(1024) cross_entropy_fused(const {t}* x, const i32* t, const float* g, float* loss, {t}* dx, u64 rows, u64 len, u64 slice) {{ cross_entropy_fused_rows<{t}>(x, t, g, loss, dx, rows, len, slice); }}"
+                    ));
                 }
                 for (name, f) in [("softmax", "softmax_rows"), ("logsumexp", "logsumexp_rows")] {
                     w(format!(

@@ -134,6 +134,70 @@ pub(crate) fn launch(
     }
 }
 
+/// A launch configuration of `f` in clusters of `cluster` blocks (along x), no dynamic shared
+/// memory, on the device's stream; `attr` must outlive the returned value's use.
+fn cluster_config(gpu: &Gpu, grid: u32, threads: u32, attr: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
+    sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: gpu.stream,
+        attrs: attr as *mut sys::CUlaunchAttribute,
+        numAttrs: 1,
+    }
+}
+
+fn cluster_attr(cluster: u32) -> sys::CUlaunchAttribute {
+    // SAFETY: the attribute is plain data; zeroed is a valid bit pattern for every field.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
+    attr
+}
+
+/// Launches `f` on a 1-D grid of `grid` blocks (a multiple of `cluster`) grouped in thread-block
+/// clusters of `cluster` blocks (sm_90 and later; at most 8).
+pub(crate) fn launch_cluster(
+    gpu: &Gpu,
+    f: sys::CUfunction,
+    grid: u32,
+    threads: u32,
+    cluster: u32,
+    mut args: Vec<Arg>,
+) -> Result<()> {
+    gpu.bind()?;
+    let mut attr = cluster_attr(cluster);
+    let config = cluster_config(gpu, grid, threads, &mut attr);
+    let mut ptrs: Vec<*mut c_void> = args.iter_mut().map(Arg::as_ptr).collect();
+    // SAFETY: as `launch`'s; `config` points at `attr`, alive across the call.
+    unsafe { check(sys::cuLaunchKernelEx(&config, f, ptrs.as_mut_ptr(), std::ptr::null_mut()), "cuLaunchKernelEx") }
+}
+
+/// How many clusters of `cluster` blocks of `threads` threads of `f` the device holds at once
+/// (placement within the GPU's processing clusters included); 0 when none fits.
+pub(crate) fn resident_clusters(gpu: &Gpu, f: sys::CUfunction, threads: u32, cluster: u32) -> Result<u64> {
+    static KNOWN: Mutex<Vec<(usize, u32, u32, u64)>> = Mutex::new(Vec::new());
+    let key = f as usize;
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(.., n)) = known.iter().find(|&&(k, t, c, _)| k == key && t == threads && c == cluster) {
+        return Ok(n);
+    }
+    gpu.bind()?;
+    let mut attr = cluster_attr(cluster);
+    let config = cluster_config(gpu, cluster, threads, &mut attr);
+    let mut n = 0;
+    // SAFETY: `f` is a loaded function of this context; `config` points at `attr`; `n` is a
+    // local out-pointer.
+    unsafe { check(sys::cuOccupancyMaxActiveClusters(&mut n, f, &config), "cuOccupancyMaxActiveClusters")? };
+    let n = n.max(0) as u64;
+    known.push((key, threads, cluster, n));
+    Ok(n)
+}
+
 /// How many blocks of `threads` threads of `f` one multiprocessor holds at once (asked of the
 /// driver once per function and block size).
 pub(crate) fn resident_blocks(gpu: &Gpu, f: sys::CUfunction, threads: u32) -> Result<u64> {

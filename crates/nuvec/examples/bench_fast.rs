@@ -26,7 +26,8 @@
 //! cotangent, and evaluates only the inputs' cotangents: the forward's output, which the
 //! derivative kernels do not read, is never computed, and tracing is part of the time as it is
 //! in a training step. `cross_entropy_fwdbwd_*` evaluates the loss and the logits' cotangent in
-//! one `eval`, with the cotangent `1/N` per row (the gradient of the mean loss).
+//! one `eval`, with the cotangent `1/N` per row (the gradient of the mean loss), which runs
+//! both as one kernel (`FastOp::CrossEntropyWithGrad`, one read of the logits).
 //!
 //! # Cases and bytes
 //!

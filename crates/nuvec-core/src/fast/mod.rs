@@ -80,6 +80,11 @@ pub enum FastOp {
     /// The cross entropy's cotangent of the logits: inputs `[logits, targets, g, loss]` (the
     /// loss gives the kernel each row's log-sum-exp without a second pass).
     CrossEntropyVjp,
+    /// The loss and the cotangent of the logits at once: inputs `[logits, targets, g]`, outputs
+    /// `[loss, dlogits]`. No operation records it: evaluation runs a pending [`cross_entropy`]
+    /// and the `CrossEntropyVjp` that consumes its loss as this one primitive when the backend
+    /// has a kernel for it (one read of the logits instead of two).
+    CrossEntropyWithGrad,
 }
 
 impl FastOp {
@@ -98,6 +103,7 @@ impl FastOp {
             FastOp::RmsNormVjp { .. } => "rms_norm_vjp",
             FastOp::LayerNormVjp { .. } => "layer_norm_vjp",
             FastOp::CrossEntropyVjp => "cross_entropy_vjp",
+            FastOp::CrossEntropyWithGrad => "cross_entropy_with_grad",
         }
     }
 
@@ -115,6 +121,11 @@ impl FastOp {
             FastOp::RmsNormVjp { weighted, .. } => norm::rms_norm_vjp_specs(*weighted, inputs),
             FastOp::LayerNormVjp { weighted, biased, .. } => norm::layer_norm_vjp_specs(*weighted, *biased, inputs),
             FastOp::CrossEntropyVjp => Ok(vec![inputs[0].clone()]),
+            FastOp::CrossEntropyWithGrad => {
+                let mut specs = glu_loss::cross_entropy_specs(&inputs[..2])?;
+                specs.push(inputs[0].clone());
+                Ok(specs)
+            }
         }
     }
 
@@ -148,6 +159,10 @@ impl FastOp {
             FastOp::CrossEntropyVjp => {
                 vec![glu_loss::cross_entropy_vjp_composition(&inputs[0], &inputs[1], &inputs[2])]
             }
+            FastOp::CrossEntropyWithGrad => vec![
+                glu_loss::cross_entropy_composition(&inputs[0], &inputs[1]),
+                glu_loss::cross_entropy_vjp_composition(&inputs[0], &inputs[1], &inputs[2]),
+            ],
         }
     }
 
@@ -158,6 +173,7 @@ impl FastOp {
             FastOp::Softmax | FastOp::LogSumExp | FastOp::RmsNorm { .. } | FastOp::LayerNorm { .. } => Some(1),
             FastOp::AddRmsNorm { .. } | FastOp::SwiGlu | FastOp::CrossEntropy => Some(2),
             FastOp::CrossEntropyVjp => Some(4),
+            FastOp::CrossEntropyWithGrad => Some(3),
             FastOp::SwiGluVjp => Some(3),
             FastOp::Rope(_) => Some(1).filter(|_| n >= 2),
             // The weight and bias cotangents sum over rows, the batch included.

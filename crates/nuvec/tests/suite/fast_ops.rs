@@ -283,7 +283,10 @@ fn swiglu_and_cross_entropy_match_float64() {
 #[test]
 fn cross_entropy_loss_and_gradient_together_match_float64() {
     let mut rng = Rng(23);
-    for &(rows, d) in &[(5, 7), (9, 1000), (3, 70001)] {
+    // Rows the joint loss-and-gradient kernel takes in one block (1000), in clusters of two and
+    // five blocks (40000; 160000 in bf16 — in float32 it needs more than 8 and takes two
+    // kernels), and rows it leaves to the two kernels (7 and 70001: not whole 16-byte vectors).
+    for &(rows, d) in &[(5, 7), (9, 1000), (3, 70001), (4, 40000), (2, 160000)] {
         let xv = rng.values((rows * d) as usize, -6.0, 6.0);
         let targets: Vec<i32> = (0..rows)
             .map(|r| {

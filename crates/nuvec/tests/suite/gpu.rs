@@ -758,6 +758,7 @@ fn fast_ops_have_gpu_kernels() {
             (FastOp::SwiGluVjp, vec![x.clone(), x.clone(), x.clone()]),
             (FastOp::CrossEntropy, vec![x.clone(), rows.clone()]),
             (FastOp::CrossEntropyVjp, vec![x.clone(), rows.clone(), acc.clone(), acc.clone()]),
+            (FastOp::CrossEntropyWithGrad, vec![x.clone(), rows.clone(), acc.clone()]),
             (FastOp::Rope(rope), vec![spec(&[1, 32, 16, 128], d), spec(&[], DType::I32)]),
         ];
         for (op, inputs) in cases {
