@@ -1,34 +1,40 @@
-//! Fused CPU kernels of fast operations: softmax and log-sum-exp over rows.
+//! Fused CPU kernels of fast operations: softmax and log-sum-exp over rows here; the norms and
+//! SwiGLU in `norm_rows.rs`.
 
 use std::any::TypeId;
 
 use num_traits::{Float as _, One, Zero};
 use nuvec_core::Result;
 use nuvec_core::fast::FastOp;
-use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
+use nuvec_core::storage::{Data, HostBuffer, Operand, Output, Spec};
 use rayon::prelude::*;
 
-use crate::copy;
 use crate::elem::{AccFloat, Float};
 use crate::map::simd;
 use crate::strided::GRAIN;
+use crate::{copy, norm_rows};
 use crate::{for_float, host_slice, internal};
 
-/// Whether this backend has a kernel for `op`.
-pub fn supports(op: &FastOp) -> bool {
-    matches!(op, FastOp::Softmax | FastOp::LogSumExp)
+/// Whether this backend has a kernel for `op` on inputs of these (float) dtypes.
+pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
+    match op {
+        FastOp::Softmax | FastOp::LogSumExp => true,
+        // One dtype for every input, the output's: mixed dtypes take the composition.
+        FastOp::RmsNorm { .. } | FastOp::AddRmsNorm { .. } | FastOp::LayerNorm { .. } | FastOp::SwiGlu => {
+            inputs.iter().all(|s| s.dtype == inputs[0].dtype)
+        }
+        _ => false,
+    }
 }
 
-pub fn eval(op: &FastOp, mut inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
-    let x = inputs.pop().ok_or_else(|| internal("fast op without input"))?;
-    let x = row_major(x)?;
-    let out = &mut outputs[0];
+pub fn eval(op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    let inputs: Vec<Operand> = inputs.into_iter().map(row_major).collect::<Result<_>>()?;
+    let x = inputs.first().ok_or_else(|| internal("fast op without input"))?;
     let len = x.shape.last().copied().unwrap_or(1) as usize;
     match op {
-        FastOp::Softmax => for_float!(x.dtype, T => rows::<T>(&x, out, len, softmax_row::<T>)),
-        FastOp::LogSumExp => for_float!(x.dtype, T => rows::<T>(&x, out, 1, lse_row::<T>)),
-        #[allow(unreachable_patterns)]
-        _ => Err(internal(format!("no CPU kernel for {}", op.name()))),
+        FastOp::Softmax => for_float!(x.dtype, T => rows::<T>(x, &mut outputs[0], len, softmax_row::<T>)),
+        FastOp::LogSumExp => for_float!(x.dtype, T => rows::<T>(x, &mut outputs[0], 1, lse_row::<T>)),
+        _ => norm_rows::eval(op, &inputs, outputs),
     }
 }
 

@@ -9,6 +9,7 @@ mod fast;
 mod gather;
 mod map;
 mod matmul;
+mod norm_rows;
 pub mod quantize;
 mod random;
 mod reduce;
@@ -70,7 +71,9 @@ impl Backend for CpuBackend {
     fn supports(&self, primitive: &Primitive, inputs: &[Spec], _outputs: &[Spec]) -> bool {
         match primitive {
             Primitive::Fast(op) => {
-                nuvec_core::fast::fused_enabled() && inputs.iter().all(|s| s.dtype.is_float()) && fast::supports(op)
+                nuvec_core::fast::fused_enabled()
+                    && inputs.iter().all(|s| s.dtype.is_float())
+                    && fast::supports(op, inputs)
             }
             p => !p.is_view() && !matches!(p, Primitive::Custom(_) | Primitive::CustomKernel(_)),
         }
