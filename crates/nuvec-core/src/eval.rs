@@ -8,7 +8,7 @@ use crate::array::{Array, Node, State};
 use crate::backend::backend_for;
 use crate::device::{Device, Stream, with_stream};
 use crate::error::{Error, Result};
-use crate::fast::FastOp;
+use crate::fast::Joint;
 use crate::primitive::Primitive;
 use crate::primitive::view::view_layout;
 use crate::storage::{Data, Operand, Output, Spec, internal};
@@ -54,9 +54,9 @@ pub(crate) fn eval_arrays(outputs: &[Array]) -> Result<()> {
     // so an intermediate is freed right after its last consumer.
     for array in order {
         if !joint.is_empty()
-            && let Some(grad) = pending_node(&array).and_then(|n| joint.remove(&Arc::as_ptr(&n)))
+            && let Some((grad, rule)) = pending_node(&array).and_then(|n| joint.remove(&Arc::as_ptr(&n)))
         {
-            run_joint(&array, &grad);
+            run_joint(&array, &grad, &rule);
         }
         run(&array)?;
     }
@@ -212,48 +212,51 @@ fn gather(inputs: &[Array], primitive: &Primitive, stream: Stream) -> Result<Vec
     Ok(operands)
 }
 
-// ---- Joint runs: a pending cross entropy and the derivative that consumes its loss, both
-// wanted by one evaluation (a training step's loss and gradient), run as one primitive,
-// FastOp::CrossEntropyWithGrad, whose kernel reads the logits once instead of twice.
+// ---- Joint runs: a pending derivative and the pending forward whose output it consumes, both
+// wanted by one evaluation (a training step's loss and gradient), run as one primitive when the
+// backend has it (`FastOp::joint`: cross entropy, whose joint kernel reads the logits once).
 
-/// The pending cross entropies of `order` whose loss a pending derivative in `order` consumes,
-/// by node, each with that derivative's array.
-fn joint_runs(order: &[Array]) -> HashMap<*const Node, Array> {
+/// The pending forwards of `order` whose output a pending derivative in `order` consumes and
+/// can be run with, by node: the derivative's array and the joint rule.
+fn joint_runs(order: &[Array]) -> HashMap<*const Node, (Array, Joint)> {
     let mut pairs = HashMap::new();
     for array in order {
-        let node = match &*array.inner.lock() {
-            State::Pending { node, .. } if matches!(node.primitive, Primitive::Fast(FastOp::CrossEntropyVjp)) => {
-                node.clone()
-            }
+        let (node, rule) = match &*array.inner.lock() {
+            State::Pending { node, .. } => match &node.primitive {
+                Primitive::Fast(op) => match op.joint() {
+                    Some(rule) => (node.clone(), rule),
+                    None => continue,
+                },
+                _ => continue,
+            },
             _ => continue,
         };
-        let [x, t, _, loss] = &node.inputs[..] else { continue };
-        let Some(forward) = pending_node(loss) else { continue };
-        let same = |a: &Array, b: &Array| Arc::ptr_eq(&a.inner, &b.inner);
-        if matches!(forward.primitive, Primitive::Fast(FastOp::CrossEntropy))
-            && same(&forward.inputs[0], x)
-            && same(&forward.inputs[1], t)
+        let Some(forward) = node.inputs.get(rule.output_at).and_then(pending_node) else { continue };
+        let same = |(a, b): (&Array, &Array)| Arc::ptr_eq(&a.inner, &b.inner);
+        if matches!(&forward.primitive, Primitive::Fast(op) if *op == rule.forward)
+            && forward.inputs.len() <= rule.output_at
+            && forward.inputs.iter().zip(&node.inputs).all(same)
         {
-            pairs.insert(Arc::as_ptr(&forward), array.clone());
+            pairs.insert(Arc::as_ptr(&forward), (array.clone(), rule));
         }
     }
     pairs
 }
 
-/// Runs the cross entropy behind `loss` and the derivative behind `grad` as one primitive when
-/// the backend has a kernel for it and the derivative's cotangent does not need the loss (it is
+/// Runs the forward behind `out` and the derivative behind `grad` as `rule.op` when the backend
+/// has a kernel for it and the derivative's other inputs do not need the forward (they are
 /// evaluated first). Otherwise, or if the joint kernel fails, both stay pending for `run`.
-fn run_joint(loss: &Array, grad: &Array) {
-    let (Some(forward), Some(derivative)) = (pending_node(loss), pending_node(grad)) else { return };
+fn run_joint(out: &Array, grad: &Array, rule: &Joint) {
+    let (Some(forward), Some(derivative)) = (pending_node(out), pending_node(grad)) else { return };
     let stream = grad.stream();
-    if loss.stream() != stream {
+    if out.stream() != stream {
         return;
     }
-    let inputs = derivative.inputs[..3].to_vec();
-    let op = Primitive::Fast(FastOp::CrossEntropyWithGrad);
+    let inputs = derivative.inputs[..rule.output_at].to_vec();
+    let op = Primitive::Fast(rule.op.clone());
     let in_specs: Vec<Spec> =
         inputs.iter().map(|a| Spec { shape: a.inner.shape.clone(), dtype: a.inner.dtype }).collect();
-    let out_specs = [forward.outputs[0].clone(), derivative.outputs[0].clone()];
+    let out_specs: Vec<Spec> = forward.outputs.iter().chain(&derivative.outputs).cloned().collect();
     let Ok(backend) = backend_for(stream.device) else { return };
     if !backend.supports(&op, &in_specs, &out_specs) {
         return;
@@ -269,16 +272,16 @@ fn run_joint(loss: &Array, grad: &Array) {
     }
     let _forward = forward.run.lock().unwrap_or_else(|e| e.into_inner());
     let _derivative = derivative.run.lock().unwrap_or_else(|e| e.into_inner());
-    if pending_node(loss).is_none() || pending_node(grad).is_none() {
+    if pending_node(out).is_none() || pending_node(grad).is_none() {
         return;
     }
     let Ok(mut datas) = gather(&inputs, &op, stream).and_then(|x| dispatch_collect(stream, &op, x, &out_specs)) else {
         return;
     };
-    let (Some(d), Some(l)) = (datas.pop(), datas.pop()) else { return };
+    let derivative_datas = datas.split_off(forward.outputs.len());
     // Both succeeded: settling cannot fail.
-    let _ = settle(&forward, loss, Ok(vec![l]));
-    let _ = settle(&derivative, grad, Ok(vec![d]));
+    let _ = settle(&forward, out, Ok(datas));
+    let _ = settle(&derivative, grad, Ok(derivative_datas));
 }
 
 /// Runs a primitive on evaluated operands.

@@ -90,18 +90,24 @@ fn row_max<T: Float>(x: &[T]) -> T::Acc {
     chunks.remainder().iter().map(|v| v.to_acc()).chain(lanes).fold(low, pick)
 }
 
-/// `sum(exp(x - m))`.
+/// `Σ f(v)` over a row, in `L` independent lanes the compiler keeps in vector registers.
 #[inline(always)]
-fn exp_sum<T: Float>(x: &[T], m: T::Acc) -> T::Acc {
+pub(crate) fn lane_sum<T: Float>(x: &[T], f: impl Fn(T::Acc) -> T::Acc) -> T::Acc {
     let mut lanes = [T::Acc::zero(); L];
     let mut chunks = x.chunks_exact(L);
     for c in &mut chunks {
         for i in 0..L {
-            lanes[i] = lanes[i] + (c[i].to_acc() - m).vexp();
+            lanes[i] = lanes[i] + f(c[i].to_acc());
         }
     }
-    let tail = chunks.remainder().iter().fold(T::Acc::zero(), |a, v| a + (v.to_acc() - m).vexp());
+    let tail = chunks.remainder().iter().fold(T::Acc::zero(), |a, v| a + f(v.to_acc()));
     lanes.into_iter().fold(tail, |a, b| a + b)
+}
+
+/// `sum(exp(x - m))`.
+#[inline(always)]
+fn exp_sum<T: Float>(x: &[T], m: T::Acc) -> T::Acc {
+    lane_sum(x, |v| (v - m).vexp())
 }
 
 /// `sum(exp(x - m))`, writing each exponential to `o`.

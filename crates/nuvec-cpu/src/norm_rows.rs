@@ -5,19 +5,17 @@
 //! block of rows instead of one pass over the whole tensor per operation (and no `f32` copies of
 //! half-precision inputs).
 
-use num_traits::{Float as _, NumCast, One, Zero};
+use num_traits::{Float as _, NumCast, One};
 use nuvec_core::Result;
 use nuvec_core::fast::FastOp;
 use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
 use rayon::prelude::*;
 
 use crate::elem::{AccFloat, Float};
+use crate::fast::lane_sum;
 use crate::map::simd;
 use crate::strided::GRAIN;
 use crate::{for_float, host_slice, internal};
-
-/// Accumulator lanes: independent sums the compiler keeps in vector registers.
-const L: usize = 16;
 
 /// The elements of a row-major operand.
 fn elems<T: Float>(x: &Operand) -> Result<&[T]> {
@@ -105,53 +103,6 @@ fn rms_rows<T: Float>(x: &[T], w: Option<&[T]>, y: &mut [T], len: usize, eps: T:
     y.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(y, x)| simd(rms_chunk, (x, w, y, len, eps)));
 }
 
-/// `Σ v²` over a row.
-#[inline(always)]
-fn sum_squares<T: Float>(x: &[T]) -> T::Acc {
-    let mut lanes = [T::Acc::zero(); L];
-    let mut chunks = x.chunks_exact(L);
-    for c in &mut chunks {
-        for i in 0..L {
-            let v = c[i].to_acc();
-            lanes[i] = lanes[i] + v * v;
-        }
-    }
-    let tail = chunks.remainder().iter().fold(T::Acc::zero(), |a, v| a + v.to_acc() * v.to_acc());
-    lanes.into_iter().fold(tail, |a, b| a + b)
-}
-
-/// `Σ v` over a row.
-#[inline(always)]
-fn sum<T: Float>(x: &[T]) -> T::Acc {
-    let mut lanes = [T::Acc::zero(); L];
-    let mut chunks = x.chunks_exact(L);
-    for c in &mut chunks {
-        for i in 0..L {
-            lanes[i] = lanes[i] + c[i].to_acc();
-        }
-    }
-    let tail = chunks.remainder().iter().fold(T::Acc::zero(), |a, v| a + v.to_acc());
-    lanes.into_iter().fold(tail, |a, b| a + b)
-}
-
-/// `Σ (v − mean)²` over a row.
-#[inline(always)]
-fn sum_centred_squares<T: Float>(x: &[T], mean: T::Acc) -> T::Acc {
-    let mut lanes = [T::Acc::zero(); L];
-    let mut chunks = x.chunks_exact(L);
-    for c in &mut chunks {
-        for i in 0..L {
-            let v = c[i].to_acc() - mean;
-            lanes[i] = lanes[i] + v * v;
-        }
-    }
-    let tail = chunks.remainder().iter().fold(T::Acc::zero(), |a, v| {
-        let c = v.to_acc() - mean;
-        a + c * c
-    });
-    lanes.into_iter().fold(tail, |a, b| a + b)
-}
-
 /// `y = round(x·n)·w` (or `round(x·n)`), each product rounded to `T`, for one row.
 #[inline(always)]
 fn scale_row<T: Float>(x: &[T], w: Option<&[T]>, y: &mut [T], n: T::Acc) {
@@ -173,7 +124,7 @@ fn scale_row<T: Float>(x: &[T], w: Option<&[T]>, y: &mut [T], n: T::Acc) {
 #[inline(always)]
 fn rms_factor<T: Float>(x: &[T], eps: T::Acc) -> T::Acc {
     let n: T::Acc = acc_of(x.len() as f64);
-    T::Acc::one() / (sum_squares(x) / n + eps).sqrt()
+    T::Acc::one() / (lane_sum(x, |v| v * v) / n + eps).sqrt()
 }
 
 #[inline(always)]
@@ -206,8 +157,8 @@ fn layer_norm_chunk<T: Float>((x, w, b, y, len, eps): (&[T], Option<&[T]>, Optio
     }
     let n: T::Acc = acc_of(len as f64);
     for (y, x) in y.chunks_mut(len).zip(x.chunks(len)) {
-        let mean = sum(x) / n;
-        let f = T::Acc::one() / (sum_centred_squares(x, mean) / n + eps).sqrt();
+        let mean = lane_sum(x, |v| v) / n;
+        let f = T::Acc::one() / (lane_sum(x, |v| (v - mean) * (v - mean)) / n + eps).sqrt();
         for (i, (y, x)) in y.iter_mut().zip(x).enumerate() {
             let mut v = T::from_acc((x.to_acc() - mean) * f);
             if let Some(w) = w {

@@ -171,17 +171,7 @@ __device__ __forceinline__ void cross_entropy_fused_rows(const T* __restrict__ x
     if (tot.m == INFINITY) {
       // A +inf maximum made the sums NaN whether or not a NaN was there: look (rare, and the same
       // decision in every block of the cluster, so the second barrier is uniform).
-      bool nan = false;
-      if (counted) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          float w[N];
-          widen_vec(v[u], w);
-#pragma unroll
-          for (int j = 0; j < N; ++j) nan |= w[j] != w[j];
-        }
-      }
-      nan = __syncthreads_or(nan);
+      bool nan = __syncthreads_or(counted && vecs_have_nan(v));
       if (threadIdx.x == 0) pnan[parity] = nan ? 1.f : 0.f;
       cluster_barrier();
       nan = __any_sync(0xffffffffu, lane < C && cluster_load(&pnan[parity], lane) != 0.f);

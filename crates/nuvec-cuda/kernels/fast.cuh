@@ -128,6 +128,19 @@ __device__ __forceinline__ typename Acc<T>::type vecs_max(const Vec<T, N> (&v)[U
   }
 }
 
+// Whether any element of U vectors is NaN.
+template <typename T, int N, int U> __device__ __forceinline__ bool vecs_have_nan(const Vec<T, N> (&v)[U]) {
+  bool nan = false;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    typename Acc<T>::type w[N];
+    widen_vec(v[u], w);
+#pragma unroll
+    for (int j = 0; j < N; ++j) nan |= w[j] != w[j];
+  }
+  return nan;
+}
+
 // Adds U vectors at once: one maximum over all their elements, at most one rescale of the sum,
 // then independent exponentials summed as a tree (no dependency chain through the running sum).
 // -inf elements (a partial group's padding among them) add exp(-inf) = 0. NaNs are the caller's
@@ -145,15 +158,7 @@ __device__ __forceinline__ void ms_push_vecs(MaxSum<typename Acc<T>::type>& a, c
   A cm = vecs_max(v);
   if (cm == -(A)INFINITY) {
     // Every element is -inf or NaN, which the maximum skipped: only a NaN counts.
-    bool nan = false;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      A w[N];
-      widen_vec(v[u], w);
-#pragma unroll
-      for (int j = 0; j < N; ++j) nan |= w[j] != w[j];
-    }
-    if (nan) a.s = (A)NAN;
+    if (vecs_have_nan(v)) a.s = (A)NAN;
     return;
   }
   if (cm > a.m) {

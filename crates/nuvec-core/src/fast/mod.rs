@@ -182,6 +182,31 @@ impl FastOp {
     }
 }
 
+/// How evaluation may run a pending derivative and the pending forward whose output it
+/// consumes as one primitive ([`FastOp::joint`]).
+pub(crate) struct Joint {
+    /// The forward's operation; its inputs are the derivative's first ones.
+    pub(crate) forward: FastOp,
+    /// Which input of the derivative is the forward's output.
+    pub(crate) output_at: usize,
+    /// The primitive doing both: inputs the derivative's before `output_at`, outputs the
+    /// forward's followed by the derivative's.
+    pub(crate) op: FastOp,
+}
+
+impl FastOp {
+    /// The joint form of this derivative with its forward, where a backend may have one kernel
+    /// for both: cross entropy's loss and gradient read the logits once instead of twice.
+    pub(crate) fn joint(&self) -> Option<Joint> {
+        match self {
+            FastOp::CrossEntropyVjp => {
+                Some(Joint { forward: FastOp::CrossEntropy, output_at: 3, op: FastOp::CrossEntropyWithGrad })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Every output failed with `e`.
 fn failed(e: Error, n: usize) -> Vec<Array> {
     vec![Array::from_error(e); n]
