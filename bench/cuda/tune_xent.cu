@@ -17,8 +17,7 @@
 #include <functional>
 #include <vector>
 #include "cross_entropy.cuh"
-
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1); } } while (0)
+#include "harness.cuh"
 
 template <typename T>
 __global__ void __launch_bounds__(1024) ce(const T* x, const i32* t, float* loss, u64 rows, u64 len) {
@@ -32,30 +31,6 @@ template <typename T>
 __global__ void __launch_bounds__(1024) ce_fused(const T* x, const i32* t, const float* g, float* loss, T* dx, u64 rows,
                                                  u64 len, u64 slice) {
   cross_entropy_fused_rows<T>(x, t, g, loss, dx, rows, len, slice);
-}
-template <typename T> __global__ void fill(T* p, u64 n, float lo, float hi, u32 seed) {
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-    u64 h = (i + 1) * 0x9E3779B97F4A7C15ull ^ ((u64)seed << 32);
-    h ^= h >> 29; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 32;
-    p[i] = narrow<T>((typename Acc<T>::type)(lo + (hi - lo) * (float)(h >> 40) * (1.0f / 16777216.0f)));
-  }
-}
-
-static float time_ms(int iters, const std::function<void()>& f) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  float best = 1e30f;
-  for (int rep = 0; rep < 3; ++rep) {
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < iters; ++i) f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms; CK(cudaEventElapsedTime(&ms, a, b));
-    if (ms / iters < best) best = ms / iters;
-  }
-  CK(cudaGetLastError());
-  return best;
 }
 
 static int sms;
@@ -112,14 +87,6 @@ static std::function<void()> fused(const T* x, const i32* t, const float* g, flo
   };
 }
 
-template <typename T> static T f2h(float v);
-template <> bf16 f2h<bf16>(float v) { return __float2bfloat16(v); }
-template <> f16 f2h<f16>(float v) { return __float2half(v); }
-template <> float f2h<float>(float v) { return v; }
-static float bf(bf16 v) { return __bfloat162float(v); }
-static float bf(float v) { return v; }
-static float bf(f16 v) { return __half2float(v); }
-
 template <typename T> static int check(const char* ty, u64 rows, u64 len, int threads) {
   u64 n = rows * len;
   T *x, *d1, *d2;
@@ -167,7 +134,7 @@ template <typename T> static int check(const char* ty, u64 rows, u64 len, int th
   u64 bad = 0;
   for (u64 r = 0; r < rows; ++r) if (!same(la[r], lb[r], 1e-5f)) { if (bad < 4) printf("  loss row %llu: %g vs %g\n", r, la[r], lb[r]); ++bad; }
   float tol = sizeof(T) == 2 ? 1e-2f : 1e-5f;
-  for (u64 i = 0; i < n; ++i) if (!same(bf(a[i]), bf(b[i]), tol)) { if (bad < 8) printf("  grad %llu (row %llu): %g vs %g\n", i, i / len, bf(a[i]), bf(b[i])); ++bad; }
+  for (u64 i = 0; i < n; ++i) if (!same(h2f(a[i]), h2f(b[i]), tol)) { if (bad < 8) printf("  grad %llu (row %llu): %g vs %g\n", i, i / len, h2f(a[i]), h2f(b[i])); ++bad; }
   printf("check %s %llux%llu threads %d cluster %d: %llu bad\n", ty, rows, len, threads, C, bad);
   cudaFree(x); cudaFree(d1); cudaFree(d2); cudaFree(t); cudaFree(g); cudaFree(l1); cudaFree(l2);
   return bad != 0;
