@@ -28,7 +28,7 @@ __global__ void rope_k(const T* x, T* o, const i32* off, u64 rows, u64 len, u64 
   rope_rows<T, 8, true>(x, o, off, 0, nullptr, 13.2877f, 1.0f, 1.0f, 0, rows, len, len, seq, rows);
 }
 
-__global__ void colsum(const A* p, A* o, u64 parts, u64 len) { col_sum<A>(p, o, parts, len, len); }
+__global__ void __launch_bounds__(NV_COL_SUM_THREADS) colsum(const A* p, A* o, u64 parts, u64 len) { col_sum<A>(p, o, nullptr, parts, len, len, len); }
 
 static float time_ms(int iters, const std::function<void()>& f) {
   cudaEvent_t a, b;
@@ -66,12 +66,12 @@ template <int V> static void sweep_bwd(u64 rows, u64 len, T* x, T* w, T* gy, T* 
   unsigned grid = (unsigned)std::min<u64>(want, resident(rmsb_r<V>, threads));
   report("rms bwd", rows, len, V, threads, grid, 3 * xb + 2 * wb, time_ms(20, [&] {
     rmsb_r<V><<<grid, threads>>>(x, w, gy, o, part, rows, len, g);
-    colsum<<<(unsigned)((len + 31) / 32), 256>>>(part, dw, grid, len);
+    colsum<<<(unsigned)((len + 127) / 128), NV_COL_SUM_THREADS>>>(part, dw, grid, len);
   }));
   grid = (unsigned)std::min<u64>(want, resident(lnb_r<V>, threads));
   report("ln bwd", rows, len, V, threads, grid, 3 * xb + 3 * wb, time_ms(20, [&] {
     lnb_r<V><<<grid, threads>>>(x, w, gy, o, part, rows, len, g);
-    colsum<<<(unsigned)((len + 31) / 32), 256>>>(part, dw, grid, len);
+    colsum<<<(unsigned)((len + 127) / 128), NV_COL_SUM_THREADS>>>(part, dw, grid, len);
   }));
 }
 
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
       unsigned gb = (unsigned)std::min<u64>(s.rows, 2 * sms);
       report("rms bwd*", s.rows, s.len, 0, tb, gb, 3 * xb + 2 * wb, time_ms(20, [&] {
         rmsb_loop<<<gb, tb>>>(x, w, gy, o, part, s.rows, s.len);
-        colsum<<<(unsigned)((s.len + 31) / 32), 256>>>(part, dw, gb, s.len);
+        colsum<<<(unsigned)((s.len + 127) / 128), NV_COL_SUM_THREADS>>>(part, dw, gb, s.len);
       }));
     }
     sweep<2>(s.rows, s.len, x, w, b, o);

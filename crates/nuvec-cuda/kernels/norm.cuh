@@ -355,29 +355,62 @@ __device__ __forceinline__ void layer_norm_vjp_rows(const T* __restrict__ x, con
   });
 }
 
-// out[c] = Σ_p part[p·stride + c] for c < len: the per-block partial rows added up. A block of
-// 256 threads takes 32 columns, its 8 warps 1/8 of the parts each (coalesced 128-byte rows),
-// then adds the 8 sums in shared memory. (One thread per column summing all parts serially
-// took ~10 µs for 132 parts of 8192 columns, a third of a 4096-row RMS norm derivative.)
-#define NV_COL_SUM_COLS 32
-template <typename A> __device__ __forceinline__ void col_sum(const A* __restrict__ part, A* __restrict__ out, u64 parts,
-                                                              u64 len, u64 stride) {
-  __shared__ A sm[8][NV_COL_SUM_COLS + 1];
-  int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-  for (u64 c0 = (u64)blockIdx.x * NV_COL_SUM_COLS; c0 < len; c0 += (u64)gridDim.x * NV_COL_SUM_COLS) {
-    u64 c = c0 + tx;
-    A s = 0;
-    if (c < len) {
-#pragma unroll 4
-      for (u64 p = ty; p < parts; p += 8) s += part[p * stride + c];
-    }
-    sm[ty][tx] = s;
-    __syncthreads();
-    if (ty == 0 && c < len) {
-      A t = 0;
+// The per-block partial rows added up: for each column c < cols, Σ_p part[p·stride + c] goes to
+// out[c] when c < split, else to out_hi[c − split] (a null output is skipped). A block of
+// NV_COL_SUM_THREADS takes 32 vectors of columns (128 f32 columns), its warps a share of the
+// parts each, eight 16-byte loads in flight per thread, then adds the warps' sums in shared
+// memory in a fixed order. (H200, 132 parts of 8192 columns: one thread per column summing
+// serially took ~10 µs, 32 columns per 256-thread block with 4-byte loads ~6 µs, a tenth of
+// a 4096-row RMS norm derivative.)
+#define NV_COL_SUM_THREADS 512
+template <typename A>
+__device__ __forceinline__ void col_sum(const A* __restrict__ part, A* __restrict__ out, A* __restrict__ out_hi,
+                                        u64 parts, u64 cols, u64 split, u64 stride) {
+  constexpr int N = 16 / sizeof(A), C = 32 * N, W = NV_COL_SUM_THREADS / 32;
+  __shared__ A sm[W][C];
+  int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+  bool vec = cols % N == 0 && stride % N == 0 && aligned16(part);
+  for (u64 c0 = (u64)blockIdx.x * C; c0 < cols; c0 += (u64)gridDim.x * C) {
+    u64 c = c0 + (u64)lane * N;
+    A s[N];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) t += sm[k][tx];
-      out[c] = t;
+    for (int j = 0; j < N; ++j) s[j] = 0;
+    if (vec && c < cols) {
+      u64 p = wp;
+      for (; p + 7 * W < parts; p += 8 * W) {
+        Vec<A, N> r[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) r[k] = *reinterpret_cast<const Vec<A, N>*>(part + (p + k * W) * stride + c);
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+#pragma unroll
+          for (int j = 0; j < N; ++j) s[j] += r[k].v[j];
+      }
+      for (; p < parts; p += W) {
+        Vec<A, N> r = *reinterpret_cast<const Vec<A, N>*>(part + p * stride + c);
+#pragma unroll
+        for (int j = 0; j < N; ++j) s[j] += r.v[j];
+      }
+    } else if (!vec) {
+      for (u64 p = wp; p < parts; p += W)
+#pragma unroll
+        for (int j = 0; j < N; ++j)
+          if (c + j < cols) s[j] += part[p * stride + c + j];
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) sm[wp][j * 32 + lane] = s[j];
+    __syncthreads();
+    for (int t = threadIdx.x; t < C; t += blockDim.x) {
+      u64 col = c0 + t;
+      if (col >= cols) continue;
+      A sum = 0;
+#pragma unroll
+      for (int k = 0; k < W; ++k) sum += sm[k][(t % N) * 32 + t / N];
+      if (col < split) {
+        if (out) out[col] = sum;
+      } else if (out_hi) {
+        out_hi[col - split] = sum;
+      }
     }
     __syncthreads();
   }

@@ -78,6 +78,9 @@ fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
 /// (norm.cuh), and how the register kernels are launched.
 struct NormKernel {
     regs: &'static str,
+    /// The register kernel for rows that every thread of a group of 32·2^k holds in equal
+    /// shares (`{equal}_e{v}`), where there is one.
+    equal: Option<&'static str>,
     /// The looping kernel, for rows the register kernels do not take (one RMS norm serves the
     /// residual add too, with a null residual).
     looping: &'static str,
@@ -87,25 +90,28 @@ struct NormKernel {
     /// longer rows, at most `v_max` (more spills under ptxas, sm_90a).
     v_min: usize,
     v_max: usize,
-    /// Threads per block: as many groups of G as fit (at least one). Forward kernels take 256
-    /// (more, smaller blocks per SM measured faster for the layer norm); the derivatives 512
-    /// (NV_REG_BLOCK), each block summing its groups' weight partials into one row.
+    /// Threads per block: as many groups of G as fit (at least one). The RMS norm forward takes
+    /// 256, the layer norm 512 (H200, bf16 32768×4096: 88.6% against 86.5% with 256), the
+    /// derivatives 512 (NV_REG_BLOCK), each block summing its groups' weight partials into one
+    /// row.
     block: u32,
 }
 
 // With the next row's loads issued early, 2 vectors per thread keep enough bytes in flight (H200,
-// bf16 RMS norm rows of 2048–8192: 2 beat 4 and 8); the layer norm, with two reductions per row,
-// is faster with 4. The residual add and the layer norm spill with 8; the derivatives also hold
+// bf16 RMS norm and layer norm rows of 2048–8192: 2 beat 4 and 8 once the outputs are rounded in
+// packed pairs; before, the layer norm was faster with 4). The residual add and the layer norm
+// spill with 8; the derivatives also hold
 // the cotangent, the next rows and the weight's partial sums: at most 4 for the RMS norm's, 2 for
 // the layer norm's.
 const RMS_NORM: NormKernel =
-    NormKernel { regs: "rms_norm", looping: "rms_norm", slots: None, v_min: 2, v_max: 8, block: 256 };
+    NormKernel { regs: "rms_norm", equal: None, looping: "rms_norm", slots: None, v_min: 2, v_max: 8, block: 256 };
 const ADD_RMS_NORM: NormKernel =
-    NormKernel { regs: "add_rms_norm", looping: "rms_norm", slots: None, v_min: 2, v_max: 4, block: 256 };
+    NormKernel { regs: "add_rms_norm", equal: None, looping: "rms_norm", slots: None, v_min: 2, v_max: 4, block: 256 };
 const LAYER_NORM: NormKernel =
-    NormKernel { regs: "layer_norm", looping: "layer_norm", slots: None, v_min: 4, v_max: 4, block: 256 };
+    NormKernel { regs: "layer_norm", equal: None, looping: "layer_norm", slots: None, v_min: 2, v_max: 4, block: 512 };
 const RMS_NORM_VJP: NormKernel = NormKernel {
     regs: "rms_norm_vjp",
+    equal: None,
     looping: "rms_norm_vjp",
     slots: Some(RMS_SLOTS),
     v_min: 2,
@@ -114,6 +120,8 @@ const RMS_NORM_VJP: NormKernel = NormKernel {
 };
 const LAYER_NORM_VJP: NormKernel = NormKernel {
     regs: "layer_norm_vjp",
+    // One reduction of merged moments instead of two (norm_regs.cuh: group_moments).
+    equal: Some("layer_norm_vjp"),
     looping: "layer_norm_vjp",
     slots: Some(LN_SLOTS),
     v_min: 2,
@@ -126,7 +134,7 @@ const LAYER_NORM_VJP: NormKernel = NormKernel {
 enum RowPlan {
     /// norm_regs.cuh: `v` 16-byte vectors per thread, `group` threads per row, several groups
     /// per block.
-    Regs { v: usize, group: u32 },
+    Regs { v: usize, group: u32, equal: bool },
     /// norm.cuh's looping kernels, one block per row.
     Loop,
 }
@@ -143,7 +151,9 @@ fn row_plan(d: DType, len: usize, ptrs: &[u64], k: &NormKernel) -> RowPlan {
     if nvec == 0 || !len.is_multiple_of(per) || ptrs.iter().any(|p| p % 16 != 0) || nvec.div_ceil(v) > 512 {
         return RowPlan::Loop;
     }
-    RowPlan::Regs { v, group: (nvec.div_ceil(v).div_ceil(32) * 32) as u32 }
+    let group = nvec.div_ceil(v).div_ceil(32) * 32;
+    let equal = nvec == v * group && (group / 32).is_power_of_two();
+    RowPlan::Regs { v, group: group as u32, equal }
 }
 
 /// A norm kernel ready to launch: its function, block, grid and trailing arguments.
@@ -159,8 +169,12 @@ impl RowLaunch {
     fn new(gpu: &Gpu, d: DType, k: &NormKernel, ptrs: &[u64], rows: u64, len: u64, eps: f32) -> Result<RowLaunch> {
         let mut tail = vec![Arg::U64(rows), Arg::U64(len), Arg::F32(eps)];
         let (f, threads, grid) = match row_plan(d, len as usize, ptrs, k) {
-            RowPlan::Regs { v, group } => {
-                let f = kernel(gpu, Family::Fast(d), &format!("{}_r{v}", k.regs))?;
+            RowPlan::Regs { v, group, equal } => {
+                let name = match k.equal.filter(|_| equal) {
+                    Some(e) => format!("{e}_e{v}"),
+                    None => format!("{}_r{v}", k.regs),
+                };
+                let f = kernel(gpu, Family::Fast(d), &name)?;
                 let groups = (k.block / group).max(1);
                 let threads = groups * group;
                 tail.push(Arg::I32(group as i32));
@@ -236,7 +250,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             ptrs[4] = scratch.as_ref().map_or(0, |s| s.0);
             run.run(gpu, &ptrs)?;
             if *weighted {
-                col_sum(gpu, d, ptrs[4], out_ptrs[1], parts, len, len)?;
+                col_sum(gpu, d, ptrs[4], out_ptrs[1], 0, parts, len, len, len)?;
             }
         }
         FastOp::LayerNormVjp { eps, weighted, biased } => {
@@ -248,13 +262,12 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             let (sp, _keep) = alloc(gpu, (parts * 2 * len) as usize, acc(d))?;
             ptrs[4] = sp;
             run.run(gpu, &ptrs)?;
-            let mut next = 1;
-            for (want, offset) in [(*weighted, 0), (*biased, len)] {
-                if want {
-                    let part = sp + offset * acc(d).size() as u64;
-                    col_sum(gpu, d, part, out_ptrs[next], parts, len, 2 * len)?;
-                    next += 1;
-                }
+            // Weight and bias partials side by side in each part row: one sum over both.
+            let mut outs = out_ptrs[1..].iter().copied();
+            let w_out = if *weighted { outs.next().unwrap_or(0) } else { 0 };
+            let b_out = if *biased { outs.next().unwrap_or(0) } else { 0 };
+            if *weighted || *biased {
+                col_sum(gpu, d, sp, w_out, b_out, parts, 2 * len, len, 2 * len)?;
             }
         }
         FastOp::SwiGluVjp => {
@@ -360,13 +373,28 @@ fn cross_entropy_fused(gpu: &Gpu, d: DType, ptrs: [u64; 5], rows: u64, len: u64)
     Ok(true)
 }
 
-/// `out[c] = Σ_p part[p · stride + c]`: the derivative kernels' partial rows added up, 32
-/// columns per block of 256 threads (NV_COL_SUM_COLS in norm.cuh).
-fn col_sum(gpu: &Arc<Gpu>, d: DType, part: u64, out: u64, parts: u64, len: u64, stride: u64) -> Result<()> {
+/// The derivative kernels' partial rows added up (col_sum in norm.cuh): for each column
+/// `c < cols`, `Σ_p part[p · stride + c]` goes to `out[c]` below `split`, else to
+/// `out_hi[c − split]`; a null (0) output is skipped. 128 f32 columns per block.
+#[allow(clippy::too_many_arguments)]
+fn col_sum(
+    gpu: &Arc<Gpu>,
+    d: DType,
+    part: u64,
+    out: u64,
+    out_hi: u64,
+    parts: u64,
+    cols: u64,
+    split: u64,
+    stride: u64,
+) -> Result<()> {
+    const THREADS: u32 = 512; // NV_COL_SUM_THREADS
     let f = kernel(gpu, Family::Fast(d), "col_sum")?;
-    let grid = len.div_ceil(32).clamp(1, 65535) as u32;
-    let args = vec![Arg::Ptr(part), Arg::Ptr(out), Arg::U64(parts), Arg::U64(len), Arg::U64(stride)];
-    launch(gpu, f, (grid, 1, 1), (256, 1, 1), 0, args)
+    let per_block = 32 * (16 / acc(d).size()) as u64;
+    let grid = cols.div_ceil(per_block).clamp(1, 65535) as u32;
+    let args =
+        [part, out, out_hi].map(Arg::Ptr).into_iter().chain([parts, cols, split, stride].map(Arg::U64)).collect();
+    launch(gpu, f, (grid, 1, 1), (THREADS, 1, 1), 0, args)
 }
 
 /// RoPE (rope.cuh): a thread per chunk of a row's features, rows in memory order.

@@ -428,7 +428,10 @@ impl Family {
                             "__launch_bounds__(NV_REG_BLOCK) add_rms_norm_r{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps, int group) {{ rms_norm_regs<{t}, {v}, true>(x, res, w, h, out, rows, len, eps, group); }}"
                         ),
                         format!(
-                            "__launch_bounds__(NV_REG_BLOCK) layer_norm_r{v}(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps, int group) {{ layer_norm_regs<{t}, {v}>(x, w, b, out, rows, len, eps, group); }}"
+                            "__launch_bounds__(NV_REG_BLOCK) layer_norm_r{v}(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps, int group) {{ layer_norm_regs<{t}, {v}, false>(x, w, b, out, rows, len, eps, group); }}"
+                        ),
+                        format!(
+                            "__launch_bounds__(NV_REG_BLOCK) layer_norm_e{v}(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps, int group) {{ layer_norm_regs<{t}, {v}, true>(x, w, b, out, rows, len, eps, group); }}"
                         ),
                     ] {
                         w(format!("extern \"C\" __global__ void {line}"));
@@ -441,7 +444,10 @@ impl Family {
                             "__launch_bounds__(NV_REG_BLOCK, 1) rms_norm_vjp_r{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ rms_norm_vjp_regs<{t}, {v}>(x, w, g, gx, part, rows, len, eps, group); }}"
                         ),
                         format!(
-                            "__launch_bounds__(NV_REG_BLOCK, 1) layer_norm_vjp_r{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ layer_norm_vjp_regs<{t}, {v}>(x, w, g, gx, part, rows, len, eps, group); }}"
+                            "__launch_bounds__(NV_REG_BLOCK, 1) layer_norm_vjp_r{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ layer_norm_vjp_regs<{t}, {v}, false>(x, w, g, gx, part, rows, len, eps, group); }}"
+                        ),
+                        format!(
+                            "__launch_bounds__(NV_REG_BLOCK, 1) layer_norm_vjp_e{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ layer_norm_vjp_regs<{t}, {v}, true>(x, w, g, gx, part, rows, len, eps, group); }}"
                         ),
                     ] {
                         w(format!("extern \"C\" __global__ void {line}"));
@@ -468,7 +474,7 @@ impl Family {
                         "__launch_bounds__(NV_NORM_VJP_THREADS) layer_norm_vjp(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps) {{ layer_norm_vjp_rows<{t}>(x, w, g, gx, part, rows, len, eps); }}"
                     ),
                     format!(
-                        "col_sum(const {a}* part, {a}* out, u64 parts, u64 len, u64 stride) {{ col_sum<{a}>(part, out, parts, len, stride); }}"
+                        "__launch_bounds__(NV_COL_SUM_THREADS) col_sum(const {a}* part, {a}* out, {a}* out_hi, u64 parts, u64 cols, u64 split, u64 stride) {{ col_sum<{a}>(part, out, out_hi, parts, cols, split, stride); }}"
                     ),
                     format!(
                         "swiglu(const {t}* gate, const {t}* up, {t}* out, u64 n) {{ swiglu_elems<{t}>(gate, up, out, n); }}"
