@@ -119,6 +119,82 @@ template <typename T> __device__ __forceinline__ T scaled(typename Acc<T>::type 
   return has_w ? narrow<T>(widen(r) * w) : r;
 }
 
+// Pairs of 2-byte elements in one instruction where the architecture has the packed operations.
+#if __CUDA_ARCH__ >= 800
+#define NV_PACKED_HALVES 1
+#else
+#define NV_PACKED_HALVES 0
+#endif
+
+template <typename T> __device__ __forceinline__ typename Pair2<T>::type pack2(float a, float b);
+template <> __device__ __forceinline__ __nv_bfloat162 pack2<bf16>(float a, float b) { return __floats2bfloat162_rn(a, b); }
+template <> __device__ __forceinline__ __half2 pack2<f16>(float a, float b) { return __floats2half2_rn(a, b); }
+
+// y rounded to T, times the weight's piece at vector vi when there is a weight (rounded), plus
+// the bias's when there is a bias (rounded): the composition's roundings. 2-byte types round,
+// multiply and add packed pairs: the product of two such values is exact in float, and so is
+// their sum unless one is below the other's rounding unit (then both round to the larger), so
+// one rounding of the packed operation gives what rounding the float result gives, in a
+// fraction of the instructions (H200, bf16 layer norm 32768×4096: 75% → 88% of copy).
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> round_affine(const typename Acc<T>::type (&y)[N], const T* __restrict__ w,
+                                                  const T* __restrict__ b, u64 vi) {
+  Vec<T, N> r;
+  if constexpr (sizeof(T) == 2 && NV_PACKED_HALVES) {
+    typedef typename Pair2<T>::type P;
+    P p[N / 2], q[N / 2];
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) p[j] = pack2<T>(y[2 * j], y[2 * j + 1]);
+    // Whole 16-byte loads first: a memcpy straight from global memory loads bytes.
+    if (w) {
+      Vec<T, N> wv = reinterpret_cast<const Vec<T, N>*>(w)[vi];
+      memcpy(q, &wv, sizeof(q));
+#pragma unroll
+      for (int j = 0; j < N / 2; ++j) p[j] = __hmul2(p[j], q[j]);
+    }
+    if (b) {
+      Vec<T, N> bv = reinterpret_cast<const Vec<T, N>*>(b)[vi];
+      memcpy(q, &bv, sizeof(q));
+#pragma unroll
+      for (int j = 0; j < N / 2; ++j) p[j] = __hadd2(p[j], q[j]);
+    }
+    memcpy(&r, p, sizeof(r));
+  } else {
+    typename Acc<T>::type wv[N], bv[N];
+    load_or_one<T, N>(w, vi, wv);
+    if (b) load<T, N>(b, vi, bv);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      T z = scaled<T>(y[j], wv[j], w != nullptr);
+      r.v[j] = b ? narrow<T>(widen(z) + bv[j]) : z;
+    }
+  }
+  return r;
+}
+
+// a + b rounded to T (packed pairs for 2-byte types).
+template <typename T, int N> __device__ __forceinline__ Vec<T, N> add_vec(const Vec<T, N>& a, const Vec<T, N>& b) {
+  Vec<T, N> r;
+  if constexpr (sizeof(T) == 2 && NV_PACKED_HALVES) {
+    typedef typename Pair2<T>::type P;
+    P p[N / 2], q[N / 2];
+    memcpy(p, &a, sizeof(p));
+    memcpy(q, &b, sizeof(q));
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) p[j] = __hadd2(p[j], q[j]);
+    memcpy(&r, p, sizeof(r));
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) r.v[j] = narrow<T>(widen(a.v[j]) + widen(b.v[j]));
+  }
+  return r;
+}
+
+// y rounded to T (packed pairs for 2-byte types).
+template <typename T, int N> __device__ __forceinline__ Vec<T, N> round_vec(const typename Acc<T>::type (&y)[N]) {
+  return round_affine<T, N>(y, nullptr, nullptr, 0);
+}
+
 #define NV_PIECE constexpr int M = decltype(W)::value
 
 // ---- RMS norm: y = (x · rsqrt(mean(x²) + eps)) · w; with `res`, h = x + res is written to `h`
@@ -416,6 +492,19 @@ __device__ __forceinline__ void col_sum(const A* __restrict__ part, A* __restric
   }
 }
 
+// x·sigmoid(x) for SwiGLU. Results rounded to a 2-byte type take the hardware exponential and
+// division (ex2.approx, rcp.approx: relative error a few 1e-6 at most, far below the rounding to
+// bf16 or f16; H200, bf16 4096×14336: 96% → 98% of copy, the outputs of 4 M elements bit for bit
+// those of the precise functions); f32 and f64 keep the precise ones.
+template <typename T> __device__ __forceinline__ typename Acc<T>::type silu_fast(typename Acc<T>::type v) {
+  typedef typename Acc<T>::type A;
+  if constexpr (sizeof(T) == 2) {
+    return __fdividef(v, 1.0f + __expf(-v));
+  } else {
+    return v / ((A)1 + exp(-v));
+  }
+}
+
 // ---- SwiGLU: silu(gate) · up in f32, rounded once.
 template <typename T>
 __device__ __forceinline__ void swiglu_elems(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
@@ -426,20 +515,15 @@ __device__ __forceinline__ void swiglu_elems(const T* __restrict__ gate, const T
   if (aligned16(gate) && aligned16(up) && aligned16(out)) {
     u64 nv = n / N;
     for (u64 i = tid; i < nv; i += lanes) {
-      Vec<T, N> a = reinterpret_cast<const Vec<T, N>*>(gate)[i], b = reinterpret_cast<const Vec<T, N>*>(up)[i], r;
+      Vec<T, N> a = reinterpret_cast<const Vec<T, N>*>(gate)[i], b = reinterpret_cast<const Vec<T, N>*>(up)[i];
+      A y[N];
 #pragma unroll
-      for (int j = 0; j < N; ++j) {
-        A v = widen(a.v[j]);
-        r.v[j] = narrow<T>(v / ((A)1 + exp(-v)) * widen(b.v[j]));
-      }
-      reinterpret_cast<Vec<T, N>*>(out)[i] = r;
+      for (int j = 0; j < N; ++j) y[j] = silu_fast<T>(widen(a.v[j])) * widen(b.v[j]);
+      reinterpret_cast<Vec<T, N>*>(out)[i] = round_vec<T, N>(y);
     }
     start = nv * N;
   }
-  for (u64 i = start + tid; i < n; i += lanes) {
-    A v = widen(gate[i]);
-    out[i] = narrow<T>(v / ((A)1 + exp(-v)) * widen(up[i]));
-  }
+  for (u64 i = start + tid; i < n; i += lanes) out[i] = narrow<T>(silu_fast<T>(widen(gate[i])) * widen(up[i]));
 }
 
 // SwiGLU's derivative in one pass: with s = sigmoid(gate), dgate = g·up·s·(1 + gate·(1 − s))
