@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""CPU speed of nuvec's core operations against MLX (CPU) and NumPy, in one run.
+"""CPU speed of nuvec's core and fused operations against MLX (CPU) and NumPy, in one run.
 
 Builds and runs `crates/nuvec/examples/bench_cpu.rs`, times the same cases in MLX on its CPU
 device and in NumPy with the same method (random inputs made and evaluated before timing; a
 warm-up; then at least 10 iterations and about 2 s per case; the median), and prints a markdown
 table. The table, with the date, machine, git commit and versions, is written to
-`bench/results/<YYYY-MM-DD>-cpu-core.md`.
+`bench/results/<YYYY-MM-DD>-cpu-core.md` (`-cpu-fast.md` when only fused cases ran, e.g.
+with the filter `fast_`; those also run as nuvec's compositions, NUVEC_FUSED=0).
 
 Cases run one by one; for each, the three frameworks run back to back, each in its own
 process, so thread pools (OpenBLAS's spinning workers, rayon's) never compete and each case's
@@ -49,8 +50,16 @@ CASES = [
     ("sum_all_f32_4096x4096", "reduce", 4 * 4096 * 4096, "GB/s"),
     ("sum_last_f32_4096x4096", "reduce", 4 * 4096 * 4096 + 4 * 4096, "GB/s"),
     ("softmax_rows_f32_4096x4096", "map", 2 * 4 * 4096 * 4096, "GB/s"),
+    # Fused operations (nuvec::fast), also timed as nuvec's compositions (NUVEC_FUSED=0).
+    ("fast_rms_norm_f32_4096x4096", "fast", 2 * 4 * 4096 * 4096, "GB/s"),
+    ("fast_rms_norm_bf16_4096x4096", "fast", 2 * 2 * 4096 * 4096, "GB/s"),
+    ("fast_layer_norm_f32_4096x4096", "fast", 2 * 4 * 4096 * 4096, "GB/s"),
+    ("fast_swiglu_f32_4096x4096", "fast", 3 * 4 * 4096 * 4096, "GB/s"),
+    ("fast_rope_f32_1x32x1024x128", "fast", 2 * 4 * 32 * 1024 * 128, "GB/s"),
+    ("fast_cross_entropy_f32_1024x32000", "fast", 4 * 1024 * 32000, "GB/s"),
 ]
 NAMES = [c[0] for c in CASES]
+KIND = {c[0]: c[1] for c in CASES}
 
 
 # --------------------------------------------------------------------------- timing (workers)
@@ -128,6 +137,26 @@ def mlx_worker(names: list[str]) -> None:
         if name == "softmax_rows_f32_4096x4096":
             a = rnd((4096, 4096), -4, 4, 12)
             return lambda: mx.softmax(a, axis=-1)
+        if name.startswith("fast_rms_norm"):
+            dt = mx.bfloat16 if "bf16" in name else mx.float32
+            x, w = rnd((4096, 4096), -2, 2, 13).astype(dt), rnd((4096,), 0.5, 1.5, 14).astype(dt)
+            mx.eval(x, w)
+            return lambda: mx.fast.rms_norm(x, w, 1e-5)
+        if name == "fast_layer_norm_f32_4096x4096":
+            x, w, b = rnd((4096, 4096), -2, 2, 17), rnd((4096,), 0.5, 1.5, 18), rnd((4096,), -1, 1, 19)
+            return lambda: mx.fast.layer_norm(x, w, b, 1e-5)
+        if name == "fast_swiglu_f32_4096x4096":
+            g, u = rnd((4096, 4096), -4, 4, 20), rnd((4096, 4096), -1, 1, 21)
+            return lambda: g * mx.sigmoid(g) * u
+        if name == "fast_rope_f32_1x32x1024x128":
+            x = rnd((1, 32, 1024, 128), -1, 1, 22)
+            return lambda: mx.fast.rope(x, 128, traditional=False, base=10000.0, scale=1.0, offset=7)
+        if name == "fast_cross_entropy_f32_1024x32000":
+            logits = rnd((1024, 32000), -4, 4, 23)
+            t = mx.array([(i * 7919) % 32000 for i in range(1024)], dtype=mx.int32)
+            mx.eval(t)
+            # mlx.nn.losses.cross_entropy without reduction: logsumexp − the target's logit.
+            return lambda: mx.logsumexp(logits, axis=-1) - mx.take_along_axis(logits, t[:, None], axis=-1)[:, 0]
         raise KeyError(name)
 
     for name in names:
@@ -181,6 +210,43 @@ def numpy_worker(names: list[str]) -> None:
         if name == "softmax_rows_f32_4096x4096":
             a = rnd((4096, 4096), -4, 4, 12)
             return lambda: softmax(a)
+        if name == "fast_rms_norm_f32_4096x4096":
+            x, w = rnd((4096, 4096), -2, 2, 13), rnd((4096,), 0.5, 1.5, 14)
+            return lambda: x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-5) * w
+        if name == "fast_layer_norm_f32_4096x4096":
+            x, w, b = rnd((4096, 4096), -2, 2, 17), rnd((4096,), 0.5, 1.5, 18), rnd((4096,), -1, 1, 19)
+
+            def ln():
+                c = x - x.mean(axis=-1, keepdims=True)
+                return c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + 1e-5) * w + b
+
+            return ln
+        if name == "fast_swiglu_f32_4096x4096":
+            g, u = rnd((4096, 4096), -4, 4, 20), rnd((4096, 4096), -1, 1, 21)
+            return lambda: g / (1 + np.exp(-g)) * u
+        if name == "fast_rope_f32_1x32x1024x128":
+            x = rnd((1, 32, 1024, 128), -1, 1, 22)
+
+            def rope():
+                inv = (10000.0 ** (-np.arange(0, 64, dtype=np.float32) / 64)).astype(np.float32)
+                ang = np.arange(7, 7 + 1024, dtype=np.float32)[:, None] * inv[None, :]
+                cos, sin = np.cos(ang), np.sin(ang)
+                a, b = x[..., :64], x[..., 64:]
+                return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+            return rope
+        if name == "fast_cross_entropy_f32_1024x32000":
+            logits = rnd((1024, 32000), -4, 4, 23)
+            t = np.array([(i * 7919) % 32000 for i in range(1024)])
+
+            def xent():
+                m = logits.max(axis=-1, keepdims=True)
+                lse = np.log(np.exp(logits - m).sum(axis=-1)) + m[:, 0]
+                return lse - logits[np.arange(1024), t]
+
+            return xent
+        if name.startswith("fast_"):
+            return None  # NumPy has no bfloat16.
         raise KeyError(name)
 
     try:
@@ -330,6 +396,8 @@ def main() -> None:
     np_env = {k: v for k, v in base_env.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     workers = [
         ("nuvec", lambda case: [str(binary), case], base_env),
+        # The fused cases again as nuvec's compositions of ordinary operations.
+        ("composition", lambda case: [str(binary), case], {**base_env, "NUVEC_FUSED": "0"}),
         ("mlx", lambda case: [sys.executable, __file__, "--worker", "mlx", case], base_env),
         ("numpy", lambda case: [sys.executable, __file__, "--worker", "numpy", case], np_env),
     ]
@@ -344,6 +412,8 @@ def main() -> None:
             busy_seen[name] = max(busy_seen[name], wait_idle(args.wait_idle) if args.wait_idle else cpu_busy())
             k = rnd % len(workers)
             for label, cmd, env in workers[k:] + workers[:k]:
+                if label == "composition" and KIND[name] != "fast":
+                    continue
                 got, log = run_worker(label, cmd(name), env)
                 if label == "numpy":
                     np_log = log
@@ -359,6 +429,7 @@ def main() -> None:
     nuvec = {n: med("nuvec", n) for n in names}
     mlx = {n: med("mlx", n) for n in names}
     numpy = {n: med("numpy", n) for n in names}
+    comp = {n: med("composition", n) for n in names}
 
     rows = []
     header = (
@@ -383,6 +454,18 @@ def main() -> None:
 
         rates.append(f"| {name} | {wlabel} | {rate(n)} | {rate(m)} | {rate(p)} | {busy_seen[name]:.0%} |")
     table = header + "\n" + "\n".join(rows)
+    fused = [
+        "| case | nuvec fused ms | nuvec composition ms (NUVEC_FUSED=0) | composition / fused |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in names:
+        if KIND[name] != "fast":
+            continue
+        f, c = nuvec.get(name), comp.get(name)
+        gain = "—" if (f is None or c is None) else f"{c / f:.2f}"
+        fused.append(f"| {name} | {fmt_ms(f)} | {fmt_ms(c)} | {gain} |")
+    if len(fused) > 2:
+        table += "\n\nThe fused operations against nuvec's own compositions:\n\n" + "\n".join(fused)
     print(table)
 
     if args.no_write:
@@ -415,9 +498,11 @@ def main() -> None:
             blas_desc = blas
 
     date = args.date or _dt.date.today().isoformat()
-    out = ROOT / "bench" / "results" / f"{date}-cpu-core.md"
+    suite = "fast" if all(KIND[n] == "fast" for n in names) else "core"
+    out = ROOT / "bench" / "results" / f"{date}-cpu-{suite}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = f"""# CPU core benchmark: nuvec vs MLX (CPU) vs NumPy — {date}
+    title = "fused-op" if suite == "fast" else "core"
+    text = f"""# CPU {title} benchmark: nuvec vs MLX (CPU) vs NumPy — {date}
 
 Produced by `python3 bench/cpu_vs_peers.py {" ".join(sys.argv[1:])}` (which builds and runs
 `cargo build --release --example bench_cpu -p nuvec`): all three frameworks in one run, case by
@@ -434,11 +519,16 @@ case, each framework in its own process, back to back.
   {int(_env_num("NUVEC_BENCH_MIN_ITERS", 10))} iterations and about {_env_num("NUVEC_BENCH_SECS", 2.0):g} s per case; median in milliseconds (with several
   rounds, the median of the rounds' medians).
   NumPy's softmax is `e = exp(a - max(a, -1)); e /= sum(e, -1)`. NumPy has no bfloat16.
+  Fused cases (`fast_*`): MLX runs `mx.fast.rms_norm`, `mx.fast.layer_norm`, `mx.fast.rope`,
+  `g * sigmoid(g) * u` and `logsumexp − take_along_axis` (cross entropy without reduction);
+  NumPy runs the same formulas in float32 (RoPE's angles computed in each call, as nuvec and
+  MLX do). nuvec's compositions run the same binary with `NUVEC_FUSED=0`.
 
 {table}
 
 Achieved rates (matmul: 2·M·N·K FLOPs; others: bytes read + written once, the minimum
-traffic; softmax counts one read and one write of the 64 MiB array):
+traffic; softmax and the norms count one read and one write of the array, SwiGLU two reads
+and a write, cross entropy one read of the logits):
 
 {chr(10).join(rates)}
 """

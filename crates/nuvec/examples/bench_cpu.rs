@@ -1,5 +1,6 @@
-//! CPU speed benchmark of nuvec's core operations: matrix products, element-wise maps,
-//! reductions and softmax on large arrays.
+//! CPU speed benchmark of nuvec's core operations (matrix products, element-wise maps,
+//! reductions and softmax on large arrays) and of the fused operations of `nuvec::fast` (the
+//! `fast_*` cases; with `NUVEC_FUSED=0` they run as their compositions).
 //!
 //! Every input is random, created and evaluated before timing. Each timed iteration records
 //! the operation and evaluates it; after a warm-up, iterations repeat until at least
@@ -17,7 +18,7 @@
 
 use std::time::{Duration, Instant};
 
-use nuvec::{Array, DType, Device};
+use nuvec::{Array, DType, Device, fast};
 
 /// Uniform pseudo-random `f32` values in `[lo, hi)` (xorshift64*), as an evaluated array.
 fn random(shape: &[i32], lo: f32, hi: f32, seed: u64) -> Array {
@@ -138,6 +139,55 @@ fn run() {
             Box::new(|| {
                 let a = random(&[4096, 4096], -4.0, 4.0, 12);
                 Box::new(move || a.softmax(-1))
+            }),
+        ),
+        (
+            "fast_rms_norm_f32_4096x4096",
+            Box::new(|| {
+                let (x, w) = (random(&[4096, 4096], -2.0, 2.0, 13), random(&[4096], 0.5, 1.5, 14));
+                Box::new(move || fast::rms_norm(&x, &w, 1e-5))
+            }),
+        ),
+        (
+            "fast_rms_norm_bf16_4096x4096",
+            Box::new(|| {
+                let x = random(&[4096, 4096], -2.0, 2.0, 15).astype(DType::BF16);
+                let w = random(&[4096], 0.5, 1.5, 16).astype(DType::BF16);
+                nuvec::eval(&(&x, &w)).expect("inputs evaluate");
+                Box::new(move || fast::rms_norm(&x, &w, 1e-5))
+            }),
+        ),
+        (
+            "fast_layer_norm_f32_4096x4096",
+            Box::new(|| {
+                let x = random(&[4096, 4096], -2.0, 2.0, 17);
+                let (w, b) = (random(&[4096], 0.5, 1.5, 18), random(&[4096], -1.0, 1.0, 19));
+                Box::new(move || fast::layer_norm(&x, &w, &b, 1e-5))
+            }),
+        ),
+        (
+            "fast_swiglu_f32_4096x4096",
+            Box::new(|| {
+                let (g, u) = (random(&[4096, 4096], -4.0, 4.0, 20), random(&[4096, 4096], -1.0, 1.0, 21));
+                Box::new(move || fast::swiglu(&g, &u))
+            }),
+        ),
+        (
+            "fast_rope_f32_1x32x1024x128",
+            Box::new(|| {
+                let x = random(&[1, 32, 1024, 128], -1.0, 1.0, 22);
+                let offset = Array::from(7i32);
+                Box::new(move || fast::rope(&x, 128, false, Some(10000.0), 1.0, &offset, None))
+            }),
+        ),
+        (
+            "fast_cross_entropy_f32_1024x32000",
+            Box::new(|| {
+                let logits = random(&[1024, 32000], -4.0, 4.0, 23);
+                let t: Vec<i32> = (0..1024).map(|i| (i * 7919) % 32000).collect();
+                let targets = Array::from_slice(&t, [1024]);
+                targets.eval().expect("targets evaluate");
+                Box::new(move || fast::cross_entropy(&logits, &targets))
             }),
         ),
     ];
