@@ -1,28 +1,39 @@
 //! Fused CPU kernels of fast operations: softmax and log-sum-exp over rows here; the norms and
-//! SwiGLU in `norm_rows.rs`.
+//! SwiGLU in `norm_rows.rs`; cross entropy (loss, derivative, both at once) in `xent_rows.rs`;
+//! RoPE in `rope_rows.rs`. What they do not cover runs as the operations' compositions.
 
 use std::any::TypeId;
 
 use num_traits::{Float as _, One, Zero};
-use nuvec_core::Result;
 use nuvec_core::fast::FastOp;
 use nuvec_core::storage::{Data, HostBuffer, Operand, Output, Spec};
+use nuvec_core::{DType, Result};
 use rayon::prelude::*;
 
 use crate::elem::{AccFloat, Float};
 use crate::map::simd;
 use crate::strided::GRAIN;
-use crate::{copy, norm_rows};
+use crate::{copy, norm_rows, rope_rows, xent_rows};
 use crate::{for_float, host_slice, internal};
 
-/// Whether this backend has a kernel for `op` on inputs of these (float) dtypes.
+/// Whether this backend has a kernel for `op` on these inputs (the first one floating).
 pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
+    let Some(d) = inputs.first().map(|s| s.dtype).filter(|d| d.is_float()) else { return false };
+    // Cross entropy's loss and its cotangent are in the accumulator type (`f64` for `f64`).
+    let acc = if d == DType::F64 { DType::F64 } else { DType::F32 };
+    let is = |i: usize, dtype: DType| inputs.get(i).is_some_and(|s| s.dtype == dtype);
+    // One value per row of logits (the targets' shape): the composition broadcasts others.
+    let per_row = |i: usize| inputs.get(i).zip(inputs.get(1)).is_some_and(|(s, t)| s.shape == t.shape);
     match op {
         FastOp::Softmax | FastOp::LogSumExp => true,
         // One dtype for every input, the output's: mixed dtypes take the composition.
         FastOp::RmsNorm { .. } | FastOp::AddRmsNorm { .. } | FastOp::LayerNorm { .. } | FastOp::SwiGlu => {
-            inputs.iter().all(|s| s.dtype == inputs[0].dtype)
+            inputs.iter().all(|s| s.dtype == d)
         }
+        FastOp::CrossEntropy => is(1, DType::I32),
+        FastOp::CrossEntropyVjp => is(1, DType::I32) && is(2, acc) && is(3, acc) && per_row(2) && per_row(3),
+        FastOp::CrossEntropyWithGrad => is(1, DType::I32) && is(2, acc) && per_row(2),
+        FastOp::Rope(_) => is(1, DType::I32) && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
         _ => false,
     }
 }
@@ -34,8 +45,28 @@ pub fn eval(op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result
     match op {
         FastOp::Softmax => for_float!(x.dtype, T => rows::<T>(x, &mut outputs[0], len, softmax_row::<T>)),
         FastOp::LogSumExp => for_float!(x.dtype, T => rows::<T>(x, &mut outputs[0], 1, lse_row::<T>)),
+        FastOp::CrossEntropy | FastOp::CrossEntropyVjp | FastOp::CrossEntropyWithGrad => {
+            xent_rows::eval(op, &inputs, outputs)
+        }
+        FastOp::Rope(p) => rope_rows::eval(p, &inputs, outputs),
         _ => norm_rows::eval(op, &inputs, outputs),
     }
+}
+
+/// The elements of a row-major operand.
+pub(crate) fn elems<T: bytemuck::Pod>(x: &Operand) -> Result<&[T]> {
+    let start = x.data.layout.offset;
+    host_slice::<T>(x)?.get(start..start + x.size()).ok_or_else(|| internal("operand shorter than its shape"))
+}
+
+/// An output buffer of `out`'s size in `T`.
+pub(crate) fn buffer<T: bytemuck::Pod>(out: &Output) -> HostBuffer {
+    HostBuffer::uninit(out.size() * size_of::<T>())
+}
+
+/// Rows per task: about `GRAIN` elements.
+pub(crate) fn rows_per_task(len: usize) -> usize {
+    (GRAIN / len.max(1)).max(1)
 }
 
 /// The operand itself when its rows are dense, else a row-major copy.
@@ -77,7 +108,7 @@ const L: usize = 16;
 
 /// Row maximum, NaN propagating.
 #[inline(always)]
-fn row_max<T: Float>(x: &[T]) -> T::Acc {
+pub(crate) fn row_max<T: Float>(x: &[T]) -> T::Acc {
     let low = T::lowest().to_acc();
     let pick = |m: T::Acc, v: T::Acc| if v > m || v.is_nan() { v } else { m };
     let mut lanes = [low; L];
@@ -110,23 +141,24 @@ fn exp_sum<T: Float>(x: &[T], m: T::Acc) -> T::Acc {
     lane_sum(x, |v| (v - m).vexp())
 }
 
-/// `sum(exp(x - m))`, writing each exponential to `o`.
+/// `sum(exp(x - m))`, writing each exponential to `o` (as `store` makes it an element of `o`).
+/// The sum is [`lane_sum`]'s, bit for bit.
 #[inline(always)]
-fn exp_sum_store<T: Float>(x: &[T], m: T::Acc, o: &mut [T]) -> T::Acc {
+pub(crate) fn exp_sum_store<T: Float, U>(x: &[T], m: T::Acc, o: &mut [U], store: impl Fn(T::Acc) -> U) -> T::Acc {
     let mut lanes = [T::Acc::zero(); L];
     let mut chunks = x.chunks_exact(L);
     let mut outs = o.chunks_exact_mut(L);
     for (c, o) in (&mut chunks).zip(&mut outs) {
         for i in 0..L {
             let e = (c[i].to_acc() - m).vexp();
-            o[i] = T::from_acc(e);
+            o[i] = store(e);
             lanes[i] = lanes[i] + e;
         }
     }
     let mut tail = T::Acc::zero();
     for (v, o) in chunks.remainder().iter().zip(outs.into_remainder()) {
         let e = (v.to_acc() - m).vexp();
-        *o = T::from_acc(e);
+        *o = store(e);
         tail = tail + e;
     }
     lanes.into_iter().fold(tail, |a, b| a + b)
@@ -143,7 +175,7 @@ fn softmax_row<T: Float>(x: &[T], o: &mut [T]) {
     // When the element type is the accumulator type the stored exponentials are exact, so the
     // second pass only rescales them.
     let exact = TypeId::of::<T>() == TypeId::of::<T::Acc>();
-    let sum = if exact { exp_sum_store(x, m, o) } else { exp_sum(x, m) };
+    let sum = if exact { exp_sum_store(x, m, o, T::from_acc) } else { exp_sum(x, m) };
     let inv = T::Acc::one() / sum;
     if exact {
         o.iter_mut().for_each(|v| *v = T::from_acc(v.to_acc() * inv));
@@ -156,10 +188,69 @@ fn softmax_row<T: Float>(x: &[T], o: &mut [T]) {
 
 #[inline(always)]
 fn lse_row<T: Float>(x: &[T], o: &mut [T]) {
+    o[0] = T::from_acc(row_lse(x));
+}
+
+/// `log(sum(exp(x)))` in the accumulator type: `log(sum(exp(x − m))) + m`, or the maximum `m`
+/// itself when it is infinite or NaN.
+#[inline(always)]
+pub(crate) fn row_lse<T: Float>(x: &[T]) -> T::Acc {
     let m = row_max(x);
     if m.is_infinite() || m.is_nan() {
-        o[0] = T::from_acc(m);
-        return;
+        return m;
     }
-    o[0] = T::from_acc(exp_sum(x, m).ln() + m);
+    exp_sum(x, m).ln() + m
+}
+
+/// Operands, outputs and runs of fast ops for the kernels' unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use nuvec_core::DType;
+    use nuvec_core::backend::Backend;
+    use nuvec_core::fast::FastOp;
+    use nuvec_core::primitive::Primitive;
+    use nuvec_core::storage::{Data, HostBuffer, Operand, Output, Spec};
+
+    use crate::CpuBackend;
+    use crate::elem::Elem;
+
+    pub(crate) fn operand<E: Elem>(shape: &[i32], values: &[E]) -> Operand {
+        let buf = HostBuffer::from_bytes(bytemuck::cast_slice(values));
+        Operand { shape: shape.into(), dtype: E::DTYPE, data: Data::from_host_buffer(shape, buf), donated: false }
+    }
+
+    pub(crate) fn output(shape: &[i32], dtype: DType) -> Output {
+        Output { shape: shape.into(), dtype, data: None }
+    }
+
+    pub(crate) fn values<E: Elem>(o: &Output) -> Vec<E> {
+        let data = o.data.as_ref().expect("an output");
+        data.storage.host_buffer().expect("host memory").as_slice::<E>().to_vec()
+    }
+
+    /// Deterministic values in `[lo, hi)`.
+    pub(crate) fn sample(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                lo + (hi - lo) * (s >> 11) as f64 / (1u64 << 53) as f64
+            })
+            .collect()
+    }
+
+    /// Whether the backend runs `op` on these inputs fused.
+    pub(crate) fn fused(op: &FastOp, inputs: &[Operand]) -> bool {
+        let specs: Vec<Spec> = inputs.iter().map(|o| Spec { shape: o.shape.clone(), dtype: o.dtype }).collect();
+        CpuBackend.supports(&Primitive::Fast(op.clone()), &specs, &[])
+    }
+
+    /// Runs `op` with the fast kernels, checking that the backend takes it.
+    pub(crate) fn run(op: FastOp, inputs: Vec<Operand>, mut outs: Vec<Output>) -> Vec<Output> {
+        assert!(fused(&op, &inputs), "{} is fused", op.name());
+        super::eval(&op, inputs, &mut outs).expect("the kernel runs");
+        outs
+    }
 }

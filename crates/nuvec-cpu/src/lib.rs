@@ -13,12 +13,14 @@ mod norm_rows;
 pub mod quantize;
 mod random;
 mod reduce;
+mod rope_rows;
 mod scan;
 mod sgemm;
 mod sort;
 mod strided;
 mod unary;
 mod vmath;
+mod xent_rows;
 
 use nuvec_core::backend::Backend;
 use nuvec_core::device::{Device, DeviceKind, Stream};
@@ -71,9 +73,8 @@ impl Backend for CpuBackend {
     fn supports(&self, primitive: &Primitive, inputs: &[Spec], _outputs: &[Spec]) -> bool {
         match primitive {
             Primitive::Fast(op) => {
-                nuvec_core::fast::fused_enabled()
-                    && inputs.iter().all(|s| s.dtype.is_float())
-                    && fast::supports(op, inputs)
+                // `fast::supports` checks the dtypes: floats, and the integer targets and offsets.
+                nuvec_core::fast::fused_enabled() && fast::supports(op, inputs)
             }
             p => !p.is_view() && !matches!(p, Primitive::Custom(_) | Primitive::CustomKernel(_)),
         }

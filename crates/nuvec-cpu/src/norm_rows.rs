@@ -8,33 +8,17 @@
 use num_traits::{Float as _, NumCast, One};
 use nuvec_core::Result;
 use nuvec_core::fast::FastOp;
-use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
+use nuvec_core::storage::{Data, Operand, Output};
 use rayon::prelude::*;
 
 use crate::elem::{AccFloat, Float};
-use crate::fast::lane_sum;
+use crate::fast::{buffer, elems, lane_sum, rows_per_task};
 use crate::map::simd;
 use crate::strided::GRAIN;
-use crate::{for_float, host_slice, internal};
-
-/// The elements of a row-major operand.
-fn elems<T: Float>(x: &Operand) -> Result<&[T]> {
-    let start = x.data.layout.offset;
-    Ok(&host_slice::<T>(x)?[start..start + x.size()])
-}
+use crate::{for_float, internal};
 
 fn acc_of<A: AccFloat>(v: f64) -> A {
     <A as NumCast>::from(v).unwrap_or_else(A::zero)
-}
-
-/// An output buffer of `out`'s size in `T`.
-fn buffer<T: Float>(out: &Output) -> HostBuffer {
-    HostBuffer::uninit(out.size() * size_of::<T>())
-}
-
-/// Rows per task: about `GRAIN` elements.
-fn rows_per_task(len: usize) -> usize {
-    (GRAIN / len.max(1)).max(1)
 }
 
 /// Runs `op` (RMS norm, its residual-add form, layer norm or SwiGLU) on row-major operands of
