@@ -21,7 +21,7 @@ typedef float A;
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK) rms_r(const T* x, const T* w, T* o, u64 r, u64 l, int g) { rms_norm_regs<T, V, false>(x, nullptr, w, nullptr, o, r, l, 1e-5f, g); }
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK) ln_r(const T* x, const T* w, const T* b, T* o, u64 r, u64 l, int g) { layer_norm_regs<T, V>(x, w, b, o, r, l, 1e-5f, g); }
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) rmsb_r(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { rms_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
-template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) lnb_r(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { layer_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
+template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) lnb_r(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { layer_norm_vjp_regs<T, V, false>(x, w, gy, gx, p, r, l, 1e-5f, g); }
 __global__ void __launch_bounds__(1024) rms_loop(const T* x, const T* w, T* o, u64 r, u64 l) { rms_norm_rows<T>(x, nullptr, w, nullptr, o, r, l, 1e-5f); }
 __global__ void __launch_bounds__(NV_NORM_VJP_THREADS) rmsb_loop(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l) { rms_norm_vjp_rows<T>(x, w, gy, gx, p, r, l, 1e-5f); }
 __global__ void rope_k(const T* x, T* o, const i32* off, u64 rows, u64 len, u64 seq) {

@@ -177,7 +177,7 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
   });
 }
 
-// ---- One reduction for the layer norms' statistics. Each thread's share of a row
+// ---- One reduction for the layer norm derivative's statistics. Each thread's share of a row
 // gives its mean, Σ(x − mean)², Σu and Σu·(x − mean) (u the cotangent times the weight); shares
 // of equal size merge without division (Chan et al.; d the difference of the means, n each
 // share's count): mean (m₁ + m₂)/2, squares q₁ + q₂ + d²·n/2, Σu·(x − mean) c₁ + c₂ + d·(u₂ − u₁)/2.
@@ -188,35 +188,25 @@ template <typename A> struct RowMoments {
   A m, q, u, c;
 };
 
-// U: with the cotangent's sums (the forward needs only the mean and squares).
-template <typename A, bool U>
+template <typename A>
 __device__ __forceinline__ RowMoments<A> merge_equal(const RowMoments<A>& a, const RowMoments<A>& b, A half_n) {
   A d = b.m - a.m;
-  RowMoments<A> r{(a.m + b.m) * (A)0.5, (a.q + b.q) + d * d * half_n, 0, 0};
-  if constexpr (U) {
-    r.u = a.u + b.u;
-    r.c = (a.c + b.c) + (A)0.5 * d * (b.u - a.u);
-  }
-  return r;
+  return RowMoments<A>{(a.m + b.m) * (A)0.5, (a.q + b.q) + d * d * half_n, a.u + b.u,
+                       (a.c + b.c) + (A)0.5 * d * (b.u - a.u)};
 }
 
-template <typename A, bool U> __device__ __forceinline__ RowMoments<A> shfl_moments(const RowMoments<A>& a, int o) {
-  RowMoments<A> r{shfl_xor_any(a.m, o), shfl_xor_any(a.q, o), 0, 0};
-  if constexpr (U) {
-    r.u = shfl_xor_any(a.u, o);
-    r.c = shfl_xor_any(a.c, o);
-  }
-  return r;
+template <typename A> __device__ __forceinline__ RowMoments<A> shfl_moments(const RowMoments<A>& a, int o) {
+  return RowMoments<A>{shfl_xor_any(a.m, o), shfl_xor_any(a.q, o), shfl_xor_any(a.u, o), shfl_xor_any(a.c, o)};
 }
 
 // The group's moments in every thread of it, from each thread's over n values. `sm`: a pair of
 // buffers alternated as group_sums' are.
-template <typename A, bool U>
+template <typename A>
 __device__ __forceinline__ RowMoments<A> group_moments(RowMoments<A> a, A n, RowMoments<A> (&sm)[2][8 * 16], int& phase,
                                                        const RowGroup& g) {
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    a = merge_equal<A, U>(a, shfl_moments<A, U>(a, o), n * (A)0.5);
+    a = merge_equal(a, shfl_moments(a, o), n * (A)0.5);
     n *= 2;
   }
   if (g.size == 32) return a;
@@ -227,21 +217,20 @@ __device__ __forceinline__ RowMoments<A> group_moments(RowMoments<A> a, A n, Row
   group_sync(g);
   a = s[lane & (nw - 1)];
   for (int o = 1; o < nw; o <<= 1) {
-    a = merge_equal<A, U>(a, shfl_moments<A, U>(a, o), n * (A)0.5);
+    a = merge_equal(a, shfl_moments(a, o), n * (A)0.5);
     n *= 2;
   }
   return a;
 }
 
 // ---- Layer norm (norm.cuh's layer_norm_rows, rows in registers): mean, then the variance of
-// the held values (one reduction of merged moments with EQ, as the derivative), then the output.
-template <typename T, int V, bool EQ>
+// the held values, then the output.
+template <typename T, int V>
 __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                                 T* __restrict__ out, u64 rows, u64 len, float eps, int group) {
   typedef typename Acc<T>::type A;
   const int N = 16 / sizeof(T);
   __shared__ A sm[2][8 * 16];
-  __shared__ RowMoments<A> msm[2][8 * 16];
   int ph = 0;
   RowGroup g = row_group(group);
   u64 nvec = len / N;
@@ -255,34 +244,19 @@ __device__ __forceinline__ void layer_norm_regs(const T* __restrict__ x, const T
 #pragma unroll
         for (int j = 0; j < N; ++j) s[0] += widen(r[v].v[j]);
       }
-    A mu;
-    if constexpr (EQ) {
-      RowMoments<A> st{s[0] * ((A)1 / (A)(V * N)), 0, 0, 0};
+    group_sums(s, sm, ph, g);
+    A mu = s[0] / (A)len;
+    s[0] = 0;
 #pragma unroll
-      for (int v = 0; v < V; ++v)
+    for (int v = 0; v < V; ++v)
+      if (vec_index(g, v) < nvec) {
 #pragma unroll
         for (int j = 0; j < N; ++j) {
-          A c = widen(r[v].v[j]) - st.m;
-          st.q += c * c;
+          A c = widen(r[v].v[j]) - mu;
+          s[0] += c * c;
         }
-      st = group_moments<A, false>(st, (A)(V * N), msm, ph, g);
-      mu = st.m;
-      s[0] = st.q;
-    } else {
-      group_sums(s, sm, ph, g);
-      mu = s[0] / (A)len;
-      s[0] = 0;
-#pragma unroll
-      for (int v = 0; v < V; ++v)
-        if (vec_index(g, v) < nvec) {
-#pragma unroll
-          for (int j = 0; j < N; ++j) {
-            A c = widen(r[v].v[j]) - mu;
-            s[0] += c * c;
-          }
-        }
-      group_sums(s, sm, ph, g);
-    }
+      }
+    group_sums(s, sm, ph, g);
     A n = inv_sqrt(s[0] / (A)len + (A)eps);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
@@ -404,7 +378,7 @@ __device__ __forceinline__ void layer_norm_vjp_regs(const T* __restrict__ x, con
           st.u += u;
           st.c += u * c;
         }
-      st = group_moments<A, true>(st, (A)(V * N), msm, ph, grp);
+      st = group_moments(st, (A)(V * N), msm, ph, grp);
     } else {
       A s1[1] = {0};
 #pragma unroll

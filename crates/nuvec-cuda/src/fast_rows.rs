@@ -78,9 +78,9 @@ fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
 /// (norm.cuh), and how the register kernels are launched.
 struct NormKernel {
     regs: &'static str,
-    /// The register kernel for rows that every thread of a group of 32·2^k holds in equal
-    /// shares (`{equal}_e{v}`), where there is one.
-    equal: Option<&'static str>,
+    /// Whether there is a register kernel `{regs}_e{v}` for rows that every thread of a group
+    /// of 32·2^k holds in equal shares (one reduction of merged moments instead of two).
+    equal: bool,
     /// The looping kernel, for rows the register kernels do not take (one RMS norm serves the
     /// residual add too, with a null residual).
     looping: &'static str,
@@ -104,14 +104,14 @@ struct NormKernel {
 // the cotangent, the next rows and the weight's partial sums: at most 4 for the RMS norm's, 2 for
 // the layer norm's.
 const RMS_NORM: NormKernel =
-    NormKernel { regs: "rms_norm", equal: None, looping: "rms_norm", slots: None, v_min: 2, v_max: 8, block: 256 };
+    NormKernel { regs: "rms_norm", equal: false, looping: "rms_norm", slots: None, v_min: 2, v_max: 8, block: 256 };
 const ADD_RMS_NORM: NormKernel =
-    NormKernel { regs: "add_rms_norm", equal: None, looping: "rms_norm", slots: None, v_min: 2, v_max: 4, block: 256 };
+    NormKernel { regs: "add_rms_norm", equal: false, looping: "rms_norm", slots: None, v_min: 2, v_max: 4, block: 256 };
 const LAYER_NORM: NormKernel =
-    NormKernel { regs: "layer_norm", equal: None, looping: "layer_norm", slots: None, v_min: 2, v_max: 4, block: 512 };
+    NormKernel { regs: "layer_norm", equal: false, looping: "layer_norm", slots: None, v_min: 2, v_max: 4, block: 512 };
 const RMS_NORM_VJP: NormKernel = NormKernel {
     regs: "rms_norm_vjp",
-    equal: None,
+    equal: false,
     looping: "rms_norm_vjp",
     slots: Some(RMS_SLOTS),
     v_min: 2,
@@ -120,8 +120,7 @@ const RMS_NORM_VJP: NormKernel = NormKernel {
 };
 const LAYER_NORM_VJP: NormKernel = NormKernel {
     regs: "layer_norm_vjp",
-    // One reduction of merged moments instead of two (norm_regs.cuh: group_moments).
-    equal: Some("layer_norm_vjp"),
+    equal: true,
     looping: "layer_norm_vjp",
     slots: Some(LN_SLOTS),
     v_min: 2,
@@ -170,11 +169,8 @@ impl RowLaunch {
         let mut tail = vec![Arg::U64(rows), Arg::U64(len), Arg::F32(eps)];
         let (f, threads, grid) = match row_plan(d, len as usize, ptrs, k) {
             RowPlan::Regs { v, group, equal } => {
-                let name = match k.equal.filter(|_| equal) {
-                    Some(e) => format!("{e}_e{v}"),
-                    None => format!("{}_r{v}", k.regs),
-                };
-                let f = kernel(gpu, Family::Fast(d), &name)?;
+                let kind = if k.equal && equal { 'e' } else { 'r' };
+                let f = kernel(gpu, Family::Fast(d), &format!("{}_{kind}{v}", k.regs))?;
                 let groups = (k.block / group).max(1);
                 let threads = groups * group;
                 tail.push(Arg::I32(group as i32));
