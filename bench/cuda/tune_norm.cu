@@ -88,6 +88,11 @@ template <int V> static void sweep(u64 rows, u64 len, T* x, T* w, T* b, T* o) {
     report("rms fwd", rows, len, V, threads, grid, 2 * xb + wb, time_ms(20, [&] { rms_r<V><<<grid, threads>>>(x, w, o, rows, len, g); }));
     grid = (unsigned)std::min<u64>(want, resident(ln_r<V>, threads));
     report("ln fwd", rows, len, V, threads, grid, 2 * xb + 2 * wb, time_ms(20, [&] { ln_r<V><<<grid, threads>>>(x, w, b, o, rows, len, g); }));
+    // One group of rows per block, as many blocks as that takes (the hardware schedules them)
+    // instead of the resident blocks looping.
+    unsigned all = (unsigned)want;
+    report("rms fwd 1", rows, len, V, threads, all, 2 * xb + wb, time_ms(20, [&] { rms_r<V><<<all, threads>>>(x, w, o, rows, len, g); }));
+    report("ln fwd 1", rows, len, V, threads, all, 2 * xb + 2 * wb, time_ms(20, [&] { ln_r<V><<<all, threads>>>(x, w, b, o, rows, len, g); }));
   }
 }
 

@@ -9,7 +9,8 @@
 // bf16 4096 x {32000, 128256, 152064}: the two kernels, and the fused kernel for 128..1024
 // threads per block with the fewest blocks per row (cluster, C) that hold it and with 2, 4 and 8
 // (C and the resident clusters in brackets). XENT_PAIRS="480:5,320:8" times those
-// threads:cluster pairs instead.
+// threads:cluster pairs instead. -DXENT_U=10 times the wide kernel (10 vectors per thread; the
+// default is NV_ROW_LOADS, 8).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,10 @@
 #include <vector>
 #include "cross_entropy.cuh"
 #include "harness.cuh"
+
+#ifndef XENT_U
+#define XENT_U NV_ROW_LOADS
+#endif
 
 template <typename T>
 __global__ void __launch_bounds__(1024) ce(const T* x, const i32* t, float* loss, u64 rows, u64 len) {
@@ -30,7 +35,7 @@ __global__ void ce_vjp(const T* x, const i32* t, const float* g, const float* lo
 template <typename T>
 __global__ void __launch_bounds__(1024) ce_fused(const T* x, const i32* t, const float* g, float* loss, T* dx, u64 rows,
                                                  u64 len, u64 slice) {
-  cross_entropy_fused_rows<T>(x, t, g, loss, dx, rows, len, slice);
+  cross_entropy_fused_rows<T, XENT_U>(x, t, g, loss, dx, rows, len, slice);
 }
 
 static int sms;
@@ -48,12 +53,12 @@ template <typename T> static std::function<void()> two(const T* x, const i32* t,
   };
 }
 
-// The fused kernel: C = ceil(vectors / (NV_ROW_LOADS × threads)) blocks per row, as many clusters
+// The fused kernel: C = ceil(vectors / (XENT_U × threads)) blocks per row, as many clusters
 // as are resident (cudaOccupancyMaxActiveClusters). Returns an empty function when C > 8.
 template <typename T>
 static std::function<void()> fused(const T* x, const i32* t, const float* g, float* loss, T* dx, u64 rows, u64 len,
                                    int threads, int* c_out, int* clusters_out, int force = 0) {
-  const u64 N = 16 / sizeof(T), nv = len / N, per = (u64)NV_ROW_LOADS * threads;
+  const u64 N = 16 / sizeof(T), nv = len / N, per = (u64)XENT_U * threads;
   u64 C = (nv + per - 1) / per;
   if (C < 1) C = 1;
   if (force) { if ((u64)force < C) return nullptr; C = force; }
@@ -199,7 +204,7 @@ int main(int argc, char** argv) {
       for (int force : {0, 2, 4, 8}) {
         int C = 0, k = 0;
         auto f = fused<bf16>(x, t, g, loss, dx, rows, v, th, &C, &k, force);
-        if (!f || (force && C == (int)((v / 8 + 8 * th - 1) / (8 * th)))) continue;
+        if (!f || (force && C == (int)((v / 8 + XENT_U * th - 1) / (XENT_U * th)))) continue;
         char what[64];
         snprintf(what, sizeof what, "fused %d thr [C=%d, %d cl]", th, C, k);
         report(what, f);

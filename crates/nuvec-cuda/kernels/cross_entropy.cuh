@@ -67,12 +67,12 @@ __device__ __forceinline__ void cross_entropy_vjp_rows(const T* __restrict__ x, 
 // ---- The loss and its gradient in one read of the row (sm_90: thread-block clusters).
 //
 // The C blocks of a cluster (C = gridDim's cluster size, at most 8) take one row at a time,
-// block r the vectors [r·slice, (r+1)·slice): each thread loads at most NV_ROW_LOADS vectors,
-// keeps them in registers, and the block reduces their (max, sum of exp). The blocks publish
+// block r the vectors [r·slice, (r+1)·slice): each thread loads at most U vectors (8 or 10:
+// fast_rows.rs), keeps them in registers, and the block reduces their (max, sum of exp). The blocks publish
 // their pair in shared memory, meet at one cluster barrier, and every block merges all C pairs
 // (read through distributed shared memory, in rank order so every block gets the same bits);
-// then each thread writes the gradient of the vectors it holds. So slice ≤ NV_ROW_LOADS ×
-// threads vectors: fast_rows.rs picks C and the block size, and rows that do not fit take the
+// then each thread writes the gradient of the vectors it holds. So slice ≤ U × threads
+// vectors: fast_rows.rs picks C and the block size, and rows that do not fit take the
 // two kernels above. Rows are whole 16-byte vectors at 16-byte aligned addresses.
 //
 // The published pairs alternate between two slots by row parity: a block writes slot p of row
@@ -104,12 +104,12 @@ __device__ __forceinline__ float cluster_load(const float* local, u32 rank) {
 }
 #endif
 
-template <typename T>
+template <typename T, int U>
 __device__ __forceinline__ void cross_entropy_fused_rows(const T* __restrict__ x, const i32* __restrict__ t,
                                                          const float* __restrict__ g, float* __restrict__ loss,
                                                          T* __restrict__ dx, u64 rows, u64 len, u64 slice) {
 #if __CUDA_ARCH__ >= 900
-  constexpr int N = 16 / sizeof(T), U = NV_ROW_LOADS;
+  constexpr int N = 16 / sizeof(T);
   typedef Vec<T, N> V;
   __shared__ float pm[2], ps[2], pnan[2], wm[32], ws[32], tm, ts;
   const u32 rank = cluster_rank(), C = cluster_blocks();
@@ -127,15 +127,13 @@ __device__ __forceinline__ void cross_entropy_fused_rows(const T* __restrict__ x
     V v[U];
     MaxSum<float> acc{-INFINITY, 0.f};
     if (counted) {
+      V pad;
+#pragma unroll
+      for (int j = 0; j < N; ++j) pad.v[j] = neg_inf<T>();
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         u64 i = v0 + threadIdx.x + (u64)u * blockDim.x;
-        if (i < v1) {
-          v[u] = p[i];
-        } else {
-#pragma unroll
-          for (int j = 0; j < N; ++j) v[u].v[j] = neg_inf<T>();
-        }
+        v[u] = i < v1 ? p[i] : pad;
       }
       ms_push_vecs<T, N, U>(acc, v);
       // As ms_scan: a NaN element left its NaN in the sum; mark the row with a NaN maximum.

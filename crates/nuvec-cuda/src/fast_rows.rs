@@ -319,9 +319,11 @@ fn cross_entropy(gpu: &Gpu, d: DType, name: &str, ptrs: &[u64], rows: u64, len: 
     launch(gpu, f, (grid, 1, 1), (threads, 1, 1), 0, args)
 }
 
-/// 16-byte loads per thread of the fused cross-entropy kernel (NV_ROW_LOADS in fast.cuh): each
-/// thread holds that many vectors of its row in registers.
+/// 16-byte vectors per thread of the fused cross-entropy kernels (cross_entropy.cuh's `U`): each
+/// thread holds that many vectors of its row in registers. The wide kernel holds more, in the
+/// same 64 registers under its 1024-thread bound (ptxas, sm_90a: no spills for bf16/f16/f32).
 const FUSED_LOADS: usize = 8;
+const WIDE_LOADS: usize = 10;
 
 /// The loss and the gradient in one read of the logits (cross_entropy.cuh's fused kernel; `ptrs`:
 /// logits, targets, cotangent, loss, gradient), where it applies: sm_90 or later, float32 or
@@ -337,26 +339,27 @@ fn cross_entropy_fused(gpu: &Gpu, d: DType, ptrs: [u64; 5], rows: u64, len: u64)
         return Ok(false);
     }
     let nv = (len / per) as usize;
-    // Blocks per row (a cluster) and threads per block, from sweeps on the H200 (bf16, 4096 rows;
-    // bench/cuda/tune_xent.cu). Each thread holds at most FUSED_LOADS vectors, so the registers
-    // bound the rows in flight, and a row's blocks meet once per row: rows of up to 4096 vectors
-    // in blocks of up to 256 threads (32000 classes, two blocks: 79% of copy; one of 512: 77%,
-    // four of 128: 75%), up to 16384 in two blocks of up to 1024 (128256: 79%; four of 512: 71%,
-    // eight of 256: 74%), longer ones in as many blocks of up to 512 as they need (152064: five
-    // of 480, 67%; eight of 320: 67%; three of 1024: 60%; ten of 256: 65%).
-    let (threads, cluster) = if nv <= 4096 {
-        (nv.div_ceil(FUSED_LOADS).clamp(32, 256), nv.div_ceil(256 * FUSED_LOADS))
+    // Blocks per row (a cluster), threads per block and vectors per thread, from sweeps on the
+    // H200 (bf16, 4096 rows; bench/cuda/tune_xent.cu). The registers bound the rows in flight,
+    // and a row's blocks meet once per row: rows of up to 4096 vectors in blocks of up to 256
+    // threads (32000 classes, two blocks: 77-79% of copy; one of 512: 77-79%, four of 128:
+    // 75%), up to 16384 in two blocks of up to 1024 (128256: 77-79%; four of 512: 70%, eight of
+    // 256: 74%), longer ones in blocks of 1024 threads holding 10 vectors each (152064: two
+    // blocks, 80%; with 8 vectors, five blocks of 480: 65-67%, eight of 320: 67%, three of
+    // 1024: 60%; two blocks with 2 more vectors per thread in shared memory: 78%).
+    let (threads, cluster, wide) = if nv <= 4096 {
+        (nv.div_ceil(FUSED_LOADS).clamp(32, 256), nv.div_ceil(256 * FUSED_LOADS), false)
     } else if nv <= 16384 {
-        (nv.div_ceil(2 * FUSED_LOADS), 2)
+        (nv.div_ceil(2 * FUSED_LOADS), 2, false)
     } else {
-        let cluster = nv.div_ceil(512 * FUSED_LOADS);
-        (nv.div_ceil(cluster * FUSED_LOADS), cluster)
+        (1024, nv.div_ceil(1024 * WIDE_LOADS), true)
     };
     let threads = threads.next_multiple_of(32);
     if cluster > 8 {
         return Ok(false);
     }
-    let f = kernel(gpu, Family::Fast(d), "cross_entropy_fused")?;
+    let name = if wide { "cross_entropy_fused_wide" } else { "cross_entropy_fused" };
+    let f = kernel(gpu, Family::Fast(d), name)?;
     let resident = resident_clusters(gpu, f, threads as u32, cluster as u32)?;
     if resident == 0 {
         return Ok(false);

@@ -489,10 +489,13 @@ impl Family {
                     w(format!("extern \"C\" __global__ void {line}"));
                 }
                 if d != DType::F64 {
-                    // Float statistics only; clusters need sm_90 (the body traps before).
-                    w(format!(
-                        "extern \"C\" __global__ void __launch_bounds__(1024) cross_entropy_fused(const {t}* x, const i32* t, const float* g, float* loss, {t}* dx, u64 rows, u64 len, u64 slice) {{ cross_entropy_fused_rows<{t}>(x, t, g, loss, dx, rows, len, slice); }}"
-                    ));
+                    // Float statistics only; clusters need sm_90 (the body traps before). Vectors
+                    // per thread: 8, or 10 for the longest rows (fast_rows.rs).
+                    for (name, u) in [("cross_entropy_fused", 8), ("cross_entropy_fused_wide", 10)] {
+                        w(format!(
+                            "extern \"C\" __global__ void __launch_bounds__(1024) {name}(const {t}* x, const i32* t, const float* g, float* loss, {t}* dx, u64 rows, u64 len, u64 slice) {{ cross_entropy_fused_rows<{t}, {u}>(x, t, g, loss, dx, rows, len, slice); }}"
+                        ));
+                    }
                 }
                 for (name, f) in [("softmax", "softmax_rows"), ("logsumexp", "logsumexp_rows")] {
                     w(format!(

@@ -60,6 +60,9 @@ pub fn randoms(k: usize, shape: &[i32], dtype: DType, seed: u32) -> nuvec::Resul
     (0..k).map(|j| random(shape, dtype, seed + 101 * j as u32)).collect()
 }
 
+/// Calls per batch whose host time is measured.
+const HOST_PROBES: usize = 32;
+
 /// One timed case.
 pub struct Timing {
     /// Median seconds per iteration.
@@ -72,12 +75,17 @@ pub struct Timing {
     pub count: usize,
     /// Batches.
     pub batches: usize,
+    /// Median host seconds of one iteration's call (recording, tracing and launching, until
+    /// `eval` returns), over the first `HOST_PROBES` calls of each batch, while the launch queue
+    /// is short (a full queue blocks the call for the GPU's time): near `median`, the case is
+    /// bound by the host, not the GPU. NaN where not measured.
+    pub host: f64,
 }
 
 impl Timing {
     /// A timing measured elsewhere as one median.
     pub fn from_seconds(s: f64) -> Timing {
-        Timing { median: s, min: s, max: s, count: 1, batches: 1 }
+        Timing { median: s, min: s, max: s, count: 1, batches: 1, host: f64::NAN }
     }
 }
 
@@ -111,17 +119,27 @@ pub fn time_batches(run: &mut dyn FnMut(usize) -> nuvec::Result<()>) -> nuvec::R
     let each = t.elapsed().as_secs_f64() / probe as f64;
     let count = ((batch_time.as_secs_f64() / each.max(1e-7)) as usize).clamp(3, 5000);
     let mut per = Vec::with_capacity(batches);
+    let mut host = Vec::with_capacity(batches * count);
     for _ in 0..batches {
         let t = Instant::now();
-        for _ in 0..count {
+        for j in 0..count {
+            let call = Instant::now();
             run(i)?;
+            // Early in a batch, before the launch queue can fill and block the host.
+            if j < HOST_PROBES {
+                host.push(call.elapsed().as_secs_f64());
+            }
             i += 1;
         }
         sync()?;
         per.push(t.elapsed().as_secs_f64() / count as f64);
     }
+    if std::env::var_os("NUVEC_BENCH_VERBOSE").is_some() {
+        let ms: Vec<String> = per.iter().map(|s| format!("{:.4}", s * 1e3)).collect();
+        eprintln!("batches (ms per iteration): {}", ms.join(" "));
+    }
     let (min, max) = per.iter().fold((f64::MAX, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-    Ok(Timing { median: median(&mut per), min, max, count, batches })
+    Ok(Timing { median: median(&mut per), min, max, count, batches, host: median(&mut host) })
 }
 
 /// Times an operation over rotating inputs: iteration `i` records `op(i)` and evaluates it.
@@ -220,12 +238,13 @@ impl Bench {
     /// The table's timing column.
     pub fn detail(t: &Timing) -> String {
         format!(
-            "median {:.4} ms (min {:.4}, max {:.4}; {}x{})",
+            "median {:.4} ms (min {:.4}, max {:.4}; {}x{}; host {:.4})",
             t.median * 1e3,
             t.min * 1e3,
             t.max * 1e3,
             t.batches,
-            t.count
+            t.count,
+            t.host * 1e3
         )
     }
 
