@@ -1,6 +1,7 @@
-// Sweeps the launch shapes of the register-row norm kernels (norm_regs.cuh) against norm.cuh's
-// looping kernels, and times RoPE (rope.cuh), against the copy ceiling measured in the same run,
-// bf16, at the shapes of bench_fast. Bytes are those of an ideal kernel (as bench_fast counts
+// Sweeps the launch shapes of the register-row norm kernels (norm_regs.cuh: `_r` persistent
+// groups with the next row ahead, `_o` a block per row) against norm.cuh's looping kernels, and
+// times RoPE (rope.cuh), against the copy ceiling measured in the same run, bf16, at the shapes
+// of bench_fast. Bytes are those of an ideal kernel (as bench_fast counts
 // them). Build and run on the GPU machine (-Xptxas -v lists registers and spills per kernel; an
 // argument norm or rope runs one part):
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I crates/nuvec-cuda/kernels bench/cuda/tune_norm.cu -o tune_norm && ./tune_norm
@@ -19,6 +20,8 @@ typedef bf16 T;
 typedef float A;
 
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK) rms_r(const T* x, const T* w, T* o, u64 r, u64 l, int g) { rms_norm_regs<T, V, false>(x, nullptr, w, nullptr, o, r, l, 1e-5f, g); }
+template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK) rms_o(const T* x, const T* w, T* o, u64 r, u64 l) { rms_norm_one<T, V, false>(x, nullptr, w, nullptr, o, r, l, 1e-5f); }
+template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK) ln_o(const T* x, const T* w, const T* b, T* o, u64 r, u64 l) { layer_norm_one<T, V>(x, w, b, o, r, l, 1e-5f); }
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK) ln_r(const T* x, const T* w, const T* b, T* o, u64 r, u64 l, int g) { layer_norm_regs<T, V>(x, w, b, o, r, l, 1e-5f, g); }
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) rmsb_r(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { rms_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
 template <int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 1) lnb_r(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { layer_norm_vjp_regs<T, V, false>(x, w, gy, gx, p, r, l, 1e-5f, g); }
@@ -80,6 +83,10 @@ template <int V> static void sweep(u64 rows, u64 len, T* x, T* w, T* b, T* o) {
   int g = (int)(((nvec + V - 1) / V + 31) / 32 * 32);
   if (g > 512) return;
   double xb = (double)rows * len * 2, wb = (double)len * 2;
+  // The `_o` kernels: a block per row.
+  unsigned all = (unsigned)rows;
+  report("rms fwd o", rows, len, V, g, all, 2 * xb + wb, time_ms(20, [&] { rms_o<V><<<all, g>>>(x, w, o, rows, len); }));
+  report("ln fwd o", rows, len, V, g, all, 2 * xb + 2 * wb, time_ms(20, [&] { ln_o<V><<<all, g>>>(x, w, b, o, rows, len); }));
   for (int bt : {256, 512}) {
     if (g > bt) continue;
     int groups = bt / g, threads = groups * g;
@@ -88,11 +95,6 @@ template <int V> static void sweep(u64 rows, u64 len, T* x, T* w, T* b, T* o) {
     report("rms fwd", rows, len, V, threads, grid, 2 * xb + wb, time_ms(20, [&] { rms_r<V><<<grid, threads>>>(x, w, o, rows, len, g); }));
     grid = (unsigned)std::min<u64>(want, resident(ln_r<V>, threads));
     report("ln fwd", rows, len, V, threads, grid, 2 * xb + 2 * wb, time_ms(20, [&] { ln_r<V><<<grid, threads>>>(x, w, b, o, rows, len, g); }));
-    // One group of rows per block, as many blocks as that takes (the hardware schedules them)
-    // instead of the resident blocks looping.
-    unsigned all = (unsigned)want;
-    report("rms fwd 1", rows, len, V, threads, all, 2 * xb + wb, time_ms(20, [&] { rms_r<V><<<all, threads>>>(x, w, o, rows, len, g); }));
-    report("ln fwd 1", rows, len, V, threads, all, 2 * xb + 2 * wb, time_ms(20, [&] { ln_r<V><<<all, threads>>>(x, w, b, o, rows, len, g); }));
   }
 }
 

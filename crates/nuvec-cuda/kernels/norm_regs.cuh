@@ -177,6 +177,125 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
   });
 }
 
+// ---- The forward norms with a block per row (the `_o` kernels; fast_rows.rs takes them for
+// rows of 64 to 512·V vectors). Nothing is loaded ahead and indices within a row are 32-bit, so
+// the kernels keep few registers (32 for the RMS norm at 2 bf16 vectors per thread) and up to
+// 2048 threads stay resident per SM: the hardware overlaps one block's reduction with other
+// blocks' loads. The bytes in flight per SM decide (H200, bf16 RMS norm kernel sweeps: the
+// persistent `_r` kernels 86–87% of copy at 32768×2048/4096, 92% at 32768×8192; these 96%, 96%,
+// 98%; the same block-per-row launch of the `_r` code, at 48 registers, 58–79%).
+
+// The sum of `v` over the block, in every thread. `sm` alternates between its halves by `phase`,
+// so one barrier suffices (as group_sums').
+template <typename A> __device__ __forceinline__ A block_sum(A v, A (&sm)[2][32], int& phase) {
+  for (int o = 16; o > 0; o >>= 1) v += shfl_xor_any(v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) sm[phase][warp] = v;
+  __syncthreads();
+  v = lane < nw ? sm[phase][lane] : (A)0;
+  phase ^= 1;
+  for (int o = 16; o > 0; o >>= 1) v += shfl_xor_any(v, o);
+  return v;
+}
+
+// Loads the thread's vectors t, t + B, ... of a row of `nvec` (those in the row).
+template <typename T, int V>
+__device__ __forceinline__ void one_load(const T* __restrict__ p, u32 nvec, Vec16<T> (&r)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    u32 i = threadIdx.x + (u32)v * blockDim.x;
+    if (i < nvec) r[v] = reinterpret_cast<const Vec16<T>*>(p)[i];
+  }
+}
+
+// RMS norm, a block per row; RES: with the residual add (h = x + res written, then normalised).
+template <typename T, int V, bool RES>
+__device__ __forceinline__ void rms_norm_one(const T* __restrict__ x, const T* __restrict__ res, const T* __restrict__ w,
+                                             T* __restrict__ h, T* __restrict__ out, u64 rows, u64 len, float eps) {
+  typedef typename Acc<T>::type A;
+  constexpr int N = 16 / sizeof(T);
+  __shared__ A sm[2][32];
+  int ph = 0;
+  const u32 nvec = (u32)(len / N);
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    Vec16<T> r[V];
+    one_load<T, V>(x + row * len, nvec, r);
+    if constexpr (RES) {
+      Vec16<T> q[V];
+      one_load<T, V>(res + row * len, nvec, q);
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        u32 i = threadIdx.x + (u32)v * blockDim.x;
+        if (i < nvec) {
+          r[v] = add_vec<T, N>(r[v], q[v]);
+          reinterpret_cast<Vec16<T>*>(h + row * len)[i] = r[v];
+        }
+      }
+    }
+    A s = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      if (threadIdx.x + (u32)v * blockDim.x < nvec) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) s += widen(r[v].v[j]) * widen(r[v].v[j]);
+      }
+    A n = inv_sqrt(block_sum(s, sm, ph) / (A)len + (A)eps);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      u32 i = threadIdx.x + (u32)v * blockDim.x;
+      if (i >= nvec) continue;
+      A y[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) y[j] = widen(r[v].v[j]) * n;
+      reinterpret_cast<Vec16<T>*>(out + row * len)[i] = round_affine<T, N>(y, w, nullptr, i);
+    }
+  }
+}
+
+// Layer norm, a block per row: mean, then the variance of the held values, then the output (as
+// layer_norm_regs).
+template <typename T, int V>
+__device__ __forceinline__ void layer_norm_one(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                                               T* __restrict__ out, u64 rows, u64 len, float eps) {
+  typedef typename Acc<T>::type A;
+  constexpr int N = 16 / sizeof(T);
+  __shared__ A sm[2][32];
+  int ph = 0;
+  const u32 nvec = (u32)(len / N);
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    Vec16<T> r[V];
+    one_load<T, V>(x + row * len, nvec, r);
+    A s = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      if (threadIdx.x + (u32)v * blockDim.x < nvec) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) s += widen(r[v].v[j]);
+      }
+    A mu = block_sum(s, sm, ph) / (A)len;
+    s = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      if (threadIdx.x + (u32)v * blockDim.x < nvec) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          A c = widen(r[v].v[j]) - mu;
+          s += c * c;
+        }
+      }
+    A n = inv_sqrt(block_sum(s, sm, ph) / (A)len + (A)eps);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      u32 i = threadIdx.x + (u32)v * blockDim.x;
+      if (i >= nvec) continue;
+      A y[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) y[j] = (widen(r[v].v[j]) - mu) * n;
+      reinterpret_cast<Vec16<T>*>(out + row * len)[i] = round_affine<T, N>(y, w, b, i);
+    }
+  }
+}
+
 // ---- One reduction for the layer norm derivative's statistics. Each thread's share of a row
 // gives its mean, Σ(x − mean)², Σu and Σu·(x − mean) (u the cotangent times the weight); shares
 // of equal size merge without division (Chan et al.; d the difference of the means, n each

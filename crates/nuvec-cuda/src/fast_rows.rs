@@ -3,7 +3,7 @@
 //! norm and their derivatives, SwiGLU, cross entropy and RoPE. Which cases they cover is
 //! [`supports`]; the rest run as their compositions.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use nuvec_core::fast::{FastOp, RopeParams};
 use nuvec_core::storage::{Operand, Output, Spec};
@@ -81,6 +81,10 @@ struct NormKernel {
     /// Whether there is a register kernel `{regs}_e{v}` for rows that every thread of a group
     /// of 32·2^k holds in equal shares (one reduction of merged moments instead of two).
     equal: bool,
+    /// Whether there are one-row-per-block kernels `{regs}_o{v}` (the forward norms), and the
+    /// row counts where the `_r` kernels were measured faster all the same.
+    one_row: bool,
+    persistent_rows: std::ops::Range<u64>,
     /// The looping kernel, for rows the register kernels do not take (one RMS norm serves the
     /// residual add too, with a null residual).
     looping: &'static str,
@@ -97,21 +101,54 @@ struct NormKernel {
     block: u32,
 }
 
-// With the next row's loads issued early, 2 vectors per thread keep enough bytes in flight (H200,
-// bf16 RMS norm and layer norm rows of 2048–8192: 2 beat 4 and 8 once the outputs are rounded in
-// packed pairs; before, the layer norm was faster with 4). The residual add and the layer norm
-// spill with 8; the derivatives also hold
-// the cotangent, the next rows and the weight's partial sums: at most 4 for the RMS norm's, 2 for
-// the layer norm's.
-const RMS_NORM: NormKernel =
-    NormKernel { regs: "rms_norm", equal: false, looping: "rms_norm", slots: None, v_min: 2, v_max: 8, block: 256 };
-const ADD_RMS_NORM: NormKernel =
-    NormKernel { regs: "add_rms_norm", equal: false, looping: "rms_norm", slots: None, v_min: 2, v_max: 4, block: 256 };
-const LAYER_NORM: NormKernel =
-    NormKernel { regs: "layer_norm", equal: false, looping: "layer_norm", slots: None, v_min: 2, v_max: 4, block: 512 };
+// The forward norms take their `_o` kernels (a block per row) for rows of 64 vectors or more:
+// H200, bf16, bench_fast, against the `_r` kernels: 32768 rows, RMS norm 94–97% of copy (86–92%),
+// residual add + RMS norm 99% (90%), layer norm 96% (88%); 4096 rows, residual add 86% (81%),
+// layer norm 74–75% (70%) — but the plain RMS norm at 4096 rows 67–82% against 74–84% (cause not
+// found; its `persistent_rows`); 1 and 16 rows, a shorter call either way.
+// In the `_r` kernels, with the next row's loads issued early, 2 vectors per thread keep enough
+// bytes in flight (H200, bf16 RMS norm and layer norm rows of 2048–8192: 2 beat 4 and 8 once the
+// outputs are rounded in packed pairs; before, the layer norm was faster with 4). The residual
+// add and the layer norm spill with 8; the derivatives also hold the cotangent, the next rows and
+// the weight's partial sums: at most 4 for the RMS norm's, 2 for the layer norm's.
+const RMS_NORM: NormKernel = NormKernel {
+    regs: "rms_norm",
+    equal: false,
+    one_row: true,
+    persistent_rows: 1024..8192,
+    looping: "rms_norm",
+    slots: None,
+    v_min: 2,
+    v_max: 8,
+    block: 256,
+};
+const ADD_RMS_NORM: NormKernel = NormKernel {
+    regs: "add_rms_norm",
+    equal: false,
+    one_row: true,
+    persistent_rows: 0..0,
+    looping: "rms_norm",
+    slots: None,
+    v_min: 2,
+    v_max: 4,
+    block: 256,
+};
+const LAYER_NORM: NormKernel = NormKernel {
+    regs: "layer_norm",
+    equal: false,
+    one_row: true,
+    persistent_rows: 0..0,
+    looping: "layer_norm",
+    slots: None,
+    v_min: 2,
+    v_max: 4,
+    block: 512,
+};
 const RMS_NORM_VJP: NormKernel = NormKernel {
     regs: "rms_norm_vjp",
     equal: false,
+    one_row: false,
+    persistent_rows: 0..0,
     looping: "rms_norm_vjp",
     slots: Some(RMS_SLOTS),
     v_min: 2,
@@ -121,6 +158,8 @@ const RMS_NORM_VJP: NormKernel = NormKernel {
 const LAYER_NORM_VJP: NormKernel = NormKernel {
     regs: "layer_norm_vjp",
     equal: true,
+    one_row: false,
+    persistent_rows: 0..0,
     looping: "layer_norm_vjp",
     slots: Some(LN_SLOTS),
     v_min: 2,
@@ -131,6 +170,8 @@ const LAYER_NORM_VJP: NormKernel = NormKernel {
 /// How a norm kernel covers its rows.
 #[derive(Clone, Copy)]
 enum RowPlan {
+    /// norm_regs.cuh's `_o` kernels: a block per row of `nvec` 16-byte vectors.
+    OneRow { nvec: usize },
     /// norm_regs.cuh: `v` 16-byte vectors per thread, `group` threads per row, several groups
     /// per block.
     Regs { v: usize, group: u32, equal: bool },
@@ -140,7 +181,7 @@ enum RowPlan {
 
 /// The register kernels take rows of whole, aligned 16-byte vectors that `k`'s vectors per
 /// thread cover with at most 512 threads.
-fn row_plan(d: DType, len: usize, ptrs: &[u64], k: &NormKernel) -> RowPlan {
+fn row_plan(d: DType, len: usize, rows: u64, ptrs: &[u64], k: &NormKernel) -> RowPlan {
     let per = 16 / d.size();
     let nvec = len / per;
     let mut v = k.v_min;
@@ -150,9 +191,54 @@ fn row_plan(d: DType, len: usize, ptrs: &[u64], k: &NormKernel) -> RowPlan {
     if nvec == 0 || !len.is_multiple_of(per) || ptrs.iter().any(|p| p % 16 != 0) || nvec.div_ceil(v) > 512 {
         return RowPlan::Loop;
     }
+    // A block per row from 64 vectors (a warp at 2 per thread) up; shorter rows share blocks in
+    // groups.
+    if k.one_row && nvec >= 64 && nvec <= 512 * k.v_max && !k.persistent_rows.contains(&rows) && one_rows_enabled() {
+        return RowPlan::OneRow { nvec };
+    }
     let group = nvec.div_ceil(v).div_ceil(32) * 32;
     let equal = nvec == v * group && (group / 32).is_power_of_two();
     RowPlan::Regs { v, group: group as u32, equal }
+}
+
+/// Whether the forward norms may take their `_o` kernels: `NUVEC_NORM_ONE_ROW=0` keeps the
+/// persistent `_r` kernels (for comparisons).
+fn one_rows_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("NUVEC_NORM_ONE_ROW").map_or(true, |v| v != "0"))
+}
+
+/// The `_o` kernel for rows of `nvec` vectors and its block size: of 2, 4 or 8 vectors per
+/// thread (blocks of 32 to 512 threads), the one that keeps the most bytes in flight per SM
+/// (resident threads × vectors; the fewer vectors on a tie). Those kernels are latency-bound:
+/// H200, bf16, 32768 rows: RMS norm of 4096 at 2 per thread (8 blocks of 256 resident) 95.8% of
+/// copy; layer norm of 8192 at 4 per thread (4 blocks of 256) 98.7%, at 2 (3 blocks of 512,
+/// 40 registers) 90.1%.
+fn one_row_kernel(gpu: &Gpu, d: DType, k: &NormKernel, nvec: usize) -> Result<(cudarc::driver::sys::CUfunction, u32)> {
+    // The choice per device, dtype, kernel and row length, made once: the small calls are
+    // bound by the host.
+    type Key = (usize, DType, &'static str, usize);
+    static CHOSEN: Mutex<Vec<(Key, (usize, u32))>> = Mutex::new(Vec::new());
+    let key = (gpu as *const Gpu as usize, d, k.regs, nvec);
+    if let Some(&(_, (f, t))) = CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(c, _)| *c == key) {
+        return Ok((f as cudarc::driver::sys::CUfunction, t));
+    }
+    let mut best = None;
+    let mut v = 2;
+    while v <= k.v_max.min(8) {
+        let threads = nvec.div_ceil(v).next_multiple_of(32);
+        if (32..=512).contains(&threads) {
+            let f = kernel(gpu, Family::Fast(d), &format!("{}_o{v}", k.regs))?;
+            let bytes = resident_blocks(gpu, f, threads as u32)? * (threads * v) as u64;
+            if best.is_none_or(|(b, _, _)| bytes > b) {
+                best = Some((bytes, f, threads as u32));
+            }
+        }
+        v *= 2;
+    }
+    let (_, f, t) = best.ok_or_else(|| internal(format!("no one-row kernel for rows of {nvec} vectors")))?;
+    CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).push((key, (f as usize, t)));
+    Ok((f, t))
 }
 
 /// A norm kernel ready to launch: its function, block, grid and trailing arguments.
@@ -167,7 +253,11 @@ impl RowLaunch {
     /// `k` for `rows` rows of `len` elements at `ptrs`.
     fn new(gpu: &Gpu, d: DType, k: &NormKernel, ptrs: &[u64], rows: u64, len: u64, eps: f32) -> Result<RowLaunch> {
         let mut tail = vec![Arg::U64(rows), Arg::U64(len), Arg::F32(eps)];
-        let (f, threads, grid) = match row_plan(d, len as usize, ptrs, k) {
+        let (f, threads, grid) = match row_plan(d, len as usize, rows, ptrs, k) {
+            RowPlan::OneRow { nvec } => {
+                let (f, threads) = one_row_kernel(gpu, d, k, nvec)?;
+                (f, threads, rows.clamp(1, i32::MAX as u64) as u32)
+            }
             RowPlan::Regs { v, group, equal } => {
                 let kind = if k.equal && equal { 'e' } else { 'r' };
                 let f = kernel(gpu, Family::Fast(d), &format!("{}_{kind}{v}", k.regs))?;

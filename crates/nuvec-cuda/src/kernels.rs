@@ -430,6 +430,16 @@ impl Family {
                         format!(
                             "__launch_bounds__(NV_REG_BLOCK) layer_norm_r{v}(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps, int group) {{ layer_norm_regs<{t}, {v}>(x, w, b, out, rows, len, eps, group); }}"
                         ),
+                        // A block per row (norm_regs.cuh).
+                        format!(
+                            "__launch_bounds__(NV_REG_BLOCK) rms_norm_o{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps) {{ rms_norm_one<{t}, {v}, false>(x, res, w, h, out, rows, len, eps); }}"
+                        ),
+                        format!(
+                            "__launch_bounds__(NV_REG_BLOCK) add_rms_norm_o{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps) {{ rms_norm_one<{t}, {v}, true>(x, res, w, h, out, rows, len, eps); }}"
+                        ),
+                        format!(
+                            "__launch_bounds__(NV_REG_BLOCK) layer_norm_o{v}(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps) {{ layer_norm_one<{t}, {v}>(x, w, b, out, rows, len, eps); }}"
+                        ),
                     ] {
                         w(format!("extern \"C\" __global__ void {line}"));
                     }
