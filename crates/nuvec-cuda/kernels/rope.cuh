@@ -61,33 +61,9 @@ __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict
   u64 rot_chunks = (traditional ? dims : half) / W;
   u64 chunks = rot_chunks + (len - dims + W - 1) / W;
   float step = log2_base / (float)half;
-  auto inv_freq = [&](u64 i) { return freqs ? 1.0f / freqs[i] : exp2f(-(float)i * step); };
-  // When a block row covers a row's chunks, each thread has one chunk, the same on every row:
-  // its inverse frequencies are computed once, not per row (H200, bf16 [4, 32, 4096, 128]: the
-  // exponentials and 64-bit divisions per chunk held the kernel at 85% of copy).
-  const bool once = chunks <= blockDim.x;
-  constexpr int P = W;  // pairs per chunk at most (W / 2 when traditional)
-  float inv0[P];
-  if (once && threadIdx.x < rot_chunks) {
-    u64 i0 = traditional ? threadIdx.x * W / 2 : threadIdx.x * W;
-#pragma unroll
-    for (int k = 0; k < P; ++k)
-      if (!traditional || k < W / 2) inv0[k] = inv_freq(i0 + k);
-  }
-  // Row positions in 32 bits where the rows' count allows (a 64-bit division is ~10× longer).
-  const bool narrow_rows = rows <= 0xffffffffull;
   for (u64 row = (u64)blockIdx.x * blockDim.y + threadIdx.y; row < rows; row += (u64)gridDim.x * blockDim.y) {
     const T* p = x + row * len;
     T* q = out + row * len;
-    u64 b = 0, t;
-    if (narrow_rows) {
-      if (offset_per_batch) b = (u32)row / (u32)per_batch;
-      t = (u32)row % (u32)seq;
-    } else {
-      if (offset_per_batch) b = row / per_batch;
-      t = row % seq;
-    }
-    const float pos = ((float)offset[b] + (float)t) * scale;
     for (u64 c = threadIdx.x; c < chunks; c += blockDim.x) {
       if (c >= rot_chunks) {
         u64 e = dims + (c - rot_chunks) * W, avail = len - e;
@@ -102,10 +78,12 @@ __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict
       Vec<T, W> va, vb;
       rope_ld<T, W, VEC>(p + ea, va, W);
       if (!traditional) rope_ld<T, W, VEC>(p + eb, vb, W);
+      i32 off = offset[offset_per_batch ? row / per_batch : 0];
+      float pos = ((float)off + (float)(row % seq)) * scale;
       if (traditional) {
 #pragma unroll
         for (int k = 0; k < W / 2; ++k) {
-          float inv = once ? inv0[k] : inv_freq(i0 + k), sn, cs;
+          float inv = freqs ? 1.0f / freqs[i0 + k] : exp2f(-(float)(i0 + k) * step), sn, cs;
           rope_sincos(pos * inv, &sn, &cs);
           sn *= sign;
           A x1 = widen(va.v[2 * k]), x2 = widen(va.v[2 * k + 1]);
@@ -116,7 +94,7 @@ __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict
       } else {
 #pragma unroll
         for (int k = 0; k < W; ++k) {
-          float inv = once ? inv0[k] : inv_freq(i0 + k), sn, cs;
+          float inv = freqs ? 1.0f / freqs[i0 + k] : exp2f(-(float)(i0 + k) * step), sn, cs;
           rope_sincos(pos * inv, &sn, &cs);
           sn *= sign;
           A x1 = widen(va.v[k]), x2 = widen(vb.v[k]);
