@@ -535,3 +535,36 @@ fn rope(
     let f = kernel(gpu, Family::Fast(d), name)?;
     launch(gpu, f, (gx as u32, 1, 1), (bx as u32, by as u32, 1), 0, args)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(d: DType, len: usize, rows: u64, ptr: u64, k: &NormKernel) -> &'static str {
+        match row_plan(d, len, rows, &[ptr, 0], k) {
+            RowPlan::OneRow { .. } => "one row",
+            RowPlan::Regs { .. } => "regs",
+            RowPlan::Loop => "loop",
+        }
+    }
+
+    #[test]
+    fn norm_rows_take_the_kernels_their_rules_name() {
+        let one = if one_rows_enabled() { "one row" } else { "regs" };
+        // Forward norms: a block per row from 64 vectors, but the plain RMS norm's persistent rows.
+        assert_eq!(plan(DType::BF16, 4096, 32768, 0, &RMS_NORM), one);
+        assert_eq!(plan(DType::BF16, 4096, 16, 0, &RMS_NORM), one);
+        assert_eq!(plan(DType::BF16, 4096, 4096, 0, &RMS_NORM), "regs");
+        assert_eq!(plan(DType::BF16, 4096, 4096, 0, &LAYER_NORM), one);
+        assert_eq!(plan(DType::F32, 8192, 4096, 0, &ADD_RMS_NORM), one);
+        // Short rows share blocks in groups; derivatives keep their persistent kernels.
+        assert_eq!(plan(DType::BF16, 256, 32768, 0, &RMS_NORM), "regs");
+        assert_eq!(plan(DType::BF16, 4096, 32768, 0, &RMS_NORM_VJP), "regs");
+        assert_eq!(plan(DType::BF16, 4096, 32768, 0, &LAYER_NORM_VJP), "regs");
+        // Ragged or unaligned rows, and rows past 512 threads' vectors, loop.
+        assert_eq!(plan(DType::BF16, 4100, 32768, 0, &RMS_NORM), "loop");
+        assert_eq!(plan(DType::BF16, 4096, 32768, 8, &RMS_NORM), "loop");
+        assert_eq!(plan(DType::F32, 65536, 4, 0, &LAYER_NORM), "loop");
+        assert_eq!(plan(DType::BF16, 32768, 4, 0, &RMS_NORM), one);
+    }
+}
