@@ -81,10 +81,9 @@ struct NormKernel {
     /// Whether there is a register kernel `{regs}_e{v}` for rows that every thread of a group
     /// of 32·2^k holds in equal shares (one reduction of merged moments instead of two).
     equal: bool,
-    /// Whether there are one-row-per-block kernels `{regs}_o{v}` (the forward norms), and the
-    /// row counts where the `_r` kernels were measured faster all the same.
-    one_row: bool,
-    persistent_rows: std::ops::Range<u64>,
+    /// Where there are one-row-per-block kernels `{regs}_o{v}` (the forward norms): the row
+    /// counts where the `_r` kernels were measured faster all the same.
+    one_row: Option<std::ops::Range<u64>>,
     /// The looping kernel, for rows the register kernels do not take (one RMS norm serves the
     /// residual add too, with a null residual).
     looping: &'static str,
@@ -105,7 +104,7 @@ struct NormKernel {
 // H200, bf16, bench_fast, against the `_r` kernels: 32768 rows, RMS norm 94–97% of copy (86–92%),
 // residual add + RMS norm 99% (90%), layer norm 96% (88%); 4096 rows, residual add 86% (81%),
 // layer norm 74–75% (70%) — but the plain RMS norm at 4096 rows 67–82% against 74–84% (cause not
-// found; its `persistent_rows`); 1 and 16 rows, a shorter call either way.
+// found; its `one_row` range); 1 and 16 rows, a shorter call either way.
 // In the `_r` kernels, with the next row's loads issued early, 2 vectors per thread keep enough
 // bytes in flight (H200, bf16 RMS norm and layer norm rows of 2048–8192: 2 beat 4 and 8 once the
 // outputs are rounded in packed pairs; before, the layer norm was faster with 4). The residual
@@ -114,8 +113,7 @@ struct NormKernel {
 const RMS_NORM: NormKernel = NormKernel {
     regs: "rms_norm",
     equal: false,
-    one_row: true,
-    persistent_rows: 1024..8192,
+    one_row: Some(1024..8192),
     looping: "rms_norm",
     slots: None,
     v_min: 2,
@@ -125,8 +123,7 @@ const RMS_NORM: NormKernel = NormKernel {
 const ADD_RMS_NORM: NormKernel = NormKernel {
     regs: "add_rms_norm",
     equal: false,
-    one_row: true,
-    persistent_rows: 0..0,
+    one_row: Some(0..0),
     looping: "rms_norm",
     slots: None,
     v_min: 2,
@@ -136,8 +133,7 @@ const ADD_RMS_NORM: NormKernel = NormKernel {
 const LAYER_NORM: NormKernel = NormKernel {
     regs: "layer_norm",
     equal: false,
-    one_row: true,
-    persistent_rows: 0..0,
+    one_row: Some(0..0),
     looping: "layer_norm",
     slots: None,
     v_min: 2,
@@ -147,8 +143,7 @@ const LAYER_NORM: NormKernel = NormKernel {
 const RMS_NORM_VJP: NormKernel = NormKernel {
     regs: "rms_norm_vjp",
     equal: false,
-    one_row: false,
-    persistent_rows: 0..0,
+    one_row: None,
     looping: "rms_norm_vjp",
     slots: Some(RMS_SLOTS),
     v_min: 2,
@@ -158,8 +153,7 @@ const RMS_NORM_VJP: NormKernel = NormKernel {
 const LAYER_NORM_VJP: NormKernel = NormKernel {
     regs: "layer_norm_vjp",
     equal: true,
-    one_row: false,
-    persistent_rows: 0..0,
+    one_row: None,
     looping: "layer_norm_vjp",
     slots: Some(LN_SLOTS),
     v_min: 2,
@@ -193,7 +187,8 @@ fn row_plan(d: DType, len: usize, rows: u64, ptrs: &[u64], k: &NormKernel) -> Ro
     }
     // A block per row from 64 vectors (a warp at 2 per thread) up; shorter rows share blocks in
     // groups.
-    if k.one_row && nvec >= 64 && nvec <= 512 * k.v_max && !k.persistent_rows.contains(&rows) && one_rows_enabled() {
+    let persistent = k.one_row.as_ref().is_none_or(|r| r.contains(&rows));
+    if !persistent && nvec >= 64 && nvec <= 512 * k.v_max && one_rows_enabled() {
         return RowPlan::OneRow { nvec };
     }
     let group = nvec.div_ceil(v).div_ceil(32) * 32;
