@@ -439,8 +439,9 @@ __device__ __forceinline__ void layer_norm_vjp_rows(const T* __restrict__ x, con
 // serially took ~10 µs, 32 columns per 256-thread block with 4-byte loads ~6 µs, a tenth of
 // a 4096-row RMS norm derivative.)
 #define NV_COL_SUM_THREADS 512
-template <typename A>
-__device__ __forceinline__ void col_sum(const A* __restrict__ part, A* __restrict__ out, A* __restrict__ out_hi,
+// The sums are rounded to O once (the weight's dtype, so no cast follows).
+template <typename A, typename O>
+__device__ __forceinline__ void col_sum(const A* __restrict__ part, O* __restrict__ out, O* __restrict__ out_hi,
                                         u64 parts, u64 cols, u64 split, u64 stride) {
   constexpr int N = 16 / sizeof(A), C = 32 * N, W = NV_COL_SUM_THREADS / 32;
   __shared__ A sm[W][C];
@@ -483,9 +484,9 @@ __device__ __forceinline__ void col_sum(const A* __restrict__ part, A* __restric
 #pragma unroll
       for (int k = 0; k < W; ++k) sum += sm[k][(t % N) * 32 + t / N];
       if (col < split) {
-        if (out) out[col] = sum;
+        if (out) out[col] = narrow<O>(sum);
       } else if (out_hi) {
-        out_hi[col - split] = sum;
+        out_hi[col - split] = narrow<O>(sum);
       }
     }
     __syncthreads();

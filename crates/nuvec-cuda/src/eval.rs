@@ -13,7 +13,7 @@ use nuvec_core::{DType, Error, Result};
 use crate::alloc::GpuBuffer;
 use crate::driver::Gpu;
 use crate::kernels::Family;
-use crate::launch::{Arg, BLOCK, Dims, grid_for, launch};
+use crate::launch::{Arg, BLOCK, Dims, grid_for, launch, launch_dependent};
 
 pub(crate) fn internal(msg: impl Into<String>) -> Error {
     Error::Backend(format!("internal error in the CUDA backend: {}", msg.into()))
@@ -526,11 +526,11 @@ pub(crate) fn fast(gpu: &Arc<Gpu>, op: &nuvec_core::fast::FastOp, x: Operand, ou
     if len as usize * x.dtype.size() <= WARP_ROW_BYTES {
         let f = kernel(gpu, Family::Fast(x.dtype), &format!("{name}_warp"))?;
         let grid = grid_for(gpu, rows, (BLOCK / 32) as u64);
-        return launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args);
+        return launch_dependent(gpu, f, grid, (BLOCK, 1), 1, args);
     }
     let f = kernel(gpu, Family::Fast(x.dtype), name)?;
     let grid = rows.min(65535 * 32) as u32;
-    launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)
+    launch_dependent(gpu, f, grid, (BLOCK, 1), 1, args)
 }
 
 /// Dispatch of one primitive.

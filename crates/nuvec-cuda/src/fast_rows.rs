@@ -12,7 +12,7 @@ use nuvec_core::{DType, Result};
 use crate::driver::Gpu;
 use crate::eval::{alloc, alloc_out, internal, kernel, ptr_of, row_major};
 use crate::kernels::Family;
-use crate::launch::{Arg, BLOCK, grid_for, launch, launch_cluster, resident_blocks, resident_clusters};
+use crate::launch::{Arg, BLOCK, launch_dependent, resident_blocks, resident_clusters};
 
 /// Register slots per thread of the derivative kernels (NV_RMS_SLOTS, NV_LN_SLOTS and
 /// NV_NORM_VJP_THREADS in norm.cuh): they take rows of up to slots × threads features.
@@ -74,6 +74,15 @@ fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
     rows.min(2 * gpu.info.multiprocessors.max(1) as u64).max(1)
 }
 
+/// Blocks of `BLOCK` threads for an element-wise kernel over `n` elements of `d`, one 16-byte
+/// vector per thread: the whole array in one pass (the kernels' grid-stride loops then run
+/// once). H200, bf16 SwiGLU 32768×14336: 96.8% of copy with the grid capped at 32 blocks per
+/// SM, 102.8% so (the two reads and one write beat a copy's one and one), derivative 4096 rows
+/// 94.3% → 99.5%.
+fn vector_grid(d: DType, n: u64) -> u32 {
+    n.div_ceil((16 / d.size()) as u64).div_ceil(BLOCK as u64).clamp(1, i32::MAX as u64) as u32
+}
+
 /// A norm kernel: its register-row kernels (`{regs}_r{v}`, norm_regs.cuh), its looping kernel
 /// (norm.cuh), and how the register kernels are launched.
 struct NormKernel {
@@ -81,9 +90,9 @@ struct NormKernel {
     /// Whether there is a register kernel `{regs}_e{v}` for rows that every thread of a group
     /// of 32·2^k holds in equal shares (one reduction of merged moments instead of two).
     equal: bool,
-    /// Where there are one-row-per-block kernels `{regs}_o{v}` (the forward norms): the row
-    /// counts where the `_r` kernels were measured faster all the same.
-    one_row: Option<std::ops::Range<u64>>,
+    /// Where there are one-row-per-block kernels `{regs}_o{v}` (the forward norms): the vectors
+    /// per thread they take where the row allows (`one_row_kernel`).
+    one_row: Option<usize>,
     /// The looping kernel, for rows the register kernels do not take (one RMS norm serves the
     /// residual add too, with a null residual).
     looping: &'static str,
@@ -103,8 +112,9 @@ struct NormKernel {
 // The forward norms take their `_o` kernels (a block per row) for rows of 64 vectors or more:
 // H200, bf16, bench_fast, against the `_r` kernels: 32768 rows, RMS norm 94–97% of copy (86–92%),
 // residual add + RMS norm 99% (90%), layer norm 96% (88%); 4096 rows, residual add 86% (81%),
-// layer norm 74–75% (70%) — but the plain RMS norm at 4096 rows 67–82% against 74–84% (cause not
-// found; its `one_row` range); 1 and 16 rows, a shorter call either way.
+// layer norm 74–75% (70%); 1 and 16 rows, a shorter call either way. (The plain RMS norm at 4096
+// rows was slower so, 67–82% against 74–84%, while its `_o` kernel took 8 vectors per thread;
+// at 2, 87.5% against 83.9% in the sweep: `one_row_kernel`.)
 // In the `_r` kernels, with the next row's loads issued early, 2 vectors per thread keep enough
 // bytes in flight (H200, bf16 RMS norm and layer norm rows of 2048–8192: 2 beat 4 and 8 once the
 // outputs are rounded in packed pairs; before, the layer norm was faster with 4). The residual
@@ -113,7 +123,7 @@ struct NormKernel {
 const RMS_NORM: NormKernel = NormKernel {
     regs: "rms_norm",
     equal: false,
-    one_row: Some(1024..8192),
+    one_row: Some(2),
     looping: "rms_norm",
     slots: None,
     v_min: 2,
@@ -123,7 +133,7 @@ const RMS_NORM: NormKernel = NormKernel {
 const ADD_RMS_NORM: NormKernel = NormKernel {
     regs: "add_rms_norm",
     equal: false,
-    one_row: Some(0..0),
+    one_row: Some(4),
     looping: "rms_norm",
     slots: None,
     v_min: 2,
@@ -133,7 +143,7 @@ const ADD_RMS_NORM: NormKernel = NormKernel {
 const LAYER_NORM: NormKernel = NormKernel {
     regs: "layer_norm",
     equal: false,
-    one_row: Some(0..0),
+    one_row: Some(4),
     looping: "layer_norm",
     slots: None,
     v_min: 2,
@@ -175,7 +185,7 @@ enum RowPlan {
 
 /// The register kernels take rows of whole, aligned 16-byte vectors that `k`'s vectors per
 /// thread cover with at most 512 threads.
-fn row_plan(d: DType, len: usize, rows: u64, ptrs: &[u64], k: &NormKernel) -> RowPlan {
+fn row_plan(d: DType, len: usize, ptrs: &[u64], k: &NormKernel) -> RowPlan {
     let per = 16 / d.size();
     let nvec = len / per;
     let mut v = k.v_min;
@@ -187,8 +197,7 @@ fn row_plan(d: DType, len: usize, rows: u64, ptrs: &[u64], k: &NormKernel) -> Ro
     }
     // A block per row from 64 vectors (a warp at 2 per thread) up; shorter rows share blocks in
     // groups.
-    let persistent = k.one_row.as_ref().is_none_or(|r| r.contains(&rows));
-    if !persistent && nvec >= 64 && nvec <= 512 * k.v_max && one_rows_enabled() {
+    if k.one_row.is_some() && nvec >= 64 && nvec <= 512 * k.v_max && one_rows_enabled() {
         return RowPlan::OneRow { nvec };
     }
     let group = nvec.div_ceil(v).div_ceil(32) * 32;
@@ -203,12 +212,14 @@ fn one_rows_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("NUVEC_NORM_ONE_ROW").map_or(true, |v| v != "0"))
 }
 
-/// The `_o` kernel for rows of `nvec` vectors and its block size: of 2, 4 or 8 vectors per
-/// thread (blocks of 32 to 512 threads), the one that keeps the most bytes in flight per SM
-/// (resident threads × vectors; the fewer vectors on a tie). Those kernels are latency-bound:
-/// H200, bf16, 32768 rows: RMS norm of 4096 at 2 per thread (8 blocks of 256 resident) 95.8% of
-/// copy; layer norm of 8192 at 4 per thread (4 blocks of 256) 98.7%, at 2 (3 blocks of 512,
-/// 40 registers) 90.1%.
+/// The `_o` kernel for rows of `nvec` vectors and its block size: `k.one_row` vectors per thread,
+/// more where the row needs over 512 threads, fewer where it would leave a block under 64.
+/// Those kernels are latency-bound, and the number of vectors per thread trades the threads
+/// resident against the loads each has in flight. H200, bf16, % of copy at 4096 and 32768 rows
+/// of 2048, 4096 and 8192 (`bench/cuda/tune_norm_rows.cu`): the RMS norm is fastest at 2 per
+/// thread (4096×8192: 93.6%, 4 per thread 92.4%, 8 90.4%), the residual add + RMS norm and
+/// the layer norm, which hold more registers, at 4 (4096×8192: 94.8% and 90.0%, at 2 87.7%
+/// and 81.9%, as few blocks of 512 fit); 8 per thread is never the fastest.
 fn one_row_kernel(gpu: &Gpu, d: DType, k: &NormKernel, nvec: usize) -> Result<(cudarc::driver::sys::CUfunction, u32)> {
     // The choice per device, dtype, kernel and row length, made once: the small calls are
     // bound by the host.
@@ -218,22 +229,30 @@ fn one_row_kernel(gpu: &Gpu, d: DType, k: &NormKernel, nvec: usize) -> Result<(c
     if let Some(&(_, (f, t))) = CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(c, _)| *c == key) {
         return Ok((f as cudarc::driver::sys::CUfunction, t));
     }
-    let mut best = None;
-    let mut v = 2;
-    while v <= k.v_max.min(8) {
-        let threads = nvec.div_ceil(v).next_multiple_of(32);
-        if (32..=512).contains(&threads) {
-            let f = kernel(gpu, Family::Fast(d), &format!("{}_o{v}", k.regs))?;
-            let bytes = resident_blocks(gpu, f, threads as u32)? * (threads * v) as u64;
-            if best.is_none_or(|(b, _, _)| bytes > b) {
-                best = Some((bytes, f, threads as u32));
-            }
-        }
+    // `NUVEC_NORM_ONE_V` (2, 4 or 8) overrides the preference, for comparisons.
+    let forced = std::env::var("NUVEC_NORM_ONE_V").ok().and_then(|v| v.parse::<usize>().ok());
+    let v = one_row_vectors(k, nvec, forced)
+        .ok_or_else(|| internal(format!("no one-row kernel for rows of {nvec} vectors")))?;
+    let threads = nvec.div_ceil(v).next_multiple_of(32);
+    let f = kernel(gpu, Family::Fast(d), &format!("{}_o{v}", k.regs))?;
+    CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).push((key, (f as usize, threads as u32)));
+    Ok((f, threads as u32))
+}
+
+/// Vectors per thread of `k`'s `_o` kernel for rows of `nvec` vectors (`one_row_kernel`): the
+/// preferred count (`want`, else `k.one_row`), doubled while a row needs over 512 threads,
+/// halved while a block would have under 64; `None` where no kernel of 2 to `k.v_max` (at most
+/// 8) vectors per thread covers the row with 32 to 512 threads.
+fn one_row_vectors(k: &NormKernel, nvec: usize, want: Option<usize>) -> Option<usize> {
+    let most = k.v_max.min(8);
+    let mut v = want.or(k.one_row).unwrap_or(2).clamp(2, most).next_power_of_two();
+    while v < most && nvec.div_ceil(v) > 512 {
         v *= 2;
     }
-    let (_, f, t) = best.ok_or_else(|| internal(format!("no one-row kernel for rows of {nvec} vectors")))?;
-    CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).push((key, (f as usize, t)));
-    Ok((f, t))
+    while v > 2 && nvec.div_ceil(v) < 64 {
+        v /= 2;
+    }
+    (32..=512).contains(&nvec.div_ceil(v).next_multiple_of(32)).then_some(v)
 }
 
 /// A norm kernel ready to launch: its function, block, grid and trailing arguments.
@@ -248,7 +267,7 @@ impl RowLaunch {
     /// `k` for `rows` rows of `len` elements at `ptrs`.
     fn new(gpu: &Gpu, d: DType, k: &NormKernel, ptrs: &[u64], rows: u64, len: u64, eps: f32) -> Result<RowLaunch> {
         let mut tail = vec![Arg::U64(rows), Arg::U64(len), Arg::F32(eps)];
-        let (f, threads, grid) = match row_plan(d, len as usize, rows, ptrs, k) {
+        let (f, threads, grid) = match row_plan(d, len as usize, ptrs, k) {
             RowPlan::OneRow { nvec } => {
                 let (f, threads) = one_row_kernel(gpu, d, k, nvec)?;
                 (f, threads, rows.clamp(1, i32::MAX as u64) as u32)
@@ -278,7 +297,7 @@ impl RowLaunch {
     fn run(self, gpu: &Gpu, ptrs: &[u64]) -> Result<()> {
         let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::Ptr(p)).collect();
         args.extend(self.tail);
-        launch(gpu, self.f, (self.grid, 1, 1), (self.threads, 1, 1), 0, args)
+        launch_dependent(gpu, self.f, self.grid, (self.threads, 1), 1, args)
     }
 }
 
@@ -331,7 +350,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             ptrs[4] = scratch.as_ref().map_or(0, |s| s.0);
             run.run(gpu, &ptrs)?;
             if *weighted {
-                col_sum(gpu, d, ptrs[4], out_ptrs[1], 0, parts, len, len, len)?;
+                col_sum(gpu, d, "col_sum_round", ptrs[4], out_ptrs[1], 0, parts, len, len, len)?;
             }
         }
         FastOp::LayerNormVjp { eps, weighted, biased } => {
@@ -348,24 +367,22 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             let w_out = if *weighted { outs.next().unwrap_or(0) } else { 0 };
             let b_out = if *biased { outs.next().unwrap_or(0) } else { 0 };
             if *weighted || *biased {
-                col_sum(gpu, d, sp, w_out, b_out, parts, 2 * len, len, 2 * len)?;
+                col_sum(gpu, d, "col_sum", sp, w_out, b_out, parts, 2 * len, len, 2 * len)?;
             }
         }
         FastOp::SwiGluVjp => {
             let n = x.size() as u64;
             let f = kernel(gpu, fam, "swiglu_vjp")?;
-            let grid = grid_for(gpu, n, BLOCK as u64 * (16 / d.size()) as u64);
             let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, ptr_of(&inputs[2])?, out_ptrs[0], out_ptrs[1]];
             let mut args: Vec<Arg> = ptrs.map(Arg::Ptr).into();
             args.push(Arg::U64(n));
-            launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
+            launch_dependent(gpu, f, vector_grid(d, n), (BLOCK, 1), 1, args)?;
         }
         FastOp::SwiGlu => {
             let n = x.size() as u64;
             let f = kernel(gpu, fam, "swiglu")?;
-            let grid = grid_for(gpu, n, BLOCK as u64 * (16 / d.size()) as u64);
             let args = vec![Arg::Ptr(ptr_of(x)?), Arg::Ptr(ptr_of(&inputs[1])?), Arg::Ptr(out_ptrs[0]), Arg::U64(n)];
-            launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
+            launch_dependent(gpu, f, vector_grid(d, n), (BLOCK, 1), 1, args)?;
         }
         FastOp::CrossEntropy => {
             let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, out_ptrs[0]];
@@ -401,7 +418,7 @@ fn cross_entropy(gpu: &Gpu, d: DType, name: &str, ptrs: &[u64], rows: u64, len: 
     let threads = if len > 65536 { 512 } else { 128 };
     let f = kernel(gpu, Family::Fast(d), name)?;
     let grid = row_grid(gpu, f, threads, rows, 1)?;
-    launch(gpu, f, (grid, 1, 1), (threads, 1, 1), 0, args)
+    launch_dependent(gpu, f, grid, (threads, 1), 1, args)
 }
 
 /// 16-byte vectors per thread of the fused cross-entropy kernels (cross_entropy.cuh's `U`): each
@@ -454,17 +471,19 @@ fn cross_entropy_fused(gpu: &Gpu, d: DType, ptrs: [u64; 5], rows: u64, len: u64)
     let slice = nv.div_ceil(cluster) as u64;
     let mut args: Vec<Arg> = ptrs.map(Arg::Ptr).into();
     args.extend([Arg::U64(rows), Arg::U64(len), Arg::U64(slice)]);
-    launch_cluster(gpu, f, (clusters * cluster as u64) as u32, threads as u32, cluster as u32, args)?;
+    launch_dependent(gpu, f, (clusters * cluster as u64) as u32, (threads as u32, 1), cluster as u32, args)?;
     Ok(true)
 }
 
 /// The derivative kernels' partial rows added up (col_sum in norm.cuh): for each column
 /// `c < cols`, `Σ_p part[p · stride + c]` goes to `out[c]` below `split`, else to
-/// `out_hi[c − split]`; a null (0) output is skipped. 128 f32 columns per block.
+/// `out_hi[c − split]`; a null (0) output is skipped. 128 f32 columns per block. `name`:
+/// `col_sum` writes the accumulator's dtype, `col_sum_round` rounds to `d`.
 #[allow(clippy::too_many_arguments)]
 fn col_sum(
     gpu: &Arc<Gpu>,
     d: DType,
+    name: &str,
     part: u64,
     out: u64,
     out_hi: u64,
@@ -474,12 +493,12 @@ fn col_sum(
     stride: u64,
 ) -> Result<()> {
     const THREADS: u32 = 512; // NV_COL_SUM_THREADS
-    let f = kernel(gpu, Family::Fast(d), "col_sum")?;
+    let f = kernel(gpu, Family::Fast(d), name)?;
     let per_block = 32 * (16 / acc(d).size()) as u64;
     let grid = cols.div_ceil(per_block).clamp(1, 65535) as u32;
     let args =
         [part, out, out_hi].map(Arg::Ptr).into_iter().chain([parts, cols, split, stride].map(Arg::U64)).collect();
-    launch(gpu, f, (grid, 1, 1), (THREADS, 1, 1), 0, args)
+    launch_dependent(gpu, f, grid, (THREADS, 1), 1, args)
 }
 
 /// RoPE (rope.cuh): a thread per chunk of a row's features, rows in memory order.
@@ -529,15 +548,15 @@ fn rope(
         Arg::U64(per_batch),
     ];
     let f = kernel(gpu, Family::Fast(d), name)?;
-    launch(gpu, f, (gx as u32, 1, 1), (bx as u32, by as u32, 1), 0, args)
+    launch_dependent(gpu, f, gx as u32, (bx as u32, by as u32), 1, args)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn plan(d: DType, len: usize, rows: u64, ptr: u64, k: &NormKernel) -> &'static str {
-        match row_plan(d, len, rows, &[ptr, 0], k) {
+    fn plan(d: DType, len: usize, ptr: u64, k: &NormKernel) -> &'static str {
+        match row_plan(d, len, &[ptr, 0], k) {
             RowPlan::OneRow { .. } => "one row",
             RowPlan::Regs { .. } => "regs",
             RowPlan::Loop => "loop",
@@ -547,20 +566,31 @@ mod tests {
     #[test]
     fn norm_rows_take_the_kernels_their_rules_name() {
         let one = if one_rows_enabled() { "one row" } else { "regs" };
-        // Forward norms: a block per row from 64 vectors, but the plain RMS norm's persistent rows.
-        assert_eq!(plan(DType::BF16, 4096, 32768, 0, &RMS_NORM), one);
-        assert_eq!(plan(DType::BF16, 4096, 16, 0, &RMS_NORM), one);
-        assert_eq!(plan(DType::BF16, 4096, 4096, 0, &RMS_NORM), "regs");
-        assert_eq!(plan(DType::BF16, 4096, 4096, 0, &LAYER_NORM), one);
-        assert_eq!(plan(DType::F32, 8192, 4096, 0, &ADD_RMS_NORM), one);
+        // Forward norms: a block per row from 64 vectors.
+        assert_eq!(plan(DType::BF16, 4096, 0, &RMS_NORM), one);
+        assert_eq!(plan(DType::BF16, 4096, 0, &LAYER_NORM), one);
+        assert_eq!(plan(DType::F32, 8192, 0, &ADD_RMS_NORM), one);
         // Short rows share blocks in groups; derivatives keep their persistent kernels.
-        assert_eq!(plan(DType::BF16, 256, 32768, 0, &RMS_NORM), "regs");
-        assert_eq!(plan(DType::BF16, 4096, 32768, 0, &RMS_NORM_VJP), "regs");
-        assert_eq!(plan(DType::BF16, 4096, 32768, 0, &LAYER_NORM_VJP), "regs");
+        assert_eq!(plan(DType::BF16, 256, 0, &RMS_NORM), "regs");
+        assert_eq!(plan(DType::BF16, 4096, 0, &RMS_NORM_VJP), "regs");
+        assert_eq!(plan(DType::BF16, 4096, 0, &LAYER_NORM_VJP), "regs");
         // Ragged or unaligned rows, and rows past 512 threads' vectors, loop.
-        assert_eq!(plan(DType::BF16, 4100, 32768, 0, &RMS_NORM), "loop");
-        assert_eq!(plan(DType::BF16, 4096, 32768, 8, &RMS_NORM), "loop");
-        assert_eq!(plan(DType::F32, 65536, 4, 0, &LAYER_NORM), "loop");
-        assert_eq!(plan(DType::BF16, 32768, 4, 0, &RMS_NORM), one);
+        assert_eq!(plan(DType::BF16, 4100, 0, &RMS_NORM), "loop");
+        assert_eq!(plan(DType::BF16, 4096, 8, &RMS_NORM), "loop");
+        assert_eq!(plan(DType::F32, 65536, 0, &LAYER_NORM), "loop");
+        assert_eq!(plan(DType::BF16, 32768, 0, &RMS_NORM), one);
+    }
+
+    #[test]
+    fn one_row_kernels_take_their_vectors_per_thread_where_the_row_allows() {
+        // bf16 rows of 2048, 4096, 8192 and 32768: 256, 512, 1024 and 4096 vectors.
+        let v = |k: &NormKernel, nvec: usize| one_row_vectors(k, nvec, None);
+        assert_eq!([256, 512, 1024, 4096].map(|n| v(&RMS_NORM, n)), [Some(2), Some(2), Some(2), Some(8)]);
+        assert_eq!([256, 512, 1024, 2048].map(|n| v(&LAYER_NORM, n)), [Some(4), Some(4), Some(4), Some(4)]);
+        assert_eq!(v(&ADD_RMS_NORM, 4096), None);
+        // Short rows: fewer vectors, so that a block keeps 64 threads.
+        assert_eq!(v(&LAYER_NORM, 128), Some(2));
+        assert_eq!(v(&RMS_NORM, 2048), Some(4));
+        assert_eq!(one_row_vectors(&LAYER_NORM, 1024, Some(2)), Some(2));
     }
 }

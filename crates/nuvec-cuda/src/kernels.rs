@@ -481,7 +481,11 @@ impl Family {
                         "__launch_bounds__(NV_NORM_VJP_THREADS) layer_norm_vjp(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps) {{ layer_norm_vjp_rows<{t}>(x, w, g, gx, part, rows, len, eps); }}"
                     ),
                     format!(
-                        "__launch_bounds__(NV_COL_SUM_THREADS) col_sum(const {a}* part, {a}* out, {a}* out_hi, u64 parts, u64 cols, u64 split, u64 stride) {{ col_sum<{a}>(part, out, out_hi, parts, cols, split, stride); }}"
+                        "__launch_bounds__(NV_COL_SUM_THREADS) col_sum(const {a}* part, {a}* out, {a}* out_hi, u64 parts, u64 cols, u64 split, u64 stride) {{ col_sum<{a}, {a}>(part, out, out_hi, parts, cols, split, stride); }}"
+                    ),
+                    // The same, rounded to the dtype (the RMS norm's weight cotangent).
+                    format!(
+                        "__launch_bounds__(NV_COL_SUM_THREADS) col_sum_round(const {a}* part, {t}* out, {t}* out_hi, u64 parts, u64 cols, u64 split, u64 stride) {{ col_sum<{a}, {t}>(part, out, out_hi, parts, cols, split, stride); }}"
                     ),
                     format!(
                         "swiglu(const {t}* gate, const {t}* up, {t}* out, u64 n) {{ swiglu_elems<{t}>(gate, up, out, n); }}"
@@ -587,7 +591,28 @@ impl Family {
                 ));
             }
         }
+        if self.dependent_launch() {
+            s = s.lines().map(|l| dependent(l) + "\n").collect();
+        }
         s
+    }
+
+    /// Whether the module's kernels begin with `nv_dependent_launch()` (common.cuh), so that
+    /// they may be launched with launch.rs's `launch_dependent`: the fused operations, whose
+    /// launches are a visible share of their time at LLM shapes.
+    pub fn dependent_launch(&self) -> bool {
+        matches!(self, Family::Fast(_))
+    }
+}
+
+/// A kernel definition line with `nv_dependent_launch();` as the first statement of its body;
+/// other lines unchanged.
+fn dependent(line: &str) -> String {
+    match line.find(") { ") {
+        Some(at) if line.starts_with("extern \"C\" __global__") => {
+            format!("{}) {{ nv_dependent_launch(); {}", &line[..at], &line[at + 4..])
+        }
+        _ => line.to_string(),
     }
 }
 

@@ -134,46 +134,71 @@ pub(crate) fn launch(
     }
 }
 
-/// A launch configuration of `f` in clusters of `cluster` blocks (along x), no dynamic shared
-/// memory, on the device's stream; `attr` must outlive the returned value's use.
-fn cluster_config(gpu: &Gpu, grid: u32, threads: u32, attr: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
+/// A launch configuration of a 1-D grid of `grid` blocks of `threads`, no dynamic shared
+/// memory, on the device's stream, with the launch attributes `attrs` (which must outlive the
+/// returned value's use).
+fn config(gpu: &Gpu, grid: u32, threads: (u32, u32), attrs: &mut [sys::CUlaunchAttribute]) -> sys::CUlaunchConfig {
     sys::CUlaunchConfig {
         gridDimX: grid,
         gridDimY: 1,
         gridDimZ: 1,
-        blockDimX: threads,
-        blockDimY: 1,
+        blockDimX: threads.0,
+        blockDimY: threads.1,
         blockDimZ: 1,
         sharedMemBytes: 0,
         hStream: gpu.stream,
-        attrs: attr as *mut sys::CUlaunchAttribute,
-        numAttrs: 1,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: attrs.len() as u32,
     }
 }
 
-fn cluster_attr(cluster: u32) -> sys::CUlaunchAttribute {
+fn attribute(id: sys::CUlaunchAttributeID) -> sys::CUlaunchAttribute {
     // SAFETY: the attribute is plain data; zeroed is a valid bit pattern for every field.
     let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.id = id;
+    attr
+}
+
+fn cluster_attr(cluster: u32) -> sys::CUlaunchAttribute {
+    let mut attr = attribute(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
     attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
     attr
 }
 
-/// Launches `f` on a 1-D grid of `grid` blocks (a multiple of `cluster`) grouped in thread-block
-/// clusters of `cluster` blocks (sm_90 and later; at most 8).
-pub(crate) fn launch_cluster(
+/// Programmatic dependent launch: the kernel may start before the previous one on the stream
+/// has finished (it waits for it in `nv_dependent_launch()`, common.cuh). Devices of compute
+/// capability 9.0 and later; `NUVEC_DEPENDENT_LAUNCH=0` turns it off (for comparisons).
+fn dependent_attr(gpu: &Gpu) -> Option<sys::CUlaunchAttribute> {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("NUVEC_DEPENDENT_LAUNCH").map_or(true, |v| v != "0"));
+    (on && gpu.info.compute_capability.0 >= 9).then(|| {
+        let mut attr = attribute(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        attr
+    })
+}
+
+/// Launches `f`, a kernel of a module whose kernels begin with `nv_dependent_launch()`
+/// (`Family::dependent_launch`), on a 1-D grid of `grid` blocks of `threads` (x, y), as a
+/// programmatic dependent of the previous kernel on the stream where the device has that; in
+/// thread-block clusters of `cluster` blocks (sm_90 and later; at most 8; `grid` a multiple of
+/// it) when `cluster` > 1.
+pub(crate) fn launch_dependent(
     gpu: &Gpu,
     f: sys::CUfunction,
     grid: u32,
-    threads: u32,
+    threads: (u32, u32),
     cluster: u32,
     mut args: Vec<Arg>,
 ) -> Result<()> {
     gpu.bind()?;
-    let mut attr = cluster_attr(cluster);
-    let config = cluster_config(gpu, grid, threads, &mut attr);
+    let mut attrs: Vec<sys::CUlaunchAttribute> = dependent_attr(gpu).into_iter().collect();
+    if cluster > 1 {
+        attrs.push(cluster_attr(cluster));
+    }
+    let config = config(gpu, grid, threads, &mut attrs);
     let mut ptrs: Vec<*mut c_void> = args.iter_mut().map(Arg::as_ptr).collect();
-    // SAFETY: as `launch`'s; `config` points at `attr`, alive across the call.
+    // SAFETY: as `launch`'s; `config` points at `attrs`, alive across the call.
     unsafe { check(sys::cuLaunchKernelEx(&config, f, ptrs.as_mut_ptr(), std::ptr::null_mut()), "cuLaunchKernelEx") }
 }
 
@@ -187,8 +212,8 @@ pub(crate) fn resident_clusters(gpu: &Gpu, f: sys::CUfunction, threads: u32, clu
         return Ok(n);
     }
     gpu.bind()?;
-    let mut attr = cluster_attr(cluster);
-    let config = cluster_config(gpu, cluster, threads, &mut attr);
+    let mut attr = [cluster_attr(cluster)];
+    let config = config(gpu, cluster, (threads, 1), &mut attr);
     let mut n = 0;
     // SAFETY: `f` is a loaded function of this context; `config` points at `attr`; `n` is a
     // local out-pointer.

@@ -59,7 +59,7 @@ pub enum FastOp {
     /// [`cross_entropy`]: inputs `[logits, targets]`, output the `float32` loss per row.
     CrossEntropy,
     /// The RMS norm's cotangents: inputs `[x, weight?, g]`, outputs `[gx, gweight?]`
-    /// (`gweight` summed over rows in `float32`).
+    /// (`gweight` summed over rows in `float32`, rounded to the weight's dtype).
     RmsNormVjp {
         /// The forward's epsilon.
         eps: f32,

@@ -82,13 +82,18 @@ pub(super) fn layer_norm_specs(weighted: bool, biased: bool, inputs: &[Spec]) ->
     Ok(vec![Spec { shape: x.shape.clone(), dtype }])
 }
 
-/// `[gx, gw?]` of the RMS norm from inputs `[x, w?, g]`; `gw` accumulates in `float32`
-/// (`float64` for `float64` rows), the caller casts it to the weight's dtype.
+/// `[gx, gw?]` of the RMS norm from inputs `[x, w?, g]`; `gw` sums in `float32` (`float64` for
+/// `float64` rows) and is rounded once to the weight's dtype (no cast after it).
 pub(super) fn rms_norm_vjp_specs(weighted: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    layer_norm_vjp_specs(weighted, false, inputs)
+    let mut out = layer_norm_vjp_specs(weighted, false, inputs)?;
+    if let (Some(gw), Some(w)) = (out.get_mut(1), inputs.get(1).filter(|_| weighted)) {
+        gw.dtype = w.dtype;
+    }
+    Ok(out)
 }
 
-/// `[gx, gw?, gb?]` of the layer norm from inputs `[x, w?, g]` (accumulators as above).
+/// `[gx, gw?, gb?]` of the layer norm from inputs `[x, w?, g]`; `gw` and `gb` in `float32`
+/// (`float64` for `float64` rows), which the caller casts to the parameters' dtypes.
 pub(super) fn layer_norm_vjp_specs(weighted: bool, biased: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
     let x = &inputs[0];
     let acc = if x.dtype == DType::F64 { DType::F64 } else { DType::F32 };
@@ -145,8 +150,8 @@ pub(super) fn rms_norm_vjp_composition(eps: f32, x: &Array, w: Option<&Array>, g
     let xf = f32_of(x);
     let gx = (&u * &n - &xf * (&n * &n * &n) * (&u * &xf).mean_keepdims(-1)).astype(x.dtype());
     let mut out = vec![gx];
-    if w.is_some() {
-        out.push(sum_rows(&(gf * xhat)));
+    if let Some(w) = w {
+        out.push(sum_rows(&(gf * xhat)).astype(w.dtype()));
     }
     out
 }
