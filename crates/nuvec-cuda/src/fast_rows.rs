@@ -216,7 +216,7 @@ fn one_rows_enabled() -> bool {
 /// more where the row needs over 512 threads, fewer where it would leave a block under 64.
 /// Those kernels are latency-bound, and the number of vectors per thread trades the threads
 /// resident against the loads each has in flight. H200, bf16, % of copy at 4096 and 32768 rows
-/// of 2048, 4096 and 8192 (`bench/cuda/tune_norm_rows.cu`): the RMS norm is fastest at 2 per
+/// of 2048, 4096 and 8192 (`bench/cuda/tune_launch.cu ones`): the RMS norm is fastest at 2 per
 /// thread (4096×8192: 93.6%, 4 per thread 92.4%, 8 90.4%), the residual add + RMS norm and
 /// the layer norm, which hold more registers, at 4 (4096×8192: 94.8% and 90.0%, at 2 87.7%
 /// and 81.9%, as few blocks of 512 fit); 8 per thread is never the fastest.
