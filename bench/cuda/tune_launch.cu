@@ -34,7 +34,7 @@ template <int P> __global__ void k_glu(const T* g, const T* u, T* o, u64 n) { pd
 template <int P> __global__ void k_gluvjp(const T* g, const T* u, const T* c, T* dg, T* du, u64 n) { pdl<P>(); swiglu_vjp_elems<T>(g, u, c, dg, du, n); }
 template <int P> __global__ void k_rope(const T* x, T* out, const i32* off, u64 rows, u64 seq, u64 per_batch) {
   pdl<P>();
-  rope_rows<T, 8, true>(x, out, off, 0, nullptr, 13.287712f, 1.0f, 1.0f, 0, rows, 128, 128, seq, per_batch);
+  rope_rows<T, 8, true, true, false, false>(x, out, off, 0, nullptr, 13.287712f, 1.0f, 1.0f, rows, 128, 128, seq, per_batch);
 }
 
 // The column sum writing the weight's dtype (col_sum with a narrowing store).
@@ -214,6 +214,121 @@ __device__ __forceinline__ void rmsb_rw(const T* __restrict__ x, const T* __rest
   block_partial<T, V, A>(acc, part + (u64)blockIdx.x * len, nvec, grp, red);
 }
 template <int P, int V, int MINB> __global__ void __launch_bounds__(NV_REG_BLOCK, MINB) k_rmsb_rw(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { pdl<P>(); rmsb_rw<V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
+
+// rope.cuh's rope_rows before run 28 (64-bit division and modulo per row), for comparison.
+template <typename T, int W, bool VEC>
+__device__ __forceinline__ void rope_rows_old(const T* __restrict__ x, T* __restrict__ out, const i32* __restrict__ offset,
+                                          int offset_per_batch, const float* __restrict__ freqs, float log2_base,
+                                          float scale, float sign, int traditional, u64 rows, u64 len, u64 dims,
+                                          u64 seq, u64 per_batch) {
+  typedef typename Acc<T>::type A;
+  u64 half = dims / 2;
+  u64 rot_chunks = (traditional ? dims : half) / W;
+  u64 chunks = rot_chunks + (len - dims + W - 1) / W;
+  float step = log2_base / (float)half;
+  for (u64 row = (u64)blockIdx.x * blockDim.y + threadIdx.y; row < rows; row += (u64)gridDim.x * blockDim.y) {
+    const T* p = x + row * len;
+    T* q = out + row * len;
+    for (u64 c = threadIdx.x; c < chunks; c += blockDim.x) {
+      if (c >= rot_chunks) {
+        u64 e = dims + (c - rot_chunks) * W, avail = len - e;
+        Vec<T, W> v;
+        rope_ld<T, W, VEC>(p + e, v, avail);
+        rope_st<T, W, VEC>(q + e, v, avail);
+        continue;
+      }
+      // The chunk's pairs: W of them (W / 2 when traditional), frequency indices from i0.
+      u64 i0 = traditional ? c * W / 2 : c * W;
+      u64 ea = traditional ? c * W : i0, eb = ea + half;
+      Vec<T, W> va, vb;
+      rope_ld<T, W, VEC>(p + ea, va, W);
+      if (!traditional) rope_ld<T, W, VEC>(p + eb, vb, W);
+      i32 off = offset[offset_per_batch ? row / per_batch : 0];
+      float pos = ((float)off + (float)(row % seq)) * scale;
+      if (traditional) {
+#pragma unroll
+        for (int k = 0; k < W / 2; ++k) {
+          float inv = freqs ? 1.0f / freqs[i0 + k] : exp2f(-(float)(i0 + k) * step), sn, cs;
+          rope_sincos(pos * inv, &sn, &cs);
+          sn *= sign;
+          A x1 = widen(va.v[2 * k]), x2 = widen(va.v[2 * k + 1]);
+          va.v[2 * k] = narrow<T>(x1 * cs - x2 * sn);
+          va.v[2 * k + 1] = narrow<T>(x1 * sn + x2 * cs);
+        }
+        rope_st<T, W, VEC>(q + ea, va, W);
+      } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+          float inv = freqs ? 1.0f / freqs[i0 + k] : exp2f(-(float)(i0 + k) * step), sn, cs;
+          rope_sincos(pos * inv, &sn, &cs);
+          sn *= sign;
+          A x1 = widen(va.v[k]), x2 = widen(vb.v[k]);
+          va.v[k] = narrow<T>(x1 * cs - x2 * sn);
+          vb.v[k] = narrow<T>(x1 * sn + x2 * cs);
+        }
+        rope_st<T, W, VEC>(q + ea, va, W);
+        rope_st<T, W, VEC>(q + eb, vb, W);
+      }
+    }
+  }
+}
+
+template <int P, bool OLD> __global__ void k_rope_rt(const T* x, T* out, const i32* off, int opb, const float* freqs, float lb, float scale, float sign, int trad, u64 rows, u64 len, u64 dims, u64 seq, u64 per_batch) {
+  pdl<P>();
+  if constexpr (OLD) rope_rows_old<T, 8, true>(x, out, off, opb, freqs, lb, scale, sign, trad, rows, len, dims, seq, per_batch);
+  else rope_rows<T, 8, true, true, false, false>(x, out, off, opb, freqs, lb, scale, sign, rows, len, dims, seq, per_batch);
+}
+
+// RoPE variants: D > 0 rows of D features all rotated (len = dims = D at compile time); MODE
+// 0: 64-bit row division, 1: 32-bit where rows < 2^32 (rope.cuh), 2: 32-bit always.
+template <int D, int MODE>
+__device__ __forceinline__ void rope_x(const T* __restrict__ x, T* __restrict__ out, const i32* __restrict__ offset,
+                                       int offset_per_batch, float log2_base, float scale, float sign, u64 rows,
+                                       u64 len_rt, u64 dims_rt, u64 seq, u64 per_batch) {
+  constexpr int W = 8;
+  const u64 len = D ? D : len_rt, dims = D ? D : dims_rt;
+  u64 half = dims / 2;
+  u64 rot_chunks = half / W;
+  u64 chunks = rot_chunks + (len - dims + W - 1) / W;
+  float step = log2_base / (float)half;
+  for (u64 row = (u64)blockIdx.x * blockDim.y + threadIdx.y; row < rows; row += (u64)gridDim.x * blockDim.y) {
+    const T* p = x + row * len;
+    T* q = out + row * len;
+    for (u64 c = threadIdx.x; c < chunks; c += blockDim.x) {
+      if (c >= rot_chunks) {
+        u64 e = dims + (c - rot_chunks) * W;
+        *reinterpret_cast<Vec<T, W>*>(q + e) = *reinterpret_cast<const Vec<T, W>*>(p + e);
+        continue;
+      }
+      u64 i0 = c * W, ea = i0, eb = ea + half;
+      Vec<T, W> va = *reinterpret_cast<const Vec<T, W>*>(p + ea), vb = *reinterpret_cast<const Vec<T, W>*>(p + eb);
+      u64 t, b = 0;
+      if (MODE == 0 || (MODE == 1 && rows > 0xffffffffull)) {
+        t = row % seq;
+        if (offset_per_batch) b = row / per_batch;
+      } else {
+        t = (u32)row % (u32)seq;
+        if (offset_per_batch) b = (u32)row / (u32)per_batch;
+      }
+      float pos = ((float)offset[b] + (float)t) * scale;
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        float inv = exp2f(-(float)(i0 + k) * step), sn, cs;
+        rope_sincos(pos * inv, &sn, &cs);
+        sn *= sign;
+        A x1 = widen(va.v[k]), x2 = widen(vb.v[k]);
+        va.v[k] = narrow<T>(x1 * cs - x2 * sn);
+        vb.v[k] = narrow<T>(x1 * sn + x2 * cs);
+      }
+      *reinterpret_cast<Vec<T, W>*>(q + ea) = va;
+      *reinterpret_cast<Vec<T, W>*>(q + eb) = vb;
+    }
+  }
+}
+template <int D, int MODE> __global__ void k_rope_x(const T* x, T* out, const i32* off, int opb, float lb, float scale, float sign, u64 rows, u64 len, u64 dims, u64 seq, u64 per_batch) {
+  pdl<1>();
+  rope_x<D, MODE>(x, out, off, opb, lb, scale, sign, rows, len, dims, seq, per_batch);
+}
 
 // ---- launching
 static int sms;
@@ -457,6 +572,56 @@ static void ones() {
     }
 }
 
+// RoPE with its arguments at run time, as the library launches it (the `rope` case above passes
+// constants, which the compiler folds): rope.cuh's kernel against its form before run 28.
+template <bool OLD> static void rope_rt(u64 b, const char* tag) {
+  char shape[64], name[64];
+  snprintf(shape, 64, "%llux32x4096x128", b);
+  u64 rows = b * 32 * 4096, n = rows * 128;
+  copies(n);
+  double bytes = 4.0 * n;
+  int it = iters_for(bytes), i = 0;
+  unsigned gx = (unsigned)((rows + 31) / 32);
+  volatile u64 len = 128, dims = 128, seq = 4096;  // not constants to the compiler
+  snprintf(name, 64, "rope runtime args %s", tag);
+  report(name, shape, bytes, time_ms(it, [&] {
+    int k = i++ % K;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(gx);
+    c.blockDim = dim3(8, 32);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at;
+    c.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&c, k_rope_rt<1, OLD>, (const T*)(X + k * n), O + k * n, (const i32*)OFF, 0, (const float*)nullptr, 13.287712f, 1.0f, 1.0f, 0, rows, (u64)len, (u64)dims, (u64)seq, rows / b));
+  }));
+}
+
+template <int D, int MODE> static void rope_var(u64 b, const char* tag) {
+  char shape[64], name[64];
+  snprintf(shape, 64, "%llux32x4096x128", b);
+  u64 rows = b * 32 * 4096, n = rows * 128;
+  copies(n);
+  double bytes = 4.0 * n;
+  int it = iters_for(bytes), i = 0;
+  unsigned gx = (unsigned)((rows + 31) / 32);
+  volatile u64 len = 128, dims = 128, seq = 4096;
+  snprintf(name, 64, "rope D%d mode%d %s", D, MODE, tag);
+  report(name, shape, bytes, time_ms(it, [&] {
+    int k = i++ % K;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(gx);
+    c.blockDim = dim3(8, 32);
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at;
+    c.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&c, k_rope_x<D, MODE>, (const T*)(X + k * n), O + k * n, (const i32*)OFF, 0, 13.287712f, 1.0f, 1.0f, rows, (u64)len, (u64)dims, (u64)seq, rows / b));
+  }));
+}
+
 int main(int argc, char** argv) {
   const char* only = argc > 1 ? argv[1] : "";
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -501,6 +666,14 @@ int main(int argc, char** argv) {
     glu<1>(32768, 14336, "pdl");
   }
   if (all || strstr(only, "rope")) {
+    for (u64 b : {4ull, 1ull}) {
+      rope_var<0, 0>(b, ""); rope_var<0, 1>(b, ""); rope_var<0, 2>(b, "");
+      rope_var<128, 0>(b, ""); rope_var<128, 1>(b, ""); rope_var<128, 2>(b, "");
+    }
+    rope_rt<true>(4, "old");
+    rope_rt<false>(4, "new");
+    rope_rt<true>(1, "old");
+    rope_rt<false>(1, "new");
     rope<0>(4, "plain");
     rope<1>(4, "pdl");
     rope<0>(1, "plain");

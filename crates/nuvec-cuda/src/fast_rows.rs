@@ -522,7 +522,8 @@ fn rope(
     let rotated = if p.traditional { dims } else { dims / 2 };
     let vec = xp.is_multiple_of(16) && out.is_multiple_of(16) && len.is_multiple_of(per) && rotated.is_multiple_of(per);
     let (name, width) = match (vec, p.traditional) {
-        (true, _) => ("rope_vec", per),
+        (true, false) => ("rope_vec", per),
+        (true, true) => ("rope_vec_t", per),
         (false, false) => ("rope_s1", 1),
         (false, true) => ("rope_s2", 2),
     };
@@ -540,14 +541,15 @@ fn rope(
         Arg::F32(p.base.map_or(0.0, f32::log2)),
         Arg::F32(p.scale),
         Arg::F32(if p.forward { 1.0 } else { -1.0 }),
-        Arg::I32(p.traditional as i32),
         Arg::U64(rows),
         Arg::U64(len),
         Arg::U64(dims),
         Arg::U64(seq),
         Arg::U64(per_batch),
     ];
-    let f = kernel(gpu, Family::Fast(d), name)?;
+    let f_suffix = if freqs.is_some() { "_f" } else { "" };
+    let wide = if rows > u32::MAX as u64 { "_w" } else { "" };
+    let f = kernel(gpu, Family::Fast(d), &format!("{name}{f_suffix}{wide}"))?;
     launch_dependent(gpu, f, gx as u32, (bx as u32, by as u32), 1, args)
 }
 

@@ -460,12 +460,23 @@ impl Family {
                         w(format!("extern \"C\" __global__ void {line}"));
                     }
                 }
-                // RoPE: 16-byte chunks, or single features (pairs when traditional).
+                // RoPE: 16-byte chunks (`rope_vec`, `_t` traditional), or single features
+                // (`rope_s1`) or pairs (`rope_s2`, traditional); `_f`: inverse frequencies from
+                // `freqs`; `_w`: rows past 2^32 (64-bit row arithmetic). fast_rows.rs: rope.
                 let n = 16 / d.size();
-                for (name, width, vec) in [("rope_vec", n, true), ("rope_s1", 1, false), ("rope_s2", 2, false)] {
-                    w(format!(
-                        "extern \"C\" __global__ void {name}(const {t}* x, {t}* out, const i32* offset, int offset_per_batch, const float* freqs, float log2_base, float scale, float sign, int traditional, u64 rows, u64 len, u64 dims, u64 seq, u64 per_batch) {{ rope_rows<{t}, {width}, {vec}>(x, out, offset, offset_per_batch, freqs, log2_base, scale, sign, traditional, rows, len, dims, seq, per_batch); }}"
-                    ));
+                for (name, width, vec, trad) in [
+                    ("rope_vec", n, true, false),
+                    ("rope_vec_t", n, true, true),
+                    ("rope_s1", 1, false, false),
+                    ("rope_s2", 2, false, true),
+                ] {
+                    for (f, freqs) in [("", false), ("_f", true)] {
+                        for (wide, r32) in [("", true), ("_w", false)] {
+                            w(format!(
+                                "extern \"C\" __global__ void {name}{f}{wide}(const {t}* x, {t}* out, const i32* offset, int offset_per_batch, const float* freqs, float log2_base, float scale, float sign, u64 rows, u64 len, u64 dims, u64 seq, u64 per_batch) {{ rope_rows<{t}, {width}, {vec}, {r32}, {trad}, {freqs}>(x, out, offset, offset_per_batch, freqs, log2_base, scale, sign, rows, len, dims, seq, per_batch); }}"
+                            ));
+                        }
+                    }
                 }
                 for line in [
                     format!(
@@ -645,4 +656,28 @@ pub fn all_modules() -> Vec<Family> {
     v.push(Family::Random);
     v.extend(ALL.into_iter().map(Family::Gather));
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fused_kernels_wait_for_the_kernel_before_them() {
+        // launch_dependent may start any kernel of the fused-op module before the previous one
+        // has finished: each must wait first thing, and only those modules are so marked.
+        for d in [DType::F32, DType::BF16, DType::F64] {
+            let family = Family::Fast(d);
+            assert!(family.dependent_launch());
+            let source = family.source();
+            let kernels: Vec<&str> = source.lines().filter(|l| l.starts_with("extern \"C\" __global__")).collect();
+            assert!(kernels.len() > 20);
+            for k in kernels {
+                let body = &k[k.find(") { ").expect("a kernel body") + 4..];
+                assert!(body.starts_with("nv_dependent_launch(); "), "{k}");
+            }
+        }
+        assert!(!Family::Unary(DType::F32).dependent_launch());
+        assert!(!Family::Unary(DType::F32).source().contains("nv_dependent_launch"));
+    }
 }
