@@ -330,6 +330,59 @@ template <int D, int MODE> __global__ void k_rope_x(const T* x, T* out, const i3
   rope_x<D, MODE>(x, out, off, opb, lb, scale, sign, rows, len, dims, seq, per_batch);
 }
 
+// The one-row RMS norm (rms_norm_one, 2 vectors per thread) with streaming cache hints on the
+// row (LD 1: ld/st.global.cs; 2: loads that skip L1) and/or the weight loaded with the row (WPRE).
+template <int LD> __device__ __forceinline__ uint4 ld_row(const uint4* p) {
+  if constexpr (LD == 1) return __ldcs(p);
+  if constexpr (LD == 2) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+  }
+  return *p;
+}
+template <int V, int LD, bool WPRE>
+__global__ void __launch_bounds__(NV_REG_BLOCK) k_rms_x(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out, u64 rows, u64 len) {
+  pdl<1>();
+  constexpr int N = 8;
+  __shared__ A sm[2][32];
+  int ph = 0;
+  const u32 nvec = (u32)(len / N);
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    Vec16<T> r[V], wr[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      u32 i = threadIdx.x + (u32)v * blockDim.x;
+      if (i < nvec) {
+        uint4 u = ld_row<LD>(reinterpret_cast<const uint4*>(x + row * len) + i);
+        memcpy(&r[v], &u, 16);
+        if (WPRE) wr[v] = reinterpret_cast<const Vec16<T>*>(w)[i];
+      }
+    }
+    A s = 0;
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+      if (threadIdx.x + (u32)v * blockDim.x < nvec) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) s += widen(r[v].v[j]) * widen(r[v].v[j]);
+      }
+    A n = inv_sqrt(block_sum(s, sm, ph) / (A)len + (A)1e-5f);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      u32 i = threadIdx.x + (u32)v * blockDim.x;
+      if (i >= nvec) continue;
+      A y[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) y[j] = widen(r[v].v[j]) * n;
+      Vec16<T> o = WPRE ? round_affine<T, N>(y, reinterpret_cast<const T*>(&wr[v]), nullptr, 0) : round_affine<T, N>(y, w, nullptr, i);
+      uint4 u;
+      memcpy(&u, &o, 16);
+      uint4* dst = reinterpret_cast<uint4*>(out + row * len) + i;
+      if (LD >= 1) __stcs(dst, u); else *dst = u;
+    }
+  }
+}
+
 // ---- launching
 static int sms;
 static double ceil_gbs;
@@ -622,6 +675,29 @@ template <int D, int MODE> static void rope_var(u64 b, const char* tag) {
   }));
 }
 
+static void rms_hints() {
+  for (auto sh : {std::pair<u64, u64>{32768, 8192}, {4096, 8192}, {32768, 4096}, {32768, 8192}}) {
+    u64 rows = sh.first, len = sh.second, n = rows * len, nvec = len / 8;
+    copies(n);
+    char shape[64], name[64];
+    snprintf(shape, 64, "%llux%llu", rows, len);
+    double bytes = 4.0 * n + 2.0 * len;
+    int it = iters_for(bytes), i = 0;
+    unsigned threads = (unsigned)(((nvec + 1) / 2 + 31) / 32 * 32);
+    auto one = [&](auto kern, const char* what) {
+      snprintf(name, 64, "rms_o2 %s", what);
+      report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, kern, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
+    };
+    one(k_rms_o<1, 2>, "production");
+    one(k_rms_x<2, 0, false>, "copy of it");
+    one(k_rms_x<2, 1, false>, "ld/st.cs");
+    one(k_rms_x<2, 2, false>, "ld L1::no_allocate");
+    one(k_rms_x<2, 0, true>, "weight with the row");
+    one(k_rms_x<2, 1, true>, "ld/st.cs + weight with the row");
+    one(k_rms_x<2, 2, true>, "no_allocate + weight with the row");
+  }
+}
+
 int main(int argc, char** argv) {
   const char* only = argc > 1 ? argv[1] : "";
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -642,6 +718,7 @@ int main(int argc, char** argv) {
   ceil_gbs = 2.0 * cb / cms / 1e6;
   printf("copy ceiling: %.1f GB/s (%d SMs)\n", ceil_gbs, sms);
   bool all = !*only;
+  if (strstr(only, "hints")) { rms_hints(); return 0; }
   if (strstr(only, "sweep")) rmsb_sweep();
   if (strstr(only, "ones")) ones();
   if (strstr(only, "sweep") || strstr(only, "ones")) return 0;
