@@ -213,15 +213,44 @@ __device__ __forceinline__ void one_load(const T* __restrict__ p, u32 nvec, Vec1
   }
 }
 
+// Σ f(x) over the elements of the thread's vectors of the row, in the statistics' precision.
+template <typename T, int V, typename F>
+__device__ __forceinline__ typename Acc<T>::type one_sum(u32 nvec, const Vec16<T> (&r)[V], F f) {
+  typename Acc<T>::type s = 0;
+#pragma unroll
+  for (int v = 0; v < V; ++v)
+    if (threadIdx.x + (u32)v * blockDim.x < nvec) {
+#pragma unroll
+      for (int j = 0; j < 16 / (int)sizeof(T); ++j) s += f(widen(r[v].v[j]));
+    }
+  return s;
+}
+
+// Writes the thread's vectors of the row normalised: (x − mu)·n rounded, times the weight and
+// plus the bias as round_affine does (mu 0 for the RMS norm).
+template <typename T, int V>
+__device__ __forceinline__ void one_store(T* q, u32 nvec, const Vec16<T> (&r)[V], typename Acc<T>::type mu,
+                                          typename Acc<T>::type n, const T* w, const T* b) {
+  constexpr int N = 16 / sizeof(T);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    u32 i = threadIdx.x + (u32)v * blockDim.x;
+    if (i >= nvec) continue;
+    typename Acc<T>::type y[N];
+#pragma unroll
+    for (int j = 0; j < N; ++j) y[j] = (widen(r[v].v[j]) - mu) * n;
+    reinterpret_cast<Vec16<T>*>(q)[i] = round_affine<T, N>(y, w, b, i);
+  }
+}
+
 // RMS norm, a block per row; RES: with the residual add (h = x + res written, then normalised).
 template <typename T, int V, bool RES>
 __device__ __forceinline__ void rms_norm_one(const T* __restrict__ x, const T* __restrict__ res, const T* __restrict__ w,
                                              T* __restrict__ h, T* __restrict__ out, u64 rows, u64 len, float eps) {
   typedef typename Acc<T>::type A;
-  constexpr int N = 16 / sizeof(T);
   __shared__ A sm[2][32];
   int ph = 0;
-  const u32 nvec = (u32)(len / N);
+  const u32 nvec = (u32)(len / (16 / sizeof(T)));
   for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
     Vec16<T> r[V];
     one_load<T, V>(x + row * len, nvec, r);
@@ -232,28 +261,13 @@ __device__ __forceinline__ void rms_norm_one(const T* __restrict__ x, const T* _
       for (int v = 0; v < V; ++v) {
         u32 i = threadIdx.x + (u32)v * blockDim.x;
         if (i < nvec) {
-          r[v] = add_vec<T, N>(r[v], q[v]);
+          r[v] = add_vec(r[v], q[v]);
           reinterpret_cast<Vec16<T>*>(h + row * len)[i] = r[v];
         }
       }
     }
-    A s = 0;
-#pragma unroll
-    for (int v = 0; v < V; ++v)
-      if (threadIdx.x + (u32)v * blockDim.x < nvec) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) s += widen(r[v].v[j]) * widen(r[v].v[j]);
-      }
-    A n = inv_sqrt(block_sum(s, sm, ph) / (A)len + (A)eps);
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      u32 i = threadIdx.x + (u32)v * blockDim.x;
-      if (i >= nvec) continue;
-      A y[N];
-#pragma unroll
-      for (int j = 0; j < N; ++j) y[j] = widen(r[v].v[j]) * n;
-      reinterpret_cast<Vec16<T>*>(out + row * len)[i] = round_affine<T, N>(y, w, nullptr, i);
-    }
+    A n = inv_sqrt(block_sum(one_sum<T, V>(nvec, r, [](A a) { return a * a; }), sm, ph) / (A)len + (A)eps);
+    one_store<T, V>(out + row * len, nvec, r, (A)0, n, w, nullptr);
   }
 }
 
@@ -263,41 +277,15 @@ template <typename T, int V>
 __device__ __forceinline__ void layer_norm_one(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                                T* __restrict__ out, u64 rows, u64 len, float eps) {
   typedef typename Acc<T>::type A;
-  constexpr int N = 16 / sizeof(T);
   __shared__ A sm[2][32];
   int ph = 0;
-  const u32 nvec = (u32)(len / N);
+  const u32 nvec = (u32)(len / (16 / sizeof(T)));
   for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
     Vec16<T> r[V];
     one_load<T, V>(x + row * len, nvec, r);
-    A s = 0;
-#pragma unroll
-    for (int v = 0; v < V; ++v)
-      if (threadIdx.x + (u32)v * blockDim.x < nvec) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) s += widen(r[v].v[j]);
-      }
-    A mu = block_sum(s, sm, ph) / (A)len;
-    s = 0;
-#pragma unroll
-    for (int v = 0; v < V; ++v)
-      if (threadIdx.x + (u32)v * blockDim.x < nvec) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) {
-          A c = widen(r[v].v[j]) - mu;
-          s += c * c;
-        }
-      }
-    A n = inv_sqrt(block_sum(s, sm, ph) / (A)len + (A)eps);
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      u32 i = threadIdx.x + (u32)v * blockDim.x;
-      if (i >= nvec) continue;
-      A y[N];
-#pragma unroll
-      for (int j = 0; j < N; ++j) y[j] = (widen(r[v].v[j]) - mu) * n;
-      reinterpret_cast<Vec16<T>*>(out + row * len)[i] = round_affine<T, N>(y, w, b, i);
-    }
+    A mu = block_sum(one_sum<T, V>(nvec, r, [](A a) { return a; }), sm, ph) / (A)len;
+    A var = block_sum(one_sum<T, V>(nvec, r, [mu](A a) { return (a - mu) * (a - mu); }), sm, ph) / (A)len;
+    one_store<T, V>(out + row * len, nvec, r, mu, inv_sqrt(var + (A)eps), w, b);
   }
 }
 
