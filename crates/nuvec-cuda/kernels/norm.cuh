@@ -439,7 +439,8 @@ __device__ __forceinline__ void layer_norm_vjp_rows(const T* __restrict__ x, con
 // serially took ~10 µs, 32 columns per 256-thread block with 4-byte loads ~6 µs, a tenth of
 // a 4096-row RMS norm derivative.)
 #define NV_COL_SUM_THREADS 512
-// The sums are rounded to O once (the weight's dtype, so no cast follows).
+// O: the accumulator type (`col_sum`), or the dtype (`col_sum_round`, the RMS norm's weight
+// cotangent: rounded once here, so no cast follows).
 template <typename A, typename O>
 __device__ __forceinline__ void col_sum(const A* __restrict__ part, O* __restrict__ out, O* __restrict__ out_hi,
                                         u64 parts, u64 cols, u64 split, u64 stride) {

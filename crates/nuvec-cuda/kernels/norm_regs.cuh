@@ -113,9 +113,11 @@ __device__ __forceinline__ void walk_rows(const T* const (&src)[K], u64 rows, u6
 }
 
 // Adds the block's groups' accumulators (the same columns in every group) and writes them to
-// dst[0 .. len), whole 16-byte vectors per store (H200, bf16 RMS derivative 4096×8192: with the
-// partial rows written a value per thread and store, 32 bytes apart, the kernel took 63 µs, 54
-// without them). `red` holds NV_REG_BLOCK × N values; every thread of the block calls this.
+// dst[0 .. len), a thread's N sums in one Vec<A, N> store (16 or 32 bytes; dst aligned to that:
+// part rows are len values apart from a cuMemAlloc'd base, len a multiple of N). H200, bf16
+// RMS derivative 4096×8192: with the partial rows written a value per thread and store, 32
+// bytes apart, the kernel took 63 µs, 54 without them. `red` holds NV_REG_BLOCK × N values;
+// every thread of the block calls this.
 template <typename T, int V, typename A>
 __device__ __forceinline__ void block_partial(const A (&acc)[V][16 / sizeof(T)], A* __restrict__ dst, u64 nvec,
                                               const RowGroup& g, A* red) {

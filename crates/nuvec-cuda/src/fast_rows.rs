@@ -76,7 +76,7 @@ fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
 
 /// Blocks of `BLOCK` threads for an element-wise kernel over `n` elements of `d`, one 16-byte
 /// vector per thread: the whole array in one pass (the kernels' grid-stride loops then run
-/// once). H200, bf16 SwiGLU 32768×14336: 96.8% of copy with the grid capped at 32 blocks per
+/// once where the pointers are 16-byte aligned; otherwise their scalar loops take it all). H200, bf16 SwiGLU 32768×14336: 96.8% of copy with the grid capped at 32 blocks per
 /// SM, 102.8% so (the two reads and one write beat a copy's one and one), derivative 4096 rows
 /// 94.3% → 99.5%.
 fn vector_grid(d: DType, n: u64) -> u32 {
@@ -344,7 +344,9 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             let g = ptr_of(&inputs[inputs.len() - 1])?;
             let mut ptrs = [ptr_of(x)?, w, g, out_ptrs[0], 0];
             let run = norm(&RMS_NORM_VJP, &ptrs, *eps)?;
-            // One partial row of the weight's cotangent per block.
+            // One partial row of the weight's cotangent per block, summed and rounded to the
+            // weight's dtype, which `supports` makes x's.
+            debug_assert!(outputs.get(1).is_none_or(|o| o.dtype == d));
             let parts = run.grid as u64;
             let scratch = if *weighted { Some(alloc(gpu, (parts * len) as usize, acc(d))?) } else { None };
             ptrs[4] = scratch.as_ref().map_or(0, |s| s.0);
@@ -585,12 +587,13 @@ mod tests {
 
     #[test]
     fn one_row_kernels_take_their_vectors_per_thread_where_the_row_allows() {
-        // bf16 rows of 2048, 4096, 8192 and 32768: 256, 512, 1024 and 4096 vectors.
+        // bf16 rows of 2048, 4096, 8192, 16384 and 32768: 256, 512, 1024, 2048, 4096 vectors.
         let v = |k: &NormKernel, nvec: usize| one_row_vectors(k, nvec, None);
         assert_eq!([256, 512, 1024, 4096].map(|n| v(&RMS_NORM, n)), [Some(2), Some(2), Some(2), Some(8)]);
         assert_eq!([256, 512, 1024, 2048].map(|n| v(&LAYER_NORM, n)), [Some(4), Some(4), Some(4), Some(4)]);
         assert_eq!(v(&ADD_RMS_NORM, 4096), None);
-        // Short rows: fewer vectors, so that a block keeps 64 threads.
+        // Short rows: fewer vectors, so that a block keeps 64 threads; long ones more, so that
+        // it stays within 512.
         assert_eq!(v(&LAYER_NORM, 128), Some(2));
         assert_eq!(v(&RMS_NORM, 2048), Some(4));
         assert_eq!(one_row_vectors(&LAYER_NORM, 1024, Some(2)), Some(2));

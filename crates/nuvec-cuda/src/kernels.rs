@@ -677,6 +677,19 @@ mod tests {
                 assert!(body.starts_with("nv_dependent_launch(); "), "{k}");
             }
         }
+        // The templates the module includes define no kernels of their own (which would not wait).
+        for header in [
+            include_str!("../kernels/common.cuh"),
+            include_str!("../kernels/fast.cuh"),
+            include_str!("../kernels/reduce.cuh"),
+            include_str!("../kernels/elementwise.cuh"),
+            include_str!("../kernels/norm.cuh"),
+            include_str!("../kernels/norm_regs.cuh"),
+            include_str!("../kernels/cross_entropy.cuh"),
+            include_str!("../kernels/rope.cuh"),
+        ] {
+            assert!(!header.contains("__global__"));
+        }
         assert!(!Family::Unary(DType::F32).dependent_launch());
         assert!(!Family::Unary(DType::F32).source().contains("nv_dependent_launch"));
     }

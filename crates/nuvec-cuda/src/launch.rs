@@ -134,7 +134,7 @@ pub(crate) fn launch(
     }
 }
 
-/// A launch configuration of a 1-D grid of `grid` blocks of `threads`, no dynamic shared
+/// A launch configuration of a 1-D grid of `grid` blocks of `threads` (x, y), no dynamic shared
 /// memory, on the device's stream, with the launch attributes `attrs` (which must outlive the
 /// returned value's use).
 fn config(gpu: &Gpu, grid: u32, threads: (u32, u32), attrs: &mut [sys::CUlaunchAttribute]) -> sys::CUlaunchConfig {
@@ -196,10 +196,10 @@ pub(crate) fn launch_dependent(
     if cluster > 1 {
         attrs.push(cluster_attr(cluster));
     }
-    let config = config(gpu, grid, threads, &mut attrs);
+    let cfg = config(gpu, grid, threads, &mut attrs);
     let mut ptrs: Vec<*mut c_void> = args.iter_mut().map(Arg::as_ptr).collect();
-    // SAFETY: as `launch`'s; `config` points at `attrs`, alive across the call.
-    unsafe { check(sys::cuLaunchKernelEx(&config, f, ptrs.as_mut_ptr(), std::ptr::null_mut()), "cuLaunchKernelEx") }
+    // SAFETY: as `launch`'s; `cfg` points at `attrs`, alive across the call.
+    unsafe { check(sys::cuLaunchKernelEx(&cfg, f, ptrs.as_mut_ptr(), std::ptr::null_mut()), "cuLaunchKernelEx") }
 }
 
 /// How many clusters of `cluster` blocks of `threads` threads of `f` the device holds at once
@@ -213,11 +213,11 @@ pub(crate) fn resident_clusters(gpu: &Gpu, f: sys::CUfunction, threads: u32, clu
     }
     gpu.bind()?;
     let mut attr = [cluster_attr(cluster)];
-    let config = config(gpu, cluster, (threads, 1), &mut attr);
+    let cfg = config(gpu, cluster, (threads, 1), &mut attr);
     let mut n = 0;
-    // SAFETY: `f` is a loaded function of this context; `config` points at `attr`; `n` is a
+    // SAFETY: `f` is a loaded function of this context; `cfg` points at `attr`; `n` is a
     // local out-pointer.
-    unsafe { check(sys::cuOccupancyMaxActiveClusters(&mut n, f, &config), "cuOccupancyMaxActiveClusters")? };
+    unsafe { check(sys::cuOccupancyMaxActiveClusters(&mut n, f, &cfg), "cuOccupancyMaxActiveClusters")? };
     let n = n.max(0) as u64;
     known.push((key, threads, cluster, n));
     Ok(n)
