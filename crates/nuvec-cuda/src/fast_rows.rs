@@ -76,8 +76,9 @@ fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
 
 /// Blocks of `BLOCK` threads for an element-wise kernel over `n` elements of `d`, one 16-byte
 /// vector per thread: the whole array in one pass (the kernels' grid-stride loops then run
-/// once where the pointers are 16-byte aligned; otherwise their scalar loops take it all). H200, bf16 SwiGLU 32768×14336: 96.8% of copy with the grid capped at 32 blocks per
-/// SM, 102.8% so (the two reads and one write beat a copy's one and one), derivative 4096 rows
+/// once where the pointers are 16-byte aligned; otherwise their scalar loops take it all).
+/// H200, bf16 SwiGLU 32768×14336: 96.8% of copy with the grid capped at 32 blocks per SM,
+/// 102.8% so (the two reads and one write beat a copy's one and one), derivative 4096 rows
 /// 94.3% → 99.5%.
 fn vector_grid(d: DType, n: u64) -> u32 {
     n.div_ceil((16 / d.size()) as u64).div_ceil(BLOCK as u64).clamp(1, i32::MAX as u64) as u32
@@ -241,12 +242,11 @@ fn one_row_kernel(gpu: &Gpu, d: DType, k: &NormKernel, nvec: usize) -> Result<(c
 
 /// Vectors per thread of `k`'s `_o` kernel for rows of `nvec` vectors (`one_row_kernel`): the
 /// preferred count (`want`, else `k.one_row`), doubled while a row needs over 512 threads,
-/// halved while a block would have under 64; `None` where no kernel of 2 to `k.v_max` (at most
-/// 8) vectors per thread covers the row with 32 to 512 threads.
+/// halved while a block would have under 64; `None` where no kernel of 2 to `k.v_max` vectors
+/// per thread covers the row with 32 to 512 threads.
 fn one_row_vectors(k: &NormKernel, nvec: usize, want: Option<usize>) -> Option<usize> {
-    let most = k.v_max.min(8);
-    let mut v = want.or(k.one_row).unwrap_or(2).clamp(2, most).next_power_of_two();
-    while v < most && nvec.div_ceil(v) > 512 {
+    let mut v = want.or(k.one_row).unwrap_or(2).clamp(2, k.v_max).next_power_of_two();
+    while v < k.v_max && nvec.div_ceil(v) > 512 {
         v *= 2;
     }
     while v > 2 && nvec.div_ceil(v) < 64 {

@@ -418,9 +418,10 @@ impl Family {
                 w("#include \"norm_regs.cuh\"".into());
                 w("#include \"cross_entropy.cuh\"".into());
                 w("#include \"rope.cuh\"".into());
-                // The register-row norms, by vectors per thread (fast_rows.rs: row_plan).
+                // The register-row norms, by vectors per thread (fast_rows.rs: row_plan; the
+                // residual add and the layer norm take at most 4, their `v_max`).
                 for v in [2, 4, 8] {
-                    for line in [
+                    let lines = [
                         format!(
                             "__launch_bounds__(NV_REG_BLOCK) rms_norm_r{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps, int group) {{ rms_norm_regs<{t}, {v}, false>(x, res, w, h, out, rows, len, eps, group); }}"
                         ),
@@ -440,13 +441,15 @@ impl Family {
                         format!(
                             "__launch_bounds__(NV_REG_BLOCK) layer_norm_o{v}(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps) {{ layer_norm_one<{t}, {v}>(x, w, b, out, rows, len, eps); }}"
                         ),
-                    ] {
+                    ];
+                    for line in lines.iter().filter(|l| v < 8 || l.contains(") rms_norm_")) {
                         w(format!("extern \"C\" __global__ void {line}"));
                     }
                 }
-                // Their derivatives: at most 4 vectors per thread (8 spill).
+                // Their derivatives: at most 4 vectors per thread for the RMS norm, 2 for the
+                // layer norm (fast_rows.rs: `v_max`; 8 spill).
                 for v in [2, 4] {
-                    for line in [
+                    let lines = [
                         format!(
                             "__launch_bounds__(NV_REG_BLOCK, 1) rms_norm_vjp_r{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ rms_norm_vjp_regs<{t}, {v}>(x, w, g, gx, part, rows, len, eps, group); }}"
                         ),
@@ -456,7 +459,8 @@ impl Family {
                         format!(
                             "__launch_bounds__(NV_REG_BLOCK, 1) layer_norm_vjp_e{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ layer_norm_vjp_regs<{t}, {v}, true>(x, w, g, gx, part, rows, len, eps, group); }}"
                         ),
-                    ] {
+                    ];
+                    for line in lines.iter().filter(|l| v == 2 || l.contains(") rms_norm_vjp_")) {
                         w(format!("extern \"C\" __global__ void {line}"));
                     }
                 }
@@ -691,6 +695,28 @@ mod tests {
             assert!(!header.contains("__global__"));
         }
         assert!(!Family::Unary(DType::F32).dependent_launch());
+    }
+
+    #[test]
+    fn norm_kernels_exist_for_the_vectors_per_thread_fast_rows_may_choose() {
+        let source = Family::Fast(DType::BF16).source();
+        let has = |name: &str| source.contains(&format!(" {name}("));
+        for name in
+            ["rms_norm_r8", "rms_norm_o8", "add_rms_norm_o4", "layer_norm_o4", "rms_norm_vjp_r4", "layer_norm_vjp_e2"]
+        {
+            assert!(has(name), "{name}");
+        }
+        // Past the residual add's and layer norm's `v_max` (4; their derivative's 2): not built.
+        for name in [
+            "add_rms_norm_r8",
+            "add_rms_norm_o8",
+            "layer_norm_r8",
+            "layer_norm_o8",
+            "layer_norm_vjp_r4",
+            "layer_norm_vjp_e4",
+        ] {
+            assert!(!has(name), "{name}");
+        }
         assert!(!Family::Unary(DType::F32).source().contains("nv_dependent_launch"));
     }
 }

@@ -192,11 +192,14 @@ pub(crate) fn launch_dependent(
     mut args: Vec<Arg>,
 ) -> Result<()> {
     gpu.bind()?;
-    let mut attrs: Vec<sys::CUlaunchAttribute> = dependent_attr(gpu).into_iter().collect();
-    if cluster > 1 {
-        attrs.push(cluster_attr(cluster));
+    // At most two attributes, in place (this is every fused kernel's launch).
+    let mut attrs = [cluster_attr(cluster); 2];
+    let mut n = 0;
+    for attr in [dependent_attr(gpu), (cluster > 1).then(|| cluster_attr(cluster))].into_iter().flatten() {
+        attrs[n] = attr;
+        n += 1;
     }
-    let cfg = config(gpu, grid, threads, &mut attrs);
+    let cfg = config(gpu, grid, threads, &mut attrs[..n]);
     let mut ptrs: Vec<*mut c_void> = args.iter_mut().map(Arg::as_ptr).collect();
     // SAFETY: as `launch`'s; `cfg` points at `attrs`, alive across the call.
     unsafe { check(sys::cuLaunchKernelEx(&cfg, f, ptrs.as_mut_ptr(), std::ptr::null_mut()), "cuLaunchKernelEx") }
