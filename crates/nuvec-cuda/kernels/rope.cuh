@@ -53,7 +53,8 @@ __device__ __forceinline__ void rope_sincos(float a, float* s, float* c) {
 
 // TRAD: traditional pairs; FREQS: inverse frequencies 1/freqs[i] (else from log2_base). Both
 // fixed at compile time, like R32 below: with them as run-time arguments the kernel reached 87%
-// of copy against 95% (H200, bf16 [4, 32, 4096, 128], bench/cuda/tune_launch.cu `rope`).
+// of copy against 95% (H200, bf16 [4, 32, 4096, 128]; bench/cuda/tune_launch.cu `rope` as of
+// commit 1bd6a8b).
 template <typename T, int W, bool VEC, bool R32, bool TRAD, bool FREQS>
 __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict__ out, const i32* __restrict__ offset,
                                           int offset_per_batch, const float* __restrict__ freqs, float log2_base,
