@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstring>
 #include <vector>
+#include <cuda.h>
 #include "rope.cuh"
 #include "norm_regs.cuh"
 #include "harness.cuh"
@@ -45,6 +46,119 @@ template <int P> __global__ void __launch_bounds__(NV_COL_SUM_THREADS) k_colsum_
 
 template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 2) k_rmsb2(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { pdl<P>(); rms_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
 template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK) k_addrms_o(const T* x, const T* res, const T* w, T* h, T* o, u64 r, u64 l) { pdl<P>(); rms_norm_one<T, V, true>(x, res, w, h, o, r, l, 1e-5f); }
+// EXPERIMENT: the weight's vectors loaded with the row's, before the reduction.
+template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK) k_rms_ow(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ o, u64 rows, u64 len) {
+  pdl<P>();
+  __shared__ A sm[2][32];
+  int ph = 0;
+  const u32 nvec = (u32)(len / 8);
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    Vec16<T> r[V], wv[V];
+    one_load<T, V>(x + row * len, nvec, r);
+    one_load<T, V>(w, nvec, wv);
+    A n = inv_sqrt(block_sum(one_sum<T, V>(nvec, r, [](A a) { return a * a; }), sm, ph) / (A)len + 1e-5f);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      u32 i = threadIdx.x + (u32)v * blockDim.x;
+      if (i >= nvec) continue;
+      __nv_bfloat162 p[4], q[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p[j] = pack2<T>(widen(r[v].v[2 * j]) * n, widen(r[v].v[2 * j + 1]) * n);
+      memcpy(q, &wv[v], 16);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p[j] = __hmul2(p[j], q[j]);
+      Vec16<T> out;
+      memcpy(&out, p, 16);
+      reinterpret_cast<Vec16<T>*>(o + row * len)[i] = out;
+    }
+  }
+}
+// EXPERIMENT: load forms for the row's first (and only) read. H: 0 plain, 1 L1::evict_last,
+// 3 L1::evict_last + L2 evict_last policy, 8 L2 evict_last policy only, 9 L1 evict_last + L2
+// evict_last policy at fraction 0.5. Not volatile, so the compiler issues the loads together.
+template <int H> __device__ __forceinline__ Vec16<T> ldh(const Vec16<T>* p) {
+  uint4 u;
+  if constexpr (H == 0) asm("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+  if constexpr (H == 1) asm("ld.global.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
+  if constexpr (H == 3 || H == 8 || H == 9) {
+    u64 pol;
+    if constexpr (H == 9) asm("createpolicy.fractional.L2::evict_last.b64 %0, 0.5;" : "=l"(pol));
+    else asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    if constexpr (H == 8) asm("ld.global.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p), "l"(pol));
+    else asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p), "l"(pol));
+  }
+  Vec16<T> r;
+  memcpy(&r, &u, 16);
+  return r;
+}
+// The production structure (row held in registers) with the load forms of ldh.
+template <int P, int H, int V> __global__ void __launch_bounds__(NV_REG_BLOCK) k_rms_hold(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ o, u64 rows, u64 len) {
+  pdl<P>();
+  __shared__ A sm[2][32];
+  int ph = 0;
+  const u32 nvec = (u32)(len / 8);
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const Vec16<T>* xr = reinterpret_cast<const Vec16<T>*>(x + row * len);
+    Vec16<T> r[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      u32 i = threadIdx.x + (u32)v * blockDim.x;
+      if (i < nvec) r[v] = ldh<H>(xr + i);
+    }
+    A n = inv_sqrt(block_sum(one_sum<T, V>(nvec, r, [](A a) { return a * a; }), sm, ph) / (A)len + 1e-5f);
+    one_store<T, V>(o + row * len, nvec, r, (A)0, n, w, nullptr);
+  }
+}
+// SH: the output's stores 0 plain, 1 L2 evict_first policy, 2 .cs. DEMOTE: the row's lines back
+// to evict_normal in L2 after the row (a thread per 128-byte line).
+template <int SH> __device__ __forceinline__ void sth(Vec16<T>* p, const Vec16<T>& v) {
+  uint4 u;
+  memcpy(&u, &v, 16);
+  if constexpr (SH == 0) *reinterpret_cast<uint4*>(p) = u;
+  if constexpr (SH == 1) {
+    u64 pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1,%2,%3,%4}, %5;" ::"l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w), "l"(pol) : "memory");
+  }
+  if constexpr (SH == 2) asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w) : "memory");
+}
+template <int P, int LH, int SH, bool DEMOTE> __global__ void __launch_bounds__(NV_REG_BLOCK) k_rms_h2(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ o, u64 rows, u64 len) {
+  pdl<P>();
+  __shared__ A sm[2][32];
+  int ph = 0;
+  const u32 nvec = (u32)(len / 8);
+  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
+    const Vec16<T>* xr = reinterpret_cast<const Vec16<T>*>(x + row * len);
+    Vec16<T> r[2];
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      u32 i = threadIdx.x + (u32)v * blockDim.x;
+      if (i < nvec) r[v] = ldh<LH>(xr + i);
+    }
+    A n = inv_sqrt(block_sum(one_sum<T, 2>(nvec, r, [](A a) { return a * a; }), sm, ph) / (A)len + 1e-5f);
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      u32 i = threadIdx.x + (u32)v * blockDim.x;
+      if (i >= nvec) continue;
+      float y[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[j] = widen(r[v].v[j]) * n;
+      sth<SH>(reinterpret_cast<Vec16<T>*>(o + row * len) + i, round_affine<T, 8>(y, w, nullptr, i));
+      if constexpr (DEMOTE) if ((i & 7) == 0) asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(xr + i) : "memory");
+    }
+  }
+}
+// A kernel that re-reads a buffer that fits in L2 `passes` times: its time after a norm shows
+// what the norm's L2 priorities leave to the next kernel.
+__global__ void reread(const uint4* p, u64 n, int passes, unsigned* sink) {
+  unsigned acc = 0;
+  for (int k = 0; k < passes; ++k)
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+      uint4 u = p[i];
+      acc ^= u.x + u.y + u.z + u.w;
+    }
+  if (acc == 0x12345678u) sink[0] = acc;
+}
 template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK) k_ln_o(const T* x, const T* w, const T* b, T* o, u64 r, u64 l) { pdl<P>(); layer_norm_one<T, V>(x, w, b, o, r, l, 1e-5f); }
 
 // ---- launching
@@ -256,6 +370,135 @@ static void ones() {
 }
 
 
+// EXPERIMENT: the one-row RMS norm against torch.compile's shapes.
+static void tri() {
+  for (u64 rows : {32768ull, 4096ull})
+    for (u64 len : {8192ull, 4096ull, 2048ull}) {
+      char shape[64], name[64];
+      snprintf(shape, 64, "%llux%llu", rows, len);
+      u64 n = rows * len, nvec = len / 8;
+      copies(n);
+      double bytes = 4.0 * n + 2.0 * len;
+      int it = iters_for(bytes), i = 0;
+      auto run = [&](const char* tag, auto kern, int v, int pdl_on) {
+        unsigned threads = (unsigned)(((nvec + v - 1) / v + 31) / 32 * 32);
+        if (threads > 1024 || threads < 32) return;
+        snprintf(name, 64, "%s v%d (%u/SM)", tag, v, resident(kern, threads) / sms);
+        report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(pdl_on, kern, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
+      };
+      auto same = [&](const char* tag, auto kern, int pdl_on) {
+        unsigned threads = (unsigned)((nvec / 2 + 31) / 32 * 32);
+        snprintf(name, 64, "%s (%u/SM)", tag, resident(kern, threads) / sms);
+        report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(pdl_on, kern, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O, rows, len); }));
+      };
+      for (int rep = 0; rep < 2; ++rep) {
+        run("rms_o", k_rms_o<1, 2>, 2, 1);
+        run("hold plain", k_rms_hold<1, 0, 2>, 2, 1);
+        run("hold L1 EL", k_rms_hold<1, 1, 2>, 2, 1);
+        run("hold L2 EL", k_rms_hold<1, 8, 2>, 2, 1);
+        run("hold L1+L2 EL", k_rms_hold<1, 3, 2>, 2, 1);
+        run("hold L1+L2 EL .5", k_rms_hold<1, 9, 2>, 2, 1);
+        run("hold L1+L2 EL", k_rms_hold<1, 3, 4>, 4, 1);
+      }
+    }
+}
+
+// EXPERIMENT: a Triton cubin (torch.compile's RMS norm, 3 pointers, 2 u32, 2 scratch pointers)
+// timed as the kernels here, alternating with ours.
+static void ext(int nf, char** files, u64 rows, u64 len) {
+  char shape[64];
+  snprintf(shape, 64, "%llux%llu", rows, len);
+  u64 n = rows * len, nvec = len / 8;
+  copies(n);
+  double bytes = 4.0 * n + 2.0 * len;
+  int it = iters_for(bytes), i = 0;
+  unsigned threads = (unsigned)((nvec / 2 + 31) / 32 * 32);
+  std::vector<CUfunction> fs;
+  for (int j = 0; j < nf; ++j) {
+    CUmodule m;
+    CUfunction f;
+    CUresult e = cuModuleLoad(&m, files[j]);
+    if (e == CUDA_SUCCESS) e = cuModuleGetFunction(&f, m, "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0");
+    if (e != CUDA_SUCCESS) { printf("cannot load %s: %d\n", files[j], (int)e); f = nullptr; }
+    fs.push_back(f);
+  }
+  for (int rep = 0; rep < 2; ++rep) {
+    for (int j = 0; j < nf; ++j) {
+      if (!fs[j]) continue;
+      CUfunction f = fs[j];
+      const char* base = strrchr(files[j], '/') ? strrchr(files[j], '/') + 1 : files[j];
+      report(base, shape, bytes, time_ms(it, [&] {
+        int k = i++ % K;
+        const T* xp = X + k * n; const T* wp = W; T* op = O + k * n;
+        unsigned xn = (unsigned)rows, rn = (unsigned)len;
+        void* nul = nullptr;
+        void* a[7] = {&xp, &wp, &op, &xn, &rn, &nul, &nul};
+        if (cuLaunchKernel(f, (unsigned)rows, 1, 1, 512, 1, 1, 64, 0, a, nullptr) != CUDA_SUCCESS) { printf("launch failed\n"); exit(1); }
+      }));
+    }
+    report("rms_o pdl", shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, k_rms_o<1, 2>, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
+    report("hold L1+L2 EL pdl", shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, k_rms_hold<1, 3, 2>, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
+    report("hold L1+L2 EL plain", shape, bytes, time_ms(it, [&] { int k = i++ % K; go(0, k_rms_hold<0, 3, 2>, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
+  }
+}
+
+// EXPERIMENT: store hints and L2 demotion; the next kernel's L2 after each norm.
+static void tri2() {
+  for (u64 rows : {32768ull, 4096ull})
+    for (u64 len : {8192ull, 4096ull}) {
+      char shape[64], name[64];
+      snprintf(shape, 64, "%llux%llu", rows, len);
+      u64 n = rows * len, nvec = len / 8;
+      copies(n);
+      double bytes = 4.0 * n + 2.0 * len;
+      int it = iters_for(bytes), i = 0;
+      unsigned threads = (unsigned)((nvec / 2 + 31) / 32 * 32);
+      auto run = [&](const char* tag, auto kern) {
+        report(tag, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, kern, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
+      };
+      for (int rep = 0; rep < 2; ++rep) {
+        run("h2 plain", k_rms_h2<1, 0, 0, false>);
+        run("h2 ld L1+L2 EL", k_rms_h2<1, 3, 0, false>);
+        run("h2 ld L2 EL", k_rms_h2<1, 8, 0, false>);
+        run("h2 st L2 EF", k_rms_h2<1, 0, 1, false>);
+        run("h2 st .cs", k_rms_h2<1, 0, 2, false>);
+        run("h2 ld L1+L2 EL, st L2 EF", k_rms_h2<1, 3, 1, false>);
+        run("h2 ld L1+L2 EL, demote", k_rms_h2<1, 3, 0, true>);
+        run("h2 ld L2 EL, demote", k_rms_h2<1, 8, 0, true>);
+      }
+    }
+  // The next kernel: 24 MiB read 20 times right after a 32768x8192 norm.
+  u64 rows = 32768, len = 8192, n = rows * len, m = (24ull << 20) / 16;
+  copies(n);
+  const uint4* buf = reinterpret_cast<const uint4*>(O2);
+  unsigned* sink = reinterpret_cast<unsigned*>(DW);
+  cudaEvent_t e0, e1, e2;
+  CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1)); CK(cudaEventCreate(&e2));
+  auto victim = [&](const char* tag, auto kern) {
+    double tn = 0, tv = 0;
+    for (int r = 0; r < 12; ++r) {
+      int k = r % K;
+      CK(cudaEventRecord(e0));
+      go(0, kern, (unsigned)rows, 512u, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len);
+      CK(cudaEventRecord(e1));
+      reread<<<sms * 4, 512>>>(buf, m, 20, sink);
+      CK(cudaEventRecord(e2));
+      CK(cudaEventSynchronize(e2));
+      float a, b;
+      CK(cudaEventElapsedTime(&a, e0, e1)); CK(cudaEventElapsedTime(&b, e1, e2));
+      if (r >= 2) { tn += a; tv += b; }
+    }
+    printf("after %-28s norm %7.2f us, next kernel (24 MiB x 20) %7.2f us\n", tag, tn * 100, tv * 100);
+  };
+  for (int rep = 0; rep < 2; ++rep) {
+    victim("plain", k_rms_h2<0, 0, 0, false>);
+    victim("ld L1+L2 EL", k_rms_h2<0, 3, 0, false>);
+    victim("ld L2 EL", k_rms_h2<0, 8, 0, false>);
+    victim("ld L1+L2 EL, demote", k_rms_h2<0, 3, 0, true>);
+    victim("st L2 EF", k_rms_h2<0, 0, 1, false>);
+  }
+}
+
 int main(int argc, char** argv) {
   const char* only = argc > 1 ? argv[1] : "";
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -278,6 +521,9 @@ int main(int argc, char** argv) {
   bool all = !*only;
   if (strstr(only, "sweep")) rmsb_sweep();
   if (strstr(only, "ones")) ones();
+  if (strstr(only, "tri2")) { tri2(); return 0; }
+  if (strstr(only, "tri")) { tri(); return 0; }
+  if (strstr(only, "ext")) { ext(argc - 2, argv + 2, 32768, 8192); return 0; }
   if (strstr(only, "sweep") || strstr(only, "ones")) return 0;
   if (all || strstr(only, "fwd")) {
     for (u64 r : {4096ull, 32768ull}) {
