@@ -5,17 +5,22 @@
 // a `pdl<P>()` prologue. Inputs rotate among up to 4 copies (no L2 reuse across iterations, as
 // bench_fast). The variants measured and not kept (weight partials in shared memory, the weight
 // re-read per row, RoPE's earlier forms, cache hints on the RMS norm) are in this file as of
-// commit 1bd6a8b. On the H200:
+// commit 1bd6a8b. Run 30 (bench/results/2026-12-02-gpu-run30.md): the one-row kernels' read of
+// the row with L1/L2 evict_last (`keep`, `l2`; the library's NV_LOAD_KEEP=0 gives the plain
+// loads); the weight loaded with the row and a Triton cubin timed here are in this file as of
+// commit f32232d. On the H200:
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I crates/nuvec-cuda/kernels bench/cuda/tune_launch.cu -o tl
 //   ./tl            # PDL against plain launches: RMS norm, its derivative, SwiGLU, RoPE
 //   ./tl sweep      # the RMS derivative over 1024..32768 rows of 8192
 //   ./tl ones       # one-row RMS norm, residual add + RMS norm, layer norm by vectors per thread
+//   ./tl keep       # the one-row RMS norm's read of the row: plain, L1 and/or L2 evict_last
+//   ./tl l2         # store hints, L2 demotion, and a following kernel's L2 after each
+//   (nvcc ... -DNV_LOAD_KEEP=0 -o tl0: the library's one-row kernels with plain loads)
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
 #include <vector>
-#include <cuda.h>
 #include "rope.cuh"
 #include "norm_regs.cuh"
 #include "harness.cuh"
@@ -46,34 +51,7 @@ template <int P> __global__ void __launch_bounds__(NV_COL_SUM_THREADS) k_colsum_
 
 template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 2) k_rmsb2(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { pdl<P>(); rms_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
 template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK) k_addrms_o(const T* x, const T* res, const T* w, T* h, T* o, u64 r, u64 l) { pdl<P>(); rms_norm_one<T, V, true>(x, res, w, h, o, r, l, 1e-5f); }
-// EXPERIMENT: the weight's vectors loaded with the row's, before the reduction.
-template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK) k_rms_ow(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ o, u64 rows, u64 len) {
-  pdl<P>();
-  __shared__ A sm[2][32];
-  int ph = 0;
-  const u32 nvec = (u32)(len / 8);
-  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
-    Vec16<T> r[V], wv[V];
-    one_load<T, V>(x + row * len, nvec, r);
-    one_load<T, V>(w, nvec, wv);
-    A n = inv_sqrt(block_sum(one_sum<T, V>(nvec, r, [](A a) { return a * a; }), sm, ph) / (A)len + 1e-5f);
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      u32 i = threadIdx.x + (u32)v * blockDim.x;
-      if (i >= nvec) continue;
-      __nv_bfloat162 p[4], q[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) p[j] = pack2<T>(widen(r[v].v[2 * j]) * n, widen(r[v].v[2 * j + 1]) * n);
-      memcpy(q, &wv[v], 16);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) p[j] = __hmul2(p[j], q[j]);
-      Vec16<T> out;
-      memcpy(&out, p, 16);
-      reinterpret_cast<Vec16<T>*>(o + row * len)[i] = out;
-    }
-  }
-}
-// EXPERIMENT: load forms for the row's first (and only) read. H: 0 plain, 1 L1::evict_last,
+// The one-row RMS norm's read of the row in other forms (run 30, the library's load_keep). H: 0 plain, 1 L1::evict_last,
 // 3 L1::evict_last + L2 evict_last policy, 8 L2 evict_last policy only, 9 L1 evict_last + L2
 // evict_last policy at fraction 0.5. Not volatile, so the compiler issues the loads together.
 template <int H> __device__ __forceinline__ Vec16<T> ldh(const Vec16<T>* p) {
@@ -370,8 +348,8 @@ static void ones() {
 }
 
 
-// EXPERIMENT: the one-row RMS norm against torch.compile's shapes.
-static void tri() {
+// The one-row RMS norm (the library's, as built) against its read in the forms of ldh.
+static void keep() {
   for (u64 rows : {32768ull, 4096ull})
     for (u64 len : {8192ull, 4096ull, 2048ull}) {
       char shape[64], name[64];
@@ -403,47 +381,8 @@ static void tri() {
     }
 }
 
-// EXPERIMENT: a Triton cubin (torch.compile's RMS norm, 3 pointers, 2 u32, 2 scratch pointers)
-// timed as the kernels here, alternating with ours.
-static void ext(int nf, char** files, u64 rows, u64 len) {
-  char shape[64];
-  snprintf(shape, 64, "%llux%llu", rows, len);
-  u64 n = rows * len, nvec = len / 8;
-  copies(n);
-  double bytes = 4.0 * n + 2.0 * len;
-  int it = iters_for(bytes), i = 0;
-  unsigned threads = (unsigned)((nvec / 2 + 31) / 32 * 32);
-  std::vector<CUfunction> fs;
-  for (int j = 0; j < nf; ++j) {
-    CUmodule m;
-    CUfunction f;
-    CUresult e = cuModuleLoad(&m, files[j]);
-    if (e == CUDA_SUCCESS) e = cuModuleGetFunction(&f, m, "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0");
-    if (e != CUDA_SUCCESS) { printf("cannot load %s: %d\n", files[j], (int)e); f = nullptr; }
-    fs.push_back(f);
-  }
-  for (int rep = 0; rep < 2; ++rep) {
-    for (int j = 0; j < nf; ++j) {
-      if (!fs[j]) continue;
-      CUfunction f = fs[j];
-      const char* base = strrchr(files[j], '/') ? strrchr(files[j], '/') + 1 : files[j];
-      report(base, shape, bytes, time_ms(it, [&] {
-        int k = i++ % K;
-        const T* xp = X + k * n; const T* wp = W; T* op = O + k * n;
-        unsigned xn = (unsigned)rows, rn = (unsigned)len;
-        void* nul = nullptr;
-        void* a[7] = {&xp, &wp, &op, &xn, &rn, &nul, &nul};
-        if (cuLaunchKernel(f, (unsigned)rows, 1, 1, 512, 1, 1, 64, 0, a, nullptr) != CUDA_SUCCESS) { printf("launch failed\n"); exit(1); }
-      }));
-    }
-    report("rms_o pdl", shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, k_rms_o<1, 2>, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
-    report("hold L1+L2 EL pdl", shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, k_rms_hold<1, 3, 2>, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
-    report("hold L1+L2 EL plain", shape, bytes, time_ms(it, [&] { int k = i++ % K; go(0, k_rms_hold<0, 3, 2>, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
-  }
-}
-
-// EXPERIMENT: store hints and L2 demotion; the next kernel's L2 after each norm.
-static void tri2() {
+// Store hints and L2 demotion after the row; the L2 a following kernel finds after each norm.
+static void l2() {
   for (u64 rows : {32768ull, 4096ull})
     for (u64 len : {8192ull, 4096ull}) {
       char shape[64], name[64];
@@ -521,9 +460,8 @@ int main(int argc, char** argv) {
   bool all = !*only;
   if (strstr(only, "sweep")) rmsb_sweep();
   if (strstr(only, "ones")) ones();
-  if (strstr(only, "tri2")) { tri2(); return 0; }
-  if (strstr(only, "tri")) { tri(); return 0; }
-  if (strstr(only, "ext")) { ext(argc - 2, argv + 2, 32768, 8192); return 0; }
+  if (strstr(only, "keep")) { keep(); return 0; }
+  if (strstr(only, "l2")) { l2(); return 0; }
   if (strstr(only, "sweep") || strstr(only, "ones")) return 0;
   if (all || strstr(only, "fwd")) {
     for (u64 r : {4096ull, 32768ull}) {

@@ -205,13 +205,56 @@ template <typename A> __device__ __forceinline__ A block_sum(A v, A (&sm)[2][32]
   return v;
 }
 
-// Loads the thread's vectors t, t + B, ... of a row of `nvec` (those in the row).
+// Loads whose lines L1 and L2 keep last (evict_last, whole lines), for the one-row kernels' rows.
+// The rows are read once, yet marking them so lets L2 write the outputs back first and the
+// stream runs faster: H200, bf16, % of copy (tune_launch.cu `ones`, 2026-12-02 run 30 record):
+// RMS norm 32768×8192 98.0 → 101.9, 32768×4096 96.7 → 100.6, 4096×8192 93.4 → 95.9; residual
+// add + RMS norm 32768×4096 99.2 → 100.7; layer norm 32768×4096 97.4 → 100.7 (torch.compile's
+// RMS norm marks its first read of the row so: 100.9 at 32768×8192). The lines left marked cost
+// a following kernel that re-reads 24 MiB from L2 2%; marking them back to normal after the row
+// costs the norm 5–8 points. The policy comes from a volatile asm, so it (and every load that
+// takes it) stays after the dependent-launch wait; the loads are not volatile, so the compiler
+// issues a row's loads together (volatile loads with a memory clobber: 89% at 32768×8192). The
+// persistent kernels' loads (row_load, rows loaded ahead) gain nothing so (RMS norm derivative,
+// 1024–32768 rows of 8192: within 0.1 point). NV_LOAD_KEEP=0 makes these plain loads
+// (tune_launch.cu builds both to compare).
+#ifndef NV_LOAD_KEEP
+#define NV_LOAD_KEEP 1
+#endif
+template <bool KEEP> __device__ __forceinline__ unsigned long long keep_policy() {
+  unsigned long long pol = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (KEEP) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+#endif
+  return pol;
+}
+
+template <bool KEEP, typename V> __device__ __forceinline__ V load_keep(const V* p, unsigned long long pol) {
+  static_assert(sizeof(V) == 16, "16-byte vectors");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (KEEP) {
+    unsigned u[4];
+    asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+        : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3])
+        : "l"(p), "l"(pol));
+    V r;
+    memcpy(&r, u, 16);
+    return r;
+  }
+#endif
+  return *p;
+}
+
+// Loads the thread's vectors t, t + B, ... of a row of `nvec` (those in the row), kept in L1 and
+// L2 last (load_keep).
 template <typename T, int V>
 __device__ __forceinline__ void one_load(const T* __restrict__ p, u32 nvec, Vec16<T> (&r)[V]) {
+  constexpr bool KEEP = NV_LOAD_KEEP != 0;
+  const unsigned long long pol = keep_policy<KEEP>();
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     u32 i = threadIdx.x + (u32)v * blockDim.x;
-    if (i < nvec) r[v] = reinterpret_cast<const Vec16<T>*>(p)[i];
+    if (i < nvec) r[v] = load_keep<KEEP>(reinterpret_cast<const Vec16<T>*>(p) + i, pol);
   }
 }
 
