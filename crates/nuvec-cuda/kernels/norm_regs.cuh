@@ -208,8 +208,8 @@ template <typename A> __device__ __forceinline__ A block_sum(A v, A (&sm)[2][32]
 // Loads whose lines L1 and L2 keep last (evict_last, whole lines), for the one-row kernels' rows.
 // The rows are read once, yet marking them so lets L2 write the outputs back first and the
 // stream runs faster: H200, bf16, % of copy (tune_launch.cu `ones`, 2026-12-02 run 30 record):
-// RMS norm 32768×8192 98.0 → 101.9, 32768×4096 96.7 → 100.6, 4096×8192 93.4 → 95.9; residual
-// add + RMS norm 32768×4096 99.2 → 100.7; layer norm 32768×4096 97.4 → 100.7 (torch.compile's
+// RMS norm 32768×8192 98.0 → 101.8, 32768×4096 96.7 → 100.6, 4096×8192 93.4 → 95.8; residual
+// add + RMS norm 32768×4096 99.2 → 100.6; layer norm 32768×4096 97.4 → 100.6 (torch.compile's
 // RMS norm marks its first read of the row so: 100.9 at 32768×8192). The lines left marked cost
 // a following kernel that re-reads 24 MiB from L2 2%; marking them back to normal after the row
 // costs the norm 5–8 points. The policy comes from a volatile asm, so it (and every load that
