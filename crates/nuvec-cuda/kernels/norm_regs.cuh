@@ -212,7 +212,7 @@ template <typename A> __device__ __forceinline__ A block_sum(A v, A (&sm)[2][32]
 // add + RMS norm 32768×4096 99.2 → 100.6; layer norm 32768×4096 97.4 → 100.6 (torch.compile's
 // RMS norm marks its first read of the row so: 100.9 at 32768×8192). The lines left marked cost
 // a following kernel that re-reads 24 MiB from L2 2%; marking them back to normal after the row
-// costs the norm 5–8 points. The policy comes from a volatile asm, so it (and every load that
+// costs the norm 3.5–9 points. The policy comes from a volatile asm, so it (and every load that
 // takes it) stays after the dependent-launch wait; the loads are not volatile, so the compiler
 // issues a row's loads together (volatile loads with a memory clobber: 89% at 32768×8192). The
 // persistent kernels' loads (row_load, rows loaded ahead) gain nothing so (RMS norm derivative,
