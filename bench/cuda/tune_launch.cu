@@ -6,7 +6,7 @@
 // bench_fast). The variants measured and not kept (weight partials in shared memory, the weight
 // re-read per row, RoPE's earlier forms, cache hints on the RMS norm) are in this file as of
 // commit 1bd6a8b. Run 30 (bench/results/2026-12-02-gpu-run30.md): the one-row kernels' read of
-// the row with L1/L2 evict_last (`keep`, `l2`; the library's NV_LOAD_KEEP=0 gives the plain
+// the row with L1/L2 evict_last (`keep`, `l2`; the library's NV_LOAD_KEEP=0 gives plain
 // loads); the weight loaded with the row and a Triton cubin timed here are in this file as of
 // commit f32232d. On the H200:
 //
@@ -14,8 +14,9 @@
 //   ./tl            # PDL against plain launches: RMS norm, its derivative, SwiGLU, RoPE
 //   ./tl sweep      # the RMS derivative over 1024..32768 rows of 8192
 //   ./tl ones       # one-row RMS norm, residual add + RMS norm, layer norm by vectors per thread
-//   ./tl keep       # the one-row RMS norm's read of the row: plain, L1 and/or L2 evict_last
-//   ./tl l2         # store hints, L2 demotion, and a following kernel's L2 after each
+//   ./tl keep       # the one-row RMS norm's read of the row (plain, L1 and/or L2 evict_last),
+//                   # store hints, the lines set back to normal after the row
+//   ./tl l2         # a following kernel's L2 after each form of the norm
 //   (nvcc ... -DNV_LOAD_KEEP=0 -o tl0: the library's one-row kernels with plain loads)
 #include <cstdio>
 #include <algorithm>
@@ -51,14 +52,16 @@ template <int P> __global__ void __launch_bounds__(NV_COL_SUM_THREADS) k_colsum_
 
 template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 2) k_rmsb2(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { pdl<P>(); rms_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
 template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK) k_addrms_o(const T* x, const T* res, const T* w, T* h, T* o, u64 r, u64 l) { pdl<P>(); rms_norm_one<T, V, true>(x, res, w, h, o, r, l, 1e-5f); }
-// The one-row RMS norm's read of the row in other forms (run 30, the library's load_keep). H: 0 plain, 1 L1::evict_last,
-// 3 L1::evict_last + L2 evict_last policy, 8 L2 evict_last policy only, 9 L1 evict_last + L2
-// evict_last policy at fraction 0.5. Not volatile, so the compiler issues the loads together.
+// The one-row RMS norm's read of the row in other forms (run 30). H: 0 plain, 1 L1::evict_last,
+// 3 the library's load_keep (L1::evict_last + L2 evict_last policy; plain when built with
+// NV_LOAD_KEEP=0), 8 the L2 evict_last policy only, 9 L1 evict_last + L2 evict_last policy at
+// fraction 0.5. Not volatile, so the compiler issues a row's loads together.
 template <int H> __device__ __forceinline__ Vec16<T> ldh(const Vec16<T>* p) {
+  if constexpr (H == 3) return load_keep(p, keep_policy());
   uint4 u;
   if constexpr (H == 0) asm("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
   if constexpr (H == 1) asm("ld.global.L1::evict_last.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
-  if constexpr (H == 3 || H == 8 || H == 9) {
+  if constexpr (H == 8 || H == 9) {
     u64 pol;
     if constexpr (H == 9) asm("createpolicy.fractional.L2::evict_last.b64 %0, 0.5;" : "=l"(pol));
     else asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
@@ -68,24 +71,6 @@ template <int H> __device__ __forceinline__ Vec16<T> ldh(const Vec16<T>* p) {
   Vec16<T> r;
   memcpy(&r, &u, 16);
   return r;
-}
-// The production structure (row held in registers) with the load forms of ldh.
-template <int P, int H, int V> __global__ void __launch_bounds__(NV_REG_BLOCK) k_rms_hold(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ o, u64 rows, u64 len) {
-  pdl<P>();
-  __shared__ A sm[2][32];
-  int ph = 0;
-  const u32 nvec = (u32)(len / 8);
-  for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
-    const Vec16<T>* xr = reinterpret_cast<const Vec16<T>*>(x + row * len);
-    Vec16<T> r[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      u32 i = threadIdx.x + (u32)v * blockDim.x;
-      if (i < nvec) r[v] = ldh<H>(xr + i);
-    }
-    A n = inv_sqrt(block_sum(one_sum<T, V>(nvec, r, [](A a) { return a * a; }), sm, ph) / (A)len + 1e-5f);
-    one_store<T, V>(o + row * len, nvec, r, (A)0, n, w, nullptr);
-  }
 }
 // SH: the output's stores 0 plain, 1 L2 evict_first policy, 2 .cs. DEMOTE: the row's lines back
 // to evict_normal in L2 after the row (a thread per 128-byte line).
@@ -100,22 +85,24 @@ template <int SH> __device__ __forceinline__ void sth(Vec16<T>* p, const Vec16<T
   }
   if constexpr (SH == 2) asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w) : "memory");
 }
-template <int P, int LH, int SH, bool DEMOTE> __global__ void __launch_bounds__(NV_REG_BLOCK) k_rms_h2(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ o, u64 rows, u64 len) {
+// The library's one-row RMS norm (rms_norm_one) with the row read by ldh<LH>, stored by sth<SH>,
+// and with DEMOTE its lines set back after the row; V vectors per thread.
+template <int P, int LH, int SH, bool DEMOTE, int V = 2> __global__ void __launch_bounds__(NV_REG_BLOCK) k_rms_form(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ o, u64 rows, u64 len) {
   pdl<P>();
   __shared__ A sm[2][32];
   int ph = 0;
   const u32 nvec = (u32)(len / 8);
   for (u64 row = blockIdx.x; row < rows; row += gridDim.x) {
     const Vec16<T>* xr = reinterpret_cast<const Vec16<T>*>(x + row * len);
-    Vec16<T> r[2];
+    Vec16<T> r[V];
 #pragma unroll
-    for (int v = 0; v < 2; ++v) {
+    for (int v = 0; v < V; ++v) {
       u32 i = threadIdx.x + (u32)v * blockDim.x;
       if (i < nvec) r[v] = ldh<LH>(xr + i);
     }
-    A n = inv_sqrt(block_sum(one_sum<T, 2>(nvec, r, [](A a) { return a * a; }), sm, ph) / (A)len + 1e-5f);
+    A n = inv_sqrt(block_sum(one_sum<T, V>(nvec, r, [](A a) { return a * a; }), sm, ph) / (A)len + 1e-5f);
 #pragma unroll
-    for (int v = 0; v < 2; ++v) {
+    for (int v = 0; v < V; ++v) {
       u32 i = threadIdx.x + (u32)v * blockDim.x;
       if (i >= nvec) continue;
       float y[8];
@@ -171,32 +158,41 @@ static int iters_for(double bytes) { return std::max(20, (int)(30e3 / (bytes / 4
 static int K = 4;  // rotating copies (set per case: as many as fit, at most 4)
 static u64 CAP;    // elements per buffer
 static void copies(u64 n) { K = (int)std::max<u64>(1, std::min<u64>(4, CAP / n)); }
+// A case of rows × len elements: its label, element count, vectors per row, the bytes the op
+// moves (per element and per column) and iterations per batch; sets the rotating copies.
+struct Case {
+  char shape[64];
+  u64 n, nvec;
+  double bytes;
+  int it;
+  Case(u64 rows, u64 len, double per_elem, double per_col)
+      : n(rows * len), nvec(len / 8), bytes(per_elem * (double)(rows * len) + per_col * (double)len), it(iters_for(bytes)) {
+    snprintf(shape, 64, "%llux%llu", rows, len);
+    copies(n);
+  }
+};
 static T *X, *G, *O, *O2, *W;
 static A *PART, *DW;
 static T* DWT;
 static i32* OFF;
 
 template <int P> static void rms_fwd(u64 rows, u64 len, const char* tag) {
-  char shape[64];
-  snprintf(shape, 64, "%llux%llu", rows, len);
-  u64 n = rows * len, nvec = len / 8;
-  copies(n);
-  double bytes = 4.0 * n + 2.0 * len;
-  int it = iters_for(bytes), i = 0;
+  Case c(rows, len, 4.0, 2.0);
+  int i = 0;
   char name[64];
   // persistent _r2: group = nvec/2 threads, block of max(1, 256/group) groups
   {
-    int grp = (int)((nvec / 2 + 31) / 32 * 32);
+    int grp = (int)((c.nvec / 2 + 31) / 32 * 32);
     int groups = std::max(1, 256 / grp), threads = groups * grp;
     unsigned gr = (unsigned)std::min<u64>((rows + groups - 1) / groups, resident(k_rms_r<P, 2>, threads));
     snprintf(name, 64, "rms_r2 %s", tag);
-    report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(P, k_rms_r<P, 2>, gr, threads, 0, X + k * n, W, O + k * n, rows, len, grp); }));
+    report(name, c.shape, c.bytes, time_ms(c.it, [&] { int k = i++ % K; go(P, k_rms_r<P, 2>, gr, threads, 0, X + k * c.n, W, O + k * c.n, rows, len, grp); }));
   }
   auto one = [&](auto kern, int v) {
-    unsigned threads = (unsigned)(((nvec + v - 1) / v + 31) / 32 * 32);
+    unsigned threads = (unsigned)(((c.nvec + v - 1) / v + 31) / 32 * 32);
     if (threads > 1024 || threads < 64) return;
     snprintf(name, 64, "rms_o%d %s (%d/SM)", v, tag, resident(kern, threads) / sms);
-    report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(P, kern, (unsigned)rows, threads, 0, X + k * n, W, O + k * n, rows, len); }));
+    report(name, c.shape, c.bytes, time_ms(c.it, [&] { int k = i++ % K; go(P, kern, (unsigned)rows, threads, 0, X + k * c.n, W, O + k * c.n, rows, len); }));
   };
   one(k_rms_o<P, 2>, 2);
   one(k_rms_o<P, 4>, 4);
@@ -204,55 +200,49 @@ template <int P> static void rms_fwd(u64 rows, u64 len, const char* tag) {
 }
 
 template <int P> static void rms_bwd(u64 rows, u64 len, const char* tag) {
-  char shape[64], name[64];
-  snprintf(shape, 64, "%llux%llu", rows, len);
-  u64 n = rows * len, nvec = len / 8;
-  copies(n);
-  double bytes = 6.0 * n + 4.0 * len;
-  int it = iters_for(bytes), i = 0;
-  int grp = (int)((nvec / 2 + 31) / 32 * 32);
+  Case c(rows, len, 6.0, 4.0);
+  char name[64];
+  int i = 0;
+  int grp = (int)((c.nvec / 2 + 31) / 32 * 32);
   if (grp > 512) return;
   int groups = 512 / grp, threads = groups * grp;
   unsigned g0 = (unsigned)std::min<u64>((rows + groups - 1) / groups, resident(k_rmsb<P, 2>, threads));
   unsigned cs = (unsigned)((len + 127) / 128), cb = (unsigned)((len + 255) / 256);
   snprintf(name, 64, "rmsb k %s [%u]", tag, g0);
-  report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(P, k_rmsb<P, 2>, g0, threads, 0, X + k * n, W, G + k * n, O + k * n, PART, rows, len, grp); }));
+  report(name, c.shape, c.bytes, time_ms(c.it, [&] { int k = i++ % K; go(P, k_rmsb<P, 2>, g0, threads, 0, X + k * c.n, W, G + k * c.n, O + k * c.n, PART, rows, len, grp); }));
   snprintf(name, 64, "rmsb+cs+cast %s", tag);
-  report(name, shape, bytes, time_ms(it, [&] {
+  report(name, c.shape, c.bytes, time_ms(c.it, [&] {
     int k = i++ % K;
-    go(P, k_rmsb<P, 2>, g0, threads, 0, X + k * n, W, G + k * n, O + k * n, PART, rows, len, grp);
+    go(P, k_rmsb<P, 2>, g0, threads, 0, X + k * c.n, W, G + k * c.n, O + k * c.n, PART, rows, len, grp);
     go(P, k_colsum<P>, cs, NV_COL_SUM_THREADS, 0, (const A*)PART, DW, (u64)g0, len);
     go(P, k_cast<P>, cb, 256, 0, (const A*)DW, DWT, len);
   }));
   snprintf(name, 64, "rmsb+cs_t %s", tag);
-  report(name, shape, bytes, time_ms(it, [&] {
+  report(name, c.shape, c.bytes, time_ms(c.it, [&] {
     int k = i++ % K;
-    go(P, k_rmsb<P, 2>, g0, threads, 0, X + k * n, W, G + k * n, O + k * n, PART, rows, len, grp);
+    go(P, k_rmsb<P, 2>, g0, threads, 0, X + k * c.n, W, G + k * c.n, O + k * c.n, PART, rows, len, grp);
     go(P, k_colsum_t<P>, cs, NV_COL_SUM_THREADS, 0, (const A*)PART, DWT, (u64)g0, len);
   }));
 }
 
 template <int P> static void glu(u64 rows, u64 len, const char* tag) {
-  char shape[64], name[64];
-  snprintf(shape, 64, "%llux%llu", rows, len);
-  u64 n = rows * len;
-  copies(n);
-  unsigned grid = (unsigned)std::min<u64>((n / 8 + 2047) / 2048, (u64)sms * 32);
-  double bytes = 6.0 * n;
-  int it = iters_for(bytes), i = 0;
+  Case c(rows, len, 6.0, 0.0);
+  char name[64];
+  unsigned grid = (unsigned)std::min<u64>((c.n / 8 + 2047) / 2048, (u64)sms * 32);
+  int i = 0;
   // gate X, up G (rotating), out O
   snprintf(name, 64, "swiglu %s", tag);
-  report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(P, k_glu<P>, grid, 256, 0, (const T*)(X + k * n), (const T*)(G + k * n), O + k * n, n); }));
-  unsigned exact = (unsigned)((n / 8 + 255) / 256);
+  report(name, c.shape, c.bytes, time_ms(c.it, [&] { int k = i++ % K; go(P, k_glu<P>, grid, 256, 0, (const T*)(X + k * c.n), (const T*)(G + k * c.n), O + k * c.n, c.n); }));
+  unsigned exact = (unsigned)((c.n / 8 + 255) / 256);
   snprintf(name, 64, "swiglu exact %s", tag);
-  report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(P, k_glu<P>, exact, 256, 0, (const T*)(X + k * n), (const T*)(G + k * n), O + k * n, n); }));
+  report(name, c.shape, c.bytes, time_ms(c.it, [&] { int k = i++ % K; go(P, k_glu<P>, exact, 256, 0, (const T*)(X + k * c.n), (const T*)(G + k * c.n), O + k * c.n, c.n); }));
   if (rows <= 4096) {
-    double b2 = 10.0 * n;
+    double b2 = 10.0 * c.n;
     int it2 = iters_for(b2);
     snprintf(name, 64, "swiglu_vjp %s", tag);
-    report(name, shape, b2, time_ms(it2, [&] { int k = i++ % 2; go(P, k_gluvjp<P>, grid, 256, 0, (const T*)(X + k * n), (const T*)(G + k * n), (const T*)(O2 + k * n), O + k * n, O + (k + 2) * n, n); }));
+    report(name, c.shape, b2, time_ms(it2, [&] { int k = i++ % 2; go(P, k_gluvjp<P>, grid, 256, 0, (const T*)(X + k * c.n), (const T*)(G + k * c.n), (const T*)(O2 + k * c.n), O + k * c.n, O + (k + 2) * c.n, c.n); }));
     snprintf(name, 64, "swiglu_vjp exact %s", tag);
-    report(name, shape, b2, time_ms(it2, [&] { int k = i++ % 2; go(P, k_gluvjp<P>, exact, 256, 0, (const T*)(X + k * n), (const T*)(G + k * n), (const T*)(O2 + k * n), O + k * n, O + (k + 2) * n, n); }));
+    report(name, c.shape, b2, time_ms(it2, [&] { int k = i++ % 2; go(P, k_gluvjp<P>, exact, 256, 0, (const T*)(X + k * c.n), (const T*)(G + k * c.n), (const T*)(O2 + k * c.n), O + k * c.n, O + (k + 2) * c.n, c.n); }));
   }
 }
 
@@ -274,37 +264,34 @@ template <int P> static void rope(u64 b, const char* tag) {
 static unsigned balanced(u64 units, u64 cap) { u64 rounds = (units + cap - 1) / cap; return (unsigned)((units + rounds - 1) / rounds); }
 
 static void rmsb_sweep() {
-  u64 len = 8192, nvec = len / 8;
+  u64 len = 8192;
   int grp = 512, threads = 512;
   for (u64 rows : {1024ull, 2048ull, 4096ull, 8192ull, 16384ull, 32768ull}) {
-    char shape[64], name[64];
-    snprintf(shape, 64, "%llux%llu", rows, len);
-    u64 n = rows * len;
-    copies(n);
-    double bytes = 6.0 * n + 4.0 * len;
-    int it = iters_for(bytes), i = 0;
+    Case c(rows, len, 6.0, 4.0);
+    char name[64];
+    int i = 0;
     unsigned r1 = resident(k_rmsb<1, 2>, threads), g0 = (unsigned)std::min<u64>(rows, r1), gb = balanced(rows, r1);
     snprintf(name, 64, "rmsb k pdl [%u]", g0);
-    report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, k_rmsb<1, 2>, g0, threads, 0, X + k * n, W, G + k * n, O + k * n, PART, rows, len, grp); }));
+    report(name, c.shape, c.bytes, time_ms(c.it, [&] { int k = i++ % K; go(1, k_rmsb<1, 2>, g0, threads, 0, X + k * c.n, W, G + k * c.n, O + k * c.n, PART, rows, len, grp); }));
     snprintf(name, 64, "rmsb k pdl bal [%u]", gb);
-    report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, k_rmsb<1, 2>, gb, threads, 0, X + k * n, W, G + k * n, O + k * n, PART, rows, len, grp); }));
+    report(name, c.shape, c.bytes, time_ms(c.it, [&] { int k = i++ % K; go(1, k_rmsb<1, 2>, gb, threads, 0, X + k * c.n, W, G + k * c.n, O + k * c.n, PART, rows, len, grp); }));
     if (rows == 4096 || rows == 32768) {
       snprintf(name, 64, "rmsb k pdl bal no-w [%u]", gb);
-      report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, k_rmsb<1, 2>, gb, threads, 0, X + k * n, (T*)nullptr, G + k * n, O + k * n, PART, rows, len, grp); }));
+      report(name, c.shape, c.bytes, time_ms(c.it, [&] { int k = i++ % K; go(1, k_rmsb<1, 2>, gb, threads, 0, X + k * c.n, (T*)nullptr, G + k * c.n, O + k * c.n, PART, rows, len, grp); }));
       unsigned r2 = resident(k_rmsb2<1, 2>, threads), g2 = balanced(rows, r2);
       snprintf(name, 64, "rmsb2 (512,2) pdl bal [%u]", g2);
-      report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, k_rmsb2<1, 2>, g2, threads, 0, X + k * n, W, G + k * n, O + k * n, PART, rows, len, grp); }));
+      report(name, c.shape, c.bytes, time_ms(c.it, [&] { int k = i++ % K; go(1, k_rmsb2<1, 2>, g2, threads, 0, X + k * c.n, W, G + k * c.n, O + k * c.n, PART, rows, len, grp); }));
       unsigned cs = (unsigned)((len + 127) / 128);
       snprintf(name, 64, "rmsb bal + cs_t, pdl [%u]", gb);
-      report(name, shape, bytes, time_ms(it, [&] {
+      report(name, c.shape, c.bytes, time_ms(c.it, [&] {
         int k = i++ % K;
-        go(1, k_rmsb<1, 2>, gb, threads, 0, X + k * n, W, G + k * n, O + k * n, PART, rows, len, grp);
+        go(1, k_rmsb<1, 2>, gb, threads, 0, X + k * c.n, W, G + k * c.n, O + k * c.n, PART, rows, len, grp);
         go(1, k_colsum_t<1>, cs, NV_COL_SUM_THREADS, 0, (const A*)PART, DWT, (u64)gb, len);
       }));
       snprintf(name, 64, "rmsb2 bal + cs_t, pdl [%u]", g2);
-      report(name, shape, bytes, time_ms(it, [&] {
+      report(name, c.shape, c.bytes, time_ms(c.it, [&] {
         int k = i++ % K;
-        go(1, k_rmsb2<1, 2>, g2, threads, 0, X + k * n, W, G + k * n, O + k * n, PART, rows, len, grp);
+        go(1, k_rmsb2<1, 2>, g2, threads, 0, X + k * c.n, W, G + k * c.n, O + k * c.n, PART, rows, len, grp);
         go(1, k_colsum_t<1>, cs, NV_COL_SUM_THREADS, 0, (const A*)PART, DWT, (u64)g2, len);
       }));
     }
@@ -348,64 +335,39 @@ static void ones() {
 }
 
 
-// The one-row RMS norm (the library's, as built) against its read in the forms of ldh.
+// The one-row RMS norm (the library's, as built) against its read in the forms of ldh, store
+// hints and the lines set back after the row (k_rms_form).
 static void keep() {
   for (u64 rows : {32768ull, 4096ull})
     for (u64 len : {8192ull, 4096ull, 2048ull}) {
-      char shape[64], name[64];
-      snprintf(shape, 64, "%llux%llu", rows, len);
-      u64 n = rows * len, nvec = len / 8;
-      copies(n);
-      double bytes = 4.0 * n + 2.0 * len;
-      int it = iters_for(bytes), i = 0;
-      auto run = [&](const char* tag, auto kern, int v, int pdl_on) {
-        unsigned threads = (unsigned)(((nvec + v - 1) / v + 31) / 32 * 32);
+      Case c(rows, len, 4.0, 2.0);
+      char name[64];
+      int i = 0;
+      auto run = [&](const char* tag, auto kern, int v) {
+        unsigned threads = (unsigned)(((c.nvec + v - 1) / v + 31) / 32 * 32);
         if (threads > 1024 || threads < 32) return;
         snprintf(name, 64, "%s v%d (%u/SM)", tag, v, resident(kern, threads) / sms);
-        report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(pdl_on, kern, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
-      };
-      auto same = [&](const char* tag, auto kern, int pdl_on) {
-        unsigned threads = (unsigned)((nvec / 2 + 31) / 32 * 32);
-        snprintf(name, 64, "%s (%u/SM)", tag, resident(kern, threads) / sms);
-        report(name, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(pdl_on, kern, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O, rows, len); }));
+        report(name, c.shape, c.bytes, time_ms(c.it, [&] { int k = i++ % K; go(1, kern, (unsigned)rows, threads, 0, (const T*)(X + k * c.n), (const T*)W, O + k * c.n, rows, len); }));
       };
       for (int rep = 0; rep < 2; ++rep) {
-        run("rms_o", k_rms_o<1, 2>, 2, 1);
-        run("hold plain", k_rms_hold<1, 0, 2>, 2, 1);
-        run("hold L1 EL", k_rms_hold<1, 1, 2>, 2, 1);
-        run("hold L2 EL", k_rms_hold<1, 8, 2>, 2, 1);
-        run("hold L1+L2 EL", k_rms_hold<1, 3, 2>, 2, 1);
-        run("hold L1+L2 EL .5", k_rms_hold<1, 9, 2>, 2, 1);
-        run("hold L1+L2 EL", k_rms_hold<1, 3, 4>, 4, 1);
+        run("rms_o", k_rms_o<1, 2>, 2);
+        run("plain", k_rms_form<1, 0, 0, false>, 2);
+        run("L1 EL", k_rms_form<1, 1, 0, false>, 2);
+        run("L2 EL", k_rms_form<1, 8, 0, false>, 2);
+        run("L1+L2 EL", k_rms_form<1, 3, 0, false>, 2);
+        run("L1+L2 EL .5", k_rms_form<1, 9, 0, false>, 2);
+        run("L1+L2 EL", k_rms_form<1, 3, 0, false, 4>, 4);
+        run("st L2 EF", k_rms_form<1, 0, 1, false>, 2);
+        run("st .cs", k_rms_form<1, 0, 2, false>, 2);
+        run("L1+L2 EL, st L2 EF", k_rms_form<1, 3, 1, false>, 2);
+        run("L1+L2 EL, demote", k_rms_form<1, 3, 0, true>, 2);
+        run("L2 EL, demote", k_rms_form<1, 8, 0, true>, 2);
       }
     }
 }
 
-// Store hints and L2 demotion after the row; the L2 a following kernel finds after each norm.
+// The L2 a following kernel finds after each form of the norm.
 static void l2() {
-  for (u64 rows : {32768ull, 4096ull})
-    for (u64 len : {8192ull, 4096ull}) {
-      char shape[64], name[64];
-      snprintf(shape, 64, "%llux%llu", rows, len);
-      u64 n = rows * len, nvec = len / 8;
-      copies(n);
-      double bytes = 4.0 * n + 2.0 * len;
-      int it = iters_for(bytes), i = 0;
-      unsigned threads = (unsigned)((nvec / 2 + 31) / 32 * 32);
-      auto run = [&](const char* tag, auto kern) {
-        report(tag, shape, bytes, time_ms(it, [&] { int k = i++ % K; go(1, kern, (unsigned)rows, threads, 0, (const T*)(X + k * n), (const T*)W, O + k * n, rows, len); }));
-      };
-      for (int rep = 0; rep < 2; ++rep) {
-        run("h2 plain", k_rms_h2<1, 0, 0, false>);
-        run("h2 ld L1+L2 EL", k_rms_h2<1, 3, 0, false>);
-        run("h2 ld L2 EL", k_rms_h2<1, 8, 0, false>);
-        run("h2 st L2 EF", k_rms_h2<1, 0, 1, false>);
-        run("h2 st .cs", k_rms_h2<1, 0, 2, false>);
-        run("h2 ld L1+L2 EL, st L2 EF", k_rms_h2<1, 3, 1, false>);
-        run("h2 ld L1+L2 EL, demote", k_rms_h2<1, 3, 0, true>);
-        run("h2 ld L2 EL, demote", k_rms_h2<1, 8, 0, true>);
-      }
-    }
   // The next kernel: 24 MiB read 20 times right after a 32768x8192 norm.
   u64 rows = 32768, len = 8192, n = rows * len, m = (24ull << 20) / 16;
   copies(n);
@@ -430,11 +392,11 @@ static void l2() {
     printf("after %-28s norm %7.2f us, next kernel (24 MiB x 20) %7.2f us\n", tag, tn * 100, tv * 100);
   };
   for (int rep = 0; rep < 2; ++rep) {
-    victim("plain", k_rms_h2<0, 0, 0, false>);
-    victim("ld L1+L2 EL", k_rms_h2<0, 3, 0, false>);
-    victim("ld L2 EL", k_rms_h2<0, 8, 0, false>);
-    victim("ld L1+L2 EL, demote", k_rms_h2<0, 3, 0, true>);
-    victim("st L2 EF", k_rms_h2<0, 0, 1, false>);
+    victim("plain", k_rms_form<0, 0, 0, false>);
+    victim("ld L1+L2 EL", k_rms_form<0, 3, 0, false>);
+    victim("ld L2 EL", k_rms_form<0, 8, 0, false>);
+    victim("ld L1+L2 EL, demote", k_rms_form<0, 3, 0, true>);
+    victim("st L2 EF", k_rms_form<0, 0, 1, false>);
   }
 }
 

@@ -221,40 +221,37 @@ template <typename A> __device__ __forceinline__ A block_sum(A v, A (&sm)[2][32]
 #ifndef NV_LOAD_KEEP
 #define NV_LOAD_KEEP 1
 #endif
-template <bool KEEP> __device__ __forceinline__ unsigned long long keep_policy() {
-  unsigned long long pol = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (KEEP) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-#endif
+#if NV_LOAD_KEEP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned long long keep_policy() {
+  unsigned long long pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
 
-template <bool KEEP, typename V> __device__ __forceinline__ V load_keep(const V* p, unsigned long long pol) {
+template <typename V> __device__ __forceinline__ V load_keep(const V* p, unsigned long long pol) {
   static_assert(sizeof(V) == 16, "16-byte vectors");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (KEEP) {
-    unsigned u[4];
-    asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-        : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3])
-        : "l"(p), "l"(pol));
-    V r;
-    memcpy(&r, u, 16);
-    return r;
-  }
-#endif
-  return *p;
+  unsigned u[4];
+  asm("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+      : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3])
+      : "l"(p), "l"(pol));
+  V r;
+  memcpy(&r, u, 16);
+  return r;
 }
+#else
+__device__ __forceinline__ unsigned long long keep_policy() { return 0; }
+template <typename V> __device__ __forceinline__ V load_keep(const V* p, unsigned long long) { return *p; }
+#endif
 
 // Loads the thread's vectors t, t + B, ... of a row of `nvec` (those in the row), kept in L1 and
 // L2 last (load_keep).
 template <typename T, int V>
 __device__ __forceinline__ void one_load(const T* __restrict__ p, u32 nvec, Vec16<T> (&r)[V]) {
-  constexpr bool KEEP = NV_LOAD_KEEP != 0;
-  const unsigned long long pol = keep_policy<KEEP>();
+  const unsigned long long pol = keep_policy();
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     u32 i = threadIdx.x + (u32)v * blockDim.x;
-    if (i < nvec) r[v] = load_keep<KEEP>(reinterpret_cast<const Vec16<T>*>(p) + i, pol);
+    if (i < nvec) r[v] = load_keep(reinterpret_cast<const Vec16<T>*>(p) + i, pol);
   }
 }
 
