@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The one GPU check, run on the device machine from the repository root:
+# The one GPU check, run on the GPU machine from the repository root. First, on the build
+# machine (no GPU needed):
 #
-#   run(command="bash scripts/gpu-check.sh", carry=[".gpu"], timeout_s=600)
-#   run(command="GPU_CHECK_SKIP_TESTS=1 GPU_CHECK_SKIP_CORE_BENCH=1 GPU_CHECK_FAST=1 bash scripts/gpu-check.sh",
-#       carry=[".gpu"], timeout_s=600)                    # the fused-op benchmark alone
+#   bash scripts/build-gpu-bundle.sh          # fills .gpu/
+#
+# then, on the GPU machine, in a copy of the checkout that includes .gpu/ (git ignores it, so
+# copy it along explicitly); each command ends within 600 s:
+#
+#   bash scripts/gpu-check.sh                 # tests, bench_gpu and its PyTorch peers
+#   GPU_CHECK_SKIP_TESTS=1 GPU_CHECK_SKIP_CORE_BENCH=1 GPU_CHECK_FAST=1 \
+#       bash scripts/gpu-check.sh             # the fused-op benchmark alone
 #
 # Expects the bundle of scripts/build-gpu-bundle.sh in .gpu/ (stripped binaries .gpu/test-*,
 # .gpu/bench_gpu and .gpu/bench_fast, plain or .xz; the kernel cache .gpu/kcache or
