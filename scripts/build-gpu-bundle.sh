@@ -32,7 +32,7 @@
 #   GPU_ARCH           kernel architecture (default sm_90a, the H100/H200's)
 #   NUVEC_KCACHE_PERSIST  long-lived kernel cache feeding the bundle (default target/gpu-kcache)
 #
-# Then, on the device machine: run(command="bash scripts/gpu-check.sh", carry=[".gpu"]).
+# Then, on the device machine, with .gpu/ carried along: bash scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -190,4 +190,4 @@ if [ "$total" -ge "$LIMIT" ]; then
     echo "build-gpu-bundle: the bundle is over 64 MiB: drop packages from GPU_TEST_PACKAGES or leave out --plain" >&2
     exit 1
 fi
-echo "next: run(command=\"bash scripts/gpu-check.sh\", carry=[\".gpu\"])"
+echo "next, on the GPU machine with .gpu/ carried along: bash scripts/gpu-check.sh"
