@@ -31,6 +31,10 @@
 #                      the GPU wherever it uses the default device)
 #   GPU_ARCH           kernel architecture (default sm_90a, the H100/H200's)
 #   NUVEC_KCACHE_PERSIST  long-lived kernel cache feeding the bundle (default target/gpu-kcache)
+#   GPU_BUNDLE_TESTS   0: no test binaries (a benchmark-only bundle, e.g. scripts/gpu-ab.sh's base)
+#   GPU_BUNDLE_KCACHE  0: no kernel cache; the stripped precompile_kernels goes in the bundle
+#                      instead and the GPU machine compiles the modules on its cores (saves
+#                      minutes of this machine's CPU; scripts/gpu-ab.sh and gpu-check.sh run it)
 #
 # Then, on the device machine, with .gpu/ carried along: bash scripts/gpu-check.sh
 set -euo pipefail
@@ -53,8 +57,13 @@ PERSIST=${NUVEC_KCACHE_PERSIST:-$ROOT/target/gpu-kcache}
 mkdir -p "$WORK" "$PERSIST"
 t0=$(date +%s)
 
-echo "== building test binaries (cargo test --workspace --release --no-run)"
-cargo test --workspace --release --no-run --message-format=json >"$WORK/tests.json"
+if [ "${GPU_BUNDLE_TESTS:-1}" = 0 ]; then
+    echo "== test binaries: none (GPU_BUNDLE_TESTS=0)"
+    : >"$WORK/tests.json"
+else
+    echo "== building test binaries (cargo test --workspace --release --no-run)"
+    cargo test --workspace --release --no-run --message-format=json >"$WORK/tests.json"
+fi
 echo "== building examples bench_gpu, bench_fast and precompile_kernels"
 cargo build --release -p nuvec --example bench_gpu --example bench_fast --example precompile_kernels \
     --message-format=json >"$WORK/examples.json"
@@ -120,7 +129,10 @@ while IFS=$'\t' read -r name dir exe why; do
         "#skip")
             printf '  %-44s skipped (%s), %s unstripped\n' "$dir" "$why" "$(human "$(stat -c %s "$exe")")"
             continue ;;
-        precompile_kernels) PRECOMPILE=$exe; continue ;;
+        precompile_kernels)
+            PRECOMPILE=$exe
+            if [ "${GPU_BUNDLE_KCACHE:-1}" = 0 ]; then pack "$name" "$exe"; fi
+            continue ;;
         bench_gpu|bench_fast) ;;
         test-*)
             # Skip test binaries with no tests (a library without #[test]s).
@@ -137,6 +149,9 @@ while IFS=$'\t' read -r name dir exe why; do
 done <"$WORK/artifacts.tsv"
 [ -n "$PRECOMPILE" ] || { echo "build-gpu-bundle: precompile_kernels was not built" >&2; exit 1; }
 
+if [ "${GPU_BUNDLE_KCACHE:-1}" = 0 ]; then
+    echo "== kernel cache: left to the GPU machine (precompile_kernels packed)"
+else
 echo "== precompiling kernels for $ARCH"
 NVLIB=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
 export LD_LIBRARY_PATH="${NVLIB:+$NVLIB:}${LD_LIBRARY_PATH:-}"
@@ -159,6 +174,7 @@ if [ "$PLAIN" = 0 ]; then
     rm -rf .gpu/kcache
     printf '  %-44s %9s\n' kcache.tar.xz "$(human "$(stat -c %s .gpu/kcache.tar.xz)")"
 fi
+fi
 
 if compgen -G "$WHEELS_KEPT/*.whl" >/dev/null; then
     echo "== wheels"
@@ -177,7 +193,7 @@ fi
 {
     echo "BUILD_ROOT=$ROOT"
     echo "COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo +dirty)"
-    echo "NVRTC=$NVRTC"
+    echo "NVRTC=${NVRTC:-}"
     echo "ARCH=$ARCH"
     echo "DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "COMPRESSED=$((1 - PLAIN))"

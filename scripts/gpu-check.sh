@@ -143,6 +143,10 @@ for f in .gpu/*.xz; do
             unxz_to "$f" "${f%.xz}" && chmod +x "${f%.xz}" ;;
     esac
 done
+if [ ! -d .gpu/kcache ] && [ -x .gpu/precompile_kernels ]; then
+    # A bundle built with GPU_BUNDLE_KCACHE=0: compile the modules here, on every core.
+    timeout 300 .gpu/precompile_kernels "${GPU_ARCH:-sm_90a}" 2>&1 | tail -2
+fi
 echo "   kernel cache: $(ls .gpu/kcache 2>/dev/null | wc -l) cubins"
 # Tests may name files by the absolute path of the build machine's checkout (env!
 # CARGO_MANIFEST_DIR): point that path here when it does not exist.
