@@ -428,6 +428,17 @@ impl Array {
                 Err(f) => return f,
             }
         }
+        // Each axis fits, but their product may pass the element limit: fail naming `tile`
+        // here, not `broadcast_to` below.
+        if check_shape(&out).is_err() {
+            return invalid(
+                "tile",
+                format!(
+                    "tiling shape {:?} by {reps:?} gives shape {out:?}, more elements than an array can hold",
+                    self.shape()
+                ),
+            );
+        }
         self.reshape(expanded).broadcast_to(target).reshape(out)
     }
 
@@ -441,14 +452,10 @@ impl Array {
             Ok(w) => w,
             Err(f) => return f,
         };
-        let mut out_shape: Vec<i32> = Vec::with_capacity(widths.len());
-        for (&d, &(a, b)) in self.shape().iter().zip(&widths) {
-            let wide = d as i64 + a as i64 + b as i64;
-            match dim_or_fail("pad", wide, || vec![wide]) {
-                Ok(v) => out_shape.push(v),
-                Err(f) => return f,
-            }
-        }
+        let out_shape = match self.padded_shape(&widths) {
+            Ok(s) => s,
+            Err(f) => return f,
+        };
         let base = match value.into() {
             ScalarOrArray::Scalar(s) => Array::scalar(s, self.dtype()),
             ScalarOrArray::Array(a) => a.astype(self.dtype()),
@@ -471,6 +478,9 @@ impl Array {
             Ok(w) => w,
             Err(f) => return f,
         };
+        if let Err(f) = self.padded_shape(&widths) {
+            return f;
+        }
         let mut out = self.clone();
         for (ax, &(before, after)) in widths.iter().enumerate() {
             if out.is_failed() {
@@ -500,6 +510,27 @@ impl Array {
             out = concatenate(&parts, ax as i32);
         }
         out
+    }
+
+    /// The padded shape, or a failed array naming `pad` when an axis or the element count
+    /// passes its limit (not `broadcast_to` or `concatenate`, which pad calls).
+    #[track_caller]
+    fn padded_shape(&self, widths: &[(i32, i32)]) -> Result<Vec<i32>, Array> {
+        let mut out: Vec<i32> = Vec::with_capacity(widths.len());
+        for (&d, &(a, b)) in self.shape().iter().zip(widths) {
+            let wide = d as i64 + a as i64 + b as i64;
+            out.push(dim_or_fail("pad", wide, || vec![wide])?);
+        }
+        if check_shape(&out).is_err() {
+            return Err(invalid(
+                "pad",
+                format!(
+                    "padding shape {:?} by {widths:?} gives shape {out:?}, more elements than an array can hold",
+                    self.shape()
+                ),
+            ));
+        }
+        Ok(out)
     }
 
     #[track_caller]
