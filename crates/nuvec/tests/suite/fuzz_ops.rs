@@ -21,7 +21,13 @@
 //! * an operation on a failed array fails with the same error, at record time, at `eval`,
 //!   `item`, `to_vec` and `check`, also after chains of further operations.
 //!
-//! Problems are collected and reported together. Known nuvec bugs are listed in
+//! The pool keeps its health at any length: results join it, failed arrays make at most an
+//! eighth of it (a new one replaces an old one), and fresh arrays replace random entries now
+//! and then; so the share of calls on failed inputs stays steady.
+//!
+//! Problems are collected and reported together, each with its seed and call number (rerun
+//! with `NUVEC_FUZZ_TRACE=1` to see the calls), before the check that the run made enough
+//! valid and invalid calls. Known nuvec bugs are listed in
 //! [`KNOWN_BUGS`] (a labelled skip list: each entry matches one specific symptom) and each has
 //! an `#[ignore]`d minimal reproducer at the end of this file.
 //!
@@ -554,11 +560,59 @@ struct Fuzz {
     pool: Vec<Item>,
 }
 
+/// The pool's size: past it, a random entry leaves.
+const POOL_MAX: usize = 64;
+/// At most this many of the pool's entries are failed arrays: a new failed array replaces an
+/// old one, so that failed arrays never crowd out the valid ones however long the run.
+const POOL_MAX_FAILED: usize = POOL_MAX / 8;
+/// Each call, the chance that a fresh random array replaces a random pool entry (the pool
+/// does not drift into a few dtypes and shapes over long runs).
+const POOL_RESEED: f64 = 1.0 / 32.0;
+/// Descriptions kept in the pool are cut to this many bytes (results of results would grow
+/// without bound over a long run; `NUVEC_FUZZ_TRACE` and the call number locate a call).
+const DESC_MAX: usize = 240;
+
 fn inputs_errors(items: &[&Array]) -> Vec<Error> {
     items.iter().filter_map(|a| a.error()).collect()
 }
 
 impl Fuzz {
+    /// Adds a result to the pool, keeping its share of failed arrays and its size bounded.
+    fn keep(&mut self, a: Array, desc: String) {
+        let desc = if desc.len() > DESC_MAX {
+            let mut cut = DESC_MAX;
+            while !desc.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            format!("{}...>", &desc[..cut])
+        } else {
+            desc
+        };
+        let item = Item { a, desc };
+        if item.a.error().is_some() {
+            let failed: Vec<usize> = (0..self.pool.len()).filter(|&i| self.pool[i].a.error().is_some()).collect();
+            if failed.len() >= POOL_MAX_FAILED {
+                let i = failed[self.rng.below(failed.len())];
+                self.pool[i] = item;
+                return;
+            }
+        }
+        self.pool.push(item);
+        if self.pool.len() > POOL_MAX {
+            let i = self.rng.below(self.pool.len());
+            self.pool.swap_remove(i);
+        }
+    }
+
+    /// Now and then a fresh random array replaces a random pool entry.
+    fn refresh(&mut self) {
+        if !self.pool.is_empty() && self.rng.chance(POOL_RESEED) {
+            let i = self.rng.below(self.pool.len());
+            let (a, desc) = rand_array(&mut self.rng);
+            self.pool[i] = Item { a, desc };
+        }
+    }
+
     fn item(&mut self) -> Item {
         if self.rng.chance(0.25) || self.pool.is_empty() {
             let (a, desc) = rand_array(&mut self.rng);
@@ -1951,6 +2005,8 @@ struct Meta {
 
 struct Report {
     problems: Vec<Problem>,
+    /// The run's seed, for the reproduction line of each problem.
+    seed: u64,
     calls: usize,
     invalid: usize,
     valid: usize,
@@ -1962,7 +2018,13 @@ impl Report {
         self.problems.push(Problem {
             op: call.op,
             kind,
-            text: format!("{what}\n    call: {}", call.desc),
+            // `calls` counts the call under way: its number is the one `NUVEC_FUZZ_TRACE` prints.
+            text: format!(
+                "{what}\n    call: {}\n    at: NUVEC_FUZZ_SEED={} call {}",
+                call.desc,
+                self.seed,
+                self.calls.saturating_sub(1)
+            ),
             tags: call.tags.clone(),
         });
     }
@@ -2038,7 +2100,7 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                     rep.add(&call, Kind::Panic, format!("eval panicked: {m}"));
                 }
                 if o.error().is_none() && poolable(o) {
-                    fz.pool.push(Item { a: o.clone(), desc: format!("<{}>", call.desc) });
+                    fz.keep(o.clone(), format!("<{}>", call.desc));
                 }
             }
         }
@@ -2063,7 +2125,7 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                     Ok(Err(e)) => rep.add(&call, Kind::Rejected, format!("a valid call failed at eval: {e}")),
                     Ok(Ok(())) => {
                         if poolable(o) {
-                            fz.pool.push(Item { a: o.clone(), desc: format!("<{}>", call.desc) });
+                            fz.keep(o.clone(), format!("<{}>", call.desc));
                         }
                     }
                 }
@@ -2135,8 +2197,9 @@ fn run_one(fz: &mut Fuzz, rep: &mut Report) {
                 if let Err(m) = check_boundaries(o, &e) {
                     rep.add(&call, Kind::Boundary, m);
                 }
-                // The failed array joins the pool, and a few operations on it keep its error.
-                fz.pool.push(Item { a: o.clone(), desc: format!("<failed: {}>", call.desc) });
+                // The failed array joins the pool (a bounded share of it), and a few operations
+                // on it keep its error.
+                fz.keep(o.clone(), format!("<failed: {}>", call.desc));
                 let mut a = o.clone();
                 for _ in 0..3 {
                     let (name, f) = fz.rng.pick(&follow_ups());
@@ -2199,15 +2262,13 @@ fn random_calls_fail_cleanly() {
         let (a, desc) = rand_array(&mut fz.rng);
         fz.pool.push(Item { a, desc });
     }
-    let mut rep = Report { problems: vec![], calls: 0, invalid: 0, valid: 0, propagated: 0 };
+    let mut rep = Report { problems: vec![], seed, calls: 0, invalid: 0, valid: 0, propagated: 0 };
+    let start = std::time::Instant::now();
     for _ in 0..iters {
         run_one(&mut fz, &mut rep);
-        // Keep the pool small and fresh.
-        if fz.pool.len() > 64 {
-            let i = fz.rng.below(fz.pool.len());
-            fz.pool.swap_remove(i);
-        }
+        fz.refresh();
     }
+    let secs = start.elapsed().as_secs_f64();
     // Group problems by (op, kind, known bug).
     let mut unexpected: BTreeMap<(String, Kind), (usize, String)> = BTreeMap::new();
     let mut known: BTreeMap<&'static str, usize> = BTreeMap::new();
@@ -2220,27 +2281,44 @@ fn random_calls_fail_cleanly() {
             }
         }
     }
+    let failed_in_pool = fz.pool.iter().filter(|i| i.a.error().is_some()).count();
     println!(
-        "{} calls: {} valid, {} invalid, {} on failed inputs; {} problems ({} known)",
+        "seed {seed}: {} calls in {secs:.1} s: {} valid, {} invalid, {} on failed inputs; {} problems ({} known); \
+         pool {} ({} failed)",
         rep.calls,
         rep.valid,
         rep.invalid,
         rep.propagated,
         rep.problems.len(),
-        known.values().sum::<usize>()
+        known.values().sum::<usize>(),
+        fz.pool.len(),
+        failed_in_pool,
     );
     for (bug, n) in &known {
         println!("  known bug x{n}: {bug}");
     }
-    // The oracle must exercise both sides.
-    assert!(rep.valid > iters as usize / 5 && rep.invalid > iters as usize / 10, "too few valid/invalid calls");
+    // Problems first: a run that found one says so, whatever its counts.
+    let mut msg = String::new();
     if !unexpected.is_empty() {
-        let mut msg = String::from("unexpected problems:\n");
+        msg.push_str("unexpected problems:\n");
         for ((op, kind), (n, text)) in &unexpected {
             msg.push_str(&format!("- {op} {kind:?} (x{n}): {text}\n"));
         }
-        panic!("{msg}");
     }
+    // Then the oracle must have exercised both sides.
+    if !(rep.valid > iters as usize / 5 && rep.invalid > iters as usize / 10) {
+        msg.push_str(&format!(
+            "too few valid/invalid calls: {} valid (need > {}), {} invalid (need > {}) of {} calls, {} on failed \
+             inputs\n",
+            rep.valid,
+            iters / 5,
+            rep.invalid,
+            iters / 10,
+            rep.calls,
+            rep.propagated
+        ));
+    }
+    assert!(msg.is_empty(), "{msg}");
 }
 
 /// A few explicit calls from the brief, checked the same way as the random ones.
@@ -2355,6 +2433,13 @@ fn size_overflow_in_tile_repeat_pad_flatten_concatenate() {
         // Empty arrays: the wrapped size is accepted.
         ("repeat", Box::new(|| ops::zeros([3, 0], DType::F32).repeat(i32::MAX, 0))),
         ("tile", Box::new(|| ops::zeros([2, 1, 3, 1], DType::F32).tile(&[0, 2, i32::MAX, 0]))),
+        // Each axis fits i32 but their product passes the element limit: found at
+        // NUVEC_FUZZ_SEED=1 and 3, reported as broadcast_to (tile's inner op).
+        ("tile", Box::new(|| ops::zeros([1, 1], DType::F32).tile(&[i32::MAX, i32::MAX, i32::MAX]))),
+        ("tile", Box::new(|| ops::zeros([3], DType::U8).tile(&[i32::MAX, 2, i32::MAX, 1]))),
+        // The same for pad: found at NUVEC_FUZZ_SEED=6 (call 87041 of 100000).
+        ("pad", Box::new(|| ops::zeros([0, 0], DType::I16).pad(&[(i32::MAX, 0)], 0))),
+        ("pad", Box::new(|| ops::zeros([2, 2], DType::F32).pad_edge(&[(i32::MAX - 2, 0)]))),
         (
             "concatenate",
             Box::new(|| ops::concatenate(&[ops::zeros([i32::MAX - 1], DType::F32), ops::zeros([5], DType::F32)], 0)),
