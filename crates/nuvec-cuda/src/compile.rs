@@ -14,20 +14,25 @@ use nuvec_core::{Error, Result};
 use crate::driver::{Gpu, check};
 
 /// The headers our kernel sources include, by name.
-pub const HEADERS: [(&str, &str); 13] = [
+pub const HEADERS: [(&str, &str); 18] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
-    ("elementwise.cuh", include_str!("../kernels/elementwise.cuh")),
+    ("arith.cuh", include_str!("../kernels/arith.cuh")),
+    ("map.cuh", include_str!("../kernels/map.cuh")),
+    ("unary.cuh", include_str!("../kernels/unary.cuh")),
+    ("binary.cuh", include_str!("../kernels/binary.cuh")),
+    ("copy.cuh", include_str!("../kernels/copy.cuh")),
     ("reduce.cuh", include_str!("../kernels/reduce.cuh")),
-    ("fast.cuh", include_str!("../kernels/fast.cuh")),
-    ("norm.cuh", include_str!("../kernels/norm.cuh")),
-    ("norm_regs.cuh", include_str!("../kernels/norm_regs.cuh")),
-    ("cross_entropy.cuh", include_str!("../kernels/cross_entropy.cuh")),
-    ("rope.cuh", include_str!("../kernels/rope.cuh")),
-    ("misc.cuh", include_str!("../kernels/misc.cuh")),
-    ("gemv.cuh", include_str!("../kernels/gemv.cuh")),
-    ("sort.cuh", include_str!("../kernels/sort.cuh")),
+    ("scan.cuh", include_str!("../kernels/scan.cuh")),
+    ("matmul.cuh", include_str!("../kernels/matmul.cuh")),
     ("gather.cuh", include_str!("../kernels/gather.cuh")),
+    ("sort.cuh", include_str!("../kernels/sort.cuh")),
     ("quantize.cuh", include_str!("../kernels/quantize.cuh")),
+    ("softmax.cuh", include_str!("../kernels/softmax.cuh")),
+    ("norm.cuh", include_str!("../kernels/norm.cuh")),
+    ("norm_registers.cuh", include_str!("../kernels/norm_registers.cuh")),
+    ("rope.cuh", include_str!("../kernels/rope.cuh")),
+    ("swiglu.cuh", include_str!("../kernels/swiglu.cuh")),
+    ("cross_entropy.cuh", include_str!("../kernels/cross_entropy.cuh")),
 ];
 
 /// `sm_XYa` for compute capability 9.0 and later (so Hopper's wgmma and TMA are usable),

@@ -9,8 +9,8 @@ use nuvec_core::storage::{Operand, Output};
 use nuvec_core::{DType, Error, Result, Scalar};
 
 use crate::driver::{Gpu, check};
-use crate::eval::{alloc_out, internal, ptr_of, row_major};
 use crate::launch::{Arg, launch};
+use crate::operand::{alloc_out, internal, ptr_of, row_major};
 
 /// The prelude every generated source includes.
 pub const PRELUDE: &str = include_str!("../kernels/custom_kernel.cuh");

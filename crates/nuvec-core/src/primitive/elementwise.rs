@@ -45,6 +45,48 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// Every unary operation, in declaration order (for backends that build a kernel per
+    /// operation and for tests that visit them all).
+    pub const ALL: [UnaryOp; 34] = {
+        use UnaryOp::*;
+        [
+            Abs,
+            Sign,
+            Negative,
+            Square,
+            Floor,
+            Ceil,
+            Round,
+            Exp,
+            Expm1,
+            Log,
+            Log1p,
+            Log2,
+            Log10,
+            Sqrt,
+            Rsqrt,
+            Reciprocal,
+            Sin,
+            Cos,
+            Tan,
+            ArcSin,
+            ArcCos,
+            ArcTan,
+            Sinh,
+            Cosh,
+            Tanh,
+            ArcSinh,
+            ArcCosh,
+            ArcTanh,
+            Sigmoid,
+            Erf,
+            ErfInv,
+            LogicalNot,
+            BitwiseInvert,
+            Conjugate,
+        ]
+    };
+
     /// MLX's name of the operation.
     pub fn name(self) -> &'static str {
         use UnaryOp::*;
@@ -160,6 +202,38 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every binary operation, in declaration order (for backends that build a kernel per
+    /// operation and for tests that visit them all).
+    pub const ALL: [BinaryOp; 24] = {
+        use BinaryOp::*;
+        [
+            Add,
+            Subtract,
+            Multiply,
+            Divide,
+            FloorDivide,
+            Remainder,
+            Power,
+            Maximum,
+            Minimum,
+            LogAddExp,
+            ArcTan2,
+            Equal,
+            NotEqual,
+            Less,
+            LessEqual,
+            Greater,
+            GreaterEqual,
+            LogicalAnd,
+            LogicalOr,
+            BitwiseAnd,
+            BitwiseOr,
+            BitwiseXor,
+            LeftShift,
+            RightShift,
+        ]
+    };
+
     /// MLX's name of the operation.
     pub fn name(self) -> &'static str {
         use BinaryOp::*;
