@@ -14,7 +14,8 @@
 
 // Element types by their standard names, which the generated kernel wrappers use (kernels.rs:
 // `ctype`; core's custom-kernel generator uses the same names), and by the short names of the
-// templates.
+// templates. NVRTC has no <cstdint>; host compilers (the bench/cuda harnesses) take theirs.
+#ifdef __CUDACC_RTC__
 typedef signed char int8_t;
 typedef short int16_t;
 typedef int int32_t;
@@ -23,14 +24,17 @@ typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
-typedef int8_t i8;
-typedef int16_t i16;
-typedef int32_t i32;
-typedef int64_t i64;
-typedef uint8_t u8;
-typedef uint16_t u16;
-typedef uint32_t u32;
-typedef uint64_t u64;
+#else
+#include <cstdint>
+#endif
+typedef signed char i8;
+typedef short i16;
+typedef int i32;
+typedef long long i64;
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
 typedef __half f16;
 typedef __nv_bfloat16 bf16;
 

@@ -138,7 +138,7 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
 // values are one vector load. The row groups are summed in the block (shuffles, then shared
 // memory); slices, when the tiles alone leave SMs idle, leave f32 partials and the last block
 // of a tile to arrive (a counter per tile, reset by that block) adds them. matmul.rs launches
-// about two blocks per SM: more bytes in flight than that measured slower on the H200.
+// about two blocks per SM: more bytes in flight than that measured slower (see bench/results/).
 #define NV_GEMV_CT 8
 #define NV_GEMV_KG 32
 #define NV_GEMV_COL_BLOCK (NV_GEMV_CT * NV_GEMV_KG)

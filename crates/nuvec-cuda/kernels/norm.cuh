@@ -1,8 +1,9 @@
-// Fused row kernels of nuvec::fast beyond softmax: RMS norm (with the residual add), layer norm,
-// their derivatives and SwiGLU (RoPE: rope.cuh; cross entropy: cross_entropy.cuh). Rows are
-// contiguous (eval.rs copies strided inputs first); statistics accumulate in f32 (f64 for double). The norms here
+// The norms of nuvec::fast: RMS norm (with the residual add), layer norm, their derivatives and
+// col_sum, plus the row helpers the other fused kernels share (swiglu.cuh, rope.cuh,
+// cross_entropy.cuh). Rows are contiguous (fast/mod.rs copies strided inputs first);
+// statistics accumulate in f32 (f64 for double). The norms here
 // take any row: one block per row, grid-striding over rows; a row is read once from memory and
-// again from cache. Rows of whole 16-byte vectors that fit in registers take norm_regs.cuh's
+// again from cache. Rows of whole 16-byte vectors that fit in registers take norm_registers.cuh's
 // kernels instead.
 //
 // The derivative kernels keep each thread's share of the weight (and bias) gradient in
@@ -135,7 +136,7 @@ template <> __device__ __forceinline__ __half2 pack2<f16>(float a, float b) { re
 // multiply and add packed pairs: the product of two such values is exact in float, and so is
 // their sum unless one is below the other's rounding unit (then both round to the larger), so
 // one rounding of the packed operation gives what rounding the float result gives, in a
-// fraction of the instructions (H200, bf16 layer norm 32768×4096: 75% → 88% of copy).
+// fraction of the instructions (see bench/results/).
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> round_affine(const typename Acc<T>::type (&y)[N], const T* __restrict__ w,
                                                   const T* __restrict__ b, u64 vi) {
@@ -435,9 +436,8 @@ __device__ __forceinline__ void layer_norm_vjp_rows(const T* __restrict__ x, con
 // out[c] when c < split, else to out_hi[c − split] (a null output is skipped). A block of
 // NV_COL_SUM_THREADS takes 32 vectors of columns (128 f32 columns), its warps a share of the
 // parts each, eight 16-byte loads in flight per thread, then adds the warps' sums in shared
-// memory in a fixed order. (H200, 132 parts of 8192 columns: one thread per column summing
-// serially took ~10 µs, 32 columns per 256-thread block with 4-byte loads ~6 µs, a tenth of
-// a 4096-row RMS norm derivative.)
+// memory in a fixed order (faster than a thread per column or 4-byte loads; see
+// bench/results/).
 #define NV_COL_SUM_THREADS 512
 // O: the accumulator type (`col_sum`), or the dtype (`col_sum_round`, the RMS norm's weight
 // cotangent: rounded once here, so no cast follows).

@@ -1,11 +1,11 @@
-// SwiGLU and its derivative, element-wise over contiguous arrays (swiglu.rs).
+// SwiGLU and its derivative, element-wise over contiguous arrays (fast/swiglu.rs). The vector
+// helpers (load, store, round_vec, aligned16) are norm.cuh's.
 #pragma once
 #include "norm.cuh"
 
 // x·sigmoid(x) for SwiGLU. Results rounded to a 2-byte type take the hardware exponential and
 // division (ex2.approx, rcp.approx: relative error a few 1e-6 at most, far below the rounding to
-// bf16 or f16; H200, bf16 4096×14336: 96% → 98% of copy, the outputs of 4 M elements bit for bit
-// those of the precise functions); f32 and f64 keep the precise ones.
+// bf16 or f16, and faster; see bench/results/); f32 and f64 keep the precise ones.
 template <typename T> __device__ __forceinline__ typename Acc<T>::type silu_fast(typename Acc<T>::type v) {
   typedef typename Acc<T>::type A;
   if constexpr (sizeof(T) == 2) {

@@ -5,6 +5,12 @@
 //! are CUDA C++ sources compiled by NVRTC for the device's architecture (`sm_90a` on Hopper)
 //! and cached in memory and on disk. Products go through cuBLASLt, with our own GEMV for up
 //! to 8 rows.
+//!
+//! Layout: `eval` dispatches every primitive to its family module (`unary`, `binary`, `copy`,
+//! `reduce`, `scan`, `matmul`, `gather`, `sort`, `random`, `quantize`, `fast::{softmax, norm,
+//! rope, swiglu, cross_entropy}`, `custom_kernel`; the CPU backend's names), which launches the
+//! kernels of the same-named `kernels/*.cuh` and generates their modules ([`kernels::Family`]);
+//! `operand` holds the pointer, buffer and launch helpers they share.
 
 // The runtime: driver, device memory, NVRTC builds, launches.
 mod alloc;

@@ -353,9 +353,9 @@ fn ptr_of_out(out: &Output) -> Result<u64> {
     ptr_of(&op)
 }
 
-/// Column threads of a `gemv_cols` block (NV_GEMV_CT in gemv.cuh).
+/// Column threads of a `gemv_cols` block (NV_GEMV_CT in matmul.cuh).
 const GEMV_COL_THREADS: u64 = 8;
-/// Threads of a `gemv_cols` block (NV_GEMV_COL_BLOCK in gemv.cuh, its launch bound).
+/// Threads of a `gemv_cols` block (NV_GEMV_COL_BLOCK in matmul.cuh, its launch bound).
 const GEMV_COL_BLOCK: u32 = 256;
 
 /// The GEMV kernels, when the layout suits them; `None` leaves the product to cuBLASLt.
@@ -372,7 +372,7 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
     let family = Family::Matmul(a.dtype);
     let x_aligned = xp % 16 == 0 && (m == 1 || ldx % v == 0);
     if sb0 == 1 && sb1 as u64 >= k && x_aligned && wp % 16 == 0 && (sb1 as u64).is_multiple_of(v) {
-        // B = W^T with W [N, K] row-major: a warp's worth of threads per output column (gemv.cuh
+        // B = W^T with W [N, K] row-major: a warp's worth of threads per output column (matmul.cuh
         // groups adjacent outputs in a block and splits K across it).
         let f = kernel(gpu, family, &format!("gemv_rows_{m}"))?;
         let grid = n.div_ceil((BLOCK / 32) as u64).min(65535 * 32) as u32;
@@ -390,10 +390,9 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
         return Ok(Some(()));
     }
     if sb1 == 1 && sb0 as u64 >= n && wp % 16 == 0 && (sb0 as u64).is_multiple_of(v) {
-        // B [K, N] row-major: a block per tile of columns and slice of K (gemv.cuh). Slices: about
-        // two blocks per SM (a sweep on the H200 at 4096 x 14336 and 14336 x 4096 peaked there:
-        // 89-93% of the copy rate, against 80-85% with every resident block filled), never a
-        // second wave, at least 128 rows each.
+        // B [K, N] row-major: a block per tile of columns and slice of K (matmul.cuh). Slices: about
+        // two blocks per SM (where a sweep peaked, above every resident block filled; see
+        // bench/results/), never a second wave, at least 128 rows each.
         let f = kernel(gpu, family, &format!("gemv_cols_{m}"))?;
         let tile = GEMV_COL_THREADS * v;
         let tiles = n.div_ceil(tile);

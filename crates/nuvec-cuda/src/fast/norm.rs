@@ -111,7 +111,7 @@ fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
     rows.min(2 * gpu.info.multiprocessors.max(1) as u64).max(1)
 }
 
-/// A norm kernel: its register-row kernels (`{regs}_r{v}`, norm_regs.cuh), its looping kernel
+/// A norm kernel: its register-row kernels (`{regs}_r{v}`, norm_registers.cuh), its looping kernel
 /// (norm.cuh), and how the register kernels are launched.
 struct NormKernel {
     regs: &'static str,
@@ -196,9 +196,9 @@ const LAYER_NORM_VJP: NormKernel = NormKernel {
 /// How a norm kernel covers its rows.
 #[derive(Clone, Copy)]
 enum RowPlan {
-    /// norm_regs.cuh's `_o` kernels: a block per row of `nvec` 16-byte vectors.
+    /// norm_registers.cuh's `_o` kernels: a block per row of `nvec` 16-byte vectors.
     OneRow { nvec: usize },
-    /// norm_regs.cuh: `v` 16-byte vectors per thread, `group` threads per row, several groups
+    /// norm_registers.cuh: `v` 16-byte vectors per thread, `group` threads per row, several groups
     /// per block.
     Regs { v: usize, group: u32, equal: bool },
     /// norm.cuh's looping kernels, one block per row.
@@ -494,5 +494,4 @@ mod tests {
             assert!(has(k.looping), "{}", k.looping);
         }
     }
-
 }
