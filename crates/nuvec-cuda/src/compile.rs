@@ -179,7 +179,8 @@ pub fn builds(name: &str) -> BuildCounts {
 }
 
 /// Compiles `source` (which may include [`HEADERS`] by name, plus `extra_headers`) to a CUBIN
-/// for `arch`. Errors carry NVRTC's log.
+/// for `arch` (`sm_90a`), or to PTX for a virtual architecture (`compute_90`: the front end
+/// only, no machine code). Errors carry NVRTC's log.
 pub fn compile_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&str, &str)]) -> Result<Vec<u8>> {
     nvrtc_version()?;
     count_build(name, |c| c.compiled += 1);
@@ -218,13 +219,15 @@ pub fn compile_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&st
             let log = CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned();
             Err(Error::Backend(format!("NVRTC could not compile {name} for {arch}:\n{log}")))
         } else {
+            let ptx = arch.starts_with("compute_");
             let mut size = 0usize;
-            let r = nsys::nvrtcGetCUBINSize(prog, &mut size);
+            let r = if ptx { nsys::nvrtcGetPTXSize(prog, &mut size) } else { nsys::nvrtcGetCUBINSize(prog, &mut size) };
             if r != nsys::nvrtcResult::NVRTC_SUCCESS {
                 Err(fail("nvrtcGetCUBINSize", r))
             } else {
                 let mut bin = vec![0u8; size];
-                let r = nsys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut c_char);
+                let out = bin.as_mut_ptr() as *mut c_char;
+                let r = if ptx { nsys::nvrtcGetPTX(prog, out) } else { nsys::nvrtcGetCUBIN(prog, out) };
                 if r != nsys::nvrtcResult::NVRTC_SUCCESS { Err(fail("nvrtcGetCUBIN", r)) } else { Ok(bin) }
             }
         };
