@@ -4,7 +4,9 @@
 //! implement the same names. Operations in `ops` validate user arguments, cast and broadcast
 //! inputs, and then record one of these.
 
+pub mod custom;
 pub mod elementwise;
+pub mod fast;
 pub mod gather;
 pub mod linalg;
 pub mod quantize;
@@ -14,7 +16,9 @@ mod rules;
 pub mod sort;
 pub mod view;
 
+pub use custom::CustomFn;
 pub use elementwise::{BinaryOp, UnaryOp};
+pub use fast::FastOp;
 pub use gather::ScatterReduce;
 pub use quantize::QuantMode;
 pub use reduce::{ArgReduceOp, ReduceOp, ScanOp};
@@ -22,7 +26,6 @@ pub use sort::SortOp;
 
 use crate::dtype::DType;
 use crate::error::OpErrorKind;
-use crate::fast::FastOp;
 use crate::shape::Shape;
 use crate::storage::Spec;
 
@@ -123,7 +126,7 @@ pub enum Primitive {
     Fast(FastOp),
     /// A user function with its own derivative or batching rules (`custom_function`,
     /// `checkpoint`): evaluated as its body.
-    Custom(crate::transforms::CustomFn),
+    Custom(CustomFn),
     /// Random bits from threefry2x32 keys (`uint32[..., 2]`): one block of `shape` per key,
     /// `width` bytes per element (1, 2 or 4), laid out as MLX draws them. Output shape: the
     /// keys' leading axes, then `shape`.
