@@ -5,6 +5,7 @@
 //! inputs, and then record one of these.
 
 pub mod custom;
+pub mod custom_kernel;
 pub mod elementwise;
 pub mod fast;
 pub mod gather;
@@ -17,6 +18,7 @@ pub mod sort;
 pub mod view;
 
 pub use custom::CustomFn;
+pub use custom_kernel::KernelSpec;
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use fast::FastOp;
 pub use gather::ScatterReduce;
@@ -144,7 +146,7 @@ pub enum Primitive {
         axis: usize,
     },
     /// A custom CUDA kernel from source (`fast::CudaKernel`); only the CUDA backend runs it.
-    CustomKernel(std::sync::Arc<crate::fast::cuda_kernel::KernelSpec>),
+    CustomKernel(std::sync::Arc<KernelSpec>),
     /// `out[.., j, ..] = src[.., indices[.., j, ..], ..]` along `axis`: inputs `(src, indices)`
     /// of one rank, equal except on `axis`. Negative indices wrap once; others outside the
     /// axis clamp to its ends (see [`gather`]).
@@ -348,7 +350,7 @@ impl Primitive {
                 sort::output_spec(*op, *axis, &inputs[0]).map(|s| vec![s])
             }
             Primitive::CustomKernel(k) => {
-                arity(k.kernel.inputs.len())?;
+                arity(k.input_names.len())?;
                 Ok(k.outputs.clone())
             }
             Primitive::GatherAxis { axis } => gather::gather_axis_specs(*axis, inputs),
