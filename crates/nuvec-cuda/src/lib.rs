@@ -45,6 +45,7 @@ use nuvec_core::storage::{HostBuffer, Memory, MemoryStats, Operand, Output, Spec
 use nuvec_core::{Error, Result};
 
 pub use compile::{BuildCounts, builds};
+pub use custom_kernel::{GeneratedKernel, InputParams, generate_custom_kernel};
 pub use custom_kernel::{PRELUDE as CUSTOM_KERNEL_PRELUDE, compile_custom_kernel};
 pub use driver::DeviceInfo;
 
