@@ -2,8 +2,9 @@
 //! derived from a call's [`KernelSpec`] (inputs, outputs, template arguments and what the body
 //! mentions). Pure string work, so it is tested without a GPU or NVRTC.
 
+use crate::kernels::ctype;
 use nuvec_core::DType;
-use nuvec_core::fast::cuda_kernel::{KernelSpec, TemplateArg, mentions};
+use nuvec_core::primitive::custom_kernel::{KernelSpec, TemplateArg, mentions};
 
 /// The header every generated source includes (shipped by the CUDA backend): MLX's type names,
 /// `Shape`/`Strides`, `elem_to_loc`, warp reductions and mixed half/integer arithmetic.
@@ -37,34 +38,12 @@ pub struct GeneratedKernel {
     pub inputs: Vec<InputParams>,
 }
 
-/// The CUDA type of a dtype in generated signatures (MLX's table).
-// merge: replace with crate::kernels::ctype
-fn cuda_type(d: DType) -> &'static str {
-    match d {
-        DType::Bool => "bool",
-        DType::U8 => "uint8_t",
-        DType::U16 => "uint16_t",
-        DType::U32 => "uint32_t",
-        DType::U64 => "uint64_t",
-        DType::I8 => "int8_t",
-        DType::I16 => "int16_t",
-        DType::I32 => "int32_t",
-        DType::I64 => "int64_t",
-        DType::F16 => "__half",
-        DType::BF16 => "__nv_bfloat16",
-        DType::F32 => "float",
-        DType::F64 => "double",
-        DType::Complex64 => "complex64_t",
-        _ => "void",
-    }
-}
-
 /// The MLX type name used in kernel-name suffixes (`float16_t` rather than `__half`).
 fn type_name(d: DType) -> &'static str {
     match d {
         DType::F16 => "float16_t",
         DType::BF16 => "bfloat16_t",
-        d => cuda_type(d),
+        d => ctype(d),
     }
 }
 
@@ -97,7 +76,7 @@ pub fn generate(text: &KernelSpec) -> GeneratedKernel {
     let mut params = Vec::with_capacity(text.inputs.len());
     let mut sig: Vec<String> = Vec::new();
     for (name, spec) in text.input_names.iter().zip(&text.inputs) {
-        let t = cuda_type(spec.dtype);
+        let t = ctype(spec.dtype);
         let mut p = InputParams { by_value: spec.shape.is_empty(), ..Default::default() };
         if p.by_value {
             sig.push(format!("const {t} {name}"));
@@ -119,7 +98,7 @@ pub fn generate(text: &KernelSpec) -> GeneratedKernel {
         params.push(p);
     }
     for (name, o) in text.output_names.iter().zip(&text.outputs) {
-        sig.push(format!("{}* {name}", cuda_type(o.dtype)));
+        sig.push(format!("{}* {name}", ctype(o.dtype)));
     }
 
     let mut out = String::new();
@@ -140,7 +119,7 @@ pub fn generate(text: &KernelSpec) -> GeneratedKernel {
         match arg {
             TemplateArg::Int(v) => out.push_str(&format!("  constexpr int {name} = {v};\n")),
             TemplateArg::Bool(b) => out.push_str(&format!("  constexpr bool {name} = {b};\n")),
-            TemplateArg::DType(d) => out.push_str(&format!("  using {name} = {};\n", cuda_type(*d))),
+            TemplateArg::DType(d) => out.push_str(&format!("  using {name} = {};\n", ctype(*d))),
         }
     }
     out.push_str(&format!("#line 1 \"{}.source\"\n", text.name));
@@ -295,7 +274,7 @@ mod tests {
             (DType::Complex64, "complex64_t"),
         ];
         for (d, name) in all {
-            assert_eq!(cuda_type(d), name);
+            assert_eq!(ctype(d), name);
         }
         assert_eq!((type_name(DType::F16), type_name(DType::BF16)), ("float16_t", "bfloat16_t"));
     }
