@@ -255,36 +255,15 @@ impl Primitive {
             }
             Primitive::Unary(op) => {
                 arity(1)?;
-                let x = &inputs[0];
-                if op.compute_dtype(x.dtype) != Some(x.dtype) {
-                    return Err(OpErrorKind::UnsupportedDType(x.dtype));
-                }
-                one(x.shape.clone(), op.output_dtype(x.dtype))
+                elementwise::unary_spec(*op, &inputs[0]).map(|s| vec![s])
             }
             Primitive::Binary(op) => {
                 arity(2)?;
-                let (a, b) = (&inputs[0], &inputs[1]);
-                same_shape(a, b)?;
-                if a.dtype != b.dtype {
-                    return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
-                }
-                if op.compute_dtype(a.dtype) != Some(a.dtype) {
-                    return Err(OpErrorKind::UnsupportedDType(a.dtype));
-                }
-                one(a.shape.clone(), op.output_dtype(a.dtype))
+                elementwise::binary_spec(*op, &inputs[0], &inputs[1]).map(|s| vec![s])
             }
             Primitive::Select => {
                 arity(3)?;
-                let (c, a, b) = (&inputs[0], &inputs[1], &inputs[2]);
-                same_shape(c, a)?;
-                same_shape(a, b)?;
-                if c.dtype != DType::Bool {
-                    return Err(OpErrorKind::UnsupportedDType(c.dtype));
-                }
-                if a.dtype != b.dtype {
-                    return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
-                }
-                one(a.shape.clone(), a.dtype)
+                elementwise::select_spec(&inputs[0], &inputs[1], &inputs[2]).map(|s| vec![s])
             }
             Primitive::AsType(d) => {
                 arity(1)?;
@@ -362,13 +341,5 @@ impl Primitive {
                 quantize::dequantize_specs(*mode, *group_size, *bits, *dtype, inputs)
             }
         }
-    }
-}
-
-fn same_shape(a: &Spec, b: &Spec) -> Result<(), OpErrorKind> {
-    if a.shape == b.shape {
-        Ok(())
-    } else {
-        Err(OpErrorKind::ShapeMismatch { lhs: a.shape.to_vec(), rhs: b.shape.to_vec() })
     }
 }
