@@ -2,7 +2,7 @@
 // every row below must give NaN. nvcc -std=c++17 -arch=sm_90 -I crates/nuvec-cuda/kernels
 #include <cstdio>
 #include <cmath>
-#include "fast.cuh"
+#include "softmax.cuh"
 template <typename T> __global__ void k(const T* x, T* o, u64 r, u64 l) { logsumexp_rows_warp<T>(x, o, r, l); }
 template <typename T> int check(const char* name) {
   const int L = 64;

@@ -6,8 +6,7 @@
 // bench_fast). The variants measured and not kept (weight partials in shared memory, the weight
 // re-read per row, RoPE's earlier forms, cache hints on the RMS norm) are in this file as of
 // commit 1bd6a8b. Run 30 (bench/results/2026-12-02-gpu-run30.md): the one-row kernels' read of
-// the row with L1/L2 evict_last (`keep`, `l2`; the library's NV_LOAD_KEEP=0 gives plain
-// loads); the weight loaded with the row and a Triton cubin timed here are in this file as of
+// the row with L1/L2 evict_last (`keep`, `l2`; the plain-load form is `ldh<0>` below); the weight loaded with the row and a Triton cubin timed here are in this file as of
 // commit f32232d. On the H200:
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I crates/nuvec-cuda/kernels bench/cuda/tune_launch.cu -o tl
@@ -17,13 +16,13 @@
 //   ./tl keep       # the one-row RMS norm's read of the row (plain, L1 and/or L2 evict_last),
 //                   # store hints, the lines set back to normal after the row
 //   ./tl l2         # a following kernel's L2 after each form of the norm
-//   (nvcc ... -DNV_LOAD_KEEP=0 -o tl0: the library's one-row kernels with plain loads)
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
 #include <vector>
 #include "rope.cuh"
-#include "norm_regs.cuh"
+#include "norm_registers.cuh"
+#include "swiglu.cuh"
 #include "harness.cuh"
 
 typedef bf16 T;
@@ -53,8 +52,7 @@ template <int P> __global__ void __launch_bounds__(NV_COL_SUM_THREADS) k_colsum_
 template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK, 2) k_rmsb2(const T* x, const T* w, const T* gy, T* gx, A* p, u64 r, u64 l, int g) { pdl<P>(); rms_norm_vjp_regs<T, V>(x, w, gy, gx, p, r, l, 1e-5f, g); }
 template <int P, int V> __global__ void __launch_bounds__(NV_REG_BLOCK) k_addrms_o(const T* x, const T* res, const T* w, T* h, T* o, u64 r, u64 l) { pdl<P>(); rms_norm_one<T, V, true>(x, res, w, h, o, r, l, 1e-5f); }
 // The one-row RMS norm's read of the row in other forms (run 30). H: 0 plain, 1 L1::evict_last,
-// 3 the library's load_keep (L1::evict_last + L2 evict_last policy; plain when built with
-// NV_LOAD_KEEP=0), 8 the L2 evict_last policy only, 9 L1 evict_last + L2 evict_last policy at
+// 3 the library's load_keep (L1::evict_last + L2 evict_last policy), 8 the L2 evict_last policy only, 9 L1 evict_last + L2 evict_last policy at
 // fraction 0.5. Not volatile, so the compiler issues a row's loads together.
 template <int H> __device__ __forceinline__ Vec16<T> ldh(const Vec16<T>* p) {
   if constexpr (H == 3) return load_keep(p, keep_policy());

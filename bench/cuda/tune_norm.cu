@@ -1,4 +1,4 @@
-// Sweeps the launch shapes of the register-row norm kernels (norm_regs.cuh: `_r` persistent
+// Sweeps the launch shapes of the register-row norm kernels (norm_registers.cuh: `_r` persistent
 // groups with the next row ahead, `_o` a block per row) against norm.cuh's looping kernels, and
 // times RoPE (rope.cuh), against the copy ceiling measured in the same run, bf16, at the shapes
 // of bench_fast. Bytes are those of an ideal kernel (as bench_fast counts
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <vector>
-#include "norm_regs.cuh"
+#include "norm_registers.cuh"
 #include "rope.cuh"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1); } } while (0)
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     sweep_bwd<2>(s.rows, s.len, x, w, gy, o, part, dw);
     sweep_bwd<4>(s.rows, s.len, x, w, gy, o, part, dw);
   }
-  // RoPE [B, 32, T, 128], all dims rotated, halves: rope.cuh as fast_rows.rs launches it (8
+  // RoPE [B, 32, T, 128], all dims rotated, halves: rope.cuh as fast/rope.rs launches it (8
   // chunks × 32 rows per block, rows in memory order).
   i32* off;
   CK(cudaMalloc(&off, 64)); CK(cudaMemset(off, 0, 64));

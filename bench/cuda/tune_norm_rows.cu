@@ -1,4 +1,4 @@
-// The forward norms a block per row (norm_regs.cuh's `_o` kernels) against the persistent `_r`
+// The forward norms a block per row (norm_registers.cuh's `_o` kernels) against the persistent `_r`
 // kernels and a minimal one-row RMS norm (`simple`: no bounds checks, compile-time block size),
 // bf16, against the copy ceiling measured in the same run; also the RMS norm with its weight
 // loaded with the row (`rms pre-w`). One input buffer (4096-row cases get some L2 reuse, so
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <vector>
-#include "norm_regs.cuh"
+#include "norm_registers.cuh"
 #include "harness.cuh"
 
 typedef bf16 T;

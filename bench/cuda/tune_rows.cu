@@ -2,7 +2,7 @@
 // the GPU against the copy ceiling measured in the same run, checks them against plain reference
 // kernels, and sweeps launch shapes. It compiles the kernels' own headers
 // (crates/nuvec-cuda/kernels), so a variant of a header can be timed before the dispatch in
-// eval.rs / fast_rows.rs / matmul.rs changes to match. Build and run on the GPU machine, from
+// fast/*.rs / matmul.rs changes to match. Build and run on the GPU machine, from
 // the repository root:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I crates/nuvec-cuda/kernels bench/cuda/tune_rows.cu -o tune && ./tune
 // -DNV_ROW_LOADS=n / -DNV_GEMV_ROW_LOADS=n / -DNV_GEMV_COL_LOADS=n set the 16-byte loads in
@@ -10,8 +10,8 @@
 // gemv_cols slices sweep:
 //   for u in 4 8 16; do nvcc ... -DNV_GEMV_ROW_LOADS=$u -o tune$u && ./tune$u targets; done
 // Prints: the copy ceiling; "target" lines in GB/s and % of the ceiling for bf16 log-sum-exp
-// 16384x4096 and 4096x16384 (a warp per row, as eval.rs), the cross-entropy loss
-// 4096x{32000,128256,152064} (fast_rows.rs's launch; also with the other thread count) and the
+// 16384x4096 and 4096x16384 (a warp per row, as fast/softmax.rs), the cross-entropy loss
+// 4096x{32000,128256,152064} (fast/cross_entropy.rs's launch; also with the other thread count) and the
 // GEMV 1x4096 . W[14336,4096]^T (matmul.rs's launch; in parentheses two other GEMV shapes);
 // "check" lines against the references (edge rows with NaN/inf, short and unaligned rows for 4
 // types; GEMVs for M = 1..8 and ragged shapes), each should say 0 bad; then the sweeps (threads
@@ -22,7 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <vector>
-#include "gemv.cuh"
+#include "matmul.cuh"
 #include "cross_entropy.cuh"
 #include "harness.cuh"
 
@@ -87,12 +87,12 @@ static void target(const char* what, double bytes, const std::function<void()>& 
   printf("\n");
 }
 
-// eval.rs: a warp per row up to 64 KiB (grid_for: rows / 8 blocks of 256, at most 32 per SM).
+// fast/softmax.rs: a warp per row up to 64 KiB (grid_for: rows / 8 blocks of 256, at most 32 per SM).
 template <typename T> static void launch_lse_warp(const T* x, T* o, u64 rows, u64 len) {
   u64 g = (rows + 7) / 8, cap = (u64)sms * 32;
   lse_warp<T><<<(unsigned)(g < cap ? g : cap), 256>>>(x, o, rows, len);
 }
-// fast_rows.rs: 128 threads per row up to 64 K features, 512 beyond; row_grid: as many blocks
+// fast/cross_entropy.rs: 128 threads per row up to 64 K features, 512 beyond; row_grid: as many blocks
 // as are resident at once.
 template <typename T>
 static std::function<void()> launch_ce(const T* x, const i32* t, float* loss, u64 rows, u64 len, int threads = 0) {

@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(1024) ce_fused(const T* x, const i32* t, const
 
 static int sms;
 
-// fast_rows.rs's launches of the two kernels: 128 threads per row up to 64 K classes, 512 beyond,
+// fast/cross_entropy.rs's launches of the two kernels: 128 threads per row up to 64 K classes, 512 beyond,
 // as many blocks as are resident.
 template <typename T> static std::function<void()> two(const T* x, const i32* t, const float* g, float* loss, T* dx, u64 rows, u64 len) {
   int threads = len > 65536 ? 512 : 128, a = 0, b = 0;

@@ -1,8 +1,11 @@
-//! Trees of arrays: what `eval` (and, later, the transforms) walk.
+//! Trees of arrays: structures `eval` walks for their leaves ([`Leaves`]), and that the
+//! transforms also rebuild, so arguments and results come back in the shape they came in
+//! ([`Tree`]: `Array`, tuples, `Vec`, `Option`, fixed arrays, `HashMap`/`BTreeMap<String, _>`).
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::array::Array;
+use crate::error::Result;
 
 /// A structure holding arrays: `Array`, references, slices, `Vec`, `Option`, tuples (up to 8)
 /// and `HashMap`/`BTreeMap<String, _>`.
@@ -87,3 +90,127 @@ tuple_leaves!(A, B, C, D, E);
 tuple_leaves!(A, B, C, D, E, F);
 tuple_leaves!(A, B, C, D, E, F, G);
 tuple_leaves!(A, B, C, D, E, F, G, H);
+
+/// A structure of arrays that can be flattened to its leaves and rebuilt with new leaves.
+pub trait Tree: Leaves + Sized {
+    /// A copy of this structure with its leaves taken, in order, from `leaves`.
+    fn rebuild(&self, leaves: &mut std::vec::IntoIter<Array>) -> Self;
+
+    /// The leaves, in order.
+    fn flatten(&self) -> Vec<Array> {
+        let mut v = Vec::new();
+        self.collect_leaves(&mut v);
+        v
+    }
+
+    /// A copy of this structure holding `leaves` (as many as it has leaves).
+    fn with_leaves(&self, leaves: Vec<Array>) -> Self {
+        self.rebuild(&mut leaves.into_iter())
+    }
+}
+
+impl Tree for Array {
+    fn rebuild(&self, leaves: &mut std::vec::IntoIter<Array>) -> Self {
+        leaves.next().unwrap_or_else(|| {
+            Array::from_error(crate::error::Error::InvalidArgument("tree rebuilt from too few leaves".into()))
+        })
+    }
+}
+
+impl<T: Tree> Tree for Vec<T> {
+    fn rebuild(&self, leaves: &mut std::vec::IntoIter<Array>) -> Self {
+        self.iter().map(|x| x.rebuild(leaves)).collect()
+    }
+}
+
+impl<T: Tree, const N: usize> Tree for [T; N] {
+    fn rebuild(&self, leaves: &mut std::vec::IntoIter<Array>) -> Self {
+        std::array::from_fn(|i| self[i].rebuild(leaves))
+    }
+}
+
+impl<T: Tree> Tree for Option<T> {
+    fn rebuild(&self, leaves: &mut std::vec::IntoIter<Array>) -> Self {
+        self.as_ref().map(|x| x.rebuild(leaves))
+    }
+}
+
+impl<T: Tree> Tree for BTreeMap<String, T> {
+    fn rebuild(&self, leaves: &mut std::vec::IntoIter<Array>) -> Self {
+        self.iter().map(|(k, v)| (k.clone(), v.rebuild(leaves))).collect()
+    }
+}
+
+impl<T: Tree> Tree for HashMap<String, T> {
+    fn rebuild(&self, leaves: &mut std::vec::IntoIter<Array>) -> Self {
+        // Leaves are ordered by sorted key (see `Leaves`).
+        let mut keys: Vec<&String> = self.keys().collect();
+        keys.sort();
+        keys.into_iter().map(|k| (k.clone(), self[k].rebuild(leaves))).collect()
+    }
+}
+
+impl Tree for () {
+    fn rebuild(&self, _leaves: &mut std::vec::IntoIter<Array>) -> Self {}
+}
+
+macro_rules! tuple_tree {
+    ($($name:ident),+) => {
+        impl<$($name: Tree),+> Tree for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn rebuild(&self, leaves: &mut std::vec::IntoIter<Array>) -> Self {
+                let ($($name,)+) = self;
+                ($($name.rebuild(leaves),)+)
+            }
+        }
+    };
+}
+tuple_tree!(A);
+tuple_tree!(A, B);
+tuple_tree!(A, B, C);
+tuple_tree!(A, B, C, D);
+tuple_tree!(A, B, C, D, E);
+tuple_tree!(A, B, C, D, E, F);
+tuple_tree!(A, B, C, D, E, F, G);
+tuple_tree!(A, B, C, D, E, F, G, H);
+
+/// What a transformed closure may return: a value, or a `Result` of one.
+pub trait IntoResult {
+    /// The value.
+    type Ok;
+    /// The value, or the error.
+    fn into_result(self) -> Result<Self::Ok>;
+}
+
+impl<T: Tree> IntoResult for T {
+    type Ok = T;
+    fn into_result(self) -> Result<T> {
+        Ok(self)
+    }
+}
+
+impl<T: Tree> IntoResult for Result<T> {
+    type Ok = T;
+    fn into_result(self) -> Result<T> {
+        self
+    }
+}
+
+/// What `value_and_grad` differentiates: a loss, or a loss with auxiliary outputs (returned
+/// without gradients).
+pub trait GradOutput: Tree {
+    /// The scalar to differentiate.
+    fn loss(&self) -> &Array;
+}
+
+impl GradOutput for Array {
+    fn loss(&self) -> &Array {
+        self
+    }
+}
+
+impl<A: Tree> GradOutput for (Array, A) {
+    fn loss(&self) -> &Array {
+        &self.0
+    }
+}

@@ -12,6 +12,21 @@
 #define NAN __int_as_float(0x7fffffff)
 #endif
 
+// Element types by their standard names, which the generated kernel wrappers use (kernels.rs:
+// `ctype`; core's custom-kernel generator uses the same names), and by the short names of the
+// templates. NVRTC has no <cstdint>; host compilers (the bench/cuda harnesses) take theirs.
+#ifdef __CUDACC_RTC__
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long long int64_t;
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+#else
+#include <cstdint>
+#endif
 typedef signed char i8;
 typedef short i16;
 typedef int i32;
@@ -27,8 +42,8 @@ typedef __nv_bfloat16 bf16;
 // that way may start while the kernel before it on the stream is still running; it waits here
 // for that kernel to finish and its writes to be visible before touching memory, then lets the
 // next kernel start its own launch. So, after another kernel of this kind, a kernel's launch
-// and ramp-up overlap the previous one's last blocks (H200, bf16 RMS norm 4096×8192: 87.5% →
-// 93.6% of copy); after any other kernel only the launch is saved (that one lets its dependents
+// and ramp-up overlap the previous one's last blocks (see bench/results/); after any other
+// kernel only the launch is saved (that one lets its dependents
 // start when it exits). Called first in every kernel that may be launched so; a no-op in a
 // plain launch.
 __device__ __forceinline__ void nv_dependent_launch() {
@@ -56,6 +71,9 @@ __device__ __forceinline__ c64 operator/(c64 a, c64 b) {
 }
 __device__ __forceinline__ bool operator==(c64 a, c64 b) { return a.re == b.re && a.im == b.im; }
 __device__ __forceinline__ bool operator!=(c64 a, c64 b) { return !(a == b); }
+// complex64_t is this c64 here: custom kernels' own prelude (custom_kernel.cuh) defines a
+// different complex64_t, so the two headers are not meant to be included together.
+typedef c64 complex64_t;
 
 // The precision an element type computes in: half types widen to float.
 template <typename T> struct Acc { typedef T type; };

@@ -4,7 +4,7 @@
 //
 // Three kernels: the loss alone; the derivative given the loss (which gives the log-sum-exp
 // back as loss + row[t], so one read of the row and one write); and both at once when an
-// evaluation wants both (eval.rs pairs them), which reads each row once: a cluster of blocks
+// evaluation wants both (fast/cross_entropy.rs pairs them), which reads each row once: a cluster of blocks
 // shares a row, each block keeping its slice in registers while the cluster agrees on the
 // statistics, then writing the slice's gradient.
 #pragma once
@@ -68,11 +68,11 @@ __device__ __forceinline__ void cross_entropy_vjp_rows(const T* __restrict__ x, 
 //
 // The C blocks of a cluster (C = gridDim's cluster size, at most 8) take one row at a time,
 // block r the vectors [r·slice, (r+1)·slice): each thread loads at most U vectors (8 or 10:
-// fast_rows.rs), keeps them in registers, and the block reduces their (max, sum of exp). The blocks publish
+// fast/cross_entropy.rs), keeps them in registers, and the block reduces their (max, sum of exp). The blocks publish
 // their pair in shared memory, meet at one cluster barrier, and every block merges all C pairs
 // (read through distributed shared memory, in rank order so every block gets the same bits);
 // then each thread writes the gradient of the vectors it holds. So slice ≤ U × threads
-// vectors: fast_rows.rs picks C and the block size, and rows that do not fit take the
+// vectors: fast/cross_entropy.rs picks C and the block size, and rows that do not fit take the
 // two kernels above. Rows are whole 16-byte vectors at 16-byte aligned addresses.
 //
 // The published pairs alternate between two slots by row parity: a block writes slot p of row
@@ -209,6 +209,6 @@ __device__ __forceinline__ void cross_entropy_fused_rows(const T* __restrict__ x
   // No block may leave while another can still read its shared memory.
   cluster_barrier();
 #else
-  __trap();  // fast_rows.rs launches it on sm_90 and later only
+  __trap();  // fast/cross_entropy.rs launches it on sm_90 and later only
 #endif
 }

@@ -4,7 +4,7 @@
 //   gather:  d.strides[0] indices, d.strides[1] source (indexed axis stride zeroed)
 //   scatter: d.strides[0] indices, d.strides[1] updates, d.strides[2] output (axis zeroed)
 #pragma once
-#include "elementwise.cuh"
+#include "arith.cuh"
 
 // An index as i64; unsigned 64-bit values past i64's range saturate (still out of range).
 template <typename I> __device__ __forceinline__ i64 index_value(I v) {

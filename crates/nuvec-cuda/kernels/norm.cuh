@@ -1,8 +1,9 @@
-// Fused row kernels of nuvec::fast beyond softmax: RMS norm (with the residual add), layer norm,
-// their derivatives and SwiGLU (RoPE: rope.cuh; cross entropy: cross_entropy.cuh). Rows are
-// contiguous (eval.rs copies strided inputs first); statistics accumulate in f32 (f64 for double). The norms here
+// The norms of nuvec::fast: RMS norm (with the residual add), layer norm, their derivatives and
+// col_sum, plus the row helpers the other fused kernels share (swiglu.cuh, rope.cuh,
+// cross_entropy.cuh). Rows are contiguous (fast/mod.rs copies strided inputs first);
+// statistics accumulate in f32 (f64 for double). The norms here
 // take any row: one block per row, grid-striding over rows; a row is read once from memory and
-// again from cache. Rows of whole 16-byte vectors that fit in registers take norm_regs.cuh's
+// again from cache. Rows of whole 16-byte vectors that fit in registers take norm_registers.cuh's
 // kernels instead.
 //
 // The derivative kernels keep each thread's share of the weight (and bias) gradient in
@@ -11,7 +12,7 @@
 // so rows of up to slots × threads features) and write one partial row per block, which
 // col_sum adds. More slots spill (sm_90a, 512 threads: 32 slots spilled 178 bytes).
 #pragma once
-#include "fast.cuh"
+#include "softmax.cuh"
 
 #ifndef NV_RMS_SLOTS
 #define NV_RMS_SLOTS 16
@@ -135,7 +136,7 @@ template <> __device__ __forceinline__ __half2 pack2<f16>(float a, float b) { re
 // multiply and add packed pairs: the product of two such values is exact in float, and so is
 // their sum unless one is below the other's rounding unit (then both round to the larger), so
 // one rounding of the packed operation gives what rounding the float result gives, in a
-// fraction of the instructions (H200, bf16 layer norm 32768×4096: 75% → 88% of copy).
+// fraction of the instructions (see bench/results/).
 template <typename T, int N>
 __device__ __forceinline__ Vec<T, N> round_affine(const typename Acc<T>::type (&y)[N], const T* __restrict__ w,
                                                   const T* __restrict__ b, u64 vi) {
@@ -435,9 +436,8 @@ __device__ __forceinline__ void layer_norm_vjp_rows(const T* __restrict__ x, con
 // out[c] when c < split, else to out_hi[c − split] (a null output is skipped). A block of
 // NV_COL_SUM_THREADS takes 32 vectors of columns (128 f32 columns), its warps a share of the
 // parts each, eight 16-byte loads in flight per thread, then adds the warps' sums in shared
-// memory in a fixed order. (H200, 132 parts of 8192 columns: one thread per column summing
-// serially took ~10 µs, 32 columns per 256-thread block with 4-byte loads ~6 µs, a tenth of
-// a 4096-row RMS norm derivative.)
+// memory in a fixed order (faster than a thread per column or 4-byte loads; see
+// bench/results/).
 #define NV_COL_SUM_THREADS 512
 // O: the accumulator type (`col_sum`), or the dtype (`col_sum_round`, the RMS norm's weight
 // cotangent: rounded once here, so no cast follows).
@@ -492,70 +492,4 @@ __device__ __forceinline__ void col_sum(const A* __restrict__ part, O* __restric
     }
     __syncthreads();
   }
-}
-
-// x·sigmoid(x) for SwiGLU. Results rounded to a 2-byte type take the hardware exponential and
-// division (ex2.approx, rcp.approx: relative error a few 1e-6 at most, far below the rounding to
-// bf16 or f16; H200, bf16 4096×14336: 96% → 98% of copy, the outputs of 4 M elements bit for bit
-// those of the precise functions); f32 and f64 keep the precise ones.
-template <typename T> __device__ __forceinline__ typename Acc<T>::type silu_fast(typename Acc<T>::type v) {
-  typedef typename Acc<T>::type A;
-  if constexpr (sizeof(T) == 2) {
-    return __fdividef(v, 1.0f + __expf(-v));
-  } else {
-    return v / ((A)1 + exp(-v));
-  }
-}
-
-// ---- SwiGLU: silu(gate) · up in f32, rounded once.
-template <typename T>
-__device__ __forceinline__ void swiglu_elems(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
-                                             u64 n) {
-  typedef typename Acc<T>::type A;
-  const int N = 16 / sizeof(T);
-  u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, lanes = (u64)gridDim.x * blockDim.x, start = 0;
-  if (aligned16(gate) && aligned16(up) && aligned16(out)) {
-    u64 nv = n / N;
-    for (u64 i = tid; i < nv; i += lanes) {
-      Vec<T, N> a = reinterpret_cast<const Vec<T, N>*>(gate)[i], b = reinterpret_cast<const Vec<T, N>*>(up)[i];
-      A y[N];
-#pragma unroll
-      for (int j = 0; j < N; ++j) y[j] = silu_fast<T>(widen(a.v[j])) * widen(b.v[j]);
-      reinterpret_cast<Vec<T, N>*>(out)[i] = round_vec<T, N>(y);
-    }
-    start = nv * N;
-  }
-  for (u64 i = start + tid; i < n; i += lanes) out[i] = narrow<T>(silu_fast<T>(widen(gate[i])) * widen(up[i]));
-}
-
-// SwiGLU's derivative in one pass: with s = sigmoid(gate), dgate = g·up·s·(1 + gate·(1 − s))
-// and dup = g·gate·s (3 reads, 2 writes).
-template <typename T>
-__device__ __forceinline__ void swiglu_vjp_elems(const T* __restrict__ gate, const T* __restrict__ up,
-                                                 const T* __restrict__ g, T* __restrict__ dgate, T* __restrict__ dup,
-                                                 u64 n) {
-  typedef typename Acc<T>::type A;
-  const int N = 16 / sizeof(T);
-  u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x, lanes = (u64)gridDim.x * blockDim.x, start = 0;
-  auto one = [](A x, A u, A gv, T& dg, T& du) {
-    A s = (A)1 / ((A)1 + exp(-x));
-    dg = narrow<T>(gv * u * s * ((A)1 + x * ((A)1 - s)));
-    du = narrow<T>(gv * x * s);
-  };
-  if (aligned16(gate) && aligned16(up) && aligned16(g) && aligned16(dgate) && aligned16(dup)) {
-    u64 nv = n / N;
-    for (u64 i = tid; i < nv; i += lanes) {
-      A a[N], b[N], c[N];
-      T dg[N], du[N];
-      load<T, N>(gate, i, a);
-      load<T, N>(up, i, b);
-      load<T, N>(g, i, c);
-#pragma unroll
-      for (int j = 0; j < N; ++j) one(a[j], b[j], c[j], dg[j], du[j]);
-      store<T, N>(dgate, i, dg);
-      store<T, N>(dup, i, du);
-    }
-    start = nv * N;
-  }
-  for (u64 i = start + tid; i < n; i += lanes) one(widen(gate[i]), widen(up[i]), widen(g[i]), dgate[i], dup[i]);
 }

@@ -6,15 +6,13 @@
 // Chunks: not traditional, feature i of the first half pairs with i + dims/2, and a chunk is W
 // consecutive i (two loads, one in each half); traditional, pairs are adjacent and a chunk is
 // W consecutive features (W/2 pairs, one load). With VEC a chunk is one 16-byte vector
-// (W = 16 / sizeof(T); fast_rows.rs checks alignment and divisibility); otherwise W is 1 (2
+// (W = 16 / sizeof(T); fast/rope.rs checks alignment and divisibility); otherwise W is 1 (2
 // when traditional) and accesses are per element.
 //
 // Threads: x over a row's chunks, y (with the grid) over rows in memory order, so the device
 // streams consecutive rows. Each thread computes its chunk's sines: the range-reduced hardware
-// sincos is cheap enough that sharing sines among the rows (heads) of one position measured
-// slower — on the H200 at [4, 32, 4096, 128] bf16, threads rotating 2–32 heads reached 65–78%
-// of copy, rows in memory order 94%, a precomputed table 89%. (One thread per pair with 2-byte
-// accesses, sincosf and 64-bit divisions per pair: 27–30%.)
+// sincos is cheap enough that sharing sines among the rows (heads) of one position, or a
+// precomputed table, measured slower (see bench/results/).
 #pragma once
 #include "norm.cuh"
 
@@ -52,9 +50,8 @@ __device__ __forceinline__ void rope_sincos(float a, float* s, float* c) {
 }
 
 // TRAD: traditional pairs; FREQS: inverse frequencies 1/freqs[i] (else from log2_base). Both
-// fixed at compile time, like R32 below: with them as run-time arguments the kernel reached 87%
-// of copy against 95% (H200, bf16 [4, 32, 4096, 128]; bench/cuda/tune_launch.cu `rope` as of
-// commit 1bd6a8b).
+// fixed at compile time, like R32 below: as run-time arguments they slow the kernel down
+// (bench/cuda/tune_launch.cu `rope`; see bench/results/).
 template <typename T, int W, bool VEC, bool R32, bool TRAD, bool FREQS>
 __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict__ out, const i32* __restrict__ offset,
                                           int offset_per_batch, const float* __restrict__ freqs, float log2_base,
@@ -83,9 +80,9 @@ __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict
       rope_ld<T, W, VEC>(p + ea, va, W);
       if constexpr (!TRAD) rope_ld<T, W, VEC>(p + eb, vb, W);
       // The row's position, after the chunk's loads are issued (computed before them, it
-      // delays them: H200, bf16 [4, 32, 4096, 128], 88% → 74% of copy). R32: rows < 2^32, in
-      // 32-bit arithmetic (a 64-bit division by a run-time divisor is a long routine: 86% → 95%
-      // there; both forms in one kernel behind a branch, 85%).
+      // delays them). R32: rows < 2^32, in 32-bit arithmetic (a 64-bit division by a run-time
+      // divisor is a long routine; both forms in one kernel behind a branch are slower too; see
+      // bench/results/).
       u64 t, b = 0;
       if constexpr (R32) {
         t = (u32)row % (u32)seq;

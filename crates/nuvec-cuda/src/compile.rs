@@ -14,20 +14,25 @@ use nuvec_core::{Error, Result};
 use crate::driver::{Gpu, check};
 
 /// The headers our kernel sources include, by name.
-pub const HEADERS: [(&str, &str); 13] = [
+pub const HEADERS: [(&str, &str); 18] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
-    ("elementwise.cuh", include_str!("../kernels/elementwise.cuh")),
+    ("arith.cuh", include_str!("../kernels/arith.cuh")),
+    ("map.cuh", include_str!("../kernels/map.cuh")),
+    ("unary.cuh", include_str!("../kernels/unary.cuh")),
+    ("binary.cuh", include_str!("../kernels/binary.cuh")),
+    ("copy.cuh", include_str!("../kernels/copy.cuh")),
     ("reduce.cuh", include_str!("../kernels/reduce.cuh")),
-    ("fast.cuh", include_str!("../kernels/fast.cuh")),
-    ("norm.cuh", include_str!("../kernels/norm.cuh")),
-    ("norm_regs.cuh", include_str!("../kernels/norm_regs.cuh")),
-    ("cross_entropy.cuh", include_str!("../kernels/cross_entropy.cuh")),
-    ("rope.cuh", include_str!("../kernels/rope.cuh")),
-    ("misc.cuh", include_str!("../kernels/misc.cuh")),
-    ("gemv.cuh", include_str!("../kernels/gemv.cuh")),
-    ("sort.cuh", include_str!("../kernels/sort.cuh")),
+    ("scan.cuh", include_str!("../kernels/scan.cuh")),
+    ("matmul.cuh", include_str!("../kernels/matmul.cuh")),
     ("gather.cuh", include_str!("../kernels/gather.cuh")),
+    ("sort.cuh", include_str!("../kernels/sort.cuh")),
     ("quantize.cuh", include_str!("../kernels/quantize.cuh")),
+    ("softmax.cuh", include_str!("../kernels/softmax.cuh")),
+    ("norm.cuh", include_str!("../kernels/norm.cuh")),
+    ("norm_registers.cuh", include_str!("../kernels/norm_registers.cuh")),
+    ("rope.cuh", include_str!("../kernels/rope.cuh")),
+    ("swiglu.cuh", include_str!("../kernels/swiglu.cuh")),
+    ("cross_entropy.cuh", include_str!("../kernels/cross_entropy.cuh")),
 ];
 
 /// `sm_XYa` for compute capability 9.0 and later (so Hopper's wgmma and TMA are usable),
@@ -174,7 +179,8 @@ pub fn builds(name: &str) -> BuildCounts {
 }
 
 /// Compiles `source` (which may include [`HEADERS`] by name, plus `extra_headers`) to a CUBIN
-/// for `arch`. Errors carry NVRTC's log.
+/// for `arch` (`sm_90a`), or to PTX for a virtual architecture (`compute_90`: the front end
+/// only, no machine code). Errors carry NVRTC's log.
 pub fn compile_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&str, &str)]) -> Result<Vec<u8>> {
     nvrtc_version()?;
     count_build(name, |c| c.compiled += 1);
@@ -213,13 +219,15 @@ pub fn compile_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&st
             let log = CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned();
             Err(Error::Backend(format!("NVRTC could not compile {name} for {arch}:\n{log}")))
         } else {
+            let ptx = arch.starts_with("compute_");
             let mut size = 0usize;
-            let r = nsys::nvrtcGetCUBINSize(prog, &mut size);
+            let r = if ptx { nsys::nvrtcGetPTXSize(prog, &mut size) } else { nsys::nvrtcGetCUBINSize(prog, &mut size) };
             if r != nsys::nvrtcResult::NVRTC_SUCCESS {
                 Err(fail("nvrtcGetCUBINSize", r))
             } else {
                 let mut bin = vec![0u8; size];
-                let r = nsys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut c_char);
+                let out = bin.as_mut_ptr() as *mut c_char;
+                let r = if ptx { nsys::nvrtcGetPTX(prog, out) } else { nsys::nvrtcGetCUBIN(prog, out) };
                 if r != nsys::nvrtcResult::NVRTC_SUCCESS { Err(fail("nvrtcGetCUBIN", r)) } else { Ok(bin) }
             }
         };

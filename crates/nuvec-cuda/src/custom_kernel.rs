@@ -1,16 +1,22 @@
-//! Custom kernels (`fast::CudaKernel`): compiling a generated source once, filling outputs,
-//! and launching with the parameters the generated signature declares.
+//! Custom kernels (`fast::CudaKernel`): generating a call's source from its `KernelSpec`
+//! (once per distinct kernel, see [`source`]), compiling it once, filling outputs, and
+//! launching with the parameters the generated signature declares.
 
-use std::sync::Arc;
+mod source;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys;
-use nuvec_core::fast::cuda_kernel::{KernelSpec, PRELUDE_HEADER};
+use nuvec_core::fast::cuda_kernel::{KernelSpec, MAX_NDIM, TemplateArg};
 use nuvec_core::storage::{Operand, Output};
 use nuvec_core::{DType, Error, Result, Scalar};
 
+pub use source::{GeneratedKernel, InputParams, PRELUDE_HEADER};
+
 use crate::driver::{Gpu, check};
-use crate::eval::{alloc_out, internal, ptr_of, row_major};
 use crate::launch::{Arg, launch};
+use crate::operand::{alloc_out, internal, ptr_of, row_major};
 
 /// The prelude every generated source includes.
 pub const PRELUDE: &str = include_str!("../kernels/custom_kernel.cuh");
@@ -22,6 +28,43 @@ const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 /// any cache; works without a GPU. Errors carry NVRTC's log.
 pub fn compile_custom_kernel(source: &str, key: &str, arch: &str) -> Result<Vec<u8>> {
     crate::compile::compile_cubin(source, key, arch, &[(PRELUDE_HEADER, PRELUDE)])
+}
+
+/// The kernel a call runs, as the backend generates it (for tools, tests and compile checks
+/// with [`compile_custom_kernel`]).
+pub fn generate_custom_kernel(spec: &KernelSpec) -> GeneratedKernel {
+    source::generate(spec)
+}
+
+/// What generation reads from a call: calls with equal keys have the same kernel.
+#[derive(PartialEq, Eq, Hash)]
+struct SourceKey {
+    name: String,
+    input_names: Vec<String>,
+    output_names: Vec<String>,
+    source: String,
+    header: String,
+    template: Vec<(String, TemplateArg)>,
+    /// Each input's dtype and whether it is 0-d.
+    inputs: Vec<(DType, bool)>,
+    outputs: Vec<DType>,
+}
+
+/// The generated kernel of a call, generated once per distinct kernel.
+fn generated(spec: &KernelSpec) -> Arc<GeneratedKernel> {
+    static CACHE: OnceLock<Mutex<HashMap<SourceKey, Arc<GeneratedKernel>>>> = OnceLock::new();
+    let key = SourceKey {
+        name: spec.name.clone(),
+        input_names: spec.input_names.clone(),
+        output_names: spec.output_names.clone(),
+        source: spec.source.clone(),
+        header: spec.header.clone(),
+        template: spec.template.clone(),
+        inputs: spec.inputs.iter().map(|x| (x.dtype, x.shape.is_empty())).collect(),
+        outputs: spec.outputs.iter().map(|o| o.dtype).collect(),
+    };
+    let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    cache.entry(key).or_insert_with(|| Arc::new(source::generate(spec))).clone()
 }
 
 /// Packs plain values into the 8-byte words `Arg::Bytes` holds.
@@ -78,7 +121,10 @@ fn scalar_bytes(gpu: &Gpu, x: &Operand) -> Result<Vec<u8>> {
 
 /// Runs one custom-kernel call.
 pub(crate) fn eval(gpu: &Arc<Gpu>, spec: &KernelSpec, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
-    let k = &spec.kernel;
+    let k = generated(spec);
+    if spec.verbose {
+        println!("{}", k.source);
+    }
     if inputs.len() != k.inputs.len() || outputs.len() != spec.outputs.len() {
         return Err(internal(format!("{}: operand counts do not match the kernel", k.entry)));
     }
@@ -96,12 +142,12 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, spec: &KernelSpec, inputs: Vec<Operand>, outp
         let x = if spec.ensure_row_contiguous { row_major(gpu, x)? } else { x };
         args.push(Arg::Ptr(ptr_of(&x)?));
         if p.shape {
-            let mut shape = [0i32; nuvec_core::fast::cuda_kernel::source::MAX_NDIM];
+            let mut shape = [0i32; MAX_NDIM];
             shape[..x.shape.len()].copy_from_slice(&x.shape);
             args.push(Arg::Bytes(words(bytemuck::cast_slice(&shape))));
         }
         if p.strides {
-            let mut strides = [0i64; nuvec_core::fast::cuda_kernel::source::MAX_NDIM];
+            let mut strides = [0i64; MAX_NDIM];
             for (s, &v) in strides.iter_mut().zip(&x.data.layout.strides) {
                 *s = v as i64;
             }

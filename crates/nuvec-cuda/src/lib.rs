@@ -5,18 +5,36 @@
 //! are CUDA C++ sources compiled by NVRTC for the device's architecture (`sm_90a` on Hopper)
 //! and cached in memory and on disk. Products go through cuBLASLt, with our own GEMV for up
 //! to 8 rows.
+//!
+//! Layout: `eval` dispatches every primitive to its family module (`unary`, `binary`, `copy`,
+//! `reduce`, `scan`, `matmul`, `gather`, `sort`, `random`, `quantize`, `fast::{softmax, norm,
+//! rope, swiglu, cross_entropy}`, `custom_kernel`; the CPU backend's names), which launches the
+//! kernels of the same-named `kernels/*.cuh` and generates their modules ([`kernels::Family`]);
+//! `operand` holds the pointer, buffer and launch helpers they share.
 
+// The runtime: driver, device memory, NVRTC builds, launches.
 mod alloc;
 pub mod compile;
-mod custom_kernel;
 mod driver;
-mod eval;
-mod fast_rows;
 pub mod kernels;
 mod launch;
+// The one dispatch (`eval`) and the operand helpers every family uses (`operand`).
+mod eval;
+mod operand;
+// One module per primitive family, named as in the CPU backend and in `kernels/*.cuh`; each
+// holds its launches and the generator of its kernel modules.
+mod binary;
+mod copy;
+mod custom_kernel;
+mod fast;
+mod gather;
 mod matmul;
 mod quantize;
+mod random;
+mod reduce;
+mod scan;
 mod sort;
+mod unary;
 
 use std::sync::Arc;
 
@@ -24,15 +42,15 @@ use nuvec_core::backend::Backend;
 use nuvec_core::device::{Device, DeviceKind, Stream};
 use nuvec_core::primitive::Primitive;
 use nuvec_core::storage::{HostBuffer, Memory, MemoryStats, Operand, Output, Spec, Storage};
-use nuvec_core::{DType, Error, Result};
+use nuvec_core::{Error, Result};
 
 pub use compile::{BuildCounts, builds};
+pub use custom_kernel::{GeneratedKernel, InputParams, generate_custom_kernel};
 pub use custom_kernel::{PRELUDE as CUSTOM_KERNEL_PRELUDE, compile_custom_kernel};
 pub use driver::DeviceInfo;
 
 use crate::alloc::GpuBuffer;
 use crate::driver::Gpu;
-use crate::kernels::{has_binary, reduce_ops, scan_ops, unary_functor};
 
 /// Whether a CUDA GPU is usable: the driver, a device, NVRTC and cuBLASLt are present.
 /// Never panics.
@@ -132,10 +150,6 @@ fn gpu_of(device: Device) -> Result<Arc<Gpu>> {
     Gpu::get(device.index)
 }
 
-fn kernel_dtype(d: DType) -> bool {
-    !matches!(d, DType::Complex64)
-}
-
 impl Backend for CudaBackend {
     fn name(&self) -> &'static str {
         "cuda"
@@ -150,47 +164,11 @@ impl Backend for CudaBackend {
     }
 
     fn supports(&self, primitive: &Primitive, inputs: &[Spec], outputs: &[Spec]) -> bool {
-        let d =
-            inputs.first().map(|s| s.dtype).unwrap_or_else(|| outputs.first().map(|s| s.dtype).unwrap_or(DType::F32));
-        match primitive {
-            Primitive::Arange { .. } => !matches!(outputs[0].dtype, DType::Bool | DType::Complex64),
-            Primitive::Unary(op) => unary_functor(*op, d).is_some(),
-            Primitive::Binary(op) => has_binary(*op, d),
-            Primitive::Select | Primitive::AsType(_) | Primitive::Copy | Primitive::Concatenate { .. } => true,
-            Primitive::SliceUpdate { .. } => true,
-            Primitive::GatherAxis { .. } => crate::kernels::INDEX_DTYPES.contains(&inputs[1].dtype),
-            Primitive::ScatterAxis { reduce, .. } => {
-                crate::kernels::INDEX_DTYPES.contains(&inputs[1].dtype)
-                    && (*reduce == nuvec_core::primitive::ScatterReduce::None || crate::kernels::has_scatter_reduce(d))
-            }
-            Primitive::Reshape(_) | Primitive::BitCast(_) => true,
-            Primitive::Reduce { op, .. } => reduce_ops(d).contains(op),
-            Primitive::ArgReduce { .. } => kernel_dtype(d),
-            Primitive::Scan { op, .. } => scan_ops(d).contains(op),
-            Primitive::Matmul => d.is_float() || d.is_integer(),
-            Primitive::AddMM { .. } => d.is_float(),
-            Primitive::Fast(op) => {
-                use nuvec_core::fast::FastOp;
-                nuvec_core::fast::fused_enabled()
-                    && d.is_float()
-                    && (matches!(op, FastOp::Softmax | FastOp::LogSumExp) || fast_rows::supports(op, inputs))
-            }
-            Primitive::RandomBits { .. } => d == DType::U32,
-            Primitive::Sort { axis, .. } => {
-                inputs.first().and_then(|x| x.shape.get(*axis)).is_some_and(|&len| sort::supports(len as usize))
-            }
-            Primitive::CustomKernel(_) => true,
-            Primitive::Quantize { .. } | Primitive::Dequantize { .. } => quantize::supports(primitive, inputs),
-            _ => false,
-        }
+        eval::supports(primitive, inputs, outputs)
     }
 
     fn eval(&self, stream: Stream, primitive: &Primitive, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
-        let gpu = gpu_of(stream.device)?;
-        if let Primitive::CustomKernel(spec) = primitive {
-            return custom_kernel::eval(&gpu, spec, inputs, outputs);
-        }
-        eval::eval(&gpu, primitive, inputs, outputs)
+        eval::eval(&gpu_of(stream.device)?, primitive, inputs, outputs)
     }
 
     fn upload(&self, device: Device, host: &HostBuffer) -> Result<Storage> {
@@ -202,9 +180,9 @@ impl Backend for CudaBackend {
 
     fn download(&self, storage: &Storage) -> Result<HostBuffer> {
         let Memory::Device(m) = storage.memory() else {
-            return Err(eval::internal("download of host memory"));
+            return Err(operand::internal("download of host memory"));
         };
-        let buf = m.as_any().downcast_ref::<GpuBuffer>().ok_or_else(|| eval::internal("foreign device memory"))?;
+        let buf = m.as_any().downcast_ref::<GpuBuffer>().ok_or_else(|| operand::internal("foreign device memory"))?;
         let mut host = HostBuffer::uninit(storage.len());
         buf.gpu.download(buf.ptr, host.bytes_mut())?;
         Ok(host)
@@ -213,41 +191,4 @@ impl Backend for CudaBackend {
     fn synchronize(&self, stream: Stream) -> Result<()> {
         gpu_of(stream.device)?.synchronize()
     }
-}
-
-/// The device-to-device copy bandwidth of GPU `index` in GB/s (bytes read plus bytes written),
-/// measured with `cuMemcpyDtoD` of `bytes` between two fresh buffers: the ceiling memory-bound
-/// kernels are compared with. Median of `iters` copies timed with CUDA events after warm-up.
-pub fn copy_bandwidth(index: u32, bytes: usize, iters: usize) -> Result<f64> {
-    use cudarc::driver::sys;
-    let gpu = Gpu::get(index)?;
-    let (src, dst) = (GpuBuffer::new(&gpu, bytes)?, GpuBuffer::new(&gpu, bytes)?);
-    gpu.bind()?;
-    let mut times = Vec::with_capacity(iters);
-    // SAFETY: events are created, recorded on this device's stream and destroyed here; the
-    // copies stay inside the two buffers of `bytes` each.
-    unsafe {
-        let mut start = std::ptr::null_mut();
-        let mut end = std::ptr::null_mut();
-        driver::check(sys::cuEventCreate(&mut start, 0), "cuEventCreate")?;
-        driver::check(sys::cuEventCreate(&mut end, 0), "cuEventCreate")?;
-        // Non-zero contents, so compressible memory cannot flatter the number.
-        driver::check(sys::cuMemsetD32Async(src.ptr, 0x3f8ccccd, bytes / 4, gpu.stream), "cuMemsetD32Async")?;
-        for i in 0..iters + 3 {
-            driver::check(sys::cuEventRecord(start, gpu.stream), "cuEventRecord")?;
-            gpu.copy_device(dst.ptr, src.ptr, bytes)?;
-            driver::check(sys::cuEventRecord(end, gpu.stream), "cuEventRecord")?;
-            driver::check(sys::cuEventSynchronize(end), "cuEventSynchronize")?;
-            let mut ms = 0f32;
-            driver::check(sys::cuEventElapsedTime_v2(&mut ms, start, end), "cuEventElapsedTime")?;
-            if i >= 3 {
-                times.push(ms as f64);
-            }
-        }
-        sys::cuEventDestroy_v2(start);
-        sys::cuEventDestroy_v2(end);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    let ms = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
-    Ok(2.0 * bytes as f64 / (ms * 1e-3) / 1e9)
 }

@@ -13,10 +13,39 @@ use nuvec_core::shape::row_major_strides;
 use nuvec_core::storage::{Operand, Output};
 use nuvec_core::{DType, Error, Result};
 
+use crate::copy::copy;
 use crate::driver::Gpu;
-use crate::eval::{alloc, alloc_out, copy, internal, kernel, ptr_of, row_major};
-use crate::kernels::Family;
+use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, BLOCK, Dims, launch};
+use crate::operand::{alloc, alloc_out, internal, kernel, ptr_of, row_major};
+
+/// Whether the backend has kernels of its own for products of `d`: the few-row products of
+/// f16, bf16 and f32, or every product of an integer dtype.
+pub(crate) fn has_kernels(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16 | DType::F32) || d.is_integer()
+}
+
+/// The module of `d`: `gemv_rows_{m}` and `gemv_cols_{m}` for 1 to 8 rows (floats), or
+/// `matmul_int` (integers).
+pub(crate) fn source(d: DType) -> String {
+    let mut s = Source::new(&["matmul.cuh"]);
+    let t = ctype(d);
+    if d.is_integer() {
+        s.kernel(format!(
+            "matmul_int(const {t}* a, const {t}* b, {t}* out, u64 batches, u64 m, u64 n, u64 k, i64 sa0, i64 sa1, i64 sb0, i64 sb1, Dims d) {{ matmul_int<{t}>(a, b, out, batches, m, n, k, sa0, sa1, sb0, sb1, d); }}"
+        ));
+        return s.finish();
+    }
+    for m in 1..=8 {
+        s.kernel(format!(
+            "gemv_rows_{m}(const {t}* x, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {{ gemv_rows<{t}, {m}>(x, w, out, n, k, ldx, ldw, ldo); }}"
+        ));
+        s.kernel(format!(
+            "__launch_bounds__(NV_GEMV_COL_BLOCK) gemv_cols_{m}(const {t}* x, const {t}* b, float* partials, unsigned* counters, {t}* out, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices) {{ gemv_cols<{t}, {m}>(x, b, partials, counters, out, n, k, ldx, ldb, ldo, slices); }}"
+        ));
+    }
+    s.finish()
+}
 
 fn blas_check(s: lt::cublasStatus_t, what: &str) -> Result<()> {
     if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
@@ -324,9 +353,9 @@ fn ptr_of_out(out: &Output) -> Result<u64> {
     ptr_of(&op)
 }
 
-/// Column threads of a `gemv_cols` block (NV_GEMV_CT in gemv.cuh).
+/// Column threads of a `gemv_cols` block (NV_GEMV_CT in matmul.cuh).
 const GEMV_COL_THREADS: u64 = 8;
-/// Threads of a `gemv_cols` block (NV_GEMV_COL_BLOCK in gemv.cuh, its launch bound).
+/// Threads of a `gemv_cols` block (NV_GEMV_COL_BLOCK in matmul.cuh, its launch bound).
 const GEMV_COL_BLOCK: u32 = 256;
 
 /// The GEMV kernels, when the layout suits them; `None` leaves the product to cuBLASLt.
@@ -340,10 +369,10 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
     let v = (16 / a.dtype.size()) as u64;
     let (xp, wp) = (ptr_of(a)?, ptr_of(b)?);
     let ldx = if m > 1 { sa0 as u64 } else { k };
-    let family = Family::Gemv(a.dtype);
+    let family = Family::Matmul(a.dtype);
     let x_aligned = xp % 16 == 0 && (m == 1 || ldx % v == 0);
     if sb0 == 1 && sb1 as u64 >= k && x_aligned && wp % 16 == 0 && (sb1 as u64).is_multiple_of(v) {
-        // B = W^T with W [N, K] row-major: a warp's worth of threads per output column (gemv.cuh
+        // B = W^T with W [N, K] row-major: a warp's worth of threads per output column (matmul.cuh
         // groups adjacent outputs in a block and splits K across it).
         let f = kernel(gpu, family, &format!("gemv_rows_{m}"))?;
         let grid = n.div_ceil((BLOCK / 32) as u64).min(65535 * 32) as u32;
@@ -361,10 +390,9 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
         return Ok(Some(()));
     }
     if sb1 == 1 && sb0 as u64 >= n && wp % 16 == 0 && (sb0 as u64).is_multiple_of(v) {
-        // B [K, N] row-major: a block per tile of columns and slice of K (gemv.cuh). Slices: about
-        // two blocks per SM (a sweep on the H200 at 4096 x 14336 and 14336 x 4096 peaked there:
-        // 89-93% of the copy rate, against 80-85% with every resident block filled), never a
-        // second wave, at least 128 rows each.
+        // B [K, N] row-major: a block per tile of columns and slice of K (matmul.cuh). Slices: about
+        // two blocks per SM (where a sweep peaked, above every resident block filled; see
+        // bench/results/), never a second wave, at least 128 rows each.
         let f = kernel(gpu, family, &format!("gemv_cols_{m}"))?;
         let tile = GEMV_COL_THREADS * v;
         let tiles = n.div_ceil(tile);
@@ -408,7 +436,7 @@ fn matmul_int(gpu: &Arc<Gpu>, a: Operand, b: Operand, out: &mut Output) -> Resul
     let d =
         Dims::new(&out.shape[..nb], &[&a.data.layout.strides[..nb], &b.data.layout.strides[..nb], &out_strides[..nb]])?;
     let (sa, sb) = (&a.data.layout.strides, &b.data.layout.strides);
-    let f = kernel(gpu, Family::MatmulInt(a.dtype), "matmul_int")?;
+    let f = kernel(gpu, Family::Matmul(a.dtype), "matmul_int")?;
     let args = vec![
         Arg::Ptr(ptr_of(&a)?),
         Arg::Ptr(ptr_of(&b)?),

@@ -7,9 +7,9 @@ use nuvec_core::storage::{Operand, Output, Spec};
 use nuvec_core::{DType, Result};
 
 use crate::driver::Gpu;
-use crate::eval::{alloc_out, internal, kernel, ptr_of, row_major};
-use crate::kernels::Family;
+use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, BLOCK, grid_for, launch};
+use crate::operand::{alloc_out, internal, kernel, ptr_of, row_major};
 
 /// The weight dtypes the kernels are built for.
 pub(crate) const KERNEL_DTYPES: [DType; 3] = [DType::F16, DType::BF16, DType::F32];
@@ -23,6 +23,19 @@ pub(crate) fn supports(p: &Primitive, inputs: &[Spec]) -> bool {
         Primitive::Dequantize { mode: QuantMode::Affine, dtype, .. } => KERNEL_DTYPES.contains(dtype),
         _ => false,
     }
+}
+
+/// The module of weight dtype `d`: `affine_quantize` and `affine_dequantize`.
+pub(crate) fn source(d: DType) -> String {
+    let mut s = Source::new(&["quantize.cuh"]);
+    let t = ctype(d);
+    s.kernel(format!(
+        "affine_quantize(const {t}* w, u32* out, {t}* scales, {t}* biases, u64 groups, int bits, int group_size) {{ affine_quantize<{t}>(w, out, scales, biases, groups, bits, group_size); }}"
+    ));
+    s.kernel(format!(
+        "affine_dequantize(const u32* w, const {t}* scales, const {t}* biases, {t}* out, u64 n, int bits, int group_size) {{ affine_dequantize<{t}>(w, scales, biases, out, n, bits, group_size); }}"
+    ));
+    s.finish()
 }
 
 fn launch_over(gpu: &Arc<Gpu>, f: cudarc::driver::sys::CUfunction, n: u64, args: Vec<Arg>) -> Result<()> {

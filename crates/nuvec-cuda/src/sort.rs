@@ -13,9 +13,9 @@ use nuvec_core::storage::{Data, Layout, Operand, Output};
 use nuvec_core::{DType, Result};
 
 use crate::driver::Gpu;
-use crate::eval::{alloc, kernel, ptr_of};
-use crate::kernels::Family;
+use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, BLOCK, Dims, grid_for, launch};
+use crate::operand::{alloc, kernel, ptr_of};
 
 /// Longest row sorted in shared memory (`SORT_BLOCK_MAX` of `sort.cuh`): 4096 pairs of an
 /// 8-byte value and a 4-byte index fill the 48 KiB a block gets without opting in.
@@ -28,6 +28,28 @@ pub(crate) const GLOBAL_MAX: usize = 1 << 26;
 /// Whether the GPU sorts rows of `len` elements.
 pub(crate) fn supports(len: usize) -> bool {
     len <= GLOBAL_MAX
+}
+
+/// The module of `d`: the shared-memory network (`sort_block_{vals,idx}`) and the stages of the
+/// global-memory one.
+pub(crate) fn source(d: DType) -> String {
+    let mut s = Source::new(&["sort.cuh"]);
+    let t = ctype(d);
+    for (suffix, indices) in [("vals", false), ("idx", true)] {
+        s.kernel(format!(
+            "sort_block_{suffix}(const {t}* x, void* out, u64 rows, u32 len, u32 p, i64 axis_stride, Dims d) {{ sort_block<{t}, {indices}>(x, out, rows, len, p, axis_stride, d); }}"
+        ));
+        s.kernel(format!(
+            "sort_global_write_{suffix}(const {t}* keys, const u32* idx, void* out, u64 rows, u32 len, u32 p) {{ sort_global_write<{t}, {indices}>(keys, idx, out, rows, len, p); }}"
+        ));
+    }
+    s.kernel(format!(
+        "sort_global_init(const {t}* x, {t}* keys, u32* idx, u64 rows, u32 len, u32 p, i64 axis_stride, Dims d) {{ sort_global_init<{t}>(x, keys, idx, rows, len, p, axis_stride, d); }}"
+    ));
+    s.kernel(format!(
+        "sort_global_step({t}* keys, u32* idx, u64 rows, u32 len, u32 p, u32 k, u32 j) {{ sort_global_step<{t}>(keys, idx, rows, len, p, k, j); }}"
+    ));
+    s.finish()
 }
 
 pub(crate) fn sort(gpu: &Arc<Gpu>, op: SortOp, axis: usize, x: Operand, out: &mut Output) -> Result<()> {

@@ -26,7 +26,7 @@
 //!
 //! # Ceilings
 //!
-//! * `ceiling_copy_memcpy`: `nuvec::cuda::copy_bandwidth`, a 1 GiB `cuMemcpyDtoD` timed with
+//! * `ceiling_copy_memcpy`: `bench_harness::copy_bandwidth`, a 1 GiB `cuMemcpyDtoD` timed with
 //!   CUDA events; bytes read plus bytes written. Every bandwidth fraction is against it.
 //! * `copy_proxy_mul1_f32_256M`: `x * 1` as an element-wise "copy" (informational).
 //! * `copy_concat_f32_256M`: `concatenate` of the two halves of `x`, nuvec's strided copy

@@ -51,11 +51,15 @@ pub mod cpu {
 /// ```
 pub mod cuda {
     pub use nuvec_cuda::{
-        CudaBackend, DeviceInfo, clear_cache, compile_all, copy_bandwidth, device_count, device_info, is_available,
-        memory, reset_peak, set_cache_limit, set_memory_limit, synchronize, unavailable_reason,
+        CudaBackend, DeviceInfo, clear_cache, compile_all, device_count, device_info, is_available, memory, reset_peak,
+        set_cache_limit, set_memory_limit, synchronize, unavailable_reason,
     };
-    // Custom kernels (`fast::CudaKernel`): build counters and an uncached compile check.
-    pub use nuvec_cuda::{BuildCounts, CUSTOM_KERNEL_PRELUDE, builds, compile_custom_kernel};
+    // Custom kernels (`fast::CudaKernel`): the generated source of a call, build counters and an
+    // uncached compile check.
+    pub use nuvec_cuda::{
+        BuildCounts, CUSTOM_KERNEL_PRELUDE, GeneratedKernel, InputParams, builds, compile_custom_kernel,
+        generate_custom_kernel,
+    };
 }
 
 /// The backends of this build, handed to core's registry (its one link-time hook).

@@ -2,33 +2,10 @@
 
 use crate::array::Array;
 use crate::dtype::{DType, promote_types};
-use crate::error::OpErrorKind;
 use crate::ops;
-use crate::storage::Spec;
+use crate::primitive::fast::loss_dtype;
 
 use super::FastOp;
-
-fn invalid(msg: String) -> OpErrorKind {
-    OpErrorKind::InvalidArgument(msg)
-}
-
-pub(super) fn swiglu_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    let [gate, up] = inputs else {
-        return Err(invalid("swiglu: takes gate and up".into()));
-    };
-    if gate.shape != up.shape {
-        return Err(invalid(format!(
-            "swiglu: up must have gate's shape {:?}, got {:?}",
-            gate.shape.as_slice(),
-            up.shape.as_slice()
-        )));
-    }
-    let dtype = promote_types(gate.dtype, up.dtype);
-    if !dtype.is_float() {
-        return Err(invalid(format!("swiglu: needs floating inputs, got {dtype:?}")));
-    }
-    Ok(vec![Spec { shape: gate.shape.clone(), dtype }])
-}
 
 fn wide(x: &Array) -> Array {
     if x.dtype() == DType::F64 { x.clone() } else { x.astype(DType::F32) }
@@ -63,37 +40,7 @@ pub(super) fn swiglu_vjp_composition(gate: &Array, up: &Array, g: &Array) -> Vec
 /// ```
 #[track_caller]
 pub fn swiglu(gate: &Array, up: &Array) -> Array {
-    super::norm::record(FastOp::SwiGlu, vec![gate.clone(), up.clone()], 1).remove(0)
-}
-
-pub(super) fn cross_entropy_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    let [logits, targets] = inputs else {
-        return Err(invalid("cross_entropy: takes logits and targets".into()));
-    };
-    let Some((&v, lead)) = logits.shape.split_last() else {
-        return Err(invalid("cross_entropy: logits must have at least one axis (the classes)".into()));
-    };
-    if !logits.dtype.is_float() {
-        return Err(invalid(format!("cross_entropy: logits must be floating, got {:?}", logits.dtype)));
-    }
-    if v == 0 {
-        return Err(invalid("cross_entropy: logits have no classes (last axis of size 0)".into()));
-    }
-    if !targets.dtype.is_integer() {
-        return Err(invalid(format!("cross_entropy: targets must be integers, got {:?}", targets.dtype)));
-    }
-    if targets.shape.as_slice() != lead {
-        return Err(invalid(format!(
-            "cross_entropy: targets must have shape {lead:?} (logits' without the class axis), got {:?}",
-            targets.shape.as_slice()
-        )));
-    }
-    Ok(vec![Spec { shape: targets.shape.clone(), dtype: loss_dtype(logits.dtype) }])
-}
-
-/// `float32`, or `float64` for `float64` logits.
-fn loss_dtype(logits: DType) -> DType {
-    if logits == DType::F64 { DType::F64 } else { DType::F32 }
+    super::record(FastOp::SwiGlu, vec![gate.clone(), up.clone()], 1).remove(0)
 }
 
 /// Targets as an index into the class axis (`[..., 1]`, in range) and the mask of the rows
@@ -151,5 +98,5 @@ pub fn cross_entropy(logits: &Array, targets: &Array) -> Array {
     } else {
         targets.clone()
     };
-    super::norm::record(FastOp::CrossEntropy, vec![logits.clone(), targets], 1).remove(0)
+    super::record(FastOp::CrossEntropy, vec![logits.clone(), targets], 1).remove(0)
 }

@@ -11,124 +11,26 @@ mod norm;
 mod rope;
 mod softmax;
 
+pub use crate::primitive::fast::{FastOp, RopeParams};
 pub use cuda_kernel::{CudaKernel, KernelConfig, TemplateArg};
 pub use glu_loss::{cross_entropy, swiglu};
 pub use norm::{add_rms_norm, layer_norm, rms_norm};
-pub use rope::{RopeParams, rope};
+pub use rope::rope;
 
 use crate::array::Array;
 use crate::error::{Error, OpErrorKind};
-use crate::storage::Spec;
+use crate::primitive::Primitive;
 use crate::transforms::{AxesSpec, jvp_flat, vjp_flat, vmap_impl};
 
-/// A fused operation recorded in the graph.
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub enum FastOp {
-    /// Softmax over the last axis; statistics in `float32` for half-precision inputs.
-    Softmax,
-    /// `log(sum(exp(x)))` over the last axis, kept with size 1; accumulates in `float32`.
-    LogSumExp,
-    /// [`rms_norm`]: inputs `[x, weight?]`.
-    RmsNorm {
-        /// Added to the mean square.
-        eps: f32,
-        /// Whether a weight is the second input.
-        weighted: bool,
-    },
-    /// [`add_rms_norm`]: inputs `[x, residual, weight?]`, outputs `[x + residual, y]`.
-    AddRmsNorm {
-        /// Added to the mean square.
-        eps: f32,
-        /// Whether a weight is the third input.
-        weighted: bool,
-    },
-    /// [`layer_norm`]: inputs `[x, weight?, bias?]`.
-    LayerNorm {
-        /// Added to the variance.
-        eps: f32,
-        /// Whether a weight follows `x`.
-        weighted: bool,
-        /// Whether a bias comes last.
-        biased: bool,
-    },
-    /// [`rope`]: inputs `[x, offset, freqs?]`.
-    Rope(RopeParams),
-    /// [`swiglu`]: inputs `[gate, up]`.
-    SwiGlu,
-    /// [`cross_entropy`]: inputs `[logits, targets]`, output the `float32` loss per row.
-    CrossEntropy,
-    /// The RMS norm's cotangents: inputs `[x, weight?, g]`, outputs `[gx, gweight?]`
-    /// (`gweight` summed over rows in `float32`, rounded to the weight's dtype).
-    RmsNormVjp {
-        /// The forward's epsilon.
-        eps: f32,
-        /// Whether the forward had a weight.
-        weighted: bool,
-    },
-    /// The layer norm's cotangents: inputs `[x, weight?, g]`, outputs `[gx, gweight?, gbias?]`.
-    LayerNormVjp {
-        /// The forward's epsilon.
-        eps: f32,
-        /// Whether the forward had a weight.
-        weighted: bool,
-        /// Whether the forward had a bias.
-        biased: bool,
-    },
-    /// SwiGLU's cotangents: inputs `[gate, up, g]`, outputs `[dgate, dup]`.
-    SwiGluVjp,
-    /// The cross entropy's cotangent of the logits: inputs `[logits, targets, g, loss]` (the
-    /// loss gives the kernel each row's log-sum-exp without a second pass).
-    CrossEntropyVjp,
-    /// The loss and the cotangent of the logits at once: inputs `[logits, targets, g]`, outputs
-    /// `[loss, dlogits]`. No operation records it: evaluation runs a pending [`cross_entropy`]
-    /// and the `CrossEntropyVjp` that consumes its loss as this one primitive when the backend
-    /// has a kernel for it (one read of the logits instead of two).
-    CrossEntropyWithGrad,
+/// Records `op` and returns its outputs, or `n` copies of the failure: how every fast operation
+/// (and every fused derivative) enters the graph.
+#[track_caller]
+fn record(op: FastOp, inputs: Vec<Array>, n: usize) -> Vec<Array> {
+    let outs = Array::from_op_multi(op.name(), Primitive::Fast(op), inputs);
+    if outs.len() == n { outs } else { vec![outs[0].clone(); n] }
 }
 
 impl FastOp {
-    /// The operation's name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            FastOp::Softmax => "softmax",
-            FastOp::LogSumExp => "logsumexp",
-            FastOp::RmsNorm { .. } => "rms_norm",
-            FastOp::AddRmsNorm { .. } => "add_rms_norm",
-            FastOp::LayerNorm { .. } => "layer_norm",
-            FastOp::Rope(_) => "rope",
-            FastOp::SwiGlu => "swiglu",
-            FastOp::SwiGluVjp => "swiglu_vjp",
-            FastOp::CrossEntropy => "cross_entropy",
-            FastOp::RmsNormVjp { .. } => "rms_norm_vjp",
-            FastOp::LayerNormVjp { .. } => "layer_norm_vjp",
-            FastOp::CrossEntropyVjp => "cross_entropy_vjp",
-            FastOp::CrossEntropyWithGrad => "cross_entropy_with_grad",
-        }
-    }
-
-    /// Output shapes and dtypes.
-    pub fn output_specs(&self, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-        match self {
-            FastOp::Softmax | FastOp::LogSumExp => softmax::output_specs(self, inputs),
-            FastOp::RmsNorm { weighted, .. } => norm::rms_norm_specs(*weighted, inputs),
-            FastOp::AddRmsNorm { weighted, .. } => norm::add_rms_norm_specs(*weighted, inputs),
-            FastOp::LayerNorm { weighted, biased, .. } => norm::layer_norm_specs(*weighted, *biased, inputs),
-            FastOp::Rope(p) => rope::output_specs(p, inputs),
-            FastOp::SwiGlu => glu_loss::swiglu_specs(inputs),
-            FastOp::SwiGluVjp => Ok(inputs[..2].to_vec()),
-            FastOp::CrossEntropy => glu_loss::cross_entropy_specs(inputs),
-            FastOp::RmsNormVjp { weighted, .. } => norm::rms_norm_vjp_specs(*weighted, inputs),
-            FastOp::LayerNormVjp { weighted, biased, .. } => norm::layer_norm_vjp_specs(*weighted, *biased, inputs),
-            FastOp::CrossEntropyVjp => Ok(vec![inputs[0].clone()]),
-            FastOp::CrossEntropyWithGrad => {
-                let mut specs = glu_loss::cross_entropy_specs(&inputs[..2])?;
-                specs.push(inputs[0].clone());
-                Ok(specs)
-            }
-        }
-    }
-
     /// The operation as ordinary operations on `inputs`.
     pub fn composition(&self, inputs: &[Array]) -> Vec<Array> {
         let opt = |i: usize, present: bool| present.then(|| &inputs[i]);
@@ -216,7 +118,6 @@ impl FastOp {
     /// Cotangents of the inputs: dedicated primitives for the norms, cross entropy and RoPE,
     /// closed forms for softmax and log-sum-exp, the composition's otherwise.
     pub(crate) fn vjp(&self, x: &[Array], y: &[Array], g: &[Array]) -> Vec<Option<Array>> {
-        let record = |op: FastOp, inputs: Vec<Array>, n: usize| norm::record(op, inputs, n);
         match self {
             // softmax: dx = y * (g - sum(g * y))
             FastOp::Softmax => {
@@ -317,7 +218,7 @@ impl FastOp {
         });
         let n = self.output_specs(&x.iter().map(Array::spec).collect::<Vec<_>>()).map_or(1, |s| s.len());
         if fused {
-            return norm::record(self.clone(), x.to_vec(), n).into_iter().map(|o| (o, true)).collect();
+            return record(self.clone(), x.to_vec(), n).into_iter().map(|o| (o, true)).collect();
         }
         let axes: Vec<Option<i32>> = mapped.iter().map(|&m| m.then_some(0)).collect();
         let op = self.clone();

@@ -4,104 +4,9 @@
 //! Semantics are MLX's: statistics in `float32`, the normalised row cast to the output dtype
 //! (`x`'s promoted with the weight's) before the weight multiplies it and the bias is added.
 
+use super::{FastOp, record};
 use crate::array::Array;
 use crate::dtype::{DType, promote_types};
-use crate::error::OpErrorKind;
-use crate::primitive::Primitive;
-use crate::storage::Spec;
-
-use super::FastOp;
-
-fn invalid(msg: String) -> OpErrorKind {
-    OpErrorKind::InvalidArgument(msg)
-}
-
-/// Checks `x` (floating, at least 1-D) and a per-feature parameter (1-D of `x`'s last size),
-/// returning the output dtype.
-fn check_row_param(op: &str, x: &Spec, param: Option<(&str, &Spec)>) -> Result<DType, OpErrorKind> {
-    let Some(&last) = x.shape.last() else {
-        return Err(invalid(format!("{op}: x must have at least one axis, got a scalar")));
-    };
-    let mut dtype = x.dtype;
-    if let Some((name, p)) = param {
-        if p.shape.as_slice() != [last] {
-            return Err(invalid(format!(
-                "{op}: {name} must have shape [{last}] (x's last axis), got {:?}",
-                p.shape.as_slice()
-            )));
-        }
-        dtype = promote_types(dtype, p.dtype);
-    }
-    if !dtype.is_float() {
-        return Err(invalid(format!("{op}: needs floating inputs, got {dtype:?}")));
-    }
-    Ok(dtype)
-}
-
-pub(super) fn rms_norm_specs(weighted: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    let (x, w) = match (inputs, weighted) {
-        ([x], false) => (x, None),
-        ([x, w], true) => (x, Some(("weight", w))),
-        _ => return Err(invalid("rms_norm: wrong number of inputs".into())),
-    };
-    let dtype = check_row_param("rms_norm", x, w)?;
-    Ok(vec![Spec { shape: x.shape.clone(), dtype }])
-}
-
-pub(super) fn add_rms_norm_specs(weighted: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    let (x, r, w) = match (inputs, weighted) {
-        ([x, r], false) => (x, r, None),
-        ([x, r, w], true) => (x, r, Some(("weight", w))),
-        _ => return Err(invalid("add_rms_norm: wrong number of inputs".into())),
-    };
-    if x.shape != r.shape {
-        return Err(invalid(format!(
-            "add_rms_norm: residual must have x's shape {:?}, got {:?}",
-            x.shape.as_slice(),
-            r.shape.as_slice()
-        )));
-    }
-    let h = Spec { shape: x.shape.clone(), dtype: promote_types(x.dtype, r.dtype) };
-    let dtype = check_row_param("add_rms_norm", &h, w)?;
-    Ok(vec![h.clone(), Spec { shape: x.shape.clone(), dtype }])
-}
-
-pub(super) fn layer_norm_specs(weighted: bool, biased: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    let n = 1 + weighted as usize + biased as usize;
-    if inputs.len() != n {
-        return Err(invalid("layer_norm: wrong number of inputs".into()));
-    }
-    let x = &inputs[0];
-    let mut dtype = check_row_param("layer_norm", x, None)?;
-    if weighted {
-        dtype = promote_types(dtype, check_row_param("layer_norm", x, Some(("weight", &inputs[1])))?);
-    }
-    if biased {
-        dtype = promote_types(dtype, check_row_param("layer_norm", x, Some(("bias", &inputs[n - 1])))?);
-    }
-    Ok(vec![Spec { shape: x.shape.clone(), dtype }])
-}
-
-/// `[gx, gw?]` of the RMS norm from inputs `[x, w?, g]`; `gw` sums in `float32` (`float64` for
-/// `float64` rows) and is rounded once to the weight's dtype (no cast after it).
-pub(super) fn rms_norm_vjp_specs(weighted: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    let mut out = layer_norm_vjp_specs(weighted, false, inputs)?;
-    if let (Some(gw), Some(w)) = (out.get_mut(1), inputs.get(1).filter(|_| weighted)) {
-        gw.dtype = w.dtype;
-    }
-    Ok(out)
-}
-
-/// `[gx, gw?, gb?]` of the layer norm from inputs `[x, w?, g]`; `gw` and `gb` in `float32`
-/// (`float64` for `float64` rows), which the caller casts to the parameters' dtypes.
-pub(super) fn layer_norm_vjp_specs(weighted: bool, biased: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    let x = &inputs[0];
-    let acc = if x.dtype == DType::F64 { DType::F64 } else { DType::F32 };
-    let row = Spec { shape: x.shape.last().map(|&d| [d].into_iter().collect()).unwrap_or_default(), dtype: acc };
-    let mut out = vec![x.clone()];
-    out.extend(std::iter::repeat_n(row, weighted as usize + biased as usize));
-    Ok(out)
-}
 
 fn f32_of(x: &Array) -> Array {
     if x.dtype() == DType::F64 { x.clone() } else { x.astype(DType::F32) }
@@ -189,13 +94,6 @@ pub(super) fn layer_norm_vjp_composition(
 fn sum_rows(x: &Array) -> Array {
     let lead: Vec<i32> = (0..x.ndim() as i32 - 1).collect();
     if lead.is_empty() { x.clone() } else { x.sum(lead.as_slice()) }
-}
-
-/// Records `op` and returns its outputs, or `n` copies of the failure.
-#[track_caller]
-pub(super) fn record(op: FastOp, inputs: Vec<Array>, n: usize) -> Vec<Array> {
-    let outs = Array::from_op_multi(op.name(), Primitive::Fast(op), inputs);
-    if outs.len() == n { outs } else { vec![outs[0].clone(); n] }
 }
 
 /// RMS normalisation over the last axis, as MLX's `mx.fast.rms_norm`:

@@ -5,80 +5,14 @@
 //! `(offset + t) · scale · θᵢ` with `θᵢ = base^(−2i/dims)` or `1 / freqs[i]`. The rest pass
 //! through. The inverse rotation (`forward = false`) is the derivative.
 
+use super::{FastOp, RopeParams};
 use crate::array::Array;
 use crate::dtype::DType;
 use crate::error::OpErrorKind;
 use crate::ops;
-use crate::storage::Spec;
-
-use super::FastOp;
-
-/// The rotation's parameters.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RopeParams {
-    /// Features rotated (even, at most the last axis).
-    pub dims: i32,
-    /// Interleaved pairs instead of halves.
-    pub traditional: bool,
-    /// `θᵢ = base^(−2i/dims)`; `None` when the frequencies come as an input.
-    pub base: Option<f32>,
-    /// Positions are multiplied by it.
-    pub scale: f32,
-    /// The rotation (`true`) or its inverse.
-    pub forward: bool,
-}
 
 fn invalid(msg: String) -> OpErrorKind {
     OpErrorKind::InvalidArgument(msg)
-}
-
-pub(super) fn output_specs(p: &RopeParams, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    let (x, offset, freqs) = match (inputs, p.base) {
-        ([x, o], Some(_)) => (x, o, None),
-        ([x, o, f], None) => (x, o, Some(f)),
-        _ => return Err(invalid("rope: exactly one of base and freqs must be given".into())),
-    };
-    let nd = x.shape.len();
-    if nd < 3 {
-        return Err(invalid(format!(
-            "rope: x must be at least 3-D [B, ..., T, D], got shape {:?}",
-            x.shape.as_slice()
-        )));
-    }
-    if !x.dtype.is_float() {
-        return Err(invalid(format!("rope: x must be floating, got {:?}", x.dtype)));
-    }
-    let d = x.shape[nd - 1];
-    if p.dims <= 0 || p.dims % 2 != 0 || p.dims > d {
-        return Err(invalid(format!(
-            "rope: dims must be positive, even and at most {d} (x's last axis), got {}",
-            p.dims
-        )));
-    }
-    if !offset.dtype.is_integer() {
-        return Err(invalid(format!("rope: offset must be an integer, got {:?}", offset.dtype)));
-    }
-    match offset.shape.as_slice() {
-        [] => {}
-        [b] if *b == x.shape[0] => {}
-        s => {
-            return Err(invalid(format!(
-                "rope: offset must be a scalar or have shape [{}] (one per batch row), got {s:?}",
-                x.shape[0]
-            )));
-        }
-    }
-    if let Some(f) = freqs
-        && (f.shape.as_slice() != [p.dims / 2] || !f.dtype.is_float())
-    {
-        return Err(invalid(format!(
-            "rope: freqs must be a floating vector of shape [{}] (dims / 2), got {:?} {:?}",
-            p.dims / 2,
-            f.dtype,
-            f.shape.as_slice()
-        )));
-    }
-    Ok(vec![x.clone()])
 }
 
 /// `x[..., start:stop:step]`.
@@ -178,5 +112,5 @@ pub fn rope<'a>(
     // Frequencies are float32 whatever their dtype (as MLX).
     inputs.extend(freqs.map(|f| if f.dtype().is_float() { f.astype(DType::F32) } else { f.clone() }));
     let p = RopeParams { dims, traditional, base, scale, forward: true };
-    super::norm::record(FastOp::Rope(p), inputs, 1).remove(0)
+    super::record(FastOp::Rope(p), inputs, 1).remove(0)
 }

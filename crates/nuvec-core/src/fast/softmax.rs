@@ -2,30 +2,6 @@
 
 use crate::array::Array;
 use crate::dtype::DType;
-use crate::error::OpErrorKind;
-use crate::storage::Spec;
-
-use super::FastOp;
-
-pub(super) fn output_specs(op: &FastOp, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    let [x] = inputs else {
-        return Err(OpErrorKind::InvalidArgument(format!("{} takes one input", op.name())));
-    };
-    if !x.dtype.is_inexact() {
-        return Err(OpErrorKind::UnsupportedDType(x.dtype));
-    }
-    let Some(&last) = x.shape.last() else {
-        return Err(OpErrorKind::InvalidArgument(format!("{} needs at least one axis", op.name())));
-    };
-    if last == 0 && op == &FastOp::LogSumExp {
-        return Err(OpErrorKind::InvalidArgument("logsumexp over an empty axis".into()));
-    }
-    let mut shape = x.shape.clone();
-    if op == &FastOp::LogSumExp {
-        *shape.last_mut().expect("checked above") = 1;
-    }
-    Ok(vec![Spec { shape, dtype: x.dtype }])
-}
 
 /// Half-precision inputs compute their statistics in `float32`.
 fn widen(x: &Array) -> Array {

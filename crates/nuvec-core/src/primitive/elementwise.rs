@@ -3,6 +3,8 @@
 //! kernel only sees `T -> T`, `(T, T) -> T` or `(T, T) -> bool`.
 
 use crate::dtype::{Category, DType};
+use crate::error::OpErrorKind;
+use crate::storage::Spec;
 
 /// A unary element-wise function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,6 +47,48 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// Every unary operation, in declaration order (for backends that build a kernel per
+    /// operation and for tests that visit them all).
+    pub const ALL: [UnaryOp; 34] = {
+        use UnaryOp::*;
+        [
+            Abs,
+            Sign,
+            Negative,
+            Square,
+            Floor,
+            Ceil,
+            Round,
+            Exp,
+            Expm1,
+            Log,
+            Log1p,
+            Log2,
+            Log10,
+            Sqrt,
+            Rsqrt,
+            Reciprocal,
+            Sin,
+            Cos,
+            Tan,
+            ArcSin,
+            ArcCos,
+            ArcTan,
+            Sinh,
+            Cosh,
+            Tanh,
+            ArcSinh,
+            ArcCosh,
+            ArcTanh,
+            Sigmoid,
+            Erf,
+            ErfInv,
+            LogicalNot,
+            BitwiseInvert,
+            Conjugate,
+        ]
+    };
+
     /// MLX's name of the operation.
     pub fn name(self) -> &'static str {
         use UnaryOp::*;
@@ -160,6 +204,38 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every binary operation, in declaration order (for backends that build a kernel per
+    /// operation and for tests that visit them all).
+    pub const ALL: [BinaryOp; 24] = {
+        use BinaryOp::*;
+        [
+            Add,
+            Subtract,
+            Multiply,
+            Divide,
+            FloorDivide,
+            Remainder,
+            Power,
+            Maximum,
+            Minimum,
+            LogAddExp,
+            ArcTan2,
+            Equal,
+            NotEqual,
+            Less,
+            LessEqual,
+            Greater,
+            GreaterEqual,
+            LogicalAnd,
+            LogicalOr,
+            BitwiseAnd,
+            BitwiseOr,
+            BitwiseXor,
+            LeftShift,
+            RightShift,
+        ]
+    };
+
     /// MLX's name of the operation.
     pub fn name(self) -> &'static str {
         use BinaryOp::*;
@@ -223,6 +299,47 @@ impl BinaryOp {
     /// The output dtype for inputs in their compute dtype.
     pub fn output_dtype(self, dtype: DType) -> DType {
         if self.is_predicate() { DType::Bool } else { dtype }
+    }
+}
+
+/// The output of a unary map: `x`'s shape, in the op's output dtype.
+pub fn unary_spec(op: UnaryOp, x: &Spec) -> Result<Spec, OpErrorKind> {
+    if op.compute_dtype(x.dtype) != Some(x.dtype) {
+        return Err(OpErrorKind::UnsupportedDType(x.dtype));
+    }
+    Ok(Spec { shape: x.shape.clone(), dtype: op.output_dtype(x.dtype) })
+}
+
+/// The output of a binary map: inputs of one shape and dtype (ops broadcast and promote first).
+pub fn binary_spec(op: BinaryOp, a: &Spec, b: &Spec) -> Result<Spec, OpErrorKind> {
+    same_shape(a, b)?;
+    if a.dtype != b.dtype {
+        return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
+    }
+    if op.compute_dtype(a.dtype) != Some(a.dtype) {
+        return Err(OpErrorKind::UnsupportedDType(a.dtype));
+    }
+    Ok(Spec { shape: a.shape.clone(), dtype: op.output_dtype(a.dtype) })
+}
+
+/// The output of `where(c, a, b)`: a bool condition and two values of one dtype, one shape.
+pub fn select_spec(c: &Spec, a: &Spec, b: &Spec) -> Result<Spec, OpErrorKind> {
+    same_shape(c, a)?;
+    same_shape(a, b)?;
+    if c.dtype != DType::Bool {
+        return Err(OpErrorKind::UnsupportedDType(c.dtype));
+    }
+    if a.dtype != b.dtype {
+        return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
+    }
+    Ok(a.clone())
+}
+
+fn same_shape(a: &Spec, b: &Spec) -> Result<(), OpErrorKind> {
+    if a.shape == b.shape {
+        Ok(())
+    } else {
+        Err(OpErrorKind::ShapeMismatch { lhs: a.shape.to_vec(), rhs: b.shape.to_vec() })
     }
 }
 

@@ -4,8 +4,12 @@
 //! implement the same names. Operations in `ops` validate user arguments, cast and broadcast
 //! inputs, and then record one of these.
 
+pub mod custom;
+pub mod custom_kernel;
 pub mod elementwise;
+pub mod fast;
 pub mod gather;
+pub mod linalg;
 pub mod quantize;
 pub mod random;
 pub mod reduce;
@@ -13,7 +17,10 @@ mod rules;
 pub mod sort;
 pub mod view;
 
+pub use custom::CustomFn;
+pub use custom_kernel::KernelSpec;
 pub use elementwise::{BinaryOp, UnaryOp};
+pub use fast::FastOp;
 pub use gather::ScatterReduce;
 pub use quantize::QuantMode;
 pub use reduce::{ArgReduceOp, ReduceOp, ScanOp};
@@ -21,8 +28,7 @@ pub use sort::SortOp;
 
 use crate::dtype::DType;
 use crate::error::OpErrorKind;
-use crate::fast::FastOp;
-use crate::shape::{Shape, elem_count};
+use crate::shape::Shape;
 use crate::storage::Spec;
 
 /// A primitive operation: what a graph node computes from its inputs.
@@ -122,7 +128,7 @@ pub enum Primitive {
     Fast(FastOp),
     /// A user function with its own derivative or batching rules (`custom_function`,
     /// `checkpoint`): evaluated as its body.
-    Custom(crate::transforms::CustomFn),
+    Custom(CustomFn),
     /// Random bits from threefry2x32 keys (`uint32[..., 2]`): one block of `shape` per key,
     /// `width` bytes per element (1, 2 or 4), laid out as MLX draws them. Output shape: the
     /// keys' leading axes, then `shape`.
@@ -140,7 +146,7 @@ pub enum Primitive {
         axis: usize,
     },
     /// A custom CUDA kernel from source (`fast::CudaKernel`); only the CUDA backend runs it.
-    CustomKernel(std::sync::Arc<crate::fast::cuda_kernel::KernelSpec>),
+    CustomKernel(std::sync::Arc<KernelSpec>),
     /// `out[.., j, ..] = src[.., indices[.., j, ..], ..]` along `axis`: inputs `(src, indices)`
     /// of one rank, equal except on `axis`. Negative indices wrap once; others outside the
     /// axis clamp to its ends (see [`gather`]).
@@ -249,36 +255,15 @@ impl Primitive {
             }
             Primitive::Unary(op) => {
                 arity(1)?;
-                let x = &inputs[0];
-                if op.compute_dtype(x.dtype) != Some(x.dtype) {
-                    return Err(OpErrorKind::UnsupportedDType(x.dtype));
-                }
-                one(x.shape.clone(), op.output_dtype(x.dtype))
+                elementwise::unary_spec(*op, &inputs[0]).map(|s| vec![s])
             }
             Primitive::Binary(op) => {
                 arity(2)?;
-                let (a, b) = (&inputs[0], &inputs[1]);
-                same_shape(a, b)?;
-                if a.dtype != b.dtype {
-                    return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
-                }
-                if op.compute_dtype(a.dtype) != Some(a.dtype) {
-                    return Err(OpErrorKind::UnsupportedDType(a.dtype));
-                }
-                one(a.shape.clone(), op.output_dtype(a.dtype))
+                elementwise::binary_spec(*op, &inputs[0], &inputs[1]).map(|s| vec![s])
             }
             Primitive::Select => {
                 arity(3)?;
-                let (c, a, b) = (&inputs[0], &inputs[1], &inputs[2]);
-                same_shape(c, a)?;
-                same_shape(a, b)?;
-                if c.dtype != DType::Bool {
-                    return Err(OpErrorKind::UnsupportedDType(c.dtype));
-                }
-                if a.dtype != b.dtype {
-                    return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
-                }
-                one(a.shape.clone(), a.dtype)
+                elementwise::select_spec(&inputs[0], &inputs[1], &inputs[2]).map(|s| vec![s])
             }
             Primitive::AsType(d) => {
                 arity(1)?;
@@ -294,13 +279,7 @@ impl Primitive {
             }
             Primitive::Reshape(shape) => {
                 arity(1)?;
-                if elem_count(shape) != elem_count(&inputs[0].shape) {
-                    return Err(OpErrorKind::SizeMismatch {
-                        expected: elem_count(&inputs[0].shape),
-                        actual: elem_count(shape),
-                    });
-                }
-                one(shape.clone(), inputs[0].dtype)
+                view::reshape_shape(&inputs[0].shape, shape).and_then(|s| one(s, inputs[0].dtype))
             }
             Primitive::Transpose(perm) => {
                 arity(1)?;
@@ -312,90 +291,32 @@ impl Primitive {
             }
             Primitive::Broadcast(shape) => {
                 arity(1)?;
-                let b = crate::shape::broadcast_shapes(&inputs[0].shape, shape)?;
-                if b[..] != shape[..] {
-                    return Err(OpErrorKind::ShapeMismatch { lhs: inputs[0].shape.to_vec(), rhs: shape.to_vec() });
-                }
-                one(shape.clone(), inputs[0].dtype)
+                view::broadcast_shape(&inputs[0].shape, shape).and_then(|s| one(s, inputs[0].dtype))
             }
             Primitive::SliceUpdate { start, stop, step } => {
                 arity(2)?;
-                let (src, update) = (&inputs[0], &inputs[1]);
-                if src.dtype != update.dtype {
-                    return Err(OpErrorKind::DTypeMismatch { lhs: src.dtype, rhs: update.dtype });
-                }
-                let window = view::slice_shape(&src.shape, start, stop, step)?;
-                if window != update.shape {
-                    return Err(OpErrorKind::ShapeMismatch { lhs: window.to_vec(), rhs: update.shape.to_vec() });
-                }
-                one(src.shape.clone(), src.dtype)
+                view::slice_update_spec(&inputs[0], &inputs[1], start, stop, step).map(|s| vec![s])
             }
             Primitive::Reduce { op, axes } => {
                 arity(1)?;
-                let x = &inputs[0];
-                let mut shape = x.shape.clone();
-                for &a in axes {
-                    if a >= shape.len() {
-                        return Err(OpErrorKind::InvalidAxis { axis: a as i32, ndim: shape.len() });
-                    }
-                    shape[a] = 1;
-                }
-                one(shape, op.output_dtype(x.dtype))
+                reduce::reduce_spec(*op, axes, &inputs[0]).map(|s| vec![s])
             }
             Primitive::ArgReduce { axis, .. } => {
                 arity(1)?;
-                let mut shape = inputs[0].shape.clone();
-                if *axis >= shape.len() {
-                    return Err(OpErrorKind::InvalidAxis { axis: *axis as i32, ndim: shape.len() });
-                }
-                shape[*axis] = 1;
-                one(shape, DType::U32)
+                reduce::arg_reduce_spec(*axis, &inputs[0]).map(|s| vec![s])
             }
             Primitive::Scan { axis, .. } => {
                 arity(1)?;
-                if *axis >= inputs[0].shape.len() {
-                    return Err(OpErrorKind::InvalidAxis { axis: *axis as i32, ndim: inputs[0].shape.len() });
-                }
-                one(inputs[0].shape.clone(), inputs[0].dtype)
+                reduce::scan_spec(*axis, &inputs[0]).map(|s| vec![s])
             }
-            Primitive::Concatenate { axis } => {
-                let first = inputs
-                    .first()
-                    .ok_or_else(|| OpErrorKind::InvalidArgument("concatenate needs at least one array".into()))?;
-                let mut shape = first.shape.clone();
-                if *axis >= shape.len() {
-                    return Err(OpErrorKind::InvalidAxis { axis: *axis as i32, ndim: shape.len() });
-                }
-                for x in &inputs[1..] {
-                    if x.dtype != first.dtype {
-                        return Err(OpErrorKind::DTypeMismatch { lhs: first.dtype, rhs: x.dtype });
-                    }
-                    let compatible = x.shape.len() == shape.len()
-                        && x.shape.iter().zip(&first.shape).enumerate().all(|(i, (a, b))| i == *axis || a == b);
-                    if !compatible {
-                        return Err(OpErrorKind::ShapeMismatch { lhs: first.shape.to_vec(), rhs: x.shape.to_vec() });
-                    }
-                    let total = shape[*axis] as i64 + x.shape[*axis] as i64;
-                    if total > i32::MAX as i64 {
-                        return Err(OpErrorKind::InvalidShape(vec![total]));
-                    }
-                    shape[*axis] = total as i32;
-                }
-                one(shape, first.dtype)
-            }
+            Primitive::Concatenate { axis } => view::concatenate_spec(*axis, inputs).map(|s| vec![s]),
             Primitive::Matmul => {
                 arity(2)?;
-                matmul_shape(&inputs[0], &inputs[1]).and_then(|s| one(s, inputs[0].dtype))
+                linalg::matmul_spec(&inputs[0], &inputs[1]).map(|s| vec![s])
             }
             Primitive::AddMM { .. } => {
                 arity(3)?;
-                let s = matmul_shape(&inputs[0], &inputs[1])?;
-                let c = &inputs[2];
-                let b = crate::shape::broadcast_shapes(&c.shape, &s)?;
-                if b[..] != s[..] || c.dtype != inputs[0].dtype {
-                    return Err(OpErrorKind::ShapeMismatch { lhs: c.shape.to_vec(), rhs: s.to_vec() });
-                }
-                one(s, inputs[0].dtype)
+                linalg::addmm_spec(&inputs[0], &inputs[1], &inputs[2]).map(|s| vec![s])
             }
             Primitive::Fast(f) => f.output_specs(inputs),
             Primitive::Custom(c) => Ok(c.output_specs().to_vec()),
@@ -408,7 +329,7 @@ impl Primitive {
                 sort::output_spec(*op, *axis, &inputs[0]).map(|s| vec![s])
             }
             Primitive::CustomKernel(k) => {
-                arity(k.kernel.inputs.len())?;
+                arity(k.input_names.len())?;
                 Ok(k.outputs.clone())
             }
             Primitive::GatherAxis { axis } => gather::gather_axis_specs(*axis, inputs),
@@ -421,29 +342,4 @@ impl Primitive {
             }
         }
     }
-}
-
-fn same_shape(a: &Spec, b: &Spec) -> Result<(), OpErrorKind> {
-    if a.shape == b.shape {
-        Ok(())
-    } else {
-        Err(OpErrorKind::ShapeMismatch { lhs: a.shape.to_vec(), rhs: b.shape.to_vec() })
-    }
-}
-
-fn matmul_shape(a: &Spec, b: &Spec) -> Result<Shape, OpErrorKind> {
-    let (ra, rb) = (a.shape.len(), b.shape.len());
-    let mismatch = || OpErrorKind::ShapeMismatch { lhs: a.shape.to_vec(), rhs: b.shape.to_vec() };
-    if ra < 2 || rb < 2 || ra != rb || a.shape[..ra - 2] != b.shape[..rb - 2] {
-        return Err(mismatch());
-    }
-    if a.dtype != b.dtype {
-        return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
-    }
-    if a.shape[ra - 1] != b.shape[rb - 2] {
-        return Err(mismatch());
-    }
-    let mut s: Shape = a.shape[..ra - 1].into();
-    s.push(b.shape[rb - 1]);
-    Ok(s)
 }

@@ -4,6 +4,8 @@
 //! in `f32` inside the kernel.
 
 use crate::dtype::DType;
+use crate::error::OpErrorKind;
+use crate::storage::Spec;
 
 /// A reduction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,6 +111,36 @@ impl ScanOp {
             (_, d) => d,
         }
     }
+}
+
+// ---- shape rules --------------------------------------------------------------------------
+
+fn check_axis(axis: usize, ndim: usize) -> Result<(), OpErrorKind> {
+    if axis < ndim { Ok(()) } else { Err(OpErrorKind::InvalidAxis { axis: axis as i32, ndim }) }
+}
+
+/// `Reduce`'s output: `x` with `axes` kept at size 1, in the reduction's output dtype.
+pub fn reduce_spec(op: ReduceOp, axes: &[usize], x: &Spec) -> Result<Spec, OpErrorKind> {
+    let mut shape = x.shape.clone();
+    for &a in axes {
+        check_axis(a, shape.len())?;
+        shape[a] = 1;
+    }
+    Ok(Spec { shape, dtype: op.output_dtype(x.dtype) })
+}
+
+/// `ArgReduce`'s output: `x` with `axis` kept at size 1, as `uint32`.
+pub fn arg_reduce_spec(axis: usize, x: &Spec) -> Result<Spec, OpErrorKind> {
+    check_axis(axis, x.shape.len())?;
+    let mut shape = x.shape.clone();
+    shape[axis] = 1;
+    Ok(Spec { shape, dtype: DType::U32 })
+}
+
+/// `Scan`'s output: `x`'s shape and dtype.
+pub fn scan_spec(axis: usize, x: &Spec) -> Result<Spec, OpErrorKind> {
+    check_axis(axis, x.shape.len())?;
+    Ok(x.clone())
 }
 
 // ---- derivatives --------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 //! View primitives: reshape, transpose, slice, broadcast, bit cast. Their shape rules, and how
-//! each maps an input layout to an output layout without touching the bytes.
+//! each maps an input layout to an output layout without touching the bytes. Also the shape
+//! rules of the two copies built on windows and axes like theirs: slice update and concatenate.
 
 use smallvec::SmallVec;
 
 use crate::dtype::DType;
 use crate::error::OpErrorKind;
-use crate::shape::{Shape, Strides, elem_count};
+use crate::shape::{Shape, Strides, broadcast_shapes, elem_count};
 use crate::storage::{Layout, Spec};
 
 use super::Primitive;
@@ -79,6 +80,67 @@ pub fn normalize_slice(start: Option<i32>, stop: Option<i32>, step: i32, dim: i3
         let e = stop.map_or(-1, |v| norm(v).clamp(-1, dim - 1));
         (s, e)
     }
+}
+
+/// `shape` when it holds as many elements as `input`.
+pub fn reshape_shape(input: &[i32], shape: &Shape) -> Result<Shape, OpErrorKind> {
+    if elem_count(shape) != elem_count(input) {
+        return Err(OpErrorKind::SizeMismatch { expected: elem_count(input), actual: elem_count(shape) });
+    }
+    Ok(shape.clone())
+}
+
+/// `shape` when `input` broadcasts to exactly it.
+pub fn broadcast_shape(input: &[i32], shape: &Shape) -> Result<Shape, OpErrorKind> {
+    let b = broadcast_shapes(input, shape)?;
+    if b[..] != shape[..] {
+        return Err(OpErrorKind::ShapeMismatch { lhs: input.to_vec(), rhs: shape.to_vec() });
+    }
+    Ok(shape.clone())
+}
+
+/// `SliceUpdate`'s output (`src`'s spec) when `update` has the window's shape and `src`'s dtype.
+pub fn slice_update_spec(
+    src: &Spec,
+    update: &Spec,
+    start: &[i32],
+    stop: &[i32],
+    step: &[i32],
+) -> Result<Spec, OpErrorKind> {
+    if src.dtype != update.dtype {
+        return Err(OpErrorKind::DTypeMismatch { lhs: src.dtype, rhs: update.dtype });
+    }
+    let window = slice_shape(&src.shape, start, stop, step)?;
+    if window != update.shape {
+        return Err(OpErrorKind::ShapeMismatch { lhs: window.to_vec(), rhs: update.shape.to_vec() });
+    }
+    Ok(src.clone())
+}
+
+/// `Concatenate`'s output: the inputs (one dtype, equal shapes but on `axis`) joined on `axis`.
+pub fn concatenate_spec(axis: usize, inputs: &[Spec]) -> Result<Spec, OpErrorKind> {
+    let first =
+        inputs.first().ok_or_else(|| OpErrorKind::InvalidArgument("concatenate needs at least one array".into()))?;
+    let mut shape = first.shape.clone();
+    if axis >= shape.len() {
+        return Err(OpErrorKind::InvalidAxis { axis: axis as i32, ndim: shape.len() });
+    }
+    for x in &inputs[1..] {
+        if x.dtype != first.dtype {
+            return Err(OpErrorKind::DTypeMismatch { lhs: first.dtype, rhs: x.dtype });
+        }
+        let compatible = x.shape.len() == shape.len()
+            && x.shape.iter().zip(&first.shape).enumerate().all(|(i, (a, b))| i == axis || a == b);
+        if !compatible {
+            return Err(OpErrorKind::ShapeMismatch { lhs: first.shape.to_vec(), rhs: x.shape.to_vec() });
+        }
+        let total = shape[axis] as i64 + x.shape[axis] as i64;
+        if total > i32::MAX as i64 {
+            return Err(OpErrorKind::InvalidShape(vec![total]));
+        }
+        shape[axis] = total as i32;
+    }
+    Ok(Spec { shape, dtype: first.dtype })
 }
 
 /// Output shape of reinterpreting `x`'s bytes as `dtype` (the last axis scales when sizes

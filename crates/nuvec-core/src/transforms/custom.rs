@@ -4,67 +4,23 @@
 //! A call records one `Primitive::Custom` node whose evaluation runs the body; transforms use
 //! the custom rules when given and otherwise transform the body.
 
-use std::fmt;
 use std::sync::Arc;
 
 use crate::array::Array;
 use crate::error::{Error, Result};
 use crate::primitive::Primitive;
-use crate::storage::Spec;
+use crate::primitive::custom::{Body, CustomFn, CustomInner, JvpRule, VjpRule, VmapRule};
 
 use super::{AxesSpec, IntoResult, Tree, jvp_flat, vjp_flat, vmap_impl};
-
-type Body = Arc<dyn Fn(&[Array]) -> Result<Vec<Array>> + Send + Sync>;
-type VjpRule = Arc<dyn Fn(&[Array], &[Array], &[Array]) -> Result<Vec<Array>> + Send + Sync>;
-type JvpRule = Arc<dyn Fn(&[Array], &[Array]) -> Result<Vec<Array>> + Send + Sync>;
-type VmapRule = Arc<dyn Fn(&[Array], &[Option<i32>]) -> Result<(Vec<Array>, Vec<i32>)> + Send + Sync>;
-
-/// The payload of a recorded custom call: the body over flat inputs and the optional rules.
-#[derive(Clone)]
-pub struct CustomFn(Arc<CustomInner>);
-
-struct CustomInner {
-    name: &'static str,
-    body: Body,
-    vjp: Option<VjpRule>,
-    jvp: Option<JvpRule>,
-    vmap: Option<VmapRule>,
-    outputs: Vec<Spec>,
-}
-
-impl PartialEq for CustomFn {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl fmt::Debug for CustomFn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "CustomFn({}, vjp: {}, jvp: {}, vmap: {})",
-            self.0.name,
-            self.0.vjp.is_some(),
-            self.0.jvp.is_some(),
-            self.0.vmap.is_some()
-        )
-    }
-}
 
 /// Failed arrays standing for `n` results of a rule that returned an error.
 fn failed_all(e: Error, n: usize) -> Vec<Array> {
     vec![Array::from_error(e); n]
 }
 
+// The transforms' side of a recorded call: its body as the evaluator's composition, and its
+// rules (the given ones, or the body's).
 impl CustomFn {
-    pub(crate) fn name(&self) -> &'static str {
-        self.0.name
-    }
-
-    pub(crate) fn output_specs(&self) -> &[Spec] {
-        &self.0.outputs
-    }
-
     /// The body on evaluated inputs (the evaluator's composition).
     pub(crate) fn body(&self, x: &[Array]) -> Vec<Array> {
         (self.0.body)(x).unwrap_or_else(|e| failed_all(e, self.0.outputs.len()))

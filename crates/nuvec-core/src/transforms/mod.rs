@@ -8,14 +8,14 @@
 //! function may evaluate intermediate results.
 
 mod custom;
-mod tree;
 
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use custom::{CustomFn, CustomFunction, checkpoint, checkpoint_flat, custom_function, custom_function_flat};
-pub use tree::{GradOutput, IntoResult, Tree};
+pub use crate::primitive::custom::CustomFn;
+pub use crate::tree::{GradOutput, IntoResult, Tree};
+pub use custom::{CustomFunction, checkpoint, checkpoint_flat, custom_function, custom_function_flat};
 
 use crate::array::{Array, Node};
 use crate::error::{Error, Result};

@@ -362,10 +362,65 @@ impl Bench {
 /// needs it): a 1 GiB `cuMemcpyDtoD` timed with CUDA events, bytes read plus bytes written.
 pub fn copy_ceiling(b: &mut Bench) {
     let bytes = 2.0 * f64::from(1u32 << 30);
-    let r = nuvec::cuda::copy_bandwidth(0, bytes as usize / 2, 20).map(|gbs| Timing::from_seconds(bytes / (gbs * 1e9)));
+    let r = copy_bandwidth(0, bytes as usize / 2, 20).map(|gbs| Timing::from_seconds(bytes / (gbs * 1e9)));
     // Set before the row is pushed, so the ceiling's own row reads 100%.
     b.copy_gbs = r.as_ref().ok().map(|t| bytes / t.median / 1e9);
     b.bandwidth_row(CEILING_COPY, bytes, None, r);
+}
+
+/// The device-to-device copy bandwidth of GPU `index` in GB/s (bytes read plus bytes written),
+/// measured with `cuMemcpyDtoD` of `bytes` between two fresh buffers in the device's primary
+/// context (the one the backend uses): the ceiling memory-bound kernels are compared with.
+/// Median of `iters` copies timed with CUDA events after 3 warm-up copies.
+pub fn copy_bandwidth(index: u32, bytes: usize, iters: usize) -> nuvec::Result<f64> {
+    use cudarc::driver::sys;
+    let check = |status: sys::CUresult, what: &str| match status {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(nuvec::Error::Backend(format!("{what} failed: {e:?}"))),
+    };
+    let mut times = Vec::with_capacity(iters);
+    // SAFETY: the context is the device's primary one, retained and released here; the
+    // buffers, stream and events are created, used and destroyed here, and the copies stay
+    // inside the two buffers of `bytes` each.
+    unsafe {
+        check(sys::cuInit(0), "cuInit")?;
+        let mut dev = 0;
+        check(sys::cuDeviceGet(&mut dev, index as i32), "cuDeviceGet")?;
+        let mut ctx = std::ptr::null_mut();
+        check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
+        check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+        let mut stream = std::ptr::null_mut();
+        check(sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate")?;
+        let (mut src, mut dst) = (0, 0);
+        check(sys::cuMemAlloc_v2(&mut src, bytes), "cuMemAlloc")?;
+        check(sys::cuMemAlloc_v2(&mut dst, bytes), "cuMemAlloc")?;
+        let mut start = std::ptr::null_mut();
+        let mut end = std::ptr::null_mut();
+        check(sys::cuEventCreate(&mut start, 0), "cuEventCreate")?;
+        check(sys::cuEventCreate(&mut end, 0), "cuEventCreate")?;
+        // Non-zero contents, so compressible memory cannot flatter the number.
+        check(sys::cuMemsetD32Async(src, 0x3f8ccccd, bytes / 4, stream), "cuMemsetD32Async")?;
+        for i in 0..iters + 3 {
+            check(sys::cuEventRecord(start, stream), "cuEventRecord")?;
+            check(sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream), "cuMemcpyDtoDAsync")?;
+            check(sys::cuEventRecord(end, stream), "cuEventRecord")?;
+            check(sys::cuEventSynchronize(end), "cuEventSynchronize")?;
+            let mut ms = 0f32;
+            check(sys::cuEventElapsedTime_v2(&mut ms, start, end), "cuEventElapsedTime")?;
+            if i >= 3 {
+                times.push(ms as f64);
+            }
+        }
+        sys::cuEventDestroy_v2(start);
+        sys::cuEventDestroy_v2(end);
+        sys::cuMemFree_v2(src);
+        sys::cuMemFree_v2(dst);
+        sys::cuStreamDestroy_v2(stream);
+        sys::cuDevicePrimaryCtxRelease_v2(dev);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    let ms = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+    Ok(2.0 * bytes as f64 / (ms * 1e-3) / 1e9)
 }
 
 /// Bytes as GiB.

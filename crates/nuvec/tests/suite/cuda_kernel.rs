@@ -273,7 +273,7 @@ fn cases_compile_with_nvrtc() {
     let mut failures = Vec::new();
     let all = cases();
     for c in &all {
-        let g = c.kernel.generate(&c.inputs, &c.outputs, &c.config).unwrap();
+        let g = nuvec::cuda::generate_custom_kernel(&c.kernel.spec(&c.inputs, &c.outputs, &c.config).unwrap());
         if let Err(e) = nuvec::cuda::compile_custom_kernel(&g.source, &g.key, "sm_90") {
             failures.push(format!("{}:\n{e}\n{}", g.entry, g.source));
         }
@@ -293,13 +293,13 @@ fn compile_errors_point_at_the_body_line() {
         return;
     }
     let c = broken_case();
-    let g = c.kernel.generate(&c.inputs, &c.outputs, &c.config).unwrap();
+    let g = nuvec::cuda::generate_custom_kernel(&c.kernel.spec(&c.inputs, &c.outputs, &c.config).unwrap());
     let err = nuvec::cuda::compile_custom_kernel(&g.source, &g.key, "sm_90").unwrap_err().to_string();
     assert!(err.contains("broken.source(3)") && err.contains("undefined_thing"), "{err}");
     // An error in the header is reported at the header's own line.
     let k = CudaKernel::new("hdr", &["inp"], &["out"], "out[0] = f(inp[0]);")
         .header("// helpers\n__device__ float f(float v) { return v + nope; }\n");
-    let g = k.generate(&c.inputs, &c.outputs, &c.config).unwrap();
+    let g = nuvec::cuda::generate_custom_kernel(&k.spec(&c.inputs, &c.outputs, &c.config).unwrap());
     let err = nuvec::cuda::compile_custom_kernel(&g.source, &g.key, "sm_90").unwrap_err().to_string();
     assert!(err.contains("hdr.header(2)") && err.contains("nope"), "{err}");
 }
@@ -307,7 +307,7 @@ fn compile_errors_point_at_the_body_line() {
 #[test]
 fn generated_scale_signature() {
     let c = scale_case();
-    let g = c.kernel.generate(&c.inputs, &c.outputs, &c.config).unwrap();
+    let g = nuvec::cuda::generate_custom_kernel(&c.kernel.spec(&c.inputs, &c.outputs, &c.config).unwrap());
     assert_eq!(g.entry, "custom_kernel_scale_float16_t_3");
     let want = "extern \"C\" __global__ void custom_kernel_scale_float16_t_3(\n    const __half* __restrict__ inp,\n    __half* out) {\n  \
                 using T = __half;\n  constexpr int N = 3;\n#line 1 \"scale.source\"\n";
@@ -315,7 +315,7 @@ fn generated_scale_signature() {
     assert!(g.source.contains(SCALE));
     // The strided case passes shape, strides and ndim, and the 0-d `s` by value.
     let c = strided_case(strided_inputs().remove(0));
-    let g = c.kernel.generate(&c.inputs, &c.outputs, &c.config).unwrap();
+    let g = nuvec::cuda::generate_custom_kernel(&c.kernel.spec(&c.inputs, &c.outputs, &c.config).unwrap());
     let want = "const float* __restrict__ inp,\n    const __grid_constant__ Shape inp_shape,\n    \
                 const __grid_constant__ Strides inp_strides,\n    const int inp_ndim,\n    const float s,\n    float* out)";
     assert!(g.source.contains(want), "{}", g.source);
@@ -326,7 +326,8 @@ fn template_arguments_change_entry_and_key() {
     let a = affine_case(DType::F32, false, 3, 8);
     let b = affine_case(DType::F32, true, 3, 8);
     let c = affine_case(DType::F64, false, 3, 8);
-    let generate = |c: &Case| c.kernel.generate(&c.inputs, &c.outputs, &c.config).unwrap();
+    let generate =
+        |c: &Case| nuvec::cuda::generate_custom_kernel(&c.kernel.spec(&c.inputs, &c.outputs, &c.config).unwrap());
     let (ga, gb, gc) = (generate(&a), generate(&b), generate(&c));
     assert_eq!(ga.entry, "custom_kernel_affine_float_f_3");
     assert_eq!(gb.entry, "custom_kernel_affine_float_t_3");
@@ -558,7 +559,9 @@ fn a_second_call_compiles_nothing() {
         config: config(8, 8, vec![("TAG", TemplateArg::Int(unique))]),
     };
     let first = c(1);
-    let key = first.kernel.generate(&first.inputs, &first.outputs, &first.config).unwrap().key;
+    let key =
+        nuvec::cuda::generate_custom_kernel(&first.kernel.spec(&first.inputs, &first.outputs, &first.config).unwrap())
+            .key;
     assert_eq!(nuvec::cuda::builds(&key), nuvec::cuda::BuildCounts::default());
     assert_eq!(first.call()[0].to_vec::<f32>().unwrap(), vec![2.0; 8]);
     let after_first = nuvec::cuda::builds(&key);

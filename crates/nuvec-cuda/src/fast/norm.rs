@@ -1,54 +1,97 @@
-//! Launches of the fused row kernels of `kernels/norm.cuh`, `kernels/norm_regs.cuh`,
-//! `kernels/cross_entropy.cuh` and `kernels/rope.cuh`: RMS norm (with the residual add), layer
-//! norm and their derivatives, SwiGLU, cross entropy and RoPE. Which cases they cover is
-//! [`supports`]; the rest run as their compositions.
+//! RMS norm (with the residual add), layer norm and their derivatives
+//! (`kernels/norm_registers.cuh`, `kernels/norm.cuh`): rows held in registers where they fit
+//! (a block per row, or groups of threads per row), looping kernels for the rest, and
+//! `col_sum` for the derivatives' weight and bias cotangents.
 
 use std::sync::{Arc, Mutex};
 
-use nuvec_core::fast::{FastOp, RopeParams};
-use nuvec_core::storage::{Operand, Output, Spec};
+use nuvec_core::fast::FastOp;
+use nuvec_core::storage::{Operand, Output};
 use nuvec_core::{DType, Result};
 
+use super::{Rows, acc, ptr_or_null, row_grid};
 use crate::driver::Gpu;
-use crate::eval::{alloc, alloc_out, internal, kernel, ptr_of, row_major};
-use crate::kernels::Family;
-use crate::launch::{Arg, BLOCK, launch_dependent, resident_blocks, resident_clusters};
+use crate::kernels::{Family, Source, ctype};
+use crate::launch::{Arg, launch_dependent};
+use crate::operand::{alloc, internal, kernel, ptr_of};
 
 /// Register slots per thread of the derivative kernels (NV_RMS_SLOTS, NV_LN_SLOTS and
 /// NV_NORM_VJP_THREADS in norm.cuh): they take rows of up to slots × threads features.
-const RMS_SLOTS: usize = 16;
-const LN_SLOTS: usize = 16;
-const VJP_THREADS: usize = 512;
+pub(crate) const RMS_SLOTS: usize = 16;
+pub(crate) const LN_SLOTS: usize = 16;
+pub(crate) const VJP_THREADS: usize = 512;
 const MAX_THREADS: usize = 1024;
 
-/// The accumulator type of the kernels for rows of `d`.
-fn acc(d: DType) -> DType {
-    if d == DType::F64 { DType::F64 } else { DType::F32 }
-}
-
-/// Whether the fused kernels cover `op` on these inputs.
-pub(crate) fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
-    let Some(d) = inputs.first().map(|s| s.dtype).filter(|d| d.is_float()) else { return false };
-    let same = |specs: &[Spec]| specs.iter().all(|s| s.dtype == d);
-    let len = inputs[0].shape.last().copied().unwrap_or(1).max(0) as usize;
-    match op {
-        FastOp::RmsNorm { .. }
-        | FastOp::AddRmsNorm { .. }
-        | FastOp::LayerNorm { .. }
-        | FastOp::SwiGlu
-        | FastOp::SwiGluVjp => same(inputs),
-        FastOp::RmsNormVjp { .. } => same(inputs) && len <= RMS_SLOTS * VJP_THREADS,
-        FastOp::LayerNormVjp { .. } => same(inputs) && len <= LN_SLOTS * VJP_THREADS,
-        FastOp::CrossEntropy => inputs[1].dtype == DType::I32,
-        FastOp::CrossEntropyVjp => {
-            inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d) && inputs[3].dtype == acc(d)
+/// The module of `d`. The register-row kernels by vectors per thread `v` (`row_plan`): `_r{v}`
+/// (groups of threads per row), `_o{v}` (a block per row), and for the layer norm's derivative
+/// `_e{v}` (rows every thread of a group holds in equal shares); the residual add and the layer
+/// norm take at most 4 vectors, their derivatives 4 (RMS) and 2 (layer), as `v_max` says. Then
+/// the looping kernels and `col_sum`.
+pub(crate) fn source(d: DType) -> String {
+    let mut s = Source::new(&["norm_registers.cuh"]);
+    let (t, a) = (ctype(d), ctype(acc(d)));
+    for v in [2, 4, 8] {
+        let lines = [
+            format!(
+                "__launch_bounds__(NV_REG_BLOCK) rms_norm_r{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps, int group) {{ rms_norm_regs<{t}, {v}, false>(x, res, w, h, out, rows, len, eps, group); }}"
+            ),
+            format!(
+                "__launch_bounds__(NV_REG_BLOCK) add_rms_norm_r{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps, int group) {{ rms_norm_regs<{t}, {v}, true>(x, res, w, h, out, rows, len, eps, group); }}"
+            ),
+            format!(
+                "__launch_bounds__(NV_REG_BLOCK) layer_norm_r{v}(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps, int group) {{ layer_norm_regs<{t}, {v}>(x, w, b, out, rows, len, eps, group); }}"
+            ),
+            format!(
+                "__launch_bounds__(NV_REG_BLOCK) rms_norm_o{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps) {{ rms_norm_one<{t}, {v}, false>(x, res, w, h, out, rows, len, eps); }}"
+            ),
+            format!(
+                "__launch_bounds__(NV_REG_BLOCK) add_rms_norm_o{v}(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps) {{ rms_norm_one<{t}, {v}, true>(x, res, w, h, out, rows, len, eps); }}"
+            ),
+            format!(
+                "__launch_bounds__(NV_REG_BLOCK) layer_norm_o{v}(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps) {{ layer_norm_one<{t}, {v}>(x, w, b, out, rows, len, eps); }}"
+            ),
+        ];
+        for line in lines.iter().filter(|l| v < 8 || l.contains(") rms_norm_")) {
+            s.kernel(line);
         }
-        FastOp::CrossEntropyWithGrad => inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d),
-        FastOp::Rope(_) => inputs[1].dtype == DType::I32 && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
-        _ => false,
     }
+    for v in [2, 4] {
+        let lines = [
+            format!(
+                "__launch_bounds__(NV_REG_BLOCK, 1) rms_norm_vjp_r{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ rms_norm_vjp_regs<{t}, {v}>(x, w, g, gx, part, rows, len, eps, group); }}"
+            ),
+            format!(
+                "__launch_bounds__(NV_REG_BLOCK, 1) layer_norm_vjp_r{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ layer_norm_vjp_regs<{t}, {v}, false>(x, w, g, gx, part, rows, len, eps, group); }}"
+            ),
+            format!(
+                "__launch_bounds__(NV_REG_BLOCK, 1) layer_norm_vjp_e{v}(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps, int group) {{ layer_norm_vjp_regs<{t}, {v}, true>(x, w, g, gx, part, rows, len, eps, group); }}"
+            ),
+        ];
+        for line in lines.iter().filter(|l| v == 2 || l.contains(") rms_norm_vjp_")) {
+            s.kernel(line);
+        }
+    }
+    s.kernel(format!(
+        "__launch_bounds__(1024) rms_norm(const {t}* x, const {t}* res, const {t}* w, {t}* h, {t}* out, u64 rows, u64 len, float eps) {{ rms_norm_rows<{t}>(x, res, w, h, out, rows, len, eps); }}"
+    ));
+    s.kernel(format!(
+        "__launch_bounds__(1024) layer_norm(const {t}* x, const {t}* w, const {t}* b, {t}* out, u64 rows, u64 len, float eps) {{ layer_norm_rows<{t}>(x, w, b, out, rows, len, eps); }}"
+    ));
+    s.kernel(format!(
+        "__launch_bounds__(NV_NORM_VJP_THREADS) rms_norm_vjp(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps) {{ rms_norm_vjp_rows<{t}>(x, w, g, gx, part, rows, len, eps); }}"
+    ));
+    s.kernel(format!(
+        "__launch_bounds__(NV_NORM_VJP_THREADS) layer_norm_vjp(const {t}* x, const {t}* w, const {t}* g, {t}* gx, {a}* part, u64 rows, u64 len, float eps) {{ layer_norm_vjp_rows<{t}>(x, w, g, gx, part, rows, len, eps); }}"
+    ));
+    s.kernel(format!(
+        "__launch_bounds__(NV_COL_SUM_THREADS) col_sum(const {a}* part, {a}* out, {a}* out_hi, u64 parts, u64 cols, u64 split, u64 stride) {{ col_sum<{a}, {a}>(part, out, out_hi, parts, cols, split, stride); }}"
+    ));
+    // The same, rounded to the dtype (the RMS norm's weight cotangent).
+    s.kernel(format!(
+        "__launch_bounds__(NV_COL_SUM_THREADS) col_sum_round(const {a}* part, {t}* out, {t}* out_hi, u64 parts, u64 cols, u64 split, u64 stride) {{ col_sum<{a}, {t}>(part, out, out_hi, parts, cols, split, stride); }}"
+    ));
+    s.finish()
 }
-
 /// Threads per block for rows of `len`: about two 16-byte vectors per thread, and at least
 /// `len / slots` threads when each thread keeps `slots` values of the row in registers.
 fn row_threads(d: DType, len: usize, slots: Option<usize>) -> u32 {
@@ -62,29 +105,13 @@ fn row_threads(d: DType, len: usize, slots: Option<usize>) -> u32 {
     (t.div_ceil(32) * 32).clamp(32, most) as u32
 }
 
-/// Blocks for `rows` rows, `per_block` rows per block: as many as fit on the device at once.
-fn row_grid(gpu: &Gpu, f: cudarc::driver::sys::CUfunction, threads: u32, rows: u64, per_block: u64) -> Result<u32> {
-    let resident = resident_blocks(gpu, f, threads)?.max(1) * gpu.info.multiprocessors.max(1) as u64;
-    Ok(rows.div_ceil(per_block.max(1)).clamp(1, resident.min(u32::MAX as u64)) as u32)
-}
-
 /// Blocks of the looping derivative kernels, each writing one partial row of the weight
 /// cotangent: two per SM (enough to fill it; more would add partial rows to sum).
 fn vjp_blocks(gpu: &Gpu, rows: u64) -> u64 {
     rows.min(2 * gpu.info.multiprocessors.max(1) as u64).max(1)
 }
 
-/// Blocks of `BLOCK` threads for an element-wise kernel over `n` elements of `d`, one 16-byte
-/// vector per thread: the whole array in one pass (the kernels' grid-stride loops then run
-/// once where the pointers are 16-byte aligned; otherwise their scalar loops take it all).
-/// H200, bf16 SwiGLU 32768×14336: 96.8% of copy with the grid capped at 32 blocks per SM,
-/// 102.8% so (the two reads and one write beat a copy's one and one), derivative 4096 rows
-/// 94.3% → 99.5%.
-fn vector_grid(d: DType, n: u64) -> u32 {
-    n.div_ceil((16 / d.size()) as u64).div_ceil(BLOCK as u64).clamp(1, i32::MAX as u64) as u32
-}
-
-/// A norm kernel: its register-row kernels (`{regs}_r{v}`, norm_regs.cuh), its looping kernel
+/// A norm kernel: its register-row kernels (`{regs}_r{v}`, norm_registers.cuh), its looping kernel
 /// (norm.cuh), and how the register kernels are launched.
 struct NormKernel {
     regs: &'static str,
@@ -104,23 +131,17 @@ struct NormKernel {
     v_min: usize,
     v_max: usize,
     /// Threads per block: as many groups of G as fit (at least one). The RMS norm forward takes
-    /// 256, the layer norm 512 (H200, bf16 32768×4096: 88.6% against 86.5% with 256), the
-    /// derivatives 512 (NV_REG_BLOCK), each block summing its groups' weight partials into one
+    /// 256, the layer norm 512 (the faster of the two; see bench/results/), the derivatives 512 (NV_REG_BLOCK), each block summing its groups' weight partials into one
     /// row.
     block: u32,
 }
 
-// The forward norms take their `_o` kernels (a block per row) for rows of 64 vectors or more:
-// H200, bf16, bench_fast, against the `_r` kernels: 32768 rows, RMS norm 94–97% of copy (86–92%),
-// residual add + RMS norm 99% (90%), layer norm 96% (88%); 4096 rows, residual add 86% (81%),
-// layer norm 74–75% (70%); 1 and 16 rows, a shorter call either way. (The plain RMS norm at 4096
-// rows was slower so, 67–82% against 74–84%, while its `_o` kernel took 8 vectors per thread;
-// at 2, 87.5% against 83.9% in the sweep: `one_row_kernel`.)
-// In the `_r` kernels, with the next row's loads issued early, 2 vectors per thread keep enough
-// bytes in flight (H200, bf16 RMS norm and layer norm rows of 2048–8192: 2 beat 4 and 8 once the
-// outputs are rounded in packed pairs; before, the layer norm was faster with 4). The residual
-// add and the layer norm spill with 8; the derivatives also hold the cotangent, the next rows and
-// the weight's partial sums: at most 4 for the RMS norm's, 2 for the layer norm's.
+// The forward norms take their `_o` kernels (a block per row) for rows of 64 vectors or more,
+// faster than the `_r` kernels at every measured shape (see bench/results/). In the `_r`
+// kernels, with the next row's loads issued early, 2 vectors per thread keep enough bytes in
+// flight. The residual add and the layer norm spill with 8; the derivatives also hold the
+// cotangent, the next rows and the weight's partial sums: at most 4 for the RMS norm's, 2 for
+// the layer norm's.
 const RMS_NORM: NormKernel = NormKernel {
     regs: "rms_norm",
     equal: false,
@@ -175,9 +196,9 @@ const LAYER_NORM_VJP: NormKernel = NormKernel {
 /// How a norm kernel covers its rows.
 #[derive(Clone, Copy)]
 enum RowPlan {
-    /// norm_regs.cuh's `_o` kernels: a block per row of `nvec` 16-byte vectors.
+    /// norm_registers.cuh's `_o` kernels: a block per row of `nvec` 16-byte vectors.
     OneRow { nvec: usize },
-    /// norm_regs.cuh: `v` 16-byte vectors per thread, `group` threads per row, several groups
+    /// norm_registers.cuh: `v` 16-byte vectors per thread, `group` threads per row, several groups
     /// per block.
     Regs { v: usize, group: u32, equal: bool },
     /// norm.cuh's looping kernels, one block per row.
@@ -216,11 +237,9 @@ fn one_rows_enabled() -> bool {
 /// The `_o` kernel for rows of `nvec` vectors and its block size: `k.one_row` vectors per thread,
 /// more where the row needs over 512 threads, fewer where it would leave a block under 64.
 /// Those kernels are latency-bound, and the number of vectors per thread trades the threads
-/// resident against the loads each has in flight. H200, bf16, % of copy at 4096 and 32768 rows
-/// of 2048, 4096 and 8192 (`bench/cuda/tune_launch.cu ones`): the RMS norm is fastest at 2 per
-/// thread (4096×8192: 93.6%, 4 per thread 92.4%, 8 90.4%), the residual add + RMS norm and
-/// the layer norm, which hold more registers, at 4 (4096×8192: 94.8% and 90.0%, at 2 87.7%
-/// and 81.9%, as few blocks of 512 fit); 8 per thread is never the fastest.
+/// resident against the loads each has in flight: the RMS norm is fastest at 2 per thread, the
+/// residual add + RMS norm and the layer norm, which hold more registers, at 4; 8 is never the
+/// fastest (`bench/cuda/tune_launch.cu ones`; see bench/results/).
 fn one_row_kernel(gpu: &Gpu, d: DType, k: &NormKernel, nvec: usize) -> Result<(cudarc::driver::sys::CUfunction, u32)> {
     // The choice per device, dtype, kernel and row length, made once: the small calls are
     // bound by the host.
@@ -235,7 +254,7 @@ fn one_row_kernel(gpu: &Gpu, d: DType, k: &NormKernel, nvec: usize) -> Result<(c
     let v = one_row_vectors(k, nvec, forced)
         .ok_or_else(|| internal(format!("no one-row kernel for rows of {nvec} vectors")))?;
     let threads = nvec.div_ceil(v).next_multiple_of(32);
-    let f = kernel(gpu, Family::Fast(d), &format!("{}_o{v}", k.regs))?;
+    let f = kernel(gpu, Family::Norm(d), &format!("{}_o{v}", k.regs))?;
     CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).push((key, (f as usize, threads as u32)));
     Ok((f, threads as u32))
 }
@@ -274,14 +293,14 @@ impl RowLaunch {
             }
             RowPlan::Regs { v, group, equal } => {
                 let kind = if k.equal && equal { 'e' } else { 'r' };
-                let f = kernel(gpu, Family::Fast(d), &format!("{}_{kind}{v}", k.regs))?;
+                let f = kernel(gpu, Family::Norm(d), &format!("{}_{kind}{v}", k.regs))?;
                 let groups = (k.block / group).max(1);
                 let threads = groups * group;
                 tail.push(Arg::I32(group as i32));
                 (f, threads, row_grid(gpu, f, threads, rows, groups as u64)?)
             }
             RowPlan::Loop => {
-                let f = kernel(gpu, Family::Fast(d), k.looping)?;
+                let f = kernel(gpu, Family::Norm(d), k.looping)?;
                 let threads = row_threads(d, len as usize, k.slots);
                 // The derivative kernels write one partial row per block: two blocks per SM.
                 let grid = match k.slots {
@@ -301,26 +320,18 @@ impl RowLaunch {
     }
 }
 
-fn ptr_or_null(x: Option<&Operand>) -> Result<u64> {
-    x.map(ptr_of).transpose().map(|p| p.unwrap_or(0))
-}
-
-/// Runs `op` with its fused kernel.
-pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
-    let inputs: Vec<Operand> = inputs.into_iter().map(|x| row_major(gpu, x)).collect::<Result<_>>()?;
+/// A norm (inputs: x, then the residual, weight and bias it takes) or a norm's derivative (x,
+/// weight, cotangent; outputs: x's cotangent, then the weight's and bias's).
+pub(crate) fn eval(
+    gpu: &Arc<Gpu>,
+    op: &FastOp,
+    r: Rows,
+    inputs: &[Operand],
+    outputs: &[Output],
+    out_ptrs: &[u64],
+) -> Result<()> {
+    let Rows { d, rows, len } = r;
     let x = &inputs[0];
-    let d = x.dtype;
-    let len = x.shape.last().copied().unwrap_or(1).max(0) as u64;
-    let rows = (x.size() as u64).checked_div(len).unwrap_or(0);
-    let out_ptrs: Vec<u64> = outputs.iter_mut().map(|o| alloc_out(gpu, o)).collect::<Result<_>>()?;
-    if x.size() == 0 {
-        // Weight cotangents of empty rows are zeros.
-        for (o, &p) in outputs.iter().zip(&out_ptrs).skip(1) {
-            gpu.zero(p, o.size() * o.dtype.size())?;
-        }
-        return Ok(());
-    }
-    let fam = Family::Fast(d);
     let norm = |k: &NormKernel, ptrs: &[u64], eps: f32| RowLaunch::new(gpu, d, k, ptrs, rows, len, eps);
     match op {
         FastOp::RmsNorm { eps, weighted } => {
@@ -372,109 +383,9 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
                 col_sum(gpu, d, "col_sum", sp, w_out, b_out, parts, 2 * len, len, 2 * len)?;
             }
         }
-        FastOp::SwiGluVjp => {
-            let n = x.size() as u64;
-            let f = kernel(gpu, fam, "swiglu_vjp")?;
-            let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, ptr_of(&inputs[2])?, out_ptrs[0], out_ptrs[1]];
-            let mut args: Vec<Arg> = ptrs.map(Arg::Ptr).into();
-            args.push(Arg::U64(n));
-            launch_dependent(gpu, f, vector_grid(d, n), (BLOCK, 1), 1, args)?;
-        }
-        FastOp::SwiGlu => {
-            let n = x.size() as u64;
-            let f = kernel(gpu, fam, "swiglu")?;
-            let args = vec![Arg::Ptr(ptr_of(x)?), Arg::Ptr(ptr_of(&inputs[1])?), Arg::Ptr(out_ptrs[0]), Arg::U64(n)];
-            launch_dependent(gpu, f, vector_grid(d, n), (BLOCK, 1), 1, args)?;
-        }
-        FastOp::CrossEntropy => {
-            let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, out_ptrs[0]];
-            cross_entropy(gpu, d, "cross_entropy", &ptrs, rows, len)?;
-        }
-        FastOp::CrossEntropyVjp => {
-            let ptrs = [ptr_of(x)?, ptr_of(&inputs[1])?, ptr_of(&inputs[2])?, ptr_of(&inputs[3])?, out_ptrs[0]];
-            cross_entropy(gpu, d, "cross_entropy_vjp", &ptrs, rows, len)?;
-        }
-        FastOp::CrossEntropyWithGrad => {
-            let (xp, t, g) = (ptr_of(x)?, ptr_of(&inputs[1])?, ptr_of(&inputs[2])?);
-            let (loss, dx) = (out_ptrs[0], out_ptrs[1]);
-            if !cross_entropy_fused(gpu, d, [xp, t, g, loss, dx], rows, len)? {
-                cross_entropy(gpu, d, "cross_entropy", &[xp, t, loss], rows, len)?;
-                cross_entropy(gpu, d, "cross_entropy_vjp", &[xp, t, g, loss, dx], rows, len)?;
-            }
-        }
-        FastOp::Rope(p) => rope(gpu, p, x, &inputs[1], inputs.get(2), out_ptrs[0], rows, len)?,
-        _ => return Err(internal(format!("no fused kernel for {}", op.name()))),
+        _ => return Err(internal(format!("no norm kernel for {}", op.name()))),
     }
     Ok(())
-}
-
-/// The cross-entropy loss (`ptrs`: logits, targets, loss) or its derivative given the loss
-/// (logits, targets, cotangent, loss, gradient): a block per row.
-fn cross_entropy(gpu: &Gpu, d: DType, name: &str, ptrs: &[u64], rows: u64, len: u64) -> Result<()> {
-    let mut args: Vec<Arg> = ptrs.iter().map(|&p| Arg::Ptr(p)).collect();
-    args.extend([Arg::U64(rows), Arg::U64(len)]);
-    // The statistics' loop reads 8 vectors per thread in flight (fast.cuh): 128 threads per row
-    // up to 64 K features, 512 beyond (H200, bf16 4096 rows: 32000 wide 91% of copy with 128,
-    // 83% with 256; 128256 wide 95% with 512, 84% with 1024, one block per SM that idles while
-    // it reduces).
-    let threads = if len > 65536 { 512 } else { 128 };
-    let f = kernel(gpu, Family::Fast(d), name)?;
-    let grid = row_grid(gpu, f, threads, rows, 1)?;
-    launch_dependent(gpu, f, grid, (threads, 1), 1, args)
-}
-
-/// 16-byte vectors per thread of the fused cross-entropy kernels (cross_entropy.cuh's `U`): each
-/// thread holds that many vectors of its row in registers. The wide kernel holds more, in the
-/// same 64 registers under its 1024-thread bound (nvcc's ptxas, sm_90a: 12 bytes of spills for
-/// bf16/f16, none for f32; 78% of copy at 152064 bf16 classes all the same).
-const FUSED_LOADS: usize = 8;
-const WIDE_LOADS: usize = 10;
-
-/// The loss and the gradient in one read of the logits (cross_entropy.cuh's fused kernel; `ptrs`:
-/// logits, targets, cotangent, loss, gradient), where it applies: sm_90 or later, float32 or
-/// half logits, rows of whole aligned 16-byte vectors that at most 8 blocks hold in registers.
-/// Returns whether it ran.
-fn cross_entropy_fused(gpu: &Gpu, d: DType, ptrs: [u64; 5], rows: u64, len: u64) -> Result<bool> {
-    let per = (16 / d.size()) as u64;
-    let usable = gpu.info.compute_capability.0 >= 9
-        && matches!(d, DType::F32 | DType::F16 | DType::BF16)
-        && len.is_multiple_of(per)
-        && [ptrs[0], ptrs[4]].iter().all(|p| p % 16 == 0);
-    if !usable {
-        return Ok(false);
-    }
-    let nv = (len / per) as usize;
-    // Blocks per row (a cluster), threads per block and vectors per thread, from sweeps on the
-    // H200 (bf16, 4096 rows; bench/cuda/tune_xent.cu). The registers bound the rows in flight,
-    // and a row's blocks meet once per row: rows of up to 4096 vectors in blocks of up to 256
-    // threads (32000 classes, two blocks: 77-79% of copy; one of 512: 77-79%, four of 128:
-    // 75%), up to 16384 in two blocks of up to 1024 (128256: 77-79%; four of 512: 70%, eight of
-    // 256: 74%), longer ones in blocks of 1024 threads holding 10 vectors each (152064: two
-    // blocks, 80%; with 8 vectors, five blocks of 480: 65-67%, eight of 320: 67%, three of
-    // 1024: 60%; two blocks with 2 more vectors per thread in shared memory: 78%).
-    let (threads, cluster, wide) = if nv <= 4096 {
-        (nv.div_ceil(FUSED_LOADS).clamp(32, 256), nv.div_ceil(256 * FUSED_LOADS), false)
-    } else if nv <= 16384 {
-        (nv.div_ceil(2 * FUSED_LOADS), 2, false)
-    } else {
-        (1024, nv.div_ceil(1024 * WIDE_LOADS), true)
-    };
-    let threads = threads.next_multiple_of(32);
-    if cluster > 8 {
-        return Ok(false);
-    }
-    let name = if wide { "cross_entropy_fused_wide" } else { "cross_entropy_fused" };
-    let f = kernel(gpu, Family::Fast(d), name)?;
-    let resident = resident_clusters(gpu, f, threads as u32, cluster as u32)?;
-    if resident == 0 {
-        return Ok(false);
-    }
-    let clusters = rows.min(resident).min(u32::MAX as u64 / 8);
-    let slice = nv.div_ceil(cluster) as u64;
-    let mut args: Vec<Arg> = ptrs.map(Arg::Ptr).into();
-    args.extend([Arg::U64(rows), Arg::U64(len), Arg::U64(slice)]);
-    launch_dependent(gpu, f, (clusters * cluster as u64) as u32, (threads as u32, 1), cluster as u32, args)?;
-    Ok(true)
 }
 
 /// The derivative kernels' partial rows added up (col_sum in norm.cuh): for each column
@@ -495,64 +406,12 @@ fn col_sum(
     stride: u64,
 ) -> Result<()> {
     const THREADS: u32 = 512; // NV_COL_SUM_THREADS
-    let f = kernel(gpu, Family::Fast(d), name)?;
+    let f = kernel(gpu, Family::Norm(d), name)?;
     let per_block = 32 * (16 / acc(d).size()) as u64;
     let grid = cols.div_ceil(per_block).clamp(1, 65535) as u32;
     let args =
         [part, out, out_hi].map(Arg::Ptr).into_iter().chain([parts, cols, split, stride].map(Arg::U64)).collect();
     launch_dependent(gpu, f, grid, (THREADS, 1), 1, args)
-}
-
-/// RoPE (rope.cuh): a thread per chunk of a row's features, rows in memory order.
-#[allow(clippy::too_many_arguments)]
-fn rope(
-    gpu: &Arc<Gpu>,
-    p: &RopeParams,
-    x: &Operand,
-    offset: &Operand,
-    freqs: Option<&Operand>,
-    out: u64,
-    rows: u64,
-    len: u64,
-) -> Result<()> {
-    let d = x.dtype;
-    let nd = x.shape.len();
-    let (seq, dims) = (x.shape[nd - 2].max(1) as u64, p.dims as u64);
-    // Rows per offset entry (a per-batch offset indexes the first axis).
-    let per_batch = (rows / x.shape[0].max(1) as u64).max(1);
-    let (xp, per) = (ptr_of(x)?, (16 / d.size()) as u64);
-    let rotated = if p.traditional { dims } else { dims / 2 };
-    let vec = xp.is_multiple_of(16) && out.is_multiple_of(16) && len.is_multiple_of(per) && rotated.is_multiple_of(per);
-    let (name, width) = match (vec, p.traditional) {
-        (true, false) => ("rope_vec", per),
-        (true, true) => ("rope_vec_t", per),
-        (false, false) => ("rope_s1", 1),
-        (false, true) => ("rope_s2", 2),
-    };
-    let chunks = rotated / width + (len - dims).div_ceil(width);
-    // Block: a row's chunks across x, rows across y; the grid covers the rows in memory order.
-    let bx = chunks.clamp(1, BLOCK as u64);
-    let by = (BLOCK as u64 / bx).max(1);
-    let gx = rows.div_ceil(by).clamp(1, i32::MAX as u64);
-    let args = vec![
-        Arg::Ptr(xp),
-        Arg::Ptr(out),
-        Arg::Ptr(ptr_of(offset)?),
-        Arg::I32((offset.shape.len() == 1) as i32),
-        Arg::Ptr(ptr_or_null(freqs)?),
-        Arg::F32(p.base.map_or(0.0, f32::log2)),
-        Arg::F32(p.scale),
-        Arg::F32(if p.forward { 1.0 } else { -1.0 }),
-        Arg::U64(rows),
-        Arg::U64(len),
-        Arg::U64(dims),
-        Arg::U64(seq),
-        Arg::U64(per_batch),
-    ];
-    let f_suffix = if freqs.is_some() { "_f" } else { "" };
-    let wide = if rows > u32::MAX as u64 { "_w" } else { "" };
-    let f = kernel(gpu, Family::Fast(d), &format!("{name}{f_suffix}{wide}"))?;
-    launch_dependent(gpu, f, gx as u32, (bx as u32, by as u32), 1, args)
 }
 
 #[cfg(test)]
@@ -597,5 +456,42 @@ mod tests {
         assert_eq!(v(&LAYER_NORM, 128), Some(2));
         assert_eq!(v(&RMS_NORM, 2048), Some(4));
         assert_eq!(one_row_vectors(&LAYER_NORM, 1024, Some(2)), Some(2));
+    }
+
+    #[test]
+    fn norm_kernels_exist_for_the_vectors_per_thread_the_plans_may_choose() {
+        let source = Family::Norm(DType::BF16).source();
+        let has = |name: &str| source.contains(&format!(" {name}("));
+        for name in
+            ["rms_norm_r8", "rms_norm_o8", "add_rms_norm_o4", "layer_norm_o4", "rms_norm_vjp_r4", "layer_norm_vjp_e2"]
+        {
+            assert!(has(name), "{name}");
+        }
+        // Past the residual add's and layer norm's `v_max` (4; their derivative's 2): not built.
+        for name in [
+            "add_rms_norm_r8",
+            "add_rms_norm_o8",
+            "layer_norm_r8",
+            "layer_norm_o8",
+            "layer_norm_vjp_r4",
+            "layer_norm_vjp_e4",
+        ] {
+            assert!(!has(name), "{name}");
+        }
+        // Every kernel a plan may name is built: each kernel's `v_min` to `v_max`.
+        for k in [&RMS_NORM, &ADD_RMS_NORM, &LAYER_NORM, &RMS_NORM_VJP, &LAYER_NORM_VJP] {
+            let mut v = k.v_min;
+            while v <= k.v_max {
+                assert!(has(&format!("{}_r{v}", k.regs)), "{}_r{v}", k.regs);
+                if k.equal {
+                    assert!(has(&format!("{}_e{v}", k.regs)), "{}_e{v}", k.regs);
+                }
+                if k.one_row.is_some() {
+                    assert!(has(&format!("{}_o{v}", k.regs)), "{}_o{v}", k.regs);
+                }
+                v *= 2;
+            }
+            assert!(has(k.looping), "{}", k.looping);
+        }
     }
 }

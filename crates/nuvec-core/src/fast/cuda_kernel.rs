@@ -1,13 +1,11 @@
 //! Custom CUDA kernels written from source: MLX's `mx.fast.cuda_kernel`.
 //!
 //! [`CudaKernel`] holds a body and the names of its inputs and outputs; each
-//! [`call`](CudaKernel::call) generates the full kernel for the call's dtypes and template
-//! arguments (see [`source`] for the rules), and records one `Primitive::CustomKernel` node.
-//! Only the CUDA backend runs it: it compiles each generated source once (memory and disk
-//! cache) with NVRTC. The kernel has no derivative or batching rule of its own; wrap the call
-//! in `custom_function` to give it some.
-
-pub mod source;
+//! [`call`](CudaKernel::call) validates its arguments and records one
+//! `Primitive::CustomKernel` node holding a [`KernelSpec`] (plain data). Only the CUDA backend
+//! runs it: it generates the full kernel for the call's dtypes and template arguments, and
+//! compiles each generated source once (memory and disk cache) with NVRTC. The kernel has no
+//! derivative or batching rule of its own; wrap the call in `custom_function` to give it some.
 
 use std::panic::Location;
 use std::sync::Arc;
@@ -20,39 +18,10 @@ use crate::primitive::Primitive;
 use crate::shape::check_shape;
 use crate::storage::Spec;
 
-pub use source::{GeneratedKernel, InputParams, PRELUDE_HEADER, cuda_type};
+pub use crate::primitive::custom_kernel::{KernelSpec, MAX_NDIM, TemplateArg, is_identifier, mentions};
 
 /// The name failed calls report.
 const OP: &str = "cuda_kernel";
-
-/// A template argument: an `int` or `bool` constant, or a type alias.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum TemplateArg {
-    /// `constexpr int NAME = v;`
-    Int(i32),
-    /// `constexpr bool NAME = v;`
-    Bool(bool),
-    /// `using NAME = <CUDA type of the dtype>;`
-    DType(DType),
-}
-
-impl From<i32> for TemplateArg {
-    fn from(v: i32) -> Self {
-        TemplateArg::Int(v)
-    }
-}
-
-impl From<bool> for TemplateArg {
-    fn from(v: bool) -> Self {
-        TemplateArg::Bool(v)
-    }
-}
-
-impl From<DType> for TemplateArg {
-    fn from(v: DType) -> Self {
-        TemplateArg::DType(v)
-    }
-}
 
 /// The launch of one call: grid and block sizes, template arguments, output initialisation.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,7 +36,7 @@ pub struct KernelConfig {
     /// Fill every output with this value before the launch; otherwise outputs start
     /// uninitialised (or zeroed, with [`CudaKernel::atomic_outputs`]).
     pub init_value: Option<f64>,
-    /// Print the generated source.
+    /// Print the generated source (the CUDA backend prints it when it generates the kernel).
     pub verbose: bool,
 }
 
@@ -75,25 +44,6 @@ impl Default for KernelConfig {
     fn default() -> Self {
         KernelConfig { grid: (1, 1, 1), threadgroup: (1, 1, 1), template: Vec::new(), init_value: None, verbose: false }
     }
-}
-
-/// What the CUDA backend needs to run one call: the generated kernel and its launch.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KernelSpec {
-    /// The generated kernel.
-    pub kernel: GeneratedKernel,
-    /// The outputs' shapes and dtypes (row-major buffers).
-    pub outputs: Vec<Spec>,
-    /// Blocks in x, y, z (zero in any axis: nothing is launched).
-    pub blocks: [u32; 3],
-    /// Threads per block in x, y, z.
-    pub block: [u32; 3],
-    /// Bytes of dynamic shared memory.
-    pub shared_memory: u32,
-    /// Fill value of the outputs.
-    pub init_value: Option<f64>,
-    /// Copy inputs that are not row-contiguous first.
-    pub ensure_row_contiguous: bool,
 }
 
 /// A custom CUDA kernel (MLX's `mx.fast.cuda_kernel`).
@@ -199,41 +149,48 @@ impl CudaKernel {
         }
     }
 
-    /// The kernel this call would run (for `verbose` output, tools and compile checks):
-    /// validates the arguments and generates the source, without recording anything.
+    /// What this call would record (for tools and for generating its source with the CUDA
+    /// backend): validates the arguments, without recording anything.
     #[track_caller]
-    pub fn generate<S: AsRef<[i32]>>(
+    pub fn spec<S: AsRef<[i32]>>(
         &self,
         inputs: &[Array],
         outputs: &[(S, DType)],
         config: &KernelConfig,
-    ) -> Result<GeneratedKernel> {
+    ) -> Result<KernelSpec> {
         self.validate(inputs, outputs, config)?;
-        let specs: Vec<Spec> = inputs.iter().map(Array::spec).collect();
-        let dtypes: Vec<DType> = outputs.iter().map(|o| o.1).collect();
-        let text = source::KernelText {
-            name: &self.name,
-            input_names: &self.input_names,
-            output_names: &self.output_names,
-            source: &self.source,
-            header: &self.header,
-        };
-        let kernel = source::generate(&text, &specs, &dtypes, &config.template);
-        for ((name, p), x) in self.input_names.iter().zip(&kernel.inputs).zip(inputs) {
-            if (p.shape || p.strides) && x.ndim() > source::MAX_NDIM {
+        for (name, x) in self.input_names.iter().zip(inputs) {
+            let indexed =
+                mentions(&self.source, &format!("{name}_shape")) || mentions(&self.source, &format!("{name}_strides"));
+            if indexed && x.ndim() > MAX_NDIM {
                 return Err(self.invalid(format!(
-                    "input `{name}` has {} dimensions; `{name}_shape` and `{name}_strides` hold at most {}",
-                    x.ndim(),
-                    source::MAX_NDIM
+                    "input `{name}` has {} dimensions; `{name}_shape` and `{name}_strides` hold at most {MAX_NDIM}",
+                    x.ndim()
                 )));
             }
         }
-        Ok(kernel)
+        let (g, t) = (config.grid, config.threadgroup);
+        Ok(KernelSpec {
+            name: self.name.clone(),
+            input_names: self.input_names.clone(),
+            output_names: self.output_names.clone(),
+            source: self.source.clone(),
+            header: self.header.clone(),
+            template: config.template.clone(),
+            inputs: inputs.iter().map(Array::spec).collect(),
+            outputs: outputs.iter().map(|(s, d)| Spec { shape: s.as_ref().into(), dtype: *d }).collect(),
+            blocks: [g.0.div_ceil(t.0), g.1.div_ceil(t.1), g.2.div_ceil(t.2)],
+            block: [t.0.min(g.0), t.1.min(g.1), t.2.min(g.2)],
+            shared_memory: self.shared_memory,
+            init_value: config.init_value.or(self.atomic_outputs.then_some(0.0)),
+            ensure_row_contiguous: self.ensure_row_contiguous,
+            verbose: config.verbose,
+        })
     }
 
     #[track_caller]
     fn validate<S: AsRef<[i32]>>(&self, inputs: &[Array], outputs: &[(S, DType)], config: &KernelConfig) -> Result<()> {
-        if !source::is_identifier(&self.name) {
+        if !is_identifier(&self.name) {
             return Err(self.invalid("the name must be a C identifier".into()));
         }
         if self.output_names.is_empty() {
@@ -242,7 +199,7 @@ impl CudaKernel {
         let mut seen = std::collections::HashSet::new();
         let all = self.input_names.iter().chain(&self.output_names).chain(config.template.iter().map(|(n, _)| n));
         for n in all {
-            if !source::is_identifier(n) {
+            if !is_identifier(n) {
                 return Err(self.invalid(format!("`{n}` (an input, output or template name) is not a C identifier")));
             }
             if !seen.insert(n.as_str()) {
@@ -297,47 +254,15 @@ impl CudaKernel {
     pub fn call<S: AsRef<[i32]>>(&self, inputs: &[Array], outputs: &[(S, DType)], config: &KernelConfig) -> Vec<Array> {
         let n = self.output_names.len().max(1);
         let fail = |e: Error| vec![Array::from_error(e); n];
-        let kernel = match self.generate(inputs, outputs, config) {
-            Ok(k) => k,
+        let spec = match self.spec(inputs, outputs, config) {
+            Ok(s) => s,
             Err(e) => return fail(e),
         };
-        if config.verbose {
-            println!("{}", kernel.source);
-        }
         let device = default_stream().device;
         if device.kind != DeviceKind::Gpu || !crate::backend::is_available(device) {
             return fail(Error::Op { op: OP, at: Location::caller(), kind: OpErrorKind::UnsupportedDevice(device) });
         }
-        let (g, t) = (config.grid, config.threadgroup);
-        let block = [t.0.min(g.0), t.1.min(g.1), t.2.min(g.2)];
-        let blocks = [g.0.div_ceil(t.0), g.1.div_ceil(t.1), g.2.div_ceil(t.2)];
-        let specs: Vec<Spec> = outputs.iter().map(|(s, d)| Spec { shape: s.as_ref().into(), dtype: *d }).collect();
-        let init_value = config.init_value.or(self.atomic_outputs.then_some(0.0));
-        let spec = KernelSpec {
-            kernel,
-            outputs: specs.clone(),
-            blocks,
-            block,
-            shared_memory: self.shared_memory,
-            init_value,
-            ensure_row_contiguous: self.ensure_row_contiguous,
-        };
+        let specs = spec.outputs.clone();
         Array::from_node(Primitive::CustomKernel(Arc::new(spec)), inputs.to_vec(), specs)
-    }
-}
-
-impl KernelSpec {
-    /// A custom kernel has no derivative or batching rule of its own: transforms reaching
-    /// it give failed arrays that say how to provide one.
-    #[track_caller]
-    pub(crate) fn no_rule(&self, transform: &str) -> Error {
-        Error::Op {
-            op: OP,
-            at: Location::caller(),
-            kind: OpErrorKind::InvalidArgument(format!(
-                "{transform} of custom kernel `{}` is not defined: wrap the call in `custom_function` with a {transform} rule",
-                self.kernel.entry
-            )),
-        }
     }
 }

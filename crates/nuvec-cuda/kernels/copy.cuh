@@ -1,6 +1,8 @@
-// Copies, ranges and integer products.
+// Copies, casts and ranges (copy.rs): strided copies by element size, conversions between
+// any two element types, `arange`.
 #pragma once
-#include "elementwise.cuh"
+#include "arith.cuh"
+#include "map.cuh"
 
 // dst[offset_of(d, 0, i)] = src[offset_of(d, 1, i)] for every element i (any layouts).
 template <typename T>
@@ -26,19 +28,7 @@ __device__ __forceinline__ void arange_fill(T* __restrict__ out, u64 n, double s
   }
 }
 
-// Integer matrix product, one thread per output; batch offsets from `d` (operands a, b, out).
-template <typename T>
-__device__ __forceinline__ void matmul_int(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
-                                           u64 batches, u64 m, u64 n, u64 k, i64 sa0, i64 sa1, i64 sb0, i64 sb1,
-                                           Dims d) {
-  u64 total = batches * m * n;
-  u64 stride = (u64)gridDim.x * blockDim.x;
-  for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
-    u64 bi = e / (m * n), r = (e / n) % m, c = e % n;
-    const T* pa = a + offset_of(d, 0, bi) + (i64)r * sa0;
-    const T* pb = b + offset_of(d, 1, bi) + (i64)c * sb1;
-    T acc = 0;
-    for (u64 l = 0; l < k; ++l) acc = wrap_add(acc, wrap_mul(pa[(i64)l * sa1], pb[(i64)l * sb0]));
-    out[e] = acc;
-  }
-}
+// Conversion of one element (casts run as unary maps).
+template <typename S, typename D> struct CastF {
+  __device__ __forceinline__ D operator()(S x) const { return convert<D, S>(x); }
+};

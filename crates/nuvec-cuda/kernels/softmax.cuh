@@ -1,15 +1,14 @@
-// Fused row kernels: softmax and log-sum-exp over contiguous rows, statistics in f32 (f64 for
-// double inputs). A row's maximum and sum of exponentials come from one online pass (one
+// Softmax and log-sum-exp over contiguous rows, and the row statistics cross entropy shares
+// (row_max_sum_block, ...): in f32 (f64 for double inputs). A row's maximum and sum of exponentials come from one online pass (one
 // exponential per element, rescaling the sum only when the maximum grows); softmax then
 // writes exp(x - max) / sum. A row takes one warp (`_warp` kernels, several rows per block) or,
-// past 64 KiB, a whole block (any multiple of 32 threads); eval.rs chooses.
+// past 64 KiB, a whole block (any multiple of 32 threads); fast/softmax.rs chooses.
 #pragma once
 #include "reduce.cuh"
 
 #ifndef NV_ROW_LOADS
-// 16-byte loads in flight per thread. H200, bf16 log-sum-exp 16384×4096 with the earlier
-// per-vector rescaling: 2 → 83%, 4 → 84%, 8 → 86% of copy. Past 8, kernels under a
-// 1024-thread launch bound (64 registers, as the cross-entropy loss's) spill.
+// 16-byte loads in flight per thread: more was faster up to 8 (see bench/results/); past 8,
+// kernels under a 1024-thread launch bound (64 registers, as the cross-entropy loss's) spill.
 #define NV_ROW_LOADS 8
 #endif
 

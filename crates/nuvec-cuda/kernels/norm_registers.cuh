@@ -1,14 +1,14 @@
 // The norm kernels for rows that fit in registers: RMS norm (with the residual add), layer norm
 // and their derivatives, for contiguous, 16-byte aligned rows whose length is a multiple of the
-// vector width N = 16 / sizeof(T) and at most 8 · 512 vectors (fast_rows.rs chooses; the rest
+// vector width N = 16 / sizeof(T) and at most 8 · 512 vectors (fast/norm.rs chooses; the rest
 // take norm.cuh's looping kernels).
 //
 // A group of G threads (a multiple of 32, at most 512) takes a row, each thread holding V
 // vectors of it: vectors t, t + G, ..., t + (V − 1)·G. The row is read from memory once, every
 // load of a row is issued before any is used, and a group loads its next row before it reduces
-// the current one, so loads stay in flight through the reductions (H200, bf16 32768×4096:
-// without that prefetch the layer norm reached 53–65% of copy, the looping kernels, which
-// re-read each row from cache after every reduction, 35–56% for the derivatives). Blocks hold
+// the current one, so loads stay in flight through the reductions (far faster than without the
+// prefetch, or than the looping kernels, which re-read each row from cache after every
+// reduction; see bench/results/). Blocks hold
 // several groups working on different rows. Groups synchronise on their own named barrier (1 + group index; 0 is
 // __syncthreads'), at most 8 of them when G > 32; a group of one warp needs none.
 //
@@ -114,10 +114,9 @@ __device__ __forceinline__ void walk_rows(const T* const (&src)[K], u64 rows, u6
 
 // Adds the block's groups' accumulators (the same columns in every group) and writes them to
 // dst[0 .. len), a thread's N sums in one Vec<A, N> store (16 or 32 bytes; dst aligned to that:
-// part rows are len values apart from a cuMemAlloc'd base, len a multiple of N). H200, bf16
-// RMS derivative 4096×8192: with the partial rows written a value per thread and store, 32
-// bytes apart, the kernel took 63 µs, 54 without them. `red` holds NV_REG_BLOCK × N values;
-// every thread of the block calls this.
+// part rows are len values apart from a cuMemAlloc'd base, len a multiple of N): writing the
+// partial rows a value per thread and store was measurably slower (see bench/results/). `red`
+// holds NV_REG_BLOCK × N values; every thread of the block calls this.
 template <typename T, int V, typename A>
 __device__ __forceinline__ void block_partial(const A (&acc)[V][16 / sizeof(T)], A* __restrict__ dst, u64 nvec,
                                               const RowGroup& g, A* red) {
@@ -184,13 +183,12 @@ __device__ __forceinline__ void rms_norm_regs(const T* __restrict__ x, const T* 
   });
 }
 
-// ---- The forward norms with a block per row (the `_o` kernels; fast_rows.rs takes them for
+// ---- The forward norms with a block per row (the `_o` kernels; fast/norm.rs takes them for
 // rows of 64 to 512·V vectors). Nothing is loaded ahead and indices within a row are 32-bit, so
 // the kernels keep few registers (32 for the RMS norm at 2 bf16 vectors per thread) and up to
 // 2048 threads stay resident per SM: the hardware overlaps one block's reduction with other
-// blocks' loads. The bytes in flight per SM decide (H200, bf16 RMS norm kernel sweeps: the
-// persistent `_r` kernels 86–87% of copy at 32768×2048/4096, 92% at 32768×8192; these 96%, 96%,
-// 98%; the same block-per-row launch of the `_r` code, at 48 registers, 58–79%).
+// blocks' loads. The bytes in flight per SM decide; so these beat the persistent `_r` kernels
+// on long rows (see bench/results/).
 
 // The sum of `v` over the block, in every thread. `sm` alternates between its halves by `phase`,
 // so one barrier suffices (as group_sums').
@@ -207,21 +205,13 @@ template <typename A> __device__ __forceinline__ A block_sum(A v, A (&sm)[2][32]
 
 // Loads whose lines L1 and L2 keep last (evict_last, whole lines), for the one-row kernels' rows.
 // The rows are read once, yet marking them so lets L2 write the outputs back first and the
-// stream runs faster: H200, bf16, % of copy (tune_launch.cu `ones`, 2026-12-02 run 30 record):
-// RMS norm 32768×8192 98.0 → 101.8, 32768×4096 96.7 → 100.6, 4096×8192 93.4 → 95.8; residual
-// add + RMS norm 32768×4096 99.2 → 100.6; layer norm 32768×4096 97.4 → 100.6 (torch.compile's
-// RMS norm marks its first read of the row so: 100.9 at 32768×8192). The lines left marked cost
-// a following kernel that re-reads 24 MiB from L2 2%; marking them back to normal after the row
-// costs the norm 3.5–9 points. The policy comes from a volatile asm, so it (and every load that
-// takes it) stays after the dependent-launch wait; the loads are not volatile, so the compiler
-// issues a row's loads together (volatile loads with a memory clobber: 89% at 32768×8192). The
-// persistent kernels' loads (row_load, rows loaded ahead) gain nothing so (RMS norm derivative,
-// 1024–32768 rows of 8192: within 0.1 point). NV_LOAD_KEEP=0 makes these plain loads
-// (tune_launch.cu builds both to compare).
-#ifndef NV_LOAD_KEEP
-#define NV_LOAD_KEEP 1
-#endif
-#if NV_LOAD_KEEP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// stream runs faster, as torch.compile's RMS norm marks its first read of the row (see
+// bench/results/; marking the lines back to normal after the row costs more than the lines left
+// marked cost a following kernel). The policy comes from a volatile asm, so it (and every load
+// that takes it) stays after the dependent-launch wait; the loads are not volatile, so the
+// compiler issues a row's loads together. The persistent kernels' loads (row_load, rows loaded
+// ahead) gain nothing so and stay plain.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 __device__ __forceinline__ unsigned long long keep_policy() {
   unsigned long long pol;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
@@ -336,8 +326,8 @@ __device__ __forceinline__ void layer_norm_one(const T* __restrict__ x, const T*
 // of equal size merge without division (Chan et al.; d the difference of the means, n each
 // share's count): mean (m₁ + m₂)/2, squares q₁ + q₂ + d²·n/2, Σu·(x − mean) c₁ + c₂ + d·(u₂ − u₁)/2.
 // This holds when every thread of the group holds V whole vectors and the group is 32·2^k
-// threads (fast_rows.rs chooses). One reduction instead of two (mean, then the rest): H200, bf16
-// 32768×4096, 73% → 87% of copy; a general merge, with divisions, was compute-bound (45%).
+// threads (fast/norm.rs chooses). One reduction instead of two (mean, then the rest) is much
+// faster; a general merge, with divisions, was compute-bound (see bench/results/).
 template <typename A> struct RowMoments {
   A m, q, u, c;
 };

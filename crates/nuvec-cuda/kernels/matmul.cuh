@@ -1,3 +1,6 @@
+// Matrix products the backend computes itself (matmul.rs; the rest go to cuBLASLt): few-row
+// float products and integer products.
+//
 // Matrix-vector products for few rows (M <= 8), where a library GEMM leaves bandwidth unused.
 // f32 accumulation. Two weight layouts:
 //  - gemv_rows: B is W^T with W [N, K] row-major (each output reads one contiguous row of W);
@@ -6,7 +9,7 @@
 //    of U rows in a slice of K (blockIdx.y); slices write f32 partials that the tile's last
 //    block adds.
 #pragma once
-#include "common.cuh"
+#include "arith.cuh"
 
 #define NV_GEMV_MAX_M 8
 // gemv_rows: 16-byte loads of W each thread issues before using any (bytes in flight bound a
@@ -135,7 +138,7 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
 // values are one vector load. The row groups are summed in the block (shuffles, then shared
 // memory); slices, when the tiles alone leave SMs idle, leave f32 partials and the last block
 // of a tile to arrive (a counter per tile, reset by that block) adds them. matmul.rs launches
-// about two blocks per SM: more bytes in flight than that measured slower on the H200.
+// about two blocks per SM: more bytes in flight than that measured slower (see bench/results/).
 #define NV_GEMV_CT 8
 #define NV_GEMV_KG 32
 #define NV_GEMV_COL_BLOCK (NV_GEMV_CT * NV_GEMV_KG)
@@ -259,4 +262,21 @@ __device__ __forceinline__ void gemv_cols(const T* __restrict__ x, const T* __re
     out[m * ldo + col] = narrow<T>((typename Acc<T>::type)v);
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+}
+
+// Integer matrix product, one thread per output; batch offsets from `d` (operands a, b, out).
+template <typename T>
+__device__ __forceinline__ void matmul_int(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                                           u64 batches, u64 m, u64 n, u64 k, i64 sa0, i64 sa1, i64 sb0, i64 sb1,
+                                           Dims d) {
+  u64 total = batches * m * n;
+  u64 stride = (u64)gridDim.x * blockDim.x;
+  for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += stride) {
+    u64 bi = e / (m * n), r = (e / n) % m, c = e % n;
+    const T* pa = a + offset_of(d, 0, bi) + (i64)r * sa0;
+    const T* pb = b + offset_of(d, 1, bi) + (i64)c * sb1;
+    T acc = 0;
+    for (u64 l = 0; l < k; ++l) acc = wrap_add(acc, wrap_mul(pa[(i64)l * sa1], pb[(i64)l * sb0]));
+    out[e] = acc;
+  }
 }

@@ -1,0 +1,350 @@
+//! Fused operations' primitive ([`FastOp`]): what each one is, its parameters, and its shape
+//! and dtype rule. The operations that record them, their compositions and their derivatives
+//! live in [`crate::fast`].
+//!
+//! Norm semantics are MLX's: statistics in `float32`, the normalised row cast to the output
+//! dtype (`x`'s promoted with the weight's) before the weight multiplies it and the bias is added.
+
+use crate::dtype::{DType, promote_types};
+use crate::error::OpErrorKind;
+use crate::storage::Spec;
+
+/// A fused operation recorded in the graph.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum FastOp {
+    /// Softmax over the last axis; statistics in `float32` for half-precision inputs.
+    Softmax,
+    /// `log(sum(exp(x)))` over the last axis, kept with size 1; accumulates in `float32`.
+    LogSumExp,
+    /// [`rms_norm`](crate::fast::rms_norm): inputs `[x, weight?]`.
+    RmsNorm {
+        /// Added to the mean square.
+        eps: f32,
+        /// Whether a weight is the second input.
+        weighted: bool,
+    },
+    /// [`add_rms_norm`](crate::fast::add_rms_norm): inputs `[x, residual, weight?]`, outputs `[x + residual, y]`.
+    AddRmsNorm {
+        /// Added to the mean square.
+        eps: f32,
+        /// Whether a weight is the third input.
+        weighted: bool,
+    },
+    /// [`layer_norm`](crate::fast::layer_norm): inputs `[x, weight?, bias?]`.
+    LayerNorm {
+        /// Added to the variance.
+        eps: f32,
+        /// Whether a weight follows `x`.
+        weighted: bool,
+        /// Whether a bias comes last.
+        biased: bool,
+    },
+    /// [`rope`](crate::fast::rope): inputs `[x, offset, freqs?]`.
+    Rope(RopeParams),
+    /// [`swiglu`](crate::fast::swiglu): inputs `[gate, up]`.
+    SwiGlu,
+    /// [`cross_entropy`](crate::fast::cross_entropy): inputs `[logits, targets]`, output the `float32` loss per row.
+    CrossEntropy,
+    /// The RMS norm's cotangents: inputs `[x, weight?, g]`, outputs `[gx, gweight?]`
+    /// (`gweight` summed over rows in `float32`, rounded to the weight's dtype).
+    RmsNormVjp {
+        /// The forward's epsilon.
+        eps: f32,
+        /// Whether the forward had a weight.
+        weighted: bool,
+    },
+    /// The layer norm's cotangents: inputs `[x, weight?, g]`, outputs `[gx, gweight?, gbias?]`.
+    LayerNormVjp {
+        /// The forward's epsilon.
+        eps: f32,
+        /// Whether the forward had a weight.
+        weighted: bool,
+        /// Whether the forward had a bias.
+        biased: bool,
+    },
+    /// SwiGLU's cotangents: inputs `[gate, up, g]`, outputs `[dgate, dup]`.
+    SwiGluVjp,
+    /// The cross entropy's cotangent of the logits: inputs `[logits, targets, g, loss]` (the
+    /// loss gives the kernel each row's log-sum-exp without a second pass).
+    CrossEntropyVjp,
+    /// The loss and the cotangent of the logits at once: inputs `[logits, targets, g]`, outputs
+    /// `[loss, dlogits]`. No operation records it: evaluation runs a pending [`cross_entropy`](crate::fast::cross_entropy)
+    /// and the `CrossEntropyVjp` that consumes its loss as this one primitive when the backend
+    /// has a kernel for it (one read of the logits instead of two).
+    CrossEntropyWithGrad,
+}
+
+impl FastOp {
+    /// The operation's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FastOp::Softmax => "softmax",
+            FastOp::LogSumExp => "logsumexp",
+            FastOp::RmsNorm { .. } => "rms_norm",
+            FastOp::AddRmsNorm { .. } => "add_rms_norm",
+            FastOp::LayerNorm { .. } => "layer_norm",
+            FastOp::Rope(_) => "rope",
+            FastOp::SwiGlu => "swiglu",
+            FastOp::SwiGluVjp => "swiglu_vjp",
+            FastOp::CrossEntropy => "cross_entropy",
+            FastOp::RmsNormVjp { .. } => "rms_norm_vjp",
+            FastOp::LayerNormVjp { .. } => "layer_norm_vjp",
+            FastOp::CrossEntropyVjp => "cross_entropy_vjp",
+            FastOp::CrossEntropyWithGrad => "cross_entropy_with_grad",
+        }
+    }
+
+    /// Output shapes and dtypes.
+    pub fn output_specs(&self, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+        match self {
+            FastOp::Softmax | FastOp::LogSumExp => softmax_specs(self, inputs),
+            FastOp::RmsNorm { weighted, .. } => rms_norm_specs(*weighted, inputs),
+            FastOp::AddRmsNorm { weighted, .. } => add_rms_norm_specs(*weighted, inputs),
+            FastOp::LayerNorm { weighted, biased, .. } => layer_norm_specs(*weighted, *biased, inputs),
+            FastOp::Rope(p) => rope_specs(p, inputs),
+            FastOp::SwiGlu => swiglu_specs(inputs),
+            FastOp::SwiGluVjp => Ok(inputs[..2].to_vec()),
+            FastOp::CrossEntropy => cross_entropy_specs(inputs),
+            FastOp::RmsNormVjp { weighted, .. } => rms_norm_vjp_specs(*weighted, inputs),
+            FastOp::LayerNormVjp { weighted, biased, .. } => layer_norm_vjp_specs(*weighted, *biased, inputs),
+            FastOp::CrossEntropyVjp => Ok(vec![inputs[0].clone()]),
+            FastOp::CrossEntropyWithGrad => {
+                let mut specs = cross_entropy_specs(&inputs[..2])?;
+                specs.push(inputs[0].clone());
+                Ok(specs)
+            }
+        }
+    }
+}
+
+// ---- softmax and log-sum-exp ----------------------------------------------------------------
+
+fn softmax_specs(op: &FastOp, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let [x] = inputs else {
+        return Err(OpErrorKind::InvalidArgument(format!("{} takes one input", op.name())));
+    };
+    if !x.dtype.is_inexact() {
+        return Err(OpErrorKind::UnsupportedDType(x.dtype));
+    }
+    let Some(&last) = x.shape.last() else {
+        return Err(OpErrorKind::InvalidArgument(format!("{} needs at least one axis", op.name())));
+    };
+    if last == 0 && op == &FastOp::LogSumExp {
+        return Err(OpErrorKind::InvalidArgument("logsumexp over an empty axis".into()));
+    }
+    let mut shape = x.shape.clone();
+    if op == &FastOp::LogSumExp {
+        *shape.last_mut().expect("checked above") = 1;
+    }
+    Ok(vec![Spec { shape, dtype: x.dtype }])
+}
+
+// ---- norms ----------------------------------------------------------------------------------
+
+fn invalid(msg: String) -> OpErrorKind {
+    OpErrorKind::InvalidArgument(msg)
+}
+
+/// Checks `x` (floating, at least 1-D) and a per-feature parameter (1-D of `x`'s last size),
+/// returning the output dtype.
+fn check_row_param(op: &str, x: &Spec, param: Option<(&str, &Spec)>) -> Result<DType, OpErrorKind> {
+    let Some(&last) = x.shape.last() else {
+        return Err(invalid(format!("{op}: x must have at least one axis, got a scalar")));
+    };
+    let mut dtype = x.dtype;
+    if let Some((name, p)) = param {
+        if p.shape.as_slice() != [last] {
+            return Err(invalid(format!(
+                "{op}: {name} must have shape [{last}] (x's last axis), got {:?}",
+                p.shape.as_slice()
+            )));
+        }
+        dtype = promote_types(dtype, p.dtype);
+    }
+    if !dtype.is_float() {
+        return Err(invalid(format!("{op}: needs floating inputs, got {dtype:?}")));
+    }
+    Ok(dtype)
+}
+
+fn rms_norm_specs(weighted: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let (x, w) = match (inputs, weighted) {
+        ([x], false) => (x, None),
+        ([x, w], true) => (x, Some(("weight", w))),
+        _ => return Err(invalid("rms_norm: wrong number of inputs".into())),
+    };
+    let dtype = check_row_param("rms_norm", x, w)?;
+    Ok(vec![Spec { shape: x.shape.clone(), dtype }])
+}
+
+fn add_rms_norm_specs(weighted: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let (x, r, w) = match (inputs, weighted) {
+        ([x, r], false) => (x, r, None),
+        ([x, r, w], true) => (x, r, Some(("weight", w))),
+        _ => return Err(invalid("add_rms_norm: wrong number of inputs".into())),
+    };
+    if x.shape != r.shape {
+        return Err(invalid(format!(
+            "add_rms_norm: residual must have x's shape {:?}, got {:?}",
+            x.shape.as_slice(),
+            r.shape.as_slice()
+        )));
+    }
+    let h = Spec { shape: x.shape.clone(), dtype: promote_types(x.dtype, r.dtype) };
+    let dtype = check_row_param("add_rms_norm", &h, w)?;
+    Ok(vec![h.clone(), Spec { shape: x.shape.clone(), dtype }])
+}
+
+fn layer_norm_specs(weighted: bool, biased: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let n = 1 + weighted as usize + biased as usize;
+    if inputs.len() != n {
+        return Err(invalid("layer_norm: wrong number of inputs".into()));
+    }
+    let x = &inputs[0];
+    let mut dtype = check_row_param("layer_norm", x, None)?;
+    if weighted {
+        dtype = promote_types(dtype, check_row_param("layer_norm", x, Some(("weight", &inputs[1])))?);
+    }
+    if biased {
+        dtype = promote_types(dtype, check_row_param("layer_norm", x, Some(("bias", &inputs[n - 1])))?);
+    }
+    Ok(vec![Spec { shape: x.shape.clone(), dtype }])
+}
+
+/// `[gx, gw?]` of the RMS norm from inputs `[x, w?, g]`; `gw` sums in `float32` (`float64` for
+/// `float64` rows) and is rounded once to the weight's dtype (no cast after it).
+fn rms_norm_vjp_specs(weighted: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let mut out = layer_norm_vjp_specs(weighted, false, inputs)?;
+    if let (Some(gw), Some(w)) = (out.get_mut(1), inputs.get(1).filter(|_| weighted)) {
+        gw.dtype = w.dtype;
+    }
+    Ok(out)
+}
+
+/// `[gx, gw?, gb?]` of the layer norm from inputs `[x, w?, g]`; `gw` and `gb` in `float32`
+/// (`float64` for `float64` rows), which the caller casts to the parameters' dtypes.
+fn layer_norm_vjp_specs(weighted: bool, biased: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let x = &inputs[0];
+    let acc = if x.dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    let row = Spec { shape: x.shape.last().map(|&d| [d].into_iter().collect()).unwrap_or_default(), dtype: acc };
+    let mut out = vec![x.clone()];
+    out.extend(std::iter::repeat_n(row, weighted as usize + biased as usize));
+    Ok(out)
+}
+
+// ---- rotary embeddings ----------------------------------------------------------------------
+
+/// The rotation's parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    /// Features rotated (even, at most the last axis).
+    pub dims: i32,
+    /// Interleaved pairs instead of halves.
+    pub traditional: bool,
+    /// `θᵢ = base^(−2i/dims)`; `None` when the frequencies come as an input.
+    pub base: Option<f32>,
+    /// Positions are multiplied by it.
+    pub scale: f32,
+    /// The rotation (`true`) or its inverse.
+    pub forward: bool,
+}
+
+fn rope_specs(p: &RopeParams, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let (x, offset, freqs) = match (inputs, p.base) {
+        ([x, o], Some(_)) => (x, o, None),
+        ([x, o, f], None) => (x, o, Some(f)),
+        _ => return Err(invalid("rope: exactly one of base and freqs must be given".into())),
+    };
+    let nd = x.shape.len();
+    if nd < 3 {
+        return Err(invalid(format!(
+            "rope: x must be at least 3-D [B, ..., T, D], got shape {:?}",
+            x.shape.as_slice()
+        )));
+    }
+    if !x.dtype.is_float() {
+        return Err(invalid(format!("rope: x must be floating, got {:?}", x.dtype)));
+    }
+    let d = x.shape[nd - 1];
+    if p.dims <= 0 || p.dims % 2 != 0 || p.dims > d {
+        return Err(invalid(format!(
+            "rope: dims must be positive, even and at most {d} (x's last axis), got {}",
+            p.dims
+        )));
+    }
+    if !offset.dtype.is_integer() {
+        return Err(invalid(format!("rope: offset must be an integer, got {:?}", offset.dtype)));
+    }
+    match offset.shape.as_slice() {
+        [] => {}
+        [b] if *b == x.shape[0] => {}
+        s => {
+            return Err(invalid(format!(
+                "rope: offset must be a scalar or have shape [{}] (one per batch row), got {s:?}",
+                x.shape[0]
+            )));
+        }
+    }
+    if let Some(f) = freqs
+        && (f.shape.as_slice() != [p.dims / 2] || !f.dtype.is_float())
+    {
+        return Err(invalid(format!(
+            "rope: freqs must be a floating vector of shape [{}] (dims / 2), got {:?} {:?}",
+            p.dims / 2,
+            f.dtype,
+            f.shape.as_slice()
+        )));
+    }
+    Ok(vec![x.clone()])
+}
+
+// ---- gated activation and cross entropy -----------------------------------------------------
+
+fn swiglu_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let [gate, up] = inputs else {
+        return Err(invalid("swiglu: takes gate and up".into()));
+    };
+    if gate.shape != up.shape {
+        return Err(invalid(format!(
+            "swiglu: up must have gate's shape {:?}, got {:?}",
+            gate.shape.as_slice(),
+            up.shape.as_slice()
+        )));
+    }
+    let dtype = promote_types(gate.dtype, up.dtype);
+    if !dtype.is_float() {
+        return Err(invalid(format!("swiglu: needs floating inputs, got {dtype:?}")));
+    }
+    Ok(vec![Spec { shape: gate.shape.clone(), dtype }])
+}
+
+fn cross_entropy_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let [logits, targets] = inputs else {
+        return Err(invalid("cross_entropy: takes logits and targets".into()));
+    };
+    let Some((&v, lead)) = logits.shape.split_last() else {
+        return Err(invalid("cross_entropy: logits must have at least one axis (the classes)".into()));
+    };
+    if !logits.dtype.is_float() {
+        return Err(invalid(format!("cross_entropy: logits must be floating, got {:?}", logits.dtype)));
+    }
+    if v == 0 {
+        return Err(invalid("cross_entropy: logits have no classes (last axis of size 0)".into()));
+    }
+    if !targets.dtype.is_integer() {
+        return Err(invalid(format!("cross_entropy: targets must be integers, got {:?}", targets.dtype)));
+    }
+    if targets.shape.as_slice() != lead {
+        return Err(invalid(format!(
+            "cross_entropy: targets must have shape {lead:?} (logits' without the class axis), got {:?}",
+            targets.shape.as_slice()
+        )));
+    }
+    Ok(vec![Spec { shape: targets.shape.clone(), dtype: loss_dtype(logits.dtype) }])
+}
+
+/// `float32`, or `float64` for `float64` logits.
+pub(crate) fn loss_dtype(logits: DType) -> DType {
+    if logits == DType::F64 { DType::F64 } else { DType::F32 }
+}

@@ -1,0 +1,127 @@
+//! Binary maps and `where` (`kernels/binary.cuh`): a contiguous vectorised kernel (both
+//! operands dense alike, or one a scalar) and a strided one per op and input dtype.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdeviceptr;
+use nuvec_core::primitive::BinaryOp;
+use nuvec_core::storage::{Data, Layout, Operand, Output};
+use nuvec_core::{DType, Result};
+
+use crate::driver::Gpu;
+use crate::kernels::{Family, Source, ctype};
+use crate::launch::{Arg, Dims};
+use crate::operand::{aligned, alloc, alloc_out, dense, dense_output, kernel, launch_1d, ptr_of, scalar_like};
+
+/// Whether the binary module of `d` has `op` (the ops core sends with inputs of dtype `d`).
+pub fn has_binary(op: BinaryOp, d: DType) -> bool {
+    op.compute_dtype(d) == Some(d) && !(d == DType::Complex64 && op == BinaryOp::ArcTan2)
+}
+
+/// The module of input dtype `d`: `binary_{op}_c` (`mode` 0: both dense, 1: `a` a scalar, 2:
+/// `b` a scalar) and `binary_{op}_s` for each op it has.
+pub(crate) fn source(d: DType) -> String {
+    let mut s = Source::new(&["binary.cuh"]);
+    let t = ctype(d);
+    for op in BinaryOp::ALL.into_iter().filter(|&op| has_binary(op, d)) {
+        let (n, u) = (op.name(), ctype(op.output_dtype(d)));
+        s.kernel(format!(
+            "binary_{n}_c(const {t}* a, const {t}* b, {u}* out, u64 n, int mode) {{ binary_contig<{t}, {u}>(a, b, out, n, mode, Bin_{n}()); }}"
+        ));
+        s.kernel(format!(
+            "binary_{n}_s(const {t}* a, const {t}* b, {u}* out, u64 n, Dims d) {{ binary_strided<{t}, {u}>(a, b, out, n, d, Bin_{n}()); }}"
+        ));
+    }
+    s.finish()
+}
+
+/// The `where` module of value dtype `d`.
+pub(crate) fn select_source(d: DType) -> String {
+    let mut s = Source::new(&["binary.cuh"]);
+    let t = ctype(d);
+    s.kernel(format!(
+        "select_s(const bool* c, const {t}* a, const {t}* b, {t}* out, u64 n, Dims d) {{ select_strided<{t}>(c, a, b, out, n, d); }}"
+    ));
+    s.finish()
+}
+
+pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()> {
+    let n = out.size() as u64;
+    if n == 0 {
+        alloc_out(gpu, out)?;
+        return Ok(());
+    }
+    let family = Family::Binary(a.dtype);
+    let name = op.name();
+    let (ap, bp) = (ptr_of(&a)?, ptr_of(&b)?);
+    let (sa, sb) = (scalar_like(&a), scalar_like(&b));
+    let flat = match (dense(&a) && !sa, dense(&b) && !sb) {
+        (true, true) if a.data.layout.strides == b.data.layout.strides => Some((0, &a)),
+        (true, false) if sb => Some((2, &a)),
+        (false, true) if sa => Some((1, &b)),
+        _ => None,
+    };
+    if let Some((mode, lead)) = flat {
+        // Write in place into a donated input of the output's type.
+        let donor = [&a, &b].into_iter().find(|o| {
+            o.donated
+                && o.dtype == out.dtype
+                && dense(o)
+                && !scalar_like(o)
+                && o.data.layout.strides == lead.data.layout.strides
+        });
+        let op_ptr = match donor {
+            Some(d) => dense_output(gpu, d, out)?,
+            None => {
+                let layout = Layout::new(&out.shape, lead.data.layout.strides.clone(), 0);
+                let (ptr, storage) = alloc(gpu, out.size(), out.dtype)?;
+                out.data = Some(Data { storage, layout });
+                ptr
+            }
+        };
+        let vec_ptrs: Vec<CUdeviceptr> = match mode {
+            0 => vec![ap, bp, op_ptr],
+            1 => vec![bp, op_ptr],
+            _ => vec![ap, op_ptr],
+        };
+        if aligned(&vec_ptrs) {
+            let f = kernel(gpu, family, &format!("binary_{name}_c"))?;
+            let per = (16 / a.dtype.size()).max(1) as u64;
+            let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::I32(mode)];
+            return launch_1d(gpu, f, n, per, args);
+        }
+        let (s_a, s_b): (&[isize], &[isize]) = match mode {
+            0 => (&[1], &[1]),
+            1 => (&[0], &[1]),
+            _ => (&[1], &[0]),
+        };
+        let d = Dims::new(&[n as i32], &[s_a, s_b])?;
+        let f = kernel(gpu, family, &format!("binary_{name}_s"))?;
+        let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::Dims(Box::new(d))];
+        return launch_1d(gpu, f, n, 1, args);
+    }
+    let op_ptr = alloc_out(gpu, out)?;
+    let d = Dims::new(&out.shape, &[&a.data.layout.strides, &b.data.layout.strides])?;
+    let f = kernel(gpu, family, &format!("binary_{name}_s"))?;
+    let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::Dims(Box::new(d))];
+    launch_1d(gpu, f, n, 1, args)
+}
+
+pub(crate) fn select(gpu: &Arc<Gpu>, c: Operand, a: Operand, b: Operand, out: &mut Output) -> Result<()> {
+    let n = out.size() as u64;
+    let op_ptr = alloc_out(gpu, out)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let d = Dims::new(&out.shape, &[&c.data.layout.strides, &a.data.layout.strides, &b.data.layout.strides])?;
+    let f = kernel(gpu, Family::Select(a.dtype), "select_s")?;
+    let args = vec![
+        Arg::Ptr(ptr_of(&c)?),
+        Arg::Ptr(ptr_of(&a)?),
+        Arg::Ptr(ptr_of(&b)?),
+        Arg::Ptr(op_ptr),
+        Arg::U64(n),
+        Arg::Dims(Box::new(d)),
+    ];
+    launch_1d(gpu, f, n, 1, args)
+}

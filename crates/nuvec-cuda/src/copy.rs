@@ -1,0 +1,126 @@
+//! Copies, casts, ranges, concatenation and slice updates (`kernels/copy.cuh`): strided copies
+//! by element size, casts as one-operand maps, `arange`.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdeviceptr;
+use nuvec_core::shape::row_major_strides;
+use nuvec_core::storage::{Operand, Output};
+use nuvec_core::{DType, Result};
+
+use crate::driver::Gpu;
+use crate::kernels::{Family, Source, ctype};
+use crate::launch::{Arg, Dims};
+use crate::operand::{alloc_out, buffer_ptr, dense, internal, kernel, launch_1d, ptr_of};
+
+/// The copy module of elements of `size` bytes (1, 2, 4 or 8): `copy_s`.
+pub(crate) fn source(size: usize) -> String {
+    let t = ctype(match size {
+        1 => DType::U8,
+        2 => DType::U16,
+        4 => DType::U32,
+        _ => DType::U64,
+    });
+    let mut s = Source::new(&["copy.cuh"]);
+    s.kernel(format!("copy_s(const {t}* src, {t}* dst, u64 n, Dims d) {{ copy_strided<{t}>(src, dst, n, d); }}"));
+    s.finish()
+}
+
+/// The casts from `src` to every dtype: `cast_{dst}_c` and `cast_{dst}_s`.
+pub(crate) fn cast_source(src: DType) -> String {
+    let mut s = Source::new(&["copy.cuh"]);
+    let s_ = ctype(src);
+    for dst in DType::ALL {
+        let (d_, n) = (ctype(dst), dst.name());
+        s.kernel(format!(
+            "cast_{n}_c(const {s_}* x, {d_}* out, u64 n) {{ unary_contig<{s_}, {d_}>(x, out, n, CastF<{s_}, {d_}>()); }}"
+        ));
+        s.kernel(format!(
+            "cast_{n}_s(const {s_}* x, {d_}* out, u64 n, Dims d) {{ unary_strided<{s_}, {d_}>(x, out, n, d, CastF<{s_}, {d_}>()); }}"
+        ));
+    }
+    s.finish()
+}
+
+/// `arange` into `d`.
+pub(crate) fn arange_source(d: DType) -> String {
+    let mut s = Source::new(&["copy.cuh"]);
+    let t = ctype(d);
+    s.kernel(format!(
+        "arange({t}* out, u64 n, double start, double step) {{ arange_fill<{t}>(out, n, start, step); }}"
+    ));
+    s.finish()
+}
+
+/// Copies `src` (any layout) into `dst` at the positions given by `dst_strides`.
+pub(crate) fn copy_into(gpu: &Arc<Gpu>, src: &Operand, dst: CUdeviceptr, dst_strides: &[isize]) -> Result<()> {
+    let n = src.size() as u64;
+    if n == 0 {
+        return Ok(());
+    }
+    let d = Dims::new(&src.shape, &[dst_strides, &src.data.layout.strides])?;
+    let f = kernel(gpu, Family::Copy(src.dtype.size()), "copy_s")?;
+    launch_1d(gpu, f, n, 1, vec![Arg::Ptr(ptr_of(src)?), Arg::Ptr(dst), Arg::U64(n), Arg::Dims(Box::new(d))])
+}
+
+/// A row-major copy.
+pub(crate) fn copy(gpu: &Arc<Gpu>, x: Operand, out: &mut Output) -> Result<()> {
+    let op = alloc_out(gpu, out)?;
+    if x.data.layout.flags.row_contiguous {
+        return gpu.copy_device(op, ptr_of(&x)?, x.size() * x.dtype.size());
+    }
+    copy_into(gpu, &x, op, &row_major_strides(&out.shape))
+}
+
+pub(crate) fn astype(gpu: &Arc<Gpu>, x: Operand, out: &mut Output) -> Result<()> {
+    let family = Family::Cast(x.dtype);
+    let name = format!("cast_{}", out.dtype.name());
+    crate::unary::map(gpu, family, &name, x, out)
+}
+
+pub(crate) fn concatenate(gpu: &Arc<Gpu>, axis: usize, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {
+    let op = alloc_out(gpu, out)?;
+    let strides = row_major_strides(&out.shape);
+    let mut at = 0usize;
+    for x in &inputs {
+        let base = op + (at * strides[axis] as usize * out.dtype.size()) as u64;
+        copy_into(gpu, x, base, &strides)?;
+        at += x.shape[axis] as usize;
+    }
+    Ok(())
+}
+
+pub(crate) fn slice_update(
+    gpu: &Arc<Gpu>,
+    start: &[i32],
+    step: &[i32],
+    src: Operand,
+    update: Operand,
+    out: &mut Output,
+) -> Result<()> {
+    let (base, strides) = if src.donated && dense(&src) && Arc::strong_count(&src.data.storage) == 1 {
+        let p = ptr_of(&src)?;
+        let strides = src.data.layout.strides.clone();
+        out.data = Some(src.data.clone());
+        (p, strides)
+    } else {
+        copy(gpu, src, out)?;
+        let data = out.data.as_ref().ok_or_else(|| internal("copy gave no output"))?;
+        (buffer_ptr(&data.storage)?, row_major_strides(&out.shape))
+    };
+    let mut offset = 0isize;
+    let mut window = strides.clone();
+    for i in 0..start.len() {
+        offset += start[i] as isize * strides[i];
+        window[i] = strides[i] * step[i] as isize;
+    }
+    let dst = (base as i64 + offset as i64 * out.dtype.size() as i64) as u64;
+    copy_into(gpu, &update, dst, &window)
+}
+
+pub(crate) fn arange(gpu: &Arc<Gpu>, start: f64, step: f64, out: &mut Output) -> Result<()> {
+    let n = out.size() as u64;
+    let op = alloc_out(gpu, out)?;
+    let f = kernel(gpu, Family::Arange(out.dtype), "arange")?;
+    launch_1d(gpu, f, n, 1, vec![Arg::Ptr(op), Arg::U64(n), Arg::F64(start), Arg::F64(step)])
+}

@@ -1,0 +1,205 @@
+//! Reductions and arg-reductions (`kernels/reduce.cuh`): rows (a warp per row, or blocks with
+//! partials for long rows), columns, and any other layout one thread per output.
+
+use std::sync::Arc;
+
+use nuvec_core::primitive::{ArgReduceOp, ReduceOp};
+use nuvec_core::shape::elem_count;
+use nuvec_core::storage::{Operand, Output};
+use nuvec_core::{DType, Result};
+
+use crate::driver::Gpu;
+use crate::kernels::{Family, Source, ctype};
+use crate::launch::{Arg, BLOCK, Dims, grid_for, launch};
+use crate::operand::{alloc, alloc_out, kernel, launch_1d, ptr_of};
+
+/// Reductions a module of `d` holds.
+pub fn reduce_ops(d: DType) -> &'static [ReduceOp] {
+    if d == DType::Bool {
+        &[ReduceOp::And, ReduceOp::Or, ReduceOp::Max, ReduceOp::Min]
+    } else if d == DType::Complex64 {
+        &[ReduceOp::Sum, ReduceOp::Prod]
+    } else {
+        &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min]
+    }
+}
+
+/// The template argument of a reduction (`OP` of `Red<T, OP>`).
+fn reduce_code(op: ReduceOp) -> i32 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Prod => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+        ReduceOp::And => 4,
+        ReduceOp::Or => 5,
+    }
+}
+
+/// The reduction module of `d`: six kernels per reduction (rows by blocks or warps and their
+/// merge, columns and their merge, any layout).
+pub(crate) fn source(d: DType) -> String {
+    let mut s = Source::new(&["reduce.cuh"]);
+    let t = ctype(d);
+    for &op in reduce_ops(d) {
+        let (n, c) = (op.name(), reduce_code(op));
+        let a = format!("typename Red<{t}, {c}>::A");
+        s.kernel(format!(
+            "reduce_rows_{n}(const {t}* x, {a}* partials, {t}* out, u64 rows, u64 len, u64 segs, Dims d) {{ reduce_rows<{t}, {c}>(x, partials, out, rows, len, segs, d); }}"
+        ));
+        s.kernel(format!(
+            "reduce_rows_warp_{n}(const {t}* x, {t}* out, u64 rows, u64 len, Dims d) {{ reduce_rows_warp<{t}, {c}>(x, out, rows, len, d); }}"
+        ));
+        s.kernel(format!(
+            "reduce_finish_{n}(const {a}* partials, {t}* out, u64 rows, u64 segs) {{ reduce_finish<{t}, {c}>(partials, out, rows, segs); }}"
+        ));
+        s.kernel(format!(
+            "reduce_cols_{n}(const {t}* x, {a}* partials, {t}* out, u64 cols, u64 red, u64 segs, Dims d) {{ reduce_cols<{t}, {c}>(x, partials, out, cols, red, segs, d); }}"
+        ));
+        s.kernel(format!(
+            "reduce_cols_finish_{n}(const {a}* partials, {t}* out, u64 cols, u64 segs) {{ reduce_cols_finish<{t}, {c}>(partials, out, cols, segs); }}"
+        ));
+        s.kernel(format!(
+            "reduce_general_{n}(const {t}* x, {t}* out, u64 n_out, u64 n_red, Dims kept, Dims red) {{ reduce_general<{t}, {c}>(x, out, n_out, n_red, kept, red); }}"
+        ));
+    }
+    s.finish()
+}
+
+/// The arg-reduction module of `d`: `argmax` and `argmin`.
+pub(crate) fn arg_source(d: DType) -> String {
+    let mut s = Source::new(&["reduce.cuh"]);
+    let t = ctype(d);
+    for (n, max) in [("argmax", true), ("argmin", false)] {
+        s.kernel(format!(
+            "{n}(const {t}* x, u32* out, u64 n_out, u64 len, i64 axis_stride, Dims d) {{ arg_reduce<{t}, {max}>(x, out, n_out, len, axis_stride, d); }}"
+        ));
+    }
+    s.finish()
+}
+
+/// Rows up to this many bytes are reduced by one warp each.
+pub(crate) const WARP_ROW_BYTES: usize = 64 << 10;
+
+/// Bytes of a reduction's accumulator (f32 for half precision).
+fn acc_size(d: DType) -> usize {
+    if d.is_half() { 4 } else { d.size() }
+}
+
+pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, out: &mut Output) -> Result<()> {
+    let n_out = out.size() as u64;
+    let op_ptr = alloc_out(gpu, out)?;
+    if n_out == 0 {
+        return Ok(());
+    }
+    let family = Family::Reduce(x.dtype);
+    let name = op.name();
+    let xp = ptr_of(&x)?;
+    let strides = &x.data.layout.strides;
+    let kept: Vec<usize> = (0..x.shape.len()).filter(|a| !axes.contains(a)).collect();
+    let kept_shape: Vec<i32> = kept.iter().map(|&a| x.shape[a]).collect();
+    let kept_strides: Vec<isize> = kept.iter().map(|&a| strides[a]).collect();
+    let red_shape: Vec<i32> = axes.iter().map(|&a| x.shape[a]).collect();
+    let red_strides: Vec<isize> = axes.iter().map(|&a| strides[a]).collect();
+    let n_red = elem_count(&red_shape) as u64;
+    let red = Dims::new(&red_shape, &[&red_strides])?;
+    let sms = gpu.info.multiprocessors.max(1) as u64;
+    // Reduced axes form one dense run per output: row reduction.
+    let red_is_run = n_red == 0 || (red.ndim == 1 && (red.strides[0][0] == 1 || red.shape[0] == 1));
+    if red_is_run {
+        let len = n_red;
+        let kept_dims = Dims::new(&kept_shape, &[&kept_strides])?;
+        // Rows up to 64 KiB: a warp each (enough rows to fill the GPU); longer: blocks.
+        if len as usize * x.dtype.size() <= WARP_ROW_BYTES && n_out > 1 {
+            let f = kernel(gpu, family, &format!("reduce_rows_warp_{name}"))?;
+            let grid = grid_for(gpu, n_out, (BLOCK / 32) as u64);
+            let args =
+                vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(len), Arg::Dims(Box::new(kept_dims))];
+            return launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args);
+        }
+        // Split long rows so every multiprocessor has work, then merge the partials.
+        let target = 4 * sms;
+        let segs = if n_out >= target { 1 } else { target.div_ceil(n_out).min(len.div_ceil(8192)).max(1) };
+        let f = kernel(gpu, family, &format!("reduce_rows_{name}"))?;
+        let partials =
+            if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
+        let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
+        let grid = (n_out * segs).min(65535 * 32) as u32;
+        let args = vec![
+            Arg::Ptr(xp),
+            Arg::Ptr(pp),
+            Arg::Ptr(op_ptr),
+            Arg::U64(n_out),
+            Arg::U64(len),
+            Arg::U64(segs),
+            Arg::Dims(Box::new(kept_dims)),
+        ];
+        launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
+        if segs > 1 {
+            let f = kernel(gpu, family, &format!("reduce_finish_{name}"))?;
+            let grid = n_out.min(65535 * 32) as u32;
+            let args = vec![Arg::Ptr(pp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(segs)];
+            launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
+        }
+        return Ok(());
+    }
+    // Kept axes form one dense run: column reduction.
+    let kept_dims = Dims::new(&kept_shape, &[&kept_strides])?;
+    if kept_dims.ndim == 1 && kept_dims.strides[0][0] == 1 && kept_dims.shape[0] as u64 == n_out {
+        let blocks_x = n_out.div_ceil(BLOCK as u64);
+        let segs = if blocks_x >= 2 * sms { 1 } else { (2 * sms).div_ceil(blocks_x).min(n_red.div_ceil(64)).max(1) };
+        let f = kernel(gpu, family, &format!("reduce_cols_{name}"))?;
+        let partials =
+            if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
+        let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
+        let args = vec![
+            Arg::Ptr(xp),
+            Arg::Ptr(pp),
+            Arg::Ptr(op_ptr),
+            Arg::U64(n_out),
+            Arg::U64(n_red),
+            Arg::U64(segs),
+            Arg::Dims(Box::new(red)),
+        ];
+        launch(gpu, f, (blocks_x as u32, segs as u32, 1), (BLOCK, 1, 1), 0, args)?;
+        if segs > 1 {
+            let f = kernel(gpu, family, &format!("reduce_cols_finish_{name}"))?;
+            let args = vec![Arg::Ptr(pp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(segs)];
+            launch(gpu, f, (blocks_x as u32, 1, 1), (BLOCK, 1, 1), 0, args)?;
+        }
+        return Ok(());
+    }
+    let f = kernel(gpu, family, &format!("reduce_general_{name}"))?;
+    let args = vec![
+        Arg::Ptr(xp),
+        Arg::Ptr(op_ptr),
+        Arg::U64(n_out),
+        Arg::U64(n_red),
+        Arg::Dims(Box::new(kept_dims)),
+        Arg::Dims(Box::new(red)),
+    ];
+    launch_1d(gpu, f, n_out, 1, args)
+}
+
+pub(crate) fn arg_reduce(gpu: &Arc<Gpu>, op: ArgReduceOp, axis: usize, x: Operand, out: &mut Output) -> Result<()> {
+    let n_out = out.size() as u64;
+    let op_ptr = alloc_out(gpu, out)?;
+    if n_out == 0 {
+        return Ok(());
+    }
+    let kept: Vec<usize> = (0..x.shape.len()).filter(|&a| a != axis).collect();
+    let kept_shape: Vec<i32> = kept.iter().map(|&a| x.shape[a]).collect();
+    let kept_strides: Vec<isize> = kept.iter().map(|&a| x.data.layout.strides[a]).collect();
+    let d = Dims::new(&kept_shape, &[&kept_strides])?;
+    let f = kernel(gpu, Family::ArgReduce(x.dtype), op.name())?;
+    let grid = grid_for(gpu, n_out, (BLOCK / 32) as u64);
+    let args = vec![
+        Arg::Ptr(ptr_of(&x)?),
+        Arg::Ptr(op_ptr),
+        Arg::U64(n_out),
+        Arg::U64(x.shape[axis] as u64),
+        Arg::I64(x.data.layout.strides[axis] as i64),
+        Arg::Dims(Box::new(d)),
+    ];
+    launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)
+}
