@@ -70,6 +70,12 @@ fn scalar<T: Elem>(op: &Operand) -> Result<T> {
     s.get(op.data.layout.offset).copied().ok_or_else(|| internal("empty scalar operand"))
 }
 
+/// Whether `A` and `U` are one element type. The in-place paths sit behind `const { same() }`,
+/// known when a map is instantiated, so that maps between different types do not compile them.
+const fn same<A: Elem, U: Elem>() -> bool {
+    A::DTYPE as u8 == U::DTYPE as u8
+}
+
 /// Runs `kernel(args)` compiled for AVX2 and FMA when this CPU has them.
 ///
 /// `kernel` must be a named `#[inline(always)]` function, not a closure: a closure's body is
@@ -139,7 +145,7 @@ pub fn map1<A: Elem, U: Elem>(x: Operand, out: &mut Output, f: impl Fn(A) -> U +
             return fill(out, v);
         }
         // In place: the only holder of the input gave its buffer.
-        if x.donated && TypeId::of::<A>() == TypeId::of::<U>() {
+        if const { same::<A, U>() } && x.donated && TypeId::of::<A>() == TypeId::of::<U>() {
             let start = x.data.layout.offset;
             let mut data = x.data.clone();
             drop(x);
@@ -268,13 +274,21 @@ fn flat2<A: Elem, B: Elem, U: Elem>(
     f: impl Fn(A, B) -> U + Sync + Send + Copy,
 ) -> Result<()> {
     // Write in place into an input that was donated and has the output's type.
-    let (a, b) = match in_place(a, &b, n, out, f)? {
-        None => return Ok(()),
-        Some(a) => (a, b),
+    let (a, b) = if const { same::<A, U>() } {
+        match in_place(a, &b, n, out, f)? {
+            None => return Ok(()),
+            Some(a) => (a, b),
+        }
+    } else {
+        (a, b)
     };
-    let (b, a) = match in_place(b, &a, n, out, move |y: B, x: A| f(x, y))? {
-        None => return Ok(()),
-        Some(b) => (b, a),
+    let (b, a) = if const { same::<B, U>() } {
+        match in_place(b, &a, n, out, move |y: B, x: A| f(x, y))? {
+            None => return Ok(()),
+            Some(b) => (b, a),
+        }
+    } else {
+        (b, a)
     };
     let (xs, ys) = (dense::<A>(&a, n)?, dense::<B>(&b, n)?);
     let mut buf = HostBuffer::uninit(n * size_of::<U>());
