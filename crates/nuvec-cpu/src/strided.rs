@@ -151,6 +151,9 @@ fn par_byte_chunks(out: &mut [u8], chunk: usize, f: &(dyn Fn(usize, &mut [u8]) +
     out.par_chunks_mut(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
 }
 
+/// A row kernel of [`par_rows`]: the destination rows and their start offsets.
+pub type RowKernel<'a, U, const K: usize> = dyn Fn(&mut [U], &[[isize; K]]) + Sync + 'a;
+
 /// Rows of a strided walk handed to a row kernel at once.
 const BATCH: usize = 64;
 
@@ -161,21 +164,12 @@ const BATCH: usize = 64;
 /// The walk and the rayon splitting are compiled once per operand count; only the row kernel
 /// `f` is generic over the element types.
 #[inline(always)]
-pub fn par_rows<U: bytemuck::Pod + Send, const K: usize>(
-    rows: &Rows<K>,
-    out: &mut [U],
-    f: &(dyn Fn(&mut [U], &[[isize; K]]) + Sync),
-) {
+pub fn par_rows<U: bytemuck::Pod + Send, const K: usize>(rows: &Rows<K>, out: &mut [U], f: &RowKernel<'_, U, K>) {
     par_byte_rows(rows, bytemuck::cast_slice_mut(out), size_of::<U>(), &|d, offs| f(bytemuck::cast_slice_mut(d), offs));
 }
 
 #[inline(never)]
-fn par_byte_rows<const K: usize>(
-    rows: &Rows<K>,
-    out: &mut [u8],
-    elem: usize,
-    f: &(dyn Fn(&mut [u8], &[[isize; K]]) + Sync),
-) {
+fn par_byte_rows<const K: usize>(rows: &Rows<K>, out: &mut [u8], elem: usize, f: &RowKernel<'_, u8, K>) {
     let row_bytes = rows.inner * elem;
     if rows.count == 0 || row_bytes == 0 {
         return;
