@@ -24,10 +24,11 @@ pub fn eval(op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()
         Minimum => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::min)),
         Equal => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(x == y))),
         NotEqual => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(x != y))),
-        Less => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(Num::lt(x, y)))),
-        LessEqual => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(Num::le(x, y)))),
-        Greater => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(Num::lt(y, x)))),
-        GreaterEqual => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(Num::le(y, x)))),
+        Less => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, less::<T>)),
+        LessEqual => for_all!(dtype, T => map2::<T, T, B8>(a, b, out, less_equal::<T>)),
+        // `a > b` is `b < a`: the operands swapped share the kernels of `<` and `<=`.
+        Greater => for_all!(dtype, T => map2::<T, T, B8>(b, a, out, less::<T>)),
+        GreaterEqual => for_all!(dtype, T => map2::<T, T, B8>(b, a, out, less_equal::<T>)),
         LogicalAnd => map2::<B8, B8, B8>(a, b, out, |x, y| B8(x.0 & y.0)),
         LogicalOr => map2::<B8, B8, B8>(a, b, out, |x, y| B8(x.0 | y.0)),
         BitwiseAnd => for_int!(dtype, T => map2::<T, T, T>(a, b, out, Bits::and)),
@@ -41,6 +42,16 @@ pub fn eval(op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()
         LogAddExp => for_float!(dtype, T => map2::<T, T, T>(a, b, out, logaddexp::<T>)),
         ArcTan2 => for_float!(dtype, T => map2::<T, T, T>(a, b, out, |y, x| T::from_acc(y.to_acc().atan2(x.to_acc())))),
     }
+}
+
+#[inline(always)]
+fn less<T: Num>(x: T, y: T) -> B8 {
+    B8::new(Num::lt(x, y))
+}
+
+#[inline(always)]
+fn less_equal<T: Num>(x: T, y: T) -> B8 {
+    B8::new(Num::le(x, y))
 }
 
 /// `log(e^a + e^b)` factored on the operand with the larger real part, so it cannot overflow.

@@ -9,18 +9,15 @@ mod fast;
 mod gather;
 mod map;
 mod matmul;
-mod norm_rows;
 pub mod quantize;
 mod random;
 mod reduce;
-mod rope_rows;
 mod scan;
 mod sgemm;
 mod sort;
 mod strided;
 mod unary;
 mod vmath;
-mod xent_rows;
 
 use nuvec_core::backend::Backend;
 use nuvec_core::device::{Device, DeviceKind, Stream};

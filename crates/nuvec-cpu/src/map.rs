@@ -5,17 +5,20 @@
 //! buffer, split across threads and compiled for the best SIMD level at run time; the output
 //! keeps that layout, and a donated input is written in place. Anything else walks the
 //! strided layouts into a row-major output.
+//!
+//! Only the loops over elements are generic over the element types and the operation; the
+//! parallel splitting and the strided walk behind them (`strided::par_chunks`,
+//! `strided::par_rows`) are compiled once, which keeps the hundreds of dtype and operation
+//! instances of these maps cheap to compile.
 
 use std::any::TypeId;
 use std::sync::Arc;
 
+use crate::elem::Elem;
+use crate::strided::{GRAIN, Rows, par_chunks, par_rows};
+use crate::{host_slice, internal};
 use nuvec_core::Result;
 use nuvec_core::storage::{Data, HostBuffer, Layout, Operand, Output};
-use rayon::prelude::*;
-
-use crate::elem::Elem;
-use crate::strided::{GRAIN, Rows, rows_per_chunk};
-use crate::{host_slice, internal};
 
 /// How one operand is read in the flat path.
 #[derive(Clone, Copy)]
@@ -67,11 +70,17 @@ fn scalar<T: Elem>(op: &Operand) -> Result<T> {
     s.get(op.data.layout.offset).copied().ok_or_else(|| internal("empty scalar operand"))
 }
 
+/// Whether `A` and `U` are one element type. The in-place paths sit behind `const { same() }`,
+/// known when a map is instantiated, so that maps between different types do not compile them.
+const fn same<A: Elem, U: Elem>() -> bool {
+    A::DTYPE as u8 == U::DTYPE as u8
+}
+
 /// Runs `kernel(args)` compiled for AVX2 and FMA when this CPU has them.
 ///
 /// `kernel` must be a named `#[inline(always)]` function, not a closure: a closure's body is
 /// optimised for the baseline target before it could be inlined into the feature-enabled frame,
-/// and measured runs of such bodies stayed scalar (softmax rows 2.5× slower).
+/// so its loops stay scalar.
 #[inline(always)]
 pub fn simd<A, R>(kernel: impl FnOnce(A) -> R, args: A) -> R {
     #[cfg(target_arch = "x86_64")]
@@ -136,13 +145,13 @@ pub fn map1<A: Elem, U: Elem>(x: Operand, out: &mut Output, f: impl Fn(A) -> U +
             return fill(out, v);
         }
         // In place: the only holder of the input gave its buffer.
-        if x.donated && TypeId::of::<A>() == TypeId::of::<U>() {
+        if const { same::<A, U>() } && x.donated && TypeId::of::<A>() == TypeId::of::<U>() {
             let start = x.data.layout.offset;
             let mut data = x.data.clone();
             drop(x);
             if let Some(buf) = Arc::get_mut(&mut data.storage).and_then(|s| s.host_buffer_mut()) {
                 let s = &mut buf.as_mut_slice::<A>()[start..start + n];
-                s.par_chunks_mut(GRAIN).for_each(|c| simd(map_in_place, (c, f)));
+                par_chunks(s, GRAIN, &|_, c| simd(map_in_place, (c, f)));
                 out.data = Some(data);
                 return Ok(());
             }
@@ -160,19 +169,15 @@ pub fn map1<A: Elem, U: Elem>(x: Operand, out: &mut Output, f: impl Fn(A) -> U +
     let xs = host_slice::<A>(&x)?;
     let out_strides = nuvec_core::shape::row_major_strides(&out.shape);
     let rows = Rows::new(&out.shape, [&out_strides, &x.data.layout.strides], [0, x.data.layout.offset]);
-    let o = buf.as_mut_slice::<U>();
-    let per = rows_per_chunk(rows.inner);
-    o.par_chunks_mut(per * rows.inner.max(1)).enumerate().for_each(|(c, chunk)| {
-        let start = c * per;
-        let end = (start + per).min(rows.count);
-        rows.for_each(start, end, |r, off| {
-            let dst = &mut chunk[(r - start) * rows.inner..(r - start + 1) * rows.inner];
-            let (mut p, s) = (off[1], rows.inner_strides[1]);
+    let (inner, s) = (rows.inner, rows.inner_strides[1]);
+    par_rows(&rows, buf.as_mut_slice::<U>(), &|dst, offs| {
+        for (dst, off) in dst.chunks_mut(inner).zip(offs) {
+            let mut p = off[1];
             for d in dst.iter_mut() {
                 *d = f(xs[p as usize]);
                 p += s;
             }
-        });
+        }
     });
     out.data = Some(Data::from_host_buffer(&out.shape, buf));
     Ok(())
@@ -187,10 +192,10 @@ fn flat1<A: Elem, U: Elem>(
 ) -> Result<()> {
     let xs = dense::<A>(x, n)?;
     let mut buf = HostBuffer::uninit(n * size_of::<U>());
-    buf.as_mut_slice::<U>()
-        .par_chunks_mut(GRAIN)
-        .zip(xs.par_chunks(GRAIN))
-        .for_each(|(o, a)| simd(map_slice, (o, a, f)));
+    par_chunks(buf.as_mut_slice::<U>(), GRAIN, &|i, o| {
+        let a = &xs[i * GRAIN..i * GRAIN + o.len()];
+        simd(map_slice, (o, a, f))
+    });
     out.data = Some(Data { storage: Arc::new(nuvec_core::storage::Storage::host(buf)), layout });
     Ok(())
 }
@@ -206,7 +211,7 @@ pub fn empty<U: Elem>(out: &mut Output) -> Result<()> {
 pub fn fill<U: Elem>(out: &mut Output, v: U) -> Result<()> {
     let n = out.size();
     let mut buf = HostBuffer::uninit(n * size_of::<U>());
-    buf.as_mut_slice::<U>().par_chunks_mut(GRAIN).for_each(|c| c.fill(v));
+    par_chunks(buf.as_mut_slice::<U>(), GRAIN, &|_, c| c.fill(v));
     out.data = Some(Data::from_host_buffer(&out.shape, buf));
     Ok(())
 }
@@ -245,20 +250,16 @@ pub fn map2<A: Elem, B: Elem, U: Elem>(
         [&out_strides, &a.data.layout.strides, &b.data.layout.strides],
         [0, a.data.layout.offset, b.data.layout.offset],
     );
-    let per = rows_per_chunk(rows.inner);
-    buf.as_mut_slice::<U>().par_chunks_mut(per * rows.inner.max(1)).enumerate().for_each(|(c, chunk)| {
-        let start = c * per;
-        let end = (start + per).min(rows.count);
-        rows.for_each(start, end, |r, off| {
-            let dst = &mut chunk[(r - start) * rows.inner..(r - start + 1) * rows.inner];
-            let (sa, sb) = (rows.inner_strides[1], rows.inner_strides[2]);
+    let (inner, sa, sb) = (rows.inner, rows.inner_strides[1], rows.inner_strides[2]);
+    par_rows(&rows, buf.as_mut_slice::<U>(), &|dst, offs| {
+        for (dst, off) in dst.chunks_mut(inner).zip(offs) {
             let (mut pa, mut pb) = (off[1], off[2]);
             for d in dst.iter_mut() {
                 *d = f(xs[pa as usize], ys[pb as usize]);
                 pa += sa;
                 pb += sb;
             }
-        });
+        }
     });
     out.data = Some(Data::from_host_buffer(&out.shape, buf));
     Ok(())
@@ -273,20 +274,28 @@ fn flat2<A: Elem, B: Elem, U: Elem>(
     f: impl Fn(A, B) -> U + Sync + Send + Copy,
 ) -> Result<()> {
     // Write in place into an input that was donated and has the output's type.
-    let (a, b) = match in_place(a, &b, n, out, f)? {
-        None => return Ok(()),
-        Some(a) => (a, b),
+    let (a, b) = if const { same::<A, U>() } {
+        match in_place(a, &b, n, out, f)? {
+            None => return Ok(()),
+            Some(a) => (a, b),
+        }
+    } else {
+        (a, b)
     };
-    let (b, a) = match in_place(b, &a, n, out, move |y: B, x: A| f(x, y))? {
-        None => return Ok(()),
-        Some(b) => (b, a),
+    let (b, a) = if const { same::<B, U>() } {
+        match in_place(b, &a, n, out, move |y: B, x: A| f(x, y))? {
+            None => return Ok(()),
+            Some(b) => (b, a),
+        }
+    } else {
+        (b, a)
     };
     let (xs, ys) = (dense::<A>(&a, n)?, dense::<B>(&b, n)?);
     let mut buf = HostBuffer::uninit(n * size_of::<U>());
-    buf.as_mut_slice::<U>()
-        .par_chunks_mut(GRAIN)
-        .zip(xs.par_chunks(GRAIN).zip(ys.par_chunks(GRAIN)))
-        .for_each(|(o, (x, y))| simd(zip_slice, (o, x, y, f)));
+    par_chunks(buf.as_mut_slice::<U>(), GRAIN, &|i, o| {
+        let (x, y) = (&xs[i * GRAIN..i * GRAIN + o.len()], &ys[i * GRAIN..i * GRAIN + o.len()]);
+        simd(zip_slice, (o, x, y, f))
+    });
     out.data = Some(Data { storage: Arc::new(nuvec_core::storage::Storage::host(buf)), layout });
     Ok(())
 }
@@ -311,7 +320,10 @@ fn in_place<D: Elem, S: Elem, U: Elem>(
         return Ok(Some(Operand { shape: out.shape.clone(), dtype: D::DTYPE, data, donated: false }));
     };
     let xs = &mut buf.as_mut_slice::<D>()[start..start + n];
-    xs.par_chunks_mut(GRAIN).zip(ys.par_chunks(GRAIN)).for_each(|(x, y)| simd(zip_in_place, (x, y, f)));
+    par_chunks(xs, GRAIN, &|i, x| {
+        let y = &ys[i * GRAIN..i * GRAIN + x.len()];
+        simd(zip_in_place, (x, y, f))
+    });
     out.data = Some(data);
     Ok(None)
 }
@@ -333,13 +345,9 @@ pub fn map3<A: Elem, B: Elem, C: Elem, U: Elem>(
         [&out_strides, &a.data.layout.strides, &b.data.layout.strides, &c.data.layout.strides],
         [0, a.data.layout.offset, b.data.layout.offset, c.data.layout.offset],
     );
-    let per = rows_per_chunk(rows.inner);
-    buf.as_mut_slice::<U>().par_chunks_mut(per * rows.inner.max(1)).enumerate().for_each(|(ci, chunk)| {
-        let start = ci * per;
-        let end = (start + per).min(rows.count);
-        rows.for_each(start, end, |r, off| {
-            let dst = &mut chunk[(r - start) * rows.inner..(r - start + 1) * rows.inner];
-            let s = rows.inner_strides;
+    let (inner, s) = (rows.inner, rows.inner_strides);
+    par_rows(&rows, buf.as_mut_slice::<U>(), &|dst, offs| {
+        for (dst, off) in dst.chunks_mut(inner).zip(offs) {
             let (mut pa, mut pb, mut pc) = (off[1], off[2], off[3]);
             for d in dst.iter_mut() {
                 *d = f(xs[pa as usize], ys[pb as usize], zs[pc as usize]);
@@ -347,7 +355,7 @@ pub fn map3<A: Elem, B: Elem, C: Elem, U: Elem>(
                 pb += s[2];
                 pc += s[3];
             }
-        });
+        }
     });
     out.data = Some(Data::from_host_buffer(&out.shape, buf));
     Ok(())

@@ -2,8 +2,8 @@
 //! sized for L3, blocks of A for L2, a 6×16 register tile) with the packed panel of B shared by
 //! the threads, which split the rows of C.
 //!
-//! The `gemm` crate covers every other case; this path exists because on the AVX2 machines we
-//! measure (AMD Zen 3) large f32 products ran ~10% behind OpenBLAS through it. Threads are
+//! The `gemm` crate covers every other case; this path exists because large f32 products ran
+//! behind OpenBLAS through `gemm` on AVX2 machines. Threads are
 //! scoped OS threads that meet at a barrier once per panel of B, so the product never waits on
 //! a rayon pool that its caller may already occupy.
 

@@ -128,6 +128,71 @@ impl<const K: usize> Rows<K> {
 /// Number of elements a rayon task should handle at least.
 pub const GRAIN: usize = 1 << 15;
 
+/// Calls `f(i, chunk)` in parallel for chunk `i` of `chunk` elements of `out`.
+///
+/// Generic over the element type only in a thin wrapper: the rayon splitting behind it is
+/// compiled once for every kernel instead of once per kernel and element type.
+#[inline(always)]
+pub fn par_chunks<U: bytemuck::Pod + Send>(out: &mut [U], chunk: usize, f: &(dyn Fn(usize, &mut [U]) + Sync)) {
+    par_byte_chunks(bytemuck::cast_slice_mut(out), chunk.max(1) * size_of::<U>(), &|i, c| {
+        f(i, bytemuck::cast_slice_mut(c))
+    });
+}
+
+#[inline(never)]
+fn par_byte_chunks(out: &mut [u8], chunk: usize, f: &(dyn Fn(usize, &mut [u8]) + Sync)) {
+    use rayon::prelude::*;
+    if out.len() <= chunk {
+        if !out.is_empty() {
+            f(0, out);
+        }
+        return;
+    }
+    out.par_chunks_mut(chunk.max(1)).enumerate().for_each(|(i, c)| f(i, c));
+}
+
+/// A row kernel of [`par_rows`]: the destination rows and their start offsets.
+pub type RowKernel<'a, U, const K: usize> = dyn Fn(&mut [U], &[[isize; K]]) + Sync + 'a;
+
+/// Rows of a strided walk handed to a row kernel at once.
+const BATCH: usize = 64;
+
+/// Walks `rows` into the row-major `out` in parallel: calls `f(dst, offsets)` for batches of
+/// consecutive rows, `dst` holding those rows of `out` (`rows.inner` elements each) and
+/// `offsets` their start offsets.
+///
+/// The walk and the rayon splitting are compiled once per operand count; only the row kernel
+/// `f` is generic over the element types.
+#[inline(always)]
+pub fn par_rows<U: bytemuck::Pod + Send, const K: usize>(rows: &Rows<K>, out: &mut [U], f: &RowKernel<'_, U, K>) {
+    par_byte_rows(rows, bytemuck::cast_slice_mut(out), size_of::<U>(), &|d, offs| f(bytemuck::cast_slice_mut(d), offs));
+}
+
+#[inline(never)]
+fn par_byte_rows<const K: usize>(rows: &Rows<K>, out: &mut [u8], elem: usize, f: &RowKernel<'_, u8, K>) {
+    let row_bytes = rows.inner * elem;
+    if rows.count == 0 || row_bytes == 0 {
+        return;
+    }
+    let per = rows_per_chunk(rows.inner);
+    par_byte_chunks(out, per * row_bytes, &|c, chunk| {
+        let start = c * per;
+        let end = (start + per).min(rows.count);
+        let mut offs = [[0isize; K]; BATCH];
+        let (mut filled, mut first) = (0, start);
+        rows.for_each(start, end, |r, off| {
+            offs[filled] = off;
+            filled += 1;
+            if filled == BATCH || r + 1 == end {
+                let lo = (first - start) * row_bytes;
+                f(&mut chunk[lo..lo + filled * row_bytes], &offs[..filled]);
+                first = r + 1;
+                filled = 0;
+            }
+        });
+    });
+}
+
 /// Rows per parallel chunk for rows of `inner` elements.
 pub fn rows_per_chunk(inner: usize) -> usize {
     (GRAIN / inner.max(1)).max(1)

@@ -1,20 +1,24 @@
-//! Fused CPU kernels of fast operations: softmax and log-sum-exp over rows here; the norms and
-//! SwiGLU in `norm_rows.rs`; cross entropy (loss, derivative, both at once) in `xent_rows.rs`;
-//! RoPE in `rope_rows.rs`. What they do not cover runs as the operations' compositions.
+//! Fused CPU kernels of fast operations, one module per family: softmax and log-sum-exp in
+//! `softmax`, the row norms in `norm`, RoPE in `rope`, SwiGLU in `swiglu`, cross entropy (loss,
+//! derivative, both at once) in `cross_entropy`. Here: which ops and dtypes have a kernel, the
+//! dispatch, and the row helpers they share. What they do not cover runs as the operations'
+//! compositions.
 
-use std::any::TypeId;
+mod cross_entropy;
+mod norm;
+mod rope;
+mod softmax;
+mod swiglu;
 
-use num_traits::{Float as _, One, Zero};
+use num_traits::{Float as _, Zero};
 use nuvec_core::fast::FastOp;
-use nuvec_core::storage::{Data, HostBuffer, Operand, Output, Spec};
+use nuvec_core::storage::{HostBuffer, Operand, Output, Spec};
 use nuvec_core::{DType, Result};
-use rayon::prelude::*;
 
+use crate::copy;
 use crate::elem::{AccFloat, Float};
-use crate::map::simd;
 use crate::strided::GRAIN;
-use crate::{copy, norm_rows, rope_rows, xent_rows};
-use crate::{for_float, host_slice, internal};
+use crate::{host_slice, internal};
 
 /// Whether this backend has a kernel for `op` on these inputs (the first one floating).
 pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
@@ -38,18 +42,20 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
     }
 }
 
+/// Runs `op` fused on row-major copies of its inputs (the inputs themselves when dense).
 pub fn eval(op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
     let inputs: Vec<Operand> = inputs.into_iter().map(row_major).collect::<Result<_>>()?;
-    let x = inputs.first().ok_or_else(|| internal("fast op without input"))?;
-    let len = x.shape.last().copied().unwrap_or(1) as usize;
+    if inputs.is_empty() {
+        return Err(internal("fast op without input"));
+    }
     match op {
-        FastOp::Softmax => for_float!(x.dtype, T => rows::<T>(x, &mut outputs[0], len, softmax_row::<T>)),
-        FastOp::LogSumExp => for_float!(x.dtype, T => rows::<T>(x, &mut outputs[0], 1, lse_row::<T>)),
+        FastOp::Softmax | FastOp::LogSumExp => softmax::eval(op, &inputs, outputs),
         FastOp::CrossEntropy | FastOp::CrossEntropyVjp | FastOp::CrossEntropyWithGrad => {
-            xent_rows::eval(op, &inputs, outputs)
+            cross_entropy::eval(op, &inputs, outputs)
         }
-        FastOp::Rope(p) => rope_rows::eval(p, &inputs, outputs),
-        _ => norm_rows::eval(op, &inputs, outputs),
+        FastOp::Rope(p) => rope::eval(p, &inputs, outputs),
+        FastOp::SwiGlu => swiglu::eval(&inputs, outputs),
+        _ => norm::eval(op, &inputs, outputs),
     }
 }
 
@@ -78,30 +84,6 @@ fn row_major(x: Operand) -> Result<Operand> {
     let (shape, dtype) = (x.shape.clone(), x.dtype);
     copy::copy(x, &mut o)?;
     Ok(Operand { shape, dtype, data: o.data.ok_or_else(|| internal("copy produced no output"))?, donated: false })
-}
-
-/// Applies the row kernel `f` (a named `#[inline(always)]` function, see [`simd`]) to each row.
-fn rows<T: Float>(x: &Operand, out: &mut Output, out_len: usize, f: impl Fn(&[T], &mut [T]) + Sync) -> Result<()> {
-    let len = x.shape.last().copied().unwrap_or(1) as usize;
-    let start = x.data.layout.offset;
-    let xs = &host_slice::<T>(x)?[start..start + x.size()];
-    let mut buf = HostBuffer::uninit(out.size() * size_of::<T>());
-    if len > 0 && out_len > 0 {
-        let per = (GRAIN / len).max(1);
-        buf.as_mut_slice::<T>()
-            .par_chunks_mut(per * out_len)
-            .zip(xs.par_chunks(per * len))
-            .for_each(|(o, x)| simd(each_row, (o, x, out_len, len, &f)));
-    }
-    out.data = Some(Data::from_host_buffer(&out.shape, buf));
-    Ok(())
-}
-
-#[inline(always)]
-fn each_row<T: Float, F: Fn(&[T], &mut [T])>((o, x, out_len, len, f): (&mut [T], &[T], usize, usize, &F)) {
-    for (o, x) in o.chunks_mut(out_len).zip(x.chunks(len)) {
-        f(x, o)
-    }
 }
 
 const L: usize = 16;
@@ -135,12 +117,6 @@ pub(crate) fn lane_sum<T: Float>(x: &[T], f: impl Fn(T::Acc) -> T::Acc) -> T::Ac
     lanes.into_iter().fold(tail, |a, b| a + b)
 }
 
-/// `sum(exp(x - m))`.
-#[inline(always)]
-fn exp_sum<T: Float>(x: &[T], m: T::Acc) -> T::Acc {
-    lane_sum(x, |v| (v - m).vexp())
-}
-
 /// `sum(exp(x - m))`, writing each exponential to `o` (as `store` makes it an element of `o`).
 /// The sum is [`lane_sum`]'s, bit for bit.
 #[inline(always)]
@@ -162,44 +138,6 @@ pub(crate) fn exp_sum_store<T: Float, U>(x: &[T], m: T::Acc, o: &mut [U], store:
         tail = tail + e;
     }
     lanes.into_iter().fold(tail, |a, b| a + b)
-}
-
-#[inline(always)]
-fn softmax_row<T: Float>(x: &[T], o: &mut [T]) {
-    let m = row_max(x);
-    if m.is_nan() || (m.is_infinite() && m > T::Acc::zero()) {
-        // As the composition: inf − inf (or NaN) gives NaN everywhere.
-        o.iter_mut().for_each(|v| *v = T::from_acc(T::Acc::nan()));
-        return;
-    }
-    // When the element type is the accumulator type the stored exponentials are exact, so the
-    // second pass only rescales them.
-    let exact = TypeId::of::<T>() == TypeId::of::<T::Acc>();
-    let sum = if exact { exp_sum_store(x, m, o, T::from_acc) } else { exp_sum(x, m) };
-    let inv = T::Acc::one() / sum;
-    if exact {
-        o.iter_mut().for_each(|v| *v = T::from_acc(v.to_acc() * inv));
-    } else {
-        for (o, v) in o.iter_mut().zip(x) {
-            *o = T::from_acc((v.to_acc() - m).vexp() * inv);
-        }
-    }
-}
-
-#[inline(always)]
-fn lse_row<T: Float>(x: &[T], o: &mut [T]) {
-    o[0] = T::from_acc(row_lse(x));
-}
-
-/// `log(sum(exp(x)))` in the accumulator type: `log(sum(exp(x − m))) + m`, or the maximum `m`
-/// itself when it is infinite or NaN.
-#[inline(always)]
-pub(crate) fn row_lse<T: Float>(x: &[T]) -> T::Acc {
-    let m = row_max(x);
-    if m.is_infinite() || m.is_nan() {
-        return m;
-    }
-    exp_sum(x, m).ln() + m
 }
 
 /// Operands, outputs and runs of fast ops for the kernels' unit tests.

@@ -17,8 +17,8 @@ use nuvec_core::fast::RopeParams;
 use nuvec_core::storage::{Data, Operand, Output};
 use rayon::prelude::*;
 
+use super::{buffer, elems, rows_per_task};
 use crate::elem::{AccFloat, Cast, Float};
-use crate::fast::{buffer, elems, rows_per_task};
 use crate::map::simd;
 use crate::{for_float, internal};
 

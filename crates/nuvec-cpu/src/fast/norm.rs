@@ -1,5 +1,5 @@
-//! Fused CPU kernels of the row norms and SwiGLU: RMS norm (with the residual add), layer norm
-//! and the gated activation. They compute what the compositions in `nuvec_core::fast` compute —
+//! Fused CPU kernels of the row norms: RMS norm (with the residual add) and layer norm. They
+//! compute what the compositions in `nuvec_core::fast` compute —
 //! statistics in the accumulator type (`f32`; `f64` for `f64`), the normalised row rounded to
 //! the element type before the weight multiplies it and the bias is added — in one task per
 //! block of rows instead of one pass over the whole tensor per operation (and no `f32` copies of
@@ -11,18 +11,17 @@ use nuvec_core::fast::FastOp;
 use nuvec_core::storage::{Data, Operand, Output};
 use rayon::prelude::*;
 
+use super::{buffer, elems, lane_sum, rows_per_task};
 use crate::elem::{AccFloat, Float};
-use crate::fast::{buffer, elems, lane_sum, rows_per_task};
 use crate::map::simd;
-use crate::strided::GRAIN;
 use crate::{for_float, internal};
 
 fn acc_of<A: AccFloat>(v: f64) -> A {
     <A as NumCast>::from(v).unwrap_or_else(A::zero)
 }
 
-/// Runs `op` (RMS norm, its residual-add form, layer norm or SwiGLU) on row-major operands of
-/// one float dtype.
+/// Runs `op` (RMS norm, its residual-add form or layer norm) on row-major operands of one float
+/// dtype.
 pub(crate) fn eval(op: &FastOp, inputs: &[Operand], outputs: &mut [Output]) -> Result<()> {
     let d = inputs.first().ok_or_else(|| internal("fast op without input"))?.dtype;
     for_float!(d, T => eval_typed::<T>(op, inputs, outputs))
@@ -63,15 +62,6 @@ fn eval_typed<T: Float>(op: &FastOp, inputs: &[Operand], outputs: &mut [Output])
                 .par_chunks_mut(per)
                 .zip(xs.par_chunks(per))
                 .for_each(|(y, x)| simd(layer_norm_chunk, (x, w, b, y, len, eps)));
-            outputs[0].data = Some(Data::from_host_buffer(&outputs[0].shape, y));
-        }
-        FastOp::SwiGlu => {
-            let up = elems::<T>(&inputs[1])?;
-            let mut y = buffer::<T>(&outputs[0]);
-            y.as_mut_slice::<T>()
-                .par_chunks_mut(GRAIN)
-                .zip(xs.par_chunks(GRAIN).zip(up.par_chunks(GRAIN)))
-                .for_each(|(y, (g, u))| simd(swiglu_chunk, (g, u, y)));
             outputs[0].data = Some(Data::from_host_buffer(&outputs[0].shape, y));
         }
         _ => return Err(internal(format!("no fused CPU kernel for {}", op.name()))),
@@ -153,16 +143,5 @@ fn layer_norm_chunk<T: Float>((x, w, b, y, len, eps): (&[T], Option<&[T]>, Optio
             }
             *y = v;
         }
-    }
-}
-
-/// `silu(g)·u = g·sigmoid(g)·u` in the accumulator type, rounded once.
-#[inline(always)]
-fn swiglu_chunk<T: Float>((g, u, y): (&[T], &[T], &mut [T])) {
-    let one = T::Acc::one();
-    for ((y, g), u) in y.iter_mut().zip(g).zip(u) {
-        let g = g.to_acc();
-        let s = one / (one + (-g).vexp());
-        *y = T::from_acc(g * s * u.to_acc());
     }
 }

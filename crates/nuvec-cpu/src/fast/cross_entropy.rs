@@ -4,7 +4,7 @@
 //!
 //! They compute what the compositions in `nuvec_core::fast` compute, with the same roundings. The
 //! composition widens the logits to the accumulator type (`f32`; `f64` for `f64` logits) and runs
-//! the log-sum-exp and softmax kernels of `fast.rs` on them; these kernels take the row's
+//! the log-sum-exp and softmax kernels of `softmax.rs` on them; these kernels take the row's
 //! statistics the same way (the same maximum, the same exponentials summed in the same lane
 //! order), so the loss `lse − logits[target]` (in the accumulator type) and the gradient
 //! `g·(softmax − onehot)` (each product in the accumulator type, rounded once to the logits'
@@ -27,8 +27,9 @@ use nuvec_core::fast::FastOp;
 use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
 use rayon::prelude::*;
 
+use super::softmax::row_lse;
+use super::{buffer, elems, exp_sum_store, row_max, rows_per_task};
 use crate::elem::{AccFloat, Elem, Float};
-use crate::fast::{buffer, elems, exp_sum_store, row_lse, row_max, rows_per_task};
 use crate::map::simd;
 use crate::{for_float, internal};
 
