@@ -10,14 +10,15 @@
 # then on the GPU machine, with .gpu and .gpu-base carried along: bash scripts/gpu-ab.sh
 # Environment: GPU_AB_BENCHES (default "bench_fast bench_gpu"), GPU_AB_ROUNDS (2),
 # GPU_AB_ONLY (an --only filter for both benchmarks), GPU_AB_SECONDS (540, the whole script).
-# Writes $OUT/ab-<bench>-<base|new><round>.tsv and $OUT/ab.txt: per case the best of the
-# rounds of each side and new/base (for GB/s; base/new for microseconds), flagged where the
-# new side is slower than the base's spread across its own rounds.
+# Writes $OUT/ab.txt: per case the best of the rounds of each side and new/base (for GB/s;
+# base/new for microseconds), flagged where the new side is slower than the base's spread
+# across its own rounds; and $OUT/ab-runs.tar.gz, each run's TSV and log.
 set -u
 START=$(date +%s)
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/target/gpu-ab}
-mkdir -p "$OUT"
+RUNS=$PWD/target/gpu-ab-runs
+mkdir -p "$OUT" "$RUNS"
 DEADLINE=$((START + ${GPU_AB_SECONDS:-540}))
 export NUVEC_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 [ -d /usr/local/cuda/lib64 ] && export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -52,12 +53,12 @@ for bench in ${GPU_AB_BENCHES:-bench_fast bench_gpu}; do
             left=$((DEADLINE - $(date +%s)))
             [ "$left" -lt 20 ] && { echo "gpu-ab: out of time before $bench $side$r"; continue; }
             echo "== $bench $side round $r ($left s left)"
-            timeout "$left" "$dir/$bench" "${ONLY[@]}" --out "$OUT/ab-$bench-$side$r.tsv" >"$OUT/ab-$bench-$side$r.log" 2>&1
-            echo "   rc=$? $(grep -c . "$OUT/ab-$bench-$side$r.tsv" 2>/dev/null) lines"
+            timeout "$left" "$dir/$bench" "${ONLY[@]}" --out "$RUNS/ab-$bench-$side$r.tsv" >"$RUNS/ab-$bench-$side$r.log" 2>&1
+            echo "   rc=$? $(grep -c . "$RUNS/ab-$bench-$side$r.tsv" 2>/dev/null) lines"
         done
     done
 done
-python3 - "$OUT" <<'PY' | tee "$OUT/ab.txt"
+python3 - "$RUNS" <<'PY' | tee "$OUT/ab.txt"
 import glob, os, re, sys
 sys.path.insert(0, "bench")
 from bench_tsv import load
@@ -85,3 +86,4 @@ for bench in sorted({re.sub(r"-(base|new)\d+\.tsv$", "", os.path.basename(p))[3:
         print(f"{n:52} {unit:5} {best['base']:10.4g} {best['new']:10.4g} {ratio:8.3f} {spread:7.3f}{flag}")
     print(f"{bench}: {slower} cases slower than base by more than max(base spread, 2%)")
 PY
+tar -C "$RUNS" -czf "$OUT/ab-runs.tar.gz" .
