@@ -74,7 +74,7 @@ for bench in sorted({re.sub(r"-(base|new)\d+\.tsv$", "", os.path.basename(p))[3:
         if not vals["base"] or not vals["new"]:
             continue
         unit = next(r[n][1] for rs in sides.values() for r in rs if n in r)
-        lower_better = unit in ("us", "ms", "s")
+        lower_better = unit.split("/")[0] in ("us", "ms", "s")
         best = {s: (min(v) if lower_better else max(v)) for s, v in vals.items()}
         ratio = best["base"] / best["new"] if lower_better else best["new"] / best["base"]
         b = vals["base"]
