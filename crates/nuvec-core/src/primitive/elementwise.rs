@@ -6,89 +6,66 @@ use crate::dtype::{Category, DType};
 use crate::error::OpErrorKind;
 use crate::storage::Spec;
 
-/// A unary element-wise function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[allow(missing_docs)]
-pub enum UnaryOp {
-    Abs,
-    Sign,
-    Negative,
-    Square,
-    Floor,
-    Ceil,
-    Round,
-    Exp,
-    Expm1,
-    Log,
-    Log1p,
-    Log2,
-    Log10,
-    Sqrt,
-    Rsqrt,
-    Reciprocal,
-    Sin,
-    Cos,
-    Tan,
-    ArcSin,
-    ArcCos,
-    ArcTan,
-    Sinh,
-    Cosh,
-    Tanh,
-    ArcSinh,
-    ArcCosh,
-    ArcTanh,
-    Sigmoid,
-    Erf,
-    ErfInv,
-    LogicalNot,
-    BitwiseInvert,
-    Conjugate,
+/// Declares an operation enum and its `ALL` list from one list of variants, so the two cannot
+/// drift apart.
+macro_rules! op_enum {
+    ($(#[$meta:meta])* $name:ident { $($variant:ident,)* }) => {
+        $(#[$meta])*
+        pub enum $name {
+            $($variant,)*
+        }
+
+        impl $name {
+            /// Every operation, in declaration order (for backends that build a kernel per
+            /// operation and for tests that visit them all).
+            pub const ALL: [$name; [$($name::$variant,)*].len()] = [$($name::$variant,)*];
+        }
+    };
+}
+
+op_enum! {
+    /// A unary element-wise function.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    #[allow(missing_docs)]
+    UnaryOp {
+        Abs,
+        Sign,
+        Negative,
+        Square,
+        Floor,
+        Ceil,
+        Round,
+        Exp,
+        Expm1,
+        Log,
+        Log1p,
+        Log2,
+        Log10,
+        Sqrt,
+        Rsqrt,
+        Reciprocal,
+        Sin,
+        Cos,
+        Tan,
+        ArcSin,
+        ArcCos,
+        ArcTan,
+        Sinh,
+        Cosh,
+        Tanh,
+        ArcSinh,
+        ArcCosh,
+        ArcTanh,
+        Sigmoid,
+        Erf,
+        ErfInv,
+        LogicalNot,
+        BitwiseInvert,
+        Conjugate,
+    }
 }
 
 impl UnaryOp {
-    /// Every unary operation, in declaration order (for backends that build a kernel per
-    /// operation and for tests that visit them all).
-    pub const ALL: [UnaryOp; 34] = {
-        use UnaryOp::*;
-        [
-            Abs,
-            Sign,
-            Negative,
-            Square,
-            Floor,
-            Ceil,
-            Round,
-            Exp,
-            Expm1,
-            Log,
-            Log1p,
-            Log2,
-            Log10,
-            Sqrt,
-            Rsqrt,
-            Reciprocal,
-            Sin,
-            Cos,
-            Tan,
-            ArcSin,
-            ArcCos,
-            ArcTan,
-            Sinh,
-            Cosh,
-            Tanh,
-            ArcSinh,
-            ArcCosh,
-            ArcTanh,
-            Sigmoid,
-            Erf,
-            ErfInv,
-            LogicalNot,
-            BitwiseInvert,
-            Conjugate,
-        ]
-    };
-
     /// MLX's name of the operation.
     pub fn name(self) -> &'static str {
         use UnaryOp::*;
@@ -173,69 +150,39 @@ impl UnaryOp {
     }
 }
 
-/// A binary element-wise function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[allow(missing_docs)]
-pub enum BinaryOp {
-    Add,
-    Subtract,
-    Multiply,
-    Divide,
-    FloorDivide,
-    Remainder,
-    Power,
-    Maximum,
-    Minimum,
-    LogAddExp,
-    ArcTan2,
-    Equal,
-    NotEqual,
-    Less,
-    LessEqual,
-    Greater,
-    GreaterEqual,
-    LogicalAnd,
-    LogicalOr,
-    BitwiseAnd,
-    BitwiseOr,
-    BitwiseXor,
-    LeftShift,
-    RightShift,
+op_enum! {
+    /// A binary element-wise function.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    #[allow(missing_docs)]
+    BinaryOp {
+        Add,
+        Subtract,
+        Multiply,
+        Divide,
+        FloorDivide,
+        Remainder,
+        Power,
+        Maximum,
+        Minimum,
+        LogAddExp,
+        ArcTan2,
+        Equal,
+        NotEqual,
+        Less,
+        LessEqual,
+        Greater,
+        GreaterEqual,
+        LogicalAnd,
+        LogicalOr,
+        BitwiseAnd,
+        BitwiseOr,
+        BitwiseXor,
+        LeftShift,
+        RightShift,
+    }
 }
 
 impl BinaryOp {
-    /// Every binary operation, in declaration order (for backends that build a kernel per
-    /// operation and for tests that visit them all).
-    pub const ALL: [BinaryOp; 24] = {
-        use BinaryOp::*;
-        [
-            Add,
-            Subtract,
-            Multiply,
-            Divide,
-            FloorDivide,
-            Remainder,
-            Power,
-            Maximum,
-            Minimum,
-            LogAddExp,
-            ArcTan2,
-            Equal,
-            NotEqual,
-            Less,
-            LessEqual,
-            Greater,
-            GreaterEqual,
-            LogicalAnd,
-            LogicalOr,
-            BitwiseAnd,
-            BitwiseOr,
-            BitwiseXor,
-            LeftShift,
-            RightShift,
-        ]
-    };
-
     /// MLX's name of the operation.
     pub fn name(self) -> &'static str {
         use BinaryOp::*;
