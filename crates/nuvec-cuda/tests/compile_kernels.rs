@@ -51,7 +51,7 @@ fn every_module_compiles_for_hopper() {
                         failures.lock().unwrap().push(format!("{key} ({arch}):\n{e}"));
                     }
                     let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                    if n % 25 == 0 || n == jobs.len() {
+                    if n.is_multiple_of(25) || n == jobs.len() {
                         progress(&format!(
                             "compile_kernels: {n}/{} compiled, {:.0} s",
                             jobs.len(),
