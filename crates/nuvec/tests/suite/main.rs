@@ -21,6 +21,7 @@ mod mlx_quant;
 mod mlx_random;
 mod mlx_sort;
 mod mlx_transforms;
+mod printing;
 mod quant;
 mod random;
 mod reference_f64;
