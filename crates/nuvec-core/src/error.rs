@@ -11,11 +11,15 @@ use crate::dtype::DType;
 pub type Result<T> = std::result::Result<T, Error>;
 
 /// Everything that can go wrong in nuvec.
+///
+/// `Debug` prints the same readable message as `Display` (as `anyhow` does), so a
+/// `fn main() -> nuvec::Result<()>` that returns an error prints the message; `{:#?}` prints
+/// the variant and its fields.
 #[non_exhaustive]
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[derive(Clone, PartialEq, thiserror::Error)]
 pub enum Error {
     /// An operation was called with bad arguments.
-    #[error("{op} at {}:{}: {kind}", at.file(), at.line())]
+    #[error("{op} at {}:{}: {}", at.file(), at.line(), describe(op, kind))]
     Op {
         /// The public name of the operation (`"reshape"`, `"matmul"`, ...).
         op: &'static str,
@@ -30,8 +34,9 @@ pub enum Error {
     /// A backend (driver, compiler, library) reported a failure.
     #[error("backend error: {0}")]
     Backend(String),
-    /// The device has no backend able to run the work.
-    #[error("unsupported device {0}: no backend for it is available")]
+    /// The device has no backend able to run the work. The message says why when a backend of
+    /// its kind knows (for the GPU: no driver, no NVRTC, no device, ...).
+    #[error("unsupported device {device}: no backend for it is available{note}", device = .0, note = unavailable_note(.0))]
     UnsupportedDevice(Device),
     /// Reading or writing a file failed.
     #[error("i/o error: {0}")]
@@ -107,9 +112,73 @@ impl fmt::Display for OpErrorKind {
             OpErrorKind::InvalidIndex(s) => write!(f, "invalid index: {s}"),
             OpErrorKind::OutOfMemory(n) => write!(f, "out of memory allocating {n} bytes"),
             OpErrorKind::InvalidArgument(s) => f.write_str(s),
-            OpErrorKind::UnsupportedDevice(d) => {
-                write!(f, "unsupported device {d}: it needs a CUDA GPU (see nuvec::cuda::unavailable_reason)")
+            OpErrorKind::UnsupportedDevice(d) => match unavailable_reason_of(*d) {
+                Some(why) if !d.is_cpu() => write!(f, "unsupported device {d}: it needs a usable CUDA GPU; {why}"),
+                _ => write!(f, "unsupported device {d}: it needs a CUDA GPU (see nuvec::cuda::unavailable_reason)"),
+            },
+        }
+    }
+}
+
+/// The message of an [`Error::Op`]'s kind. For `matmul`, whose shape errors hold the two
+/// operand shapes, it says which dimensions clash.
+fn describe(op: &str, kind: &OpErrorKind) -> String {
+    match (op, kind) {
+        ("matmul", OpErrorKind::ShapeMismatch { lhs, rhs }) => match matmul_clash(lhs, rhs) {
+            Some(clash) => format!("{lhs:?} @ {rhs:?}: {clash}"),
+            None => kind.to_string(),
+        },
+        _ => kind.to_string(),
+    }
+}
+
+/// Which dimensions of `lhs @ rhs` clash under NumPy's rules (a 1-d left operand is a row, a
+/// 1-d right operand a column): the inner ones, else the batch ones. `None` when neither does.
+fn matmul_clash(lhs: &[i32], rhs: &[i32]) -> Option<String> {
+    let (&k, &k2) = (lhs.last()?, if rhs.len() == 1 { rhs.first()? } else { rhs.get(rhs.len().checked_sub(2)?)? });
+    if k != k2 {
+        return Some(format!("inner dimensions {k} and {k2} differ"));
+    }
+    let (ba, bb) = (&lhs[..lhs.len().saturating_sub(2)], &rhs[..rhs.len().saturating_sub(2)]);
+    let fits = ba.iter().rev().zip(bb.iter().rev()).all(|(&x, &y)| x == y || x == 1 || y == 1);
+    (!fits).then(|| format!("batch dimensions {ba:?} and {bb:?} do not broadcast"))
+}
+
+/// Why devices are unavailable, as the backend registry found when it could not serve them.
+static UNAVAILABLE: std::sync::Mutex<Vec<(Device, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Records why no backend can run work on `device` (the backend registry calls it), for the
+/// messages of [`Error::UnsupportedDevice`] and [`OpErrorKind::UnsupportedDevice`].
+pub(crate) fn note_unavailable(device: Device, reason: String) {
+    let mut notes = UNAVAILABLE.lock().unwrap_or_else(|e| e.into_inner());
+    if !notes.iter().any(|(d, _)| *d == device) {
+        notes.push((device, reason));
+    }
+}
+
+fn unavailable_reason_of(device: Device) -> Option<String> {
+    let notes = UNAVAILABLE.lock().unwrap_or_else(|e| e.into_inner());
+    notes.iter().find(|(d, _)| *d == device).map(|(_, r)| r.clone())
+}
+
+fn unavailable_note(device: &Device) -> String {
+    unavailable_reason_of(*device).map(|r| format!("; {r}")).unwrap_or_default()
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !f.alternate() {
+            return fmt::Display::fmt(self, f);
+        }
+        match self {
+            Error::Op { op, at, kind } => {
+                f.debug_struct("Op").field("op", op).field("at", at).field("kind", kind).finish()
             }
+            Error::OutOfMemory(n) => f.debug_tuple("OutOfMemory").field(n).finish(),
+            Error::Backend(s) => f.debug_tuple("Backend").field(s).finish(),
+            Error::UnsupportedDevice(d) => f.debug_tuple("UnsupportedDevice").field(d).finish(),
+            Error::Io(s) => f.debug_tuple("Io").field(s).finish(),
+            Error::InvalidArgument(s) => f.debug_tuple("InvalidArgument").field(s).finish(),
         }
     }
 }

@@ -27,12 +27,15 @@ fn prepare(op: &'static str, a: &Array, b: &Array) -> Result<(Array, Array, Vec<
     let (ra, rb) = (a2.ndim(), b2.ndim());
     let (m, k) = (a2.shape()[ra - 2], a2.shape()[ra - 1]);
     let (k2, n) = (b2.shape()[rb - 2], b2.shape()[rb - 1]);
+    // Both shape errors hold the operands' own shapes; the message says which dimensions clash
+    // (`matmul at f.rs:3: [3, 4] @ [5, 6]: inner dimensions 4 and 5 differ`).
+    let mismatch = || OpErrorKind::ShapeMismatch { lhs: a.shape().to_vec(), rhs: b.shape().to_vec() };
     if k != k2 {
-        return Err(Array::failed(op, OpErrorKind::ShapeMismatch { lhs: a.shape().to_vec(), rhs: b.shape().to_vec() }));
+        return Err(Array::failed(op, mismatch()));
     }
     let batch = match broadcast_shapes(&a2.shape()[..ra - 2], &b2.shape()[..rb - 2]) {
         Ok(b) => b,
-        Err(kind) => return Err(Array::failed(op, kind)),
+        Err(_) => return Err(Array::failed(op, mismatch())),
     };
     let with = |x: i32, y: i32| -> Shape {
         let mut s = batch.clone();

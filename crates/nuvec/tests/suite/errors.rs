@@ -256,10 +256,12 @@ fn matmul_mismatch() {
     // 1-d operands are reported with their own shapes.
     let (c, line) = (ops::matmul(&iota(&[3]), &iota(&[4])), line!());
     assert_eq!(failed(&c, "matmul", line).kind(), Some(&OpErrorKind::ShapeMismatch { lhs: vec![3], rhs: vec![4] }));
-    // Batch axes that do not broadcast (location: see the ignored test above).
+    // Batch axes that do not broadcast (location: see the ignored test above); the kind holds
+    // the operands' shapes and the message names the batch dimensions.
     let c = iota(&[2, 2, 3]).matmul(&iota(&[3, 3, 4]));
     let e = failed_somewhere(&c, "matmul");
-    assert_eq!(e.kind(), Some(&OpErrorKind::ShapeMismatch { lhs: vec![2], rhs: vec![3] }));
+    assert_eq!(e.kind(), Some(&OpErrorKind::ShapeMismatch { lhs: vec![2, 2, 3], rhs: vec![3, 3, 4] }));
+    mentions(&e, &["[2, 2, 3] @ [3, 3, 4]", "batch dimensions [2] and [3]"]);
     // 0-d operands.
     let (c, line) = (iota(&[]).matmul(&iota(&[3])), line!());
     let e = failed(&c, "matmul", line);
