@@ -20,6 +20,14 @@ pub trait Backend: Send + Sync {
     /// Whether `device` is present and usable. Never panics.
     fn is_available(&self, device: Device) -> bool;
 
+    /// Why `device` (of this backend's kind) is not usable, in words (no driver, no compiler
+    /// library, no such device, ...); `None` when it is usable or the backend cannot tell.
+    /// Never panics.
+    fn unavailable_reason(&self, device: Device) -> Option<String> {
+        let _ = device;
+        None
+    }
+
     /// Whether [`Backend::eval`] handles `primitive` for these operands. A `Fast` primitive
     /// that is not supported runs as its composition instead.
     fn supports(&self, primitive: &Primitive, inputs: &[Spec], outputs: &[Spec]) -> bool;
@@ -47,16 +55,46 @@ fn registry() -> &'static [Arc<dyn Backend>] {
     REGISTRY.get_or_init(__nuvec_backends_v1)
 }
 
-/// The backend that runs work on `device`, or `UnsupportedDevice`.
+/// The backend that runs work on `device`, or `UnsupportedDevice` (whose message then says
+/// why, see [`unavailable_reason`]). Every device fails with `InvalidArgument` while
+/// `NUVEC_DEVICE` holds a value that is not a device.
 pub fn backend_for(device: Device) -> Result<&'static dyn Backend> {
-    registry()
-        .iter()
-        .find(|b| b.kind() == device.kind && b.is_available(device))
-        .map(|b| b.as_ref())
-        .ok_or(Error::UnsupportedDevice(device))
+    if let Err(msg) = crate::device::device_env() {
+        return Err(Error::InvalidArgument(msg.clone()));
+    }
+    match registry().iter().find(|b| b.kind() == device.kind && b.is_available(device)) {
+        Some(b) => Ok(b.as_ref()),
+        None => {
+            if let Some(why) = unavailable_reason(device) {
+                crate::error::note_unavailable(device, why);
+            }
+            Err(Error::UnsupportedDevice(device))
+        }
+    }
 }
 
 /// Whether some backend can run work on `device`.
 pub fn is_available(device: Device) -> bool {
     backend_for(device).is_ok()
+}
+
+/// Why no backend can run work on `device`, as its backends say (`"cuda: libcuda (the NVIDIA
+/// driver) was not found"`); `None` when one can.
+pub fn unavailable_reason(device: Device) -> Option<String> {
+    let of_kind: Vec<&Arc<dyn Backend>> = registry().iter().filter(|b| b.kind() == device.kind).collect();
+    if of_kind.is_empty() {
+        let kind = if device.is_cpu() { "CPU" } else { "GPU" };
+        return Some(format!("this build has no {kind} backend"));
+    }
+    if of_kind.iter().any(|b| b.is_available(device)) {
+        return None;
+    }
+    let why: Vec<String> = of_kind
+        .iter()
+        .map(|b| match b.unavailable_reason(device) {
+            Some(r) => format!("{}: {r}", b.name()),
+            None => format!("{}: {device} is not usable", b.name()),
+        })
+        .collect();
+    Some(why.join("; "))
 }

@@ -80,14 +80,59 @@ thread_local! {
     static STREAM_STACK: RefCell<Vec<Stream>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The process's default device: `NUVEC_DEVICE=cpu|gpu` when set, else the GPU when a GPU
-/// backend is available, else the CPU.
+/// Reads a value of `NUVEC_DEVICE`: `cpu`, `gpu` or `gpu:N`, in any case and with surrounding
+/// spaces ignored. An empty value means unset (`Ok(None)`); anything else is an error whose
+/// message names the variable, the value and the accepted values. Pure: it does not read the
+/// environment.
+///
+/// ```
+/// use nuvec::{Device, parse_device_env};
+/// assert_eq!(parse_device_env("GPU"), Ok(Some(Device::gpu(0))));
+/// assert_eq!(parse_device_env(" cpu "), Ok(Some(Device::cpu())));
+/// assert_eq!(parse_device_env(""), Ok(None));
+/// assert!(parse_device_env("bogus").unwrap_err().contains("NUVEC_DEVICE"));
+/// ```
+pub fn parse_device_env(value: &str) -> Result<Option<Device>, String> {
+    let v = value.trim().to_ascii_lowercase();
+    let index = |i: &str| i.parse::<u32>().ok();
+    match v.as_str() {
+        "" => Ok(None),
+        "cpu" | "cpu:0" => Ok(Some(Device::cpu())),
+        "gpu" => Ok(Some(Device::gpu(0))),
+        _ => match v.strip_prefix("gpu:").and_then(index) {
+            Some(i) => Ok(Some(Device::gpu(i))),
+            None => {
+                Err(format!("NUVEC_DEVICE={value:?} is not a device: use cpu, gpu or gpu:N (any case), or unset it"))
+            }
+        },
+    }
+}
+
+/// `NUVEC_DEVICE`, read once: the device it names, `None` when unset or empty, or why its value
+/// is not a device.
+pub(crate) fn device_env() -> &'static Result<Option<Device>, String> {
+    static ENV: std::sync::OnceLock<Result<Option<Device>, String>> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| match std::env::var("NUVEC_DEVICE") {
+        Ok(v) => parse_device_env(&v),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(format!("NUVEC_DEVICE={v:?} is not a device: use cpu, gpu or gpu:N (any case), or unset it"))
+        }
+    })
+}
+
+/// The process's default device: the one `NUVEC_DEVICE` names (see [`parse_device_env`]) when
+/// it is set, else the GPU when a GPU backend is available, else the CPU.
+///
+/// A `NUVEC_DEVICE` value that is not a device is an error, not a silent fallback: the default
+/// device is then the CPU, but every evaluation fails with a message naming the variable and
+/// its value, until it is fixed or unset.
 pub fn default_device() -> Device {
     static DEFAULT: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
-    *DEFAULT.get_or_init(|| match std::env::var("NUVEC_DEVICE").as_deref() {
-        Ok("cpu") => Device::cpu(),
-        Ok("gpu") => Device::gpu(0),
-        _ => {
+    *DEFAULT.get_or_init(|| match device_env() {
+        Ok(Some(d)) => *d,
+        Err(_) => Device::cpu(),
+        Ok(None) => {
             if crate::backend::is_available(Device::gpu(0)) {
                 Device::gpu(0)
             } else {

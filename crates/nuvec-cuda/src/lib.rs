@@ -163,6 +163,19 @@ impl Backend for CudaBackend {
         device.kind == DeviceKind::Gpu && (device.index as usize) < device_count()
     }
 
+    fn unavailable_reason(&self, device: Device) -> Option<String> {
+        if device.kind != DeviceKind::Gpu {
+            return None;
+        }
+        match driver::probe() {
+            Err(why) => Some(why),
+            Ok(n) if i64::from(device.index) >= i64::from(n) => {
+                Some(format!("{device} is not present ({n} CUDA device{} found)", if n == 1 { "" } else { "s" }))
+            }
+            Ok(_) => None,
+        }
+    }
+
     fn supports(&self, primitive: &Primitive, inputs: &[Spec], outputs: &[Spec]) -> bool {
         eval::supports(primitive, inputs, outputs)
     }

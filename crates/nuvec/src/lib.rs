@@ -23,11 +23,14 @@ pub use nuvec_core::{
     ops, promote_types, random, transforms, with_stream,
 };
 
+/// Reads a `NUVEC_DEVICE` value (`cpu`, `gpu`, `gpu:N`, any case) without touching the environment.
+pub use nuvec_core::device::parse_device_env;
+
 pub use nuvec_core::transforms::{Tree, checkpoint, custom_function, grad, jvp, value_and_grad, vjp, vmap};
 
 /// Graph internals for backends, compilers and tools (no stability promise).
 pub mod graph {
-    pub use nuvec_core::backend::{Backend, backend_for, is_available};
+    pub use nuvec_core::backend::{Backend, backend_for, is_available, unavailable_reason};
     pub use nuvec_core::primitive::*;
     pub use nuvec_core::storage::{Data, Layout, Operand, Output, Spec, Storage};
 }
