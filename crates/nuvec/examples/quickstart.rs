@@ -1,6 +1,6 @@
-//! A first run of nuvec on the default device (the GPU when one is usable, else the CPU):
-//! lazy arrays, broadcasting, reductions, a small network's forward pass, and errors that
-//! surface as values instead of panics.
+//! A first run of nuvec on the default device (the GPU when one is usable, else the CPU;
+//! `NUVEC_DEVICE=cpu|gpu` chooses): lazy arrays, broadcasting, reductions, a small network's
+//! forward pass, and errors that surface as values instead of panics.
 //!
 //! ```text
 //! cargo run --release -p nuvec --example quickstart
@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use nuvec::{DType, array, default_device, ops};
+use nuvec::{DType, Device, array, default_device, ops, parse_device_env};
 
 /// Deterministic pseudo-random values in [-1, 1) (the `random` module comes later).
 fn noise(shape: &[i32], seed: f32) -> nuvec::Array {
@@ -21,8 +21,25 @@ fn noise(shape: &[i32], seed: f32) -> nuvec::Array {
         .reshape(shape)
 }
 
+/// Why the default device is the one it is.
+fn why(device: Device) -> String {
+    match std::env::var("NUVEC_DEVICE") {
+        Ok(v) if !v.trim().is_empty() => match parse_device_env(&v) {
+            Ok(_) => format!("NUVEC_DEVICE={v}"),
+            // Every evaluation fails with this message, so the first `eval` below stops the run.
+            Err(e) => format!("{e}; every evaluation fails until it is fixed"),
+        },
+        _ if device.is_cpu() => match nuvec::cuda::unavailable_reason() {
+            Some(r) => format!("no usable GPU: {r}"),
+            None => "the CPU".into(),
+        },
+        _ => "a usable GPU was found".into(),
+    }
+}
+
 fn main() -> nuvec::Result<()> {
-    println!("default device: {}", default_device());
+    let device = default_device();
+    println!("default device: {device} ({})", why(device));
 
     // Arrays are lazy: this records a graph; `item`/`to_vec`/`eval` run it.
     let a = array![[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]];
@@ -49,7 +66,8 @@ fn main() -> nuvec::Result<()> {
         logp.mean(..).item::<f32>()?
     );
 
-    // Mistakes give failed arrays that name the operation, the caller and the reason.
+    // Mistakes give failed arrays that name the operation, the caller and the reason. Returned
+    // from `main` with `?`, the error prints the same message.
     let wrong = a.matmul(&a);
     match wrong.eval() {
         Err(e) => println!("as expected: {e}"),

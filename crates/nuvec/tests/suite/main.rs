@@ -9,6 +9,7 @@ mod cuda_kernel;
 mod errors;
 mod eval;
 mod fast_ops;
+mod first_hour;
 mod fixture;
 mod fuzz_ops;
 mod gather;
