@@ -10,7 +10,7 @@ fn nvrtc_or_skip() -> bool {
                 std::env::var("NUVEC_REQUIRE_NVRTC").as_deref() != Ok("1"),
                 "NUVEC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}"
             );
-            eprintln!("skipped: {e}");
+            progress(&format!("SKIPPED {}: NVRTC is unusable: {e}", std::thread::current().name().unwrap_or("a test")));
             false
         }
     }

@@ -14,7 +14,7 @@ fn gpu() -> bool {
         assert!(ok, "NUVEC_REQUIRE_GPU=1 but the GPU is unusable: {:?}", nuvec::cuda::unavailable_reason());
     }
     if !ok {
-        eprintln!("skipped: no usable GPU");
+        crate::skipped("no usable GPU");
     }
     ok
 }
@@ -27,7 +27,7 @@ fn nvrtc() -> bool {
                 std::env::var("NUVEC_REQUIRE_NVRTC").as_deref() != Ok("1"),
                 "NUVEC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}"
             );
-            eprintln!("skipped: {e}");
+            crate::skipped(&format!("NVRTC is unusable: {e}"));
             false
         }
     }

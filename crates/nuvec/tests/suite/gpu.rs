@@ -5,7 +5,7 @@
 
 use nuvec::{Array, DType, Device, array, ops, with_stream};
 
-fn gpu() -> bool {
+fn gpu_usable() -> bool {
     let required = std::env::var("NUVEC_REQUIRE_GPU").as_deref() == Ok("1");
     let ok = nuvec::cuda::is_available();
     if required {
@@ -14,9 +14,18 @@ fn gpu() -> bool {
     ok
 }
 
+/// Whether a test that needs the GPU runs; says so when it skips.
+fn gpu() -> bool {
+    let ok = gpu_usable();
+    if !ok {
+        crate::skipped(&format!("no usable GPU ({})", nuvec::cuda::unavailable_reason().unwrap_or_default()));
+    }
+    ok
+}
+
 #[test]
 fn gpu_presence_is_reported_without_panicking() {
-    let usable = gpu();
+    let usable = gpu_usable();
     assert_eq!(usable, nuvec::graph::is_available(Device::gpu(0)));
     if usable {
         let info = nuvec::cuda::device_info(0).unwrap();

@@ -30,3 +30,12 @@ mod smoke;
 mod sort;
 mod transforms;
 mod transforms_ops;
+
+/// Says on the terminal that the calling test skipped and why. libtest captures `print!` and
+/// `eprint!` of passing tests but not writes to the stderr handle, so every run shows its skips
+/// (and `NUVEC_REQUIRE_GPU=1` / `NUVEC_REQUIRE_NVRTC=1` turn them into failures where they apply).
+pub fn skipped(why: &str) {
+    use std::io::Write;
+    let test = std::thread::current().name().unwrap_or("a test").to_string();
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
