@@ -1,5 +1,5 @@
 //! A first run of nuvec on the default device (the GPU when one is usable, else the CPU;
-//! `NUVEC_DEVICE=cpu|gpu` chooses): lazy arrays, broadcasting, reductions, a small network's
+//! `NUVEC_DEVICE=cpu|gpu|gpu:N` chooses): lazy arrays, broadcasting, reductions, a small network's
 //! forward pass, and errors that surface as values instead of panics.
 //!
 //! ```text
@@ -8,17 +8,12 @@
 
 use std::time::Instant;
 
-use nuvec::{DType, Device, array, default_device, ops, parse_device_env};
+use nuvec::{DType, Device, array, default_device, ops, parse_device_env, random};
 
-/// Deterministic pseudo-random values in [-1, 1) (the `random` module comes later).
-fn noise(shape: &[i32], seed: f32) -> nuvec::Array {
-    let n: i32 = shape.iter().product();
-    (ops::arange(0, n, 1).astype(DType::F32) * 12.9898 + seed)
-        .sin()
-        .multiply(43758.547)
-        .remainder(2.0)
-        .subtract(1.0)
-        .reshape(shape)
+/// Uniform values in [-1, 1) from the seeded key `seed` (MLX's threefry: the same on every
+/// device and run).
+fn noise(shape: &[i32], seed: u64) -> nuvec::Array {
+    random::uniform(-1.0, 1.0, shape, DType::F32, Some(&random::key(seed)))
 }
 
 /// Why the default device is the one it is.
@@ -50,9 +45,9 @@ fn main() -> nuvec::Result<()> {
 
     // A two-layer MLP forward pass on a batch of 256 inputs.
     let (batch, din, hidden, classes) = (256, 512, 1024, 10);
-    let x = noise(&[batch, din], 0.1);
-    let w1 = noise(&[din, hidden], 0.2) * (1.0 / (din as f32).sqrt());
-    let w2 = noise(&[hidden, classes], 0.3) * (1.0 / (hidden as f32).sqrt());
+    let x = noise(&[batch, din], 1);
+    let w1 = noise(&[din, hidden], 2) * (1.0 / (din as f32).sqrt());
+    let w2 = noise(&[hidden, classes], 3) * (1.0 / (hidden as f32).sqrt());
     nuvec::eval(&(&x, &w1, &w2))?;
     let start = Instant::now();
     let h = x.matmul(&w1).maximum(0.0);
