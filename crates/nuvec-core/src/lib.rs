@@ -3,6 +3,9 @@
 //! Users depend on the facade crate `nuvec`, which re-exports this crate and wires in the
 //! backends; items here make no stability promise when used directly.
 
+// Public items of the libraries are documented; examples and tests need no crate docs.
+#![warn(missing_docs)]
+
 pub mod array;
 pub mod backend;
 pub mod device;

@@ -2,6 +2,9 @@
 //! parallel with rayon, with SIMD chosen at run time (no `target-cpu=native` needed) and
 //! products on the `gemm` crate.
 
+// Public items of the libraries are documented; examples and tests need no crate docs.
+#![warn(missing_docs)]
+
 mod binary;
 mod copy;
 pub mod elem;

@@ -12,6 +12,9 @@
 //! kernels of the same-named `kernels/*.cuh` and generates their modules ([`kernels::Family`]);
 //! `operand` holds the pointer, buffer and launch helpers they share.
 
+// Public items of the libraries are documented; examples and tests need no crate docs.
+#![warn(missing_docs)]
+
 // The runtime: driver, device memory, NVRTC builds, launches.
 mod alloc;
 pub mod compile;

@@ -12,6 +12,9 @@
 //! let rows: Vec<f32> = y.sum(-1).to_vec().unwrap();
 //! assert!(rows.iter().all(|r| (r - 1.0).abs() < 1e-6));
 //! ```
+
+// Public items of the libraries are documented; examples and tests need no crate docs.
+#![warn(missing_docs)]
 #![deny(unsafe_code)]
 
 use std::sync::Arc;
