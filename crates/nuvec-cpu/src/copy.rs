@@ -37,6 +37,17 @@ macro_rules! by_size {
     };
 }
 
+/// The operand itself when row-major, else a row-major copy (for kernels that walk dense rows).
+pub(crate) fn row_major(x: Operand) -> Result<Operand> {
+    if x.data.layout.flags.row_contiguous {
+        return Ok(x);
+    }
+    let mut o = Output { shape: x.shape.clone(), dtype: x.dtype, data: None };
+    let (shape, dtype) = (x.shape.clone(), x.dtype);
+    copy(x, &mut o)?;
+    Ok(Operand { shape, dtype, data: o.data.ok_or_else(|| internal("copy produced no output"))?, donated: false })
+}
+
 /// A row-major copy of `x`.
 pub fn copy(x: Operand, out: &mut Output) -> Result<()> {
     by_size!(x.dtype.size(), T => {

@@ -44,17 +44,6 @@ pub fn from_fp8(x: u8) -> f32 {
     if x & 128 != 0 { -v } else { v }
 }
 
-/// The operand itself when row-major, else a row-major copy.
-fn row_major(x: Operand) -> Result<Operand> {
-    if x.data.layout.flags.row_contiguous {
-        return Ok(x);
-    }
-    let mut o = Output { shape: x.shape.clone(), dtype: x.dtype, data: None };
-    let (shape, dtype) = (x.shape.clone(), x.dtype);
-    copy::copy(x, &mut o)?;
-    Ok(Operand { shape, dtype, data: o.data.ok_or_else(|| internal("copy produced no output"))?, donated: false })
-}
-
 fn dense<T: bytemuck::Pod>(x: &Operand) -> Result<&[T]> {
     let start = x.data.layout.offset;
     Ok(&host_slice::<T>(x)?[start..start + x.size()])
@@ -91,7 +80,7 @@ fn unpack(words: &[u32], i: usize, bits: u32) -> u32 {
 
 /// `Quantize`: fills the packed weights, the scales and (affine) the biases.
 pub fn quantize(mode: QuantMode, group_size: i32, bits: i32, x: Operand, outputs: &mut [Output]) -> Result<()> {
-    let x = row_major(x)?;
+    let x = copy::row_major(x)?;
     for_float!(x.dtype, T => quantize_typed::<T>(mode, group_size as usize, bits as u32, &x, outputs))
 }
 
@@ -241,7 +230,7 @@ fn ceil_log2(x: f64) -> i32 {
 
 /// `Dequantize`: inputs `(w, scales[, biases])`; the output dtype is `out.dtype`.
 pub fn dequantize(mode: QuantMode, group_size: i32, bits: i32, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {
-    let inputs = inputs.into_iter().map(row_major).collect::<Result<Vec<_>>>()?;
+    let inputs = inputs.into_iter().map(copy::row_major).collect::<Result<Vec<_>>>()?;
     for_float!(out.dtype, T => dequantize_typed::<T>(mode, group_size as usize, bits as u32, &inputs, out))
 }
 

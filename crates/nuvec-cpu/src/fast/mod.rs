@@ -44,7 +44,7 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
 
 /// Runs `op` fused on row-major copies of its inputs (the inputs themselves when dense).
 pub fn eval(op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
-    let inputs: Vec<Operand> = inputs.into_iter().map(row_major).collect::<Result<_>>()?;
+    let inputs: Vec<Operand> = inputs.into_iter().map(copy::row_major).collect::<Result<_>>()?;
     if inputs.is_empty() {
         return Err(internal("fast op without input"));
     }
@@ -73,17 +73,6 @@ pub(crate) fn buffer<T: bytemuck::Pod>(out: &Output) -> HostBuffer {
 /// Rows per task: about `GRAIN` elements.
 pub(crate) fn rows_per_task(len: usize) -> usize {
     (GRAIN / len.max(1)).max(1)
-}
-
-/// The operand itself when its rows are dense, else a row-major copy.
-fn row_major(x: Operand) -> Result<Operand> {
-    if x.data.layout.flags.row_contiguous {
-        return Ok(x);
-    }
-    let mut o = Output { shape: x.shape.clone(), dtype: x.dtype, data: None };
-    let (shape, dtype) = (x.shape.clone(), x.dtype);
-    copy::copy(x, &mut o)?;
-    Ok(Operand { shape, dtype, data: o.data.ok_or_else(|| internal("copy produced no output"))?, donated: false })
 }
 
 const L: usize = 16;
