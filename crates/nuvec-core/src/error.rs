@@ -28,9 +28,18 @@ pub enum Error {
         /// What was wrong.
         kind: OpErrorKind,
     },
-    /// An allocation of this many bytes failed or would pass the memory limit.
-    #[error("out of memory: could not allocate {0} bytes")]
-    OutOfMemory(usize),
+    /// An allocation failed, or would have passed the device's memory limit.
+    #[error("out of memory: {}", describe_oom(op, device, *bytes, *limit))]
+    OutOfMemory {
+        /// The operation that needed the memory (empty when not known).
+        op: &'static str,
+        /// Where the memory was wanted.
+        device: Device,
+        /// The size of the allocation that failed.
+        bytes: usize,
+        /// The memory limit that refused it, when it was the limit and not the system.
+        limit: Option<usize>,
+    },
     /// A backend (driver, compiler, library) reported a failure.
     #[error("backend error: {0}")]
     Backend(String),
@@ -161,6 +170,27 @@ fn unavailable_reason_of(device: Device) -> Option<String> {
     notes.iter().find(|(d, _)| *d == device).map(|(_, r)| r.clone())
 }
 
+/// `1.5 GiB`-style size for messages.
+fn human_bytes(n: usize) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{n} bytes") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+fn describe_oom(op: &str, device: &Device, bytes: usize, limit: Option<usize>) -> String {
+    let who = if op.is_empty() { String::new() } else { format!("{op} ") };
+    let why = match limit {
+        Some(l) => format!("it would pass the memory limit of {} (nuvec::memory::set_limit)", human_bytes(l)),
+        None => "the system refused it".to_string(),
+    };
+    format!("{who}on {device} could not allocate {bytes} bytes ({}): {why}", human_bytes(bytes))
+}
+
 fn unavailable_note(device: &Device) -> String {
     unavailable_reason_of(*device).map(|r| format!("; {r}")).unwrap_or_default()
 }
@@ -174,7 +204,13 @@ impl fmt::Debug for Error {
             Error::Op { op, at, kind } => {
                 f.debug_struct("Op").field("op", op).field("at", at).field("kind", kind).finish()
             }
-            Error::OutOfMemory(n) => f.debug_tuple("OutOfMemory").field(n).finish(),
+            Error::OutOfMemory { op, device, bytes, limit } => f
+                .debug_struct("OutOfMemory")
+                .field("op", op)
+                .field("device", device)
+                .field("bytes", bytes)
+                .field("limit", limit)
+                .finish(),
             Error::Backend(s) => f.debug_tuple("Backend").field(s).finish(),
             Error::UnsupportedDevice(d) => f.debug_tuple("UnsupportedDevice").field(d).finish(),
             Error::Io(s) => f.debug_tuple("Io").field(s).finish(),
@@ -184,6 +220,19 @@ impl fmt::Debug for Error {
 }
 
 impl Error {
+    /// An out-of-memory error on `device` for `bytes`; the dispatcher names the operation.
+    pub fn out_of_memory(device: Device, bytes: usize, limit: Option<usize>) -> Error {
+        Error::OutOfMemory { op: "", device, bytes, limit }
+    }
+
+    /// This error with the operation `op` named, when it is an out-of-memory error that names
+    /// none yet.
+    pub fn in_op(self, op: &'static str) -> Error {
+        match self {
+            Error::OutOfMemory { op: "", device, bytes, limit } => Error::OutOfMemory { op, device, bytes, limit },
+            e => e,
+        }
+    }
     /// The operation's error kind, for [`Error::Op`].
     pub fn kind(&self) -> Option<&OpErrorKind> {
         match self {

@@ -304,7 +304,7 @@ pub(crate) fn dispatch(
     let in_specs: Vec<Spec> = inputs.iter().map(|o| Spec { shape: o.shape.clone(), dtype: o.dtype }).collect();
     let out_specs: Vec<Spec> = outputs.iter().map(|o| Spec { shape: o.shape.clone(), dtype: o.dtype }).collect();
     if backend.supports(primitive, &in_specs, &out_specs) {
-        return backend.eval(stream, primitive, inputs, outputs);
+        return backend.eval(stream, primitive, inputs, outputs).map_err(|e| e.in_op(primitive.name()));
     }
     if let Some(compose) = composition_of(primitive) {
         return eval_composition(stream, compose, inputs, outputs);
@@ -321,7 +321,9 @@ pub(crate) fn dispatch(
                     Ok(Operand { data: Data { storage, layout: o.data.layout }, donated: false, ..o })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            return cpu.eval(Stream::default_for(Device::cpu()), primitive, host, outputs);
+            return cpu
+                .eval(Stream::default_for(Device::cpu()), primitive, host, outputs)
+                .map_err(|e| e.in_op(primitive.name()));
         }
     }
     Err(Error::Backend(format!(

@@ -30,27 +30,46 @@ pub struct HostBuffer {
 
 impl HostBuffer {
     /// A buffer of `len` bytes with unspecified (but initialised) contents, taken from the
-    /// host buffer cache when one of the same size is there.
-    pub fn uninit(len: usize) -> HostBuffer {
+    /// host buffer cache when one of the same size is there. Fails with
+    /// [`Error::OutOfMemory`] when the system refuses the memory or the host memory limit
+    /// ([`set_host_memory_limit`]) would be passed.
+    pub fn uninit(len: usize) -> Result<HostBuffer> {
         let n = len.div_ceil(64);
-        let blocks = host_cache().take(n).unwrap_or_else(|| vec![Block([0; 64]); n]);
-        let active = HOST_ACTIVE.fetch_add(n * 64, Ordering::Relaxed) + n * 64;
+        let bytes = n * 64;
+        let active = HOST_ACTIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let limit = HOST_LIMIT.load(Ordering::Relaxed);
+        if active > limit {
+            HOST_ACTIVE.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(Error::out_of_memory(Device::cpu(), len, Some(limit)));
+        }
+        let blocks = match host_cache().take(n) {
+            Some(b) => Ok(b),
+            None => alloc_blocks(n).or_else(|_| {
+                // Freed buffers may be what the system is short of: give them back, once.
+                set_host_cache_limit(set_host_cache_limit(0));
+                alloc_blocks(n)
+            }),
+        }
+        .inspect_err(|_| {
+            HOST_ACTIVE.fetch_sub(bytes, Ordering::Relaxed);
+        })
+        .map_err(|_| Error::out_of_memory(Device::cpu(), len, None))?;
         HOST_PEAK.fetch_max(active, Ordering::Relaxed);
-        HostBuffer { blocks, len }
+        Ok(HostBuffer { blocks, len })
     }
 
     /// A buffer of `len` zero bytes.
-    pub fn zeroed(len: usize) -> HostBuffer {
-        let mut b = HostBuffer::uninit(len);
+    pub fn zeroed(len: usize) -> Result<HostBuffer> {
+        let mut b = HostBuffer::uninit(len)?;
         b.bytes_mut().fill(0);
-        b
+        Ok(b)
     }
 
     /// A copy of `bytes`.
-    pub fn from_bytes(bytes: &[u8]) -> HostBuffer {
-        let mut b = HostBuffer::uninit(bytes.len());
+    pub fn from_bytes(bytes: &[u8]) -> Result<HostBuffer> {
+        let mut b = HostBuffer::uninit(bytes.len())?;
         b.bytes_mut().copy_from_slice(bytes);
-        b
+        Ok(b)
     }
 
     /// Length in bytes.
@@ -95,8 +114,24 @@ impl Drop for HostBuffer {
     }
 }
 
+/// `n` zeroed blocks, or the allocator's refusal (never an abort).
+fn alloc_blocks(n: usize) -> std::result::Result<Vec<Block>, std::collections::TryReserveError> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)?;
+    v.resize(n, Block([0; 64]));
+    Ok(v)
+}
+
 static HOST_ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static HOST_PEAK: AtomicUsize = AtomicUsize::new(0);
+static HOST_LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Sets a hard limit on the bytes host arrays may hold (allocations past it fail with
+/// [`Error::OutOfMemory`]); returns the previous limit. The default is no limit: the system
+/// refusing an allocation is then what fails it.
+pub fn set_host_memory_limit(bytes: usize) -> usize {
+    HOST_LIMIT.swap(bytes, Ordering::Relaxed)
+}
 
 /// Memory use of a device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -287,7 +322,7 @@ impl Storage {
             }
         };
         let copy = if device.is_cpu() {
-            Storage::host(HostBuffer::from_bytes(host.bytes()))
+            Storage::host(HostBuffer::from_bytes(host.bytes())?)
         } else {
             crate::backend::backend_for(device)?.upload(device, host)?
         };
@@ -389,8 +424,8 @@ pub struct Data {
 
 impl Data {
     /// Fresh row-major data on the host from bytes.
-    pub fn from_host_bytes(shape: &[i32], bytes: &[u8]) -> Data {
-        Data { storage: Arc::new(Storage::host(HostBuffer::from_bytes(bytes))), layout: Layout::row_major(shape) }
+    pub fn from_host_bytes(shape: &[i32], bytes: &[u8]) -> Result<Data> {
+        Ok(Data { storage: Arc::new(Storage::host(HostBuffer::from_bytes(bytes)?)), layout: Layout::row_major(shape) })
     }
 
     /// Row-major data owning `buffer`.

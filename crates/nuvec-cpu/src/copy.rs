@@ -52,7 +52,7 @@ pub(crate) fn row_major(x: Operand) -> Result<Operand> {
 pub fn copy(x: Operand, out: &mut Output) -> Result<()> {
     by_size!(x.dtype.size(), T => {
         let n = out.size();
-        let mut buf = HostBuffer::uninit(n * size_of_t::<T>());
+        let mut buf = HostBuffer::uninit(n * size_of_t::<T>())?;
         write_window::<T>(&x, buf.as_mut_slice::<T>(), &row_major_strides(&out.shape), 0)?;
         out.data = Some(Data::from_host_buffer(&out.shape, buf));
         Ok(())
@@ -123,7 +123,7 @@ pub fn astype(x: Operand, out: &mut Output) -> Result<()> {
 /// Joins the inputs along `axis` into a row-major output.
 pub fn concatenate(axis: usize, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {
     by_size!(out.dtype.size(), T => {
-        let mut buf = HostBuffer::uninit(out.size() * size_of_t::<T>());
+        let mut buf = HostBuffer::uninit(out.size() * size_of_t::<T>())?;
         let strides = row_major_strides(&out.shape);
         let mut at = 0usize;
         for x in &inputs {
@@ -213,7 +213,7 @@ pub fn arange(start: f64, step: f64, out: &mut Output) -> Result<()> {
 
 fn fill_with<T: Elem>(out: &mut Output, f: impl Fn(usize) -> T + Sync) -> Result<()> {
     let n = out.size();
-    let mut buf = HostBuffer::uninit(n * std::mem::size_of::<T>());
+    let mut buf = HostBuffer::uninit(n * std::mem::size_of::<T>())?;
     buf.as_mut_slice::<T>().par_iter_mut().enumerate().for_each(|(i, v)| *v = f(i));
     out.data = Some(Data::from_host_buffer(&out.shape, buf));
     Ok(())

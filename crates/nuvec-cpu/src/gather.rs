@@ -59,7 +59,7 @@ pub fn gather_axis(axis: usize, src: Operand, idx: Operand, out: &mut Output) ->
 fn gather_typed<T: Elem>(axis: usize, src: &Operand, idx: &Operand, out: &mut Output) -> Result<()> {
     let xs = host_slice::<T>(src)?;
     let total = out.size();
-    let mut buf = HostBuffer::uninit(total * size_of::<T>());
+    let mut buf = HostBuffer::uninit(total * size_of::<T>())?;
     let n = src.shape[axis] as i64;
     let axis_stride = src.data.layout.strides[axis];
     let out_strides = row_major_strides(&out.shape);

@@ -158,14 +158,14 @@ impl Backend for CpuBackend {
     }
 
     fn upload(&self, _device: Device, host: &HostBuffer) -> Result<Storage> {
-        Ok(Storage::host(HostBuffer::from_bytes(host.bytes())))
+        Ok(Storage::host(HostBuffer::from_bytes(host.bytes())?))
     }
 
     fn download(&self, storage: &Storage) -> Result<HostBuffer> {
         storage
             .host_buffer()
-            .map(|b| HostBuffer::from_bytes(b.bytes()))
             .ok_or_else(|| internal("storage is not on the host"))
+            .and_then(|b| HostBuffer::from_bytes(b.bytes()))
     }
 
     fn synchronize(&self, _stream: Stream) -> Result<()> {

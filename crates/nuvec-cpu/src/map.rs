@@ -165,7 +165,7 @@ pub fn map1<A: Elem, U: Elem>(x: Operand, out: &mut Output, f: impl Fn(A) -> U +
         }
         return flat1(&x, n, layout, out, f);
     }
-    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    let mut buf = HostBuffer::uninit(n * size_of::<U>())?;
     let xs = host_slice::<A>(&x)?;
     let out_strides = nuvec_core::shape::row_major_strides(&out.shape);
     let rows = Rows::new(&out.shape, [&out_strides, &x.data.layout.strides], [0, x.data.layout.offset]);
@@ -191,7 +191,7 @@ fn flat1<A: Elem, U: Elem>(
     f: impl Fn(A) -> U + Sync + Send + Copy,
 ) -> Result<()> {
     let xs = dense::<A>(x, n)?;
-    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    let mut buf = HostBuffer::uninit(n * size_of::<U>())?;
     par_chunks(buf.as_mut_slice::<U>(), GRAIN, &|i, o| {
         let a = &xs[i * GRAIN..i * GRAIN + o.len()];
         simd(map_slice, (o, a, f))
@@ -202,7 +202,7 @@ fn flat1<A: Elem, U: Elem>(
 
 /// An output with no elements.
 pub fn empty<U: Elem>(out: &mut Output) -> Result<()> {
-    out.data = Some(Data::from_host_buffer(&out.shape, HostBuffer::uninit(0)));
+    out.data = Some(Data::from_host_buffer(&out.shape, HostBuffer::uninit(0)?));
     let _ = size_of::<U>();
     Ok(())
 }
@@ -210,7 +210,7 @@ pub fn empty<U: Elem>(out: &mut Output) -> Result<()> {
 /// An output of `n` copies of `v` (row-major).
 pub fn fill<U: Elem>(out: &mut Output, v: U) -> Result<()> {
     let n = out.size();
-    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    let mut buf = HostBuffer::uninit(n * size_of::<U>())?;
     par_chunks(buf.as_mut_slice::<U>(), GRAIN, &|_, c| c.fill(v));
     out.data = Some(Data::from_host_buffer(&out.shape, buf));
     Ok(())
@@ -242,7 +242,7 @@ pub fn map2<A: Elem, B: Elem, U: Elem>(
             (Flat::Dense, Flat::Dense) => flat2(a, b, n, layout, out, f),
         };
     }
-    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    let mut buf = HostBuffer::uninit(n * size_of::<U>())?;
     let (xs, ys) = (host_slice::<A>(&a)?, host_slice::<B>(&b)?);
     let out_strides = nuvec_core::shape::row_major_strides(&out.shape);
     let rows = Rows::new(
@@ -291,7 +291,7 @@ fn flat2<A: Elem, B: Elem, U: Elem>(
         (b, a)
     };
     let (xs, ys) = (dense::<A>(&a, n)?, dense::<B>(&b, n)?);
-    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    let mut buf = HostBuffer::uninit(n * size_of::<U>())?;
     par_chunks(buf.as_mut_slice::<U>(), GRAIN, &|i, o| {
         let (x, y) = (&xs[i * GRAIN..i * GRAIN + o.len()], &ys[i * GRAIN..i * GRAIN + o.len()]);
         simd(zip_slice, (o, x, y, f))
@@ -337,7 +337,7 @@ pub fn map3<A: Elem, B: Elem, C: Elem, U: Elem>(
     f: impl Fn(A, B, C) -> U + Sync + Send + Copy,
 ) -> Result<()> {
     let n = out.size();
-    let mut buf = HostBuffer::uninit(n * size_of::<U>());
+    let mut buf = HostBuffer::uninit(n * size_of::<U>())?;
     let (xs, ys, zs) = (host_slice::<A>(&a)?, host_slice::<B>(&b)?, host_slice::<C>(&c)?);
     let out_strides = nuvec_core::shape::row_major_strides(&out.shape);
     let rows = Rows::new(

@@ -24,9 +24,9 @@ pub fn eval(a: Operand, b: Operand, c: Option<Operand>, alpha: f32, beta: f32, o
             let data = tmp.data.ok_or_else(|| internal("copy produced no output"))?;
             let mut storage = std::sync::Arc::try_unwrap(data.storage).map_err(|_| internal("fresh copy is shared"))?;
             let host = storage.host_buffer_mut().ok_or_else(|| internal("copy not on the host"))?;
-            std::mem::replace(host, HostBuffer::uninit(0))
+            std::mem::replace(host, HostBuffer::uninit(0)?)
         }
-        None => HostBuffer::uninit(out.size() * out.dtype.size()),
+        None => HostBuffer::uninit(out.size() * out.dtype.size())?,
     };
     let read_dst =
         beta != 0.0 && !buf.is_empty() && matches!(out.dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);

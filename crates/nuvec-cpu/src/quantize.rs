@@ -88,10 +88,10 @@ fn quantize_typed<T: Float>(mode: QuantMode, gs: usize, bits: u32, x: &Operand, 
     let w = dense::<T>(x)?;
     let groups = w.len() / gs;
     let wpg = gs * bits as usize / 32;
-    let mut wq = HostBuffer::uninit(groups * wpg * 4);
+    let mut wq = HostBuffer::uninit(groups * wpg * 4)?;
     let scale_size = if mode == QuantMode::Affine { size_of::<T>() } else { 1 };
-    let mut scales = HostBuffer::uninit(groups * scale_size);
-    let mut biases = HostBuffer::uninit(if mode.has_biases() { groups * size_of::<T>() } else { 0 });
+    let mut scales = HostBuffer::uninit(groups * scale_size)?;
+    let mut biases = HostBuffer::uninit(if mode.has_biases() { groups * size_of::<T>() } else { 0 })?;
     let packed = wq.as_mut_slice::<u32>();
     if gs > 0 && groups > 0 {
         match mode {
@@ -237,7 +237,7 @@ pub fn dequantize(mode: QuantMode, group_size: i32, bits: i32, inputs: Vec<Opera
 fn dequantize_typed<T: Float>(mode: QuantMode, gs: usize, bits: u32, x: &[Operand], out: &mut Output) -> Result<()> {
     let w = dense::<u32>(&x[0])?;
     let n = out.size();
-    let mut buf = HostBuffer::uninit(n * size_of::<T>());
+    let mut buf = HostBuffer::uninit(n * size_of::<T>())?;
     let o = buf.as_mut_slice::<T>();
     let wpg = gs * bits as usize / 32;
     if n > 0 && gs > 0 {

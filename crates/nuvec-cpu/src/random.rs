@@ -15,7 +15,7 @@ pub fn random_bits(keys: Operand, out: &mut Output) -> Result<()> {
     let ks = host_slice::<u32>(&keys)?;
     let n_keys = keys.size() / 2;
     let bytes = out.size() * out.dtype.size();
-    let mut buf = HostBuffer::uninit(bytes);
+    let mut buf = HostBuffer::uninit(bytes)?;
     if n_keys > 0 && bytes > 0 {
         // Key i's words lie at offsets(i) and offsets(i) + the stride of the last axis.
         let layout = &keys.data.layout;

@@ -149,7 +149,7 @@ fn step_row<T: Elem, R: Reducer<T>>((r, acc, row): (R, &mut [R::Acc], &[T])) {
 fn run<T: Elem, R: Reducer<T>>(r: R, axes: &[usize], x: &Operand, out: &mut Output) -> Result<()> {
     let xs = host_slice::<T>(x)?;
     let n_out = out.size();
-    let mut buf = HostBuffer::uninit(n_out * size_of::<T>());
+    let mut buf = HostBuffer::uninit(n_out * size_of::<T>())?;
     let o = buf.as_mut_slice::<T>();
     let strides = &x.data.layout.strides;
     // Kept and reduced axes with the input's strides.
@@ -246,7 +246,7 @@ pub fn arg_reduce(op: ArgReduceOp, axis: usize, x: Operand, out: &mut Output) ->
 fn arg<T: Num>(op: ArgReduceOp, axis: usize, x: &Operand, out: &mut Output) -> Result<()> {
     let xs = host_slice::<T>(x)?;
     let n_out = out.size();
-    let mut buf = HostBuffer::uninit(n_out * 4);
+    let mut buf = HostBuffer::uninit(n_out * 4)?;
     let o = buf.as_mut_slice::<u32>();
     let kept: Vec<usize> = (0..x.shape.len()).filter(|&a| a != axis).collect();
     let kept_shape: Vec<i32> = kept.iter().map(|&a| x.shape[a]).collect();

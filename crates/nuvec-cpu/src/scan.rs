@@ -72,7 +72,7 @@ impl Plan {
     ) -> Result<()> {
         let xs = host_slice::<T>(x)?;
         let n = out.size();
-        let mut buf = HostBuffer::uninit(n * size_of::<T>());
+        let mut buf = HostBuffer::uninit(n * size_of::<T>())?;
         let len = x.shape[self.axis] as usize;
         if n > 0 && len > 0 {
             let o = buf.as_mut_slice::<T>();

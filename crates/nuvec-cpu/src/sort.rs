@@ -96,7 +96,7 @@ fn run<T: Elem + SortKey, O: Pod + Send>(
     for (i, &a) in perm.iter().enumerate() {
         strides[a] = moved_strides[i];
     }
-    let mut buf = HostBuffer::uninit(n * size_of::<O>());
+    let mut buf = HostBuffer::uninit(n * size_of::<O>())?;
     if n > 0 && len > 0 {
         let o = buf.as_mut_slice::<O>();
         let kept_shape: Vec<i32> = perm[..nd - 1].iter().map(|&a| x.shape[a]).collect();

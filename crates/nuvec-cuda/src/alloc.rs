@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
 use nuvec_core::storage::{DeviceMemory, MemoryStats};
-use nuvec_core::{Error, Result};
+use nuvec_core::{Device, Error, Result};
 
 use crate::driver::{Gpu, check};
 
@@ -65,7 +65,7 @@ impl Allocator {
         {
             let mut s = self.lock();
             if s.active + size > s.memory_limit {
-                return Err(Error::OutOfMemory(bytes));
+                return Err(Error::out_of_memory(Device::gpu(gpu.index), bytes, Some(s.memory_limit)));
             }
             if let Some(ptr) = s.free.get_mut(&size).and_then(|v| v.pop()) {
                 s.cached -= size;
@@ -85,7 +85,7 @@ impl Allocator {
             status = unsafe { sys::cuMemAlloc_v2(&mut ptr, size) };
         }
         if status == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            return Err(Error::OutOfMemory(bytes));
+            return Err(Error::out_of_memory(Device::gpu(gpu.index), bytes, None));
         }
         check(status, "cuMemAlloc")?;
         let mut s = self.lock();

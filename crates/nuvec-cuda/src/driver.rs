@@ -16,7 +16,7 @@ pub(crate) fn check(status: sys::CUresult, what: &str) -> Result<()> {
         return Ok(());
     }
     if status == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        return Err(Error::OutOfMemory(0));
+        return Err(Error::Backend(format!("CUDA driver: {what} ran out of device memory")));
     }
     Err(Error::Backend(format!("CUDA driver: {what} failed with {status:?}")))
 }

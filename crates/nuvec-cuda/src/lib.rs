@@ -199,7 +199,7 @@ impl Backend for CudaBackend {
             return Err(operand::internal("download of host memory"));
         };
         let buf = m.as_any().downcast_ref::<GpuBuffer>().ok_or_else(|| operand::internal("foreign device memory"))?;
-        let mut host = HostBuffer::uninit(storage.len());
+        let mut host = HostBuffer::uninit(storage.len())?;
         buf.gpu.download(buf.ptr, host.bytes_mut())?;
         Ok(host)
     }

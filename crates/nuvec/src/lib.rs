@@ -38,9 +38,36 @@ pub mod graph {
     pub use nuvec_core::storage::{Data, Layout, Operand, Output, Spec, Storage};
 }
 
-/// Host memory held by arrays.
+/// Memory held by arrays, and limits on it.
+///
+/// An allocation the system refuses, or one past a limit, fails the operation that needed it
+/// (an [`Error::OutOfMemory`](crate::Error::OutOfMemory) naming the operation and the bytes)
+/// instead of aborting the process; other arrays are unaffected.
+///
+/// ```
+/// use nuvec::{memory, ops::zeros, DType};
+/// let old = memory::set_limit(1 << 20); // 1 MiB of arrays, on the host and each GPU
+/// let big = zeros([1024, 1024], DType::F32).exp(); // needs 4 MiB
+/// let err = big.eval().unwrap_err();
+/// assert!(err.to_string().contains("could not allocate 4194304 bytes (4.0 MiB)"), "{err}");
+/// memory::set_limit(old);
+/// assert!(zeros([1024, 1024], DType::F32).exp().eval().is_ok());
+/// ```
 pub mod memory {
-    pub use nuvec_core::storage::{MemoryStats, host_memory, reset_host_peak, set_host_cache_limit};
+    pub use nuvec_core::storage::{
+        MemoryStats, host_memory, reset_host_peak, set_host_cache_limit, set_host_memory_limit,
+    };
+
+    /// Sets one hard limit on the bytes arrays may hold, on the host and on each usable GPU
+    /// (see [`set_host_memory_limit`] and [`crate::cuda::set_memory_limit`] for one of them);
+    /// returns the previous host limit. `usize::MAX` removes the limit.
+    pub fn set_limit(bytes: usize) -> usize {
+        for gpu in 0..nuvec_cuda::device_count() {
+            // A GPU that cannot start has no memory to limit.
+            let _ = nuvec_cuda::set_memory_limit(gpu as u32, bytes);
+        }
+        set_host_memory_limit(bytes)
+    }
 }
 
 /// The CPU backend.

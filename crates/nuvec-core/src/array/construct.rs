@@ -37,8 +37,10 @@ impl Array {
 
     /// An evaluated array from raw native-endian bytes (row-major).
     pub(crate) fn from_bytes(shape: Shape, dtype: DType, bytes: &[u8]) -> Array {
-        let data = Data::from_host_bytes(&shape, bytes);
-        Array::with_state(shape, dtype, State::Ready(data))
+        match Data::from_host_bytes(&shape, bytes) {
+            Ok(data) => Array::with_state(shape, dtype, State::Ready(data)),
+            Err(e) => Array::from_error(e),
+        }
     }
 
     /// A 0-d array holding `value` converted to `dtype`.

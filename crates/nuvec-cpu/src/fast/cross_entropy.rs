@@ -77,7 +77,7 @@ where
             if dx_out.dtype != x.dtype || dx_out.size() != xs.len() {
                 return Err(internal("cross entropy vjp: the gradient is not the logits' shape and dtype"));
             }
-            let mut dx = buffer::<T>(dx_out);
+            let mut dx = buffer::<T>(dx_out)?;
             let mut loss = loss_out.as_deref().map(|l| loss_buffer::<T>(l, ts.len())).transpose()?;
             let work = dx
                 .as_mut_slice::<T>()
@@ -109,7 +109,7 @@ where
     if out.dtype != acc || out.size() != rows {
         return Err(internal(format!("cross entropy: the loss is not {rows} values of {acc}")));
     }
-    Ok(buffer::<T::Acc>(out))
+    buffer::<T::Acc>(out)
 }
 
 /// The class a target picks when its row counts (`0 ≤ t < classes`).

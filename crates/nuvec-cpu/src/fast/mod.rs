@@ -66,7 +66,7 @@ pub(crate) fn elems<T: bytemuck::Pod>(x: &Operand) -> Result<&[T]> {
 }
 
 /// An output buffer of `out`'s size in `T`.
-pub(crate) fn buffer<T: bytemuck::Pod>(out: &Output) -> HostBuffer {
+pub(crate) fn buffer<T: bytemuck::Pod>(out: &Output) -> Result<HostBuffer> {
     HostBuffer::uninit(out.size() * size_of::<T>())
 }
 
@@ -142,7 +142,7 @@ pub(crate) mod testing {
     use crate::elem::Elem;
 
     pub(crate) fn operand<E: Elem>(shape: &[i32], values: &[E]) -> Operand {
-        let buf = HostBuffer::from_bytes(bytemuck::cast_slice(values));
+        let buf = HostBuffer::from_bytes(bytemuck::cast_slice(values)).unwrap();
         Operand { shape: shape.into(), dtype: E::DTYPE, data: Data::from_host_buffer(shape, buf), donated: false }
     }
 

@@ -34,14 +34,14 @@ fn eval_typed<T: Float>(op: &FastOp, inputs: &[Operand], outputs: &mut [Output])
     match *op {
         FastOp::RmsNorm { eps, weighted } => {
             let w = if weighted { Some(elems::<T>(&inputs[1])?) } else { None };
-            let mut y = buffer::<T>(&outputs[0]);
+            let mut y = buffer::<T>(&outputs[0])?;
             rms_rows(xs, w, y.as_mut_slice::<T>(), len, acc_of(eps as f64));
             outputs[0].data = Some(Data::from_host_buffer(&outputs[0].shape, y));
         }
         FastOp::AddRmsNorm { eps, weighted } => {
             let r = elems::<T>(&inputs[1])?;
             let w = if weighted { Some(elems::<T>(&inputs[2])?) } else { None };
-            let (mut h, mut y) = (buffer::<T>(&outputs[0]), buffer::<T>(&outputs[1]));
+            let (mut h, mut y) = (buffer::<T>(&outputs[0])?, buffer::<T>(&outputs[1])?);
             let eps = acc_of(eps as f64);
             let per = rows_per_task(len) * len.max(1);
             h.as_mut_slice::<T>()
@@ -55,7 +55,7 @@ fn eval_typed<T: Float>(op: &FastOp, inputs: &[Operand], outputs: &mut [Output])
         FastOp::LayerNorm { eps, weighted, biased } => {
             let w = if weighted { Some(elems::<T>(&inputs[1])?) } else { None };
             let b = if biased { Some(elems::<T>(&inputs[inputs.len() - 1])?) } else { None };
-            let mut y = buffer::<T>(&outputs[0]);
+            let mut y = buffer::<T>(&outputs[0])?;
             let eps = acc_of(eps as f64);
             let per = rows_per_task(len) * len.max(1);
             y.as_mut_slice::<T>()

@@ -62,7 +62,7 @@ fn rope<T: Float>(p: &RopeParams, inputs: &[Operand], out: &mut Output) -> Resul
     if out.size() != xs.len() || out.dtype != x.dtype {
         return Err(internal("rope: the output is not x's shape and dtype"));
     }
-    let mut y = buffer::<T>(out);
+    let mut y = buffer::<T>(out)?;
     if !xs.is_empty() {
         // One table per offset: a scalar offset covers every batch row, else one per batch row.
         let groups = if offset.shape.is_empty() { 1 } else { batch };

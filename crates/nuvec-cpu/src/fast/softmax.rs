@@ -33,7 +33,7 @@ fn rows<T: Float>(x: &Operand, out: &mut Output, out_len: usize, f: impl Fn(&[T]
     let len = x.shape.last().copied().unwrap_or(1) as usize;
     let start = x.data.layout.offset;
     let xs = &host_slice::<T>(x)?[start..start + x.size()];
-    let mut buf = HostBuffer::uninit(out.size() * size_of::<T>());
+    let mut buf = HostBuffer::uninit(out.size() * size_of::<T>())?;
     if len > 0 && out_len > 0 {
         let per = (GRAIN / len).max(1);
         buf.as_mut_slice::<T>()

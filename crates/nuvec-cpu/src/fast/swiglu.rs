@@ -24,7 +24,7 @@ fn swiglu<T: Float>(inputs: &[Operand], outputs: &mut [Output]) -> Result<()> {
     };
     let (xs, up) = (elems::<T>(gate)?, elems::<T>(up)?);
     let out = outputs.first_mut().ok_or_else(|| internal("swiglu without output"))?;
-    let mut y = buffer::<T>(out);
+    let mut y = buffer::<T>(out)?;
     y.as_mut_slice::<T>()
         .par_chunks_mut(GRAIN)
         .zip(xs.par_chunks(GRAIN).zip(up.par_chunks(GRAIN)))

@@ -439,7 +439,11 @@ fn memory_limits_fail_cleanly() {
     let old = nuvec::cuda::set_memory_limit(0, before.active + (64 << 20)).unwrap();
     let big = on(Device::gpu(0), || ops::zeros([256 << 20], DType::F32) + 1.0);
     let err = big.eval().unwrap_err();
-    assert!(matches!(err, nuvec::Error::OutOfMemory(_)), "{err}");
+    assert!(
+        matches!(err, nuvec::Error::OutOfMemory { op: "add", bytes, limit: Some(_), .. } if bytes == 1 << 30),
+        "{err}"
+    );
+    assert!(err.to_string().contains("add on gpu:0 could not allocate 1073741824 bytes (1.0 GiB)"), "{err}");
     nuvec::cuda::set_memory_limit(0, old).unwrap();
     let ok = on(Device::gpu(0), || ops::zeros([1 << 20], DType::F32) + 1.0);
     assert_eq!(ok.sum(..).item::<f32>().unwrap(), (1 << 20) as f32);

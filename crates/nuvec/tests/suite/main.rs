@@ -14,6 +14,7 @@ mod fixture;
 mod fuzz_ops;
 mod gather;
 mod gpu;
+mod memory;
 mod mlx_conv;
 mod mlx_fast;
 mod mlx_fixtures;
