@@ -28,4 +28,4 @@ pub use error::{Error, OpErrorKind, Result};
 pub use eval::{async_eval, eval};
 pub use ops::{At, Ellipsis, Index, IndexStep, IntoIndex, IntoIndexEntry, NewAxis, ScanOptions, VarOptions};
 pub use shape::{Axes, IntoShape, Shape};
-pub use tree::Leaves;
+pub use tree::{Leaves, tree_map, tree_map_with};

@@ -214,3 +214,47 @@ impl<A: Tree> GradOutput for (Array, A) {
         &self.0
     }
 }
+
+/// `tree` with `f` applied to each leaf: an optimizer's update, a cast of every parameter.
+///
+/// ```
+/// use nuvec::{array, tree_map, Array};
+/// let params = (array![1.0, 2.0], vec![array![3.0]]);
+/// let halved: (Array, Vec<Array>) = tree_map(&params, |p| p * 0.5);
+/// assert_eq!(halved.1[0].item::<f32>().unwrap(), 1.5);
+/// ```
+pub fn tree_map<T: Tree>(tree: &T, f: impl FnMut(&Array) -> Array) -> T {
+    tree.with_leaves(tree.flatten().iter().map(f).collect())
+}
+
+/// `tree` with each leaf replaced by `f(leaf, matching leaves of others)`, MLX's
+/// `tree_map(fn, tree, *rest)`: the trees are walked together in leaf order. A tree of another
+/// leaf count makes every leaf a failed array saying so.
+///
+/// ```
+/// use nuvec::{array, tree_map_with, Array};
+/// let params = vec![array![1.0, 2.0], array![3.0]];
+/// let grads = vec![array![0.5, 0.5], array![1.0]];
+/// // One step of gradient descent with learning rate 0.1.
+/// let next = tree_map_with(&params, &[&grads], |p, r| p - &r[0] * 0.1);
+/// assert_eq!(next[0].to_vec::<f32>().unwrap(), vec![0.95, 1.95]);
+/// ```
+pub fn tree_map_with<T: Tree>(tree: &T, others: &[&T], mut f: impl FnMut(&Array, &[Array]) -> Array) -> T {
+    let leaves = tree.flatten();
+    let others: Vec<Vec<Array>> = others.iter().map(|t| t.flatten()).collect();
+    if let Some(bad) = others.iter().find(|o| o.len() != leaves.len()) {
+        let e = crate::error::Error::InvalidArgument(format!(
+            "tree_map: the trees differ: {} leaves and {} leaves",
+            leaves.len(),
+            bad.len()
+        ));
+        return tree.with_leaves(leaves.iter().map(|_| Array::from_error(e.clone())).collect());
+    }
+    let mapped = (0..leaves.len())
+        .map(|i| {
+            let rest: Vec<Array> = others.iter().map(|o| o[i].clone()).collect();
+            f(&leaves[i], &rest)
+        })
+        .collect();
+    tree.with_leaves(mapped)
+}

@@ -23,13 +23,15 @@ pub use nuvec_core::{
     Array, ArrayLiteral, At, Axes, Category, Complex64, DType, Device, DeviceKind, Element, Ellipsis, Error, Index,
     IndexStep, IntoIndex, IntoIndexEntry, IntoShape, Leaves, NewAxis, OpErrorKind, Result, Scalar, ScalarOrArray,
     ScanOptions, Shape, Stream, VarOptions, array, async_eval, bf16, default_device, default_stream, eval, f16, fast,
-    ops, promote_types, random, transforms, with_stream,
+    ops, promote_types, random, transforms, tree_map, tree_map_with, with_stream,
 };
 
 /// Reads a `NUVEC_DEVICE` value (`cpu`, `gpu`, `gpu:N`, any case) without touching the environment.
 pub use nuvec_core::device::parse_device_env;
 
-pub use nuvec_core::transforms::{Tree, checkpoint, custom_function, grad, jvp, value_and_grad, vjp, vmap};
+pub use nuvec_core::transforms::{
+    Tree, checkpoint, custom_function, grad, grad_args, jvp, value_and_grad, value_and_grad_args, vjp, vmap,
+};
 
 /// Graph internals for backends, compilers and tools (no stability promise).
 pub mod graph {

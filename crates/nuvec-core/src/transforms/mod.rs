@@ -18,8 +18,9 @@ pub use crate::tree::{GradOutput, IntoResult, Tree};
 pub use custom::{CustomFunction, checkpoint, checkpoint_flat, custom_function, custom_function_flat};
 
 use crate::array::{Array, Node};
-use crate::error::{Error, Result};
+use crate::error::{Error, OpErrorKind, Result};
 use crate::primitive::Primitive;
+use std::panic::Location;
 
 thread_local! {
     static DEPTH: Cell<usize> = const { Cell::new(0) };
@@ -312,7 +313,9 @@ pub fn jvp_flat(
     Ok((outputs, out_tans))
 }
 
-/// The gradient of a scalar-valued `f` with respect to the arguments in `argnums`.
+/// The gradient of a scalar-valued `f` with respect to the arguments in `argnums` (MLX's
+/// `grad(fun, argnums)` over a list of arrays): the returned function takes every argument and
+/// gives one gradient per entry of `argnums`, in that order.
 ///
 /// ```
 /// use nuvec::{array, transforms::grad_flat};
@@ -320,23 +323,42 @@ pub fn jvp_flat(
 /// let g = df(&[array![1.0, 2.0], array![3.0, 4.0]]).unwrap();
 /// assert_eq!(g[0].to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
 /// ```
+#[track_caller]
 pub fn grad_flat<F>(f: F, argnums: &[usize]) -> impl Fn(&[Array]) -> Result<Vec<Array>>
 where
     F: Fn(&[Array]) -> Result<Array>,
 {
-    let vg = value_and_grad_flat(f, argnums);
+    let vg = flat_value_and_grad("grad", Location::caller(), f, argnums);
     move |args| vg(args).map(|(_, g)| g)
 }
 
 /// The value and gradient of a scalar-valued `f` with respect to the arguments in `argnums`.
+#[track_caller]
 pub fn value_and_grad_flat<F>(f: F, argnums: &[usize]) -> impl Fn(&[Array]) -> Result<(Array, Vec<Array>)>
+where
+    F: Fn(&[Array]) -> Result<Array>,
+{
+    flat_value_and_grad("value_and_grad", Location::caller(), f, argnums)
+}
+
+/// An error of transform `op` about how it was called, located where it was created.
+fn misuse(op: &'static str, at: &'static Location<'static>, msg: String) -> Error {
+    Error::Op { op, at, kind: OpErrorKind::InvalidArgument(msg) }
+}
+
+fn flat_value_and_grad<F>(
+    op: &'static str,
+    at: &'static Location<'static>,
+    f: F,
+    argnums: &[usize],
+) -> impl Fn(&[Array]) -> Result<(Array, Vec<Array>)>
 where
     F: Fn(&[Array]) -> Result<Array>,
 {
     let argnums = argnums.to_vec();
     move |args: &[Array]| {
         if let Some(&bad) = argnums.iter().find(|&&i| i >= args.len()) {
-            return Err(Error::InvalidArgument(format!("grad: argnum {bad} but only {} arguments", args.len())));
+            return Err(misuse(op, at, format!("argnum {bad} but only {} arguments", args.len())));
         }
         let primals: Vec<Array> = argnums.iter().map(|&i| args[i].clone()).collect();
         let call = |traced: &[Array]| -> Result<Vec<Array>> {
@@ -349,10 +371,11 @@ where
                 return Err(e);
             }
             if loss.size() != 1 {
-                return Err(Error::InvalidArgument(format!(
-                    "grad: the function must return a single value, it returned shape {:?}",
-                    loss.shape()
-                )));
+                return Err(misuse(
+                    op,
+                    at,
+                    format!("the function must return a single value, it returned shape {:?}", loss.shape()),
+                ));
             }
             Ok(vec![loss])
         };
@@ -421,7 +444,12 @@ where
 }
 
 /// The gradient of a scalar loss with respect to every leaf of its argument, shaped like the
-/// argument (integer leaves get zeros).
+/// argument (integer leaves get zeros). The returned function has the type
+/// `impl Fn(&P) -> Result<P>`.
+///
+/// MLX differentiates argument 0 by default (`argnums=0`): here the argument is one tree, so
+/// gather what to differentiate in it (a tuple, a `Vec`, a map) and pass the data with
+/// [`grad_args`]. [`grad_flat`] takes MLX's `argnums` over a list of arrays.
 ///
 /// ```
 /// use nuvec::{array, transforms::grad, Array};
@@ -430,18 +458,28 @@ where
 /// assert_eq!(dw.to_vec::<f32>().unwrap(), vec![3.0, 3.0]);
 /// assert_eq!(db.to_vec::<f32>().unwrap(), vec![2.0]);
 /// ```
+#[track_caller]
 pub fn grad<P, F, R>(f: F) -> impl Fn(&P) -> Result<P>
 where
     P: Tree,
     F: Fn(&P) -> R,
     R: IntoResult<Ok = Array>,
 {
-    let vg = value_and_grad(f);
-    move |p| vg(p).map(|(_, g)| g)
+    let vg = tree_value_and_grad("grad", Location::caller(), move |p: &P, _: &()| f(p));
+    move |p| vg(p, &()).map(|(_, g)| g)
 }
 
 /// The value (a loss, or `(loss, aux)`) and the gradient of the loss with respect to every
-/// leaf of the argument.
+/// leaf of the argument. The returned function has the type `impl Fn(&P) -> Result<(R::Ok, P)>`.
+///
+/// ```
+/// use nuvec::{array, value_and_grad, Array};
+/// let vg = value_and_grad(|w: &Array| (w * w).sum(..));
+/// let (loss, dw) = vg(&array![1.0, 2.0]).unwrap();
+/// assert_eq!(loss.item::<f32>().unwrap(), 5.0);
+/// assert_eq!(dw.to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+/// ```
+#[track_caller]
 pub fn value_and_grad<P, F, R>(f: F) -> impl Fn(&P) -> Result<(R::Ok, P)>
 where
     P: Tree,
@@ -449,22 +487,102 @@ where
     R: IntoResult,
     R::Ok: GradOutput,
 {
-    move |p: &P| {
+    let vg = tree_value_and_grad("value_and_grad", Location::caller(), move |p: &P, _: &()| f(p));
+    move |p| vg(p, &())
+}
+
+/// [`grad`] of a function of two arguments, `f(params, data)`, with respect to the first only
+/// (MLX's default `argnums=0`): the data (inputs, targets, masks) is passed at each call
+/// rather than captured, and gets no gradient. The returned function has the type
+/// `impl Fn(&P, &D) -> Result<P>`.
+///
+/// ```
+/// use nuvec::{array, grad_args, Array};
+/// let loss = |w: &Array, (x, y): &(Array, Array)| ((x * w - y).square()).mean(..);
+/// let dw = grad_args(loss)(&array![2.0], &(array![1.0, 2.0], array![1.0, 2.0])).unwrap();
+/// assert_eq!(dw.to_vec::<f32>().unwrap(), vec![5.0]); // d/dw mean((w x - y)^2) at w = 2
+/// ```
+#[track_caller]
+pub fn grad_args<P, D, F, R>(f: F) -> impl Fn(&P, &D) -> Result<P>
+where
+    P: Tree,
+    D: ?Sized,
+    F: Fn(&P, &D) -> R,
+    R: IntoResult<Ok = Array>,
+{
+    let vg = tree_value_and_grad("grad", Location::caller(), f);
+    move |p, d| vg(p, d).map(|(_, g)| g)
+}
+
+/// [`value_and_grad`] of `f(params, data)` with respect to the first argument only; the data
+/// is passed at each call and gets no gradient. The returned function has the type
+/// `impl Fn(&P, &D) -> Result<(R::Ok, P)>`.
+///
+/// A training step of linear regression, with the update written with [`crate::tree_map_with`]:
+///
+/// ```
+/// use nuvec::{array, ops, tree_map_with, value_and_grad_args, Array};
+///
+/// type Params = (Array, Array); // weight and bias
+/// fn loss((w, b): &Params, (x, y): &(Array, Array)) -> Array {
+///     (x.matmul(w) + b - y).square().mean(..)
+/// }
+///
+/// let x = array![[0.0], [1.0], [2.0], [3.0]];
+/// let y = &x * 2.0 + 1.0; // the line to learn
+/// let mut params: Params = (ops::zeros([1, 1], nuvec::DType::F32), ops::zeros([1], nuvec::DType::F32));
+/// let step = value_and_grad_args(loss);
+/// let mut first = None;
+/// for _ in 0..200 {
+///     let (l, grads) = step(&params, &(x.clone(), y.clone())).unwrap();
+///     first.get_or_insert(l.item::<f32>().unwrap());
+///     params = tree_map_with(&params, &[&grads], |p, g| p - &g[0] * 0.1);
+///     nuvec::eval(&params).unwrap();
+/// }
+/// let (l, _) = step(&params, &(x, y)).unwrap();
+/// assert!(l.item::<f32>().unwrap() < 1e-3 * first.unwrap());
+/// assert!((params.0.item::<f32>().unwrap() - 2.0).abs() < 0.05);
+/// ```
+#[track_caller]
+pub fn value_and_grad_args<P, D, F, R>(f: F) -> impl Fn(&P, &D) -> Result<(R::Ok, P)>
+where
+    P: Tree,
+    D: ?Sized,
+    F: Fn(&P, &D) -> R,
+    R: IntoResult,
+    R::Ok: GradOutput,
+{
+    tree_value_and_grad("value_and_grad", Location::caller(), f)
+}
+
+fn tree_value_and_grad<P, D, F, R>(
+    op: &'static str,
+    at: &'static Location<'static>,
+    f: F,
+) -> impl Fn(&P, &D) -> Result<(R::Ok, P)>
+where
+    P: Tree,
+    D: ?Sized,
+    F: Fn(&P, &D) -> R,
+    R: IntoResult,
+    R::Ok: GradOutput,
+{
+    move |p: &P, data: &D| {
         let leaves = p.flatten();
         let argnums: Vec<usize> = (0..leaves.len()).collect();
         let value: std::cell::RefCell<Option<R::Ok>> = std::cell::RefCell::new(None);
-        let (_, grads) = value_and_grad_flat(
+        let (_, grads) = flat_value_and_grad(
+            op,
+            at,
             |xs| {
-                let out = f(&p.with_leaves(xs.to_vec())).into_result()?;
+                let out = f(&p.with_leaves(xs.to_vec()), data).into_result()?;
                 let loss = out.loss().clone();
                 *value.borrow_mut() = Some(out);
                 Ok(loss)
             },
             &argnums,
         )(&leaves)?;
-        let value = value
-            .into_inner()
-            .ok_or_else(|| Error::InvalidArgument("value_and_grad: the function did not run".into()))?;
+        let value = value.into_inner().ok_or_else(|| misuse(op, at, "the function did not run".into()))?;
         Ok((value, p.with_leaves(grads)))
     }
 }

@@ -98,3 +98,68 @@ fn a_gpu_that_is_not_present_is_named() {
         assert!(msg.contains(&nuvec::cuda::unavailable_reason().unwrap()), "{msg}");
     }
 }
+
+#[test]
+fn transform_misuse_names_the_caller() {
+    // A loss that is not a single value: the error points at the line that made the transform.
+    let (vg, line) = (nuvec::value_and_grad(|w: &Array| w * 2.0), line!());
+    let e = vg(&array![1.0, 2.0]).unwrap_err();
+    assert_eq!(e.location().map(|l| l.line()), Some(line), "{e}");
+    assert!(
+        e.to_string().starts_with("value_and_grad at ")
+            && e.to_string().ends_with("the function must return a single value, it returned shape [2]"),
+        "{e}"
+    );
+    let (g, line) = (nuvec::transforms::grad_flat(|x| Ok(x[0].sum(..)), &[3]), line!());
+    let e = g(&[array![1.0]]).unwrap_err();
+    assert_eq!(e.location().map(|l| l.line()), Some(line), "{e}");
+    assert!(e.to_string().ends_with("argnum 3 but only 1 arguments"), "{e}");
+}
+
+/// `grad_args`: the first argument is differentiated, the data is passed, not captured, and
+/// gets no gradient; checked against central differences in float64.
+#[test]
+fn grad_args_differentiates_the_first_argument() {
+    use nuvec::DType;
+    let loss = |(w, b): &(Array, Array), (x, y): &(Array, Array)| (x.matmul(w) + b - y).square().mean(..);
+    let x = array![[0.5, -1.0], [2.0, 0.25], [-0.5, 1.5]].astype(DType::F64);
+    let y = array![[1.0], [-2.0], [0.5]].astype(DType::F64);
+    // f64 from the start: an f32 literal cast up is not 0.3.
+    let w = Array::from_slice(&[0.3f64, -0.7], [2, 1]);
+    let b = Array::from_slice(&[0.1f64], [1]);
+    let data = (x.clone(), y.clone());
+    let (value, (dw, db)) = nuvec::value_and_grad_args(loss)(&(w.clone(), b.clone()), &data).unwrap();
+    let (dw2, db2) = nuvec::grad_args(loss)(&(w.clone(), b.clone()), &data).unwrap();
+    let f = |w: &[f64], b: f64| -> f64 {
+        let w = Array::from_slice(w, [2, 1]);
+        loss(&(w, Array::from_slice(&[b], [1])), &data).item::<f64>().unwrap()
+    };
+    assert!((value.item::<f64>().unwrap() - f(&[0.3, -0.7], 0.1)).abs() < 1e-12);
+    let h = 1e-6;
+    let num_dw = [
+        (f(&[0.3 + h, -0.7], 0.1) - f(&[0.3 - h, -0.7], 0.1)) / (2.0 * h),
+        (f(&[0.3, -0.7 + h], 0.1) - f(&[0.3, -0.7 - h], 0.1)) / (2.0 * h),
+    ];
+    let num_db = (f(&[0.3, -0.7], 0.1 + h) - f(&[0.3, -0.7], 0.1 - h)) / (2.0 * h);
+    for (got, want) in dw.to_vec::<f64>().unwrap().iter().zip(num_dw) {
+        assert!((got - want).abs() < 1e-6, "dw {got} vs {want}");
+    }
+    assert!((db.item::<f64>().unwrap() - num_db).abs() < 1e-6);
+    assert_eq!(dw2.to_vec::<f64>().unwrap(), dw.to_vec::<f64>().unwrap());
+    assert_eq!(db2.to_vec::<f64>().unwrap(), db.to_vec::<f64>().unwrap());
+}
+
+#[test]
+fn tree_map_walks_trees_together() {
+    let params = vec![array![1.0, 2.0], array![3.0]];
+    let grads = vec![array![0.5, 0.5], array![1.0]];
+    let next = nuvec::tree_map_with(&params, &[&grads], |p, g| p - &g[0] * 0.1);
+    assert_eq!(next[1].to_vec::<f32>().unwrap(), vec![2.9]);
+    let doubled = nuvec::tree_map(&params, |p| p * 2.0);
+    assert_eq!(doubled[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    // Trees of different leaf counts: every leaf says so.
+    let short = vec![array![0.5, 0.5]];
+    let bad = nuvec::tree_map_with(&params, &[&short], |p, g| p - &g[0]);
+    let e = bad[0].eval().unwrap_err();
+    assert_eq!(e.to_string(), "invalid argument: tree_map: the trees differ: 2 leaves and 1 leaves");
+}
