@@ -5,6 +5,8 @@
 #   .gpu/test-<crate>-<target>[.xz]  stripped test binaries of the crates that touch the GPU
 #   .gpu/bench_gpu[.xz]              stripped crates/nuvec/examples/bench_gpu.rs
 #   .gpu/bench_fast[.xz]             stripped crates/nuvec/examples/bench_fast.rs (fused ops)
+#   .gpu/bench_ops[.xz]              stripped crates/nuvec/examples/bench_ops.rs (per-primitive ops,
+#                                    for scripts/gpu-ops.sh)
 #   .gpu/kcache[.tar.xz]             kernel cache: every CUDA module precompiled for sm_90a
 #   .gpu/manifest.tsv                name<TAB>crate folder (the test's working directory)<TAB>
 #                                    libtest arguments (GPU_SUITE_FILTERS, for nuvec's suite)
@@ -64,9 +66,9 @@ else
     echo "== building test binaries (cargo test --workspace --release --no-run)"
     cargo test --workspace --release --no-run --message-format=json >"$WORK/tests.json"
 fi
-echo "== building examples bench_gpu, bench_fast and precompile_kernels"
-cargo build --release -p nuvec --example bench_gpu --example bench_fast --example precompile_kernels \
-    --message-format=json >"$WORK/examples.json"
+echo "== building examples bench_gpu, bench_fast, bench_ops and precompile_kernels"
+cargo build --release -p nuvec --example bench_gpu --example bench_fast --example bench_ops \
+    --example precompile_kernels --message-format=json >"$WORK/examples.json"
 
 # name<TAB>crate dir (relative)<TAB>executable, for test targets and the two examples.
 python3 - "$WORK" "$ROOT" "$PACKAGES" "$SKIP_TARGETS" >"$WORK/artifacts.tsv" <<'EOF'
@@ -94,7 +96,7 @@ for m in artifacts(os.path.join(work, "tests.json")):
     print(f"test-{crate}-{m['target']['name']}\t{os.path.relpath(crate_dir, root)}\t{m['executable']}")
 for m in artifacts(os.path.join(work, "examples.json")):
     name = m["target"]["name"]
-    if name in ("bench_gpu", "bench_fast", "precompile_kernels"):
+    if name in ("bench_gpu", "bench_fast", "bench_ops", "precompile_kernels"):
         print(f"{name}\t{os.path.relpath(os.path.dirname(m['manifest_path']), root)}\t{m['executable']}")
 EOF
 
@@ -133,7 +135,7 @@ while IFS=$'\t' read -r name dir exe why; do
             PRECOMPILE=$exe
             if [ "${GPU_BUNDLE_KCACHE:-1}" = 0 ]; then pack "$name" "$exe"; fi
             continue ;;
-        bench_gpu|bench_fast) ;;
+        bench_gpu|bench_fast|bench_ops) ;;
         test-*)
             # Skip test binaries with no tests (a library without #[test]s).
             n=$("$exe" --list --format terse 2>/dev/null | grep -c ': test$' || true)
