@@ -325,8 +325,8 @@ def main():
     ap.add_argument("--deadline", type=float, default=float(os.environ.get("GPU_OPS_PEERS_DEADLINE", "inf")),
                     help="seconds from the start after which no case starts")
     ap.add_argument("--list", action="store_true", help="print the case names and bytes, run nothing")
-    ap.add_argument("--batch-ms", type=float, default=100.0)
-    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--batch-ms", type=float, default=float(os.environ.get("NUVEC_BENCH_BATCH_MS", "100")))
+    ap.add_argument("--batches", type=int, default=int(os.environ.get("NUVEC_BENCH_BATCHES", "5")))
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
 
