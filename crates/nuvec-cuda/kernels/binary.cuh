@@ -36,7 +36,16 @@ NV_BIN_SAME(right_shift, Ops<T>::shr(a, b))
 template <typename T>
 __device__ __forceinline__ void select_strided(const bool* __restrict__ c, const T* __restrict__ a,
                                                const T* __restrict__ b, T* __restrict__ out, u64 n, Dims d) {
-  u64 stride = (u64)gridDim.x * blockDim.x;
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = c[offset_of(d, 0, i)] ? a[offset_of(d, 1, i)] : b[offset_of(d, 2, i)];
+  constexpr int R = 16 / sizeof(T);
+  const int last = d.ndim - 1;
+  for_runs<3, R>(d, n, [&](const i64* off, int cnt, u64 i) {
+    bool vc[R];
+    T va[R], vb[R], r[R];
+    load_run<bool, R>(c, off[0], d.strides[0][last], cnt, vc);
+    load_run<T, R>(a, off[1], d.strides[1][last], cnt, va);
+    load_run<T, R>(b, off[2], d.strides[2][last], cnt, vb);
+#pragma unroll
+    for (int j = 0; j < R; ++j) r[j] = vc[j] ? va[j] : vb[j];
+    store_run<T, R>(out, (i64)i, 1, cnt, r);
+  });
 }

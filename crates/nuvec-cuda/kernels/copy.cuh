@@ -7,9 +7,38 @@
 // dst[offset_of(d, 0, i)] = src[offset_of(d, 1, i)] for every element i (any layouts).
 template <typename T>
 __device__ __forceinline__ void copy_strided(const T* __restrict__ src, T* __restrict__ dst, u64 n, Dims d) {
-  u64 stride = (u64)gridDim.x * blockDim.x;
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    dst[offset_of(d, 0, i)] = src[offset_of(d, 1, i)];
+  constexpr int R = 16 / sizeof(T);
+  const int last = d.ndim - 1;
+  for_runs<2, R>(d, n, [&](const i64* off, int cnt, u64) {
+    T v[R];
+    load_run<T, R>(src, off[1], d.strides[1][last], cnt, v);
+    store_run<T, R>(dst, off[0], d.strides[0][last], cnt, v);
+  });
+}
+
+// A copy that transposes: `d` has 2 or 3 axes ([batch,] A, B), `dst` is contiguous along B
+// and `src` along A. A 32x32 tile goes through shared memory so that both sides are read and
+// written in whole rows. Grid: (B tiles, A tiles, batch); block 32x8.
+template <typename T>
+__device__ __forceinline__ void copy_transposed(const T* __restrict__ src, T* __restrict__ dst, Dims d) {
+  __shared__ T tile[32][33];
+  const int nd = d.ndim;
+  const i64 A = d.shape[nd - 2], B = d.shape[nd - 1];
+  const i64 src_b = d.strides[1][nd - 1], dst_a = d.strides[0][nd - 2];
+  if (nd == 3) {
+    src += (i64)blockIdx.z * d.strides[1][0];
+    dst += (i64)blockIdx.z * d.strides[0][0];
+  }
+  const i64 a0 = (i64)blockIdx.y * 32, b0 = (i64)blockIdx.x * 32;
+  for (int k = threadIdx.y; k < 32; k += 8) {
+    i64 a = a0 + threadIdx.x, b = b0 + k;
+    if (a < A && b < B) tile[k][threadIdx.x] = src[a + b * src_b];
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < 32; k += 8) {
+    i64 a = a0 + k, b = b0 + threadIdx.x;
+    if (a < A && b < B) dst[a * dst_a + b] = tile[threadIdx.x][k];
+  }
 }
 
 // Integer ranges step by T(start + step) - T(start) (MLX's rule); float ranges are

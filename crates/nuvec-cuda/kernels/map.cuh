@@ -4,18 +4,108 @@
 #pragma once
 #include "common.cuh"
 
-// Stores the N results of vector `i` as one access when they fit in 16 bytes (a warp then
-// writes whole cache lines), else one element at a time.
+// Stores the N results of vector `i` in 16-byte accesses (a warp then writes whole cache
+// lines; a widening map's N results take several), or one element at a time when N of them
+// do not fill 16 bytes evenly.
 template <typename U, int N, typename G>
 __device__ __forceinline__ void store_vec(U* __restrict__ out, u64 i, G value) {
-  if constexpr (sizeof(U) * N <= 16) {
-    Vec<U, N> r;
+  constexpr int C = 16 / sizeof(U) < N ? 16 / sizeof(U) : N;
+  if constexpr (C > 0 && N % C == 0) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) r.v[j] = value(j);
-    reinterpret_cast<Vec<U, N>*>(out)[i] = r;
+    for (int c = 0; c < N / C; ++c) {
+      Vec<U, C> r;
+#pragma unroll
+      for (int j = 0; j < C; ++j) r.v[j] = value(c * C + j);
+      reinterpret_cast<Vec<U, C>*>(out + i * N)[c] = r;
+    }
   } else {
 #pragma unroll
     for (int j = 0; j < N; ++j) out[i * N + j] = value(j);
+  }
+}
+
+// Strided maps walk the collapsed axes (`Dims`) in runs: each thread takes up to R consecutive
+// elements of the innermost axis, computes every operand's offset once per run (32-bit
+// division when the sizes allow), then loads an operand's run as 16-byte vectors when it is
+// contiguous and aligned, as one value when it is broadcast, element by element otherwise.
+// `body(off, cnt, i)`: the K operands' offsets of the run's first element, the run's length,
+// and the run's first row-major element index.
+template <int K, int R, typename I, typename Body>
+__device__ __forceinline__ void for_runs_as(const Dims& d, u64 n, Body body) {
+  const int last = d.ndim - 1;
+  const I inner = (I)d.shape[last];
+  const I per_row = (inner + R - 1) / R;
+  const I runs = (I)(n / (u64)inner) * per_row;
+  const I step = (I)gridDim.x * blockDim.x;
+  for (I r = (I)blockIdx.x * blockDim.x + threadIdx.x; r < runs; r += step) {
+    I row = r / per_row;
+    I j0 = (r - row * per_row) * R;
+    i64 off[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) off[k] = (i64)j0 * d.strides[k][last];
+    I q = row;
+    for (int a = last - 1; a >= 0; --a) {
+      I s = (I)d.shape[a];
+      I nq = q / s;
+      I rem = q - nq * s;
+#pragma unroll
+      for (int k = 0; k < K; ++k) off[k] += (i64)rem * d.strides[k][a];
+      q = nq;
+    }
+    int cnt = inner - j0 < (I)R ? (int)(inner - j0) : R;
+    body(off, cnt, (u64)row * (u64)inner + (u64)j0);
+  }
+}
+
+template <int K, int R, typename Body>
+__device__ __forceinline__ void for_runs(const Dims& d, u64 n, Body body) {
+  u64 inner = (u64)d.shape[d.ndim - 1];
+  u64 runs = n / inner * ((inner + R - 1) / R);
+  if (runs + (u64)gridDim.x * blockDim.x < (1ull << 32)) for_runs_as<K, R, unsigned int>(d, n, body);
+  else for_runs_as<K, R, u64>(d, n, body);
+}
+
+// Elements per run for operands of these sizes: 16 bytes of the narrowest.
+template <typename A, typename B> struct RunLen {
+  static constexpr int v = 16 / (sizeof(A) < sizeof(B) ? sizeof(A) : sizeof(B));
+};
+
+template <typename T, int R>
+__device__ __forceinline__ void load_run(const T* __restrict__ p, i64 off, i64 s, int cnt, T (&v)[R]) {
+  constexpr int C = 16 / sizeof(T) < R ? 16 / sizeof(T) : R;
+  if (s == 1 && cnt == R && R % C == 0 && ((unsigned long long)(p + off) % (C * sizeof(T))) == 0) {
+#pragma unroll
+    for (int c = 0; c < R / C; ++c) {
+      Vec<T, C> x = reinterpret_cast<const Vec<T, C>*>(p + off)[c];
+#pragma unroll
+      for (int j = 0; j < C; ++j) v[c * C + j] = x.v[j];
+    }
+  } else if (s == 0) {
+    T x = p[off];
+#pragma unroll
+    for (int j = 0; j < R; ++j) v[j] = x;
+  } else {
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (j < cnt) v[j] = p[off + j * s];
+  }
+}
+
+template <typename T, int R>
+__device__ __forceinline__ void store_run(T* __restrict__ p, i64 off, i64 s, int cnt, const T (&v)[R]) {
+  constexpr int C = 16 / sizeof(T) < R ? 16 / sizeof(T) : R;
+  if (s == 1 && cnt == R && R % C == 0 && ((unsigned long long)(p + off) % (C * sizeof(T))) == 0) {
+#pragma unroll
+    for (int c = 0; c < R / C; ++c) {
+      Vec<T, C> x;
+#pragma unroll
+      for (int j = 0; j < C; ++j) x.v[j] = v[c * C + j];
+      reinterpret_cast<Vec<T, C>*>(p + off)[c] = x;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (j < cnt) p[off + j * s] = v[j];
   }
 }
 
@@ -32,10 +122,18 @@ __device__ __forceinline__ void unary_contig(const T* __restrict__ x, U* __restr
   for (u64 i = nvec * N + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = f(x[i]);
 }
 
+// `out` row-major, `x` anywhere.
 template <typename T, typename U, typename F>
 __device__ __forceinline__ void unary_strided(const T* __restrict__ x, U* __restrict__ out, u64 n, Dims d, F f) {
-  u64 stride = (u64)gridDim.x * blockDim.x;
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = f(x[offset_of(d, 0, i)]);
+  constexpr int R = RunLen<T, U>::v;
+  for_runs<1, R>(d, n, [&](const i64* off, int cnt, u64 i) {
+    T v[R];
+    U r[R];
+    load_run<T, R>(x, off[0], d.strides[0][d.ndim - 1], cnt, v);
+#pragma unroll
+    for (int j = 0; j < R; ++j) r[j] = f(v[j]);
+    store_run<U, R>(out, (i64)i, 1, cnt, r);
+  });
 }
 
 // mode 0: both dense; 1: a scalar; 2: b scalar.
@@ -57,10 +155,19 @@ __device__ __forceinline__ void binary_contig(const T* __restrict__ a, const T* 
     out[i] = f(mode == 1 ? sa : a[i], mode == 2 ? sb : b[i]);
 }
 
+// `out` row-major, `a` and `b` anywhere (broadcast included).
 template <typename T, typename U, typename F>
 __device__ __forceinline__ void binary_strided(const T* __restrict__ a, const T* __restrict__ b, U* __restrict__ out,
                                                u64 n, Dims d, F f) {
-  u64 stride = (u64)gridDim.x * blockDim.x;
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = f(a[offset_of(d, 0, i)], b[offset_of(d, 1, i)]);
+  constexpr int R = RunLen<T, U>::v;
+  const int last = d.ndim - 1;
+  for_runs<2, R>(d, n, [&](const i64* off, int cnt, u64 i) {
+    T va[R], vb[R];
+    U r[R];
+    load_run<T, R>(a, off[0], d.strides[0][last], cnt, va);
+    load_run<T, R>(b, off[1], d.strides[1][last], cnt, vb);
+#pragma unroll
+    for (int j = 0; j < R; ++j) r[j] = f(va[j], vb[j]);
+    store_run<U, R>(out, (i64)i, 1, cnt, r);
+  });
 }

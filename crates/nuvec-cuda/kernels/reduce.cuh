@@ -188,7 +188,23 @@ __device__ __forceinline__ void reduce_cols(const T* __restrict__ x, typename Re
   u64 per = (red + segs - 1) / segs;
   u64 lo = seg * per, hi = lo + per < red ? lo + per : red;
   A acc = R::init();
-  for (u64 r = lo; r < hi; ++r) acc = R::step(acc, x[offset_of(d, 0, r) + j]);
+  if (d.ndim == 1) {
+    // One reduced axis: step a pointer, four independent loads in flight.
+    const i64 s = d.strides[0][0];
+    const T* p = x + (i64)lo * s + j;
+    A a1 = R::init(), a2 = R::init(), a3 = R::init();
+    u64 r = lo;
+    for (; r + 4 <= hi; r += 4, p += 4 * s) {
+      acc = R::step(acc, p[0]);
+      a1 = R::step(a1, p[s]);
+      a2 = R::step(a2, p[2 * s]);
+      a3 = R::step(a3, p[3 * s]);
+    }
+    for (; r < hi; ++r, p += s) acc = R::step(acc, p[0]);
+    acc = R::merge(R::merge(acc, a1), R::merge(a2, a3));
+  } else {
+    for (u64 r = lo; r < hi; ++r) acc = R::step(acc, x[offset_of(d, 0, r) + j]);
+  }
   if (segs == 1) out[j] = R::finish(acc);
   else partials[seg * cols + j] = acc;
 }

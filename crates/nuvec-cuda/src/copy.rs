@@ -10,10 +10,11 @@ use nuvec_core::{DType, Result};
 
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
-use crate::launch::{Arg, Dims};
+use crate::launch::{Arg, Dims, launch};
 use crate::operand::{alloc_out, buffer_ptr, dense, internal, kernel, launch_1d, ptr_of};
 
-/// The copy module of elements of `size` bytes (1, 2, 4 or 8): `copy_s`.
+/// The copy module of elements of `size` bytes (1, 2, 4 or 8): `copy_s` (any layouts) and
+/// `copy_t` (a transposing copy through shared-memory tiles).
 pub(crate) fn source(size: usize) -> String {
     let t = ctype(match size {
         1 => DType::U8,
@@ -23,6 +24,7 @@ pub(crate) fn source(size: usize) -> String {
     });
     let mut s = Source::new(&["copy.cuh"]);
     s.kernel(format!("copy_s(const {t}* src, {t}* dst, u64 n, Dims d) {{ copy_strided<{t}>(src, dst, n, d); }}"));
+    s.kernel(format!("copy_t(const {t}* src, {t}* dst, Dims d) {{ copy_transposed<{t}>(src, dst, d); }}"));
     s.finish()
 }
 
@@ -59,8 +61,31 @@ pub(crate) fn copy_into(gpu: &Arc<Gpu>, src: &Operand, dst: CUdeviceptr, dst_str
         return Ok(());
     }
     let d = Dims::new(&src.shape, &[dst_strides, &src.data.layout.strides])?;
+    if let Some(grid) = transposed_grid(&d) {
+        let f = kernel(gpu, Family::Copy(src.dtype.size()), "copy_t")?;
+        let args = vec![Arg::Ptr(ptr_of(src)?), Arg::Ptr(dst), Arg::Dims(Box::new(d))];
+        return launch(gpu, f, grid, (32, 8, 1), 0, args);
+    }
     let f = kernel(gpu, Family::Copy(src.dtype.size()), "copy_s")?;
     launch_1d(gpu, f, n, 1, vec![Arg::Ptr(ptr_of(src)?), Arg::Ptr(dst), Arg::U64(n), Arg::Dims(Box::new(d))])
+}
+
+/// The grid of `copy_t` when the copy `d` (operand 0 the destination) transposes its last two
+/// axes: the destination contiguous along the last, the source along the one before, at most
+/// one batch axis, and each side longer than a tile's edge.
+fn transposed_grid(d: &Dims) -> Option<(u32, u32, u32)> {
+    let nd = d.ndim as usize;
+    if !(2..=3).contains(&nd) || d.strides[0][nd - 1] != 1 || d.strides[1][nd - 2] != 1 {
+        return None;
+    }
+    let (a, b) = (d.shape[nd - 2], d.shape[nd - 1]);
+    let batch = if nd == 3 { d.shape[0] } else { 1 };
+    let (ta, tb) = ((a as u64).div_ceil(32), (b as u64).div_ceil(32));
+    (a >= 32 && b >= 32 && ta <= 65535 && batch <= 65535 && tb <= u32::MAX as u64).then_some((
+        tb as u32,
+        ta as u32,
+        batch as u32,
+    ))
 }
 
 /// A row-major copy.

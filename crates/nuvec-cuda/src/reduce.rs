@@ -147,7 +147,7 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
     let kept_dims = Dims::new(&kept_shape, &[&kept_strides])?;
     if kept_dims.ndim == 1 && kept_dims.strides[0][0] == 1 && kept_dims.shape[0] as u64 == n_out {
         let blocks_x = n_out.div_ceil(BLOCK as u64);
-        let segs = if blocks_x >= 2 * sms { 1 } else { (2 * sms).div_ceil(blocks_x).min(n_red.div_ceil(64)).max(1) };
+        let segs = if blocks_x >= 8 * sms { 1 } else { (8 * sms).div_ceil(blocks_x).min(n_red.div_ceil(64)).max(1) };
         let f = kernel(gpu, family, &format!("reduce_cols_{name}"))?;
         let partials =
             if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
