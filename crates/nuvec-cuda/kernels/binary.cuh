@@ -37,13 +37,12 @@ template <typename T>
 __device__ __forceinline__ void select_strided(const bool* __restrict__ c, const T* __restrict__ a,
                                                const T* __restrict__ b, T* __restrict__ out, u64 n, Dims d) {
   constexpr int R = 16 / sizeof(T);
-  const int last = d.ndim - 1;
-  for_runs<3, R>(d, n, [&](const i64* off, int cnt, u64 i) {
+  for_runs<3, R>(d, n, [&](const i64* off, const i64* s, int cnt, u64 i) {
     bool vc[R];
     T va[R], vb[R], r[R];
-    load_run<bool, R>(c, off[0], d.strides[0][last], cnt, vc);
-    load_run<T, R>(a, off[1], d.strides[1][last], cnt, va);
-    load_run<T, R>(b, off[2], d.strides[2][last], cnt, vb);
+    load_run<bool, R>(c, off[0], s[0], cnt, vc);
+    load_run<T, R>(a, off[1], s[1], cnt, va);
+    load_run<T, R>(b, off[2], s[2], cnt, vb);
 #pragma unroll
     for (int j = 0; j < R; ++j) r[j] = vc[j] ? va[j] : vb[j];
     store_run<T, R>(out, (i64)i, 1, cnt, r);

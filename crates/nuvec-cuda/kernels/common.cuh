@@ -192,13 +192,29 @@ struct Dims {
   int ndim;
 };
 
+// `d` is read with constant indices only (loops over NV_MAX_DIMS, unrolled, guarded by
+// `ndim`): a run-time index into a by-value kernel parameter makes every thread copy the whole
+// struct to local memory, which made strided kernels a third as fast.
+
+// `v[a]`.
+__device__ __forceinline__ i64 dims_at(const i64 (&v)[NV_MAX_DIMS], int a) {
+  i64 r = 0;
+#pragma unroll
+  for (int j = 0; j < NV_MAX_DIMS; ++j)
+    if (j == a) r = v[j];
+  return r;
+}
+
 // Offset of element `i` (row-major order over `shape`) in operand `k`.
 __device__ __forceinline__ i64 offset_of(const Dims& d, int k, i64 i) {
   i64 off = 0;
-  for (int a = d.ndim - 1; a >= 0; --a) {
-    i64 q = i / d.shape[a];
-    off += (i - q * d.shape[a]) * d.strides[k][a];
-    i = q;
+#pragma unroll
+  for (int a = NV_MAX_DIMS - 1; a >= 0; --a) {
+    if (a < d.ndim) {
+      i64 q = i / d.shape[a];
+      off += (i - q * d.shape[a]) * d.strides[k][a];
+      i = q;
+    }
   }
   return off;
 }

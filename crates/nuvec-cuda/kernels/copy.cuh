@@ -8,11 +8,10 @@
 template <typename T>
 __device__ __forceinline__ void copy_strided(const T* __restrict__ src, T* __restrict__ dst, u64 n, Dims d) {
   constexpr int R = 16 / sizeof(T);
-  const int last = d.ndim - 1;
-  for_runs<2, R>(d, n, [&](const i64* off, int cnt, u64) {
+  for_runs<2, R>(d, n, [&](const i64* off, const i64* s, int cnt, u64) {
     T v[R];
-    load_run<T, R>(src, off[1], d.strides[1][last], cnt, v);
-    store_run<T, R>(dst, off[0], d.strides[0][last], cnt, v);
+    load_run<T, R>(src, off[1], s[1], cnt, v);
+    store_run<T, R>(dst, off[0], s[0], cnt, v);
   });
 }
 
@@ -23,8 +22,8 @@ template <typename T>
 __device__ __forceinline__ void copy_transposed(const T* __restrict__ src, T* __restrict__ dst, Dims d) {
   __shared__ T tile[32][33];
   const int nd = d.ndim;
-  const i64 A = d.shape[nd - 2], B = d.shape[nd - 1];
-  const i64 src_b = d.strides[1][nd - 1], dst_a = d.strides[0][nd - 2];
+  const i64 A = dims_at(d.shape, nd - 2), B = dims_at(d.shape, nd - 1);
+  const i64 src_b = dims_at(d.strides[1], nd - 1), dst_a = dims_at(d.strides[0], nd - 2);
   if (nd == 3) {
     src += (i64)blockIdx.z * d.strides[1][0];
     dst += (i64)blockIdx.z * d.strides[0][0];

@@ -28,38 +28,44 @@ __device__ __forceinline__ void store_vec(U* __restrict__ out, u64 i, G value) {
 // elements of the innermost axis, computes every operand's offset once per run (32-bit
 // division when the sizes allow), then loads an operand's run as 16-byte vectors when it is
 // contiguous and aligned, as one value when it is broadcast, element by element otherwise.
-// `body(off, cnt, i)`: the K operands' offsets of the run's first element, the run's length,
-// and the run's first row-major element index.
+// `body(off, s, cnt, i)`: the K operands' offsets of the run's first element and strides along
+// the innermost axis, the run's length, and the run's first row-major element index.
 template <int K, int R, typename I, typename Body>
 __device__ __forceinline__ void for_runs_as(const Dims& d, u64 n, Body body) {
   const int last = d.ndim - 1;
-  const I inner = (I)d.shape[last];
+  const I inner = (I)dims_at(d.shape, last);
+  i64 inner_s[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) inner_s[k] = dims_at(d.strides[k], last);
   const I per_row = (inner + R - 1) / R;
   const I runs = (I)(n / (u64)inner) * per_row;
   const I step = (I)gridDim.x * blockDim.x;
   for (I r = (I)blockIdx.x * blockDim.x + threadIdx.x; r < runs; r += step) {
-    I row = r / per_row;
+    I row = last > 0 ? r / per_row : 0;
     I j0 = (r - row * per_row) * R;
     i64 off[K];
 #pragma unroll
-    for (int k = 0; k < K; ++k) off[k] = (i64)j0 * d.strides[k][last];
+    for (int k = 0; k < K; ++k) off[k] = (i64)j0 * inner_s[k];
     I q = row;
-    for (int a = last - 1; a >= 0; --a) {
-      I s = (I)d.shape[a];
-      I nq = q / s;
-      I rem = q - nq * s;
 #pragma unroll
-      for (int k = 0; k < K; ++k) off[k] += (i64)rem * d.strides[k][a];
-      q = nq;
+    for (int a = NV_MAX_DIMS - 2; a >= 0; --a) {
+      if (a < last) {
+        I s = (I)d.shape[a];
+        I nq = q / s;
+        I rem = q - nq * s;
+#pragma unroll
+        for (int k = 0; k < K; ++k) off[k] += (i64)rem * d.strides[k][a];
+        q = nq;
+      }
     }
     int cnt = inner - j0 < (I)R ? (int)(inner - j0) : R;
-    body(off, cnt, (u64)row * (u64)inner + (u64)j0);
+    body(off, inner_s, cnt, (u64)row * (u64)inner + (u64)j0);
   }
 }
 
 template <int K, int R, typename Body>
 __device__ __forceinline__ void for_runs(const Dims& d, u64 n, Body body) {
-  u64 inner = (u64)d.shape[d.ndim - 1];
+  u64 inner = (u64)dims_at(d.shape, d.ndim - 1);
   u64 runs = n / inner * ((inner + R - 1) / R);
   if (runs + (u64)gridDim.x * blockDim.x < (1ull << 32)) for_runs_as<K, R, unsigned int>(d, n, body);
   else for_runs_as<K, R, u64>(d, n, body);
@@ -126,10 +132,10 @@ __device__ __forceinline__ void unary_contig(const T* __restrict__ x, U* __restr
 template <typename T, typename U, typename F>
 __device__ __forceinline__ void unary_strided(const T* __restrict__ x, U* __restrict__ out, u64 n, Dims d, F f) {
   constexpr int R = RunLen<T, U>::v;
-  for_runs<1, R>(d, n, [&](const i64* off, int cnt, u64 i) {
+  for_runs<1, R>(d, n, [&](const i64* off, const i64* s, int cnt, u64 i) {
     T v[R];
     U r[R];
-    load_run<T, R>(x, off[0], d.strides[0][d.ndim - 1], cnt, v);
+    load_run<T, R>(x, off[0], s[0], cnt, v);
 #pragma unroll
     for (int j = 0; j < R; ++j) r[j] = f(v[j]);
     store_run<U, R>(out, (i64)i, 1, cnt, r);
@@ -160,12 +166,11 @@ template <typename T, typename U, typename F>
 __device__ __forceinline__ void binary_strided(const T* __restrict__ a, const T* __restrict__ b, U* __restrict__ out,
                                                u64 n, Dims d, F f) {
   constexpr int R = RunLen<T, U>::v;
-  const int last = d.ndim - 1;
-  for_runs<2, R>(d, n, [&](const i64* off, int cnt, u64 i) {
+  for_runs<2, R>(d, n, [&](const i64* off, const i64* s, int cnt, u64 i) {
     T va[R], vb[R];
     U r[R];
-    load_run<T, R>(a, off[0], d.strides[0][last], cnt, va);
-    load_run<T, R>(b, off[1], d.strides[1][last], cnt, vb);
+    load_run<T, R>(a, off[0], s[0], cnt, va);
+    load_run<T, R>(b, off[1], s[1], cnt, vb);
 #pragma unroll
     for (int j = 0; j < R; ++j) r[j] = f(va[j], vb[j]);
     store_run<U, R>(out, (i64)i, 1, cnt, r);
