@@ -19,6 +19,9 @@
 #   3. prints the side-by-side table of bench/ops_table.py (case, nuvec GB/s and fraction of the
 #      copy ceiling, torch GB/s and fraction, nuvec/torch, flags <85% and <torch) to stdout and
 #      $OUT/ops-table.txt.
+#   4. with GPU_OPS_COMPOSITIONS=1, the fast ops' compositions (bench_fast, NUVEC_FUSED=0)
+#      against PyTorch eager's (bench/gpu_fast_peers.py --modes eager), to
+#      $OUT/compositions-table.txt.
 # Environment: GPU_OPS_ONLY (--only for both), GPU_OPS_SECONDS (570: the whole script ends
 # within it), GPU_OPS_BENCH_TIMEOUT (300), GPU_OPS_SKIP_PEERS=1 (nuvec only), OUT (default
 # target/gpu-ops). The whole list may not fit in one 600 s call on a slow start: split it with
@@ -81,7 +84,7 @@ if [ ! -d .gpu ]; then
     echo "no .gpu bundle: build it with scripts/build-gpu-bundle.sh and carry .gpu"
     exit 2
 fi
-for name in bench_ops precompile_kernels; do
+for name in bench_ops bench_fast precompile_kernels; do
     if [ -e ".gpu/$name.xz" ] && [ ! -x ".gpu/$name" ]; then
         unxz_to ".gpu/$name.xz" ".gpu/$name" && chmod +x ".gpu/$name"
     fi
@@ -147,6 +150,30 @@ fi
 # --- table -------------------------------------------------------------------------------
 echo
 python3 bench/ops_table.py "$OUT/bench_ops.tsv" "$OUT/gpu_ops_peers.tsv" | tee "$OUT/ops-table.txt"
+
+# --- fast ops as their compositions against PyTorch eager's ------------------------------
+# GPU_OPS_COMPOSITIONS=1: bench_fast with NUVEC_FUSED=0 (each fast op as the ordinary ops of
+# its composition) and gpu_fast_peers.py's eager mode (the same composition in PyTorch), on
+# the cases whose name contains GPU_OPS_COMPOSITIONS_ONLY (default _bf16_). Their `<torch`
+# flag is the target here; `<85%` does not apply to a composition.
+if [ "${GPU_OPS_COMPOSITIONS:-0}" = 1 ] && [ -x .gpu/bench_fast ]; then
+    only=${GPU_OPS_COMPOSITIONS_ONLY:-_bf16_}
+    budget=$(($(left) / 2))
+    echo "== compositions: bench_fast NUVEC_FUSED=0 --only $only (timeout ${budget}s)"
+    echo "### bench_fast NUVEC_FUSED=0 --only $only" >>"$RUNLOG"
+    NUVEC_FUSED=0 timeout -k 10 "$budget" .gpu/bench_fast --only "$only" --out "$OUT/compositions.tsv" \
+        >>"$RUNLOG" 2>&1
+    budget=$(($(left) - 10))
+    echo "== compositions: gpu_fast_peers.py --modes eager --only $only (timeout ${budget}s)"
+    echo "### gpu_fast_peers.py --modes eager --only $only" >>"$RUNLOG"
+    LD_LIBRARY_PATH=$ORIG_LD_LIBRARY_PATH timeout -k 10 "$budget" python3 bench/gpu_fast_peers.py \
+        --modes eager --only "$only" --deadline $((budget - 10)) \
+        --batch-ms "${NUVEC_BENCH_BATCH_MS:-100}" --batches "${NUVEC_BENCH_BATCHES:-5}" \
+        >"$OUT/compositions_peers.tsv" 2>>"$RUNLOG"
+    echo
+    python3 bench/ops_table.py "$OUT/compositions.tsv" "$OUT/compositions_peers.tsv" |
+        tee "$OUT/compositions-table.txt"
+fi
 echo "== done in $(($(now) - START)) s; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
 if [ "$BENCH_RC" != 0 ]; then
     exit 1

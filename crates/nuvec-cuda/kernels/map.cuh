@@ -71,9 +71,11 @@ __device__ __forceinline__ void for_runs(const Dims& d, u64 n, Body body) {
   else for_runs_as<K, R, u64>(d, n, body);
 }
 
-// Elements per run for operands of these sizes: 16 bytes of the narrowest.
+// Elements per run for operands of these sizes: 32 bytes of the narrowest (two 16-byte
+// accesses in flight per operand), at most 16.
 template <typename A, typename B> struct RunLen {
-  static constexpr int v = 16 / (sizeof(A) < sizeof(B) ? sizeof(A) : sizeof(B));
+  static constexpr int w = 32 / (sizeof(A) < sizeof(B) ? sizeof(A) : sizeof(B));
+  static constexpr int v = w < 16 ? w : 16;
 };
 
 template <typename T, int R>

@@ -11,7 +11,9 @@ use nuvec_core::{DType, Result};
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, Dims};
-use crate::operand::{aligned, alloc, alloc_out, dense, dense_output, kernel, launch_1d, ptr_of, scalar_like};
+use crate::operand::{
+    aligned, alloc, alloc_out, dense, dense_output, kernel, launch_1d, ptr_of, row_major, scalar_like,
+};
 
 /// Whether the binary module of `d` has `op` (the ops core sends with inputs of dtype `d`).
 pub fn has_binary(op: BinaryOp, d: DType) -> bool {
@@ -100,11 +102,23 @@ pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: 
         let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::Dims(Box::new(d))];
         return launch_1d(gpu, f, n, 1, args);
     }
+    // A transposed operand (a dense buffer read across its rows) goes through the tiled copy
+    // first: the strided walk would read it a few bytes per row.
+    if transposed(&a) || transposed(&b) {
+        let a = if transposed(&a) { row_major(gpu, a)? } else { a };
+        let b = if transposed(&b) { row_major(gpu, b)? } else { b };
+        return binary(gpu, op, a, b, out);
+    }
     let op_ptr = alloc_out(gpu, out)?;
     let d = Dims::new(&out.shape, &[&a.data.layout.strides, &b.data.layout.strides])?;
     let f = kernel(gpu, family, &format!("binary_{name}_s"))?;
     let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::Dims(Box::new(d))];
     launch_1d(gpu, f, n, 1, args)
+}
+
+/// Whether `x` is a dense buffer whose innermost axis is not its contiguous one.
+fn transposed(x: &Operand) -> bool {
+    dense(x) && !scalar_like(x) && !x.data.layout.flags.row_contiguous && x.data.layout.strides.last() != Some(&1)
 }
 
 pub(crate) fn select(gpu: &Arc<Gpu>, c: Operand, a: Operand, b: Operand, out: &mut Output) -> Result<()> {

@@ -75,7 +75,9 @@ pub(crate) fn copy_into(gpu: &Arc<Gpu>, src: &Operand, dst: CUdeviceptr, dst_str
 /// one batch axis, and each side longer than a tile's edge.
 fn transposed_grid(d: &Dims) -> Option<(u32, u32, u32)> {
     let nd = d.ndim as usize;
-    if !(2..=3).contains(&nd) || d.strides[0][nd - 1] != 1 || d.strides[1][nd - 2] != 1 {
+    // A source broadcast along the last axis (stride 0) is not a transpose: the strided walk
+    // reads it once per run.
+    if !(2..=3).contains(&nd) || d.strides[0][nd - 1] != 1 || d.strides[1][nd - 2] != 1 || d.strides[1][nd - 1] == 0 {
         return None;
     }
     let (a, b) = (d.shape[nd - 2], d.shape[nd - 1]);
