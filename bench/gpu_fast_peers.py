@@ -9,6 +9,10 @@ Times the cases of bench_fast, by the same names and byte counts, on GPU 0, in t
   then that; ``F.layer_norm``; ``F.silu(gate) * up``; rotary embedding by halves,
   ``x * cos + cat(-x2, x1) * sin`` in float32 with the cos/sin tables made before timing (as a
   model shares them between layers); ``F.cross_entropy``.
+* ``torch_composition``: PyTorch eager running nuvec's own composition of the op, op for op,
+  where it differs from the eager mode: SwiGLU ``(g * sigmoid(g) * u)`` in float32 rounded
+  once, layer norm as centred values times ``rsqrt(var + eps)`` in float32 then ``* w + b``
+  (the comparison for nuvec's ``NUVEC_FUSED=0``; RMS norm and RoPE's eager mode already is).
 * ``torch_compile``: ``torch.compile`` of the eager function (forward and backward).
 * ``torch_F_rms_norm``: ``torch.nn.functional.rms_norm`` (RMS norm cases only).
 * ``liger``: Liger Kernel's autograd functions from ``liger_kernel.ops``
@@ -71,7 +75,7 @@ ELEM = 2  # bytes per bf16
 TARGET_MIN_BYTES = 64 << 20
 ROPE_BASE = 10000.0
 HEADS, HEAD_DIM = 32, 128
-MODES = ("eager", "F_rms_norm", "liger", "compile")
+MODES = ("eager", "composition", "F_rms_norm", "liger", "compile")
 
 
 def prefix_of(mode):
@@ -109,6 +113,18 @@ def layer_norm_eager(x, w, b):
 
 def swiglu_eager(gate, up):
     return F.silu(gate) * up
+
+
+def swiglu_composition(gate, up):
+    g = gate.float()
+    return (g * torch.sigmoid(g) * up.float()).to(gate.dtype)
+
+
+def layer_norm_composition(x, w, b):
+    xf = x.float()
+    centred = xf - xf.mean(-1, keepdim=True)
+    var = centred.square().mean(-1, keepdim=True)
+    return (centred * torch.rsqrt(var + EPS)).to(x.dtype) * w + b
 
 
 def rope_eager(x, cos, sin):
@@ -312,6 +328,7 @@ def build_cases(copies, liger):
         c = Case(f"layer_norm_fwd_bf16_{t}x{h}", 2 * xb + 2 * pb, xb, False)
         k = copies(xb)
         c.makers["eager"] = fwd_maker(layer_norm_eager, ins, k)
+        c.makers["composition"] = fwd_maker(layer_norm_composition, ins, k)
         c.makers["compile"] = compiled(layer_norm_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
         if liger.has("LigerLayerNormFunction"):
             c.makers["liger"] = fwd_maker(lambda x, w, b: liger("LigerLayerNormFunction", X=x, W=w, B=b, eps=EPS),
@@ -321,6 +338,7 @@ def build_cases(copies, liger):
         k = copies(2 * xb)
         cots = cots_like(330)
         c.makers["eager"] = bwd_maker(layer_norm_eager, ins, (0, 1, 2), cots, k)
+        c.makers["composition"] = bwd_maker(layer_norm_composition, ins, (0, 1, 2), cots, k)
         c.makers["compile"] = compiled(layer_norm_eager)(
             lambda fn, ins=ins, k=k, cots=cots: bwd_maker(fn, ins, (0, 1, 2), cots, k))
         if liger.has("LigerLayerNormFunction"):
@@ -341,6 +359,7 @@ def build_cases(copies, liger):
         c = Case(f"swiglu_fwd_bf16_{t}x{ffn}", 3 * nb, nb, False)
         k = copies(2 * nb)
         c.makers["eager"] = fwd_maker(swiglu_eager, ins, k)
+        c.makers["composition"] = fwd_maker(swiglu_composition, ins, k)
         c.makers["compile"] = compiled(swiglu_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
         if liger.has("LigerSiLUMulFunction"):
             c.makers["liger"] = fwd_maker(liger_swiglu, ins, k)
@@ -349,6 +368,7 @@ def build_cases(copies, liger):
         k = copies(3 * nb)
         cots = cots_like(420)
         c.makers["eager"] = bwd_maker(swiglu_eager, ins, (0, 1), cots, k)
+        c.makers["composition"] = bwd_maker(swiglu_composition, ins, (0, 1), cots, k)
         c.makers["compile"] = compiled(swiglu_eager)(
             lambda fn, ins=ins, k=k, cots=cots: bwd_maker(fn, ins, (0, 1), cots, k))
         if liger.has("LigerSiLUMulFunction"):
@@ -554,7 +574,7 @@ def main():
         emit(f"# {prefix_of(mode)}:{case.name} skipped ({why})")
 
     for case in cases:
-        for mode in ("eager", "F_rms_norm", "liger"):
+        for mode in ("eager", "composition", "F_rms_norm", "liger"):
             if mode not in modes or mode not in case.makers:
                 continue
             if left() < 10:

@@ -20,7 +20,7 @@
 #      copy ceiling, torch GB/s and fraction, nuvec/torch, flags <85% and <torch) to stdout and
 #      $OUT/ops-table.txt.
 #   4. with GPU_OPS_COMPOSITIONS=1, the fast ops' compositions (bench_fast, NUVEC_FUSED=0)
-#      against PyTorch eager's (bench/gpu_fast_peers.py --modes eager), to
+#      against PyTorch eager's (bench/gpu_fast_peers.py --modes eager,composition), to
 #      $OUT/compositions-table.txt.
 # Environment: GPU_OPS_ONLY (--only for both), GPU_OPS_SECONDS (570: the whole script ends
 # within it), GPU_OPS_BENCH_TIMEOUT (300), GPU_OPS_SKIP_PEERS=1 (nuvec only), OUT (default
@@ -164,15 +164,21 @@ if [ "${GPU_OPS_COMPOSITIONS:-0}" = 1 ] && [ -x .gpu/bench_fast ]; then
     NUVEC_FUSED=0 timeout -k 10 "$budget" .gpu/bench_fast --only "$only" --out "$OUT/compositions.tsv" \
         >>"$RUNLOG" 2>&1
     budget=$(($(left) - 10))
-    echo "== compositions: gpu_fast_peers.py --modes eager --only $only (timeout ${budget}s)"
-    echo "### gpu_fast_peers.py --modes eager --only $only" >>"$RUNLOG"
+    echo "== compositions: gpu_fast_peers.py --modes eager,composition --only $only (timeout ${budget}s)"
+    echo "### gpu_fast_peers.py --modes eager,composition --only $only" >>"$RUNLOG"
     LD_LIBRARY_PATH=$ORIG_LD_LIBRARY_PATH timeout -k 10 "$budget" python3 bench/gpu_fast_peers.py \
-        --modes eager --only "$only" --deadline $((budget - 10)) \
+        --modes eager,composition --only "$only" --deadline $((budget - 10)) \
         --batch-ms "${NUVEC_BENCH_BATCH_MS:-100}" --batches "${NUVEC_BENCH_BATCHES:-5}" \
         >"$OUT/compositions_peers.tsv" 2>>"$RUNLOG"
     echo
     python3 bench/ops_table.py "$OUT/compositions.tsv" "$OUT/compositions_peers.tsv" |
         tee "$OUT/compositions-table.txt"
+    # Against PyTorch running nuvec's composition op for op, where the eager mode differs.
+    grep -E '^(torch_composition:|torch_eager:ceiling)' "$OUT/compositions_peers.tsv" |
+        sed 's/^torch_composition:/torch_eager:/' >"$OUT/compositions_same.tsv"
+    echo "== against PyTorch running the same composition (torch_composition)" | tee -a "$OUT/compositions-table.txt"
+    python3 bench/ops_table.py "$OUT/compositions.tsv" "$OUT/compositions_same.tsv" |
+        tee -a "$OUT/compositions-table.txt"
 fi
 echo "== done in $(($(now) - START)) s; files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
 if [ "$BENCH_RC" != 0 ]; then

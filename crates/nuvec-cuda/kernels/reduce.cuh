@@ -248,6 +248,7 @@ __device__ __forceinline__ void arg_reduce(const T* __restrict__ x, u32* __restr
     bool have = false;
     A best = A();
     u64 at = 0;
+#pragma unroll 4
     for (u64 i = lane; i < len; i += 32) {
       A v = widen(p[(i64)i * axis_stride]);
       bool nan_v = !(v == v), nan_b = have && !(best == best);
@@ -280,4 +281,69 @@ __device__ __forceinline__ void arg_reduce(const T* __restrict__ x, u32* __restr
     }
     if (lane == 0) out[o] = (u32)at;
   }
+}
+
+// Column form of arg_reduce: the outputs are consecutive (stride 1) and the reduced axis is
+// strided, so one thread per output and segment of the axis reads whole rows across a warp.
+// With segs > 1 each segment leaves a (value, index) pair, index ~0 for none, and
+// arg_reduce_cols_finish merges them in segment order (the first extreme or NaN wins).
+template <typename T, bool ARGMAX>
+__device__ __forceinline__ bool arg_better(typename Acc<T>::type best, bool have, typename Acc<T>::type v) {
+  typedef typename Acc<T>::type A;
+  bool nan_v = !(v == v), nan_b = have && !(best == best);
+  return !have || (!nan_b && (nan_v || (ARGMAX ? Ops<A>::lt(best, v) : Ops<A>::lt(v, best))));
+}
+
+template <typename T, bool ARGMAX>
+__device__ __forceinline__ void arg_reduce_cols(const T* __restrict__ x, u32* __restrict__ out,
+                                                typename Acc<T>::type* __restrict__ part_v, u32* __restrict__ part_i,
+                                                u64 cols, u64 len, i64 axis_stride, u64 segs) {
+  typedef typename Acc<T>::type A;
+  u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  u64 seg = blockIdx.y;
+  u64 per = (len + segs - 1) / segs;
+  u64 lo = seg * per, hi = lo + per < len ? lo + per : len;
+  const T* p = x + j + (i64)lo * axis_stride;
+  bool have = false;
+  A best = A();
+  u32 at = 0xffffffffu;
+#pragma unroll 4
+  for (u64 i = lo; i < hi; ++i) {
+    A v = widen(p[(i64)(i - lo) * axis_stride]);
+    if (arg_better<T, ARGMAX>(best, have, v)) {
+      best = v;
+      at = (u32)i;
+      have = true;
+    }
+  }
+  if (segs == 1) {
+    out[j] = at;
+  } else {
+    part_v[seg * cols + j] = best;
+    part_i[seg * cols + j] = at;
+  }
+}
+
+template <typename T, bool ARGMAX>
+__device__ __forceinline__ void arg_reduce_cols_finish(const typename Acc<T>::type* __restrict__ part_v,
+                                                       const u32* __restrict__ part_i, u32* __restrict__ out, u64 cols,
+                                                       u64 segs) {
+  typedef typename Acc<T>::type A;
+  u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  bool have = false;
+  A best = A();
+  u32 at = 0;
+  for (u64 s = 0; s < segs; ++s) {
+    u32 i = part_i[s * cols + j];
+    if (i == 0xffffffffu) continue;
+    A v = part_v[s * cols + j];
+    if (arg_better<T, ARGMAX>(best, have, v)) {
+      best = v;
+      at = i;
+      have = true;
+    }
+  }
+  out[j] = at;
 }

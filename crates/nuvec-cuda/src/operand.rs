@@ -99,6 +99,10 @@ pub(crate) fn launch_1d(gpu: &Gpu, f: CUfunction, n: u64, per_thread: u64, args:
     if n == 0 {
         return Ok(());
     }
-    let grid = grid_for(gpu, n.div_ceil(per_thread), BLOCK as u64);
+    let grid = if std::env::var("NUVEC_EXP_ONE_SHOT").is_ok_and(|v| v == "1") {
+        n.div_ceil(per_thread).div_ceil(BLOCK as u64).clamp(1, i32::MAX as u64) as u32
+    } else {
+        grid_for(gpu, n.div_ceil(per_thread), BLOCK as u64)
+    };
     launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)
 }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUdeviceptr;
 use nuvec_core::primitive::{ArgReduceOp, ReduceOp};
 use nuvec_core::shape::elem_count;
 use nuvec_core::storage::{Operand, Output};
@@ -73,6 +74,13 @@ pub(crate) fn arg_source(d: DType) -> String {
     for (n, max) in [("argmax", true), ("argmin", false)] {
         s.kernel(format!(
             "{n}(const {t}* x, u32* out, u64 n_out, u64 len, i64 axis_stride, Dims d) {{ arg_reduce<{t}, {max}>(x, out, n_out, len, axis_stride, d); }}"
+        ));
+        let a = format!("typename Acc<{t}>::type");
+        s.kernel(format!(
+            "{n}_cols(const {t}* x, u32* out, {a}* pv, u32* pi, u64 cols, u64 len, i64 axis_stride, u64 segs) {{ arg_reduce_cols<{t}, {max}>(x, out, pv, pi, cols, len, axis_stride, segs); }}"
+        ));
+        s.kernel(format!(
+            "{n}_cols_finish(const {a}* pv, const u32* pi, u32* out, u64 cols, u64 segs) {{ arg_reduce_cols_finish<{t}, {max}>(pv, pi, out, cols, segs); }}"
         ));
     }
     s.finish()
@@ -181,6 +189,45 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
     launch_1d(gpu, f, n_out, 1, args)
 }
 
+/// `arg_reduce` over a strided axis with consecutive outputs (columns): one thread per column
+/// and segment, enough segments to fill the GPU, then a merge in segment order.
+fn arg_reduce_cols(
+    gpu: &Arc<Gpu>,
+    op: ArgReduceOp,
+    x: &Operand,
+    out: CUdeviceptr,
+    cols: u64,
+    len: u64,
+    axis_stride: i64,
+) -> Result<()> {
+    let family = Family::ArgReduce(x.dtype);
+    let sms = gpu.info.multiprocessors.max(1) as u64;
+    let blocks_x = cols.div_ceil(BLOCK as u64);
+    let segs = if blocks_x >= 8 * sms { 1 } else { (8 * sms).div_ceil(blocks_x).min(len.div_ceil(64)).clamp(1, 65535) };
+    // Partial values in the accumulator type (at most 8 bytes), then their u32 indices.
+    let part = if segs > 1 { Some(alloc(gpu, (cols * segs) as usize * 12, DType::U8)?) } else { None };
+    let pv = part.as_ref().map(|p| p.0).unwrap_or(0);
+    let pi = pv + cols * segs * 8;
+    let f = kernel(gpu, family, &format!("{}_cols", op.name()))?;
+    let args = vec![
+        Arg::Ptr(ptr_of(x)?),
+        Arg::Ptr(out),
+        Arg::Ptr(pv),
+        Arg::Ptr(pi),
+        Arg::U64(cols),
+        Arg::U64(len),
+        Arg::I64(axis_stride),
+        Arg::U64(segs),
+    ];
+    launch(gpu, f, (blocks_x as u32, segs as u32, 1), (BLOCK, 1, 1), 0, args)?;
+    if segs > 1 {
+        let f = kernel(gpu, family, &format!("{}_cols_finish", op.name()))?;
+        let args = vec![Arg::Ptr(pv), Arg::Ptr(pi), Arg::Ptr(out), Arg::U64(cols), Arg::U64(segs)];
+        launch(gpu, f, (blocks_x as u32, 1, 1), (BLOCK, 1, 1), 0, args)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn arg_reduce(gpu: &Arc<Gpu>, op: ArgReduceOp, axis: usize, x: Operand, out: &mut Output) -> Result<()> {
     let n_out = out.size() as u64;
     let op_ptr = alloc_out(gpu, out)?;
@@ -191,6 +238,10 @@ pub(crate) fn arg_reduce(gpu: &Arc<Gpu>, op: ArgReduceOp, axis: usize, x: Operan
     let kept_shape: Vec<i32> = kept.iter().map(|&a| x.shape[a]).collect();
     let kept_strides: Vec<isize> = kept.iter().map(|&a| x.data.layout.strides[a]).collect();
     let d = Dims::new(&kept_shape, &[&kept_strides])?;
+    let (len, axis_stride) = (x.shape[axis] as u64, x.data.layout.strides[axis] as i64);
+    if d.ndim == 1 && d.strides[0][0] == 1 && d.shape[0] as u64 == n_out && axis_stride != 1 && len < u32::MAX as u64 {
+        return arg_reduce_cols(gpu, op, &x, op_ptr, n_out, len, axis_stride);
+    }
     let f = kernel(gpu, Family::ArgReduce(x.dtype), op.name())?;
     let grid = grid_for(gpu, n_out, (BLOCK / 32) as u64);
     let args = vec![

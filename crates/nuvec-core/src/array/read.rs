@@ -6,7 +6,9 @@ use crate::error::{Error, Result};
 use crate::storage::{Data, internal};
 
 impl Array {
-    /// The elements in row-major order. Evaluates the array; `T` must be the array's dtype.
+    /// The elements in row-major order. Evaluates the array; `T` must be the array's dtype:
+    /// reading as another type fails with a message saying which `astype` to call (a silent
+    /// conversion would hide a dtype the program did not mean to have).
     ///
     /// ```
     /// use nuvec::array;
@@ -18,7 +20,17 @@ impl Array {
         Ok(T::from_bytes(&bytes))
     }
 
-    /// The single element of a one-element array. Evaluates the array; `T` must be its dtype.
+    /// The single element of a one-element array. Evaluates the array; `T` must be its dtype,
+    /// as for [`Array::to_vec`].
+    ///
+    /// ```
+    /// use nuvec::{array, DType};
+    /// let mean = array![1.0, 2.0].mean(..); // float32
+    /// assert_eq!(mean.item::<f32>().unwrap(), 1.5);
+    /// let err = mean.item::<f64>().unwrap_err();
+    /// assert!(err.to_string().contains("call astype(DType::F64) first"), "{err}");
+    /// assert_eq!(mean.astype(DType::F64).item::<f64>().unwrap(), 1.5);
+    /// ```
     pub fn item<T: Element>(&self) -> Result<T> {
         self.check_element::<T>()?;
         if self.size() != 1 {
@@ -43,7 +55,7 @@ impl Array {
         }
         if T::DTYPE != self.dtype() {
             return Err(Error::InvalidArgument(format!(
-                "cannot read an array of {} as {}: call astype({:?}) first",
+                "cannot read an array of {} as {}: call astype(DType::{:?}) first",
                 self.dtype(),
                 T::DTYPE,
                 T::DTYPE

@@ -749,3 +749,31 @@ fn fast_ops_have_gpu_kernels() {
         }
     }
 }
+
+/// Arg-reductions down long columns run in segments merged in order: ties and NaNs that fall
+/// in different segments must give the CPU's first index.
+#[test]
+fn arg_reductions_down_long_columns_agree() {
+    if !gpu() {
+        return;
+    }
+    for dtype in [DType::F32, DType::BF16, DType::I32] {
+        for (rows, cols) in [(5000, 3), (20000, 40), (700, 300)] {
+            // Few distinct values (many ties), a NaN late in column 1 and early in column 2.
+            let x = (values(&[rows, cols], DType::F32, 0.9) * 2.0).floor();
+            let x = if dtype.is_float() {
+                let r = ops::arange(0, rows, 1).reshape([rows, 1]);
+                let c = ops::arange(0, cols, 1).reshape([1, cols]);
+                let nan_at = r.equal(rows - 3).logical_and(c.equal(1)).logical_or(r.equal(7).logical_and(c.equal(2)));
+                ops::where_(&nan_at, f32::NAN, &x)
+            } else {
+                x
+            };
+            let x = x.astype(dtype);
+            let tag = format!("{dtype} [{rows}, {cols}]");
+            both(&format!("argmax axis 0 {tag}"), std::slice::from_ref(&x), |v| v[0].argmax(0));
+            both(&format!("argmin axis 0 {tag}"), std::slice::from_ref(&x), |v| v[0].argmin(0));
+            both(&format!("argmax axis 1 of transposed {tag}"), std::slice::from_ref(&x), |v| v[0].t().argmax(1));
+        }
+    }
+}
