@@ -112,11 +112,24 @@ __device__ __forceinline__ void reduce_rows(const T* __restrict__ x, typename Re
       u64 n = hi - lo;
       if (((unsigned long long)q % 16) == 0) {
         u64 nv = n / N;
-        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
-          Vec<T, N> v = reinterpret_cast<const Vec<T, N>*>(q)[i];
+        const Vec<T, N>* qv = reinterpret_cast<const Vec<T, N>*>(q);
+        // Two vectors in flight per thread, into two accumulators.
+        A acc2 = R::init();
+        u64 i = threadIdx.x;
+        for (; i + blockDim.x < nv; i += 2 * blockDim.x) {
+          Vec<T, N> v = qv[i], w = qv[i + blockDim.x];
+#pragma unroll
+          for (int j = 0; j < N; ++j) {
+            acc = R::step(acc, v.v[j]);
+            acc2 = R::step(acc2, w.v[j]);
+          }
+        }
+        if (i < nv) {
+          Vec<T, N> v = qv[i];
 #pragma unroll
           for (int j = 0; j < N; ++j) acc = R::step(acc, v.v[j]);
         }
+        acc = R::merge(acc, acc2);
         for (u64 i = nv * N + threadIdx.x; i < n; i += blockDim.x) acc = R::step(acc, q[i]);
       } else {
         for (u64 i = threadIdx.x; i < n; i += blockDim.x) acc = R::step(acc, q[i]);

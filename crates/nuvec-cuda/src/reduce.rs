@@ -126,7 +126,7 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
             return launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args);
         }
         // Split long rows so every multiprocessor has work, then merge the partials.
-        let target = 4 * sms;
+        let target = 8 * sms;
         let segs = if n_out >= target { 1 } else { target.div_ceil(n_out).min(len.div_ceil(8192)).max(1) };
         let f = kernel(gpu, family, &format!("reduce_rows_{name}"))?;
         let partials =
