@@ -36,7 +36,7 @@ NV_BIN_SAME(right_shift, Ops<T>::shr(a, b))
 template <typename T>
 __device__ __forceinline__ void select_strided(const bool* __restrict__ c, const T* __restrict__ a,
                                                const T* __restrict__ b, T* __restrict__ out, u64 n, Dims d) {
-  constexpr int R = RunLen<T, T>::v;
+  constexpr int R = CopyRunLen<T>::v;
   for_runs<3, R>(d, n, [&](const i64* off, const i64* s, int cnt, u64 i) {
     bool vc[R];
     T va[R], vb[R], r[R];

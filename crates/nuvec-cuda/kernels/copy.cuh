@@ -7,7 +7,7 @@
 // dst[offset_of(d, 0, i)] = src[offset_of(d, 1, i)] for every element i (any layouts).
 template <typename T>
 __device__ __forceinline__ void copy_strided(const T* __restrict__ src, T* __restrict__ dst, u64 n, Dims d) {
-  constexpr int R = RunLen<T, T>::v;
+  constexpr int R = CopyRunLen<T>::v;
   for_runs<2, R>(d, n, [&](const i64* off, const i64* s, int cnt, u64) {
     T v[R];
     load_run<T, R>(src, off[1], s[1], cnt, v);

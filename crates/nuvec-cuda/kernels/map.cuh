@@ -71,11 +71,16 @@ __device__ __forceinline__ void for_runs(const Dims& d, u64 n, Body body) {
   else for_runs_as<K, R, u64>(d, n, body);
 }
 
-// Elements per run for operands of these sizes: 32 bytes of the narrowest (two 16-byte
-// accesses in flight per operand), at most 16.
+// Elements per run of a map over operands of these sizes: 32 bytes of the narrowest (two
+// 16-byte accesses in flight per operand), at most 8 elements (16 two-byte values converted
+// to f32 cost more registers than the extra access gains). Copies and `where`, which do no
+// arithmetic, take 32 bytes of any size (CopyRunLen).
 template <typename A, typename B> struct RunLen {
   static constexpr int w = 32 / (sizeof(A) < sizeof(B) ? sizeof(A) : sizeof(B));
-  static constexpr int v = w < 16 ? w : 16;
+  static constexpr int v = w < 8 ? w : 8;
+};
+template <typename T> struct CopyRunLen {
+  static constexpr int v = 32 / sizeof(T) < 16 ? 32 / sizeof(T) : 16;
 };
 
 template <typename T, int R>
