@@ -12,7 +12,7 @@ use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, Dims};
 use crate::operand::{
-    aligned, alloc, alloc_out, dense, dense_output, kernel, launch_1d, ptr_of, row_major, scalar_like,
+    Cost, aligned, alloc, alloc_out, dense, dense_output, kernel, launch_1d, launch_map, ptr_of, row_major, scalar_like,
 };
 
 /// Whether the binary module of `d` has `op` (the ops core sends with inputs of dtype `d`).
@@ -90,7 +90,12 @@ pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: 
             let f = kernel(gpu, family, &format!("binary_{name}_c"))?;
             let per = (16 / a.dtype.size()).max(1) as u64;
             let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::I32(mode)];
-            return launch_1d(gpu, f, n, per, args);
+            use BinaryOp::*;
+            let cost = match op {
+                Power | LogAddExp | ArcTan2 | Remainder => Cost::Heavy,
+                _ => Cost::Light,
+            };
+            return launch_map(gpu, f, n, per, cost, args);
         }
         let (s_a, s_b): (&[isize], &[isize]) = match mode {
             0 => (&[1], &[1]),

@@ -11,7 +11,7 @@ use nuvec_core::{DType, Result};
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, Dims, launch};
-use crate::operand::{alloc_out, buffer_ptr, dense, internal, kernel, launch_1d, ptr_of};
+use crate::operand::{Cost, alloc_out, buffer_ptr, dense, internal, kernel, launch_1d, ptr_of};
 
 /// The copy module of elements of `size` bytes (1, 2, 4 or 8): `copy_s` (any layouts) and
 /// `copy_t` (a transposing copy through shared-memory tiles).
@@ -102,7 +102,7 @@ pub(crate) fn copy(gpu: &Arc<Gpu>, x: Operand, out: &mut Output) -> Result<()> {
 pub(crate) fn astype(gpu: &Arc<Gpu>, x: Operand, out: &mut Output) -> Result<()> {
     let family = Family::Cast(x.dtype);
     let name = format!("cast_{}", out.dtype.name());
-    crate::unary::map(gpu, family, &name, x, out)
+    crate::unary::map(gpu, family, &name, x, out, Cost::Light)
 }
 
 pub(crate) fn concatenate(gpu: &Arc<Gpu>, axis: usize, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {

@@ -94,15 +94,31 @@ pub(crate) fn kernel(gpu: &Gpu, family: Family, name: &str) -> Result<CUfunction
     gpu.modules.get(gpu, &family.key(), || family.source(), &[])?.function(name)
 }
 
-/// Launches an element-wise kernel over `n` items with the standard grid.
+/// Launches an element-wise kernel over `n` items with the standard grid (at most 32 blocks per
+/// SM, each thread looping over the items).
 pub(crate) fn launch_1d(gpu: &Gpu, f: CUfunction, n: u64, per_thread: u64, args: Vec<Arg>) -> Result<()> {
     if n == 0 {
         return Ok(());
     }
-    let grid = if std::env::var("NUVEC_EXP_ONE_SHOT").is_ok_and(|v| v == "1") {
-        n.div_ceil(per_thread).div_ceil(BLOCK as u64).clamp(1, i32::MAX as u64) as u32
-    } else {
-        grid_for(gpu, n.div_ceil(per_thread), BLOCK as u64)
-    };
+    let grid = grid_for(gpu, n.div_ceil(per_thread), BLOCK as u64);
+    launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)
+}
+
+/// How a contiguous map's kernel is launched: `Light` maps (a few instructions per element,
+/// bound by memory) get a grid as large as the work, one vector per thread; `Heavy` ones
+/// (libdevice transcendental functions) the capped grid-stride launch, where fewer threads
+/// with more work each were faster (bench/results/2026-12-02-gpu-ops.md, run 5).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cost {
+    Light,
+    Heavy,
+}
+
+/// Launches a contiguous map over `n` items, `per_thread` to a thread, by its cost.
+pub(crate) fn launch_map(gpu: &Gpu, f: CUfunction, n: u64, per_thread: u64, cost: Cost, args: Vec<Arg>) -> Result<()> {
+    if cost == Cost::Heavy || n == 0 {
+        return launch_1d(gpu, f, n, per_thread, args);
+    }
+    let grid = n.div_ceil(per_thread).div_ceil(BLOCK as u64).clamp(1, i32::MAX as u64) as u32;
     launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)
 }

@@ -11,7 +11,7 @@ use nuvec_core::storage::{Operand, Output};
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, Dims};
-use crate::operand::{aligned, alloc_out, dense, dense_output, kernel, launch_1d, ptr_of};
+use crate::operand::{Cost, aligned, alloc_out, dense, dense_output, kernel, launch_1d, launch_map, ptr_of};
 
 /// The functor implementing a unary op on `d`, or `None` when no kernel covers it.
 pub fn functor(op: UnaryOp, d: DType) -> Option<&'static str> {
@@ -93,12 +93,18 @@ pub(crate) fn source(d: DType) -> String {
 }
 
 pub(crate) fn unary(gpu: &Arc<Gpu>, op: UnaryOp, x: Operand, out: &mut Output) -> Result<()> {
-    map(gpu, Family::Unary(x.dtype), &format!("unary_{}", op.name()), x, out)
+    use UnaryOp::*;
+    let cost = match op {
+        Abs | Sign | Negative | Square | Floor | Ceil | Round | Sqrt | Rsqrt | Reciprocal | Exp | Sigmoid
+        | LogicalNot | BitwiseInvert | Conjugate => Cost::Light,
+        _ => Cost::Heavy,
+    };
+    map(gpu, Family::Unary(x.dtype), &format!("unary_{}", op.name()), x, out, cost)
 }
 
 /// Runs the one-operand map `{name}_c` (dense, aligned: 16-byte vectors, writing into a donated
 /// input where it can) or `{name}_s` (strided) of `family`.
-pub(crate) fn map(gpu: &Arc<Gpu>, family: Family, name: &str, x: Operand, out: &mut Output) -> Result<()> {
+pub(crate) fn map(gpu: &Arc<Gpu>, family: Family, name: &str, x: Operand, out: &mut Output, cost: Cost) -> Result<()> {
     let n = out.size() as u64;
     if n == 0 {
         alloc_out(gpu, out)?;
@@ -110,7 +116,7 @@ pub(crate) fn map(gpu: &Arc<Gpu>, family: Family, name: &str, x: Operand, out: &
         if aligned(&[xp, op]) {
             let f = kernel(gpu, family, &format!("{name}_c"))?;
             let per = (16 / x.dtype.size()).max(1) as u64;
-            return launch_1d(gpu, f, n, per, vec![Arg::Ptr(xp), Arg::Ptr(op), Arg::U64(n)]);
+            return launch_map(gpu, f, n, per, cost, vec![Arg::Ptr(xp), Arg::Ptr(op), Arg::U64(n)]);
         }
         let d = Dims::new(&[n as i32], &[&[1]])?;
         let f = kernel(gpu, family, &format!("{name}_s"))?;
