@@ -14,8 +14,9 @@ impl Array {
     /// use nuvec::array;
     /// assert_eq!(array![[1, 2], [3, 4]].t().to_vec::<i32>().unwrap(), vec![1, 3, 2, 4]);
     /// ```
+    #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        self.check_element::<T>()?;
+        self.check_element::<T>("to_vec")?;
         let bytes = self.to_bytes()?;
         Ok(T::from_bytes(&bytes))
     }
@@ -31,13 +32,14 @@ impl Array {
     /// assert!(err.to_string().contains("call astype(DType::F64) first"), "{err}");
     /// assert_eq!(mean.astype(DType::F64).item::<f64>().unwrap(), 1.5);
     /// ```
+    #[track_caller]
     pub fn item<T: Element>(&self) -> Result<T> {
-        self.check_element::<T>()?;
+        self.check_element::<T>("item")?;
         if self.size() != 1 {
-            return Err(Error::InvalidArgument(format!(
-                "item() needs an array of one element, this one has shape {:?}",
-                self.shape()
-            )));
+            return Err(misuse(
+                "item",
+                format!("it needs an array of one element, this one has shape {:?}", self.shape()),
+            ));
         }
         let v = T::from_bytes(&self.to_bytes()?);
         v.into_iter().next().ok_or_else(|| internal("item of an empty read"))
@@ -49,20 +51,30 @@ impl Array {
         row_major_bytes(&data, self.shape(), self.itemsize())
     }
 
-    fn check_element<T: Element>(&self) -> Result<()> {
+    #[track_caller]
+    fn check_element<T: Element>(&self, op: &'static str) -> Result<()> {
         if let Some(e) = self.error() {
             return Err(e);
         }
         if T::DTYPE != self.dtype() {
-            return Err(Error::InvalidArgument(format!(
-                "cannot read an array of {} as {}: call astype(DType::{:?}) first",
-                self.dtype(),
-                T::DTYPE,
-                T::DTYPE
-            )));
+            return Err(misuse(
+                op,
+                format!(
+                    "cannot read an array of {} as {}: call astype(DType::{:?}) first",
+                    self.dtype(),
+                    T::DTYPE,
+                    T::DTYPE
+                ),
+            ));
         }
         Ok(())
     }
+}
+
+/// A reading error located at the caller's line.
+#[track_caller]
+fn misuse(op: &'static str, msg: String) -> Error {
+    Error::Op { op, at: std::panic::Location::caller(), kind: crate::error::OpErrorKind::InvalidArgument(msg) }
 }
 
 /// Gathers the elements of `data` (any layout, any device) into row-major host bytes.

@@ -406,14 +406,14 @@ fn composite_ops_name_the_called_op() {
 fn item_and_to_vec_misuse() {
     let a = iota(&[2, 3]);
     let e = a.item::<f32>().unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(matches!(e, Error::Op { op: "item", .. }), "{e:?}");
     mentions(&e, &["item", "[2, 3]"]);
     let e = iota(&[0]).item::<f32>().unwrap_err();
     mentions(&e, &["item", "[0]"]);
     assert_eq!(iota(&[1, 1]).item::<f32>().unwrap(), 0.0);
 
     let e = a.to_vec::<i32>().unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(matches!(e, Error::Op { op: "to_vec", .. }), "{e:?}");
     mentions(&e, &["float32", "int32"]);
     let e = a.item::<f64>().unwrap_err();
     mentions(&e, &["float32", "float64"]);

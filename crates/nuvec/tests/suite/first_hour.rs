@@ -163,3 +163,19 @@ fn tree_map_walks_trees_together() {
     let e = bad[0].eval().unwrap_err();
     assert_eq!(e.to_string(), "invalid argument: tree_map: the trees differ: 2 leaves and 1 leaves");
 }
+
+#[test]
+fn reading_as_another_dtype_names_astype_and_the_line() {
+    let x = array![1.0, 2.0];
+    let (e, line) = (x.to_vec::<f64>().unwrap_err(), line!());
+    assert_eq!(e.location().map(|l| l.line()), Some(line), "{e}");
+    assert!(
+        e.to_string().starts_with("to_vec at ")
+            && e.to_string().ends_with("cannot read an array of float32 as float64: call astype(DType::F64) first"),
+        "{e}"
+    );
+    let (e, line) = (x.item::<f32>().unwrap_err(), line!());
+    assert_eq!(e.location().map(|l| l.line()), Some(line), "{e}");
+    assert!(e.to_string().ends_with("it needs an array of one element, this one has shape [2]"), "{e}");
+    assert_eq!(x.astype(nuvec::DType::F64).to_vec::<f64>().unwrap(), vec![1.0, 2.0]);
+}
