@@ -87,30 +87,8 @@ left_pre() { echo $((PRE_DEADLINE - $(now))); }
 # $OUT files back from the device machine: 8, less summary.txt, run.log and the TSVs.
 LOG_SLOTS=$((8 - 2 - 2 * CORE - 2 * FAST))
 
-ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH-}
-export NUVEC_REQUIRE_GPU=1
-export NUVEC_KERNEL_CACHE=$ROOT/.gpu/kcache
-export PYTHONUNBUFFERED=1
-if [ -d /usr/local/cuda/lib64 ]; then
-    export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-# NVIDIA's wheels (PyTorch's NVRTC and cuBLASLt) as a fallback after the toolkit.
-NVLIBS=$(python3 - 2>/dev/null <<'EOF'
-import glob, os
-try:
-    import nvidia
-    roots = list(nvidia.__path__)
-except Exception:
-    roots = []
-dirs = []
-for r in roots:
-    for d in sorted(glob.glob(os.path.join(r, "cu13", "lib")) + glob.glob(os.path.join(r, "*", "lib"))):
-        if d not in dirs and glob.glob(os.path.join(d, "lib*.so*")):
-            dirs.append(d)
-print(":".join(dirs))
-EOF
-)
-[ -n "$NVLIBS" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$NVLIBS"
+# shellcheck source=scripts/gpu-env.sh
+. "$ROOT/scripts/gpu-env.sh"
 
 echo "== gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) in $ROOT"
 nvidia-smi -L 2>&1 | head -8
@@ -118,35 +96,7 @@ nvidia-smi -L 2>&1 | head -8
 echo "   LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 
 # --- unpack ------------------------------------------------------------------------------
-unxz_to() { # unxz_to SRC DEST
-    if command -v xz >/dev/null 2>&1; then
-        xz -dc "$1" >"$2"
-    else
-        python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
-    fi
-}
-if [ ! -d .gpu ]; then
-    echo "no .gpu bundle: build it with scripts/build-gpu-bundle.sh and carry .gpu"
-    exit 2
-fi
-for f in .gpu/*.xz; do
-    [ -e "$f" ] || continue
-    case "$f" in
-        .gpu/kcache.tar.xz)
-            rm -rf .gpu/kcache
-            if command -v xz >/dev/null 2>&1; then
-                xz -dc "$f" | tar -C .gpu -xf -
-            else
-                python3 -c 'import tarfile, sys; tarfile.open(sys.argv[1]).extractall(".gpu")' "$f"
-            fi ;;
-        *)
-            unxz_to "$f" "${f%.xz}" && chmod +x "${f%.xz}" ;;
-    esac
-done
-if [ ! -d .gpu/kcache ] && [ -x .gpu/precompile_kernels ]; then
-    # A bundle built with GPU_BUNDLE_KCACHE=0: compile the modules here, on every core.
-    timeout 300 .gpu/precompile_kernels "${GPU_ARCH:-sm_90a}" 2>&1 | tail -2
-fi
+gpu_unpack || exit 2
 echo "   kernel cache: $(ls .gpu/kcache 2>/dev/null | wc -l) cubins"
 # Tests may name files by the absolute path of the build machine's checkout (env!
 # CARGO_MANIFEST_DIR): point that path here when it does not exist.

@@ -42,64 +42,15 @@ min() { if [ "$1" -lt "$2" ]; then echo "$1"; else echo "$2"; fi; }
 ONLY=()
 [ -n "${GPU_OPS_ONLY:-}" ] && ONLY=(--only "$GPU_OPS_ONLY")
 
-# Environment as in scripts/gpu-check.sh: the toolkit's libraries first, NVIDIA's wheels as a
-# fallback; PyTorch later gets the path it came with.
-ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH-}
-export NUVEC_REQUIRE_GPU=1
-export NUVEC_KERNEL_CACHE=$ROOT/.gpu/kcache
-export PYTHONUNBUFFERED=1
-if [ -d /usr/local/cuda/lib64 ]; then
-    export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-NVLIBS=$(python3 - 2>/dev/null <<'EOF'
-import glob, os
-try:
-    import nvidia
-    roots = list(nvidia.__path__)
-except Exception:
-    roots = []
-dirs = []
-for r in roots:
-    for d in sorted(glob.glob(os.path.join(r, "cu13", "lib")) + glob.glob(os.path.join(r, "*", "lib"))):
-        if d not in dirs and glob.glob(os.path.join(d, "lib*.so*")):
-            dirs.append(d)
-print(":".join(dirs))
-EOF
-)
-[ -n "$NVLIBS" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$NVLIBS"
+# shellcheck source=scripts/gpu-env.sh
+. "$ROOT/scripts/gpu-env.sh"
 
 echo "== gpu-ops $(date -u +%Y-%m-%dT%H:%M:%SZ) in $ROOT${GPU_OPS_ONLY:+ (only $GPU_OPS_ONLY)}"
 nvidia-smi -L 2>&1 | head -2
 [ -f .gpu/build-info.txt ] && sed 's/^/   bundle: /' .gpu/build-info.txt | tr '\n' ' ' && echo
 
 # --- unpack ------------------------------------------------------------------------------
-unxz_to() { # unxz_to SRC DEST
-    if command -v xz >/dev/null 2>&1; then
-        xz -dc "$1" >"$2"
-    else
-        python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
-    fi
-}
-if [ ! -d .gpu ]; then
-    echo "no .gpu bundle: build it with scripts/build-gpu-bundle.sh and carry .gpu"
-    exit 2
-fi
-for name in bench_ops bench_fast precompile_kernels; do
-    if [ -e ".gpu/$name.xz" ] && [ ! -x ".gpu/$name" ]; then
-        unxz_to ".gpu/$name.xz" ".gpu/$name" && chmod +x ".gpu/$name"
-    fi
-done
-if [ ! -d .gpu/kcache ] && [ -e .gpu/kcache.tar.xz ]; then
-    if command -v xz >/dev/null 2>&1; then
-        xz -dc .gpu/kcache.tar.xz | tar -C .gpu -xf -
-    else
-        python3 -c 'import tarfile, sys; tarfile.open(sys.argv[1]).extractall(".gpu")' .gpu/kcache.tar.xz
-    fi
-fi
-if [ ! -d .gpu/kcache ] && [ -x .gpu/precompile_kernels ]; then
-    # A bundle built with GPU_BUNDLE_KCACHE=0: compile the modules here, on every core.
-    timeout 300 .gpu/precompile_kernels "${GPU_ARCH:-sm_90a}" 2>&1 | tail -2
-fi
+gpu_unpack || exit 2
 echo "   kernel cache: $(ls .gpu/kcache 2>/dev/null | wc -l) cubins"
 
 # --- nuvec -------------------------------------------------------------------------------
