@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_peers import L2_FLOOR, Timer, random  # noqa: E402  (the same timing as the core peers)
+from gpu_peers import L2_FLOOR, Timer, copy_ceiling_gbs, emit, log, random  # noqa: E402  (the core peers' timing)
 
 EPS = 1e-5
 BF16 = torch.bfloat16
@@ -81,14 +81,6 @@ MODES = ("eager", "composition", "F_rms_norm", "liger", "compile")
 def prefix_of(mode):
     """The output prefix of a mode: torch's modes say so, Liger's does not."""
     return "liger" if mode == "liger" else f"torch_{mode}"
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def emit(line):
-    print(line, flush=True)
 
 
 # --- the eager functions (torch.compile compiles the same ones) ---------------------------
@@ -527,14 +519,9 @@ def main():
         emit(f"{mode}:{name}\t{value:.4f}\t{unit}\t{frac}")
 
     # The copy ceiling first: every fraction is against it.
-    n = 1 << 28
     try:
-        x = random((n,), torch.float32, 1)
-        y = torch.empty_like(x)
-        med, lo, hi, count = timer.time(lambda i: y.copy_(x))
-        copy_gbs = 2 * 4 * n / med / 1e9
+        copy_gbs = copy_ceiling_gbs(timer)
         report("torch_eager", "ceiling_copy_memcpy", copy_gbs)
-        del x, y
     except Exception as e:
         report("torch_eager", "ceiling_copy_memcpy", float("nan"))
         log(f"# ceiling FAILED: {type(e).__name__}: {e}")

@@ -49,59 +49,17 @@ ceiling; progress and errors on stderr. A case that fails prints ``nan``.
 import argparse
 import math
 import os
-import statistics
 import sys
 import time
 
 import torch
 
-L2_FLOOR = 60 << 20
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_peers import L2_FLOOR, Timer, copy_ceiling_gbs, emit, log  # noqa: E402  (the core peers' timing)
+
 R, C = 8192, 8192
 N = R * C
 DTYPES = (("f32", torch.float32, 4), ("bf16", torch.bfloat16, 2), ("f16", torch.float16, 2))
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def emit(line):
-    print(line, flush=True)
-
-
-class Timer:
-    def __init__(self, batch_ms, batches, warmup):
-        self.batch_ms = batch_ms
-        self.batches = max(3, batches)
-        self.warmup = max(1, warmup)
-
-    def time(self, run):
-        """Median seconds per iteration of ``run(i)``."""
-        i = 0
-        for _ in range(self.warmup):
-            run(i)
-            i += 1
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        probe = 2
-        start.record()
-        for _ in range(probe):
-            run(i)
-            i += 1
-        end.record()
-        end.synchronize()
-        each_ms = start.elapsed_time(end) / probe
-        count = int(min(5000, max(3, self.batch_ms / max(each_ms, 1e-4))))
-        per = []
-        for _ in range(self.batches):
-            start.record()
-            for _ in range(count):
-                run(i)
-                i += 1
-            end.record()
-            end.synchronize()
-            per.append(start.elapsed_time(end) / 1e3 / count)
-        return statistics.median(per), min(per), max(per), count
 
 
 def random(shape, dtype, seed):
@@ -355,18 +313,12 @@ def main():
         emit(f"torch_eager:{name}\t{value:.4f}\tGB/s\t{frac}")
 
     # The copy ceiling first, whatever --only says: every fraction is against it.
-    n = 1 << 28
     try:
-        x = random((n,), torch.float32, 1)
-        y = torch.empty_like(x)
-        med, lo, hi, count = timer.time(lambda i: y.copy_(x))
-        copy_gbs = 2 * 4 * n / med / 1e9
+        copy_gbs = copy_ceiling_gbs(timer)
         report("ceiling_copy_memcpy", copy_gbs)
-        del x, y
     except Exception as e:
         report("ceiling_copy_memcpy", float("nan"))
         log(f"# ceiling FAILED: {type(e).__name__}: {e}")
-    torch.cuda.empty_cache()
 
     done = 0
     for name, nbytes, make in build_cases(copies):

@@ -85,6 +85,18 @@ class Timer:
         return statistics.median(per), min(per), max(per), count
 
 
+def copy_ceiling_gbs(timer):
+    """torch's copy ceiling: ``y.copy_(x)`` of a 1 GiB f32 array, bytes read + written, GB/s."""
+    n = 1 << 28
+    src = torch.empty((n,), device="cuda", dtype=torch.float32).normal_()
+    bufs = [src, torch.empty_like(src)]
+    del src
+    med = timer.time(lambda i: bufs[1].copy_(bufs[0]))[0]
+    bufs.clear()
+    torch.cuda.empty_cache()
+    return 2 * 4 * n / med / 1e9
+
+
 def random(shape, dtype, seed):
     g = torch.Generator(device="cuda")
     g.manual_seed(seed)
