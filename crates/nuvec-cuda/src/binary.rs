@@ -91,7 +91,7 @@ pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: 
             let per = (16 / a.dtype.size()).max(1) as u64;
             let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::I32(mode)];
             use BinaryOp::*;
-            // bf16 operands ran 2-3% slower with one vector per thread (f16 and f32 3-5% faster).
+            // bf16 operands measured faster with the capped launch (bench/results/2026-12-02-gpu-ops.md).
             let cost = match op {
                 Power | LogAddExp | ArcTan2 | Remainder => Cost::Heavy,
                 _ if a.dtype == DType::BF16 => Cost::Heavy,

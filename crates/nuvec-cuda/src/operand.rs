@@ -107,7 +107,7 @@ pub(crate) fn launch_1d(gpu: &Gpu, f: CUfunction, n: u64, per_thread: u64, args:
 /// How a contiguous map's kernel is launched: `Light` maps (a few instructions per element,
 /// bound by memory) get a grid as large as the work, one vector per thread; `Heavy` ones
 /// (libdevice transcendental functions) the capped grid-stride launch, where fewer threads
-/// with more work each were faster (bench/results/2026-12-02-gpu-ops.md, run 5).
+/// with more work each were faster (bench/results/2026-12-02-gpu-ops.md).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Cost {
     Light,

@@ -155,7 +155,7 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
     let kept_dims = Dims::new(&kept_shape, &[&kept_strides])?;
     if kept_dims.ndim == 1 && kept_dims.strides[0][0] == 1 && kept_dims.shape[0] as u64 == n_out {
         let blocks_x = n_out.div_ceil(BLOCK as u64);
-        let segs = if blocks_x >= 8 * sms { 1 } else { (8 * sms).div_ceil(blocks_x).min(n_red.div_ceil(64)).max(1) };
+        let segs = column_segments(gpu, blocks_x, n_red);
         let f = kernel(gpu, family, &format!("reduce_cols_{name}"))?;
         let partials =
             if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
@@ -189,6 +189,13 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
     launch_1d(gpu, f, n_out, 1, args)
 }
 
+/// Segments of the reduced axis for a column kernel of `blocks_x` blocks across: enough for
+/// eight blocks per SM, at least 64 rows each (grid.y allows 65535).
+fn column_segments(gpu: &Gpu, blocks_x: u64, len: u64) -> u64 {
+    let sms = gpu.info.multiprocessors.max(1) as u64;
+    if blocks_x >= 8 * sms { 1 } else { (8 * sms).div_ceil(blocks_x).min(len.div_ceil(64)).clamp(1, 65535) }
+}
+
 /// `arg_reduce` over a strided axis with consecutive outputs (columns): one thread per column
 /// and segment, enough segments to fill the GPU, then a merge in segment order.
 fn arg_reduce_cols(
@@ -201,9 +208,8 @@ fn arg_reduce_cols(
     axis_stride: i64,
 ) -> Result<()> {
     let family = Family::ArgReduce(x.dtype);
-    let sms = gpu.info.multiprocessors.max(1) as u64;
     let blocks_x = cols.div_ceil(BLOCK as u64);
-    let segs = if blocks_x >= 8 * sms { 1 } else { (8 * sms).div_ceil(blocks_x).min(len.div_ceil(64)).clamp(1, 65535) };
+    let segs = column_segments(gpu, blocks_x, len);
     // Partial values in the accumulator type (at most 8 bytes), then their u32 indices.
     let part = if segs > 1 { Some(alloc(gpu, (cols * segs) as usize * 12, DType::U8)?) } else { None };
     let pv = part.as_ref().map(|p| p.0).unwrap_or(0);

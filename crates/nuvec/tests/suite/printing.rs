@@ -2,7 +2,7 @@
 //!
 //! "MLX" marks a string MLX's Python `repr` gives for the same array (its `mlx/utils.cpp`
 //! printer: `%g` with six significant digits, rows under the first `[`, `True`/`False`);
-//! each was checked against MLX 0.32.4's `repr` (the `mlx[cpu]` wheel for Linux) on 2026-12-02. Where
+//! each was checked against MLX 0.32.4's `repr` (the `mlx[cpu]` wheel for Linux). Where
 //! nuvec differs on purpose the comment says how: the dtype's round-trip digits where six are
 //! not enough, NumPy's 1000-element summary threshold, NumPy's column alignment in 2-D and up.
 
