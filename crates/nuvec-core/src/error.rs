@@ -220,6 +220,12 @@ impl fmt::Debug for Error {
 }
 
 impl Error {
+    /// A bad call of `op` described in words, located at `at` (for calls that are not
+    /// recorded operations: reading values back, making a transform).
+    pub(crate) fn misuse(op: &'static str, at: &'static Location<'static>, msg: String) -> Error {
+        Error::Op { op, at, kind: OpErrorKind::InvalidArgument(msg) }
+    }
+
     /// An out-of-memory error on `device` for `bytes`; the dispatcher names the operation.
     pub fn out_of_memory(device: Device, bytes: usize, limit: Option<usize>) -> Error {
         Error::OutOfMemory { op: "", device, bytes, limit }

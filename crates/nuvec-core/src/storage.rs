@@ -46,7 +46,7 @@ impl HostBuffer {
             Some(b) => Ok(b),
             None => alloc_blocks(n).or_else(|_| {
                 // Freed buffers may be what the system is short of: give them back, once.
-                set_host_cache_limit(set_host_cache_limit(0));
+                host_cache().clear();
                 alloc_blocks(n)
             }),
         }
@@ -181,6 +181,13 @@ fn host_cache() -> &'static HostCache {
     })
 }
 
+impl HostCacheInner {
+    fn clear(&mut self) {
+        self.free.clear();
+        self.bytes = 0;
+    }
+}
+
 impl HostCache {
     fn take(&self, blocks: usize) -> Option<Vec<Block>> {
         if blocks * 64 < HOST_CACHE_MIN_BYTES {
@@ -190,6 +197,10 @@ impl HostCache {
         let v = g.free.get_mut(&blocks)?.pop()?;
         g.bytes -= blocks * 64;
         Some(v)
+    }
+
+    fn clear(&self) {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     fn give(&self, v: Vec<Block>) {
@@ -214,11 +225,9 @@ pub fn host_cache_bytes() -> usize {
 /// Sets the most bytes the host buffer cache keeps; returns the previous limit.
 pub fn set_host_cache_limit(bytes: usize) -> usize {
     let mut g = host_cache().inner.lock().unwrap_or_else(|e| e.into_inner());
-    let old = g.limit;
-    g.limit = bytes;
+    let old = std::mem::replace(&mut g.limit, bytes);
     if g.bytes > bytes {
-        g.free.clear();
-        g.bytes = 0;
+        g.clear();
     }
     old
 }

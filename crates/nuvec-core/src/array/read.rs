@@ -36,8 +36,9 @@ impl Array {
     pub fn item<T: Element>(&self) -> Result<T> {
         self.check_element::<T>("item")?;
         if self.size() != 1 {
-            return Err(misuse(
+            return Err(Error::misuse(
                 "item",
+                std::panic::Location::caller(),
                 format!("it needs an array of one element, this one has shape {:?}", self.shape()),
             ));
         }
@@ -57,8 +58,9 @@ impl Array {
             return Err(e);
         }
         if T::DTYPE != self.dtype() {
-            return Err(misuse(
+            return Err(Error::misuse(
                 op,
+                std::panic::Location::caller(),
                 format!(
                     "cannot read an array of {} as {}: call astype(DType::{:?}) first",
                     self.dtype(),
@@ -69,12 +71,6 @@ impl Array {
         }
         Ok(())
     }
-}
-
-/// A reading error located at the caller's line.
-#[track_caller]
-fn misuse(op: &'static str, msg: String) -> Error {
-    Error::Op { op, at: std::panic::Location::caller(), kind: crate::error::OpErrorKind::InvalidArgument(msg) }
 }
 
 /// Gathers the elements of `data` (any layout, any device) into row-major host bytes.

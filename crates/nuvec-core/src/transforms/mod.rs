@@ -18,7 +18,7 @@ pub use crate::tree::{GradOutput, IntoResult, Tree};
 pub use custom::{CustomFunction, checkpoint, checkpoint_flat, custom_function, custom_function_flat};
 
 use crate::array::{Array, Node};
-use crate::error::{Error, OpErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::primitive::Primitive;
 use std::panic::Location;
 
@@ -341,11 +341,6 @@ where
     flat_value_and_grad("value_and_grad", Location::caller(), f, argnums)
 }
 
-/// An error of transform `op` about how it was called, located where it was created.
-fn misuse(op: &'static str, at: &'static Location<'static>, msg: String) -> Error {
-    Error::Op { op, at, kind: OpErrorKind::InvalidArgument(msg) }
-}
-
 fn flat_value_and_grad<F>(
     op: &'static str,
     at: &'static Location<'static>,
@@ -358,7 +353,7 @@ where
     let argnums = argnums.to_vec();
     move |args: &[Array]| {
         if let Some(&bad) = argnums.iter().find(|&&i| i >= args.len()) {
-            return Err(misuse(op, at, format!("argnum {bad} but only {} arguments", args.len())));
+            return Err(Error::misuse(op, at, format!("argnum {bad} but only {} arguments", args.len())));
         }
         let primals: Vec<Array> = argnums.iter().map(|&i| args[i].clone()).collect();
         let call = |traced: &[Array]| -> Result<Vec<Array>> {
@@ -371,7 +366,7 @@ where
                 return Err(e);
             }
             if loss.size() != 1 {
-                return Err(misuse(
+                return Err(Error::misuse(
                     op,
                     at,
                     format!("the function must return a single value, it returned shape {:?}", loss.shape()),
@@ -582,7 +577,7 @@ where
             },
             &argnums,
         )(&leaves)?;
-        let value = value.into_inner().ok_or_else(|| misuse(op, at, "the function did not run".into()))?;
+        let value = value.into_inner().ok_or_else(|| Error::misuse(op, at, "the function did not run".into()))?;
         Ok((value, p.with_leaves(grads)))
     }
 }
