@@ -29,8 +29,12 @@ pub fn eval(op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()
         // `a > b` is `b < a`: the operands swapped share the kernels of `<` and `<=`.
         Greater => for_all!(dtype, T => map2::<T, T, B8>(b, a, out, less::<T>)),
         GreaterEqual => for_all!(dtype, T => map2::<T, T, B8>(b, a, out, less_equal::<T>)),
-        LogicalAnd => map2::<B8, B8, B8>(a, b, out, |x, y| B8(x.0 & y.0)),
-        LogicalOr => map2::<B8, B8, B8>(a, b, out, |x, y| B8(x.0 | y.0)),
+        LogicalAnd => {
+            for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(x != T::zero() && y != T::zero())))
+        }
+        LogicalOr => {
+            for_all!(dtype, T => map2::<T, T, B8>(a, b, out, |x, y| B8::new(x != T::zero() || y != T::zero())))
+        }
         BitwiseAnd => for_int!(dtype, T => map2::<T, T, T>(a, b, out, Bits::and)),
         BitwiseOr => for_int!(dtype, T => map2::<T, T, T>(a, b, out, Bits::or)),
         BitwiseXor => for_int!(dtype, T => map2::<T, T, T>(a, b, out, Bits::xor)),

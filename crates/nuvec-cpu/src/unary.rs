@@ -6,19 +6,21 @@ use nuvec_core::dtype::Complex64;
 use nuvec_core::primitive::UnaryOp;
 use nuvec_core::storage::{Operand, Output};
 
-use crate::elem::{AccFloat, B8, Bits, Float, Num};
+use crate::elem::{AccFloat, Bits, Float, Num};
 use crate::map::map1;
 use crate::vmath;
-use crate::{for_float, for_int, unsupported};
+use crate::{for_all, for_float, for_int, unsupported};
 
 pub fn eval(op: UnaryOp, x: Operand, out: &mut Output) -> Result<()> {
     use UnaryOp::*;
     let dtype = x.dtype;
+    if op == LogicalNot {
+        return for_all!(dtype, T => map1::<T, B8>(x, out, |v| B8::new(v == T::zero())));
+    }
     if dtype == nuvec_core::DType::Complex64 {
         return complex(op, x, out);
     }
     match op {
-        LogicalNot => map1::<B8, B8>(x, out, |v| B8::new(!v.get())),
         BitwiseInvert => for_int!(dtype, T => map1::<T, T>(x, out, Bits::not)),
         Abs | Sign | Negative | Square => match dtype {
             d if d.is_float() => for_float!(d, T => simple::<T>(op, x, out)),

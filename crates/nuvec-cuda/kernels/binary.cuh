@@ -25,8 +25,8 @@ NV_BIN_BOOL(less, Ops<T>::lt(a, b))
 NV_BIN_BOOL(less_equal, Ops<T>::le(a, b))
 NV_BIN_BOOL(greater, Ops<T>::lt(b, a))
 NV_BIN_BOOL(greater_equal, Ops<T>::le(b, a))
-NV_BIN_SAME(logical_and, a && b)
-NV_BIN_SAME(logical_or, a || b)
+NV_BIN_BOOL(logical_and, convert<bool>(a) && convert<bool>(b))
+NV_BIN_BOOL(logical_or, convert<bool>(a) || convert<bool>(b))
 NV_BIN_SAME(bitwise_and, Ops<T>::band(a, b))
 NV_BIN_SAME(bitwise_or, Ops<T>::bor(a, b))
 NV_BIN_SAME(bitwise_xor, Ops<T>::bxor(a, b))
@@ -47,4 +47,28 @@ __device__ __forceinline__ void select_strided(const bool* __restrict__ c, const
     for (int j = 0; j < R; ++j) r[j] = vc[j] ? va[j] : vb[j];
     store_run<T, R>(out, (i64)i, 1, cnt, r);
   });
+}
+
+// `where` over dense operands laid out alike, any of them possibly a scalar (bit 0 of
+// `scalars`: c, bit 1: a, bit 2: b): one 16-byte vector of the values per thread.
+template <typename T>
+__device__ __forceinline__ void select_contig(const bool* __restrict__ c, const T* __restrict__ a,
+                                              const T* __restrict__ b, T* __restrict__ out, u64 n, int scalars) {
+  constexpr int N = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  const bool cs = scalars & 1, as = scalars & 2, bs = scalars & 4;
+  u64 stride = (u64)gridDim.x * blockDim.x;
+  u64 nvec = n / N;
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+    Vec<bool, N> vc;
+    Vec<T, N> va, vb;
+    if (!cs) vc = reinterpret_cast<const Vec<bool, N>*>(c)[i];
+    if (!as) va = reinterpret_cast<const Vec<T, N>*>(a)[i];
+    if (!bs) vb = reinterpret_cast<const Vec<T, N>*>(b)[i];
+    Vec<T, N> r;
+#pragma unroll
+    for (int j = 0; j < N; ++j) r.v[j] = (cs ? c[0] : vc.v[j]) ? (as ? a[0] : va.v[j]) : (bs ? b[0] : vb.v[j]);
+    reinterpret_cast<Vec<T, N>*>(out)[i] = r;
+  }
+  for (u64 i = nvec * N + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = (cs ? c[0] : c[i]) ? (as ? a[0] : a[i]) : (bs ? b[0] : b[i]);
 }

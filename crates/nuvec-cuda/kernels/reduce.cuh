@@ -296,6 +296,88 @@ __device__ __forceinline__ void arg_reduce(const T* __restrict__ x, u32* __restr
   }
 }
 
+// Whether candidate (v, i) replaces (best, at): NaN first, then the extreme, then the smaller
+// index. `have` is false until the first candidate.
+template <typename A, bool ARGMAX>
+__device__ __forceinline__ bool arg_takes(A best, u32 at, bool have, A v, u32 i) {
+  if (!have) return true;
+  bool nan_v = !(v == v), nan_b = !(best == best);
+  if (nan_v != nan_b) return nan_v;
+  if (nan_v) return i < at;
+  if (ARGMAX ? Ops<A>::lt(best, v) : Ops<A>::lt(v, best)) return true;
+  if (ARGMAX ? Ops<A>::lt(v, best) : Ops<A>::lt(best, v)) return false;
+  return i < at;
+}
+
+// arg_reduce over contiguous, 16-byte aligned rows of `len` elements (a multiple of the
+// vector), one block per row: the block reads the row in 16-byte vectors, each thread keeps
+// its first extreme, then warps and the block merge.
+template <typename T, bool ARGMAX>
+__device__ __forceinline__ void arg_reduce_rows(const T* __restrict__ x, u32* __restrict__ out, u64 n_out, u32 len) {
+  typedef typename Acc<T>::type A;
+  constexpr int N = 16 / sizeof(T);
+  __shared__ A s_best[32];
+  __shared__ u32 s_at[32];
+  __shared__ bool s_have[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const u32 nvec = len / N;
+  for (u64 o = blockIdx.x; o < n_out; o += gridDim.x) {
+    const Vec<T, N>* p = reinterpret_cast<const Vec<T, N>*>(x + o * (u64)len);
+    A best = A();
+    u32 at = 0;
+    bool have = false;
+#pragma unroll 2
+    for (u32 i = threadIdx.x; i < nvec; i += blockDim.x) {
+      Vec<T, N> v = p[i];
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        A e = widen(v.v[j]);
+        // Within a thread indices grow, so ties keep the earlier one without comparing them.
+        bool nan_e = !(e == e), nan_b = have && !(best == best);
+        if (!have || (!nan_b && (nan_e || (ARGMAX ? Ops<A>::lt(best, e) : Ops<A>::lt(e, best))))) {
+          best = e;
+          at = i * N + j;
+          have = true;
+        }
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      A ov = shfl_xor_any(best, off);
+      u32 oat = __shfl_xor_sync(0xffffffffu, at, off);
+      bool ohave = __shfl_xor_sync(0xffffffffu, (int)have, off);
+      if (ohave && arg_takes<A, ARGMAX>(best, at, have, ov, oat)) {
+        best = ov;
+        at = oat;
+        have = true;
+      }
+    }
+    if (lane == 0) {
+      s_best[warp] = best;
+      s_at[warp] = at;
+      s_have[warp] = have;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int warps = blockDim.x >> 5;
+      have = lane < warps && s_have[lane];
+      best = have ? s_best[lane] : A();
+      at = have ? s_at[lane] : 0;
+      for (int off = 16; off > 0; off >>= 1) {
+        A ov = shfl_xor_any(best, off);
+        u32 oat = __shfl_xor_sync(0xffffffffu, at, off);
+        bool ohave = __shfl_xor_sync(0xffffffffu, (int)have, off);
+        if (ohave && arg_takes<A, ARGMAX>(best, at, have, ov, oat)) {
+          best = ov;
+          at = oat;
+          have = true;
+        }
+      }
+      if (lane == 0) out[o] = at;
+    }
+    __syncthreads();
+  }
+}
+
 // Column form of arg_reduce: the outputs are consecutive (stride 1) and the reduced axis is
 // strided, so one thread per output and segment of the axis reads whole rows across a warp.
 // With segs > 1 each segment leaves a (value, index) pair, index ~0 for none, and

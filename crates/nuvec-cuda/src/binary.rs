@@ -44,6 +44,9 @@ pub(crate) fn select_source(d: DType) -> String {
     s.kernel(format!(
         "select_s(const bool* c, const {t}* a, const {t}* b, {t}* out, u64 n, Dims d) {{ select_strided<{t}>(c, a, b, out, n, d); }}"
     ));
+    s.kernel(format!(
+        "select_c(const bool* c, const {t}* a, const {t}* b, {t}* out, u64 n, int scalars) {{ select_contig<{t}>(c, a, b, out, n, scalars); }}"
+    ));
     s.finish()
 }
 
@@ -130,10 +133,28 @@ fn transposed(x: &Operand) -> bool {
 
 pub(crate) fn select(gpu: &Arc<Gpu>, c: Operand, a: Operand, b: Operand, out: &mut Output) -> Result<()> {
     let n = out.size() as u64;
-    let op_ptr = alloc_out(gpu, out)?;
     if n == 0 {
+        alloc_out(gpu, out)?;
         return Ok(());
     }
+    // Dense operands laid out alike, or scalars: the vectorised kernel, in the dense layout.
+    let ops = [&c, &a, &b];
+    if let Some(lead) = ops.iter().find(|o| dense(o) && !scalar_like(o)) {
+        let strides = &lead.data.layout.strides;
+        let ptrs = [ptr_of(&c)?, ptr_of(&a)?, ptr_of(&b)?];
+        let vectors: Vec<CUdeviceptr> = (0..3).filter(|&k| !scalar_like(ops[k])).map(|k| ptrs[k]).collect();
+        if ops.iter().all(|o| scalar_like(o) || (dense(o) && &o.data.layout.strides == strides)) && aligned(&vectors) {
+            let scalars = (0..3).filter(|&k| scalar_like(ops[k])).fold(0, |m, k| m | 1 << k);
+            let (ptr, storage) = alloc(gpu, out.size(), out.dtype)?;
+            out.data = Some(Data { storage, layout: Layout::new(&out.shape, strides.clone(), 0) });
+            let f = kernel(gpu, Family::Select(a.dtype), "select_c")?;
+            let per = (16 / a.dtype.size()).max(1) as u64;
+            let [cp, ap, bp] = ptrs;
+            let args = vec![Arg::Ptr(cp), Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(ptr), Arg::U64(n), Arg::I32(scalars)];
+            return launch_map(gpu, f, n, per, Cost::Light, args);
+        }
+    }
+    let op_ptr = alloc_out(gpu, out)?;
     let d = Dims::new(&out.shape, &[&c.data.layout.strides, &a.data.layout.strides, &b.data.layout.strides])?;
     let f = kernel(gpu, Family::Select(a.dtype), "select_s")?;
     let args = vec![

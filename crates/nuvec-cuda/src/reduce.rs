@@ -12,7 +12,7 @@ use nuvec_core::{DType, Result};
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, BLOCK, Dims, grid_for, launch};
-use crate::operand::{alloc, alloc_out, kernel, launch_1d, ptr_of};
+use crate::operand::{aligned, alloc, alloc_out, kernel, launch_1d, ptr_of};
 
 /// Reductions a module of `d` holds.
 pub fn reduce_ops(d: DType) -> &'static [ReduceOp] {
@@ -74,6 +74,9 @@ pub(crate) fn arg_source(d: DType) -> String {
     for (n, max) in [("argmax", true), ("argmin", false)] {
         s.kernel(format!(
             "{n}(const {t}* x, u32* out, u64 n_out, u64 len, i64 axis_stride, Dims d) {{ arg_reduce<{t}, {max}>(x, out, n_out, len, axis_stride, d); }}"
+        ));
+        s.kernel(format!(
+            "{n}_rows(const {t}* x, u32* out, u64 n_out, u64 len) {{ arg_reduce_rows<{t}, {max}>(x, out, n_out, (u32)len); }}"
         ));
         let a = format!("typename Acc<{t}>::type");
         s.kernel(format!(
@@ -145,7 +148,7 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
         launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
         if segs > 1 {
             let f = kernel(gpu, family, &format!("reduce_finish_{name}"))?;
-            let grid = n_out.min(65535 * 32) as u32;
+            let grid = n_out.min(1 << 20) as u32;
             let args = vec![Arg::Ptr(pp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(segs)];
             launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
         }
@@ -247,6 +250,17 @@ pub(crate) fn arg_reduce(gpu: &Arc<Gpu>, op: ArgReduceOp, axis: usize, x: Operan
     let (len, axis_stride) = (x.shape[axis] as u64, x.data.layout.strides[axis] as i64);
     if d.ndim == 1 && d.strides[0][0] == 1 && d.shape[0] as u64 == n_out && axis_stride != 1 && len < u32::MAX as u64 {
         return arg_reduce_cols(gpu, op, &x, op_ptr, n_out, len, axis_stride);
+    }
+    let per = (16 / x.dtype.size()) as u64;
+    let xp = ptr_of(&x)?;
+    let rows = d.ndim == 1 && (d.strides[0][0] as u64 == len || d.shape[0] == 1);
+    if rows && axis_stride == 1 && len % per == 0 && len < u32::MAX as u64 && aligned(&[xp]) {
+        let f = kernel(gpu, Family::ArgReduce(x.dtype), &format!("{}_rows", op.name()))?;
+        // A block per row, no wider than the row's vectors.
+        let block = (len / per).next_multiple_of(32).clamp(32, BLOCK as u64) as u32;
+        let grid = n_out.min(1 << 20) as u32;
+        let args = vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(len)];
+        return launch(gpu, f, (grid, 1, 1), (block, 1, 1), 0, args);
     }
     let f = kernel(gpu, Family::ArgReduce(x.dtype), op.name())?;
     let grid = grid_for(gpu, n_out, (BLOCK / 32) as u64);

@@ -27,6 +27,7 @@ pub fn functor(op: UnaryOp, d: DType) -> Option<&'static str> {
             Sqrt => "Un_csqrt",
             Reciprocal => "Un_creciprocal",
             Sign => "Un_csign",
+            LogicalNot => "Un_logical_not",
             _ => return None,
         });
     }
@@ -72,7 +73,7 @@ pub fn functor(op: UnaryOp, d: DType) -> Option<&'static str> {
         Negative => "Un_negative",
         Square => "Un_square",
         BitwiseInvert => "Un_bitwise_invert",
-        LogicalNot if d == DType::Bool => "Un_logical_not",
+        LogicalNot => "Un_logical_not",
         _ => return None,
     })
 }

@@ -44,19 +44,21 @@ pub(super) fn layer_norm_composition(eps: f32, x: &Array, w: Option<&Array>, b: 
 }
 
 /// The RMS norm's cotangents with `n = rsqrt(mean(x²) + eps)` and `u = g·w`:
-/// `gx = n·u − x·n³·mean(u·x)`, `gw = Σ_rows g·x·n`.
+/// `gx = n·(u − x·c)` with the row factor `c = n²·mean(u·x)` (so each full-size step is one
+/// product), `gw = Σ_rows g·x·n`.
 pub(super) fn rms_norm_vjp_composition(eps: f32, x: &Array, w: Option<&Array>, g: &Array) -> Vec<Array> {
-    let (xhat, n) = rms_normalise(x, eps);
+    let xf = f32_of(x);
+    let n = (xf.square().mean_keepdims(-1) + eps).rsqrt();
     let gf = f32_of(g);
     let u = match w {
         Some(w) => &gf * f32_of(w),
         None => gf.clone(),
     };
-    let xf = f32_of(x);
-    let gx = (&u * &n - &xf * (&n * &n * &n) * (&u * &xf).mean_keepdims(-1)).astype(x.dtype());
+    let c = &n * &n * (&u * &xf).mean_keepdims(-1);
+    let gx = (&n * (&u - &xf * c)).astype(x.dtype());
     let mut out = vec![gx];
     if let Some(w) = w {
-        out.push(sum_rows(&(gf * xhat)).astype(w.dtype()));
+        out.push(sum_rows(&(gf * (&xf * &n))).astype(w.dtype()));
     }
     out
 }

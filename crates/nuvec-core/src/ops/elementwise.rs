@@ -71,9 +71,14 @@ fn binary_as(name: &'static str, op: BinaryOp, a: ScalarOrArray, b: ScalarOrArra
     if let Some(f) = propagate(&[&a, &b]) {
         return f;
     }
-    let Some(dtype) = op.compute_dtype(promoted) else {
+    let Some(mut dtype) = op.compute_dtype(promoted) else {
         return Array::failed(name, OpErrorKind::UnsupportedDType(promoted));
     };
+    // Logical ops read their operands' truth in place when they share a dtype; otherwise
+    // each is cast to `bool`, which is narrower than any promotion.
+    if matches!(op, BinaryOp::LogicalAnd | BinaryOp::LogicalOr) && a.dtype() != b.dtype() {
+        dtype = DType::Bool;
+    }
     let shape = match crate::shape::broadcast_shapes(a.shape(), b.shape()) {
         Ok(s) => s,
         Err(kind) => return Array::failed(name, kind),

@@ -119,7 +119,7 @@ impl UnaryOp {
         use UnaryOp::*;
         let complex = dtype == DType::Complex64;
         match self {
-            LogicalNot => Some(DType::Bool),
+            LogicalNot => Some(dtype),
             BitwiseInvert => (dtype == DType::Bool || dtype.is_integer()).then_some(dtype),
             Negative => (dtype != DType::Bool).then_some(dtype),
             Floor | Ceil => (!complex).then_some(dtype),
@@ -133,6 +133,7 @@ impl UnaryOp {
     pub fn output_dtype(self, dtype: DType) -> DType {
         match (self, dtype) {
             (UnaryOp::Abs, DType::Complex64) => DType::F32,
+            (UnaryOp::LogicalNot, _) => DType::Bool,
             _ => dtype,
         }
     }
@@ -228,7 +229,6 @@ impl BinaryOp {
         match self {
             Divide | LogAddExp => Some(promoted.at_least_float()),
             ArcTan2 => (!complex).then_some(promoted.at_least_float()),
-            LogicalAnd | LogicalOr => Some(DType::Bool),
             BitwiseAnd | BitwiseOr | BitwiseXor => {
                 (promoted == DType::Bool || promoted.is_integer()).then_some(promoted)
             }

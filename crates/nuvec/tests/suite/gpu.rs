@@ -750,6 +750,37 @@ fn fast_ops_have_gpu_kernels() {
     }
 }
 
+/// Arg-reductions along contiguous rows run a block per row over 16-byte vectors: ties and NaNs
+/// spread over the block's threads must give the CPU's first index, for row lengths that fill
+/// the vectors and ones that do not (the general kernel).
+#[test]
+fn arg_reductions_along_rows_agree() {
+    if !gpu() {
+        return;
+    }
+    for dtype in [DType::F32, DType::BF16, DType::F16, DType::I32, DType::U8] {
+        for (rows, len) in [(3, 151_936), (64, 4096), (1000, 40), (7, 1001), (1, 8)] {
+            let x = (values(&[rows, len], DType::F32, 0.9) * 3.0).floor();
+            let x = if dtype.is_float() {
+                let r = ops::arange(0, rows, 1).reshape([rows, 1]);
+                let c = ops::arange(0, len, 1).reshape([1, len]);
+                let nan_at =
+                    r.equal(1).logical_and(c.equal(len - 2)).logical_or(r.equal(2).logical_and(c.equal(len / 3)));
+                ops::where_(&nan_at, f32::NAN, &x)
+            } else {
+                x.abs()
+            };
+            let x = x.astype(dtype);
+            let tag = format!("{dtype} [{rows}, {len}]");
+            both(&format!("argmax rows {tag}"), std::slice::from_ref(&x), |v| v[0].argmax(1));
+            both(&format!("argmin rows {tag}"), std::slice::from_ref(&x), |v| v[0].argmin(1));
+            both(&format!("argmax last axis of 3-D {tag}"), std::slice::from_ref(&x), |v| {
+                v[0].reshape([1, rows, len]).argmax(-1)
+            });
+        }
+    }
+}
+
 /// Arg-reductions down long columns run in segments merged in order: ties and NaNs that fall
 /// in different segments must give the CPU's first index.
 #[test]
