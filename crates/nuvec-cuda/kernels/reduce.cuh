@@ -222,6 +222,46 @@ __device__ __forceinline__ void reduce_cols(const T* __restrict__ x, typename Re
   else partials[seg * cols + j] = acc;
 }
 
+// reduce_cols for elements narrower than 4 bytes over one strided axis: each thread takes
+// V = 4 / sizeof(T) adjacent columns in one 4-byte load (a warp then reads 128 bytes of a
+// row), two rows in flight. The host checks that columns, stride and pointer allow it.
+template <typename T, int OP>
+__device__ __forceinline__ void reduce_cols_vec(const T* __restrict__ x, typename Red<T, OP>::A* __restrict__ partials,
+                                                T* __restrict__ out, u64 cols, u64 red, u64 segs, i64 s) {
+  typedef Red<T, OP> R;
+  typedef typename R::A A;
+  constexpr int V = 4 / sizeof(T);
+  u64 j = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * V;
+  if (j >= cols) return;
+  u64 seg = blockIdx.y;
+  u64 per = (red + segs - 1) / segs;
+  u64 lo = seg * per, hi = lo + per < red ? lo + per : red;
+  A acc[V], acc2[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) acc[k] = acc2[k] = R::init();
+  const T* p = x + (i64)lo * s + j;
+  u64 r = lo;
+  for (; r + 2 <= hi; r += 2, p += 2 * s) {
+    Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(p), w = *reinterpret_cast<const Vec<T, V>*>(p + s);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      acc[k] = R::step(acc[k], v.v[k]);
+      acc2[k] = R::step(acc2[k], w.v[k]);
+    }
+  }
+  if (r < hi) {
+    Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(p);
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] = R::step(acc[k], v.v[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    A a = R::merge(acc[k], acc2[k]);
+    if (segs == 1) out[j + k] = R::finish(a);
+    else partials[seg * cols + j + k] = a;
+  }
+}
+
 template <typename T, int OP>
 __device__ __forceinline__ void reduce_cols_finish(const typename Red<T, OP>::A* __restrict__ partials,
                                                    T* __restrict__ out, u64 cols, u64 segs) {

@@ -57,6 +57,11 @@ pub(crate) fn source(d: DType) -> String {
         s.kernel(format!(
             "reduce_cols_{n}(const {t}* x, {a}* partials, {t}* out, u64 cols, u64 red, u64 segs, Dims d) {{ reduce_cols<{t}, {c}>(x, partials, out, cols, red, segs, d); }}"
         ));
+        if d.size() < 4 {
+            s.kernel(format!(
+                "reduce_cols_vec_{n}(const {t}* x, {a}* partials, {t}* out, u64 cols, u64 red, u64 segs, i64 s) {{ reduce_cols_vec<{t}, {c}>(x, partials, out, cols, red, segs, s); }}"
+            ));
+        }
         s.kernel(format!(
             "reduce_cols_finish_{n}(const {a}* partials, {t}* out, u64 cols, u64 segs) {{ reduce_cols_finish<{t}, {c}>(partials, out, cols, segs); }}"
         ));
@@ -157,6 +162,28 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
     // Kept axes form one dense run: column reduction.
     let kept_dims = Dims::new(&kept_shape, &[&kept_strides])?;
     if kept_dims.ndim == 1 && kept_dims.strides[0][0] == 1 && kept_dims.shape[0] as u64 == n_out {
+        // Narrow elements: several adjacent columns per thread in one 4-byte load.
+        let v = (4 / x.dtype.size()) as u64;
+        let stride = red.strides[0][0];
+        if v > 1 && red.ndim == 1 && n_out % v == 0 && stride % v as i64 == 0 && xp % 4 == 0 {
+            let blocks_x = (n_out / v).div_ceil(BLOCK as u64);
+            let segs = column_segments(gpu, blocks_x, n_red);
+            let partials =
+                if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
+            let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
+            let f = kernel(gpu, family, &format!("reduce_cols_vec_{name}"))?;
+            let args = vec![
+                Arg::Ptr(xp),
+                Arg::Ptr(pp),
+                Arg::Ptr(op_ptr),
+                Arg::U64(n_out),
+                Arg::U64(n_red),
+                Arg::U64(segs),
+                Arg::I64(stride),
+            ];
+            launch(gpu, f, (blocks_x as u32, segs as u32, 1), (BLOCK, 1, 1), 0, args)?;
+            return finish_cols(gpu, family, name, pp, op_ptr, n_out, segs);
+        }
         let blocks_x = n_out.div_ceil(BLOCK as u64);
         let segs = column_segments(gpu, blocks_x, n_red);
         let f = kernel(gpu, family, &format!("reduce_cols_{name}"))?;
@@ -173,12 +200,7 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
             Arg::Dims(Box::new(red)),
         ];
         launch(gpu, f, (blocks_x as u32, segs as u32, 1), (BLOCK, 1, 1), 0, args)?;
-        if segs > 1 {
-            let f = kernel(gpu, family, &format!("reduce_cols_finish_{name}"))?;
-            let args = vec![Arg::Ptr(pp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(segs)];
-            launch(gpu, f, (blocks_x as u32, 1, 1), (BLOCK, 1, 1), 0, args)?;
-        }
-        return Ok(());
+        return finish_cols(gpu, family, name, pp, op_ptr, n_out, segs);
     }
     let f = kernel(gpu, family, &format!("reduce_general_{name}"))?;
     let args = vec![
@@ -190,6 +212,24 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
         Arg::Dims(Box::new(red)),
     ];
     launch_1d(gpu, f, n_out, 1, args)
+}
+
+/// Merges a column kernel's `segs` partials per column into the output (nothing for one).
+fn finish_cols(
+    gpu: &Gpu,
+    family: Family,
+    name: &str,
+    pp: CUdeviceptr,
+    out: CUdeviceptr,
+    cols: u64,
+    segs: u64,
+) -> Result<()> {
+    if segs <= 1 {
+        return Ok(());
+    }
+    let f = kernel(gpu, family, &format!("reduce_cols_finish_{name}"))?;
+    let args = vec![Arg::Ptr(pp), Arg::Ptr(out), Arg::U64(cols), Arg::U64(segs)];
+    launch(gpu, f, (cols.div_ceil(BLOCK as u64) as u32, 1, 1), (BLOCK, 1, 1), 0, args)
 }
 
 /// Segments of the reduced axis for a column kernel of `blocks_x` blocks across: enough for

@@ -750,6 +750,33 @@ fn fast_ops_have_gpu_kernels() {
     }
 }
 
+/// Column reductions of elements narrower than 4 bytes read adjacent columns together (the
+/// vector path needs an even column count, or a multiple of 4 for bytes): every op, with one
+/// segment and several, against the CPU, and the odd widths that take the scalar path.
+#[test]
+fn narrow_column_reductions_agree() {
+    if !gpu() {
+        return;
+    }
+    for dtype in [DType::BF16, DType::F16, DType::I16, DType::U8, DType::Bool] {
+        for (rows, cols) in [(20000, 4), (300, 130), (5, 8), (4001, 12), (50, 7)] {
+            let x = values(&[rows, cols], dtype, 0.3);
+            let tag = format!("{dtype} [{rows}, {cols}]");
+            if dtype == DType::Bool {
+                both(&format!("all cols {tag}"), std::slice::from_ref(&x), |v| v[0].all(0));
+                both(&format!("any cols {tag}"), std::slice::from_ref(&x), |v| v[0].any(0));
+                continue;
+            }
+            both(&format!("sum cols {tag}"), std::slice::from_ref(&x), |v| v[0].sum(0));
+            both(&format!("max cols {tag}"), std::slice::from_ref(&x), |v| v[0].max(0));
+            both(&format!("min cols {tag}"), std::slice::from_ref(&x), |v| v[0].min(0));
+            both(&format!("sum cols of 3-D {tag}"), std::slice::from_ref(&x), |v| {
+                v[0].reshape([rows, 1, cols]).sum(&[0, 1][..])
+            });
+        }
+    }
+}
+
 /// Arg-reductions along contiguous rows run a block per row over 16-byte vectors: ties and NaNs
 /// spread over the block's threads must give the CPU's first index, for row lengths that fill
 /// the vectors and ones that do not (the general kernel).
