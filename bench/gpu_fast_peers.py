@@ -12,6 +12,7 @@ Times the cases of bench_fast, by the same names and byte counts, on GPU 0, in t
 * ``torch_composition``: PyTorch eager running nuvec's own composition of the op, op for op,
   where it differs from the eager mode: SwiGLU ``(g * sigmoid(g) * u)`` in float32 rounded
   once, layer norm as centred values times ``rsqrt(var + eps)`` in float32 then ``* w + b``
+  and cross entropy as ``logsumexp(x) - x[target]`` in float32 with the ignore/NaN masks
   (the comparison for nuvec's ``NUVEC_FUSED=0``; RMS norm and RoPE's eager mode already is).
 * ``torch_compile``: ``torch.compile`` of the eager function (forward and backward).
 * ``torch_F_rms_norm``: ``torch.nn.functional.rms_norm`` (RMS norm cases only).
@@ -132,6 +133,21 @@ def cross_entropy_eager(logits, targets):
 
 def cross_entropy_mean_eager(logits, targets):
     return F.cross_entropy(logits, targets)
+
+
+def cross_entropy_composition(logits, targets):
+    v = logits.shape[-1]
+    x = logits.float()
+    t = targets.to(torch.int32)
+    keep = (t >= 0) & (t < v)
+    idx = torch.where(keep, t, 0).unsqueeze(-1).long()
+    loss = torch.logsumexp(x, -1) - x.gather(-1, idx).squeeze(-1)
+    loss = torch.where(keep, loss, 0.0)
+    return torch.where(t >= v, float("nan"), loss)
+
+
+def cross_entropy_mean_composition(logits, targets):
+    return cross_entropy_composition(logits, targets).mean()
 
 
 def rope_tables(t, offset, dtype):
@@ -424,6 +440,7 @@ def build_cases(copies, liger):
 
         c = Case(f"cross_entropy_fwd_bf16_{n}x{v}", lb + 8 * n, lb, False)
         c.makers["eager"] = fwd_maker(cross_entropy_eager, ins, k)
+        c.makers["composition"] = fwd_maker(cross_entropy_composition, ins, k)
         c.makers["compile"] = compiled(cross_entropy_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
         if liger.has("LigerCrossEntropyFunction"):
             c.makers["liger"] = fwd_maker(
@@ -447,6 +464,7 @@ def build_cases(copies, liger):
 
         c = Case(f"cross_entropy_fwdbwd_bf16_{n}x{v}", 2 * lb + 12 * n, lb, False)
         c.makers["eager"] = fwdbwd_maker(cross_entropy_mean_eager)
+        c.makers["composition"] = fwdbwd_maker(cross_entropy_mean_composition)
         c.makers["compile"] = compiled(cross_entropy_mean_eager)(lambda fn, m=fwdbwd_maker: m(fn))
         if liger.has("LigerCrossEntropyFunction"):
             c.makers["liger"] = fwdbwd_maker(

@@ -94,10 +94,11 @@ pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: 
             let per = (16 / a.dtype.size()).max(1) as u64;
             let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::I32(mode)];
             use BinaryOp::*;
-            // bf16 operands measured faster with the capped launch (bench/results/2026-12-02-gpu-ops.md).
+            // bf16 arithmetic measured faster with the capped launch, bf16 predicates with the
+            // light one (bench/results/2026-12-02-gpu-ops.md).
             let cost = match op {
                 Power | LogAddExp | ArcTan2 | Remainder => Cost::Heavy,
-                _ if a.dtype == DType::BF16 => Cost::Heavy,
+                _ if a.dtype == DType::BF16 && !op.is_predicate() => Cost::Heavy,
                 _ => Cost::Light,
             };
             return launch_map(gpu, f, n, per, cost, args);

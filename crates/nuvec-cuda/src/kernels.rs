@@ -277,4 +277,17 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn every_real_unary_op_core_sends_has_a_kernel() {
+        // Core sends a unary op with its input in the compute dtype; a missing functor would fall
+        // back to the CPU silently (only some complex functions do, by design).
+        for d in DType::ALL.into_iter().filter(|&d| d != DType::Complex64) {
+            for op in nuvec_core::primitive::UnaryOp::ALL {
+                if op.compute_dtype(d) == Some(d) && !op.is_identity_for(d) {
+                    assert!(unary::functor(op, d).is_some(), "{} on {d} has no kernel", op.name());
+                }
+            }
+        }
+    }
 }

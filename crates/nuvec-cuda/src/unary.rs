@@ -16,6 +16,9 @@ use crate::operand::{Cost, aligned, alloc_out, dense, dense_output, kernel, laun
 /// The functor implementing a unary op on `d`, or `None` when no kernel covers it.
 pub fn functor(op: UnaryOp, d: DType) -> Option<&'static str> {
     use UnaryOp::*;
+    if op == LogicalNot {
+        return Some("Un_logical_not");
+    }
     if d == DType::Complex64 {
         return Some(match op {
             Abs => "Un_cabs",
@@ -27,7 +30,6 @@ pub fn functor(op: UnaryOp, d: DType) -> Option<&'static str> {
             Sqrt => "Un_csqrt",
             Reciprocal => "Un_creciprocal",
             Sign => "Un_csign",
-            LogicalNot => "Un_logical_not",
             _ => return None,
         });
     }
@@ -73,7 +75,6 @@ pub fn functor(op: UnaryOp, d: DType) -> Option<&'static str> {
         Negative => "Un_negative",
         Square => "Un_square",
         BitwiseInvert => "Un_bitwise_invert",
-        LogicalNot => "Un_logical_not",
         _ => return None,
     })
 }

@@ -18,13 +18,14 @@ pub(super) fn swiglu_composition(gate: &Array, up: &Array) -> Array {
     (&g * g.sigmoid() * wide(up)).astype(dtype)
 }
 
-/// SwiGLU's cotangents in `float32`, with `s = sigmoid(gate)`:
-/// `dgate = g · up · s · (1 + gate · (1 − s))`, `dup = g · gate · s`, each in its input's dtype.
+/// SwiGLU's cotangents in `float32`, with `s = sigmoid(gate)` and `t = g · s` (shared):
+/// `dgate = t · up · (1 + gate · (1 − s))`, `dup = t · gate`, each in its input's dtype.
 pub(super) fn swiglu_vjp_composition(gate: &Array, up: &Array, g: &Array) -> Vec<Array> {
     let (x, u, gf) = (wide(gate), wide(up), wide(g));
     let s = x.sigmoid();
-    let dgate = &gf * &u * &s * ((&x * (1.0 - &s)) + 1.0);
-    let dup = gf * &x * s;
+    let t = gf * &s;
+    let dgate = &t * u * ((&x * (1.0 - s)) + 1.0);
+    let dup = t * x;
     vec![dgate.astype(gate.dtype()), dup.astype(up.dtype())]
 }
 
