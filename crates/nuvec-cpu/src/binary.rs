@@ -2,15 +2,23 @@
 
 use num_traits::Float as _;
 use nuvec_core::primitive::BinaryOp;
-use nuvec_core::storage::{Operand, Output};
+use nuvec_core::primitive::elementwise::widened_pair;
+use nuvec_core::shape::Strides;
+use nuvec_core::storage::{Data, Layout, Operand, Output};
 use nuvec_core::{DType, Result};
 
 use crate::elem::{B8, Bits, Float, Num};
 use crate::map::{map2, map3};
-use crate::{for_all, for_float, for_int, unsupported};
+use crate::{for_all, for_float, for_int, internal, unsupported};
 
 pub fn eval(op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()> {
     use BinaryOp::*;
+    // A widened pair (a half-precision operand beside a float32 one): widen the narrow one.
+    if a.dtype != b.dtype {
+        let dtype = widened_pair(a.dtype, b.dtype).ok_or_else(|| internal("binary operands of two dtypes"))?;
+        let (a, b) = (widen(a, dtype)?, widen(b, dtype)?);
+        return eval(op, a, b, out);
+    }
     let dtype = a.dtype;
     match op {
         Add => for_all!(dtype, T => map2::<T, T, T>(a, b, out, Num::add)),
@@ -46,6 +54,29 @@ pub fn eval(op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()
         LogAddExp => for_float!(dtype, T => map2::<T, T, T>(a, b, out, logaddexp::<T>)),
         ArcTan2 => for_float!(dtype, T => map2::<T, T, T>(a, b, out, |y, x| T::from_acc(y.to_acc().atan2(x.to_acc())))),
     }
+}
+
+/// `x` as `dtype`, its broadcast axes still broadcast (only its distinct elements are cast).
+fn widen(x: Operand, dtype: DType) -> Result<Operand> {
+    if x.dtype == dtype {
+        return Ok(x);
+    }
+    let strides = &x.data.layout.strides;
+    let compact: Vec<i32> = x.shape.iter().zip(strides.iter()).map(|(&d, &s)| if s == 0 { 1 } else { d }).collect();
+    let layout = Layout::new(&compact, strides.clone(), x.data.layout.offset);
+    let src = Operand {
+        shape: compact.as_slice().into(),
+        dtype: x.dtype,
+        data: Data { storage: x.data.storage.clone(), layout },
+        donated: false,
+    };
+    let mut out = Output { shape: compact.as_slice().into(), dtype, data: None };
+    crate::copy::astype(src, &mut out)?;
+    let data = out.data.ok_or_else(|| internal("astype wrote no output"))?;
+    let wide: Strides =
+        data.layout.strides.iter().zip(strides.iter()).map(|(&w, &s)| if s == 0 { 0 } else { w }).collect();
+    let layout = Layout::new(&x.shape, wide, data.layout.offset);
+    Ok(Operand { shape: x.shape, dtype, data: Data { storage: data.storage, layout }, donated: false })
 }
 
 #[inline(always)]

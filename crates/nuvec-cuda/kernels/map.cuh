@@ -183,3 +183,44 @@ __device__ __forceinline__ void binary_strided(const T* __restrict__ a, const T*
     store_run<U, R>(out, (i64)i, 1, cnt, r);
   });
 }
+
+// Binary maps of a widened pair (a half-precision operand beside a float32 one): each operand
+// is widened to float as it is loaded, in registers. Contiguous: 4 elements per step (one
+// 16-byte vector of the float operand, 8 bytes of the half one); mode as binary_contig's.
+template <typename TA, typename TB, typename U, typename F>
+__device__ __forceinline__ void binary_widened_contig(const TA* __restrict__ a, const TB* __restrict__ b,
+                                                      U* __restrict__ out, u64 n, int mode, F f) {
+  constexpr int N = 4;
+  u64 stride = (u64)gridDim.x * blockDim.x;
+  u64 nvec = n / N;
+  const float sa = mode == 1 ? widen(a[0]) : 0.0f;
+  const float sb = mode == 2 ? widen(b[0]) : 0.0f;
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+    Vec<TA, N> va;
+    Vec<TB, N> vb;
+    if (mode != 1) va = reinterpret_cast<const Vec<TA, N>*>(a)[i];
+    if (mode != 2) vb = reinterpret_cast<const Vec<TB, N>*>(b)[i];
+    store_vec<U, N>(out, i, [&](int j) {
+      return f(mode == 1 ? sa : (float)widen(va.v[j]), mode == 2 ? sb : (float)widen(vb.v[j]));
+    });
+  }
+  for (u64 i = nvec * N + (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = f(mode == 1 ? sa : (float)widen(a[i]), mode == 2 ? sb : (float)widen(b[i]));
+}
+
+// `out` row-major, `a` and `b` anywhere.
+template <typename TA, typename TB, typename U, typename F>
+__device__ __forceinline__ void binary_widened_strided(const TA* __restrict__ a, const TB* __restrict__ b,
+                                                       U* __restrict__ out, u64 n, Dims d, F f) {
+  constexpr int R = RunLen<TA, TB>::v;
+  for_runs<2, R>(d, n, [&](const i64* off, const i64* s, int cnt, u64 i) {
+    TA va[R];
+    TB vb[R];
+    U r[R];
+    load_run<TA, R>(a, off[0], s[0], cnt, va);
+    load_run<TB, R>(b, off[1], s[1], cnt, vb);
+#pragma unroll
+    for (int j = 0; j < R; ++j) r[j] = f((float)widen(va[j]), (float)widen(vb[j]));
+    store_run<U, R>(out, (i64)i, 1, cnt, r);
+  });
+}

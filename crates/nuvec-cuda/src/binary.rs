@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
 use nuvec_core::primitive::BinaryOp;
+use nuvec_core::primitive::elementwise::widened_pair;
 use nuvec_core::storage::{Data, Layout, Operand, Output};
 use nuvec_core::{DType, Result};
 
@@ -37,6 +38,26 @@ pub(crate) fn source(d: DType) -> String {
     s.finish()
 }
 
+/// The module of half-precision dtype `h` beside float32: `binary_{op}_{hf,fh}_{c,s}` (the
+/// half operand first or second; contiguous with binary_contig's modes, or strided) for each
+/// op float32 has.
+pub(crate) fn widened_source(h: DType) -> String {
+    let mut s = Source::new(&["binary.cuh"]);
+    let t = ctype(h);
+    for op in BinaryOp::ALL.into_iter().filter(|&op| has_binary(op, DType::F32)) {
+        let (n, u) = (op.name(), ctype(op.output_dtype(DType::F32)));
+        for (order, ta, tb) in [("hf", t, "float"), ("fh", "float", t)] {
+            s.kernel(format!(
+                "binary_{n}_{order}_c(const {ta}* a, const {tb}* b, {u}* out, u64 n, int mode) {{ binary_widened_contig<{ta}, {tb}, {u}>(a, b, out, n, mode, Bin_{n}()); }}"
+            ));
+            s.kernel(format!(
+                "binary_{n}_{order}_s(const {ta}* a, const {tb}* b, {u}* out, u64 n, Dims d) {{ binary_widened_strided<{ta}, {tb}, {u}>(a, b, out, n, d, Bin_{n}()); }}"
+            ));
+        }
+    }
+    s.finish()
+}
+
 /// The `where` module of value dtype `d`.
 pub(crate) fn select_source(d: DType) -> String {
     let mut s = Source::new(&["binary.cuh"]);
@@ -50,23 +71,72 @@ pub(crate) fn select_source(d: DType) -> String {
     s.finish()
 }
 
+/// Whether the GPU has `op` for operands of dtypes `a` and `b`.
+pub fn has_binary_pair(op: BinaryOp, a: DType, b: DType) -> bool {
+    if a == b { has_binary(op, a) } else { widened_pair(a, b).is_some_and(|d| has_binary(op, d)) }
+}
+
+/// How a binary map's operands sit: `Some((mode, lead))` when the contiguous kernel can run
+/// (mode 0: both dense alike, 1: `a` a scalar, 2: `b` a scalar; `lead` the dense operand).
+fn flat_mode<'a>(a: &'a Operand, b: &'a Operand) -> Option<(i32, &'a Operand)> {
+    let (sa, sb) = (scalar_like(a), scalar_like(b));
+    match (dense(a) && !sa, dense(b) && !sb) {
+        (true, true) if a.data.layout.strides == b.data.layout.strides => Some((0, a)),
+        (true, false) if sb => Some((2, a)),
+        (false, true) if sa => Some((1, b)),
+        _ => None,
+    }
+}
+
+/// A binary map of a widened pair: the half-precision operand is widened as it is loaded.
+fn binary_widened(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()> {
+    let n = out.size() as u64;
+    let (half, order) = if a.dtype == DType::F32 { (b.dtype, "fh") } else { (a.dtype, "hf") };
+    let family = Family::BinaryWidened(half);
+    let name = op.name();
+    let (ap, bp) = (ptr_of(&a)?, ptr_of(&b)?);
+    if let Some((mode, lead)) = flat_mode(&a, &b)
+        && aligned(&[ap, bp])
+    {
+        let layout = Layout::new(&out.shape, lead.data.layout.strides.clone(), 0);
+        let (op_ptr, storage) = alloc(gpu, out.size(), out.dtype)?;
+        out.data = Some(Data { storage, layout });
+        let f = kernel(gpu, family, &format!("binary_{name}_{order}_c"))?;
+        let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::I32(mode)];
+        return launch_map(gpu, f, n, 4, cost(op, DType::F32), args);
+    }
+    let op_ptr = alloc_out(gpu, out)?;
+    let d = Dims::new(&out.shape, &[&a.data.layout.strides, &b.data.layout.strides])?;
+    let f = kernel(gpu, family, &format!("binary_{name}_{order}_s"))?;
+    let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::Dims(Box::new(d))];
+    launch_1d(gpu, f, n, 1, args)
+}
+
+/// How a contiguous binary map of inputs of dtype `d` is launched.
+fn cost(op: BinaryOp, d: DType) -> Cost {
+    use BinaryOp::*;
+    // bf16 arithmetic measured faster with the capped launch, bf16 predicates with the light
+    // one (bench/results/2026-12-02-gpu-ops.md).
+    match op {
+        Power | LogAddExp | ArcTan2 | Remainder => Cost::Heavy,
+        _ if d == DType::BF16 && !op.is_predicate() => Cost::Heavy,
+        _ => Cost::Light,
+    }
+}
+
 pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: &mut Output) -> Result<()> {
     let n = out.size() as u64;
     if n == 0 {
         alloc_out(gpu, out)?;
         return Ok(());
     }
+    if a.dtype != b.dtype {
+        return binary_widened(gpu, op, a, b, out);
+    }
     let family = Family::Binary(a.dtype);
     let name = op.name();
     let (ap, bp) = (ptr_of(&a)?, ptr_of(&b)?);
-    let (sa, sb) = (scalar_like(&a), scalar_like(&b));
-    let flat = match (dense(&a) && !sa, dense(&b) && !sb) {
-        (true, true) if a.data.layout.strides == b.data.layout.strides => Some((0, &a)),
-        (true, false) if sb => Some((2, &a)),
-        (false, true) if sa => Some((1, &b)),
-        _ => None,
-    };
-    if let Some((mode, lead)) = flat {
+    if let Some((mode, lead)) = flat_mode(&a, &b) {
         // Write in place into a donated input of the output's type.
         let donor = [&a, &b].into_iter().find(|o| {
             o.donated
@@ -93,15 +163,7 @@ pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: 
             let f = kernel(gpu, family, &format!("binary_{name}_c"))?;
             let per = (16 / a.dtype.size()).max(1) as u64;
             let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::I32(mode)];
-            use BinaryOp::*;
-            // bf16 arithmetic measured faster with the capped launch, bf16 predicates with the
-            // light one (bench/results/2026-12-02-gpu-ops.md).
-            let cost = match op {
-                Power | LogAddExp | ArcTan2 | Remainder => Cost::Heavy,
-                _ if a.dtype == DType::BF16 && !op.is_predicate() => Cost::Heavy,
-                _ => Cost::Light,
-            };
-            return launch_map(gpu, f, n, per, cost, args);
+            return launch_map(gpu, f, n, per, cost(op, a.dtype), args);
         }
         let (s_a, s_b): (&[isize], &[isize]) = match mode {
             0 => (&[1], &[1]),

@@ -17,7 +17,7 @@ pub(crate) fn supports(primitive: &Primitive, inputs: &[Spec], outputs: &[Spec])
     match primitive {
         Primitive::Arange { .. } => !matches!(outputs[0].dtype, DType::Bool | DType::Complex64),
         Primitive::Unary(op) => unary::functor(*op, d).is_some(),
-        Primitive::Binary(op) => binary::has_binary(*op, d),
+        Primitive::Binary(op) => binary::has_binary_pair(*op, d, inputs[1].dtype),
         Primitive::Select | Primitive::AsType(_) | Primitive::Copy | Primitive::Concatenate { .. } => true,
         Primitive::SliceUpdate { .. } => true,
         Primitive::GatherAxis { .. } => gather::INDEX_DTYPES.contains(&inputs[1].dtype),

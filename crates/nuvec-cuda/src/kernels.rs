@@ -38,6 +38,9 @@ pub enum Family {
     Unary(DType),
     /// Binary maps of one input dtype (`binary`).
     Binary(DType),
+    /// Binary maps of a half-precision dtype's operand beside a float32 one, both orders
+    /// (`binary`).
+    BinaryWidened(DType),
     /// `where` for one value dtype (`binary`).
     Select(DType),
     /// Casts from one dtype to all others (`copy`).
@@ -82,6 +85,7 @@ impl Family {
         match self {
             Family::Unary(d) => format!("unary_{d}"),
             Family::Binary(d) => format!("binary_{d}"),
+            Family::BinaryWidened(d) => format!("binary_widened_{d}"),
             Family::Select(d) => format!("select_{d}"),
             Family::Cast(d) => format!("cast_{d}"),
             Family::Copy(s) => format!("copy_{s}"),
@@ -107,6 +111,7 @@ impl Family {
         let s = match *self {
             Family::Unary(d) => unary::source(d),
             Family::Binary(d) => binary::source(d),
+            Family::BinaryWidened(d) => binary::widened_source(d),
             Family::Select(d) => binary::select_source(d),
             Family::Cast(d) => copy::cast_source(d),
             Family::Copy(size) => copy::source(size),
@@ -183,6 +188,9 @@ pub fn all_modules() -> Vec<Family> {
         }
         if d != DType::Complex64 && d != DType::Bool {
             v.push(Family::Arange(d));
+        }
+        if d.is_half() {
+            v.push(Family::BinaryWidened(d));
         }
         if d.is_float() {
             v.extend([

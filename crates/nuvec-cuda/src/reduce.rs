@@ -165,7 +165,7 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
         // Narrow elements: several adjacent columns per thread in one 4-byte load.
         let v = (4 / x.dtype.size()) as u64;
         let stride = red.strides[0][0];
-        if v > 1 && red.ndim == 1 && n_out % v == 0 && stride % v as i64 == 0 && xp % 4 == 0 {
+        if v > 1 && red.ndim == 1 && n_out.is_multiple_of(v) && stride % v as i64 == 0 && xp.is_multiple_of(4) {
             let blocks_x = (n_out / v).div_ceil(BLOCK as u64);
             let segs = column_segments(gpu, blocks_x, n_red);
             let partials =

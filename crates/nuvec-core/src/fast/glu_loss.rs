@@ -11,21 +11,20 @@ fn wide(x: &Array) -> Array {
     if x.dtype() == DType::F64 { x.clone() } else { x.astype(DType::F32) }
 }
 
-/// `silu(gate) · up` in `float32`, rounded once.
+/// `silu(gate) · up` in `float32`, rounded once. Only the sigmoid's input is cast: the
+/// products widen a half-precision operand as they load it.
 pub(super) fn swiglu_composition(gate: &Array, up: &Array) -> Array {
     let dtype = promote_types(gate.dtype(), up.dtype());
-    let g = wide(gate);
-    (&g * g.sigmoid() * wide(up)).astype(dtype)
+    (gate * wide(gate).sigmoid() * up).astype(dtype)
 }
 
 /// SwiGLU's cotangents in `float32`, with `s = sigmoid(gate)` and `t = g · s` (shared):
 /// `dgate = t · up · (1 + gate · (1 − s))`, `dup = t · gate`, each in its input's dtype.
 pub(super) fn swiglu_vjp_composition(gate: &Array, up: &Array, g: &Array) -> Vec<Array> {
-    let (x, u, gf) = (wide(gate), wide(up), wide(g));
-    let s = x.sigmoid();
-    let t = gf * &s;
-    let dgate = &t * u * ((&x * (1.0 - s)) + 1.0);
-    let dup = t * x;
+    let s = wide(gate).sigmoid();
+    let t = g * &s;
+    let dgate = &t * up * ((gate * (1.0 - s)) + 1.0);
+    let dup = t * gate;
     vec![dgate.astype(gate.dtype()), dup.astype(up.dtype())]
 }
 

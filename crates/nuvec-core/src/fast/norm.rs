@@ -4,6 +4,11 @@
 //! Semantics are MLX's: statistics in `float32`, the normalised row cast to the output dtype
 //! (`x`'s promoted with the weight's) before the weight multiplies it and the bias is added.
 
+//!
+//! The compositions cast `x` to `float32` only for its statistics: elsewhere a half-precision
+//! operand meets a `float32` one in a binary op, which widens it as it loads it (exactly), so
+//! the full-size passes read 2 bytes per element instead of 4.
+
 use super::{FastOp, record};
 use crate::array::Array;
 use crate::dtype::{DType, promote_types};
@@ -12,16 +17,14 @@ fn f32_of(x: &Array) -> Array {
     if x.dtype() == DType::F64 { x.clone() } else { x.astype(DType::F32) }
 }
 
-/// `x * rsqrt(mean(x²) + eps)` in `float32` (`float64` for `float64` inputs), and the factor.
-fn rms_normalise(x: &Array, eps: f32) -> (Array, Array) {
-    let xf = f32_of(x);
-    let n = (xf.square().mean_keepdims(-1) + eps).rsqrt();
-    (&xf * &n, n)
+/// `rsqrt(mean(x²) + eps)` per row, in `float32` (`float64` for `float64` inputs).
+fn rms_factor(x: &Array, eps: f32) -> Array {
+    (f32_of(x).square().mean_keepdims(-1) + eps).rsqrt()
 }
 
 pub(super) fn rms_norm_composition(eps: f32, x: &Array, w: Option<&Array>) -> Array {
     let dtype = w.map_or(x.dtype(), |w| promote_types(x.dtype(), w.dtype()));
-    let y = rms_normalise(x, eps).0.astype(dtype);
+    let y = (x * rms_factor(x, eps)).astype(dtype);
     match w {
         Some(w) => y * w,
         None => y,
@@ -30,8 +33,7 @@ pub(super) fn rms_norm_composition(eps: f32, x: &Array, w: Option<&Array>) -> Ar
 
 pub(super) fn layer_norm_composition(eps: f32, x: &Array, w: Option<&Array>, b: Option<&Array>) -> Array {
     let dtype = [w, b].into_iter().flatten().fold(x.dtype(), |d, p| promote_types(d, p.dtype()));
-    let xf = f32_of(x);
-    let centred = &xf - xf.mean_keepdims(-1);
+    let centred = x - f32_of(x).mean_keepdims(-1);
     let var = centred.square().mean_keepdims(-1);
     let mut y = (centred * (var + eps).rsqrt()).astype(dtype);
     if let Some(w) = w {
@@ -47,18 +49,16 @@ pub(super) fn layer_norm_composition(eps: f32, x: &Array, w: Option<&Array>, b: 
 /// `gx = n·(u − x·c)` with the row factor `c = n²·mean(u·x)` (so each full-size step is one
 /// product), `gw = Σ_rows g·x·n`.
 pub(super) fn rms_norm_vjp_composition(eps: f32, x: &Array, w: Option<&Array>, g: &Array) -> Vec<Array> {
-    let xf = f32_of(x);
-    let n = (xf.square().mean_keepdims(-1) + eps).rsqrt();
-    let gf = f32_of(g);
+    let n = rms_factor(x, eps);
     let u = match w {
-        Some(w) => &gf * f32_of(w),
-        None => gf.clone(),
+        Some(w) => g * f32_of(w),
+        None => f32_of(g),
     };
-    let c = &n * &n * (&u * &xf).mean_keepdims(-1);
-    let gx = (&n * (&u - &xf * c)).astype(x.dtype());
+    let c = &n * &n * (&u * x).mean_keepdims(-1);
+    let gx = (&n * (&u - x * c)).astype(x.dtype());
     let mut out = vec![gx];
     if let Some(w) = w {
-        out.push(sum_rows(&(gf * (&xf * &n))).astype(w.dtype()));
+        out.push(sum_rows(&(g * (x * &n))).astype(w.dtype()));
     }
     out
 }
@@ -72,22 +72,20 @@ pub(super) fn layer_norm_vjp_composition(
     biased: bool,
     g: &Array,
 ) -> Vec<Array> {
-    let xf = f32_of(x);
-    let centred = &xf - xf.mean_keepdims(-1);
+    let centred = x - f32_of(x).mean_keepdims(-1);
     let n = (centred.square().mean_keepdims(-1) + eps).rsqrt();
     let xhat = centred * &n;
-    let gf = f32_of(g);
     let u = match w {
-        Some(w) => &gf * f32_of(w),
-        None => gf.clone(),
+        Some(w) => g * f32_of(w),
+        None => f32_of(g),
     };
     let gx = (n * (&u - u.mean_keepdims(-1) - &xhat * (&u * &xhat).mean_keepdims(-1))).astype(x.dtype());
     let mut out = vec![gx];
     if w.is_some() {
-        out.push(sum_rows(&(&gf * &xhat)));
+        out.push(sum_rows(&(g * &xhat)));
     }
     if biased {
-        out.push(sum_rows(&gf));
+        out.push(sum_rows(&f32_of(g)));
     }
     out
 }

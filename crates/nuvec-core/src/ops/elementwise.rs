@@ -4,6 +4,7 @@
 use crate::array::{Array, ScalarOrArray};
 use crate::dtype::{DType, Scalar, promote_types};
 use crate::error::OpErrorKind;
+use crate::primitive::elementwise::widened_pair;
 use crate::primitive::{BinaryOp, Primitive, UnaryOp};
 
 use super::propagate;
@@ -83,8 +84,14 @@ fn binary_as(name: &'static str, op: BinaryOp, a: ScalarOrArray, b: ScalarOrArra
         Ok(s) => s,
         Err(kind) => return Array::failed(name, kind),
     };
-    let a = a.astype(dtype).broadcast_to(&shape);
-    let b = b.astype(dtype).broadcast_to(&shape);
+    // A half-precision operand beside a float32 one stays as it is: backends widen it as they
+    // load it, saving a pass that writes it out in float32.
+    let keep = |x: &Array, other: &Array| {
+        x.dtype() != dtype && other.dtype() == dtype && widened_pair(x.dtype(), dtype) == Some(dtype)
+    };
+    let (keep_a, keep_b) = (keep(&a, &b), keep(&b, &a));
+    let a = if keep_a { a } else { a.astype(dtype) }.broadcast_to(&shape);
+    let b = if keep_b { b } else { b.astype(dtype) }.broadcast_to(&shape);
     Array::from_op(op.name(), Primitive::Binary(op), vec![a, b])
 }
 

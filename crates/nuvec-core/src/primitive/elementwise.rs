@@ -257,16 +257,27 @@ pub fn unary_spec(op: UnaryOp, x: &Spec) -> Result<Spec, OpErrorKind> {
     Ok(Spec { shape: x.shape.clone(), dtype: op.output_dtype(x.dtype) })
 }
 
-/// The output of a binary map: inputs of one shape and dtype (ops broadcast and promote first).
+/// The dtype a binary map computes in when its operands' dtypes differ: one half-precision
+/// float (`bfloat16`, `float16`) beside a `float32`, which backends widen as they load it
+/// rather than in a separate cast. `None` for any other pair.
+pub fn widened_pair(a: DType, b: DType) -> Option<DType> {
+    let half = |d: DType| matches!(d, DType::BF16 | DType::F16);
+    ((half(a) && b == DType::F32) || (a == DType::F32 && half(b))).then_some(DType::F32)
+}
+
+/// The output of a binary map: inputs of one shape and of one dtype, or a [`widened_pair`]
+/// (ops broadcast and promote first).
 pub fn binary_spec(op: BinaryOp, a: &Spec, b: &Spec) -> Result<Spec, OpErrorKind> {
     same_shape(a, b)?;
-    if a.dtype != b.dtype {
-        return Err(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype });
+    let dtype = if a.dtype == b.dtype {
+        a.dtype
+    } else {
+        widened_pair(a.dtype, b.dtype).ok_or(OpErrorKind::DTypeMismatch { lhs: a.dtype, rhs: b.dtype })?
+    };
+    if op.compute_dtype(dtype) != Some(dtype) {
+        return Err(OpErrorKind::UnsupportedDType(dtype));
     }
-    if op.compute_dtype(a.dtype) != Some(a.dtype) {
-        return Err(OpErrorKind::UnsupportedDType(a.dtype));
-    }
-    Ok(Spec { shape: a.shape.clone(), dtype: op.output_dtype(a.dtype) })
+    Ok(Spec { shape: a.shape.clone(), dtype: op.output_dtype(dtype) })
 }
 
 /// The output of `where(c, a, b)`: a bool condition and two values of one dtype, one shape.

@@ -108,7 +108,11 @@ impl Primitive {
         }
         match self {
             Primitive::Unary(op) => vec![t[0].as_ref().and_then(|ti| op.derivative(&x[0], &y[0], ti))],
-            Primitive::Binary(op) => vec![op.jvp(&x[0], &x[1], &y[0], t[0].as_ref(), t[1].as_ref())],
+            Primitive::Binary(op) => {
+                // With a widened operand, its tangent alone may be half precision.
+                let t = op.jvp(&x[0], &x[1], &y[0], t[0].as_ref(), t[1].as_ref());
+                vec![t.map(|t| if t.dtype() == y[0].dtype() { t } else { t.astype(y[0].dtype()) })]
+            }
             Primitive::Select => vec![Some(ops::where_(&x[0], tz(1), tz(2)))],
             Primitive::AsType(d) => vec![t[0].as_ref().filter(|ti| ti.dtype().is_inexact()).map(|ti| ti.astype(*d))],
             Primitive::StopGradient | Primitive::BitCast(_) => vec![None],

@@ -119,9 +119,7 @@ fn elementwise_agrees() {
     }
     use nuvec::graph::{BinaryOp, UnaryOp};
     // Every unary op but those without a float form (they map to a copy below).
-    let unary = UnaryOp::ALL
-        .into_iter()
-        .filter(|op| !matches!(op, UnaryOp::LogicalNot | UnaryOp::BitwiseInvert | UnaryOp::Conjugate));
+    let unary = UnaryOp::ALL.into_iter().filter(|op| !matches!(op, UnaryOp::BitwiseInvert | UnaryOp::Conjugate));
     for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::U8, DType::Bool] {
         let x = values(&[7, 33], dtype, 0.1);
         for op in unary.clone() {
@@ -159,6 +157,7 @@ fn elementwise_agrees() {
                     UnaryOp::Sigmoid => x.sigmoid(),
                     UnaryOp::Erf => x.erf(),
                     UnaryOp::ErfInv => (x * 0.3).erfinv(),
+                    UnaryOp::LogicalNot => x.logical_not(),
                     _ => x.clone(),
                 }
             };
@@ -746,6 +745,71 @@ fn fast_ops_have_gpu_kernels() {
             let outputs = op.output_specs(&inputs).unwrap();
             let name = op.name();
             assert!(backend.supports(&Primitive::Fast(op), &inputs, &outputs), "{name} {d:?} has no GPU kernel");
+        }
+    }
+}
+
+/// A half-precision operand beside a float32 one runs the widening kernels (no cast first):
+/// every binary op, both orders, dense, broadcast, scalar and transposed operands, against the
+/// CPU; and the GPU claims those kernels (no silent fallback).
+#[test]
+fn widened_pairs_agree() {
+    use nuvec::graph::{BinaryOp, Primitive, Spec, backend_for};
+    if !gpu() {
+        return;
+    }
+    let backend = backend_for(Device::gpu(0)).unwrap();
+    let spec = |dtype: DType| Spec { shape: [8, 64].into_iter().collect(), dtype };
+    for half in [DType::BF16, DType::F16] {
+        let h = values(&[6, 40], half, 0.2);
+        let f = values(&[6, 40], DType::F32, 1.3);
+        let layouts: Vec<(&str, Array, Array)> = vec![
+            ("dense", h.clone(), f.clone()),
+            ("broadcast", values(&[6, 1], half, 0.4), f.clone()),
+            ("scalar", values(&[], half, 0.7), f.clone()),
+            ("transposed", values(&[40, 6], half, 0.5).t(), f.clone()),
+            ("odd length", values(&[7, 3], half, 0.1), values(&[7, 3], DType::F32, 0.9)),
+        ];
+        for op in BinaryOp::ALL {
+            if op.compute_dtype(DType::F32) != Some(DType::F32) {
+                continue;
+            }
+            for (a_spec, b_spec) in [(spec(half), spec(DType::F32)), (spec(DType::F32), spec(half))] {
+                let out = op.output_dtype(DType::F32);
+                let outputs = [Spec { shape: a_spec.shape.clone(), dtype: out }];
+                let ok = backend.supports(&Primitive::Binary(op), &[a_spec, b_spec], &outputs);
+                assert!(ok, "{} of {half} and float32 has no GPU kernel", op.name());
+            }
+            let run = |a: &Array, b: &Array| -> Array {
+                let b = if op == BinaryOp::Power { b.abs() } else { b.clone() };
+                match op {
+                    BinaryOp::Add => a + &b,
+                    BinaryOp::Subtract => a - &b,
+                    BinaryOp::Multiply => a * &b,
+                    BinaryOp::Divide => a / &b,
+                    BinaryOp::FloorDivide => a.floor_divide(&b),
+                    BinaryOp::Remainder => a.remainder(&b),
+                    BinaryOp::Power => a.abs().power(&b),
+                    BinaryOp::Maximum => a.maximum(&b),
+                    BinaryOp::Minimum => a.minimum(&b),
+                    BinaryOp::LogAddExp => a.logaddexp(&b),
+                    BinaryOp::ArcTan2 => a.arctan2(&b),
+                    BinaryOp::Equal => a.equal(&b),
+                    BinaryOp::NotEqual => a.not_equal(&b),
+                    BinaryOp::Less => a.less(&b),
+                    BinaryOp::LessEqual => a.less_equal(&b),
+                    BinaryOp::Greater => a.greater(&b),
+                    BinaryOp::GreaterEqual => a.greater_equal(&b),
+                    BinaryOp::LogicalAnd => a.logical_and(&b),
+                    BinaryOp::LogicalOr => a.logical_or(&b),
+                    _ => a.clone(),
+                }
+            };
+            for (layout, a, b) in &layouts {
+                let tag = format!("{} {half} {layout}", op.name());
+                both(&format!("{tag} (half, float)"), &[a.clone(), b.clone()], |v| run(&v[0], &v[1]));
+                both(&format!("{tag} (float, half)"), &[b.clone(), a.clone()], |v| run(&v[0], &v[1]));
+            }
         }
     }
 }

@@ -479,3 +479,42 @@ fn integer_and_boolean_outputs_have_no_gradient() {
         assert_eq!(g.astype(DType::F32).to_vec::<f32>().unwrap(), vec![2.0; 4]);
     }
 }
+
+/// A half-precision operand beside a float32 one is widened by the kernel as it loads it (no
+/// cast in the graph): results equal the cast-first computation bit for bit, for both orders
+/// and a broadcast operand; cotangents keep each input's dtype and tangents the output's.
+#[test]
+fn widened_pairs_match_the_cast_and_keep_their_dtypes() {
+    type Op2 = fn(&Array, &Array) -> Array;
+    let ops2: [(&str, Op2); 7] = [
+        ("add", |a, b| a + b),
+        ("subtract", |a, b| a - b),
+        ("multiply", |a, b| a * b),
+        ("divide", |a, b| a / b),
+        ("maximum", |a, b| a.maximum(b)),
+        ("power", |a, b| a.abs().power(b)),
+        ("less", |a, b| a.less(b)),
+    ];
+    let base = (ops::arange(0, 20, 1).astype(DType::F32) * 0.37 - 3.0).reshape([4, 5]);
+    let w = ops::arange(0, 5, 1).astype(DType::F32) * 0.25 + 0.5;
+    for half in [DType::BF16, DType::F16] {
+        let h = base.astype(half);
+        for (name, f) in ops2 {
+            for (a, b, order) in [(&h, &w, "half, float"), (&w, &h, "float, half")] {
+                let (a32, b32) = (a.astype(DType::F32), b.astype(DType::F32));
+                let got = f(a, b);
+                let want = f(&a32, &b32);
+                assert_eq!(got.dtype(), want.dtype(), "{name} {half} ({order})");
+                assert_eq!(got.to_bytes().unwrap(), want.to_bytes().unwrap(), "{name} {half} ({order})");
+            }
+        }
+        let f = |v: &[Array]| Ok(vec![(&v[0] * &v[1]).sum(..)]);
+        let (_, g) = vjp_flat(f, &[h.clone(), w.clone()], &[Array::from(1.0f32)]).unwrap();
+        assert_eq!((g[0].dtype(), g[1].dtype()), (half, DType::F32));
+        let want_gw = h.astype(DType::F32).sum(0).to_vec::<f32>().unwrap();
+        assert_eq!(g[1].to_vec::<f32>().unwrap(), want_gw);
+        let f = |v: &[Array]| Ok(vec![&v[0] + &w]);
+        let (y, t) = jvp_flat(f, std::slice::from_ref(&h), &[h.ones_like()]).unwrap();
+        assert_eq!((y[0].dtype(), t[0].dtype()), (DType::F32, DType::F32));
+    }
+}
