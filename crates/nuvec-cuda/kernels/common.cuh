@@ -184,6 +184,13 @@ template <typename D> __device__ __forceinline__ D from_carrier(c64 v) { return 
 
 template <typename D, typename S> __device__ __forceinline__ D convert(S x) { return from_carrier<D>(carry(x)); }
 
+// Whether x is non-zero (NaN is): convert<bool> without the detour through the carrier types.
+template <typename T> __device__ __forceinline__ bool truthy(T x) { return x != T(0); }
+template <> __device__ __forceinline__ bool truthy<bool>(bool x) { return x; }
+template <> __device__ __forceinline__ bool truthy<f16>(f16 x) { return __half2float(x) != 0.0f; }
+template <> __device__ __forceinline__ bool truthy<bf16>(bf16 x) { return __bfloat162float(x) != 0.0f; }
+template <> __device__ __forceinline__ bool truthy<c64>(c64 x) { return x.re != 0.0f || x.im != 0.0f; }
+
 // Strided indexing over at most NV_MAX_DIMS collapsed axes.
 #define NV_MAX_DIMS 10
 struct Dims {

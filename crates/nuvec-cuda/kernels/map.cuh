@@ -122,10 +122,18 @@ __device__ __forceinline__ void store_run(T* __restrict__ p, i64 off, i64 s, int
   }
 }
 
+// Elements per thread of a contiguous one-operand map: a 16-byte vector of the input, but no
+// more than 32 bytes of results (unary.rs's `contig_elems` says the same).
+template <typename T, typename U> __host__ __device__ constexpr int contig_elems() {
+  constexpr int in = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  constexpr int out = 32 / sizeof(U) > 0 ? 32 / sizeof(U) : 1;
+  return in < out ? in : out;
+}
+
 // Contiguous: `n` elements, 16-byte vectors when all pointers are aligned (checked by the host).
 template <typename T, typename U, typename F>
 __device__ __forceinline__ void unary_contig(const T* __restrict__ x, U* __restrict__ out, u64 n, F f) {
-  const int N = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  const int N = contig_elems<T, U>();
   u64 stride = (u64)gridDim.x * blockDim.x;
   u64 nvec = n / N;
   for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {

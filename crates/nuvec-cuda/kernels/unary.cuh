@@ -69,7 +69,7 @@ NV_UN_INT(negative)
 NV_UN_INT(square)
 NV_UN_INT(bitwise_invert)
 struct Un_logical_not {
-  template <typename T> __device__ __forceinline__ bool operator()(T x) const { return !convert<bool>(x); }
+  template <typename T> __device__ __forceinline__ bool operator()(T x) const { return !truthy(x); }
 };
 struct Un_cabs {
   __device__ __forceinline__ float operator()(c64 z) const { return hypotf(z.re, z.im); }

@@ -108,14 +108,33 @@ pub(crate) fn astype(gpu: &Arc<Gpu>, x: Operand, out: &mut Output) -> Result<()>
 pub(crate) fn concatenate(gpu: &Arc<Gpu>, axis: usize, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {
     let op = alloc_out(gpu, out)?;
     let strides = row_major_strides(&out.shape);
+    let size = out.dtype.size();
+    let rows: usize = out.shape[..axis].iter().map(|&d| d as usize).product();
     let mut at = 0usize;
     for x in &inputs {
-        let base = op + (at * strides[axis] as usize * out.dtype.size()) as u64;
-        copy_into(gpu, x, base, &strides)?;
+        let base = op + (at * strides[axis] as usize * size) as u64;
         at += x.shape[axis] as usize;
+        // A row-major input is `rows` blocks of `width` bytes, one per row of the output:
+        // the driver's pitched copy moves them at the copy ceiling when blocks are long.
+        let width = x.size() / rows.max(1) * size;
+        let pitch = out.size() / rows.max(1) * size;
+        if x.data.layout.flags.row_contiguous && (rows == 1 || width >= PITCHED_MIN_BYTES) && pitch < 1 << 31 {
+            let src = ptr_of(x)?;
+            if rows == 1 {
+                gpu.copy_device(base, src, width)?;
+            } else {
+                gpu.copy_device_2d(base, pitch, src, width, width, rows)?;
+            }
+            continue;
+        }
+        copy_into(gpu, x, base, &strides)?;
     }
     Ok(())
 }
+
+/// Blocks at least this long go through the driver's pitched copy; shorter ones through the
+/// strided copy kernel.
+const PITCHED_MIN_BYTES: usize = 512;
 
 pub(crate) fn slice_update(
     gpu: &Arc<Gpu>,

@@ -96,12 +96,22 @@ pub(crate) fn source(d: DType) -> String {
 
 pub(crate) fn unary(gpu: &Arc<Gpu>, op: UnaryOp, x: Operand, out: &mut Output) -> Result<()> {
     use UnaryOp::*;
+    // Half-precision transcendental maps measured faster with the capped launch; in float32
+    // only the inverse hyperbolic functions (bench/results/2026-12-02-gpu-ops.md).
     let cost = match op {
         Abs | Sign | Negative | Square | Floor | Ceil | Round | Sqrt | Rsqrt | Reciprocal | Exp | Sigmoid
         | LogicalNot | BitwiseInvert | Conjugate => Cost::Light,
+        ArcSinh | ArcCosh | ArcTanh => Cost::Heavy,
+        _ if x.dtype == DType::F32 => Cost::Light,
         _ => Cost::Heavy,
     };
     map(gpu, Family::Unary(x.dtype), &format!("unary_{}", op.name()), x, out, cost)
+}
+
+/// Elements per thread of a contiguous one-operand map from `x` to `out` (map.cuh's
+/// `contig_elems`): a 16-byte vector of the input, at most 32 bytes of results.
+fn contig_elems(x: DType, out: DType) -> u64 {
+    (16 / x.size()).clamp(1, (32 / out.size()).max(1)) as u64
 }
 
 /// Runs the one-operand map `{name}_c` (dense, aligned: 16-byte vectors, writing into a donated
@@ -117,7 +127,7 @@ pub(crate) fn map(gpu: &Arc<Gpu>, family: Family, name: &str, x: Operand, out: &
         let op = dense_output(gpu, &x, out)?;
         if aligned(&[xp, op]) {
             let f = kernel(gpu, family, &format!("{name}_c"))?;
-            let per = (16 / x.dtype.size()).max(1) as u64;
+            let per = contig_elems(x.dtype, out.dtype);
             return launch_map(gpu, f, n, per, cost, vec![Arg::Ptr(xp), Arg::Ptr(op), Arg::U64(n)]);
         }
         let d = Dims::new(&[n as i32], &[&[1]])?;

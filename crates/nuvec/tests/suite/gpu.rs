@@ -814,6 +814,34 @@ fn widened_pairs_agree() {
     }
 }
 
+/// Concatenation copies row-major inputs with the driver's pitched copy when their blocks are
+/// long (512 bytes and more) and with the strided kernel otherwise: both, mixed in one call,
+/// along the first, a middle and the last axis, with a transposed input among them.
+#[test]
+fn concatenation_by_pitched_copies_agrees() {
+    if !gpu() {
+        return;
+    }
+    for dtype in [DType::F32, DType::BF16, DType::U8] {
+        let a = values(&[64, 300], dtype, 0.1);
+        let b = values(&[64, 200], dtype, 0.2);
+        let c = values(&[7, 64], dtype, 0.3);
+        let tag = format!("{dtype}");
+        both(&format!("concat last axis {tag}"), &[a.clone(), b.clone(), c.clone()], |v| {
+            ops::concatenate(&[v[0].clone(), v[1].clone(), v[2].t()], 1)
+        });
+        both(&format!("concat first axis {tag}"), &[a.clone(), b.clone()], |v| {
+            ops::concatenate(&[v[0].t(), v[1].t()], 0)
+        });
+        both(&format!("concat first axis, dense {tag}"), &[a.clone(), a.clone()], |v| {
+            ops::concatenate(&[v[0].clone(), v[1].clone() * 2], 0)
+        });
+        let x = values(&[4, 5, 256], dtype, 0.4);
+        let y = values(&[4, 3, 256], dtype, 0.5);
+        both(&format!("concat middle axis {tag}"), &[x, y], |v| ops::concatenate(&[v[0].clone(), v[1].clone()], 1));
+    }
+}
+
 /// Column reductions of elements narrower than 4 bytes read adjacent columns together (the
 /// vector path needs an even column count, or a multiple of 4 for bytes): every op, with one
 /// segment and several, against the CPU, and the odd widths that take the scalar path.
