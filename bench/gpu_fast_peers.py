@@ -11,9 +11,10 @@ Times the cases of bench_fast, by the same names and byte counts, on GPU 0, in t
   model shares them between layers); ``F.cross_entropy``.
 * ``torch_composition``: PyTorch eager running nuvec's own composition of the op, op for op,
   where it differs from the eager mode: SwiGLU ``(g * sigmoid(g) * u)`` in float32 rounded
-  once, layer norm as centred values times ``rsqrt(var + eps)`` in float32 then ``* w + b``
-  and cross entropy as ``logsumexp(x) - x[target]`` in float32 with the ignore/NaN masks
-  (the comparison for nuvec's ``NUVEC_FUSED=0``; RMS norm and RoPE's eager mode already is).
+  once, layer norm as centred values times ``rsqrt(var + eps)`` in float32 then ``* w + b``,
+  cross entropy as ``logsumexp(x) - x[target]`` in float32 with the ignore/NaN masks, and
+  the RoPE forward with its cos/sin tables made inside the timed call from the offset
+  (the comparison for nuvec's ``NUVEC_FUSED=0``; RMS norm's eager mode already is).
 * ``torch_compile``: ``torch.compile`` of the eager function (forward and backward).
 * ``torch_F_rms_norm``: ``torch.nn.functional.rms_norm`` (RMS norm cases only).
 * ``liger``: Liger Kernel's autograd functions from ``liger_kernel.ops``
@@ -148,6 +149,12 @@ def cross_entropy_composition(logits, targets):
 
 def cross_entropy_mean_composition(logits, targets):
     return cross_entropy_composition(logits, targets).mean()
+
+
+def rope_composition(x, offset):
+    """rope_eager with the tables made inside, from the position offset, as nuvec's composition."""
+    cos, sin = rope_tables(x.shape[-2], offset, torch.float32)
+    return rope_eager(x, cos, sin)
 
 
 def rope_tables(t, offset, dtype):
@@ -405,6 +412,8 @@ def build_cases(copies, liger):
             cos, sin = rope_tables(t, offset, torch.float32)
             return rand((b, HEADS, t, HEAD_DIM), 500 + j), cos, sin
         c.makers["eager"] = fwd_maker(rope_eager, ins, k)
+        c.makers["composition"] = fwd_maker(
+            rope_composition, lambda j, b=b, t=t, offset=offset: (rand((b, HEADS, t, HEAD_DIM), 500 + j), offset), k)
         c.makers["compile"] = compiled(rope_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
         if liger.has("LigerRopeFunction"):
             c.makers["liger"] = fwd_maker(liger_rope, liger_rope_inputs(b, t, offset, 500), k)

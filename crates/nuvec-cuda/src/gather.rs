@@ -89,9 +89,16 @@ pub(crate) fn scatter_axis(
     out: &mut Output,
 ) -> Result<()> {
     use nuvec_core::primitive::ScatterReduce as R;
-    crate::copy::copy(gpu, src, out)?;
-    let data = out.data.as_ref().ok_or_else(|| internal("copy gave no output"))?;
-    let base = buffer_ptr(&data.storage)?;
+    // Into the source's own buffer when it was handed over row-major and unshared.
+    let base = if src.donated && src.data.layout.flags.row_contiguous && Arc::strong_count(&src.data.storage) == 1 {
+        let p = ptr_of(&src)?;
+        out.data = Some(src.data.clone());
+        p
+    } else {
+        crate::copy::copy(gpu, src, out)?;
+        let data = out.data.as_ref().ok_or_else(|| internal("copy gave no output"))?;
+        buffer_ptr(&data.storage)?
+    };
     let n = idx.size() as u64;
     if n == 0 {
         return Ok(());

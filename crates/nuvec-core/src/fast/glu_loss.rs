@@ -54,14 +54,18 @@ fn target_index(targets: &Array, classes: i32) -> (Array, Array) {
 /// `logsumexp(logits) − logits[target]` in `float32` (`float64` for `float64` logits); 0 where the target is negative (ignored),
 /// NaN where it is `≥ classes`.
 pub(super) fn cross_entropy_composition(logits: &Array, targets: &Array) -> Array {
-    let v = *logits.shape().last().unwrap_or(&1);
-    let x = wide(logits);
+    cross_entropy_loss(&wide(logits), logits.dtype(), targets)
+}
+
+/// The loss of `cross_entropy_composition` from the widened logits `x`.
+fn cross_entropy_loss(x: &Array, dtype: DType, targets: &Array) -> Array {
+    let v = *x.shape().last().unwrap_or(&1);
     let (idx, keep) = target_index(targets, v);
     let picked = x.take_along_axis(&idx, -1).squeeze(-1);
     let loss = x.logsumexp(-1) - picked;
     let t = targets.astype(DType::I32);
     let loss = ops::where_(&keep, &loss, 0.0);
-    ops::where_(t.greater_equal(v), f32::NAN, &loss).astype(loss_dtype(logits.dtype()))
+    ops::where_(t.greater_equal(v), f32::NAN, &loss).astype(loss_dtype(dtype))
 }
 
 /// `g · (softmax(logits) − onehot(target))` in the logits' dtype, zero on rows whose target is
@@ -69,12 +73,24 @@ pub(super) fn cross_entropy_composition(logits: &Array, targets: &Array) -> Arra
 /// the loss, is what lets the kernel skip recomputing the log-sum-exp (`lse = loss +
 /// logits[target]`); the reference does not need it.
 pub(super) fn cross_entropy_vjp_composition(logits: &Array, targets: &Array, g: &Array) -> Array {
-    let v = *logits.shape().last().unwrap_or(&1);
-    let x = wide(logits);
+    cross_entropy_grad(&wide(logits), logits.dtype(), targets, g)
+}
+
+/// The gradient of `cross_entropy_vjp_composition` from the widened logits `x`: `g · softmax`
+/// everywhere, then `g` taken off at each row's target (a scatter of one value per row, not a
+/// one-hot pass over the classes).
+fn cross_entropy_grad(x: &Array, dtype: DType, targets: &Array, g: &Array) -> Array {
+    let v = *x.shape().last().unwrap_or(&1);
     let (idx, keep) = target_index(targets, v);
-    let onehot = ops::arange(0, v, 1).equal(&idx).astype(x.dtype());
     let scale = ops::where_(&keep, wide(g), 0.0).expand_dims(-1);
-    ((x.softmax(-1) - onehot) * scale).astype(logits.dtype())
+    let d = x.softmax(-1) * &scale;
+    d.scatter_add_along_axis(&idx, scale.negative(), -1).astype(dtype)
+}
+
+/// The loss and the gradient together, from one widening of the logits.
+pub(super) fn cross_entropy_with_grad_composition(logits: &Array, targets: &Array, g: &Array) -> Vec<Array> {
+    let x = wide(logits);
+    vec![cross_entropy_loss(&x, logits.dtype(), targets), cross_entropy_grad(&x, logits.dtype(), targets, g)]
 }
 
 /// Cross-entropy loss per row: `logsumexp(logits) − logits[target]` over the last (class) axis,

@@ -61,10 +61,9 @@ impl FastOp {
             FastOp::CrossEntropyVjp => {
                 vec![glu_loss::cross_entropy_vjp_composition(&inputs[0], &inputs[1], &inputs[2])]
             }
-            FastOp::CrossEntropyWithGrad => vec![
-                glu_loss::cross_entropy_composition(&inputs[0], &inputs[1]),
-                glu_loss::cross_entropy_vjp_composition(&inputs[0], &inputs[1], &inputs[2]),
-            ],
+            FastOp::CrossEntropyWithGrad => {
+                glu_loss::cross_entropy_with_grad_composition(&inputs[0], &inputs[1], &inputs[2])
+            }
         }
     }
 
