@@ -28,7 +28,7 @@ pub(crate) fn source(d: DType) -> String {
     let t = ctype(d);
     for op in BinaryOp::ALL.into_iter().filter(|&op| has_binary(op, d)) {
         let (n, u) = (op.name(), ctype(op.output_dtype(d)));
-        s.kernel(format!(
+        s.map_kernel(bounded(op), format!(
             "binary_{n}_c(const {t}* a, const {t}* b, {u}* out, u64 n, int mode) {{ binary_contig<{t}, {u}>(a, b, out, n, mode, Bin_{n}()); }}"
         ));
         s.kernel(format!(
@@ -47,7 +47,7 @@ pub(crate) fn widened_source(h: DType) -> String {
     for op in BinaryOp::ALL.into_iter().filter(|&op| has_binary(op, DType::F32)) {
         let (n, u) = (op.name(), ctype(op.output_dtype(DType::F32)));
         for (order, ta, tb) in [("hf", t, "float"), ("fh", "float", t)] {
-            s.kernel(format!(
+            s.map_kernel(bounded(op), format!(
                 "binary_{n}_{order}_c(const {ta}* a, const {tb}* b, {u}* out, u64 n, int mode) {{ binary_widened_contig<{ta}, {tb}, {u}>(a, b, out, n, mode, Bin_{n}()); }}"
             ));
             s.kernel(format!(
@@ -65,7 +65,7 @@ pub(crate) fn select_source(d: DType) -> String {
     s.kernel(format!(
         "select_s(const bool* c, const {t}* a, const {t}* b, {t}* out, u64 n, Dims d) {{ select_strided<{t}>(c, a, b, out, n, d); }}"
     ));
-    s.kernel(format!(
+    s.map_kernel(false, format!(
         "select_c(const bool* c, const {t}* a, const {t}* b, {t}* out, u64 n, int scalars) {{ select_contig<{t}>(c, a, b, out, n, scalars); }}"
     ));
     s.finish()
@@ -103,7 +103,7 @@ fn binary_widened(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: &mu
         out.data = Some(Data { storage, layout });
         let f = kernel(gpu, family, &format!("binary_{name}_{order}_c"))?;
         let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::I32(mode)];
-        return launch_map(gpu, f, n, 4, cost(op, DType::F32), args);
+        return launch_map(gpu, f, n, 4, cost(op), args);
     }
     let op_ptr = alloc_out(gpu, out)?;
     let d = Dims::new(&out.shape, &[&a.data.layout.strides, &b.data.layout.strides])?;
@@ -112,14 +112,18 @@ fn binary_widened(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: &mu
     launch_1d(gpu, f, n, 1, args)
 }
 
-/// How a contiguous binary map of inputs of dtype `d` is launched.
-fn cost(op: BinaryOp, d: DType) -> Cost {
+/// Whether the contiguous kernel of `op` is bounded to 32 registers (kernels.rs's
+/// `map_kernel`): the light ones but the divisions, whose IEEE slow path needs more.
+fn bounded(op: BinaryOp) -> bool {
+    cost(op) == Cost::Light && !matches!(op, BinaryOp::Divide | BinaryOp::FloorDivide)
+}
+
+/// How a contiguous binary map is launched: libdevice's functions and the remainder capped, the
+/// rest light.
+fn cost(op: BinaryOp) -> Cost {
     use BinaryOp::*;
-    // bf16 arithmetic measured faster with the capped launch, bf16 predicates with the light
-    // one (bench/results/2026-12-02-gpu-ops.md).
     match op {
         Power | LogAddExp | ArcTan2 | Remainder => Cost::Heavy,
-        _ if d == DType::BF16 && !op.is_predicate() => Cost::Heavy,
         _ => Cost::Light,
     }
 }
@@ -163,7 +167,7 @@ pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: 
             let f = kernel(gpu, family, &format!("binary_{name}_c"))?;
             let per = (16 / a.dtype.size()).max(1) as u64;
             let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::I32(mode)];
-            return launch_map(gpu, f, n, per, cost(op, a.dtype), args);
+            return launch_map(gpu, f, n, per, cost(op), args);
         }
         let (s_a, s_b): (&[isize], &[isize]) = match mode {
             0 => (&[1], &[1]),

@@ -34,9 +34,12 @@ pub(crate) fn cast_source(src: DType) -> String {
     let s_ = ctype(src);
     for dst in DType::ALL {
         let (d_, n) = (ctype(dst), dst.name());
-        s.kernel(format!(
-            "cast_{n}_c(const {s_}* x, {d_}* out, u64 n) {{ unary_contig<{s_}, {d_}>(x, out, n, CastF<{s_}, {d_}>()); }}"
-        ));
+        s.map_kernel(
+            true,
+            format!(
+                "cast_{n}_c(const {s_}* x, {d_}* out, u64 n) {{ unary_contig<{s_}, {d_}>(x, out, n, CastF<{s_}, {d_}>()); }}"
+            ),
+        );
         s.kernel(format!(
             "cast_{n}_s(const {s_}* x, {d_}* out, u64 n, Dims d) {{ unary_strided<{s_}, {d_}>(x, out, n, d, CastF<{s_}, {d_}>()); }}"
         ));
@@ -114,27 +117,16 @@ pub(crate) fn concatenate(gpu: &Arc<Gpu>, axis: usize, inputs: Vec<Operand>, out
     for x in &inputs {
         let base = op + (at * strides[axis] as usize * size) as u64;
         at += x.shape[axis] as usize;
-        // A row-major input is `rows` blocks of `width` bytes, one per row of the output:
-        // the driver's pitched copy moves them at the copy ceiling when blocks are long.
-        let width = x.size() / rows.max(1) * size;
-        let pitch = out.size() / rows.max(1) * size;
-        if x.data.layout.flags.row_contiguous && (rows == 1 || width >= PITCHED_MIN_BYTES) && pitch < 1 << 31 {
-            let src = ptr_of(x)?;
-            if rows == 1 {
-                gpu.copy_device(base, src, width)?;
-            } else {
-                gpu.copy_device_2d(base, pitch, src, width, width, rows)?;
-            }
+        // With no rows before the axis a row-major input is one block of the output: one
+        // device copy.
+        if rows == 1 && x.data.layout.flags.row_contiguous {
+            gpu.copy_device(base, ptr_of(x)?, x.size() * size)?;
             continue;
         }
         copy_into(gpu, x, base, &strides)?;
     }
     Ok(())
 }
-
-/// Blocks at least this long go through the driver's pitched copy; shorter ones through the
-/// strided copy kernel.
-const PITCHED_MIN_BYTES: usize = 512;
 
 pub(crate) fn slice_update(
     gpu: &Arc<Gpu>,

@@ -254,43 +254,6 @@ impl Gpu {
         unsafe { check(sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream), "cuMemcpyDtoDAsync") }
     }
 
-    /// Copies `height` rows of `width` bytes between device buffers whose rows start `src_pitch`
-    /// and `dst_pitch` bytes apart, ordered on the stream.
-    pub(crate) fn copy_device_2d(
-        &self,
-        dst: sys::CUdeviceptr,
-        dst_pitch: usize,
-        src: sys::CUdeviceptr,
-        src_pitch: usize,
-        width: usize,
-        height: usize,
-    ) -> Result<()> {
-        if width == 0 || height == 0 {
-            return Ok(());
-        }
-        self.bind()?;
-        let p = sys::CUDA_MEMCPY2D {
-            srcXInBytes: 0,
-            srcY: 0,
-            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            srcHost: std::ptr::null(),
-            srcDevice: src,
-            srcArray: std::ptr::null_mut(),
-            srcPitch: src_pitch,
-            dstXInBytes: 0,
-            dstY: 0,
-            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
-            dstHost: std::ptr::null_mut(),
-            dstDevice: dst,
-            dstArray: std::ptr::null_mut(),
-            dstPitch: dst_pitch,
-            WidthInBytes: width,
-            Height: height,
-        };
-        // SAFETY: every row of both ranges is inside a live allocation of this device.
-        unsafe { check(sys::cuMemcpy2DAsync_v2(&p, self.stream), "cuMemcpy2DAsync") }
-    }
-
     /// Zeros `bytes` of a device buffer, ordered on the stream.
     pub(crate) fn zero(&self, dst: sys::CUdeviceptr, bytes: usize) -> Result<()> {
         if bytes == 0 {

@@ -161,6 +161,20 @@ impl Source {
         self.0.push('\n');
     }
 
+    /// Adds a contiguous map kernel, `bounded` to eight 256-thread blocks per SM (at most 32
+    /// registers) when it is launched light (a thread per vector): such a kernel lives on the
+    /// loads it keeps in flight, so every thread slot must stay usable. Kernels whose maths
+    /// needs more registers (they would spill) are not bounded.
+    pub(crate) fn map_kernel(&mut self, bounded: bool, signature_and_body: impl AsRef<str>) {
+        if bounded {
+            self.0.push_str("extern \"C\" __global__ void __launch_bounds__(256, 8) ");
+            self.0.push_str(signature_and_body.as_ref());
+            self.0.push('\n');
+        } else {
+            self.kernel(signature_and_body);
+        }
+    }
+
     /// The finished source.
     pub(crate) fn finish(self) -> String {
         self.0

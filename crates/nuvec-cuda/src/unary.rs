@@ -86,7 +86,10 @@ pub(crate) fn source(d: DType) -> String {
     for op in UnaryOp::ALL {
         let Some(f) = functor(op, d) else { continue };
         let (n, u) = (op.name(), ctype(op.output_dtype(d)));
-        s.kernel(format!("unary_{n}_c(const {t}* x, {u}* out, u64 n) {{ unary_contig<{t}, {u}>(x, out, n, {f}()); }}"));
+        s.map_kernel(
+            cost(op, d) == Cost::Light,
+            format!("unary_{n}_c(const {t}* x, {u}* out, u64 n) {{ unary_contig<{t}, {u}>(x, out, n, {f}()); }}"),
+        );
         s.kernel(format!(
             "unary_{n}_s(const {t}* x, {u}* out, u64 n, Dims d) {{ unary_strided<{t}, {u}>(x, out, n, d, {f}()); }}"
         ));
@@ -94,17 +97,22 @@ pub(crate) fn source(d: DType) -> String {
     s.finish()
 }
 
-pub(crate) fn unary(gpu: &Arc<Gpu>, op: UnaryOp, x: Operand, out: &mut Output) -> Result<()> {
+/// How the contiguous map of `op` on `d` is launched. Half-precision transcendental maps
+/// measured faster with the capped launch; in float32 only the inverse hyperbolic functions
+/// (bench/results/2026-12-02-gpu-ops.md).
+pub(crate) fn cost(op: UnaryOp, d: DType) -> Cost {
     use UnaryOp::*;
-    // Half-precision transcendental maps measured faster with the capped launch; in float32
-    // only the inverse hyperbolic functions (bench/results/2026-12-02-gpu-ops.md).
-    let cost = match op {
+    match op {
         Abs | Sign | Negative | Square | Floor | Ceil | Round | Sqrt | Rsqrt | Reciprocal | Exp | Sigmoid
         | LogicalNot | BitwiseInvert | Conjugate => Cost::Light,
         ArcSinh | ArcCosh | ArcTanh => Cost::Heavy,
-        _ if x.dtype == DType::F32 => Cost::Light,
+        _ if d == DType::F32 => Cost::Light,
         _ => Cost::Heavy,
-    };
+    }
+}
+
+pub(crate) fn unary(gpu: &Arc<Gpu>, op: UnaryOp, x: Operand, out: &mut Output) -> Result<()> {
+    let cost = cost(op, x.dtype);
     map(gpu, Family::Unary(x.dtype), &format!("unary_{}", op.name()), x, out, cost)
 }
 
