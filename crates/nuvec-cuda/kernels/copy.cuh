@@ -15,6 +15,16 @@ __device__ __forceinline__ void copy_strided(const T* __restrict__ src, T* __res
   });
 }
 
+// `rows` blocks of `width` 16-byte vectors, `src_pitch` and `dst_pitch` vectors apart (a
+// row-major input of a concatenation into its place in the output): grid (vectors, rows), a
+// vector per thread, no index division.
+__device__ __forceinline__ void copy_block_rows(const uint4* __restrict__ src, uint4* __restrict__ dst, u64 width,
+                                                u64 src_pitch, u64 dst_pitch, u64 rows) {
+  for (u64 r = blockIdx.y; r < rows; r += gridDim.y)
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < width; i += (u64)gridDim.x * blockDim.x)
+      dst[r * dst_pitch + i] = src[r * src_pitch + i];
+}
+
 // A copy that transposes: `d` has 2 or 3 axes ([batch,] A, B), `dst` is contiguous along B
 // and `src` along A. A 32x32 tile goes through shared memory so that both sides are read and
 // written in whole rows. Grid: (B tiles, A tiles, batch); block 32x8.

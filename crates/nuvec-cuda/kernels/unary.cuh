@@ -37,7 +37,9 @@ NV_UN_FLOAT(log1p, log1p(x))
 NV_UN_FLOAT(log2, log2(x))
 NV_UN_FLOAT(log10, log10(x))
 NV_UN_FLOAT(sqrt, sqrt(x))
-NV_UN_FLOAT(rsqrt, (C)1 / sqrt(x))
+// Half types take the hardware rsqrt (relative error 2^-22.9, far below their rounding), not
+// a correctly rounded square root and division.
+NV_UN_FLOAT(rsqrt, sizeof(T) == 2 ? (C)rsqrtf((float)x) : (C)1 / sqrt(x))
 NV_UN_FLOAT(reciprocal, (C)1 / x)
 NV_UN_FLOAT(sin, sin(x))
 NV_UN_FLOAT(cos, cos(x))

@@ -10,11 +10,12 @@ use nuvec_core::{DType, Result};
 
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
-use crate::launch::{Arg, Dims, launch};
-use crate::operand::{Cost, alloc_out, buffer_ptr, dense, internal, kernel, launch_1d, ptr_of};
+use crate::launch::{Arg, BLOCK, Dims, launch};
+use crate::operand::{Cost, aligned, alloc_out, buffer_ptr, dense, internal, kernel, launch_1d, ptr_of};
 
-/// The copy module of elements of `size` bytes (1, 2, 4 or 8): `copy_s` (any layouts) and
-/// `copy_t` (a transposing copy through shared-memory tiles).
+/// The copy module of elements of `size` bytes (1, 2, 4 or 8): `copy_s` (any layouts),
+/// `copy_t` (a transposing copy through shared-memory tiles) and `copy_rows` (blocks of
+/// 16-byte vectors between two row pitches).
 pub(crate) fn source(size: usize) -> String {
     let t = ctype(match size {
         1 => DType::U8,
@@ -25,6 +26,9 @@ pub(crate) fn source(size: usize) -> String {
     let mut s = Source::new(&["copy.cuh"]);
     s.kernel(format!("copy_s(const {t}* src, {t}* dst, u64 n, Dims d) {{ copy_strided<{t}>(src, dst, n, d); }}"));
     s.kernel(format!("copy_t(const {t}* src, {t}* dst, Dims d) {{ copy_transposed<{t}>(src, dst, d); }}"));
+    s.kernel(
+        "copy_rows(const uint4* src, uint4* dst, u64 width, u64 src_pitch, u64 dst_pitch, u64 rows) { copy_block_rows(src, dst, width, src_pitch, dst_pitch, rows); }",
+    );
     s.finish()
 }
 
@@ -117,11 +121,24 @@ pub(crate) fn concatenate(gpu: &Arc<Gpu>, axis: usize, inputs: Vec<Operand>, out
     for x in &inputs {
         let base = op + (at * strides[axis] as usize * size) as u64;
         at += x.shape[axis] as usize;
-        // With no rows before the axis a row-major input is one block of the output: one
-        // device copy.
-        if rows == 1 && x.data.layout.flags.row_contiguous {
-            gpu.copy_device(base, ptr_of(x)?, x.size() * size)?;
-            continue;
+        // A row-major input is `rows` blocks of the output: with no rows before the axis one
+        // device copy, else a vector per thread when the blocks are whole 16-byte vectors.
+        if x.data.layout.flags.row_contiguous && x.size() > 0 {
+            let src = ptr_of(x)?;
+            let (width, pitch) = (x.size() / rows * size, out.size() / rows * size);
+            if rows == 1 {
+                gpu.copy_device(base, src, width)?;
+                continue;
+            }
+            if width % 16 == 0 && pitch % 16 == 0 && aligned(&[src, base]) {
+                let f = kernel(gpu, Family::Copy(size), "copy_rows")?;
+                let (w, p) = ((width / 16) as u64, (pitch / 16) as u64);
+                let grid = (w.div_ceil(BLOCK as u64).min(1 << 16) as u32, rows.min(65535) as u32, 1);
+                let args =
+                    vec![Arg::Ptr(src), Arg::Ptr(base), Arg::U64(w), Arg::U64(w), Arg::U64(p), Arg::U64(rows as u64)];
+                launch(gpu, f, grid, (BLOCK, 1, 1), 0, args)?;
+                continue;
+            }
         }
         copy_into(gpu, x, base, &strides)?;
     }

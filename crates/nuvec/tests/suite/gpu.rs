@@ -814,11 +814,12 @@ fn widened_pairs_agree() {
     }
 }
 
-/// Concatenation copies row-major inputs with the driver's pitched copy when their blocks are
-/// long (512 bytes and more) and with the strided kernel otherwise: both, mixed in one call,
-/// along the first, a middle and the last axis, with a transposed input among them.
+/// Concatenation copies a row-major input whole (no rows before the axis), by blocks of
+/// 16-byte vectors (whole vectors per row) or with the strided kernel (the rest): all three,
+/// mixed in one call, along the first, a middle and the last axis, a transposed input among
+/// them.
 #[test]
-fn concatenation_by_pitched_copies_agrees() {
+fn concatenation_by_block_copies_agrees() {
     if !gpu() {
         return;
     }
@@ -829,6 +830,10 @@ fn concatenation_by_pitched_copies_agrees() {
         let tag = format!("{dtype}");
         both(&format!("concat last axis {tag}"), &[a.clone(), b.clone(), c.clone()], |v| {
             ops::concatenate(&[v[0].clone(), v[1].clone(), v[2].t()], 1)
+        });
+        let (w1, w2) = (values(&[64, 256], dtype, 0.6), values(&[64, 128], dtype, 0.7));
+        both(&format!("concat last axis, whole vectors {tag}"), &[w1, w2, a.clone()], |v| {
+            ops::concatenate(&[v[0].clone(), v[1].clone(), v[2].clone()], 1)
         });
         both(&format!("concat first axis {tag}"), &[a.clone(), b.clone()], |v| {
             ops::concatenate(&[v[0].t(), v[1].t()], 0)
