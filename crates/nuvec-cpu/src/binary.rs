@@ -76,7 +76,8 @@ fn widen(x: Operand, dtype: DType) -> Result<Operand> {
     let wide: Strides =
         data.layout.strides.iter().zip(strides.iter()).map(|(&w, &s)| if s == 0 { 0 } else { w }).collect();
     let layout = Layout::new(&x.shape, wide, data.layout.offset);
-    Ok(Operand { shape: x.shape, dtype, data: Data { storage: data.storage, layout }, donated: false })
+    // The widened buffer is this call's own: the map may write its result into it.
+    Ok(Operand { shape: x.shape, dtype, data: Data { storage: data.storage, layout }, donated: true })
 }
 
 #[inline(always)]
