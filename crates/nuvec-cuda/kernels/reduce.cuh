@@ -369,25 +369,16 @@ __device__ __forceinline__ void arg_reduce_rows(const T* __restrict__ x, u32* __
 #pragma unroll 2
     for (u32 i = threadIdx.x; i < nvec; i += blockDim.x) {
       Vec<T, N> v = p[i];
-      // The vector's extreme first (NaN wins); only a vector that beats the running one is
-      // searched for the position. Within a thread indices grow, so ties keep the earlier.
-      A m = widen(v.v[0]);
 #pragma unroll
-      for (int j = 1; j < N; ++j) {
+      for (int j = 0; j < N; ++j) {
         A e = widen(v.v[j]);
-        if ((ARGMAX ? Ops<A>::lt(m, e) : Ops<A>::lt(e, m)) || !(e == e)) m = e;
-      }
-      bool nan_m = !(m == m), nan_b = have && !(best == best);
-      if (!have || (!nan_b && (nan_m || (ARGMAX ? Ops<A>::lt(best, m) : Ops<A>::lt(m, best))))) {
-        int k = 0;
-#pragma unroll
-        for (int j = N - 1; j >= 0; --j) {
-          A e = widen(v.v[j]);
-          if (nan_m ? !(e == e) : e == m) k = j;
+        // Within a thread indices grow, so ties keep the earlier one without comparing them.
+        bool nan_e = !(e == e), nan_b = have && !(best == best);
+        if (!have || (!nan_b && (nan_e || (ARGMAX ? Ops<A>::lt(best, e) : Ops<A>::lt(e, best))))) {
+          best = e;
+          at = i * N + j;
+          have = true;
         }
-        best = m;
-        at = i * N + k;
-        have = true;
       }
     }
     for (int off = 16; off > 0; off >>= 1) {
