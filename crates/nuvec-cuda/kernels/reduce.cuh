@@ -349,6 +349,21 @@ __device__ __forceinline__ bool arg_takes(A best, u32 at, bool have, A v, u32 i)
   return i < at;
 }
 
+// Merges a warp's candidates into every lane (arg_takes's order).
+template <typename A, bool ARGMAX>
+__device__ __forceinline__ void arg_warp_merge(A& best, u32& at, bool& have) {
+  for (int off = 16; off > 0; off >>= 1) {
+    A ov = shfl_xor_any(best, off);
+    u32 oat = __shfl_xor_sync(0xffffffffu, at, off);
+    bool ohave = __shfl_xor_sync(0xffffffffu, (int)have, off);
+    if (ohave && arg_takes<A, ARGMAX>(best, at, have, ov, oat)) {
+      best = ov;
+      at = oat;
+      have = true;
+    }
+  }
+}
+
 // arg_reduce over contiguous, 16-byte aligned rows of `len` elements (a multiple of the
 // vector), one block per row: the block reads the row in 16-byte vectors, each thread keeps
 // its first extreme, then warps and the block merge.
@@ -381,16 +396,7 @@ __device__ __forceinline__ void arg_reduce_rows(const T* __restrict__ x, u32* __
         }
       }
     }
-    for (int off = 16; off > 0; off >>= 1) {
-      A ov = shfl_xor_any(best, off);
-      u32 oat = __shfl_xor_sync(0xffffffffu, at, off);
-      bool ohave = __shfl_xor_sync(0xffffffffu, (int)have, off);
-      if (ohave && arg_takes<A, ARGMAX>(best, at, have, ov, oat)) {
-        best = ov;
-        at = oat;
-        have = true;
-      }
-    }
+    arg_warp_merge<A, ARGMAX>(best, at, have);
     if (lane == 0) {
       s_best[warp] = best;
       s_at[warp] = at;
@@ -402,16 +408,7 @@ __device__ __forceinline__ void arg_reduce_rows(const T* __restrict__ x, u32* __
       have = lane < warps && s_have[lane];
       best = have ? s_best[lane] : A();
       at = have ? s_at[lane] : 0;
-      for (int off = 16; off > 0; off >>= 1) {
-        A ov = shfl_xor_any(best, off);
-        u32 oat = __shfl_xor_sync(0xffffffffu, at, off);
-        bool ohave = __shfl_xor_sync(0xffffffffu, (int)have, off);
-        if (ohave && arg_takes<A, ARGMAX>(best, at, have, ov, oat)) {
-          best = ov;
-          at = oat;
-          have = true;
-        }
-      }
+      arg_warp_merge<A, ARGMAX>(best, at, have);
       if (lane == 0) out[o] = at;
     }
     __syncthreads();

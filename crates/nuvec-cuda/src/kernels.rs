@@ -6,6 +6,7 @@
 
 use nuvec_core::DType;
 
+use crate::launch::BLOCK;
 use crate::{binary, copy, fast, gather, matmul, quantize, random, reduce, scan, sort, unary};
 
 /// The C type of a dtype in kernel sources: the standard names core's custom-kernel generator
@@ -166,13 +167,8 @@ impl Source {
     /// loads it keeps in flight, so every thread slot must stay usable. Kernels whose maths
     /// needs more registers (they would spill) are not bounded.
     pub(crate) fn map_kernel(&mut self, bounded: bool, signature_and_body: impl AsRef<str>) {
-        if bounded {
-            self.0.push_str("extern \"C\" __global__ void __launch_bounds__(256, 8) ");
-            self.0.push_str(signature_and_body.as_ref());
-            self.0.push('\n');
-        } else {
-            self.kernel(signature_and_body);
-        }
+        let bounds = if bounded { format!("__launch_bounds__({BLOCK}, 8) ") } else { String::new() };
+        self.kernel(format!("{bounds}{}", signature_and_body.as_ref()));
     }
 
     /// The finished source.

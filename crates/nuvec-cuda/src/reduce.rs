@@ -165,40 +165,21 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
         // Narrow elements: several adjacent columns per thread in one 4-byte load.
         let v = (4 / x.dtype.size()) as u64;
         let stride = red.strides[0][0];
-        if v > 1 && red.ndim == 1 && n_out.is_multiple_of(v) && stride % v as i64 == 0 && xp.is_multiple_of(4) {
-            let blocks_x = (n_out / v).div_ceil(BLOCK as u64);
-            let segs = column_segments(gpu, blocks_x, n_red);
-            let partials =
-                if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
-            let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
-            let f = kernel(gpu, family, &format!("reduce_cols_vec_{name}"))?;
-            let args = vec![
-                Arg::Ptr(xp),
-                Arg::Ptr(pp),
-                Arg::Ptr(op_ptr),
-                Arg::U64(n_out),
-                Arg::U64(n_red),
-                Arg::U64(segs),
-                Arg::I64(stride),
-            ];
-            launch(gpu, f, (blocks_x as u32, segs as u32, 1), (BLOCK, 1, 1), 0, args)?;
-            return finish_cols(gpu, family, name, pp, op_ptr, n_out, segs);
-        }
-        let blocks_x = n_out.div_ceil(BLOCK as u64);
+        let narrow =
+            v > 1 && red.ndim == 1 && n_out.is_multiple_of(v) && stride % v as i64 == 0 && xp.is_multiple_of(4);
+        let (kernel_name, per, last) = if narrow {
+            (format!("reduce_cols_vec_{name}"), v, Arg::I64(stride))
+        } else {
+            (format!("reduce_cols_{name}"), 1, Arg::Dims(Box::new(red)))
+        };
+        let blocks_x = (n_out / per).div_ceil(BLOCK as u64);
         let segs = column_segments(gpu, blocks_x, n_red);
-        let f = kernel(gpu, family, &format!("reduce_cols_{name}"))?;
         let partials =
             if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * acc_size(x.dtype), DType::U8)?) } else { None };
         let pp = partials.as_ref().map(|p| p.0).unwrap_or(0);
-        let args = vec![
-            Arg::Ptr(xp),
-            Arg::Ptr(pp),
-            Arg::Ptr(op_ptr),
-            Arg::U64(n_out),
-            Arg::U64(n_red),
-            Arg::U64(segs),
-            Arg::Dims(Box::new(red)),
-        ];
+        let f = kernel(gpu, family, &kernel_name)?;
+        let args =
+            vec![Arg::Ptr(xp), Arg::Ptr(pp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(n_red), Arg::U64(segs), last];
         launch(gpu, f, (blocks_x as u32, segs as u32, 1), (BLOCK, 1, 1), 0, args)?;
         return finish_cols(gpu, family, name, pp, op_ptr, n_out, segs);
     }

@@ -97,9 +97,8 @@ pub(crate) fn source(d: DType) -> String {
     s.finish()
 }
 
-/// How the contiguous map of `op` on `d` is launched. Half-precision transcendental maps
-/// measured faster with the capped launch; in float32 only the inverse hyperbolic functions
-/// (bench/results/2026-12-02-gpu-ops.md).
+/// How the contiguous map of `op` on `d` is launched: compute-bound maps (half-precision
+/// transcendental functions, float32's inverse hyperbolic ones) run faster capped.
 pub(crate) fn cost(op: UnaryOp, d: DType) -> Cost {
     use UnaryOp::*;
     match op {

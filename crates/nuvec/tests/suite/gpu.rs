@@ -110,6 +110,37 @@ fn both(what: &str, inputs: &[Array], f: impl Fn(&[Array]) -> Array) {
     assert_same(what, &c, &g);
 }
 
+/// `op` applied to `a` and `b` through its public method.
+fn binary_op(op: nuvec::graph::BinaryOp, a: &Array, b: &Array) -> Array {
+    use nuvec::graph::BinaryOp;
+    match op {
+        BinaryOp::Add => a + b,
+        BinaryOp::Subtract => a - b,
+        BinaryOp::Multiply => a * b,
+        BinaryOp::Divide => a / b,
+        BinaryOp::FloorDivide => a.floor_divide(b),
+        BinaryOp::Remainder => a.remainder(b),
+        BinaryOp::Power => a.power(b),
+        BinaryOp::Maximum => a.maximum(b),
+        BinaryOp::Minimum => a.minimum(b),
+        BinaryOp::LogAddExp => a.logaddexp(b),
+        BinaryOp::ArcTan2 => a.arctan2(b),
+        BinaryOp::Equal => a.equal(b),
+        BinaryOp::NotEqual => a.not_equal(b),
+        BinaryOp::Less => a.less(b),
+        BinaryOp::LessEqual => a.less_equal(b),
+        BinaryOp::Greater => a.greater(b),
+        BinaryOp::GreaterEqual => a.greater_equal(b),
+        BinaryOp::LogicalAnd => a.logical_and(b),
+        BinaryOp::LogicalOr => a.logical_or(b),
+        BinaryOp::BitwiseAnd => a.bitwise_and(b),
+        BinaryOp::BitwiseOr => a.bitwise_or(b),
+        BinaryOp::BitwiseXor => a.bitwise_xor(b),
+        BinaryOp::LeftShift => a.left_shift(b),
+        BinaryOp::RightShift => a.right_shift(b),
+    }
+}
+
 const ALL: [DType; 14] = DType::ALL;
 
 #[test]
@@ -185,32 +216,7 @@ fn elementwise_agrees() {
                     BinaryOp::Power if dtype.is_integer() => b.abs().remainder(4),
                     _ => b.clone(),
                 };
-                match op {
-                    BinaryOp::Add => a + &b,
-                    BinaryOp::Subtract => a - &b,
-                    BinaryOp::Multiply => a * &b,
-                    BinaryOp::Divide => a / &b,
-                    BinaryOp::FloorDivide => a.floor_divide(&b),
-                    BinaryOp::Remainder => a.remainder(&b),
-                    BinaryOp::Power => a.power(&b),
-                    BinaryOp::Maximum => a.maximum(&b),
-                    BinaryOp::Minimum => a.minimum(&b),
-                    BinaryOp::LogAddExp => a.logaddexp(&b),
-                    BinaryOp::ArcTan2 => a.arctan2(&b),
-                    BinaryOp::Equal => a.equal(&b),
-                    BinaryOp::NotEqual => a.not_equal(&b),
-                    BinaryOp::Less => a.less(&b),
-                    BinaryOp::LessEqual => a.less_equal(&b),
-                    BinaryOp::Greater => a.greater(&b),
-                    BinaryOp::GreaterEqual => a.greater_equal(&b),
-                    BinaryOp::LogicalAnd => a.logical_and(&b),
-                    BinaryOp::LogicalOr => a.logical_or(&b),
-                    BinaryOp::BitwiseAnd => a.bitwise_and(&b),
-                    BinaryOp::BitwiseOr => a.bitwise_or(&b),
-                    BinaryOp::BitwiseXor => a.bitwise_xor(&b),
-                    BinaryOp::LeftShift => a.left_shift(&b),
-                    BinaryOp::RightShift => a.right_shift(&b),
-                }
+                binary_op(op, a, &b)
             };
             // Broadcast, same-shape contiguous, scalar, and transposed operands.
             both(&format!("{} {dtype} broadcast", op.name()), &[a.clone(), b.clone()], f);
@@ -781,29 +787,7 @@ fn widened_pairs_agree() {
                 assert!(ok, "{} of {half} and float32 has no GPU kernel", op.name());
             }
             let run = |a: &Array, b: &Array| -> Array {
-                let b = if op == BinaryOp::Power { b.abs() } else { b.clone() };
-                match op {
-                    BinaryOp::Add => a + &b,
-                    BinaryOp::Subtract => a - &b,
-                    BinaryOp::Multiply => a * &b,
-                    BinaryOp::Divide => a / &b,
-                    BinaryOp::FloorDivide => a.floor_divide(&b),
-                    BinaryOp::Remainder => a.remainder(&b),
-                    BinaryOp::Power => a.abs().power(&b),
-                    BinaryOp::Maximum => a.maximum(&b),
-                    BinaryOp::Minimum => a.minimum(&b),
-                    BinaryOp::LogAddExp => a.logaddexp(&b),
-                    BinaryOp::ArcTan2 => a.arctan2(&b),
-                    BinaryOp::Equal => a.equal(&b),
-                    BinaryOp::NotEqual => a.not_equal(&b),
-                    BinaryOp::Less => a.less(&b),
-                    BinaryOp::LessEqual => a.less_equal(&b),
-                    BinaryOp::Greater => a.greater(&b),
-                    BinaryOp::GreaterEqual => a.greater_equal(&b),
-                    BinaryOp::LogicalAnd => a.logical_and(&b),
-                    BinaryOp::LogicalOr => a.logical_or(&b),
-                    _ => a.clone(),
-                }
+                if op == BinaryOp::Power { binary_op(op, &a.abs(), &b.abs()) } else { binary_op(op, a, b) }
             };
             for (layout, a, b) in &layouts {
                 let tag = format!("{} {half} {layout}", op.name());
