@@ -14,7 +14,7 @@ use nuvec_core::{Error, Result};
 use crate::driver::{Gpu, check};
 
 /// The headers our kernel sources include, by name.
-pub const HEADERS: [(&str, &str); 18] = [
+pub const HEADERS: [(&str, &str); 19] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("arith.cuh", include_str!("../kernels/arith.cuh")),
     ("map.cuh", include_str!("../kernels/map.cuh")),
@@ -33,6 +33,7 @@ pub const HEADERS: [(&str, &str); 18] = [
     ("rope.cuh", include_str!("../kernels/rope.cuh")),
     ("swiglu.cuh", include_str!("../kernels/swiglu.cuh")),
     ("cross_entropy.cuh", include_str!("../kernels/cross_entropy.cuh")),
+    ("attention.cuh", include_str!("../kernels/attention.cuh")),
 ];
 
 /// `sm_XYa` for compute capability 9.0 and later (so Hopper's wgmma and TMA are usable),

@@ -78,6 +78,8 @@ pub enum Family {
     Swiglu(DType),
     /// Cross entropy, its derivative and both at once (`fast::cross_entropy`).
     CrossEntropy(DType),
+    /// Scaled-dot-product attention (`fast::attention`).
+    Attention(DType),
 }
 
 impl Family {
@@ -104,6 +106,7 @@ impl Family {
             Family::Rope(d) => format!("rope_{d}"),
             Family::Swiglu(d) => format!("swiglu_{d}"),
             Family::CrossEntropy(d) => format!("cross_entropy_{d}"),
+            Family::Attention(d) => format!("attention_{d}"),
         }
     }
 
@@ -130,6 +133,7 @@ impl Family {
             Family::Rope(d) => fast::rope::source(d),
             Family::Swiglu(d) => fast::swiglu::source(d),
             Family::CrossEntropy(d) => fast::cross_entropy::source(d),
+            Family::Attention(d) => fast::attention::source(d),
         };
         if self.dependent_launch() { s.lines().map(|l| dependent(l) + "\n").collect() } else { s }
     }
@@ -210,6 +214,9 @@ pub fn all_modules() -> Vec<Family> {
                 Family::Swiglu(d),
                 Family::CrossEntropy(d),
             ]);
+        }
+        if matches!(d, DType::F32 | DType::F16 | DType::BF16) {
+            v.push(Family::Attention(d));
         }
         if matmul::has_kernels(d) {
             v.push(Family::Matmul(d));

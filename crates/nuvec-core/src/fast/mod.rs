@@ -5,16 +5,20 @@
 //! `NUVEC_FUSED=0` makes every backend decline fast primitives, so they all run as their
 //! compositions.
 
+mod attention;
 pub mod cuda_kernel;
 mod glu_loss;
 mod norm;
+mod plan;
 mod rope;
 mod softmax;
 
-pub use crate::primitive::fast::{FastOp, RopeParams};
+pub use crate::primitive::fast::{AttentionKernel, AttentionParams, FastOp, MaskInput, RopeParams};
+pub use attention::{AttentionMask, AttentionOptions, scaled_dot_product_attention};
 pub use cuda_kernel::{CudaKernel, KernelConfig, TemplateArg};
 pub use glu_loss::{cross_entropy, swiglu};
 pub use norm::{add_rms_norm, layer_norm, rms_norm};
+pub use plan::{AttentionPlan, VECTOR_MAX_QUERIES, plan_attention, vector_blocks};
 pub use rope::rope;
 
 use crate::array::Array;
@@ -61,6 +65,7 @@ impl FastOp {
             FastOp::CrossEntropyVjp => {
                 vec![glu_loss::cross_entropy_vjp_composition(&inputs[0], &inputs[1], &inputs[2])]
             }
+            FastOp::Attention(p) => vec![attention::composition(p, inputs)],
             FastOp::CrossEntropyWithGrad => {
                 glu_loss::cross_entropy_with_grad_composition(&inputs[0], &inputs[1], &inputs[2])
             }
@@ -79,6 +84,7 @@ impl FastOp {
             FastOp::Rope(_) => Some(1).filter(|_| n >= 2),
             // The weight and bias cotangents sum over rows, the batch included.
             FastOp::RmsNormVjp { .. } | FastOp::LayerNormVjp { .. } => None,
+            FastOp::Attention(_) => None,
         }
     }
 }

@@ -73,6 +73,62 @@ pub enum FastOp {
     /// and the `CrossEntropyVjp` that consumes its loss as this one primitive when the backend
     /// has a kernel for it (one read of the logits instead of two).
     CrossEntropyWithGrad,
+    /// [`scaled_dot_product_attention`](crate::fast::scaled_dot_product_attention) on a kernel
+    /// of the backend: inputs `[q, k, v, mask?, sinks?]`, output `[B, Hq, Lq, Dv]` in `q`'s
+    /// dtype. Recorded only when [`plan_attention`](crate::fast::plan_attention) chose a kernel.
+    Attention(AttentionParams),
+}
+
+/// What an attention's mask input is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskInput {
+    /// Booleans: `true` attends.
+    Bool,
+    /// Added to the scaled scores.
+    Additive,
+}
+
+/// The kernel that runs an attention, as [`plan_attention`](crate::fast::plan_attention)
+/// chooses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AttentionKernel {
+    /// One query row per block of threads, for at most 8 queries (decoding, speculative
+    /// verification): one pass, or (`passes == 2`) the keys split in `blocks` partitions whose
+    /// partial results a second pass combines.
+    Vector {
+        /// 1 or 2.
+        passes: u8,
+        /// Key partitions per query row (1 with one pass).
+        blocks: i32,
+    },
+    /// Tiles of queries against tiles of keys with an online softmax; no scores in memory.
+    Tiled,
+    /// `softmax(scale·q·kᵀ + mask)·v` from ordinary operations, all rows at once.
+    Composed,
+    /// The composition per block of `rows` query rows, so no score-sized intermediate passes
+    /// the cap; each block reads only the keys its rows may attend.
+    ComposedBlocks {
+        /// Query rows per block.
+        rows: i32,
+    },
+}
+
+/// The parameters of a recorded [`FastOp::Attention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionParams {
+    /// Multiplies `q·kᵀ`.
+    pub scale: f32,
+    /// Queries are the last `Lq` positions and attend keys up to their own.
+    pub causal: bool,
+    /// With `causal`, the number of keys (its own included) each query attends.
+    pub window: Option<i32>,
+    /// Whether the fourth input is a mask, and which kind.
+    pub mask: Option<MaskInput>,
+    /// Whether the last input holds per-head sink logits `[Hq]`.
+    pub sinks: bool,
+    /// The planned kernel.
+    pub kernel: AttentionKernel,
 }
 
 impl FastOp {
@@ -92,6 +148,7 @@ impl FastOp {
             FastOp::LayerNormVjp { .. } => "layer_norm_vjp",
             FastOp::CrossEntropyVjp => "cross_entropy_vjp",
             FastOp::CrossEntropyWithGrad => "cross_entropy_with_grad",
+            FastOp::Attention(_) => "scaled_dot_product_attention",
         }
     }
 
@@ -114,6 +171,7 @@ impl FastOp {
                 specs.push(inputs[0].clone());
                 Ok(specs)
             }
+            FastOp::Attention(p) => attention_specs(p, inputs),
         }
     }
 }
@@ -347,4 +405,87 @@ fn cross_entropy_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
 /// `float32`, or `float64` for `float64` logits.
 pub(crate) fn loss_dtype(logits: DType) -> DType {
     if logits == DType::F64 { DType::F64 } else { DType::F32 }
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+const SDPA: &str = "scaled_dot_product_attention";
+
+fn attention_specs(p: &AttentionParams, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let n = 3 + p.mask.is_some() as usize + p.sinks as usize;
+    if inputs.len() != n {
+        return Err(invalid(format!("{SDPA}: expected {n} inputs, got {}", inputs.len())));
+    }
+    let [q, k, v] = [&inputs[0], &inputs[1], &inputs[2]];
+    let mask = p.mask.map(|_| (inputs[3].shape.as_slice(), inputs[3].dtype));
+    let sinks = p.sinks.then(|| (inputs[n - 1].shape.as_slice(), inputs[n - 1].dtype));
+    for (name, s) in [("k", k), ("v", v)] {
+        if s.dtype != q.dtype {
+            return Err(invalid(format!("{SDPA}: {name} must have q's dtype {:?}, got {:?}", q.dtype, s.dtype)));
+        }
+    }
+    check_attention(&q.shape, &k.shape, &v.shape, q.dtype, mask, sinks, p.window)
+}
+
+/// Checks an attention's arguments and returns its output spec `[B, Hq, Lq, Dv]`: `q` is
+/// `[B, Hq, Lq, D]`, `k` and `v` are `[B, Hkv, Lk, D]` and `[B, Hkv, Lk, Dv]` with `Hq` a
+/// multiple of `Hkv`; a mask (boolean or floating) broadcasts to `[B, Hq, Lq, Lk]`; sinks are
+/// floating `[Hq]`; a window is at least 1.
+pub fn check_attention(
+    q: &[i32],
+    k: &[i32],
+    v: &[i32],
+    dtype: DType,
+    mask: Option<(&[i32], DType)>,
+    sinks: Option<(&[i32], DType)>,
+    window: Option<i32>,
+) -> Result<Vec<Spec>, OpErrorKind> {
+    for (name, s, dims) in [("q", q, "[B, Hq, Lq, D]"), ("k", k, "[B, Hkv, Lk, D]"), ("v", v, "[B, Hkv, Lk, Dv]")] {
+        if s.len() != 4 {
+            return Err(invalid(format!("{SDPA}: {name} must be 4-D {dims}, got shape {s:?}")));
+        }
+    }
+    if !dtype.is_float() {
+        return Err(invalid(format!("{SDPA}: q, k and v must be floating, got {dtype:?}")));
+    }
+    let (b, hq, lq, d) = (q[0], q[1], q[2], q[3]);
+    if k[0] != b || v[0] != b {
+        return Err(invalid(format!("{SDPA}: k and v must have q's batch {b}, got k {k:?}, v {v:?}")));
+    }
+    if k[3] != d {
+        return Err(invalid(format!("{SDPA}: k's head size must be q's {d}, got k {k:?}")));
+    }
+    if v[1] != k[1] || v[2] != k[2] {
+        return Err(invalid(format!("{SDPA}: v must have k's heads and length, got k {k:?}, v {v:?}")));
+    }
+    let hkv = k[1];
+    if hkv == 0 || hq % hkv != 0 {
+        return Err(invalid(format!("{SDPA}: q's heads ({hq}) must be a multiple of k's and v's heads ({hkv})")));
+    }
+    let lk = k[2];
+    if let Some((m, md)) = mask {
+        let full = [b, hq, lq, lk];
+        let fits = m.len() <= 4 && m.iter().rev().zip(full.iter().rev()).all(|(&a, &f)| a == 1 || a == f);
+        if !fits {
+            return Err(invalid(format!(
+                "{SDPA}: mask of shape {m:?} does not broadcast to [B, Hq, Lq, Lk] = {full:?}"
+            )));
+        }
+        if md != DType::Bool && !md.is_float() {
+            return Err(invalid(format!("{SDPA}: mask must be boolean or floating (additive), got {md:?}")));
+        }
+    }
+    if let Some((s, sd)) = sinks
+        && (s != [hq] || !sd.is_float())
+    {
+        return Err(invalid(format!(
+            "{SDPA}: sinks must be a floating vector of shape [{hq}] (q's heads), got {sd:?} {s:?}"
+        )));
+    }
+    if let Some(w) = window
+        && w < 1
+    {
+        return Err(invalid(format!("{SDPA}: window must be at least 1 key, got {w}")));
+    }
+    Ok(vec![Spec { shape: [b, hq, lq, v[3]].into_iter().collect(), dtype }])
 }

@@ -4,6 +4,7 @@
 //! row-major, allocates the outputs and hands the rows to the operation's file. Every kernel
 //! here is launched with `launch_dependent`.
 
+pub(crate) mod attention;
 pub(crate) mod cross_entropy;
 pub(crate) mod norm;
 pub(crate) mod rope;
@@ -45,6 +46,7 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
         }
         FastOp::CrossEntropyWithGrad => inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d),
         FastOp::Rope(_) => inputs[1].dtype == DType::I32 && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
+        FastOp::Attention(p) => attention::supports(p, inputs),
         _ => false,
     }
 }
@@ -62,6 +64,11 @@ pub(crate) struct Rows {
 
 /// Runs `op` with its fused kernels.
 pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    if let FastOp::Attention(p) = op {
+        // Read through its operands' strides.
+        let out = alloc_out(gpu, &mut outputs[0])?;
+        return attention::eval(gpu, p, inputs, out);
+    }
     let inputs: Vec<Operand> = inputs.into_iter().map(|x| row_major(gpu, x)).collect::<Result<_>>()?;
     let x = inputs.first().ok_or_else(|| internal(format!("{} is missing an input", op.name())))?;
     let len = x.shape.last().copied().unwrap_or(1).max(0) as u64;

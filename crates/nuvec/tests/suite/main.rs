@@ -4,6 +4,7 @@
 //!
 //! Run one module with a filter: `cargo test -p nuvec --release --test suite -- mlx_sort::`.
 
+mod attention;
 mod conv_einsum;
 mod cuda_kernel;
 mod errors;
@@ -15,6 +16,7 @@ mod fuzz_ops;
 mod gather;
 mod gpu;
 mod memory;
+mod mlx_attention;
 mod mlx_conv;
 mod mlx_fast;
 mod mlx_fixtures;

@@ -1,0 +1,181 @@
+//! The one attention router: [`plan_attention`] decides how every attention runs, and the
+//! operation runs exactly its plan. There is no other routing code.
+
+use std::panic::Location;
+
+use crate::backend::backend_for;
+use crate::device::{DeviceKind, default_stream};
+use crate::dtype::DType;
+use crate::error::{Error, OpErrorKind, Result};
+use crate::primitive::Primitive;
+use crate::primitive::fast::{AttentionKernel, AttentionParams, MaskInput, check_attention};
+use crate::storage::Spec;
+
+use super::{AttentionOptions, FastOp};
+
+/// How an attention runs and the memory it needs beyond its inputs and output.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionPlan {
+    /// The kernel or composition.
+    pub kernel: AttentionKernel,
+    /// Bytes of scratch the kernel allocates (the partial results of a two-pass vector kernel).
+    pub scratch_bytes: usize,
+    /// The largest score-sized intermediate, in bytes (`float32` scores): 0 for kernels.
+    pub max_intermediate_bytes: usize,
+    /// Whether `max_score_bytes` changed the plan.
+    pub capped: bool,
+}
+
+/// Queries up to which the vector kernel runs, one query row per block of threads.
+pub const VECTOR_MAX_QUERIES: i32 = 8;
+
+/// Blocks of threads a vector kernel aims to run, over every query row: enough to fill a large
+/// GPU twice.
+const VECTOR_TARGET_BLOCKS: i64 = 256;
+
+/// Fewest keys in one partition of a two-pass vector kernel.
+const VECTOR_MIN_KEYS_PER_BLOCK: i32 = 512;
+
+/// Key partitions of one query row of `lk` keys when `rows` query rows (batch × heads) run at
+/// once: enough blocks to fill the GPU, each with at least 512 keys. The kernel computes the
+/// same for each row of several queries from that row's own keys, so a row's result does not
+/// depend on the rows beside it.
+pub fn vector_blocks(rows: i64, lk: i32) -> i32 {
+    let want = (VECTOR_TARGET_BLOCKS + rows.max(1) - 1) / rows.max(1);
+    let most = (lk.max(1) + VECTOR_MIN_KEYS_PER_BLOCK - 1) / VECTOR_MIN_KEYS_PER_BLOCK;
+    want.clamp(1, most as i64) as i32
+}
+
+/// Plans the attention of `q [B, Hq, Lq, D]` over `k [B, Hkv, Lk, D]` and `v [B, Hkv, Lk, Dv]`
+/// of `dtype` with `options`, on the default stream's device. A pure function of the shapes,
+/// the dtype, the options and the device's backend; allocates nothing.
+///
+/// - Up to 8 queries, on a GPU with a vector kernel for them: [`AttentionKernel::Vector`], in
+///   one pass, or in two with the keys split when the rows alone would not fill the GPU.
+/// - More queries, on a GPU with a tiled kernel for the head size and dtype:
+///   [`AttentionKernel::Tiled`].
+/// - Otherwise (the CPU, other head sizes or dtypes): the composition — all rows at once
+///   ([`AttentionKernel::Composed`]), or, when its scores would pass `max_score_bytes`, in
+///   blocks of rows under the cap ([`AttentionKernel::ComposedBlocks`]); 2 to 8 causal
+///   queries run one row per block, each as it would decode alone.
+///
+/// A cap of 0, or one below a single query row's scores (`B · Hq · Lk' · 4` bytes, `Lk'` the
+/// keys a row may attend), is an error naming the smallest admissible cap. Kernels hold no
+/// scores, so a cap never changes them.
+///
+/// ```
+/// use nuvec::DType;
+/// use nuvec::fast::{AttentionKernel, AttentionOptions, plan_attention};
+/// let opts = AttentionOptions::causal().max_score_bytes(512 << 20);
+/// let q = [1, 16, 1024, 256];
+/// let kv = [1, 2, 33792, 256];
+/// let plan = plan_attention(&q, &kv, &kv, DType::BF16, &opts).unwrap();
+/// assert!(plan.max_intermediate_bytes <= 512 << 20);
+/// let tiny = AttentionOptions::causal().max_score_bytes(1000);
+/// if let Ok(p) = plan_attention(&q, &kv, &kv, DType::BF16, &tiny) {
+///     assert!(!matches!(p.kernel, AttentionKernel::Composed | AttentionKernel::ComposedBlocks { .. }));
+/// }
+/// ```
+#[track_caller]
+pub fn plan_attention(
+    q: &[i32],
+    k: &[i32],
+    v: &[i32],
+    dtype: DType,
+    options: &AttentionOptions<'_>,
+) -> Result<AttentionPlan> {
+    let at = Location::caller();
+    let fail = |kind: OpErrorKind| Error::Op { op: "scaled_dot_product_attention", at, kind };
+    let mask = options.mask_array().map(|m| (m.shape(), m.dtype()));
+    let sinks = options.sinks.map(|s| (s.shape(), s.dtype()));
+    let out = check_attention(q, k, v, dtype, mask, sinks, options.window).map_err(fail)?;
+    let (b, hq, lq) = (q[0] as usize, q[1] as usize, q[2]);
+    let (lk, dv) = (k[2], v[3] as usize);
+    let causal = options.is_causal();
+
+    // Keys one block of `rows` query rows may attend, and its scores' bytes.
+    let keys = |rows: i32| -> usize {
+        match options.window {
+            Some(w) => (lk as i64).min(w as i64 + rows as i64 - 1).max(0) as usize,
+            None => lk.max(0) as usize,
+        }
+    };
+    let block_bytes = |rows: i32| rows.max(0) as usize * b * hq * keys(rows) * 4;
+    if let Some(cap) = options.max_score_bytes {
+        let one_row = block_bytes(1);
+        if cap == 0 || (cap < one_row && lq > 0) {
+            return Err(fail(OpErrorKind::InvalidArgument(format!(
+                "max_score_bytes {cap} is below one query row's scores; the smallest admissible cap is {}",
+                one_row.max(1)
+            ))));
+        }
+    }
+
+    let kernel = |kernel: AttentionKernel| AttentionParams {
+        scale: 1.0,
+        causal,
+        window: options.window,
+        mask: options
+            .mask_array()
+            .map(|m| if m.dtype() == DType::Bool { MaskInput::Bool } else { MaskInput::Additive }),
+        sinks: options.sinks.is_some(),
+        kernel,
+    };
+    let device = default_stream().device;
+    if device.kind == DeviceKind::Gpu && lq > 0 && lk > 0 {
+        let mut inputs: Vec<Spec> =
+            [q, k, v].iter().map(|s| Spec { shape: s.iter().copied().collect(), dtype }).collect();
+        inputs.extend(mask.map(|(s, d)| Spec { shape: s.iter().copied().collect(), dtype: d }));
+        inputs.extend(sinks.map(|(s, d)| Spec { shape: s.iter().copied().collect(), dtype: d }));
+        let candidate = if lq <= VECTOR_MAX_QUERIES {
+            let blocks = vector_blocks((b * hq) as i64, options.window.map_or(lk, |w| w.min(lk)));
+            AttentionKernel::Vector { passes: if blocks > 1 { 2 } else { 1 }, blocks }
+        } else {
+            AttentionKernel::Tiled
+        };
+        let primitive = Primitive::Fast(FastOp::Attention(kernel(candidate)));
+        if backend_for(device).is_ok_and(|be| be.supports(&primitive, &inputs, &out)) {
+            let scratch = match candidate {
+                AttentionKernel::Vector { passes: 2, blocks } => b * hq * lq as usize * blocks as usize * (dv * 4 + 8),
+                _ => 0,
+            };
+            return Ok(AttentionPlan {
+                kernel: candidate,
+                scratch_bytes: scratch,
+                max_intermediate_bytes: 0,
+                capped: false,
+            });
+        }
+    }
+
+    if causal && (2..=VECTOR_MAX_QUERIES).contains(&lq) {
+        // The serial rule: each row as it would decode alone.
+        let plan = AttentionKernel::ComposedBlocks { rows: 1 };
+        return Ok(AttentionPlan {
+            kernel: plan,
+            scratch_bytes: 0,
+            max_intermediate_bytes: block_bytes(1),
+            capped: false,
+        });
+    }
+    let all = block_bytes(lq);
+    match options.max_score_bytes {
+        Some(cap) if all > cap => {
+            // The most rows under the cap (a block's keys grow with its rows under a window).
+            let (mut lo, mut hi) = (1, lq);
+            while lo < hi {
+                let mid = lo + (hi - lo + 1) / 2;
+                if block_bytes(mid) <= cap { lo = mid } else { hi = mid - 1 }
+            }
+            let plan = AttentionKernel::ComposedBlocks { rows: lo };
+            Ok(AttentionPlan { kernel: plan, scratch_bytes: 0, max_intermediate_bytes: block_bytes(lo), capped: true })
+        }
+        _ => Ok(AttentionPlan {
+            kernel: AttentionKernel::Composed,
+            scratch_bytes: 0,
+            max_intermediate_bytes: all,
+            capped: false,
+        }),
+    }
+}

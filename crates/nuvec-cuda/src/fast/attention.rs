@@ -1,0 +1,147 @@
+//! Scaled-dot-product attention (`kernels/attention.cuh`): the vector kernel for up to
+//! [`VECTOR_MAX_QUERIES`] queries, in one pass or two (keys split, then merged). `q`, `k` and
+//! `v` are read through their strides (a cache's slice is not copied) as long as each head's
+//! features are contiguous.
+
+use std::sync::Arc;
+
+use nuvec_core::fast::{AttentionKernel, AttentionParams, MaskInput, VECTOR_MAX_QUERIES};
+use nuvec_core::storage::{Operand, Spec};
+use nuvec_core::{DType, Result};
+
+use crate::driver::Gpu;
+use crate::kernels::{Family, Source, ctype};
+use crate::launch::{Arg, launch};
+use crate::operand::{alloc, internal, kernel, ptr_of, row_major};
+
+/// Head sizes with kernels: (D, Dv).
+const HEADS: [(i32, i32); 5] = [(64, 64), (80, 80), (96, 96), (128, 128), (256, 256)];
+
+/// Threads of a vector block: `ATT_WARPS` warps.
+const THREADS: u32 = 256;
+
+/// The module of `d`: `attention_vector_{D}_{Dv}` and `attention_vector_merge_{Dv}`.
+pub(crate) fn source(d: DType) -> String {
+    let mut s = Source::new(&["attention.cuh"]);
+    let t = ctype(d);
+    for (hd, hv) in HEADS {
+        s.kernel(format!(
+            "__launch_bounds__({THREADS}) attention_vector_{hd}_{hv}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const void* mask, const {t}* sinks, float* part, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector<{t}, {hd}, {hv}>(q, k, v, out, mask, sinks, part, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
+        ));
+    }
+    for hv in HEADS.map(|(_, v)| v) {
+        s.kernel(format!(
+            "attention_vector_merge_{hv}(const float* part, const {t}* sinks, {t}* out, i64 rows, int Hq, int Lq, int Lk, int causal, int window, int blocks) {{ attention_vector_merge<{t}, {hv}>(part, sinks, out, rows, Hq, Lq, Lk, causal, window, blocks); }}"
+        ));
+    }
+    s.finish()
+}
+
+/// Whether a kernel runs this planned attention: a vector plan, `float32`/`float16`/`bfloat16`,
+/// a head size with a kernel, a boolean mask or one of `q`'s dtype, sinks of `q`'s dtype.
+pub(crate) fn supports(p: &AttentionParams, inputs: &[Spec]) -> bool {
+    let q = &inputs[0];
+    let d = q.dtype;
+    let heads = (q.shape[3], inputs[2].shape[3]);
+    let mask_ok = match p.mask {
+        Some(MaskInput::Bool) => inputs[3].dtype == DType::Bool,
+        Some(MaskInput::Additive) => inputs[3].dtype == d,
+        None => true,
+    };
+    let sinks_ok = !p.sinks || inputs[inputs.len() - 1].dtype == d;
+    matches!(p.kernel, AttentionKernel::Vector { .. })
+        && q.shape[2] <= VECTOR_MAX_QUERIES
+        && matches!(d, DType::F32 | DType::F16 | DType::BF16)
+        && HEADS.contains(&heads)
+        && mask_ok
+        && sinks_ok
+}
+
+/// A 4-D operand whose last axis is contiguous (copied row-major otherwise), and its first
+/// three strides.
+fn heads(gpu: &Arc<Gpu>, x: Operand) -> Result<(Operand, [i64; 3])> {
+    let x = if x.shape[3] > 1 && x.data.layout.strides[3] != 1 { row_major(gpu, x)? } else { x };
+    let s = [0, 1, 2].map(|a| x.data.layout.strides[a] as i64);
+    Ok((x, s))
+}
+
+/// The strides reading a mask broadcast to `[B, Hq, Lq, Lk]` (0 along broadcast axes).
+fn mask_strides(m: &Operand) -> [i64; 4] {
+    let n = m.shape.len();
+    let mut out = [0i64; 4];
+    for a in 0..n {
+        if m.shape[a] != 1 {
+            out[4 - n + a] = m.data.layout.strides[a] as i64;
+        }
+    }
+    out
+}
+
+/// Runs the planned vector kernel.
+pub(crate) fn eval(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64) -> Result<()> {
+    let AttentionKernel::Vector { passes, blocks } = p.kernel else {
+        return Err(internal(format!("no attention kernel for {:?}", p.kernel)));
+    };
+    let mut it = inputs.into_iter();
+    let mut next = || it.next().ok_or_else(|| internal("scaled_dot_product_attention is missing an input"));
+    let (q, qs) = heads(gpu, next()?)?;
+    let (k, ks) = heads(gpu, next()?)?;
+    let (v, vs) = heads(gpu, next()?)?;
+    let mask = if p.mask.is_some() { Some(next()?) } else { None };
+    let sinks = if p.sinks { Some(row_major(gpu, next()?)?) } else { None };
+    let d = q.dtype;
+    let [b, hq, lq, hd] = [0, 1, 2, 3].map(|a| q.shape[a]);
+    let (hkv, lk, hv) = (k.shape[1], k.shape[2], v.shape[3]);
+    let rows = b as u64 * hq as u64 * lq as u64;
+    if rows == 0 {
+        return Ok(());
+    }
+    let blocks = if passes == 2 { blocks.max(1) } else { 1 };
+    let scratch = if passes == 2 {
+        Some(alloc(gpu, rows as usize * blocks as usize * (hv as usize + 2) * 4, DType::U8)?)
+    } else {
+        None
+    };
+    let part = scratch.as_ref().map_or(0, |s| s.0);
+    let ms = mask.as_ref().map_or([0; 4], mask_strides);
+    let mask_kind = match p.mask {
+        Some(MaskInput::Bool) => 1,
+        Some(MaskInput::Additive) => 2,
+        None => 0,
+    };
+    let sinks_ptr = sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0);
+    let mut args = vec![
+        Arg::Ptr(ptr_of(&q)?),
+        Arg::Ptr(ptr_of(&k)?),
+        Arg::Ptr(ptr_of(&v)?),
+        Arg::Ptr(out),
+        Arg::Ptr(mask.as_ref().map(ptr_of).transpose()?.unwrap_or(0)),
+        Arg::Ptr(sinks_ptr),
+        Arg::Ptr(part),
+    ];
+    args.extend(qs.into_iter().chain(ks).chain(vs).chain(ms).map(Arg::I64));
+    let window = p.window.unwrap_or(0);
+    args.extend([hq, hkv, lq, lk, p.causal as i32, window, mask_kind, blocks].map(Arg::I32));
+    args.push(Arg::F32(p.scale));
+    let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_{hd}_{hv}"))?;
+    let grid = (rows as u32, blocks as u32);
+    launch(gpu, f, (grid.0, grid.1, 1), (THREADS, 1, 1), 0, args)?;
+    if passes == 2 {
+        let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_merge_{hv}"))?;
+        let args = vec![
+            Arg::Ptr(part),
+            Arg::Ptr(sinks_ptr),
+            Arg::Ptr(out),
+            Arg::I64(rows as i64),
+            Arg::I32(hq),
+            Arg::I32(lq),
+            Arg::I32(lk),
+            Arg::I32(p.causal as i32),
+            Arg::I32(window),
+            Arg::I32(blocks),
+        ];
+        launch(gpu, f, (rows as u32, 1, 1), ((hv as u32).clamp(32, 256), 1, 1), 0, args)?;
+    }
+    drop(scratch);
+    Ok(())
+}
