@@ -1,21 +1,33 @@
 #!/usr/bin/env python3
 """PyTorch and Liger Kernel peers of nuvec's fused-op benchmark (crates/nuvec/examples/bench_fast.rs).
 
-Times the cases of bench_fast, by the same names and byte counts, on GPU 0, in these modes
+Times the cases of bench_fast, by the same names and byte (or FLOP) counts, on GPU 0, in these modes
 (the prefix of each output line):
 
 * ``torch_eager``: plain PyTorch. RMS norm as MLX computes it,
   ``(x * rsqrt(mean(x^2) + eps))`` in float32, cast to bf16, times ``w``; the residual add
   then that; ``F.layer_norm``; ``F.silu(gate) * up``; rotary embedding by halves,
   ``x * cos + cat(-x2, x1) * sin`` in float32 with the cos/sin tables made before timing (as a
-  model shares them between layers); ``F.cross_entropy``.
+  model shares them between layers); ``F.cross_entropy``; attention
+  ``F.scaled_dot_product_attention(q, k, v, is_causal=..., enable_gqa=True, scale=1/sqrt(128))``
+  with torch's default choice of backend. torch's ``is_causal`` aligns the queries upper left,
+  nuvec's causal lower right (the queries are the last Lq of the Lk positions), the same when
+  Lq == Lk; the 4-query causal decode cases therefore pass a boolean ``attn_mask`` (query i
+  attends keys j <= i + Lk - Lq), made before timing, instead of ``is_causal`` (which may
+  change the backend torch picks: flash takes no mask).
 * ``torch_composition``: PyTorch eager running nuvec's own composition of the op, op for op,
   where it differs from the eager mode: SwiGLU ``(g * sigmoid(g) * u)`` in float32 rounded
   once, layer norm as centred values times ``rsqrt(var + eps)`` in float32 then ``* w + b``,
   cross entropy as ``logsumexp(x) - x[target]`` in float32 with the ignore/NaN masks, and
   the RoPE forward with its cos/sin tables made inside the timed call from the offset
   (the comparison for nuvec's ``NUVEC_FUSED=0``; RMS norm's eager mode already is).
-* ``torch_compile``: ``torch.compile`` of the eager function (forward and backward).
+* ``torch_flash``: attention prefill only, the eager call inside
+  ``torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION)``. Where that backend refuses
+  ``enable_gqa``, k and v are repeated to the 32 query heads (``repeat_interleave``) before
+  timing, said in a ``# torch_flash:<case>: k and v repeated ...`` line; where it refuses the
+  case anyway, a ``# torch_flash:<case> skipped (...)`` line and no result.
+* ``torch_compile``: ``torch.compile`` of the eager function (forward and backward); not for
+  attention.
 * ``torch_F_rms_norm``: ``torch.nn.functional.rms_norm`` (RMS norm cases only).
 * ``liger``: Liger Kernel's autograd functions from ``liger_kernel.ops``
   (LigerRMSNormFunction with ``in_place=False`` so that the cotangent survives repeated
@@ -25,7 +37,16 @@ Times the cases of bench_fast, by the same names and byte counts, on GPU 0, in t
   [B, T, H, D] memory layout that attention projections produce: here q and k have 16 heads
   each (the 32 of the case) as transposed views of that layout, and bf16 cos/sin tables.
   Liger's SwiGLU backward writes the gradients over its saved inputs, so repeated backward
-  passes see changed values (the time does not depend on them).
+  passes see changed values (the time does not depend on them). Not for attention.
+
+Attention cases (bf16, ``q [B, 32, Lq, 128]``, ``k``, ``v [B, 8, Lk, 128]``, as bench_fast):
+
+* ``sdpa_decode_bf16_B{B}_Lq{Lq}_Lk{Lk}``, GB/s of ``2*B*8*Lk*128*2`` bytes of k and v read
+  plus ``2*B*32*Lq*128*2`` of q read and the output written: Lq = 1 (no mask) for (B, Lk) in
+  (1, 4096), (1, 32768), (1, 131072), (8, 8192), (32, 8192), (64, 4096); Lq = 4 causal for
+  (1, 32768) and (32, 8192). Each adds a ``_us`` row.
+* ``sdpa_prefill_bf16_B{B}_L{L}_{causal|full}``, Lq = Lk = L, TFLOP/s of ``4*B*32*L*L*128``
+  FLOPs, halved when causal: (1, 4096) and (4, 4096) causal, (1, 8192) full.
 
 Backward cases (``*_bwd_*``) build the forward graph before timing and time
 ``torch.autograd.grad(outputs, inputs, cotangents, retain_graph=True)``; the graph of
@@ -44,18 +65,21 @@ backward cases).
 Output: on stdout, ``# ...`` comment lines and one line per case and mode
 ``<mode>:<case>\\t<GB/s>\\tGB/s\\t<fraction>``, the fraction being against torch's own copy
 ceiling ``torch_eager:ceiling_copy_memcpy`` (a 1 GiB ``copy_``, bytes read + written, measured
-first whatever ``--only`` says); latency-bound cases (1 and 16 tokens, decode rope) add
+first whatever ``--only`` says); attention prefill writes
+``<mode>:<case>\\t<TFLOP/s>\\tTFLOP/s\\t-`` (no compute ceiling here); latency-bound cases
+(1 and 16 tokens, decode rope, attention decode) add
 ``<mode>:<case>_us\\t<microseconds per call>\\tus\\t-``. A case that fails prints ``nan``;
 progress and errors go to stderr.
 
     python3 bench/gpu_fast_peers.py                          # everything
     python3 bench/gpu_fast_peers.py --only cross_entropy     # cases whose name contains it
+    python3 bench/gpu_fast_peers.py --only sdpa              # the attention cases
     python3 bench/gpu_fast_peers.py --modes eager,liger      # some modes only
     python3 bench/gpu_fast_peers.py --deadline 300           # end within 300 s
 
-Time: eager, F.rms_norm and Liger run case by case first, then torch.compile, the cases with a
-target (main tensor of at least 64 MiB) first; with ``--deadline`` no case starts within 10 s
-of it and no torch.compile case within 60 s.
+Time: eager, composition, F.rms_norm, Liger and flash run case by case first, then
+torch.compile, the cases with a target (main tensor of at least 64 MiB) first; with
+``--deadline`` no case starts within 10 s of it and no torch.compile case within 60 s.
 """
 
 import argparse
@@ -77,7 +101,10 @@ ELEM = 2  # bytes per bf16
 TARGET_MIN_BYTES = 64 << 20
 ROPE_BASE = 10000.0
 HEADS, HEAD_DIM = 32, 128
-MODES = ("eager", "composition", "F_rms_norm", "liger", "compile")
+# Attention: query heads, key-value heads (grouped, 4 query heads each), head size, scale.
+ATTN_HQ, ATTN_HKV, ATTN_D = 32, 8, 128
+ATTN_SCALE = 1.0 / math.sqrt(ATTN_D)
+MODES = ("eager", "composition", "F_rms_norm", "liger", "flash", "compile")
 
 
 def prefix_of(mode):
@@ -166,6 +193,61 @@ def rope_tables(t, offset, dtype):
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
+def sdpa_eager(q, k, v, mask=None, causal=False):
+    """torch's attention with its default backend selection, the key-value heads shared."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=ATTN_SCALE,
+                                          enable_gqa=True)
+
+
+def lower_right_mask(lq, lk):
+    """[lq, lk] booleans, True where query i (the last lq of lk positions) attends key j:
+    j <= i + lk - lq (nuvec's causal; torch's ``is_causal`` aligns upper left instead)."""
+    i = torch.arange(lq, device="cuda").unsqueeze(-1)
+    j = torch.arange(lk, device="cuda").unsqueeze(0)
+    return j <= i + (lk - lq)
+
+
+class Unsupported(Exception):
+    """A mode that cannot run a case (a backend that rejects its shapes): skipped, not failed."""
+
+
+def flash_maker(name, make_inputs, k):
+    """``sdpa_eager``'s call inside ``sdpa_kernel(SDPBackend.FLASH_ATTENTION)``. Where the flash
+    backend refuses ``enable_gqa``, k and v are repeated to the query heads before timing (said
+    in a ``#`` line); where it refuses that too, the case is skipped."""
+    def make():
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+        except Exception as e:
+            raise Unsupported(f"no torch.nn.attention.sdpa_kernel: {type(e).__name__}")
+
+        def call(q, kk, v, mask, causal, gqa):
+            extra = {"enable_gqa": True} if gqa else {}
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, kk, v, attn_mask=mask, is_causal=causal, scale=ATTN_SCALE,
+                                                      **extra)
+
+        ins = [make_inputs(j) for j in range(k)]
+        try:
+            call(*ins[0], True)
+            gqa = True
+        except Exception as e:
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            groups = ATTN_HQ // ATTN_HKV
+            ins = [(q, kk.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), m, c)
+                   for q, kk, v, m, c in ins]
+            try:
+                call(*ins[0], False)
+            except Exception as e2:
+                first = str(e2).splitlines()[0] if str(e2) else ""
+                raise Unsupported(f"flash backend: {type(e2).__name__}: {first}")
+            emit(f"# torch_flash:{name}: k and v repeated to {ATTN_HQ} heads before timing "
+                 f"(flash with enable_gqa: {why})")
+            gqa = False
+        return (lambda i: call(*ins[i % k], gqa)), k
+    return make
+
+
 # --- Liger ---------------------------------------------------------------------------------
 
 class Liger:
@@ -225,14 +307,16 @@ class Liger:
 # --- cases ---------------------------------------------------------------------------------
 
 class Case:
-    """One benchmark case: its name, bytes per iteration, target kind, and a maker per mode.
+    """One benchmark case: its name, bytes (or, in TFLOP/s, FLOPs) per iteration, unit, target
+    kind, and a maker per mode.
 
     A maker returns ``(run, k)``: iteration ``i`` calls ``run(i)``, ``k`` being the copies it
-    rotates among (for the log)."""
+    rotates among (for the log); it raises ``Unsupported`` where its mode cannot run the case."""
 
-    def __init__(self, name, nbytes, main_bytes, latency):
+    def __init__(self, name, amount, main_bytes, latency, unit="GB/s"):
         self.name = name
-        self.bytes = nbytes
+        self.amount = amount
+        self.unit = unit
         self.has_target = main_bytes >= TARGET_MIN_BYTES
         self.latency = latency
         self.makers = {}
@@ -479,6 +563,35 @@ def build_cases(copies, liger):
             c.makers["liger"] = fwdbwd_maker(
                 lambda lg, tg: liger("LigerCrossEntropyFunction", _input=lg, target=tg, reduction="mean")[0])
         cases.append(c)
+
+    # Attention decoding: q [B, 32, Lq, 128] over a cache k, v [B, 8, Lk, 128]; one query (no
+    # mask) or 4 causal ones (a lower-right boolean mask, made before timing).
+    for b, lq, lk in ((1, 1, 4096), (1, 1, 32768), (1, 1, 131072), (8, 1, 8192), (32, 1, 8192), (64, 1, 4096),
+                      (1, 4, 32768), (32, 4, 8192)):
+        qb = b * ATTN_HQ * lq * ATTN_D * ELEM
+        kvb = b * ATTN_HKV * lk * ATTN_D * ELEM
+        c = Case(f"sdpa_decode_bf16_B{b}_Lq{lq}_Lk{lk}", 2 * kvb + 2 * qb, 0, True)
+        k = copies(2 * kvb + qb)
+
+        def ins(j, b=b, lq=lq, lk=lk):
+            mask = lower_right_mask(lq, lk) if lq > 1 else None
+            return (rand((b, ATTN_HQ, lq, ATTN_D), 700 + j), rand((b, ATTN_HKV, lk, ATTN_D), 710 + j),
+                    rand((b, ATTN_HKV, lk, ATTN_D), 720 + j), mask)
+        c.makers["eager"] = fwd_maker(sdpa_eager, ins, k)
+        cases.append(c)
+
+    # Attention prefill: Lq = Lk = L, causal or full, in TFLOP/s.
+    for b, t, causal in ((1, 4096, True), (4, 4096, True), (1, 8192, False)):
+        flops = 4 * b * ATTN_HQ * t * t * ATTN_D // (2 if causal else 1)
+        c = Case(f"sdpa_prefill_bf16_B{b}_L{t}_{'causal' if causal else 'full'}", flops, 0, False, "TFLOP/s")
+        k = copies((ATTN_HQ + 2 * ATTN_HKV) * b * t * ATTN_D * ELEM)
+
+        def ins(j, b=b, t=t, causal=causal):
+            return (rand((b, ATTN_HQ, t, ATTN_D), 730 + j), rand((b, ATTN_HKV, t, ATTN_D), 740 + j),
+                    rand((b, ATTN_HKV, t, ATTN_D), 750 + j), None, causal)
+        c.makers["eager"] = fwd_maker(sdpa_eager, ins, k)
+        c.makers["flash"] = flash_maker(c.name, ins, k)
+        cases.append(c)
     return cases
 
 
@@ -567,13 +680,15 @@ def main():
         t_start = time.time()
         try:
             med, lo, hi, count, k = measure(mode, case)
-            report(prefix, case.name, case.bytes / med / 1e9)
+            report(prefix, case.name, case.amount / med / (1e12 if case.unit == "TFLOP/s" else 1e9), case.unit)
             if case.latency:
                 report(prefix, case.name + "_us", med * 1e6, "us")
             log(f"# {prefix}:{case.name}: median {med * 1e3:.4f} ms (min {lo * 1e3:.4f}, max {hi * 1e3:.4f}; "
                 f"{timer.batches}x{count}, k={k}) {time.time() - t_start:.1f} s")
+        except Unsupported as e:  # a backend that does not take the case: no row
+            skip(mode, case, str(e))
         except Exception as e:  # report and go on
-            report(prefix, case.name, float("nan"))
+            report(prefix, case.name, float("nan"), case.unit)
             if case.latency:
                 report(prefix, case.name + "_us", float("nan"), "us")
             first = str(e).splitlines()[0] if str(e) else ""
@@ -588,7 +703,7 @@ def main():
         emit(f"# {prefix_of(mode)}:{case.name} skipped ({why})")
 
     for case in cases:
-        for mode in ("eager", "composition", "F_rms_norm", "liger"):
+        for mode in ("eager", "composition", "F_rms_norm", "liger", "flash"):
             if mode not in modes or mode not in case.makers:
                 continue
             if left() < 10:
@@ -599,6 +714,8 @@ def main():
     if "compile" in modes:
         # Cases with a target first: they are the comparison that matters when time runs out.
         for case in sorted(cases, key=lambda c: not c.has_target):
+            if "compile" not in case.makers:  # attention: no torch.compile peer
+                continue
             if left() < 60:
                 skip("compile", case, "time budget")
                 continue

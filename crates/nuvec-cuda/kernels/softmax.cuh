@@ -165,13 +165,26 @@ __device__ __forceinline__ void ms_push_vecs(MaxSum<typename Acc<T>::type>& a, c
     a.m = cm;
   }
   A mL = log2e_times(a.m), t[U];
+  if (sizeof(A) == 4 && mL == -(A)INFINITY) {
+    // A maximum below -FLT_MAX / log2(e) (scores masked with the lowest float) overflows mL:
+    // the two-step exponential, exact there.
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    A w[N];
-    widen_vec(v[u], w);
-    t[u] = exp_shifted(w[0], a.m, mL);
+    for (int u = 0; u < U; ++u) {
+      A w[N];
+      widen_vec(v[u], w);
+      t[u] = fast_exp(w[0] - a.m);
 #pragma unroll
-    for (int j = 1; j < N; ++j) t[u] += exp_shifted(w[j], a.m, mL);
+      for (int j = 1; j < N; ++j) t[u] += fast_exp(w[j] - a.m);
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      A w[N];
+      widen_vec(v[u], w);
+      t[u] = exp_shifted(w[0], a.m, mL);
+#pragma unroll
+      for (int j = 1; j < N; ++j) t[u] += exp_shifted(w[j], a.m, mL);
+    }
   }
 #pragma unroll
   for (int s = 1; s < U; s *= 2)

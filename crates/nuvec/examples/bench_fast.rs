@@ -1,18 +1,21 @@
 //! GPU benchmark of nuvec's fused operations (`nuvec::fast`) on GPU 0: RMS norm forward and
 //! backward, the residual add + RMS norm, layer norm forward and backward, SwiGLU forward and
 //! backward, rotary embeddings (prefill, decode, backward) and the cross-entropy loss (forward,
-//! and forward with the logits' gradient), all bf16, each as a bandwidth against the copy
-//! ceiling.
+//! and forward with the logits' gradient), each as a bandwidth against the copy ceiling; and
+//! scaled-dot-product attention with grouped heads, decoding as a bandwidth and prefill in
+//! TFLOP/s. All bf16.
 //!
 //! ```text
 //! cargo run --release -p nuvec --example bench_fast                       # every case
 //! cargo run --release -p nuvec --example bench_fast -- --out fast.tsv     # also write the TSV lines
 //! cargo run --release -p nuvec --example bench_fast -- --only rms_norm    # cases whose name contains "rms_norm"
+//! cargo run --release -p nuvec --example bench_fast -- --only sdpa        # the attention cases
 //! NUVEC_FUSED=0 cargo run --release -p nuvec --example bench_fast         # the compositions instead
 //! ```
 //!
 //! Without a usable GPU it prints why and exits with status 0. `bench/gpu_fast_peers.py` times
-//! the same cases in PyTorch (eager, `torch.compile`, `F.rms_norm`) and Liger Kernel, and
+//! the same cases in PyTorch (eager, `torch.compile`, `F.rms_norm`, the flash attention
+//! backend) and Liger Kernel, and
 //! `scripts/gpu-check.sh` (with `GPU_CHECK_FAST=1`) runs both and prints them side by side.
 //!
 //! # Method
@@ -27,7 +30,12 @@
 //! derivative kernels do not read, is never computed, and tracing is part of the time as it is
 //! in a training step. `cross_entropy_fwdbwd_*` evaluates the loss and the logits' cotangent in
 //! one `eval`, with the cotangent `1/N` per row (the gradient of the mean loss), which runs
-//! both as one kernel (`FastOp::CrossEntropyWithGrad`, one read of the logits).
+//! both as one kernel (`FastOp::CrossEntropyWithGrad`, one read of the logits). An attention
+//! iteration records `fast::scaled_dot_product_attention` and evaluates its output; before it
+//! is timed, a line `# <name>: plan <kernel> (...)` gives `fast::plan_attention`'s route for
+//! its shapes (`Vector { passes, blocks }`, `Tiled`, `Composed`, `ComposedBlocks { rows }`):
+//! without a tiled kernel, prefill runs as the composition, which holds the scores
+//! (`B·32·L·L` of them, 1 GiB in bf16 at B1 L4096, 4 GiB at B4 L4096 and at B1 L8192 full).
 //!
 //! # Cases and bytes
 //!
@@ -51,30 +59,45 @@
 //!   `cross_entropy_fwdbwd_bf16_4096x{V}` (also read the cotangent and write the logits'
 //!   gradient), V in {32000, 128256, 152064}.
 //!
-//! Latency-bound cases (1 and 16 tokens, decode rope) add a row `<name>_us`: microseconds per
-//! call, unit `us`.
+//! Attention, `q [B, 32, Lq, 128]` over `k`, `v [B, 8, Lk, 128]` (grouped heads, 4 query heads
+//! per key-value head), scale `1/sqrt(128)`:
+//!
+//! * `sdpa_decode_bf16_B{B}_Lq{Lq}_Lk{Lk}`: read `q`, `k`, `v`, write the output
+//!   (`2·B·8·Lk·128·2 + 2·B·32·Lq·128·2` bytes; the cache dominates). Lq = 1 (no mask) for
+//!   (B, Lk) in {(1, 4096), (1, 32768), (1, 131072), (8, 8192), (32, 8192), (64, 4096)};
+//!   Lq = 4, causal (the queries are the last 4 of the Lk positions, aligned lower right), for
+//!   (B, Lk) in {(1, 32768), (32, 8192)}.
+//! * `sdpa_prefill_bf16_B{B}_L{L}_{causal|full}`, Lq = Lk = L, in TFLOP/s (unit `TFLOP/s`,
+//!   fraction `-`: this benchmark measures no compute ceiling) of `4·B·32·L·L·128` FLOPs (the
+//!   two products), halved when causal: B1 L4096 and B4 L4096 causal, B1 L8192 full.
+//!
+//! Latency-bound cases (1 and 16 tokens, decode rope, every attention decode case) add a row
+//! `<name>_us`: microseconds per call, unit `us`.
 //!
 //! # Targets
 //!
 //! Where the case's main tensor (`x`, gate or logits) is at least 64 MiB: forward at least 85%
-//! of the copy ceiling, backward (and forward + backward) at least 75%. Smaller cases have none.
+//! of the copy ceiling, backward (and forward + backward) at least 75%. Smaller cases, and the
+//! attention cases, have none.
 //!
 //! # `NUVEC_FUSED=0`
 //!
 //! Backends then decline every fused primitive, so the same case names measure the operations'
-//! compositions and their derivatives; compare the TSV of such a run with a default one to see
-//! what fusion buys.
+//! compositions and their derivatives (attention's plan lines then say `Composed`, or
+//! `ComposedBlocks` one row at a time for the 4 causal queries); compare the TSV of such a run
+//! with a default one to see what fusion buys.
 //!
 //! # Output
 //!
-//! As `bench_gpu`: a table on stdout as cases finish, then `name<TAB>value<TAB>unit<TAB>fraction`
-//! per case (also written line by line to `--out PATH`); exit status 1 when a case failed.
+//! As `bench_gpu`: a table on stdout as cases finish (with the attention cases' `# ... plan`
+//! lines), then `name<TAB>value<TAB>unit<TAB>fraction` per case (also written line by line to
+//! `--out PATH`); exit status 1 when a case failed.
 //! Environment: `NUVEC_BENCH_BATCH_MS` (100), `NUVEC_BENCH_BATCHES` (5, at least 3),
 //! `NUVEC_BENCH_WARMUP` (3).
 
 mod bench_harness;
 
-use bench_harness::{Bench, Outputs, copy_ceiling, random, randoms};
+use bench_harness::{Bench, Outputs, Row, copy_ceiling, random, randoms, time_outputs};
 use nuvec::transforms::vjp_flat;
 use nuvec::{Array, DType, fast, ops};
 
@@ -91,6 +114,12 @@ const DT: DType = DType::BF16;
 const ELEM: usize = 2;
 /// Norm epsilon (its value does not change the work).
 const EPS: f32 = 1e-5;
+/// Attention's query heads (LLaMA-3-8B's).
+const ATTN_HQ: i32 = 32;
+/// Attention's key-value heads, each shared by `ATTN_HQ / ATTN_HKV` query heads.
+const ATTN_HKV: i32 = 8;
+/// Attention's head size (of queries, keys and values).
+const ATTN_D: i32 = 128;
 
 fn main() {
     bench_harness::main_with("bench_fast", run_all);
@@ -104,6 +133,8 @@ fn run_all(b: &mut Bench) {
     swiglu(b);
     rope(b);
     cross_entropy(b);
+    sdpa_decode(b);
+    sdpa_prefill(b);
 }
 
 /// `goal` when the main tensor is big enough for bandwidth to decide.
@@ -310,6 +341,110 @@ fn cross_entropy(b: &mut Bench) {
                 )?;
                 Ok(vec![outs.remove(0), gs.remove(0)])
             }))
+        });
+    }
+}
+
+/// Elements of `shape`.
+fn elems(shape: &[i32]) -> usize {
+    shape.iter().map(|&d| d as usize).product()
+}
+
+/// Attention's scale, `1/sqrt(D)`.
+fn attn_scale() -> f32 {
+    (ATTN_D as f32).sqrt().recip()
+}
+
+/// Prints, as a `#` line, how `fast::plan_attention` routes an attention of these shapes (the
+/// kernel, or the composition), so that the run shows which route each case timed.
+fn show_plan(name: &str, q: &[i32], kv: &[i32], opts: &fast::AttentionOptions<'_>) {
+    match fast::plan_attention(q, kv, kv, DT, opts) {
+        Ok(p) => println!(
+            "# {name}: plan {:?} (scratch {} B, largest intermediate {} B)",
+            p.kernel, p.scratch_bytes, p.max_intermediate_bytes
+        ),
+        Err(e) => println!("# {name}: no plan: {}", e.to_string().lines().next().unwrap_or("")),
+    }
+}
+
+/// A case in TFLOP/s, `flops` per iteration of an [`Outputs`] operation. Unlike the harness's
+/// `Bench::compute` (matrix products, against the matmul ceiling that `bench_gpu` measures and
+/// this benchmark does not), it has no ceiling and no target: its fraction is `-`.
+fn tflops_case(b: &mut Bench, name: &str, flops: f64, setup: impl FnOnce() -> nuvec::Result<Outputs>) {
+    if !b.wanted(name) {
+        return;
+    }
+    // The operation and its inputs are dropped before the cache is cleared.
+    let result = setup().and_then(|op| time_outputs(&*op));
+    let _ = nuvec::cuda::clear_cache(0);
+    match result {
+        Ok(t) => b.push(Row {
+            name: name.into(),
+            value: flops / t.median / 1e12,
+            unit: "TFLOP/s",
+            fraction: None,
+            target: String::new(),
+            detail: Bench::detail(&t),
+        }),
+        Err(e) => b.failed(name, "TFLOP/s", &e),
+    }
+}
+
+/// `scaled_dot_product_attention` decoding over a key-value cache: `q [B, 32, Lq, 128]`,
+/// `k`, `v [B, 8, Lk, 128]`; one query without a mask, or 4 causal queries (the last 4 of the
+/// `Lk` positions: speculative verification). A bandwidth (the cache read once), and the
+/// microseconds per call.
+fn sdpa_decode(b: &mut Bench) {
+    let scale = attn_scale();
+    let shapes = [
+        (1i32, 1i32, 4096i32),
+        (1, 1, 32768),
+        (1, 1, 131072),
+        (8, 1, 8192),
+        (32, 1, 8192),
+        (64, 1, 4096),
+        (1, 4, 32768),
+        (32, 4, 8192),
+    ];
+    for (batch, lq, lk) in shapes {
+        let q_shape = [batch, ATTN_HQ, lq, ATTN_D];
+        let kv_shape = [batch, ATTN_HKV, lk, ATTN_D];
+        let (q_bytes, kv_bytes) = (elems(&q_shape) * ELEM, elems(&kv_shape) * ELEM);
+        // A single query attends every key, causal or not: it takes no mask.
+        let opts = if lq > 1 { fast::AttentionOptions::causal() } else { fast::AttentionOptions::default() };
+        // Read q, k and v, write the output (q's size).
+        let bytes = (2 * kv_bytes + 2 * q_bytes) as f64;
+        let k = b.copies(2 * kv_bytes + q_bytes);
+        let name = format!("sdpa_decode_bf16_B{batch}_Lq{lq}_Lk{lk}");
+        b.bandwidth_outputs(&name, bytes, None, true, || {
+            show_plan(&name, &q_shape, &kv_shape, &opts);
+            let qs = randoms(k, &q_shape, DT, 700)?;
+            let ks = randoms(k, &kv_shape, DT, 710)?;
+            let vs = randoms(k, &kv_shape, DT, 720)?;
+            Ok(one(move |i| fast::scaled_dot_product_attention(&qs[i % k], &ks[i % k], &vs[i % k], scale, &opts)))
+        });
+    }
+}
+
+/// `scaled_dot_product_attention` forward over a whole sequence (prefill): `q [B, 32, L, 128]`,
+/// `k`, `v [B, 8, L, 128]`, causal or full, in TFLOP/s of `4·B·Hq·L²·D` (half that causal).
+fn sdpa_prefill(b: &mut Bench) {
+    let scale = attn_scale();
+    for (batch, l, causal) in [(1i32, 4096i32, true), (4, 4096, true), (1, 8192, false)] {
+        let q_shape = [batch, ATTN_HQ, l, ATTN_D];
+        let kv_shape = [batch, ATTN_HKV, l, ATTN_D];
+        let opts = if causal { fast::AttentionOptions::causal() } else { fast::AttentionOptions::default() };
+        // q·kᵀ and p·v, 2 FLOPs per multiply-add each; causal (Lq == Lk) attends half the keys.
+        let full = 4.0 * f64::from(batch) * f64::from(ATTN_HQ) * f64::from(l) * f64::from(l) * f64::from(ATTN_D);
+        let flops = if causal { full / 2.0 } else { full };
+        let k = b.copies((elems(&q_shape) + 2 * elems(&kv_shape)) * ELEM);
+        let name = format!("sdpa_prefill_bf16_B{batch}_L{l}_{}", if causal { "causal" } else { "full" });
+        tflops_case(b, &name, flops, || {
+            show_plan(&name, &q_shape, &kv_shape, &opts);
+            let qs = randoms(k, &q_shape, DT, 730)?;
+            let ks = randoms(k, &kv_shape, DT, 740)?;
+            let vs = randoms(k, &kv_shape, DT, 750)?;
+            Ok(one(move |i| fast::scaled_dot_product_attention(&qs[i % k], &ks[i % k], &vs[i % k], scale, &opts)))
         });
     }
 }

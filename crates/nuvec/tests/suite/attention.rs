@@ -514,7 +514,7 @@ fn gpu_kernels_follow_the_plan_and_agree_with_the_composition() {
     assert_eq!(route([1, 32, 1, 48], [1, 8, 64, 48], DType::F32, &none), AttentionKernel::Composed);
     assert_eq!(route([1, 32, 9, 128], kv(1, 64), DType::F32, &none), AttentionKernel::Composed);
     // Kernels hold no scores: a cap does not change them.
-    let capped = AttentionOptions::default().max_score_bytes(1 << 20);
+    let capped = AttentionOptions::default().max_score_bytes(32 * 32768 * 4);
     let p = plan_attention(&[1, 32, 1, 128], &kv(1, 32768), &kv(1, 32768), DType::BF16, &capped).unwrap();
     assert_eq!((p.max_intermediate_bytes, p.capped), (0, false));
     assert_eq!(p.scratch_bytes, 32 * 8 * (128 * 4 + 8));

@@ -355,6 +355,16 @@ fn reductions_and_scans_agree() {
         both(&format!("softmax special rows {dtype}"), std::slice::from_ref(&x), |v| v[0].softmax(-1));
         both(&format!("logsumexp special rows {dtype}"), std::slice::from_ref(&x), |v| v[0].logsumexp(-1));
     }
+    // Scores masked with the dtype's lowest value (attention's idiom): a row all lowest is
+    // uniform, and lowest values before the row's maximum weigh nothing.
+    for dtype in [DType::F32, DType::BF16] {
+        let low = if dtype == DType::F32 { f32::MIN } else { -3.3895314e38 };
+        let mut masked = vec![low; 3 * 64];
+        masked[64 + 40] = 1.0;
+        masked[128 + 63] = -2.0;
+        let x = Array::from_slice(&masked, [3, 64]).astype(dtype);
+        both(&format!("softmax lowest rows {dtype}"), std::slice::from_ref(&x), |v| v[0].softmax(-1));
+    }
     // Rows past the warp kernels' 64 KiB and odd lengths around the 8-vector loop.
     for shape in [[3, 70_001], [5, 4099], [7, 1031]] {
         let x = values(&shape, DType::F32, 0.3) * 4.0;
