@@ -1,22 +1,25 @@
-// Attention of few queries (decoding, speculative rows): a block of ATT_WARPS warps per query
-// row and key partition. Each warp takes groups of ATT_KEYS consecutive keys, lanes split the
-// head, a butterfly shuffle makes each score, and an online softmax (base 2) accumulates the
-// values; the warps merge in a fixed order. With two passes, each partition writes its
-// unnormalised output, maximum and sum, and the second pass merges the partitions in order.
+// Attention of few queries (decoding, speculative rows): a block of ATT_WARPS warps per key-value
+// head, group of up to R of its query rows (grouped heads x queries, which so read the keys
+// and values once) and key partition. A warp takes tiles of 32 keys, one per lane: the tile's
+// keys are staged in shared memory by coalesced loads, each lane makes its key's scores for
+// every row, an online softmax (base 2) per row runs over the tile, and the values, read once
+// per key, accumulate with each lane owning DV/32 of the output. The warps merge in a fixed
+// order. With two passes, each partition writes its unnormalised output, maximum and sum, and
+// the second pass merges the partitions in order.
 //
 // A row's partitions depend only on its own key range and the batch x heads count, and keys
 // are visited relative to the partition's start, so a row gives the same bits whatever rows
 // run beside it: a speculative row equals the same row decoded alone.
 #include "common.cuh"
 
-#define ATT_WARPS 8
-#define ATT_KEYS 4
+#define ATT_WARPS 4
 #define ATT_LOG2E 1.4426950408889634f
 
-// Mirrors fast::vector_blocks in nuvec-core: the same partitions on host and device.
-__device__ __forceinline__ int att_blocks(i64 rows, int keys) {
-  i64 r = rows > 1 ? rows : 1;
-  i64 want = (256 + r - 1) / r;
+// Mirrors fast::vector_blocks in nuvec-core: the same partitions on host and device, from the
+// batch x key-value heads and a row's keys.
+__device__ __forceinline__ int att_blocks(i64 heads, int keys) {
+  i64 r = heads > 1 ? heads : 1;
+  i64 want = (528 + r - 1) / r;
   int k = keys > 1 ? keys : 1;
   i64 most = (k + 511) / 512;
   return (int)(want < 1 ? 1 : (want > most ? most : want));
@@ -54,140 +57,241 @@ __device__ __forceinline__ void att_finish(float m, float l, float o, bool has_s
   *dst = narrow<T>(l > 0.0f ? o / l : 0.0f);
 }
 
-template <typename T, int D, int DV>
+// Rows of one key-value head: `rows` of its grouped query heads x queries, starting at
+// `first` (row g = head-in-group * Lq + query).
+template <typename T, int D, int DV, int R>
 __device__ __forceinline__ void attention_vector(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
     const void* __restrict__ mask, const T* __restrict__ sinks, float* __restrict__ part,
     i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2,
     i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window,
     int mask_kind, int blocks, float scale) {
-  const int E = (D + 31) / 32, EV = (DV + 31) / 32;
+  constexpr int EV = (DV + 31) / 32;
+  constexpr int VEC = 16 / sizeof(T);          // elements per 16-byte chunk
+  constexpr int DC = D < 64 ? D : 64;          // dims staged per pass over a key tile
+  constexpr int PAD = DC * sizeof(T) + 16;     // bytes per staged key (no bank conflicts)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const i64 r = blockIdx.x;
-  const int i = (int)(r % Lq);
-  const int h = (int)((r / Lq) % Hq);
-  const int b = (int)(r / ((i64)Lq * Hq));
-  const int kh = h / (Hq / Hkv);
-  int lo, hi;
-  att_range(i, Lq, Lk, causal, window, &lo, &hi);
-  const int n = hi - lo;
-  const int nb = att_blocks((i64)gridDim.x / Lq, n);
+  const int G = Hq / Hkv, groups = (G * Lq + R - 1) / R;
+  const int grp = blockIdx.x % groups;
+  const int kh = (int)((blockIdx.x / groups) % Hkv);
+  const int b = (int)(blockIdx.x / ((i64)groups * Hkv));
   const int p = blockIdx.y;
-  if (p >= nb) return;
-  const int chunk = (n + nb - 1) / nb;
-  const int start = lo + p * chunk;
-  const int end = min(hi, start + chunk);
+  const i64 bkv = (i64)gridDim.x / groups;  // batch x key-value heads
 
-  float qr[E];
-  const T* qp = q + b * qs0 + h * qs1 + i * qs2;
+  // Each warp's staged keys; after the loop, the warps' outputs for the merge.
+  constexpr int STAGE = ATT_WARPS * 32 * PAD > ATT_WARPS * R * EV * 32 * 4 ? ATT_WARPS * 32 * PAD : ATT_WARPS * R * EV * 32 * 4;
+  __shared__ float qsm[R][D];
+  __shared__ __align__(16) unsigned char stage[STAGE];
+  __shared__ float sm[ATT_WARPS][R], sl[ATT_WARPS][R];
+
+  // Each row's key range in this partition.
+  int rs[R], re[R], rh[R], ri[R];
+  int kmin = Lk, kmax = 0;
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    int c = lane * E + e;
-    qr[e] = (D % 32 == 0 || c < D) ? widen(qp[c]) * (scale * ATT_LOG2E) : 0.0f;
+  for (int r = 0; r < R; ++r) {
+    int g = grp * R + r;
+    rs[r] = 0;
+    re[r] = 0;
+    rh[r] = kh * G + g / Lq;
+    ri[r] = g % Lq;
+    if (g >= G * Lq) continue;
+    int lo, hi;
+    att_range(ri[r], Lq, Lk, causal, window, &lo, &hi);
+    int n = hi - lo, nb = att_blocks(bkv, n);
+    if (p >= nb) continue;
+    int chunk = (n + nb - 1) / nb;
+    rs[r] = lo + p * chunk;
+    re[r] = min(hi, rs[r] + chunk);
+    if (re[r] > rs[r]) {
+      kmin = min(kmin, rs[r]);
+      kmax = max(kmax, re[r]);
+    }
   }
+  for (int x = threadIdx.x; x < R * D; x += blockDim.x) {
+    int r = x / D, c = x % D;
+    int g = grp * R + r;
+    qsm[r][c] = g < G * Lq ? widen(q[b * qs0 + (kh * G + g / Lq) * qs1 + (g % Lq) * qs2 + c]) * (scale * ATT_LOG2E) : 0.0f;
+  }
+  __syncthreads();
+
   const T* kb = k + b * ks0 + kh * ks1;
   const T* vb = v + b * vs0 + kh * vs1;
-  const i64 mrow = b * ms0 + h * ms1 + i * ms2;
+  i64 mrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) mrow[r] = b * ms0 + rh[r] * ms1 + ri[r] * ms2;
 
-  float m = -INFINITY, l = 0.0f, o[EV];
+  float m[R], l[R], o[R][EV];
 #pragma unroll
-  for (int e = 0; e < EV; ++e) o[e] = 0.0f;
+  for (int r = 0; r < R; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < EV; ++e) o[r][e] = 0.0f;
+  }
 
-  for (int j0 = start + warp * ATT_KEYS; j0 < end; j0 += ATT_WARPS * ATT_KEYS) {
-    float kr[ATT_KEYS][E], vr[ATT_KEYS][EV];
+  unsigned char* st = stage + warp * 32 * PAD;
+  // Tiles of 32 keys at absolute positions; tile t goes to warp t % ATT_WARPS, so a row's keys
+  // meet the same warps in the same order whatever rows share the block.
+  const int t0 = kmin / 32, t1 = (kmax + 31) / 32;
+  int tfirst = t0 + ((warp - t0 % ATT_WARPS) + ATT_WARPS) % ATT_WARPS;
+  for (int t = tfirst; t < t1; t += ATT_WARPS) {
+    const int j = t * 32 + lane;
+    float s[R];
 #pragma unroll
-    for (int u = 0; u < ATT_KEYS; ++u) {
-      int j = j0 + u < end ? j0 + u : j0;
+    for (int r = 0; r < R; ++r) s[r] = 0.0f;
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        int c = lane * E + e;
-        kr[u][e] = (D % 32 == 0 || c < D) ? widen(kb[j * ks2 + c]) : 0.0f;
+    for (int d0 = 0; d0 < D; d0 += DC) {
+      constexpr int CH = DC / VEC;  // 16-byte chunks per staged key
+      const int dc = D - d0 < DC ? D - d0 : DC;
+      const int ch = dc / VEC;
+      __syncwarp();
+      // Coalesced: consecutive lanes load consecutive chunks of the tile's keys, all loads
+      // issued before the first store.
+      int4 buf[CH];
+#pragma unroll
+      for (int u = 0; u < CH; ++u) {
+        int x = lane + u * 32, kk = x / ch, c = x % ch, jj = t * 32 + kk;
+        buf[u] = make_int4(0, 0, 0, 0);
+        if (u < ch && jj >= kmin && jj < kmax) buf[u] = *reinterpret_cast<const int4*>(kb + jj * ks2 + d0 + c * VEC);
       }
 #pragma unroll
-      for (int e = 0; e < EV; ++e) {
-        int c = lane * EV + e;
-        vr[u][e] = (DV % 32 == 0 || c < DV) ? widen(vb[j * vs2 + c]) : 0.0f;
+      for (int u = 0; u < CH; ++u) {
+        int x = lane + u * 32;
+        if (u < ch) *reinterpret_cast<int4*>(st + (x / ch) * PAD + (x % ch) * 16) = buf[u];
+      }
+      __syncwarp();
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        if (c >= ch) break;
+        int4 raw = *reinterpret_cast<const int4*>(st + lane * PAD + c * 16);
+        const T* kv = reinterpret_cast<const T*>(&raw);
+        float kf[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) kf[e] = widen(kv[e]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float* qr = &qsm[r][d0 + c * VEC];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) s[r] = fmaf(qr[e], kf[e], s[r]);
+        }
       }
     }
-    float s[ATT_KEYS];
+    float pr[R];
 #pragma unroll
-    for (int u = 0; u < ATT_KEYS; ++u) {
-      float dot = 0.0f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) dot = fmaf(qr[e], kr[u][e], dot);
-      s[u] = dot;
-    }
-#pragma unroll
-    for (int u = 0; u < ATT_KEYS; ++u) s[u] = att_warp_sum(s[u]);
-#pragma unroll
-    for (int u = 0; u < ATT_KEYS; ++u) {
-      int j = j0 + u;
-      if (j >= end) break;
-      float x = s[u];
-      if (mask_kind == 1) {
-        if (!((const bool*)mask)[mrow + j * ms3]) x = -3.402823466e38f;
-      } else if (mask_kind == 2) {
-        x += widen(((const T*)mask)[mrow + j * ms3]) * ATT_LOG2E;
+    for (int r = 0; r < R; ++r) {
+      float x = s[r];
+      bool in = j >= rs[r] && j < re[r];
+      if (in && mask_kind == 1) {
+        if (!((const bool*)mask)[mrow[r] + j * ms3]) x = -3.402823466e38f;
+      } else if (in && mask_kind == 2) {
+        x += widen(((const T*)mask)[mrow[r] + j * ms3]) * ATT_LOG2E;
       }
-      float m2 = fmaxf(m, x);
-      if (m2 == -INFINITY) continue;
-      float a = exp2f(m - m2), pr = exp2f(x - m2);
-      l = l * a + pr;
+      x = in ? x : -INFINITY;
+      float mt = x;
 #pragma unroll
-      for (int e = 0; e < EV; ++e) o[e] = fmaf(o[e], a, pr * vr[u][e]);
-      m = m2;
+      for (int off = 16; off > 0; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
+      float m2 = fmaxf(m[r], mt);
+      if (m2 == -INFINITY) {
+        pr[r] = 0.0f;
+        continue;
+      }
+      float a = exp2f(m[r] - m2);
+      pr[r] = exp2f(x - m2);
+      l[r] = l[r] * a + pr[r];
+#pragma unroll
+      for (int e = 0; e < EV; ++e) o[r][e] *= a;
+      m[r] = m2;
+    }
+    // o += p v, key by key (each key's probabilities come from its lane), eight keys' values
+    // loaded at a time.
+#pragma unroll 1
+    for (int k0 = 0; k0 < 32; k0 += 8) {
+      float vf[8][EV];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int jj = t * 32 + k0 + u;
+        const bool ok = jj >= kmin && jj < kmax;
+#pragma unroll
+        for (int e = 0; e < EV; ++e) {
+          int c = lane * EV + e;
+          vf[u][e] = ok && (DV % 32 == 0 || c < DV) ? widen(vb[jj * vs2 + c]) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int jj = t * 32 + k0 + u;
+        if (jj < kmin || jj >= kmax) continue;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float pk = __shfl_sync(0xffffffffu, pr[r], k0 + u);
+#pragma unroll
+          for (int e = 0; e < EV; ++e) o[r][e] = fmaf(pk, vf[u][e], o[r][e]);
+        }
+      }
     }
   }
 
-  // Merge the warps in order.
-  __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], so[ATT_WARPS][EV * 32];
-  if (lane == 0) {
-    sm[warp] = m;
-    sl[warp] = l;
-  }
+  // Per warp: the lanes' sums; then the warps merge in order, row by row.
 #pragma unroll
-  for (int e = 0; e < EV; ++e) so[warp][lane * EV + e] = o[e];
+  for (int r = 0; r < R; ++r) {
+    float lw = att_warp_sum(l[r]);
+    if (lane == 0) {
+      sm[warp][r] = m[r];
+      sl[warp][r] = lw;
+    }
+  }
   __syncthreads();
-  float M = -INFINITY;
+  float* so = reinterpret_cast<float*>(stage);  // [ATT_WARPS][R][EV * 32]
 #pragma unroll
-  for (int w = 0; w < ATT_WARPS; ++w) M = fmaxf(M, sm[w]);
-  float L = 0.0f;
-  float wgt[ATT_WARPS];
+  for (int r = 0; r < R; ++r)
 #pragma unroll
-  for (int w = 0; w < ATT_WARPS; ++w) {
-    wgt[w] = sm[w] == -INFINITY ? 0.0f : exp2f(sm[w] - M);
-    L += sl[w] * wgt[w];
-  }
+    for (int e = 0; e < EV; ++e) so[(warp * R + r) * EV * 32 + lane * EV + e] = o[r][e];
+  __syncthreads();
   const bool two = part != 0;
-  const i64 slot = r * blocks + p;
-  for (int c = threadIdx.x; c < DV; c += blockDim.x) {
-    float O = 0.0f;
+  for (int x = threadIdx.x; x < R * DV; x += blockDim.x) {
+    const int r = x / DV, c = x % DV;
+    const int g = grp * R + r;
+    if (g >= G * Lq) continue;
+    const int hr = kh * G + g / Lq, ir = g % Lq;
+    int lo, hi;
+    att_range(ir, Lq, Lk, causal, window, &lo, &hi);
+    if (p >= att_blocks(bkv, hi - lo)) continue;
+    float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < ATT_WARPS; ++w) O += so[w][c] * wgt[w];
-    if (two) {
-      part[slot * DV + c] = O;
-    } else {
-      float sink = sinks ? widen(sinks[h]) * ATT_LOG2E : 0.0f;
-      att_finish<T, DV>(M, L, O, sinks != 0, sink, out + r * DV + c);
+    for (int w = 0; w < ATT_WARPS; ++w) M = fmaxf(M, sm[w][r]);
+    float L = 0.0f, O = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; ++w) {
+      float wg = sm[w][r] == -INFINITY ? 0.0f : exp2f(sm[w][r] - M);
+      L += sl[w][r] * wg;
+      O += so[(w * R + r) * EV * 32 + c] * wg;
     }
-  }
-  if (two && threadIdx.x == 0) {
-    float* ml = part + (i64)gridDim.x * blocks * DV;
-    ml[slot * 2] = M;
-    ml[slot * 2 + 1] = L;
+    const i64 row = ((i64)b * Hq + hr) * Lq + ir;
+    if (two) {
+      const i64 slot = row * blocks + p;
+      part[slot * DV + c] = O;
+      if (c == 0) {
+        float* ml = part + bkv * G * Lq * blocks * DV;
+        ml[slot * 2] = M;
+        ml[slot * 2 + 1] = L;
+      }
+    } else {
+      float sink = sinks ? widen(sinks[hr]) * ATT_LOG2E : 0.0f;
+      att_finish<T, DV>(M, L, O, sinks != 0, sink, out + row * DV + c);
+    }
   }
 }
 
 // The second pass: merges a row's partitions in order. One block per row.
 template <typename T, int DV>
 __device__ __forceinline__ void attention_vector_merge(
-    const float* __restrict__ part, const T* __restrict__ sinks, T* __restrict__ out, i64 rows, int Hq, int Lq, int Lk,
-    int causal, int window, int blocks) {
+    const float* __restrict__ part, const T* __restrict__ sinks, T* __restrict__ out, i64 rows, int Hq, int Hkv, int Lq,
+    int Lk, int causal, int window, int blocks) {
   const i64 r = blockIdx.x;
   const int i = (int)(r % Lq), h = (int)((r / Lq) % Hq);
   int lo, hi;
   att_range(i, Lq, Lk, causal, window, &lo, &hi);
-  const int nb = att_blocks(rows / Lq, hi - lo);
+  const int nb = att_blocks(rows / Lq / (Hq / Hkv), hi - lo);
   const float* ml = part + rows * blocks * DV;
   float M = -INFINITY;
   for (int p = 0; p < nb; ++p) M = fmaxf(M, ml[(r * blocks + p) * 2]);
@@ -202,5 +306,233 @@ __device__ __forceinline__ void attention_vector_merge(
       L += ml[slot * 2 + 1] * w;
     }
     att_finish<T, DV>(M, L, O, sinks != 0, sink, out + r * DV + c);
+  }
+}
+
+// ---- tiled attention (prefill) ----------------------------------------------------------------
+// FlashAttention-2's forward on tensor cores (mma.sync m16n8k16, bf16/f16 in, f32 accumulate):
+// a block of 4 warps takes 64 query rows (16 per warp) of one head and walks tiles of 64 keys
+// and values staged in shared memory by cp.async, the next tile's keys loading while this
+// tile's values are used and the reverse. Scores stay in registers, the online softmax is in
+// base 2, and a tile wholly inside every row's causal and window bounds skips the masking.
+
+#define ATT_BR 64
+#define ATT_BC 64
+
+template <typename T> struct IsBf16 { static const bool value = false; };
+template <> struct IsBf16<bf16> { static const bool value = true; };
+
+template <typename T>
+__device__ __forceinline__ void att_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  if constexpr (IsBf16<T>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename T> __device__ __forceinline__ u32 att_pack(float x, float y) {
+  if constexpr (IsBf16<T>::value) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<u32*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<u32*>(&h);
+  }
+}
+
+__device__ __forceinline__ void att_ldsm4(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void att_ldsm4_t(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void att_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void att_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// Stages rows first..first+63 of a [rows, D] matrix (row stride `rs` elements) into `dst`
+// (ROW bytes per row); rows outside [0, valid) are zeros.
+template <typename T, int D, int ROW>
+__device__ __forceinline__ void att_stage(u32 dst, const T* src, i64 rs, int first, int valid) {
+  constexpr int CH = D * (int)sizeof(T) / 16;
+  for (int x = threadIdx.x; x < ATT_BR * CH; x += blockDim.x) {
+    int r = x / CH, c = x % CH, row = first + r;
+    bool ok = row >= 0 && row < valid;
+    const T* g = src + (ok ? row : 0) * rs + c * (16 / (int)sizeof(T));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + r * ROW + c * 16), "l"(g),
+                 "r"(ok ? 16 : 0)
+                 : "memory");
+  }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void attention_tiled(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+    const T* __restrict__ sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2,
+    int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
+  constexpr int ROW = D * 2 + 16;  // staged row bytes: the pad spreads ldmatrix rows over the banks
+  constexpr int KS = D / 16, NT = ATT_BC / 8, DT = D / 8;
+  extern __shared__ __align__(16) unsigned char att_smem[];
+  const u32 sq = (u32)__cvta_generic_to_shared(att_smem);
+  const u32 sk = sq + ATT_BR * ROW, sv = sk + ATT_BC * ROW;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  // The longest causal tiles first.
+  const int qt = gridDim.x - 1 - blockIdx.x;
+  const int h = blockIdx.y % Hq, b = blockIdx.y / Hq, kh = h / (Hq / Hkv);
+  const int q0 = qt * ATT_BR, off = Lk - Lq;
+  int kend = causal ? min(Lk, q0 + ATT_BR - 1 + off + 1) : Lk;
+  kend = max(kend, 0);
+  int kbeg = (causal && window > 0) ? max(0, q0 + off - window + 1) : 0;
+  const int jt0 = kbeg / ATT_BC, jt1 = (kend + ATT_BC - 1) / ATT_BC;
+  const T* kb = k + b * ks0 + kh * ks1;
+  const T* vb = v + b * vs0 + kh * vs1;
+
+  att_stage<T, D, ROW>(sq, q + b * qs0 + h * qs1, qs2, q0, Lq);
+  if (jt0 < jt1) att_stage<T, D, ROW>(sk, kb, ks2, jt0 * ATT_BC, kend);
+  att_commit();
+  if (jt0 < jt1) att_stage<T, D, ROW>(sv, vb, vs2, jt0 * ATT_BC, kend);
+  att_commit();
+  att_wait1();
+  __syncthreads();
+
+  // This warp's 16 query rows as A fragments.
+  u32 qf[KS][4];
+  {
+    const int m = lane >> 3, r = warp * 16 + (m & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) att_ldsm4(qf[kk], sq + r * ROW + (kk * 16 + (m >> 1) * 8) * 2);
+  }
+  const float sl2 = scale * ATT_LOG2E;
+  const int r0 = q0 + warp * 16 + g;  // this thread's rows: r0 and r0 + 8
+  float o[DT][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  for (int jt = jt0; jt < jt1; ++jt) {
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    {
+      const int m = lane >> 3;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          u32 bfr[4];
+          const int kr = np * 16 + (m >> 1) * 8 + (lane & 7);
+          att_ldsm4(bfr, sk + kr * ROW + (kk * 16 + (m & 1) * 8) * 2);
+          att_mma<T>(s[2 * np], qf[kk], bfr[0], bfr[1]);
+          att_mma<T>(s[2 * np + 1], qf[kk], bfr[2], bfr[3]);
+        }
+      }
+    }
+    __syncthreads();
+    if (jt + 1 < jt1) att_stage<T, D, ROW>(sk, kb, ks2, (jt + 1) * ATT_BC, kend);
+    att_commit();
+
+    // Scale, and mask where some row's bounds cut the tile.
+    const int j0 = jt * ATT_BC;
+    const bool inside = j0 + ATT_BC <= Lk && (!causal || j0 + ATT_BC - 1 <= q0 + off) &&
+                        !(causal && window > 0 && j0 <= q0 + ATT_BR - 1 + off - window);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float x = s[n][c] * sl2;
+        if (!inside) {
+          const int j = j0 + n * 8 + 2 * t4 + (c & 1), r = r0 + (c >> 1) * 8, pos = r + off;
+          bool ok = j < Lk && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
+          x = ok ? x : -INFINITY;
+        }
+        s[n][c] = x;
+      }
+    // Online softmax, rows r0 (c = 0, 1) and r0 + 8 (c = 2, 3); a row's 4 threads are a quad.
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(mrow[i], mx), ms = mn == -INFINITY ? 0.0f : mn;
+      alpha[i] = exp2f(mrow[i] - ms);
+      mrow[i] = mn;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        s[n][2 * i] = exp2f(s[n][2 * i] - ms);
+        s[n][2 * i + 1] = exp2f(s[n][2 * i + 1] - ms);
+        sum += s[n][2 * i] + s[n][2 * i + 1];
+      }
+      lrow[i] = lrow[i] * alpha[i] + sum;
+    }
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    att_wait1();
+    __syncthreads();
+    // O += P V, P's accumulators repacked as A fragments (two score tiles per 16 keys).
+    {
+      const int m = lane >> 3;
+#pragma unroll
+      for (int kk = 0; kk < ATT_BC / 16; ++kk) {
+        u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
+                     att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          u32 bfr[4];
+          const int vr = kk * 16 + (m & 1) * 8 + (lane & 7);
+          att_ldsm4_t(bfr, sv + vr * ROW + (dp * 16 + (m >> 1) * 8) * 2);
+          att_mma<T>(o[2 * dp], pf, bfr[0], bfr[1]);
+          att_mma<T>(o[2 * dp + 1], pf, bfr[2], bfr[3]);
+        }
+      }
+    }
+    __syncthreads();
+    if (jt + 1 < jt1) att_stage<T, D, ROW>(sv, vb, vs2, (jt + 1) * ATT_BC, kend);
+    att_commit();
+    att_wait1();
+    __syncthreads();
+  }
+
+  // Finish: the quad's sums, the sink, the division; rows past Lq are not written.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = lrow[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    float scl = 1.0f;
+    if (sinks) {
+      const float sk2 = widen(sinks[h]) * ATT_LOG2E, m2 = fmaxf(mrow[i], sk2);
+      const float a = mrow[i] == -INFINITY ? 0.0f : exp2f(mrow[i] - m2);
+      scl = a;
+      l = l * a + exp2f(sk2 - m2);
+    }
+    const float inv = l > 0.0f ? scl / l : 0.0f;
+    const int r = r0 + i * 8;
+    if (r >= Lq) continue;
+    T* dst = out + (((i64)b * Hq + h) * Lq + r) * D;
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      const u32 pk = att_pack<T>(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+      *reinterpret_cast<u32*>(dst + n * 8 + 2 * t4) = pk;
+    }
   }
 }

@@ -15,14 +15,11 @@ use nuvec_core::{DType, Error, Result, Scalar};
 pub use source::{GeneratedKernel, InputParams, PRELUDE_HEADER};
 
 use crate::driver::{Gpu, check};
-use crate::launch::{Arg, launch};
+use crate::launch::{Arg, allow_shared, launch};
 use crate::operand::{alloc_out, internal, ptr_of, row_major};
 
 /// The prelude every generated source includes.
 pub const PRELUDE: &str = include_str!("../kernels/custom_kernel.cuh");
-
-/// Most dynamic shared memory a kernel may use without opting in.
-const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
 
 /// Compiles a generated custom-kernel source for `arch` (e.g. `"sm_90"`) with NVRTC, without
 /// any cache; works without a GPU. Errors carry NVRTC's log.
@@ -168,23 +165,9 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, spec: &KernelSpec, inputs: Vec<Operand>, outp
     if spec.blocks.contains(&0) {
         return Ok(());
     }
-    if spec.shared_memory > DEFAULT_SHARED_LIMIT {
-        gpu.bind()?;
-        // SAFETY: `function` belongs to a module loaded in this context.
-        unsafe {
-            check(
-                sys::cuFuncSetAttribute(
-                    function,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    spec.shared_memory as i32,
-                ),
-                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
-            )
-            .map_err(|e| {
-                Error::Backend(format!("custom kernel {}: {} bytes of shared memory: {e}", k.entry, spec.shared_memory))
-            })?;
-        }
-    }
+    allow_shared(gpu, function, spec.shared_memory).map_err(|e| {
+        Error::Backend(format!("custom kernel {}: {} bytes of shared memory: {e}", k.entry, spec.shared_memory))
+    })?;
     let [bx, by, bz] = spec.blocks;
     let [tx, ty, tz] = spec.block;
     launch(gpu, function, (bx, by, bz), (tx, ty, tz), spec.shared_memory, args)

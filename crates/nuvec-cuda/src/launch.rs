@@ -99,6 +99,28 @@ pub(crate) fn grid_for(gpu: &Gpu, work: u64, per_block: u64) -> u32 {
     work.div_ceil(per_block.max(1)).clamp(1, cap) as u32
 }
 
+/// Dynamic shared memory a kernel may use without raising its limit.
+pub(crate) const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
+
+/// Lets `function` use `bytes` of dynamic shared memory (above the default 48 KiB).
+pub(crate) fn allow_shared(gpu: &Gpu, function: sys::CUfunction, bytes: u32) -> Result<()> {
+    if bytes <= DEFAULT_SHARED_LIMIT {
+        return Ok(());
+    }
+    gpu.bind()?;
+    // SAFETY: `function` belongs to a module loaded in this context.
+    unsafe {
+        check(
+            sys::cuFuncSetAttribute(
+                function,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            ),
+            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+        )
+    }
+}
+
 /// Launches `function` on the device's stream.
 pub(crate) fn launch(
     gpu: &Gpu,

@@ -30,19 +30,18 @@ pub struct AttentionPlan {
 /// Queries up to which the vector kernel runs, one query row per block of threads.
 pub const VECTOR_MAX_QUERIES: i32 = 8;
 
-/// Blocks of threads a vector kernel aims to run, over every query row: enough to fill a large
-/// GPU twice.
-const VECTOR_TARGET_BLOCKS: i64 = 256;
+/// Blocks of threads a vector kernel aims to run in all: four per SM of a 132-SM GPU.
+const VECTOR_TARGET_BLOCKS: i64 = 528;
 
 /// Fewest keys in one partition of a two-pass vector kernel.
 const VECTOR_MIN_KEYS_PER_BLOCK: i32 = 512;
 
-/// Key partitions of one query row of `lk` keys when `rows` query rows (batch × heads) run at
-/// once: enough blocks to fill the GPU, each with at least 512 keys. The kernel computes the
-/// same for each row of several queries from that row's own keys, so a row's result does not
-/// depend on the rows beside it.
-pub fn vector_blocks(rows: i64, lk: i32) -> i32 {
-    let want = (VECTOR_TARGET_BLOCKS + rows.max(1) - 1) / rows.max(1);
+/// Key partitions of one query row that attends `lk` keys, when `heads` key-value heads
+/// (batch × heads, each a block's worth of query rows) run at once: enough blocks to fill the
+/// GPU, each with at least 512 keys. The kernel computes the same for each row of several
+/// queries from that row's own keys, so a row's result does not depend on the rows beside it.
+pub fn vector_blocks(heads: i64, lk: i32) -> i32 {
+    let want = (VECTOR_TARGET_BLOCKS + heads.max(1) - 1) / heads.max(1);
     let most = (lk.max(1) + VECTOR_MIN_KEYS_PER_BLOCK - 1) / VECTOR_MIN_KEYS_PER_BLOCK;
     want.clamp(1, most as i64) as i32
 }
@@ -129,7 +128,7 @@ pub fn plan_attention(
         inputs.extend(mask.map(|(s, d)| Spec { shape: s.iter().copied().collect(), dtype: d }));
         inputs.extend(sinks.map(|(s, d)| Spec { shape: s.iter().copied().collect(), dtype: d }));
         let candidate = if lq <= VECTOR_MAX_QUERIES {
-            let blocks = vector_blocks((b * hq) as i64, options.window.map_or(lk, |w| w.min(lk)));
+            let blocks = vector_blocks(b as i64 * k[1] as i64, options.window.map_or(lk, |w| w.min(lk)));
             AttentionKernel::Vector { passes: if blocks > 1 { 2 } else { 1 }, blocks }
         } else {
             AttentionKernel::Tiled

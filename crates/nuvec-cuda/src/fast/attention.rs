@@ -1,7 +1,7 @@
 //! Scaled-dot-product attention (`kernels/attention.cuh`): the vector kernel for up to
-//! [`VECTOR_MAX_QUERIES`] queries, in one pass or two (keys split, then merged). `q`, `k` and
-//! `v` are read through their strides (a cache's slice is not copied) as long as each head's
-//! features are contiguous.
+//! [`VECTOR_MAX_QUERIES`] queries, in one pass or two (keys split, then merged), and the tiled
+//! kernel on tensor cores for more. `q`, `k` and `v` are read through their strides (a cache's
+//! slice is not copied) as long as each head's features are contiguous and 16-byte aligned.
 
 use std::sync::Arc;
 
@@ -11,27 +11,51 @@ use nuvec_core::{DType, Result};
 
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
-use crate::launch::{Arg, launch};
+use crate::launch::{Arg, allow_shared, launch};
 use crate::operand::{alloc, internal, kernel, ptr_of, row_major};
 
 /// Head sizes with kernels: (D, Dv).
 const HEADS: [(i32, i32); 5] = [(64, 64), (80, 80), (96, 96), (128, 128), (256, 256)];
 
-/// Threads of a vector block: `ATT_WARPS` warps.
-const THREADS: u32 = 256;
+/// Head sizes of the tiled kernel (`float16` and `bfloat16`, `D = Dv`).
+const TILED_HEADS: [i32; 4] = [64, 80, 96, 128];
 
-/// The module of `d`: `attention_vector_{D}_{Dv}` and `attention_vector_merge_{Dv}`.
+/// Query rows of a tiled block (`ATT_BR`), and its keys per step (`ATT_BC`).
+const TILE: i32 = 64;
+
+/// Threads of a vector block: `ATT_WARPS` warps.
+const THREADS: u32 = 128;
+
+/// Query rows a block takes at most, by the rows sharing a key-value head.
+const ROWS: [u32; 3] = [1, 4, 8];
+
+/// The block's row count for `rows` rows sharing a key-value head.
+fn rows_per_block(rows: u32) -> u32 {
+    ROWS.into_iter().find(|&r| r >= rows).unwrap_or(8)
+}
+
+/// The module of `d`: `attention_vector_{D}_{Dv}_r{R}` (blocks of up to `R` query rows) and
+/// `attention_vector_merge_{Dv}`.
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["attention.cuh"]);
     let t = ctype(d);
     for (hd, hv) in HEADS {
-        s.kernel(format!(
-            "__launch_bounds__({THREADS}) attention_vector_{hd}_{hv}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const void* mask, const {t}* sinks, float* part, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector<{t}, {hd}, {hv}>(q, k, v, out, mask, sinks, part, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
-        ));
+        for r in ROWS {
+            s.kernel(format!(
+                "__launch_bounds__({THREADS}) attention_vector_{hd}_{hv}_r{r}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const void* mask, const {t}* sinks, float* part, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector<{t}, {hd}, {hv}, {r}>(q, k, v, out, mask, sinks, part, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
+            ));
+        }
+    }
+    if d.is_half() {
+        for hd in TILED_HEADS {
+            s.kernel(format!(
+                "__launch_bounds__(128) attention_tiled_{hd}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const {t}* sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_tiled<{t}, {hd}>(q, k, v, out, sinks, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+            ));
+        }
     }
     for hv in HEADS.map(|(_, v)| v) {
         s.kernel(format!(
-            "attention_vector_merge_{hv}(const float* part, const {t}* sinks, {t}* out, i64 rows, int Hq, int Lq, int Lk, int causal, int window, int blocks) {{ attention_vector_merge<{t}, {hv}>(part, sinks, out, rows, Hq, Lq, Lk, causal, window, blocks); }}"
+            "attention_vector_merge_{hv}(const float* part, const {t}* sinks, {t}* out, i64 rows, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int blocks) {{ attention_vector_merge<{t}, {hv}>(part, sinks, out, rows, Hq, Hkv, Lq, Lk, causal, window, blocks); }}"
         ));
     }
     s.finish()
@@ -49,18 +73,36 @@ pub(crate) fn supports(p: &AttentionParams, inputs: &[Spec]) -> bool {
         None => true,
     };
     let sinks_ok = !p.sinks || inputs[inputs.len() - 1].dtype == d;
-    matches!(p.kernel, AttentionKernel::Vector { .. })
-        && q.shape[2] <= VECTOR_MAX_QUERIES
-        && matches!(d, DType::F32 | DType::F16 | DType::BF16)
-        && HEADS.contains(&heads)
-        && mask_ok
-        && sinks_ok
+    match p.kernel {
+        AttentionKernel::Vector { .. } => {
+            q.shape[2] <= VECTOR_MAX_QUERIES
+                && matches!(d, DType::F32 | DType::F16 | DType::BF16)
+                && HEADS.contains(&heads)
+                && mask_ok
+                && sinks_ok
+        }
+        AttentionKernel::Tiled => {
+            // The grid's y is batch x heads.
+            d.is_half()
+                && heads.0 == heads.1
+                && TILED_HEADS.contains(&heads.0)
+                && p.mask.is_none()
+                && sinks_ok
+                && q.shape[0] as i64 * q.shape[1] as i64 <= 65535
+        }
+        _ => false,
+    }
 }
 
-/// A 4-D operand whose last axis is contiguous (copied row-major otherwise), and its first
+/// A 4-D operand whose last axis is contiguous, and with `vectors` each of its rows 16-byte
+/// aligned (the keys, staged by 16-byte loads), copied row-major otherwise; and its first
 /// three strides.
-fn heads(gpu: &Arc<Gpu>, x: Operand) -> Result<(Operand, [i64; 3])> {
-    let x = if x.shape[3] > 1 && x.data.layout.strides[3] != 1 { row_major(gpu, x)? } else { x };
+fn heads(gpu: &Arc<Gpu>, x: Operand, vectors: bool) -> Result<(Operand, [i64; 3])> {
+    let st = &x.data.layout.strides;
+    let bytes = x.dtype.size() as isize;
+    let misaligned =
+        vectors && (!ptr_of(&x)?.is_multiple_of(16) || (0..3).any(|a| x.shape[a] > 1 && (st[a] * bytes) % 16 != 0));
+    let x = if (x.shape[3] > 1 && st[3] != 1) || misaligned { row_major(gpu, x)? } else { x };
     let s = [0, 1, 2].map(|a| x.data.layout.strides[a] as i64);
     Ok((x, s))
 }
@@ -77,16 +119,48 @@ fn mask_strides(m: &Operand) -> [i64; 4] {
     out
 }
 
-/// Runs the planned vector kernel.
+/// Runs the planned kernel.
 pub(crate) fn eval(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64) -> Result<()> {
-    let AttentionKernel::Vector { passes, blocks } = p.kernel else {
-        return Err(internal(format!("no attention kernel for {:?}", p.kernel)));
-    };
+    match p.kernel {
+        AttentionKernel::Vector { passes, blocks } => vector(gpu, p, passes, blocks, inputs, out),
+        AttentionKernel::Tiled => tiled(gpu, p, inputs, out),
+        k => Err(internal(format!("no attention kernel for {k:?}"))),
+    }
+}
+
+/// The tiled kernel: a block per 64 query rows of a head.
+fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64) -> Result<()> {
     let mut it = inputs.into_iter();
     let mut next = || it.next().ok_or_else(|| internal("scaled_dot_product_attention is missing an input"));
-    let (q, qs) = heads(gpu, next()?)?;
-    let (k, ks) = heads(gpu, next()?)?;
-    let (v, vs) = heads(gpu, next()?)?;
+    let (q, qs) = heads(gpu, next()?, true)?;
+    let (k, ks) = heads(gpu, next()?, true)?;
+    let (v, vs) = heads(gpu, next()?, true)?;
+    let sinks = if p.sinks { Some(row_major(gpu, next()?)?) } else { None };
+    let [b, hq, lq, hd] = [0, 1, 2, 3].map(|a| q.shape[a]);
+    let (hkv, lk) = (k.shape[1], k.shape[2]);
+    if b == 0 || hq == 0 || lq == 0 {
+        return Ok(());
+    }
+    let mut args = vec![Arg::Ptr(ptr_of(&q)?), Arg::Ptr(ptr_of(&k)?), Arg::Ptr(ptr_of(&v)?), Arg::Ptr(out)];
+    args.push(Arg::Ptr(sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0)));
+    args.extend(qs.into_iter().chain(ks).chain(vs).map(Arg::I64));
+    args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
+    args.push(Arg::F32(p.scale));
+    let f = kernel(gpu, Family::Attention(q.dtype), &format!("attention_tiled_{hd}"))?;
+    // Queries, keys and values staged: 64 rows each of `hd` 2-byte features and a 16-byte pad.
+    let shared = 3 * TILE as u32 * (hd as u32 * 2 + 16);
+    allow_shared(gpu, f, shared)?;
+    let grid = ((lq as u32).div_ceil(TILE as u32), b as u32 * hq as u32, 1);
+    launch(gpu, f, grid, (128, 1, 1), shared, args)
+}
+
+/// The vector kernel, in one pass or two.
+fn vector(gpu: &Arc<Gpu>, p: &AttentionParams, passes: u8, blocks: i32, inputs: Vec<Operand>, out: u64) -> Result<()> {
+    let mut it = inputs.into_iter();
+    let mut next = || it.next().ok_or_else(|| internal("scaled_dot_product_attention is missing an input"));
+    let (q, qs) = heads(gpu, next()?, false)?;
+    let (k, ks) = heads(gpu, next()?, true)?;
+    let (v, vs) = heads(gpu, next()?, false)?;
     let mask = if p.mask.is_some() { Some(next()?) } else { None };
     let sinks = if p.sinks { Some(row_major(gpu, next()?)?) } else { None };
     let d = q.dtype;
@@ -123,9 +197,11 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, ou
     let window = p.window.unwrap_or(0);
     args.extend([hq, hkv, lq, lk, p.causal as i32, window, mask_kind, blocks].map(Arg::I32));
     args.push(Arg::F32(p.scale));
-    let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_{hd}_{hv}"))?;
-    let grid = (rows as u32, blocks as u32);
-    launch(gpu, f, (grid.0, grid.1, 1), (THREADS, 1, 1), 0, args)?;
+    let shared = (hq / hkv) as u32 * lq as u32;
+    let r = rows_per_block(shared);
+    let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_{hd}_{hv}_r{r}"))?;
+    let grid = b as u32 * hkv as u32 * shared.div_ceil(r);
+    launch(gpu, f, (grid, blocks as u32, 1), (THREADS, 1, 1), 0, args)?;
     if passes == 2 {
         let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_merge_{hv}"))?;
         let args = vec![
@@ -134,6 +210,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, ou
             Arg::Ptr(out),
             Arg::I64(rows as i64),
             Arg::I32(hq),
+            Arg::I32(hkv),
             Arg::I32(lq),
             Arg::I32(lk),
             Arg::I32(p.causal as i32),

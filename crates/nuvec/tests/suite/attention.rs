@@ -240,6 +240,9 @@ fn configs() -> Vec<Config> {
         Config { lq: 2, lk: 50, mask: 2, d: 128, dv: 128, ..base },
         Config { b: 2, hq: 8, lk: 5000, d: 128, dv: 128, ..base },
         Config { lq: 4, lk: 3000, hq: 8, hkv: 1, causal: true, window: Some(1200), strided: true, ..base },
+        Config { lq: 100, lk: 300, causal: true, sinks: true, strided: true, ..base },
+        Config { lq: 130, lk: 130, hq: 8, d: 128, dv: 128, ..base },
+        Config { lq: 70, lk: 200, window: Some(33), ..base },
     ]
 }
 
@@ -482,8 +485,9 @@ fn capped_attention_child() {
 }
 
 /// On a GPU: the planner routes up to 8 queries of the head sizes with kernels to the vector
-/// kernel (two passes when the rows alone would not fill the GPU), everything else to the
-/// composition; each kernel case agrees with the CPU's composition.
+/// kernel (two passes when the rows alone would not fill the GPU), more queries in half
+/// precision to the tiled kernel, everything else to the composition; each kernel case agrees
+/// with the CPU's composition.
 #[test]
 fn gpu_kernels_follow_the_plan_and_agree_with_the_composition() {
     if composing() {
@@ -496,10 +500,14 @@ fn gpu_kernels_follow_the_plan_and_agree_with_the_composition() {
     let none = AttentionOptions::default();
     assert_eq!(
         route([1, 32, 1, 128], kv(1, 32768), DType::BF16, &none),
-        AttentionKernel::Vector { passes: 2, blocks: 8 }
+        AttentionKernel::Vector { passes: 2, blocks: 64 }
     );
     assert_eq!(
         route([32, 32, 1, 128], kv(32, 8192), DType::BF16, &none),
+        AttentionKernel::Vector { passes: 2, blocks: 3 }
+    );
+    assert_eq!(
+        route([64, 32, 1, 128], kv(64, 512), DType::BF16, &none),
         AttentionKernel::Vector { passes: 1, blocks: 1 }
     );
     assert_eq!(
@@ -509,19 +517,28 @@ fn gpu_kernels_follow_the_plan_and_agree_with_the_composition() {
     // A window bounds the keys a row reads, and so its partitions.
     let w = AttentionOptions::causal().window(512);
     assert_eq!(route([1, 32, 1, 128], kv(1, 32768), DType::F32, &w), AttentionKernel::Vector { passes: 1, blocks: 1 });
-    // No kernel: float64, head sizes without one; more than 8 queries (no tiled kernel yet).
+    // More queries: the tiled kernel for half precision and its head sizes, without an array mask.
+    assert_eq!(route([1, 32, 9, 128], kv(1, 64), DType::BF16, &none), AttentionKernel::Tiled);
+    assert_eq!(route([2, 32, 4096, 64], [2, 8, 4096, 64], DType::F16, &w), AttentionKernel::Tiled);
+    let m = Array::from_slice(&[true; 64 * 64], [64, 64]);
+    let k64 = kv(1, 64);
+    let masked = plan_attention(&[1, 32, 64, 128], &k64, &k64, DType::BF16, &none.mask(&m)).unwrap();
+    assert_eq!(masked.kernel, AttentionKernel::Composed);
+    // No kernel: float64, head sizes without one, float32 prefill.
     assert_eq!(route([1, 32, 1, 128], kv(1, 64), DType::F64, &none), AttentionKernel::Composed);
     assert_eq!(route([1, 32, 1, 48], [1, 8, 64, 48], DType::F32, &none), AttentionKernel::Composed);
     assert_eq!(route([1, 32, 9, 128], kv(1, 64), DType::F32, &none), AttentionKernel::Composed);
+    assert_eq!(route([1, 32, 9, 256], [1, 8, 64, 256], DType::BF16, &none), AttentionKernel::Composed);
     // Kernels hold no scores: a cap does not change them.
     let capped = AttentionOptions::default().max_score_bytes(32 * 32768 * 4);
     let p = plan_attention(&[1, 32, 1, 128], &kv(1, 32768), &kv(1, 32768), DType::BF16, &capped).unwrap();
     assert_eq!((p.max_intermediate_bytes, p.capped), (0, false));
-    assert_eq!(p.scratch_bytes, 32 * 8 * (128 * 4 + 8));
+    assert_eq!(p.scratch_bytes, 32 * 64 * (128 * 4 + 8));
 
     let cpu = nuvec::Device::cpu();
+    let (mut vector, mut tiled) = (0, 0);
     for dtype in [DType::F32, DType::F16, DType::BF16] {
-        for c in configs().into_iter().filter(|c| c.lq <= 8 && [64, 128, 256].contains(&c.d) && c.d == c.dv) {
+        for c in configs() {
             let seed = (c.lq * 17 + c.lk) as u64;
             let q = array(&[c.b, c.hq, c.lq, c.d], dtype, seed);
             let k = array(&[c.b, c.hkv, c.lk, c.d], dtype, seed + 1);
@@ -536,13 +553,17 @@ fn gpu_kernels_follow_the_plan_and_agree_with_the_composition() {
                 opts = opts.mask(m);
             }
             opts = opts.sinks(sinks.as_ref());
-            let plan = plan_attention(q.shape(), k.shape(), v.shape(), dtype, &opts).unwrap();
-            assert!(matches!(plan.kernel, AttentionKernel::Vector { .. }), "{plan:?}");
+            match plan_attention(q.shape(), k.shape(), v.shape(), dtype, &opts).unwrap().kernel {
+                AttentionKernel::Vector { .. } => vector += 1,
+                AttentionKernel::Tiled => tiled += 1,
+                _ => continue,
+            }
             let gpu = fast::scaled_dot_product_attention(&q, &k, &v, 0.125, &opts);
             // The same arrays on the CPU's stream: its composition.
             let want = nuvec::with_stream(cpu, || fast::scaled_dot_product_attention(&q, &k, &v, 0.125, &opts));
-            let what = format!("Lq {} Lk {} {dtype:?}", c.lq, c.lk);
+            let what = format!("Lq {} Lk {} D {} {dtype:?}", c.lq, c.lk, c.d);
             assert_close(&what, &host(&gpu), &host(&want), tolerance(dtype));
         }
     }
+    assert!(vector >= 20 && tiled >= 8, "kernel cases: {vector} vector, {tiled} tiled");
 }
