@@ -1,7 +1,7 @@
-// Attention of few queries (decoding, speculative rows): a block of ATT_WARPS warps per key-value
+// Attention of few queries (decoding, speculative rows): a block of NW warps per key-value
 // head, group of up to R of its query rows (grouped heads x queries, which so read the keys
 // and values once) and key partition. A warp takes tiles of 32 keys, one per lane: the tile's
-// keys are staged in shared memory by coalesced loads, each lane makes its key's scores for
+// keys and values are staged in shared memory by coalesced cp.async, each lane makes its key's scores for
 // every row, an online softmax (base 2) per row runs over the tile, and the values, read once
 // per key, accumulate with each lane owning DV/32 of the output. The warps merge in a fixed
 // order. With two passes, each partition writes its unnormalised output, maximum and sum, and
@@ -12,7 +12,6 @@
 // run beside it: a speculative row equals the same row decoded alone.
 #include "common.cuh"
 
-#define ATT_WARPS 4
 #define ATT_LOG2E 1.4426950408889634f
 
 // Mirrors fast::vector_blocks in nuvec-core: the same partitions on host and device, from the
@@ -21,7 +20,7 @@ __device__ __forceinline__ int att_blocks(i64 heads, int keys) {
   i64 r = heads > 1 ? heads : 1;
   i64 want = (528 + r - 1) / r;
   int k = keys > 1 ? keys : 1;
-  i64 most = (k + 511) / 512;
+  i64 most = (k + 255) / 256;
   return (int)(want < 1 ? 1 : (want > most ? most : want));
 }
 
@@ -59,7 +58,7 @@ __device__ __forceinline__ void att_finish(float m, float l, float o, bool has_s
 
 // Rows of one key-value head: `rows` of its grouped query heads x queries, starting at
 // `first` (row g = head-in-group * Lq + query).
-template <typename T, int D, int DV, int R>
+template <typename T, int D, int DV, int R, int NW>
 __device__ __forceinline__ void attention_vector(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
     const void* __restrict__ mask, const T* __restrict__ sinks, float* __restrict__ part,
@@ -67,9 +66,10 @@ __device__ __forceinline__ void attention_vector(
     i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window,
     int mask_kind, int blocks, float scale) {
   constexpr int EV = (DV + 31) / 32;
-  constexpr int VEC = 16 / sizeof(T);          // elements per 16-byte chunk
-  constexpr int DC = D < 64 ? D : 64;          // dims staged per pass over a key tile
-  constexpr int PAD = DC * sizeof(T) + 16;     // bytes per staged key (no bank conflicts)
+  constexpr int VEC = 16 / sizeof(T);           // elements per 16-byte chunk
+  constexpr int KPAD = D * sizeof(T) + 16;      // bytes per staged key (the pad: no bank conflicts)
+  constexpr int VROW = DV * sizeof(T);          // bytes per staged value
+  constexpr int KCH = D * sizeof(T) / 16, VCH = VROW / 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int G = Hq / Hkv, groups = (G * Lq + R - 1) / R;
   const int grp = blockIdx.x % groups;
@@ -78,11 +78,11 @@ __device__ __forceinline__ void attention_vector(
   const int p = blockIdx.y;
   const i64 bkv = (i64)gridDim.x / groups;  // batch x key-value heads
 
-  // Each warp's staged keys; after the loop, the warps' outputs for the merge.
-  constexpr int STAGE = ATT_WARPS * 32 * PAD > ATT_WARPS * R * EV * 32 * 4 ? ATT_WARPS * 32 * PAD : ATT_WARPS * R * EV * 32 * 4;
+  // Each warp's staged keys and values (dynamic: NW * 32 * (KPAD + VROW) bytes); after the
+  // loop, the warps' outputs for the merge.
+  extern __shared__ __align__(16) unsigned char att_dyn[];
   __shared__ float qsm[R][D];
-  __shared__ __align__(16) unsigned char stage[STAGE];
-  __shared__ float sm[ATT_WARPS][R], sl[ATT_WARPS][R];
+  __shared__ float sm[NW][R], sl[NW][R];
 
   // Each row's key range in this partition.
   int rs[R], re[R], rh[R], ri[R];
@@ -129,51 +129,49 @@ __device__ __forceinline__ void attention_vector(
     for (int e = 0; e < EV; ++e) o[r][e] = 0.0f;
   }
 
-  unsigned char* st = stage + warp * 32 * PAD;
-  // Tiles of 32 keys at absolute positions; tile t goes to warp t % ATT_WARPS, so a row's keys
-  // meet the same warps in the same order whatever rows share the block.
+  unsigned char* kst = att_dyn + warp * 32 * (KPAD + VROW);
+  unsigned char* vst = kst + 32 * KPAD;
+  const u32 ksa = (u32)__cvta_generic_to_shared(kst), vsa = ksa + 32 * KPAD;
+  // Tiles of 32 keys at absolute positions; tile t goes to warp t % NW, so a row's keys meet the
+  // same warps in the same order whatever rows share the block.
   const int t0 = kmin / 32, t1 = (kmax + 31) / 32;
-  int tfirst = t0 + ((warp - t0 % ATT_WARPS) + ATT_WARPS) % ATT_WARPS;
-  for (int t = tfirst; t < t1; t += ATT_WARPS) {
+  int tfirst = t0 + ((warp - t0 % NW) + NW) % NW;
+  for (int t = tfirst; t < t1; t += NW) {
     const int j = t * 32 + lane;
+    __syncwarp();
+    // The tile's keys and values, coalesced (consecutive lanes, consecutive 16-byte chunks),
+    // all in flight at once; keys outside the block's range are zeros.
+    for (int x = lane; x < 32 * KCH; x += 32) {
+      const int kk = x / KCH, c = x % KCH, jj = t * 32 + kk;
+      const bool ok = jj >= kmin && jj < kmax;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(ksa + kk * KPAD + c * 16),
+                   "l"(kb + (ok ? jj : kmin) * ks2 + c * VEC), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+    for (int x = lane; x < 32 * VCH; x += 32) {
+      const int kk = x / VCH, c = x % VCH, jj = t * 32 + kk;
+      const bool ok = jj >= kmin && jj < kmax;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(vsa + kk * VROW + c * 16),
+                   "l"(vb + (ok ? jj : kmin) * vs2 + c * VEC), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    __syncwarp();
     float s[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) s[r] = 0.0f;
+#pragma unroll 4
+    for (int c = 0; c < KCH; ++c) {
+      int4 raw = *reinterpret_cast<const int4*>(kst + lane * KPAD + c * 16);
+      const T* kv = reinterpret_cast<const T*>(&raw);
+      float kf[VEC];
 #pragma unroll
-    for (int d0 = 0; d0 < D; d0 += DC) {
-      constexpr int CH = DC / VEC;  // 16-byte chunks per staged key
-      const int dc = D - d0 < DC ? D - d0 : DC;
-      const int ch = dc / VEC;
-      __syncwarp();
-      // Coalesced: consecutive lanes load consecutive chunks of the tile's keys, all loads
-      // issued before the first store.
-      int4 buf[CH];
+      for (int e = 0; e < VEC; ++e) kf[e] = widen(kv[e]);
 #pragma unroll
-      for (int u = 0; u < CH; ++u) {
-        int x = lane + u * 32, kk = x / ch, c = x % ch, jj = t * 32 + kk;
-        buf[u] = make_int4(0, 0, 0, 0);
-        if (u < ch && jj >= kmin && jj < kmax) buf[u] = *reinterpret_cast<const int4*>(kb + jj * ks2 + d0 + c * VEC);
-      }
+      for (int r = 0; r < R; ++r) {
+        const float* qr = &qsm[r][c * VEC];
 #pragma unroll
-      for (int u = 0; u < CH; ++u) {
-        int x = lane + u * 32;
-        if (u < ch) *reinterpret_cast<int4*>(st + (x / ch) * PAD + (x % ch) * 16) = buf[u];
-      }
-      __syncwarp();
-#pragma unroll
-      for (int c = 0; c < CH; ++c) {
-        if (c >= ch) break;
-        int4 raw = *reinterpret_cast<const int4*>(st + lane * PAD + c * 16);
-        const T* kv = reinterpret_cast<const T*>(&raw);
-        float kf[VEC];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) kf[e] = widen(kv[e]);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float* qr = &qsm[r][d0 + c * VEC];
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) s[r] = fmaf(qr[e], kf[e], s[r]);
-        }
+        for (int e = 0; e < VEC; ++e) s[r] = fmaf(qr[e], kf[e], s[r]);
       }
     }
     float pr[R];
@@ -202,31 +200,23 @@ __device__ __forceinline__ void attention_vector(
       for (int e = 0; e < EV; ++e) o[r][e] *= a;
       m[r] = m2;
     }
-    // o += p v, key by key (each key's probabilities come from its lane), eight keys' values
-    // loaded at a time.
-#pragma unroll 1
-    for (int k0 = 0; k0 < 32; k0 += 8) {
-      float vf[8][EV];
+    // o += p v, key by key (each key's probabilities come from its lane).
+#pragma unroll 8
+    for (int kk = 0; kk < 32; ++kk) {
+      const int jj = t * 32 + kk;
+      if (jj < kmin || jj >= kmax) continue;
+      const T* vr = reinterpret_cast<const T*>(vst + kk * VROW);
+      float vf[EV];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int jj = t * 32 + k0 + u;
-        const bool ok = jj >= kmin && jj < kmax;
-#pragma unroll
-        for (int e = 0; e < EV; ++e) {
-          int c = lane * EV + e;
-          vf[u][e] = ok && (DV % 32 == 0 || c < DV) ? widen(vb[jj * vs2 + c]) : 0.0f;
-        }
+      for (int e = 0; e < EV; ++e) {
+        int c = lane * EV + e;
+        vf[e] = (DV % 32 == 0 || c < DV) ? widen(vr[c]) : 0.0f;
       }
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int jj = t * 32 + k0 + u;
-        if (jj < kmin || jj >= kmax) continue;
+      for (int r = 0; r < R; ++r) {
+        float pk = __shfl_sync(0xffffffffu, pr[r], kk);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float pk = __shfl_sync(0xffffffffu, pr[r], k0 + u);
-#pragma unroll
-          for (int e = 0; e < EV; ++e) o[r][e] = fmaf(pk, vf[u][e], o[r][e]);
-        }
+        for (int e = 0; e < EV; ++e) o[r][e] = fmaf(pk, vf[e], o[r][e]);
       }
     }
   }
@@ -241,7 +231,7 @@ __device__ __forceinline__ void attention_vector(
     }
   }
   __syncthreads();
-  float* so = reinterpret_cast<float*>(stage);  // [ATT_WARPS][R][EV * 32]
+  float* so = reinterpret_cast<float*>(att_dyn);  // [NW][R][EV * 32]
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -258,10 +248,10 @@ __device__ __forceinline__ void attention_vector(
     if (p >= att_blocks(bkv, hi - lo)) continue;
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < ATT_WARPS; ++w) M = fmaxf(M, sm[w][r]);
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, sm[w][r]);
     float L = 0.0f, O = 0.0f;
 #pragma unroll
-    for (int w = 0; w < ATT_WARPS; ++w) {
+    for (int w = 0; w < NW; ++w) {
       float wg = sm[w][r] == -INFINITY ? 0.0f : exp2f(sm[w][r] - M);
       L += sl[w][r] * wg;
       O += so[(w * R + r) * EV * 32 + c] * wg;
@@ -311,12 +301,12 @@ __device__ __forceinline__ void attention_vector_merge(
 
 // ---- tiled attention (prefill) ----------------------------------------------------------------
 // FlashAttention-2's forward on tensor cores (mma.sync m16n8k16, bf16/f16 in, f32 accumulate):
-// a block of 4 warps takes 64 query rows (16 per warp) of one head and walks tiles of 64 keys
+// a block of 8 warps takes 128 query rows (16 per warp) of one head and walks tiles of 64 keys
 // and values staged in shared memory by cp.async, the next tile's keys loading while this
 // tile's values are used and the reverse. Scores stay in registers, the online softmax is in
 // base 2, and a tile wholly inside every row's causal and window bounds skips the masking.
 
-#define ATT_BR 64
+#define ATT_BR 128
 #define ATT_BC 64
 
 template <typename T> struct IsBf16 { static const bool value = false; };
@@ -362,12 +352,12 @@ __device__ __forceinline__ void att_ldsm4_t(u32 (&r)[4], u32 addr) {
 __device__ __forceinline__ void att_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void att_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Stages rows first..first+63 of a [rows, D] matrix (row stride `rs` elements) into `dst`
+// Stages rows first..first+ROWS-1 of a [rows, D] matrix (row stride `rs` elements) into `dst`
 // (ROW bytes per row); rows outside [0, valid) are zeros.
-template <typename T, int D, int ROW>
+template <typename T, int D, int ROW, int ROWS>
 __device__ __forceinline__ void att_stage(u32 dst, const T* src, i64 rs, int first, int valid) {
   constexpr int CH = D * (int)sizeof(T) / 16;
-  for (int x = threadIdx.x; x < ATT_BR * CH; x += blockDim.x) {
+  for (int x = threadIdx.x; x < ROWS * CH; x += blockDim.x) {
     int r = x / CH, c = x % CH, row = first + r;
     bool ok = row >= 0 && row < valid;
     const T* g = src + (ok ? row : 0) * rs + c * (16 / (int)sizeof(T));
@@ -399,10 +389,10 @@ __device__ __forceinline__ void attention_tiled(
   const T* kb = k + b * ks0 + kh * ks1;
   const T* vb = v + b * vs0 + kh * vs1;
 
-  att_stage<T, D, ROW>(sq, q + b * qs0 + h * qs1, qs2, q0, Lq);
-  if (jt0 < jt1) att_stage<T, D, ROW>(sk, kb, ks2, jt0 * ATT_BC, kend);
+  att_stage<T, D, ROW, ATT_BR>(sq, q + b * qs0 + h * qs1, qs2, q0, Lq);
+  if (jt0 < jt1) att_stage<T, D, ROW, ATT_BC>(sk, kb, ks2, jt0 * ATT_BC, kend);
   att_commit();
-  if (jt0 < jt1) att_stage<T, D, ROW>(sv, vb, vs2, jt0 * ATT_BC, kend);
+  if (jt0 < jt1) att_stage<T, D, ROW, ATT_BC>(sv, vb, vs2, jt0 * ATT_BC, kend);
   att_commit();
   att_wait1();
   __syncthreads();
@@ -439,7 +429,7 @@ __device__ __forceinline__ void attention_tiled(
       }
     }
     __syncthreads();
-    if (jt + 1 < jt1) att_stage<T, D, ROW>(sk, kb, ks2, (jt + 1) * ATT_BC, kend);
+    if (jt + 1 < jt1) att_stage<T, D, ROW, ATT_BC>(sk, kb, ks2, (jt + 1) * ATT_BC, kend);
     att_commit();
 
     // Scale, and mask where some row's bounds cut the tile.
@@ -506,7 +496,7 @@ __device__ __forceinline__ void attention_tiled(
       }
     }
     __syncthreads();
-    if (jt + 1 < jt1) att_stage<T, D, ROW>(sv, vb, vs2, (jt + 1) * ATT_BC, kend);
+    if (jt + 1 < jt1) att_stage<T, D, ROW, ATT_BC>(sv, vb, vs2, (jt + 1) * ATT_BC, kend);
     att_commit();
     att_wait1();
     __syncthreads();

@@ -34,11 +34,11 @@ pub const VECTOR_MAX_QUERIES: i32 = 8;
 const VECTOR_TARGET_BLOCKS: i64 = 528;
 
 /// Fewest keys in one partition of a two-pass vector kernel.
-const VECTOR_MIN_KEYS_PER_BLOCK: i32 = 512;
+const VECTOR_MIN_KEYS_PER_BLOCK: i32 = 256;
 
 /// Key partitions of one query row that attends `lk` keys, when `heads` key-value heads
 /// (batch × heads, each a block's worth of query rows) run at once: enough blocks to fill the
-/// GPU, each with at least 512 keys. The kernel computes the same for each row of several
+/// GPU, each with at least 256 keys. The kernel computes the same for each row of several
 /// queries from that row's own keys, so a row's result does not depend on the rows beside it.
 pub fn vector_blocks(heads: i64, lk: i32) -> i32 {
     let want = (VECTOR_TARGET_BLOCKS + heads.max(1) - 1) / heads.max(1);

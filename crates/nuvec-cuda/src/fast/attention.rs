@@ -20,11 +20,17 @@ const HEADS: [(i32, i32); 5] = [(64, 64), (80, 80), (96, 96), (128, 128), (256, 
 /// Head sizes of the tiled kernel (`float16` and `bfloat16`, `D = Dv`).
 const TILED_HEADS: [i32; 4] = [64, 80, 96, 128];
 
-/// Query rows of a tiled block (`ATT_BR`), and its keys per step (`ATT_BC`).
-const TILE: i32 = 64;
+/// Query rows of a tiled block (`ATT_BR`: 16 per warp) and its keys per step (`ATT_BC`).
+const TILE_ROWS: u32 = 128;
+const TILE_KEYS: u32 = 64;
 
-/// Threads of a vector block: `ATT_WARPS` warps.
-const THREADS: u32 = 128;
+/// Warps of a vector block, and its dynamic shared memory: each warp stages a tile of 32 keys
+/// (padded 16 bytes) and their values; four warps, or two where four would pass 200 KiB.
+fn vector_block(d: DType, hd: i32, hv: i32) -> (u32, u32) {
+    let per_warp = 32 * ((hd as usize * d.size() + 16) + hv as usize * d.size()) as u32;
+    let warps = if 4 * per_warp <= 200 << 10 { 4 } else { 2 };
+    (warps, warps * per_warp)
+}
 
 /// Query rows a block takes at most, by the rows sharing a key-value head.
 const ROWS: [u32; 3] = [1, 4, 8];
@@ -40,16 +46,18 @@ pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["attention.cuh"]);
     let t = ctype(d);
     for (hd, hv) in HEADS {
+        let (nw, _) = vector_block(d, hd, hv);
+        let threads = nw * 32;
         for r in ROWS {
             s.kernel(format!(
-                "__launch_bounds__({THREADS}) attention_vector_{hd}_{hv}_r{r}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const void* mask, const {t}* sinks, float* part, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector<{t}, {hd}, {hv}, {r}>(q, k, v, out, mask, sinks, part, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
+                "__launch_bounds__({threads}) attention_vector_{hd}_{hv}_r{r}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const void* mask, const {t}* sinks, float* part, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector<{t}, {hd}, {hv}, {r}, {nw}>(q, k, v, out, mask, sinks, part, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
             ));
         }
     }
     if d.is_half() {
         for hd in TILED_HEADS {
             s.kernel(format!(
-                "__launch_bounds__(128) attention_tiled_{hd}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const {t}* sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_tiled<{t}, {hd}>(q, k, v, out, sinks, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+                "__launch_bounds__({TILE_ROWS} * 2) attention_tiled_{hd}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const {t}* sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_tiled<{t}, {hd}>(q, k, v, out, sinks, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
             ));
         }
     }
@@ -128,7 +136,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, ou
     }
 }
 
-/// The tiled kernel: a block per 64 query rows of a head.
+/// The tiled kernel: a block per 128 query rows of a head.
 fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64) -> Result<()> {
     let mut it = inputs.into_iter();
     let mut next = || it.next().ok_or_else(|| internal("scaled_dot_product_attention is missing an input"));
@@ -147,11 +155,12 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64) ->
     args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
     args.push(Arg::F32(p.scale));
     let f = kernel(gpu, Family::Attention(q.dtype), &format!("attention_tiled_{hd}"))?;
-    // Queries, keys and values staged: 64 rows each of `hd` 2-byte features and a 16-byte pad.
-    let shared = 3 * TILE as u32 * (hd as u32 * 2 + 16);
+    // Queries, keys and values staged: rows of `hd` 2-byte features and a 16-byte pad.
+    let shared = (TILE_ROWS + 2 * TILE_KEYS) * (hd as u32 * 2 + 16);
     allow_shared(gpu, f, shared)?;
-    let grid = ((lq as u32).div_ceil(TILE as u32), b as u32 * hq as u32, 1);
-    launch(gpu, f, grid, (128, 1, 1), shared, args)
+    let grid = ((lq as u32).div_ceil(TILE_ROWS), b as u32 * hq as u32, 1);
+    // A warp per 16 query rows.
+    launch(gpu, f, grid, (TILE_ROWS * 2, 1, 1), shared, args)
 }
 
 /// The vector kernel, in one pass or two.
@@ -160,7 +169,7 @@ fn vector(gpu: &Arc<Gpu>, p: &AttentionParams, passes: u8, blocks: i32, inputs: 
     let mut next = || it.next().ok_or_else(|| internal("scaled_dot_product_attention is missing an input"));
     let (q, qs) = heads(gpu, next()?, false)?;
     let (k, ks) = heads(gpu, next()?, true)?;
-    let (v, vs) = heads(gpu, next()?, false)?;
+    let (v, vs) = heads(gpu, next()?, true)?;
     let mask = if p.mask.is_some() { Some(next()?) } else { None };
     let sinks = if p.sinks { Some(row_major(gpu, next()?)?) } else { None };
     let d = q.dtype;
@@ -201,7 +210,9 @@ fn vector(gpu: &Arc<Gpu>, p: &AttentionParams, passes: u8, blocks: i32, inputs: 
     let r = rows_per_block(shared);
     let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_{hd}_{hv}_r{r}"))?;
     let grid = b as u32 * hkv as u32 * shared.div_ceil(r);
-    launch(gpu, f, (grid, blocks as u32, 1), (THREADS, 1, 1), 0, args)?;
+    let (warps, smem) = vector_block(d, hd, hv);
+    allow_shared(gpu, f, smem)?;
+    launch(gpu, f, (grid, blocks as u32, 1), (warps * 32, 1, 1), smem, args)?;
     if passes == 2 {
         let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_merge_{hv}"))?;
         let args = vec![
