@@ -526,3 +526,220 @@ __device__ __forceinline__ void attention_tiled(
     }
   }
 }
+
+// ---- vector attention on tensor cores (half precision) ----------------------------------------
+// The vector kernel's work for float16/bfloat16 with mma.sync: a block of 4 warps takes one
+// query of the grouped heads of one key-value head (up to 16 heads, the rows of one m16 tile)
+// and one key partition; each warp takes tiles of 32 keys (absolute positions, tile t to warp
+// t % 4), staged with their values by cp.async, makes the 16 x 32 scores with 2 x D/16 MMAs, runs
+// the online softmax on the accumulators and adds P·V with DV/8 MMAs per 16 keys. A row sits at
+// the same place in its tile, and reads the same keys in the same order, whatever the number of
+// queries: a speculative row equals the same row decoded alone.
+template <typename T, int D, int DV>
+__device__ __forceinline__ void attention_vector_mma(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+    const void* __restrict__ mask, const T* __restrict__ sinks, float* __restrict__ part,
+    i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2,
+    i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window,
+    int mask_kind, int blocks, float scale) {
+  constexpr int NW = 4;
+  constexpr int KROW = D * 2 + 16, VROW = DV * 2 + 16;  // staged row bytes (pads: no bank conflicts)
+  constexpr int KS = D / 16, DT = DV / 8, KCH = D * 2 / 16, VCH = DV * 2 / 16;
+  extern __shared__ __align__(16) unsigned char att_dyn[];
+  __shared__ __align__(16) unsigned char qsh[16 * KROW];
+  __shared__ float sm[NW][16], sl[NW][16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+  const int G = Hq / Hkv, hgroups = (G + 15) / 16;
+  const int hg = (int)(blockIdx.x % hgroups);
+  const int i = (int)((blockIdx.x / hgroups) % Lq);
+  const int kh = (int)((blockIdx.x / ((i64)hgroups * Lq)) % Hkv);
+  const int b = (int)(blockIdx.x / ((i64)hgroups * Lq * Hkv));
+  const int p = blockIdx.y;
+  const i64 bkv = (i64)gridDim.x / ((i64)hgroups * Lq);
+  const int h0 = kh * G + hg * 16, nrows = min(16, G - hg * 16);
+
+  int lo, hi;
+  att_range(i, Lq, Lk, causal, window, &lo, &hi);
+  const int n = hi - lo, nb = att_blocks(bkv, n);
+  if (p >= nb) return;
+  const int chunk = (n + nb - 1) / nb;
+  const int kmin = lo + p * chunk, kmax = min(hi, kmin + chunk);
+
+  // The rows' queries (zeros past the group), then their A fragments.
+  for (int x = threadIdx.x; x < 16 * KCH; x += blockDim.x) {
+    const int r = x / KCH, c = x % KCH;
+    int4 val = make_int4(0, 0, 0, 0);
+    if (r < nrows) {
+      const T* src = q + b * qs0 + (h0 + r) * qs1 + i * qs2 + c * 8;
+      const T* e = src;
+      T tmp[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) tmp[u] = e[u];
+      val = *reinterpret_cast<int4*>(tmp);
+    }
+    *reinterpret_cast<int4*>(qsh + r * KROW + c * 16) = val;
+  }
+  __syncthreads();
+  u32 qf[KS][4];
+  {
+    const u32 qa = (u32)__cvta_generic_to_shared(qsh);
+    const int m = lane >> 3, r = (m & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) att_ldsm4(qf[kk], qa + r * KROW + (kk * 16 + (m >> 1) * 8) * 2);
+  }
+  const float sl2 = scale * ATT_LOG2E;
+  const T* kb = k + b * ks0 + kh * ks1;
+  const T* vb = v + b * vs0 + kh * vs1;
+  const i64 mr0 = b * ms0 + (i64)(h0 + g) * ms1 + i * ms2, mr1 = mr0 + 8 * ms1;
+  const bool row_ok[2] = {g < nrows, g + 8 < nrows};
+
+  float o[DT][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int d = 0; d < DT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+
+  unsigned char* kst = att_dyn + warp * 32 * (KROW + VROW);
+  const u32 ksa = (u32)__cvta_generic_to_shared(kst), vsa = ksa + 32 * KROW;
+  const int t0 = kmin / 32, t1 = (kmax + 31) / 32;
+  const int tfirst = t0 + ((warp - t0 % NW) + NW) % NW;
+  for (int t = tfirst; t < t1; t += NW) {
+    __syncwarp();
+    for (int x = lane; x < 32 * KCH; x += 32) {
+      const int kk = x / KCH, c = x % KCH, jj = t * 32 + kk;
+      const bool ok = jj >= kmin && jj < kmax;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(ksa + kk * KROW + c * 16),
+                   "l"(kb + (ok ? jj : kmin) * ks2 + c * 8), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+    for (int x = lane; x < 32 * VCH; x += 32) {
+      const int kk = x / VCH, c = x % VCH, jj = t * 32 + kk;
+      const bool ok = jj >= kmin && jj < kmax;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(vsa + kk * VROW + c * 16),
+                   "l"(vb + (ok ? jj : kmin) * vs2 + c * 8), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    __syncwarp();
+    float s[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    {
+      const int m = lane >> 3;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          u32 bfr[4];
+          att_ldsm4(bfr, ksa + (np * 16 + (m >> 1) * 8 + (lane & 7)) * KROW + (kk * 16 + (m & 1) * 8) * 2);
+          att_mma<T>(s[2 * np], qf[kk], bfr[0], bfr[1]);
+          att_mma<T>(s[2 * np + 1], qf[kk], bfr[2], bfr[3]);
+        }
+      }
+    }
+    // Scale and mask; rows g (c = 0, 1) and g + 8 (c = 2, 3).
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = t * 32 + nt * 8 + 2 * t4 + (c & 1), half = c >> 1;
+        float x = s[nt][c] * sl2;
+        const bool in = j >= kmin && j < kmax && row_ok[half];
+        if (in && mask_kind == 1) {
+          if (!((const bool*)mask)[(half ? mr1 : mr0) + j * ms3]) x = -3.402823466e38f;
+        } else if (in && mask_kind == 2) {
+          x += widen(((const T*)mask)[(half ? mr1 : mr0) + j * ms3]) * ATT_LOG2E;
+        }
+        s[nt][c] = in ? x : -INFINITY;
+      }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(mrow[r], mx), ms = mn == -INFINITY ? 0.0f : mn;
+      alpha[r] = exp2f(mrow[r] - ms);
+      mrow[r] = mn;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        s[nt][2 * r] = exp2f(s[nt][2 * r] - ms);
+        s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - ms);
+        sum += s[nt][2 * r] + s[nt][2 * r + 1];
+      }
+      lrow[r] = lrow[r] * alpha[r] + sum;
+    }
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      o[d][0] *= alpha[0];
+      o[d][1] *= alpha[0];
+      o[d][2] *= alpha[1];
+      o[d][3] *= alpha[1];
+    }
+    {
+      const int m = lane >> 3;
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
+                     att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          u32 bfr[4];
+          att_ldsm4_t(bfr, vsa + (kk * 16 + (m & 1) * 8 + (lane & 7)) * VROW + (dp * 16 + (m >> 1) * 8) * 2);
+          att_mma<T>(o[2 * dp], pf, bfr[0], bfr[1]);
+          att_mma<T>(o[2 * dp + 1], pf, bfr[2], bfr[3]);
+        }
+      }
+    }
+  }
+
+  // The quad's sums; the warps' states to shared memory; the warps merge in order.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+  }
+  if (t4 == 0) {
+    sm[warp][g] = mrow[0];
+    sm[warp][g + 8] = mrow[1];
+    sl[warp][g] = lrow[0];
+    sl[warp][g + 8] = lrow[1];
+  }
+  __syncthreads();  // every warp is done with its stage: reuse it for the outputs
+  float* so = reinterpret_cast<float*>(att_dyn);  // [NW][16][DV]
+#pragma unroll
+  for (int d = 0; d < DT; ++d)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) so[(warp * 16 + g + (c >> 1) * 8) * DV + d * 8 + 2 * t4 + (c & 1)] = o[d][c];
+  __syncthreads();
+  const bool two = part != 0;
+  const i64 rows_total = bkv * G * Lq;
+  for (int x = threadIdx.x; x < nrows * DV; x += blockDim.x) {
+    const int r = x / DV, c = x % DV;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, sm[w][r]);
+    float L = 0.0f, O = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float wg = sm[w][r] == -INFINITY ? 0.0f : exp2f(sm[w][r] - M);
+      L += sl[w][r] * wg;
+      O += so[(w * 16 + r) * DV + c] * wg;
+    }
+    const int h = h0 + r;
+    const i64 row = ((i64)b * Hq + h) * Lq + i;
+    if (two) {
+      const i64 slot = row * blocks + p;
+      part[slot * DV + c] = O;
+      if (c == 0) {
+        float* ml = part + rows_total * blocks * DV;
+        ml[slot * 2] = M;
+        ml[slot * 2 + 1] = L;
+      }
+    } else {
+      const float sink = sinks ? widen(sinks[h]) * ATT_LOG2E : 0.0f;
+      att_finish<T, DV>(M, L, O, sinks != 0, sink, out + row * DV + c);
+    }
+  }
+}

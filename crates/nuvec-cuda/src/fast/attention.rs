@@ -1,5 +1,6 @@
 //! Scaled-dot-product attention (`kernels/attention.cuh`): the vector kernel for up to
-//! [`VECTOR_MAX_QUERIES`] queries, in one pass or two (keys split, then merged), and the tiled
+//! [`VECTOR_MAX_QUERIES`] queries (on tensor cores in half precision), in one pass or two (keys
+//! split, then merged), and the tiled
 //! kernel on tensor cores for more. `q`, `k` and `v` are read through their strides (a cache's
 //! slice is not copied) as long as each head's features are contiguous and 16-byte aligned.
 
@@ -55,6 +56,11 @@ pub(crate) fn source(d: DType) -> String {
         }
     }
     if d.is_half() {
+        for (hd, hv) in HEADS {
+            s.kernel(format!(
+                "__launch_bounds__(128) attention_vector_mma_{hd}_{hv}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const void* mask, const {t}* sinks, float* part, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector_mma<{t}, {hd}, {hv}>(q, k, v, out, mask, sinks, part, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
+            ));
+        }
         for hd in TILED_HEADS {
             s.kernel(format!(
                 "__launch_bounds__({TILE_ROWS} * 2) attention_tiled_{hd}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const {t}* sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_tiled<{t}, {hd}>(q, k, v, out, sinks, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
@@ -206,13 +212,23 @@ fn vector(gpu: &Arc<Gpu>, p: &AttentionParams, passes: u8, blocks: i32, inputs: 
     let window = p.window.unwrap_or(0);
     args.extend([hq, hkv, lq, lk, p.causal as i32, window, mask_kind, blocks].map(Arg::I32));
     args.push(Arg::F32(p.scale));
-    let shared = (hq / hkv) as u32 * lq as u32;
-    let r = rows_per_block(shared);
-    let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_{hd}_{hv}_r{r}"))?;
-    let grid = b as u32 * hkv as u32 * shared.div_ceil(r);
-    let (warps, smem) = vector_block(d, hd, hv);
-    allow_shared(gpu, f, smem)?;
-    launch(gpu, f, (grid, blocks as u32, 1), (warps * 32, 1, 1), smem, args)?;
+    let group = (hq / hkv) as u32;
+    if d.is_half() {
+        // Tensor cores: a block per query of up to 16 grouped heads; each of its 4 warps stages 32
+        // keys and values of `hd` and `hv` 2-byte features, rows padded by 16 bytes.
+        let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_mma_{hd}_{hv}"))?;
+        let grid = b as u32 * hkv as u32 * lq as u32 * group.div_ceil(16);
+        let smem = 4 * 32 * (hd as u32 * 2 + 16 + hv as u32 * 2 + 16);
+        allow_shared(gpu, f, smem)?;
+        launch(gpu, f, (grid, blocks as u32, 1), (128, 1, 1), smem, args)?;
+    } else {
+        let r = rows_per_block(group * lq as u32);
+        let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_{hd}_{hv}_r{r}"))?;
+        let grid = b as u32 * hkv as u32 * (group * lq as u32).div_ceil(r);
+        let (warps, smem) = vector_block(d, hd, hv);
+        allow_shared(gpu, f, smem)?;
+        launch(gpu, f, (grid, blocks as u32, 1), (warps * 32, 1, 1), smem, args)?;
+    }
     if passes == 2 {
         let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_merge_{hv}"))?;
         let args = vec![
