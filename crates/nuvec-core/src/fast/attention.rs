@@ -123,10 +123,13 @@ impl<'a> From<AttentionMask<'a>> for AttentionOptions<'a> {
 /// let v = random::normal([1, 2, 5, 8], DType::F32, 0.0, 1.0, Some(&random::key(2)));
 /// let o = fast::scaled_dot_product_attention(&q, &k, &v, 0.25, &AttentionOptions::causal());
 /// assert_eq!(o.shape(), &[1, 4, 3, 8]);
-/// // The last query attends every key: plain softmax attention over all 5.
+/// // Each head's last query attends every key: plain softmax attention over all 5.
 /// let plain = fast::scaled_dot_product_attention(&q, &k, &v, 0.25, &Default::default());
 /// let (a, b): (Vec<f32>, Vec<f32>) = (o.to_vec().unwrap(), plain.to_vec().unwrap());
-/// assert!(a[16..].iter().zip(&b[16..]).all(|(x, y)| (x - y).abs() < 1e-6));
+/// for h in 0..4 {
+///     let last = (h * 3 + 2) * 8..(h * 3 + 3) * 8;
+///     assert!(a[last.clone()].iter().zip(&b[last]).all(|(x, y)| (x - y).abs() < 1e-6));
+/// }
 /// ```
 ///
 /// [`plan_attention`]: super::plan_attention
