@@ -14,10 +14,12 @@
 //! cargo run --release -p nuvec --example bench_cpu -- matmul  # cases whose name contains "matmul"
 //! ```
 //!
-//! `bench/cpu_vs_peers.py` runs the same cases in MLX and NumPy and tabulates them.
+//! `bench/cpu_vs_peers.py` runs the same cases in MLX and NumPy and tabulates them;
+//! `bench/cpu_attention_peers.py` the attention cases (`fast_sdpa_*`) in PyTorch and MLX.
 
 use std::time::{Duration, Instant};
 
+use nuvec::fast::AttentionOptions;
 use nuvec::{Array, DType, Device, fast};
 
 /// Uniform pseudo-random `f32` values in `[lo, hi)` (xorshift64*), as an evaluated array.
@@ -188,6 +190,20 @@ fn run() {
                 let targets = Array::from_slice(&t, [1024]);
                 targets.eval().expect("targets evaluate");
                 Box::new(move || fast::cross_entropy(&logits, &targets))
+            }),
+        ),
+        (
+            "fast_sdpa_causal_f32_1x8x4096x128",
+            Box::new(|| {
+                let [q, k, v] = [24, 25, 26].map(|s| random(&[1, 8, 4096, 128], -1.0, 1.0, s));
+                Box::new(move || fast::scaled_dot_product_attention(&q, &k, &v, 0.088, &AttentionOptions::causal()))
+            }),
+        ),
+        (
+            "fast_sdpa_full_f32_1x8x4096x128",
+            Box::new(|| {
+                let [q, k, v] = [27, 28, 29].map(|s| random(&[1, 8, 4096, 128], -1.0, 1.0, s));
+                Box::new(move || fast::scaled_dot_product_attention(&q, &k, &v, 0.088, &AttentionOptions::default()))
             }),
         ),
     ];

@@ -27,6 +27,9 @@ pub struct AttentionPlan {
     pub capped: bool,
 }
 
+/// Query rows per block of a causal composition of more rows than this (uncapped).
+const CAUSAL_BLOCK_ROWS: i32 = 512;
+
 /// Queries up to which the vector kernel runs, one query row per block of threads.
 pub const VECTOR_MAX_QUERIES: i32 = 8;
 
@@ -55,9 +58,11 @@ pub fn vector_blocks(heads: i64, lk: i32) -> i32 {
 /// - More queries, on a GPU with a tiled kernel for the head size and dtype:
 ///   [`AttentionKernel::Tiled`].
 /// - Otherwise (the CPU, other head sizes or dtypes): the composition — all rows at once
-///   ([`AttentionKernel::Composed`]), or, when its scores would pass `max_score_bytes`, in
-///   blocks of rows under the cap ([`AttentionKernel::ComposedBlocks`]); 2 to 8 causal
-///   queries run one row per block, each as it would decode alone.
+///   ([`AttentionKernel::Composed`]), or in blocks of rows ([`AttentionKernel::ComposedBlocks`])
+///   when its scores would pass `max_score_bytes` (the most rows under the cap) or when more
+///   than 512 causal queries would compute scores they mask (blocks of 512 rows, each reading
+///   only the keys before its last row); 2 to 8 causal queries run one row per block, each as
+///   it would decode alone.
 ///
 /// A cap of 0, or one below a single query row's scores (`B · Hq · Lk' · 4` bytes, `Lk'` the
 /// keys a row may attend), is an error naming the smallest admissible cap. Kernels hold no
@@ -158,23 +163,23 @@ pub fn plan_attention(
             capped: false,
         });
     }
-    let all = block_bytes(lq);
-    match options.max_score_bytes {
-        Some(cap) if all > cap => {
-            // The most rows under the cap (a block's keys grow with its rows under a window).
-            let (mut lo, mut hi) = (1, lq);
-            while lo < hi {
-                let mid = lo + (hi - lo + 1) / 2;
-                if block_bytes(mid) <= cap { lo = mid } else { hi = mid - 1 }
-            }
-            let plan = AttentionKernel::ComposedBlocks { rows: lo };
-            Ok(AttentionPlan { kernel: plan, scratch_bytes: 0, max_intermediate_bytes: block_bytes(lo), capped: true })
+    // The most rows under the cap (a block's keys grow with its rows under a window).
+    let capped_rows = options.max_score_bytes.filter(|&cap| block_bytes(lq) > cap).map(|cap| {
+        let (mut lo, mut hi) = (1, lq);
+        while lo < hi {
+            let mid = lo + (hi - lo + 1) / 2;
+            if block_bytes(mid) <= cap { lo = mid } else { hi = mid - 1 }
         }
-        _ => Ok(AttentionPlan {
-            kernel: AttentionKernel::Composed,
-            scratch_bytes: 0,
-            max_intermediate_bytes: all,
-            capped: false,
-        }),
-    }
+        lo
+    });
+    // Causal rows in blocks read only the keys before them: half the work of all rows at once
+    // over every key, and no mask outside the diagonal blocks.
+    let causal_rows = (causal && lq > CAUSAL_BLOCK_ROWS).then_some(CAUSAL_BLOCK_ROWS);
+    let (kernel, bytes, capped) = match (capped_rows, causal_rows) {
+        (Some(r), Some(c)) if c <= r => (AttentionKernel::ComposedBlocks { rows: c }, block_bytes(c), false),
+        (Some(r), _) => (AttentionKernel::ComposedBlocks { rows: r }, block_bytes(r), true),
+        (None, Some(c)) => (AttentionKernel::ComposedBlocks { rows: c }, block_bytes(c), false),
+        (None, None) => (AttentionKernel::Composed, block_bytes(lq), false),
+    };
+    Ok(AttentionPlan { kernel, scratch_bytes: 0, max_intermediate_bytes: bytes, capped })
 }

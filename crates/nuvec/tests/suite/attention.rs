@@ -243,6 +243,7 @@ fn configs() -> Vec<Config> {
         Config { lq: 100, lk: 300, causal: true, sinks: true, strided: true, ..base },
         Config { lq: 130, lk: 130, hq: 8, d: 128, dv: 128, ..base },
         Config { lq: 70, lk: 200, window: Some(33), ..base },
+        Config { lq: 600, lk: 650, hq: 2, hkv: 1, d: 32, dv: 32, causal: true, ..base },
     ]
 }
 
@@ -306,6 +307,15 @@ fn the_planner_routes_and_caps_the_composition() {
     );
     assert_eq!(plan(&[2, 8, 9, 32], &k, &AttentionOptions::causal()).kernel, AttentionKernel::Composed);
     assert_eq!(plan(&[2, 8, 4, 32], &k, &AttentionOptions::default()).kernel, AttentionKernel::Composed);
+    // More than 512 causal queries: blocks of 512 rows, uncapped; a tighter cap wins.
+    let long = [1, 8, 2048, 32];
+    let lk = [1, 4, 2048, 32];
+    let p = plan(&long, &lk, &AttentionOptions::causal());
+    assert_eq!((p.kernel, p.capped), (AttentionKernel::ComposedBlocks { rows: 512 }, false));
+    assert_eq!(p.max_intermediate_bytes, 512 * 8 * 2048 * 4);
+    assert_eq!(plan(&long, &lk, &AttentionOptions::default()).kernel, AttentionKernel::Composed);
+    let p = plan(&long, &lk, &AttentionOptions::causal().max_score_bytes(100 * 8 * 2048 * 4));
+    assert_eq!((p.kernel, p.capped), (AttentionKernel::ComposedBlocks { rows: 100 }, true));
     // A window bounds a block's keys: rows + window − 1.
     let p = plan(&q, &k, &AttentionOptions::causal().window(10).max_score_bytes(2 * 8 * 4 * 20 * 11));
     assert_eq!(p.kernel, AttentionKernel::ComposedBlocks { rows: 11 });
@@ -566,4 +576,60 @@ fn gpu_kernels_follow_the_plan_and_agree_with_the_composition() {
         }
     }
     assert!(vector >= 20 && tiled >= 8, "kernel cases: {vector} vector, {tiled} tiled");
+}
+
+/// `vmap` over a leading axis equals a loop over it (shared keys and values, or mapped ones;
+/// a causal mask, an additive mask and sinks), and `jvp` equals central differences.
+#[test]
+fn vmap_and_jvp_agree_with_loops_and_differences() {
+    use nuvec::transforms::{jvp_flat, vmap_flat};
+    let n = 3;
+    let q = array(&[n, 1, 4, 3, 16], DType::F32, 21);
+    let k = array(&[n, 1, 2, 7, 16], DType::F32, 22);
+    let v = array(&[n, 1, 2, 7, 8], DType::F32, 23);
+    let mask = array(&[3, 7], DType::F32, 24);
+    let sinks = array(&[4], DType::F32, 25);
+    let item = |x: &Array, i: i32| {
+        x.slice(&[i, 0, 0, 0, 0], &[i + 1, x.shape()[1], x.shape()[2], x.shape()[3], x.shape()[4]], &[1; 5]).squeeze(0)
+    };
+    for (name, opts) in [
+        ("causal", AttentionOptions::causal()),
+        ("mask and sinks", AttentionOptions::default().mask(&mask).sinks(&sinks)),
+    ] {
+        for shared in [false, true] {
+            let axes = [Some(0), if shared { None } else { Some(0) }, if shared { None } else { Some(0) }];
+            let (kk, vv) = if shared { (item(&k, 0), item(&v, 0)) } else { (k.clone(), v.clone()) };
+            let f = |x: &[Array]| Ok(vec![fast::scaled_dot_product_attention(&x[0], &x[1], &x[2], 0.3, &opts)]);
+            let got = vmap_flat(f, &axes, &[0])(&[q.clone(), kk.clone(), vv.clone()]).unwrap().remove(0);
+            for i in 0..n {
+                let (ki, vi) = if shared { (kk.clone(), vv.clone()) } else { (item(&k, i), item(&v, i)) };
+                let want = fast::scaled_dot_product_attention(&item(&q, i), &ki, &vi, 0.3, &opts);
+                let what = format!("vmap {name}, shared keys {shared}, item {i}");
+                assert_close(&what, &host(&item(&got, i)), &host(&want), 1e-5);
+            }
+        }
+    }
+    // jvp in float64 against central differences along a random direction.
+    let (q, k, v) = (
+        array(&[1, 2, 4, 8], DType::F64, 31),
+        array(&[1, 1, 6, 8], DType::F64, 32),
+        array(&[1, 1, 6, 4], DType::F64, 33),
+    );
+    let dirs = [
+        array(&[1, 2, 4, 8], DType::F64, 34),
+        array(&[1, 1, 6, 8], DType::F64, 35),
+        array(&[1, 1, 6, 4], DType::F64, 36),
+    ];
+    let opts = AttentionOptions::causal().window(4);
+    let f = |x: &[Array]| fast::scaled_dot_product_attention(&x[0], &x[1], &x[2], 0.5, &opts);
+    let primals = [q, k, v];
+    let (_, t) = jvp_flat(|x| Ok(vec![f(x)]), &primals, &dirs).unwrap();
+    let h = 1e-6;
+    let at = |s: f64| {
+        let x: Vec<Array> = primals.iter().zip(&dirs).map(|(p, d)| p + &(d * s)).collect();
+        host(&f(&x))
+    };
+    let (plus, minus) = (at(h), at(-h));
+    let fd: Vec<f64> = plus.iter().zip(&minus).map(|(a, b)| (a - b) / (2.0 * h)).collect();
+    assert_close("jvp", &host(&t[0]), &fd, 1e-6);
 }
