@@ -41,12 +41,14 @@ fn rows_per_block(rows: u32) -> u32 {
     ROWS.into_iter().find(|&r| r >= rows).unwrap_or(8)
 }
 
-/// The module of `d`: `attention_vector_{D}_{Dv}_r{R}` (blocks of up to `R` query rows) and
-/// `attention_vector_merge_{Dv}`.
+/// The module of `d`: for float32 `attention_vector_{D}_{Dv}_r{R}` (blocks of up to `R` query
+/// rows); for float16/bfloat16 `attention_vector_mma_{D}_{Dv}` and `attention_tiled_{D}`; for
+/// all, `attention_vector_merge_{Dv}`.
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["attention.cuh"]);
     let t = ctype(d);
-    for (hd, hv) in HEADS {
+    // Half precision decodes on tensor cores (below); the CUDA-core vector kernel is float32's.
+    for (hd, hv) in HEADS.into_iter().filter(|_| !d.is_half()) {
         let (nw, _) = vector_block(d, hd, hv);
         let threads = nw * 32;
         for r in ROWS {
