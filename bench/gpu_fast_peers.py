@@ -46,7 +46,11 @@ Attention cases (bf16, ``q [B, 32, Lq, 128]``, ``k``, ``v [B, 8, Lk, 128]``, as 
   (1, 4096), (1, 32768), (1, 131072), (8, 8192), (32, 8192), (64, 4096); Lq = 4 causal for
   (1, 32768) and (32, 8192). Each adds a ``_us`` row.
 * ``sdpa_prefill_bf16_B{B}_L{L}_{causal|full}``, Lq = Lk = L, TFLOP/s of ``4*B*32*L*L*128``
-  FLOPs, halved when causal: (1, 4096) and (4, 4096) causal, (1, 8192) full.
+  FLOPs, halved when causal: (1, 4096), (4, 4096) and (1, 8192) causal, (1, 8192) full.
+* ``sdpa_fwdbwd_bf16_B{B}_L{L}_causal``: the forward and ``torch.autograd.grad`` of q, k and v
+  every iteration, TFLOP/s of 3.5 times the forward's FLOPs, for (B, L) in (1, 2048), (1, 4096),
+  (4, 4096), (1, 8192); ``sdpa_bwd_bf16_*`` the backward alone (as the other backward cases),
+  TFLOP/s of 2.5 times the forward's.
 
 Backward cases (``*_bwd_*``) build the forward graph before timing and time
 ``torch.autograd.grad(outputs, inputs, cotangents, retain_graph=True)``; the graph of
@@ -581,7 +585,7 @@ def build_cases(copies, liger):
         cases.append(c)
 
     # Attention prefill: Lq = Lk = L, causal or full, in TFLOP/s.
-    for b, t, causal in ((1, 4096, True), (4, 4096, True), (1, 8192, False)):
+    for b, t, causal in ((1, 4096, True), (4, 4096, True), (1, 8192, True), (1, 8192, False)):
         flops = 4 * b * ATTN_HQ * t * t * ATTN_D // (2 if causal else 1)
         c = Case(f"sdpa_prefill_bf16_B{b}_L{t}_{'causal' if causal else 'full'}", flops, 0, False, "TFLOP/s")
         k = copies((ATTN_HQ + 2 * ATTN_HKV) * b * t * ATTN_D * ELEM)
@@ -591,6 +595,48 @@ def build_cases(copies, liger):
                     rand((b, ATTN_HKV, t, ATTN_D), 750 + j), None, causal)
         c.makers["eager"] = fwd_maker(sdpa_eager, ins, k)
         c.makers["flash"] = flash_maker(c.name, ins, k)
+        cases.append(c)
+
+    # Attention's training step, causal: forward and backward, and the backward alone.
+    for b, t in ((1, 2048), (1, 4096), (4, 4096), (1, 8192)):
+        forward = 2 * b * ATTN_HQ * t * t * ATTN_D
+        k = copies((2 * ATTN_HQ + 2 * ATTN_HKV) * b * t * ATTN_D * ELEM)
+
+        def ins(j, b=b, t=t):
+            return (rand((b, ATTN_HQ, t, ATTN_D), 760 + j), rand((b, ATTN_HKV, t, ATTN_D), 770 + j),
+                    rand((b, ATTN_HKV, t, ATTN_D), 780 + j))
+
+        def fwdbwd_maker(backend, ins=ins, k=k, b=b, t=t):
+            def make():
+                copies_ = []
+                for j in range(k):
+                    q, kk, v = ins(j)
+                    copies_.append((q.requires_grad_(True), kk.requires_grad_(True), v.requires_grad_(True),
+                                    rand((b, ATTN_HQ, t, ATTN_D), 790 + j)))
+
+                def run(i):
+                    q, kk, v, g = copies_[i % k]
+                    if backend is None:
+                        out = sdpa_eager(q, kk, v, causal=True)
+                    else:
+                        from torch.nn.attention import sdpa_kernel
+                        with sdpa_kernel(backend):
+                            out = sdpa_eager(q, kk, v, causal=True)
+                    return torch.autograd.grad(out, (q, kk, v), g)
+                return run, k
+            return make
+
+        c = Case(f"sdpa_fwdbwd_bf16_B{b}_L{t}_causal", int(3.5 * forward), 0, False, "TFLOP/s")
+        c.makers["eager"] = fwdbwd_maker(None)
+        try:
+            from torch.nn.attention import SDPBackend
+            c.makers["flash"] = fwdbwd_maker(SDPBackend.FLASH_ATTENTION)
+        except Exception:
+            pass
+        cases.append(c)
+        c = Case(f"sdpa_bwd_bf16_B{b}_L{t}_causal", int(2.5 * forward), 0, False, "TFLOP/s")
+        c.makers["eager"] = bwd_maker(lambda q, kk, v: sdpa_eager(q, kk, v, causal=True), ins, (0, 1, 2),
+                                      lambda j, outs, b=b, t=t: (rand((b, ATTN_HQ, t, ATTN_D), 790 + j),), k)
         cases.append(c)
     return cases
 

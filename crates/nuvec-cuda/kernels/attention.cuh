@@ -13,6 +13,7 @@
 #include "common.cuh"
 
 #define ATT_LOG2E 1.4426950408889634f
+#define ATT_LN2 0.6931471805599453f
 
 // Mirrors fast::vector_blocks in nuvec-core: the same partitions on host and device, from the
 // batch x key-value heads and a row's keys.
@@ -370,8 +371,8 @@ __device__ __forceinline__ void att_stage(u32 dst, const T* src, i64 rs, int fir
 template <typename T, int D>
 __device__ __forceinline__ void attention_tiled(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-    const T* __restrict__ sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2,
-    int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
+    float* __restrict__ lse, const T* __restrict__ sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2,
+    i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
   constexpr int ROW = D * 2 + 16;  // staged row bytes: the pad spreads ldmatrix rows over the banks
   constexpr int KS = D / 16, NT = ATT_BC / 8, DT = D / 8;
   extern __shared__ __align__(16) unsigned char att_smem[];
@@ -508,6 +509,9 @@ __device__ __forceinline__ void attention_tiled(
     float l = lrow[i];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = r0 + i * 8;
+    if (lse && t4 == 0 && r < Lq)
+      lse[((i64)b * Hq + h) * Lq + r] = l > 0.0f ? (mrow[i] + log2f(l)) * ATT_LN2 : -INFINITY;
     float scl = 1.0f;
     if (sinks) {
       const float sk2 = widen(sinks[h]) * ATT_LOG2E, m2 = fmaxf(mrow[i], sk2);
@@ -516,13 +520,224 @@ __device__ __forceinline__ void attention_tiled(
       l = l * a + exp2f(sk2 - m2);
     }
     const float inv = l > 0.0f ? scl / l : 0.0f;
-    const int r = r0 + i * 8;
     if (r >= Lq) continue;
     T* dst = out + (((i64)b * Hq + h) * Lq + r) * D;
 #pragma unroll
     for (int n = 0; n < DT; ++n) {
       const u32 pk = att_pack<T>(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
       *reinterpret_cast<u32*>(dst + n * 8 + 2 * t4) = pk;
+    }
+  }
+}
+
+// ---- backward (FlashAttention-2's) ------------------------------------------------------------
+// A block of 4 warps owns 64 keys of one key-value head, 16 per warp, and walks the tiles of 32
+// query rows that attend them, for each query head of its group. Per tile it recomputes the
+// transposed scores S^T = K Q^T on tensor cores and the probabilities P^T from the forward's
+// log-sum-exp, then accumulates dV += P^T dO and dK += dS^T Q in registers (dS = P (dP - delta),
+// dP^T = V dO^T, delta = rowsum(dO O)). The tile's dQ += dS K goes through shared memory to a
+// float32 accumulator by atomic adds, which a last kernel scales and narrows. Keys stay in their
+// block, so dK and dV need no atomics, and the transposed layout makes P^T and dS^T the A
+// operands of their products straight from the accumulators.
+
+#define ATB_BC 64
+#define ATB_BR 32
+
+// delta = rowsum(dO * O) for rows of D features (row-major), a warp per row.
+template <typename T, int D>
+__device__ __forceinline__ void attention_backward_delta(const T* __restrict__ o, const T* __restrict__ g,
+                                                         float* __restrict__ delta, i64 rows) {
+  const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  float s = 0.0f;
+#pragma unroll
+  for (int d = lane; d < D; d += 32) s += widen(o[row * D + d]) * widen(g[row * D + d]);
+  s = att_warp_sum(s);
+  if (lane == 0) delta[row] = s;
+}
+
+// dQ = scale * its float32 accumulator, in T.
+template <typename T>
+__device__ __forceinline__ void attention_backward_dq(const float* __restrict__ acc, T* __restrict__ dq, i64 n,
+                                                      float scale) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+    dq[i] = narrow<T>(acc[i] * scale);
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void attention_backward(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ go,
+    const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ dq, T* __restrict__ dk,
+    T* __restrict__ dv, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 gs0,
+    i64 gs1, i64 gs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
+  constexpr int ROW = D * 2 + 16, DSROW = ATB_BR * 2 + 16;
+  constexpr int KS = D / 16, QT = ATB_BR / 8, DT = D / 8;
+  extern __shared__ __align__(16) unsigned char att_smem[];
+  const u32 sk = (u32)__cvta_generic_to_shared(att_smem);
+  const u32 sv = sk + ATB_BC * ROW, sq = sv + ATB_BC * ROW, sg = sq + ATB_BR * ROW, sds = sg + ATB_BR * ROW;
+  unsigned char* ds_tile = att_smem + (2 * ATB_BC + 2 * ATB_BR) * ROW;
+  float* s_lse = reinterpret_cast<float*>(ds_tile + ATB_BC * DSROW);
+  float* s_delta = s_lse + ATB_BR;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, m = lane >> 3;
+  // Causal: the first key tiles have the most query rows; they start first.
+  const int j0 = blockIdx.x * ATB_BC;
+  const int kh = blockIdx.y % Hkv, b = blockIdx.y / Hkv, group = Hq / Hkv, off = Lk - Lq;
+  // Query rows whose bounds reach these keys: position >= j0, and with a window, position
+  // - window < the last key.
+  const int ibeg = causal ? max(0, j0 - off) : 0;
+  const int iend = (causal && window > 0) ? min(Lq, j0 + ATB_BC - 1 + window - off) : Lq;
+  const int it0 = ibeg / ATB_BR, it1 = iend > ibeg ? (iend + ATB_BR - 1) / ATB_BR : it0;
+
+  att_stage<T, D, ROW, ATB_BC>(sk, k + b * ks0 + kh * ks1, ks2, j0, Lk);
+  att_stage<T, D, ROW, ATB_BC>(sv, v + b * vs0 + kh * vs1, vs2, j0, Lk);
+  att_commit();
+
+  const float sl2 = scale * ATT_LOG2E;
+  const int jr = j0 + warp * 16 + g;  // this thread's keys: jr and jr + 8
+  float dka[DT][4], dva[DT][4];
+#pragma unroll
+  for (int n = 0; n < DT; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) dka[n][c] = dva[n][c] = 0.0f;
+
+  for (int hh = 0; hh < group; ++hh) {
+    const int h = kh * group + hh;
+    const i64 rows = ((i64)b * Hq + h) * Lq;
+    for (int it = it0; it < it1; ++it) {
+      const int i0 = it * ATB_BR;
+      att_stage<T, D, ROW, ATB_BR>(sq, q + b * qs0 + h * qs1, qs2, i0, Lq);
+      att_stage<T, D, ROW, ATB_BR>(sg, go + b * gs0 + h * gs1, gs2, i0, Lq);
+      att_commit();
+      if (threadIdx.x < ATB_BR) {
+        const int i = i0 + threadIdx.x;
+        s_lse[threadIdx.x] = i < Lq ? lse[rows + i] * ATT_LOG2E : 0.0f;
+        s_delta[threadIdx.x] = i < Lq ? delta[rows + i] : 0.0f;
+      }
+      asm volatile("cp.async.wait_group 0;" ::: "memory");
+      __syncthreads();
+
+      // S^T: this warp's 16 keys x the tile's 32 queries.
+      float s[QT][4];
+#pragma unroll
+      for (int n = 0; n < QT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        u32 af[4];
+        att_ldsm4(af, sk + (warp * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
+#pragma unroll
+        for (int np = 0; np < QT / 2; ++np) {
+          u32 bfr[4];
+          att_ldsm4(bfr, sq + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
+          att_mma<T>(s[2 * np], af, bfr[0], bfr[1]);
+          att_mma<T>(s[2 * np + 1], af, bfr[2], bfr[3]);
+        }
+      }
+      // P^T, zero outside each row's bounds.
+#pragma unroll
+      for (int n = 0; n < QT; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int j = jr + (c >> 1) * 8, il = n * 8 + 2 * t4 + (c & 1), pos = i0 + il + off;
+          const bool ok = j < Lk && i0 + il < Lq && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
+          s[n][c] = ok ? exp2f(s[n][c] * sl2 - s_lse[il]) : 0.0f;
+        }
+      // dV += P^T dO.
+#pragma unroll
+      for (int kk = 0; kk < ATB_BR / 16; ++kk) {
+        u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
+                     att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          u32 bfr[4];
+          att_ldsm4_t(bfr, sg + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
+          att_mma<T>(dva[2 * dp], pf, bfr[0], bfr[1]);
+          att_mma<T>(dva[2 * dp + 1], pf, bfr[2], bfr[3]);
+        }
+      }
+      // dP^T = V dO^T, then dS^T = P^T (dP^T - delta) in place.
+      float dpt[QT][4];
+#pragma unroll
+      for (int n = 0; n < QT; ++n) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+        u32 af[4];
+        att_ldsm4(af, sv + (warp * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
+#pragma unroll
+        for (int np = 0; np < QT / 2; ++np) {
+          u32 bfr[4];
+          att_ldsm4(bfr, sg + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
+          att_mma<T>(dpt[2 * np], af, bfr[0], bfr[1]);
+          att_mma<T>(dpt[2 * np + 1], af, bfr[2], bfr[3]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < QT; ++n)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[n][c] *= dpt[n][c] - s_delta[n * 8 + 2 * t4 + (c & 1)];
+      // dK += dS^T Q; dS^T to shared memory for dQ.
+#pragma unroll
+      for (int kk = 0; kk < ATB_BR / 16; ++kk) {
+        u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
+                     att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const int kr = warp * 16 + g, col = kk * 16 + 2 * t4;
+        *reinterpret_cast<u32*>(ds_tile + kr * DSROW + col * 2) = pf[0];
+        *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + col * 2) = pf[1];
+        *reinterpret_cast<u32*>(ds_tile + kr * DSROW + (col + 8) * 2) = pf[2];
+        *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + (col + 8) * 2) = pf[3];
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          u32 bfr[4];
+          att_ldsm4_t(bfr, sq + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
+          att_mma<T>(dka[2 * dp], pf, bfr[0], bfr[1]);
+          att_mma<T>(dka[2 * dp + 1], pf, bfr[2], bfr[3]);
+        }
+      }
+      __syncthreads();
+      // dQ (32 queries x D) += dS K: each warp takes pairs of 8-feature columns, both 16-row halves.
+      for (int dp = warp; dp < DT / 2; dp += 4) {
+        float acc[2][2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nn = 0; nn < 2; ++nn) acc[mt][nn][0] = acc[mt][nn][1] = acc[mt][nn][2] = acc[mt][nn][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < ATB_BC / 16; ++kk) {
+          u32 bfr[4];
+          att_ldsm4_t(bfr, sk + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            u32 af[4];
+            att_ldsm4_t(af, sds + (kk * 16 + (m >> 1) * 8 + (lane & 7)) * DSROW + (mt * 16 + (m & 1) * 8) * 2);
+            att_mma<T>(acc[mt][0], af, bfr[0], bfr[1]);
+            att_mma<T>(acc[mt][1], af, bfr[2], bfr[3]);
+          }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int i = i0 + mt * 16 + g + (c >> 1) * 8;
+            if (i >= Lq) continue;
+#pragma unroll
+            for (int nn = 0; nn < 2; ++nn) atomicAdd(dq + (rows + i) * D + (2 * dp + nn) * 8 + 2 * t4 + (c & 1), acc[mt][nn][c]);
+          }
+      }
+      __syncthreads();
+    }
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+
+  // dK = scale dS^T Q and dV, for the keys inside Lk.
+#pragma unroll
+  for (int c2 = 0; c2 < 2; ++c2) {
+    const int j = jr + c2 * 8;
+    if (j >= Lk) continue;
+    const i64 at = (((i64)b * Hkv + kh) * Lk + j) * D;
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      *reinterpret_cast<u32*>(dk + at + n * 8 + 2 * t4) = att_pack<T>(dka[n][2 * c2] * scale, dka[n][2 * c2 + 1] * scale);
+      *reinterpret_cast<u32*>(dv + at + n * 8 + 2 * t4) = att_pack<T>(dva[n][2 * c2], dva[n][2 * c2 + 1]);
     }
   }
 }

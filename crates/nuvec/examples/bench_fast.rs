@@ -69,7 +69,11 @@
 //!   (B, Lk) in {(1, 32768), (32, 8192)}.
 //! * `sdpa_prefill_bf16_B{B}_L{L}_{causal|full}`, Lq = Lk = L, in TFLOP/s (unit `TFLOP/s`,
 //!   fraction `-`: this benchmark measures no compute ceiling) of `4·B·32·L·L·128` FLOPs (the
-//!   two products), halved when causal: B1 L4096 and B4 L4096 causal, B1 L8192 full.
+//!   two products), halved when causal: B1 L4096, B4 L4096 and B1 L8192 causal, B1 L8192 full.
+//! * `sdpa_fwdbwd_bf16_B{B}_L{L}_causal`: the forward and the cotangents of `q`, `k` and `v`
+//!   (a training step's attention), in TFLOP/s of 3.5 times the forward's FLOPs (the backward
+//!   counted as 2.5, as FlashAttention does), for (B, L) in {(1, 2048), (1, 4096), (4, 4096),
+//!   (1, 8192)}. Against the forward cases of the same shapes, the backward alone.
 //!
 //! Latency-bound cases (1 and 16 tokens, decode rope, every attention decode case) add a row
 //! `<name>_us`: microseconds per call, unit `us`.
@@ -135,6 +139,7 @@ fn run_all(b: &mut Bench) {
     cross_entropy(b);
     sdpa_decode(b);
     sdpa_prefill(b);
+    sdpa_fwdbwd(b);
 }
 
 /// `goal` when the main tensor is big enough for bandwidth to decide.
@@ -430,7 +435,7 @@ fn sdpa_decode(b: &mut Bench) {
 /// `k`, `v [B, 8, L, 128]`, causal or full, in TFLOP/s of `4·B·Hq·L²·D` (half that causal).
 fn sdpa_prefill(b: &mut Bench) {
     let scale = attn_scale();
-    for (batch, l, causal) in [(1i32, 4096i32, true), (4, 4096, true), (1, 8192, false)] {
+    for (batch, l, causal) in [(1i32, 4096i32, true), (4, 4096, true), (1, 8192, true), (1, 8192, false)] {
         let q_shape = [batch, ATTN_HQ, l, ATTN_D];
         let kv_shape = [batch, ATTN_HKV, l, ATTN_D];
         let opts = if causal { fast::AttentionOptions::causal() } else { fast::AttentionOptions::default() };
@@ -445,6 +450,32 @@ fn sdpa_prefill(b: &mut Bench) {
             let ks = randoms(k, &kv_shape, DT, 740)?;
             let vs = randoms(k, &kv_shape, DT, 750)?;
             Ok(one(move |i| fast::scaled_dot_product_attention(&qs[i % k], &ks[i % k], &vs[i % k], scale, &opts)))
+        });
+    }
+}
+
+/// Attention's forward and the cotangents of `q`, `k` and `v` (causal, Lq = Lk = L), in
+/// TFLOP/s of 3.5 times the forward's FLOPs.
+fn sdpa_fwdbwd(b: &mut Bench) {
+    let scale = attn_scale();
+    for (batch, l) in [(1i32, 2048i32), (1, 4096), (4, 4096), (1, 8192)] {
+        let q_shape = [batch, ATTN_HQ, l, ATTN_D];
+        let kv_shape = [batch, ATTN_HKV, l, ATTN_D];
+        let opts = fast::AttentionOptions::causal();
+        let forward = 2.0 * f64::from(batch) * f64::from(ATTN_HQ) * f64::from(l) * f64::from(l) * f64::from(ATTN_D);
+        let k = b.copies((2 * elems(&q_shape) + 2 * elems(&kv_shape)) * ELEM);
+        let name = format!("sdpa_fwdbwd_bf16_B{batch}_L{l}_causal");
+        tflops_case(b, &name, 3.5 * forward, || {
+            show_plan(&name, &q_shape, &kv_shape, &opts);
+            let qs = randoms(k, &q_shape, DT, 760)?;
+            let ks = randoms(k, &kv_shape, DT, 770)?;
+            let vs = randoms(k, &kv_shape, DT, 780)?;
+            let cots = randoms(k, &q_shape, DT, 790)?;
+            Ok(Box::new(move |i| {
+                let f = |x: &[Array]| vec![fast::scaled_dot_product_attention(&x[0], &x[1], &x[2], scale, &opts)];
+                let (q, kk, v) = (qs[i % k].clone(), ks[i % k].clone(), vs[i % k].clone());
+                grads(f, &[q, kk, v], std::slice::from_ref(&cots[i % k]))
+            }))
         });
     }
 }

@@ -163,24 +163,27 @@ pub fn scaled_dot_product_attention(
         AttentionKernel::Composed => parts.rows(0, q.shape()[2]),
         AttentionKernel::ComposedBlocks { rows } => parts.blocks(rows),
         kernel => {
-            let params = AttentionParams {
-                scale,
-                causal: options.is_causal(),
-                window: options.window,
-                mask: options
-                    .mask_array()
-                    .map(|m| if m.dtype() == DType::Bool { MaskInput::Bool } else { MaskInput::Additive }),
-                sinks: options.sinks.is_some(),
-                kernel,
-            };
-            record(FastOp::Attention(params), given.into_iter().cloned().collect(), 1).remove(0)
+            let params = params(options, scale, kernel);
+            let n = 1 + params.lse as usize;
+            record(FastOp::Attention(params), given.into_iter().cloned().collect(), n).remove(0)
         }
     }
 }
 
+/// The parameters recording `kernel` for `options`. The tiled kernel also outputs the rows'
+/// log-sum-exp where the fused backward covers the options (no array mask, no sinks).
+pub(super) fn params(options: &AttentionOptions<'_>, scale: f32, kernel: AttentionKernel) -> AttentionParams {
+    let mask =
+        options.mask_array().map(|m| if m.dtype() == DType::Bool { MaskInput::Bool } else { MaskInput::Additive });
+    let sinks = options.sinks.is_some();
+    let lse = kernel == AttentionKernel::Tiled && mask.is_none() && !sinks;
+    AttentionParams { scale, causal: options.is_causal(), window: options.window, mask, sinks, kernel, lse }
+}
+
 /// The composition of a recorded attention (the fallback of its kernel, and what defines its
-/// derivatives and batching): the rows one by one for 2 to 8 causal queries, else all at once.
-pub(super) fn composition(p: &AttentionParams, inputs: &[Array]) -> Array {
+/// derivatives and batching): the rows one by one for 2 to 8 causal queries, else all at once;
+/// with `lse`, also the rows' log-sum-exp.
+pub(super) fn composition(p: &AttentionParams, inputs: &[Array]) -> Vec<Array> {
     let mut options = if p.causal { AttentionOptions::causal() } else { AttentionOptions::default() };
     options.window = p.window;
     if p.mask.is_some() {
@@ -191,7 +194,27 @@ pub(super) fn composition(p: &AttentionParams, inputs: &[Array]) -> Array {
     }
     let parts = Parts { q: &inputs[0], k: &inputs[1], v: &inputs[2], scale: p.scale, options: &options };
     let lq = inputs[0].shape()[2];
-    if p.causal && (2..=8).contains(&lq) { parts.blocks(1) } else { parts.rows(0, lq) }
+    let out = if p.causal && (2..=8).contains(&lq) { parts.blocks(1) } else { parts.rows(0, lq) };
+    if p.lse { vec![out, parts.lse()] } else { vec![out] }
+}
+
+/// The cotangents of an attention whose kernel gave its rows' log-sum-exp: inputs
+/// `[q, k, v, out, lse, g]`. The fused backward where the backend has it, else the
+/// composition's derivative.
+pub(super) fn vjp(p: &AttentionParams, x: &[Array], y: &[Array], g: &Array) -> Vec<Array> {
+    let inputs = vec![x[0].clone(), x[1].clone(), x[2].clone(), y[0].clone(), y[1].clone(), g.clone()];
+    record(FastOp::AttentionVjp(*p), inputs, 3)
+}
+
+/// The composition of [`FastOp::AttentionVjp`]: the composition's derivative with respect to
+/// `q`, `k` and `v` (the forward's outputs are not needed).
+pub(super) fn vjp_composition(p: &AttentionParams, inputs: &[Array]) -> Vec<Array> {
+    let forward = AttentionParams { lse: false, ..*p };
+    let f = move |xs: &[Array]| Ok(composition(&forward, xs));
+    match crate::transforms::vjp_flat(f, &inputs[..3], &inputs[5..6]) {
+        Ok((_, d)) => d,
+        Err(e) => vec![Array::from_error(e); 3],
+    }
 }
 
 /// The lowest finite value of `d`, which masked scores take.
@@ -220,6 +243,29 @@ impl Parts<'_, '_> {
         let rows = rows.max(1);
         let outs: Vec<Array> = (0..lq).step_by(rows as usize).map(|r0| self.rows(r0, (r0 + rows).min(lq))).collect();
         if outs.len() == 1 { outs.into_iter().next().unwrap_or_default() } else { ops::concatenate(&outs, 2) }
+    }
+
+    /// Each row's log-sum-exp of its scaled, masked scores in `float32` `[B, Hq, Lq]` (`-inf`
+    /// for a row with no key), as the tiled kernel gives it: products of the inputs in `float32`.
+    /// Causal bounds and windows only (the options of a kernel that outputs it).
+    fn lse(&self) -> Array {
+        let [b, hq, lq, d] = [0, 1, 2, 3].map(|i| self.q.shape()[i]);
+        let [hkv, lk] = [self.k.shape()[1], self.k.shape()[2]];
+        let wide = |x: &Array| x.astype(DType::F32);
+        let q = wide(self.q).reshape([b, hkv, (hq / hkv) * lq, d]);
+        let s = (q.matmul(&wide(self.k).swapaxes(-1, -2)) * self.scale).reshape([b, hkv, hq / hkv, lq, lk]);
+        let s = if self.options.is_causal() {
+            let pos = ops::arange_dtype(lk - lq, lk, 1, DType::I32).reshape([lq, 1]);
+            let keys = ops::arange_dtype(0, lk, 1, DType::I32).reshape([1, lk]);
+            let mut allowed = keys.less_equal(&pos);
+            if let Some(w) = self.options.window {
+                allowed = allowed.logical_and(keys.greater(pos - w));
+            }
+            ops::where_(&allowed, &s, f32::NEG_INFINITY)
+        } else {
+            s
+        };
+        s.logsumexp(-1).reshape([b, hq, lq])
     }
 
     /// The composition for query rows `r0..r1`, reading only the keys they may attend.

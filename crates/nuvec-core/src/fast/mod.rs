@@ -65,7 +65,8 @@ impl FastOp {
             FastOp::CrossEntropyVjp => {
                 vec![glu_loss::cross_entropy_vjp_composition(&inputs[0], &inputs[1], &inputs[2])]
             }
-            FastOp::Attention(p) => vec![attention::composition(p, inputs)],
+            FastOp::Attention(p) => attention::composition(p, inputs),
+            FastOp::AttentionVjp(p) => attention::vjp_composition(p, inputs),
             FastOp::CrossEntropyWithGrad => {
                 glu_loss::cross_entropy_with_grad_composition(&inputs[0], &inputs[1], &inputs[2])
             }
@@ -84,7 +85,7 @@ impl FastOp {
             FastOp::Rope(_) => Some(1).filter(|_| n >= 2),
             // The weight and bias cotangents sum over rows, the batch included.
             FastOp::RmsNormVjp { .. } | FastOp::LayerNormVjp { .. } => None,
-            FastOp::Attention(_) => None,
+            FastOp::Attention(_) | FastOp::AttentionVjp(_) => None,
         }
     }
 }
@@ -177,6 +178,11 @@ impl FastOp {
             FastOp::CrossEntropy => {
                 let inputs = vec![x[0].clone(), x[1].clone(), g[0].clone(), y[0].clone()];
                 vec![Some(record(FastOp::CrossEntropyVjp, inputs, 1).remove(0)), None]
+            }
+            FastOp::Attention(p) if p.lse => {
+                let mut d = attention::vjp(p, x, y, &g[0]).into_iter().map(Some).collect::<Vec<_>>();
+                d.resize(x.len(), None);
+                d
             }
             _ => {
                 let op = self.clone();

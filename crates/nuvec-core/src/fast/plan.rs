@@ -8,7 +8,7 @@ use crate::device::{DeviceKind, default_stream};
 use crate::dtype::DType;
 use crate::error::{Error, OpErrorKind, Result};
 use crate::primitive::Primitive;
-use crate::primitive::fast::{AttentionKernel, AttentionParams, MaskInput, check_attention};
+use crate::primitive::fast::{AttentionKernel, check_attention};
 use crate::storage::Spec;
 
 use super::{AttentionOptions, FastOp};
@@ -116,16 +116,6 @@ pub fn plan_attention(
         }
     }
 
-    let kernel = |kernel: AttentionKernel| AttentionParams {
-        scale: 1.0,
-        causal,
-        window: options.window,
-        mask: options
-            .mask_array()
-            .map(|m| if m.dtype() == DType::Bool { MaskInput::Bool } else { MaskInput::Additive }),
-        sinks: options.sinks.is_some(),
-        kernel,
-    };
     let device = default_stream().device;
     if device.kind == DeviceKind::Gpu && lq > 0 && lk > 0 {
         let mut inputs: Vec<Spec> =
@@ -138,7 +128,7 @@ pub fn plan_attention(
         } else {
             AttentionKernel::Tiled
         };
-        let primitive = Primitive::Fast(FastOp::Attention(kernel(candidate)));
+        let primitive = Primitive::Fast(FastOp::Attention(super::attention::params(options, 1.0, candidate)));
         if backend_for(device).is_ok_and(|be| be.supports(&primitive, &inputs, &out)) {
             let scratch = match candidate {
                 AttentionKernel::Vector { passes: 2, blocks } => b * hq * lq as usize * blocks as usize * (dv * 4 + 8),

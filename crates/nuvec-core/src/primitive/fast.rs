@@ -75,8 +75,13 @@ pub enum FastOp {
     CrossEntropyWithGrad,
     /// [`scaled_dot_product_attention`](crate::fast::scaled_dot_product_attention) on a kernel
     /// of the backend: inputs `[q, k, v, mask?, sinks?]`, output `[B, Hq, Lq, Dv]` in `q`'s
-    /// dtype. Recorded only when [`plan_attention`](crate::fast::plan_attention) chose a kernel.
+    /// dtype, and with [`AttentionParams::lse`] each row's `float32` log-sum-exp `[B, Hq, Lq]`.
+    /// Recorded only when [`plan_attention`](crate::fast::plan_attention) chose a kernel.
     Attention(AttentionParams),
+    /// The attention's cotangents from its kernel's outputs: inputs `[q, k, v, out, lse, g]`,
+    /// outputs `[dq, dk, dv]` in `q`'s dtype (FlashAttention-2's backward: the scores are
+    /// recomputed tile by tile from the forward's log-sum-exp, never held whole).
+    AttentionVjp(AttentionParams),
 }
 
 /// What an attention's mask input is.
@@ -129,6 +134,10 @@ pub struct AttentionParams {
     pub sinks: bool,
     /// The planned kernel.
     pub kernel: AttentionKernel,
+    /// Whether the kernel also outputs each query row's log-sum-exp of its scaled, masked
+    /// scores (`float32` `[B, Hq, Lq]`, `-inf` for a row with no key), from which the fused
+    /// backward recomputes the probabilities.
+    pub lse: bool,
 }
 
 impl FastOp {
@@ -149,6 +158,7 @@ impl FastOp {
             FastOp::CrossEntropyVjp => "cross_entropy_vjp",
             FastOp::CrossEntropyWithGrad => "cross_entropy_with_grad",
             FastOp::Attention(_) => "scaled_dot_product_attention",
+            FastOp::AttentionVjp(_) => "scaled_dot_product_attention_vjp",
         }
     }
 
@@ -172,6 +182,7 @@ impl FastOp {
                 Ok(specs)
             }
             FastOp::Attention(p) => attention_specs(p, inputs),
+            FastOp::AttentionVjp(p) => attention_vjp_specs(p, inputs),
         }
     }
 }
@@ -424,7 +435,25 @@ fn attention_specs(p: &AttentionParams, inputs: &[Spec]) -> Result<Vec<Spec>, Op
             return Err(invalid(format!("{SDPA}: {name} must have q's dtype {:?}, got {:?}", q.dtype, s.dtype)));
         }
     }
-    check_attention(&q.shape, &k.shape, &v.shape, q.dtype, mask, sinks, p.window)
+    let mut out = check_attention(&q.shape, &k.shape, &v.shape, q.dtype, mask, sinks, p.window)?;
+    if p.lse {
+        out.push(Spec { shape: q.shape[..3].iter().copied().collect(), dtype: DType::F32 });
+    }
+    Ok(out)
+}
+
+/// `[dq, dk, dv]` from `[q, k, v, out, lse, g]`: the forward's rule on `q`, `k` and `v`, its
+/// outputs and the cotangent of the same specs.
+fn attention_vjp_specs(p: &AttentionParams, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let [q, k, v, out, lse, g] = inputs else {
+        return Err(invalid(format!("{SDPA}_vjp: expected 6 inputs, got {}", inputs.len())));
+    };
+    let forward = AttentionParams { lse: true, mask: None, sinks: false, ..*p };
+    let want = attention_specs(&forward, &[q.clone(), k.clone(), v.clone()])?;
+    if [out, lse, g].into_iter().zip([&want[0], &want[1], &want[0]]).any(|(a, b)| a != b) {
+        return Err(invalid(format!("{SDPA}_vjp: out, lse and g must match the forward's outputs {want:?}")));
+    }
+    Ok(vec![q.clone(), k.clone(), v.clone()])
 }
 
 /// Checks an attention's arguments and returns its output spec `[B, Hq, Lq, Dv]`: `q` is

@@ -7,13 +7,13 @@
 use std::sync::Arc;
 
 use nuvec_core::fast::{AttentionKernel, AttentionParams, MaskInput, VECTOR_MAX_QUERIES};
-use nuvec_core::storage::{Operand, Spec};
+use nuvec_core::storage::{Operand, Output, Spec};
 use nuvec_core::{DType, Result};
 
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, allow_shared, launch};
-use crate::operand::{alloc, internal, kernel, ptr_of, row_major};
+use crate::operand::{alloc, alloc_out, internal, kernel, ptr_of, row_major};
 
 /// Head sizes with kernels: (D, Dv).
 const HEADS: [(i32, i32); 5] = [(64, 64), (80, 80), (96, 96), (128, 128), (256, 256)];
@@ -24,6 +24,12 @@ const TILED_HEADS: [i32; 4] = [64, 80, 96, 128];
 /// Query rows of a tiled block (`ATT_BR`: 16 per warp) and its keys per step (`ATT_BC`).
 const TILE_ROWS: u32 = 128;
 const TILE_KEYS: u32 = 64;
+
+/// Threads of a backward block (4 warps of 16 keys each: `ATB_BC`), and its query rows per step
+/// (`ATB_BR`).
+const BACKWARD_THREADS: u32 = 128;
+const BACKWARD_KEYS: u32 = 64;
+const BACKWARD_ROWS: u32 = 32;
 
 /// Warps of a vector block, and its dynamic shared memory: each warp stages a tile of 32 keys
 /// (padded 16 bytes) and their values; four warps, or two where four would pass 200 KiB.
@@ -65,9 +71,18 @@ pub(crate) fn source(d: DType) -> String {
         }
         for hd in TILED_HEADS {
             s.kernel(format!(
-                "__launch_bounds__({TILE_ROWS} * 2) attention_tiled_{hd}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const {t}* sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_tiled<{t}, {hd}>(q, k, v, out, sinks, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+                "__launch_bounds__({TILE_ROWS} * 2) attention_tiled_{hd}(const {t}* q, const {t}* k, const {t}* v, {t}* out, float* lse, const {t}* sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_tiled<{t}, {hd}>(q, k, v, out, lse, sinks, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+            ));
+            s.kernel(format!(
+                "__launch_bounds__({BACKWARD_THREADS}) attention_backward_{hd}(const {t}* q, const {t}* k, const {t}* v, const {t}* go, const float* lse, const float* delta, float* dq, {t}* dk, {t}* dv, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 gs0, i64 gs1, i64 gs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_backward<{t}, {hd}>(q, k, v, go, lse, delta, dq, dk, dv, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, gs0, gs1, gs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+            ));
+            s.kernel(format!(
+                "attention_backward_delta_{hd}(const {t}* o, const {t}* g, float* delta, i64 rows) {{ attention_backward_delta<{t}, {hd}>(o, g, delta, rows); }}"
             ));
         }
+        s.kernel(format!(
+            "attention_backward_dq(const float* acc, {t}* dq, i64 n, float scale) {{ attention_backward_dq<{t}>(acc, dq, n, scale); }}"
+        ));
     }
     for hv in HEADS.map(|(_, v)| v) {
         s.kernel(format!(
@@ -75,6 +90,18 @@ pub(crate) fn source(d: DType) -> String {
         ));
     }
     s.finish()
+}
+
+/// Whether the backward kernel runs this attention's derivative: half precision, the tiled
+/// kernel's head sizes, no array mask or sinks (the forward's log-sum-exp covers neither).
+pub(crate) fn supports_vjp(p: &AttentionParams, inputs: &[Spec]) -> bool {
+    let (q, k) = (&inputs[0], &inputs[1]);
+    q.dtype.is_half()
+        && p.mask.is_none()
+        && !p.sinks
+        && q.shape[3] == inputs[2].shape[3]
+        && TILED_HEADS.contains(&q.shape[3])
+        && k.shape[0] as i64 * k.shape[1] as i64 <= 65535
 }
 
 /// Whether a kernel runs this planned attention: a vector plan, `float32`/`float16`/`bfloat16`,
@@ -135,17 +162,19 @@ fn mask_strides(m: &Operand) -> [i64; 4] {
     out
 }
 
-/// Runs the planned kernel.
-pub(crate) fn eval(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64) -> Result<()> {
+/// Runs the planned kernel into `outputs` (the output, and with `lse` the rows' log-sum-exp).
+pub(crate) fn eval(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    let ptrs: Vec<u64> = outputs.iter_mut().map(|o| alloc_out(gpu, o)).collect::<Result<_>>()?;
     match p.kernel {
-        AttentionKernel::Vector { passes, blocks } => vector(gpu, p, passes, blocks, inputs, out),
-        AttentionKernel::Tiled => tiled(gpu, p, inputs, out),
+        AttentionKernel::Vector { passes, blocks } => vector(gpu, p, passes, blocks, inputs, ptrs[0]),
+        AttentionKernel::Tiled => tiled(gpu, p, inputs, ptrs[0], ptrs.get(1).copied().unwrap_or(0)),
         k => Err(internal(format!("no attention kernel for {k:?}"))),
     }
 }
 
-/// The tiled kernel: a block per 128 query rows of a head.
-fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64) -> Result<()> {
+/// The tiled kernel: a block per 128 query rows of a head; `lse` (or null) takes the rows'
+/// log-sum-exp.
+fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, lse: u64) -> Result<()> {
     let mut it = inputs.into_iter();
     let mut next = || it.next().ok_or_else(|| internal("scaled_dot_product_attention is missing an input"));
     let (q, qs) = heads(gpu, next()?, true)?;
@@ -157,7 +186,8 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64) ->
     if b == 0 || hq == 0 || lq == 0 {
         return Ok(());
     }
-    let mut args = vec![Arg::Ptr(ptr_of(&q)?), Arg::Ptr(ptr_of(&k)?), Arg::Ptr(ptr_of(&v)?), Arg::Ptr(out)];
+    let mut args =
+        vec![Arg::Ptr(ptr_of(&q)?), Arg::Ptr(ptr_of(&k)?), Arg::Ptr(ptr_of(&v)?), Arg::Ptr(out), Arg::Ptr(lse)];
     args.push(Arg::Ptr(sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0)));
     args.extend(qs.into_iter().chain(ks).chain(vs).map(Arg::I64));
     args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
@@ -169,6 +199,68 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64) ->
     let grid = ((lq as u32).div_ceil(TILE_ROWS), b as u32 * hq as u32, 1);
     // A warp per 16 query rows.
     launch(gpu, f, grid, (TILE_ROWS * 2, 1, 1), shared, args)
+}
+
+/// The backward kernels on inputs `[q, k, v, out, lse, g]` into outputs `[dq, dk, dv]`: the
+/// rows' `rowsum(g · out)`, a block per 64 keys of a key-value head accumulating `dk` and `dv`
+/// and adding to a `float32` `dq`, and `dq` narrowed.
+pub(crate) fn backward(
+    gpu: &Arc<Gpu>,
+    p: &AttentionParams,
+    inputs: Vec<Operand>,
+    outputs: &mut [Output],
+) -> Result<()> {
+    let mut it = inputs.into_iter();
+    let mut next = || it.next().ok_or_else(|| internal("scaled_dot_product_attention_vjp is missing an input"));
+    let (q, qs) = heads(gpu, next()?, true)?;
+    let (k, ks) = heads(gpu, next()?, true)?;
+    let (v, vs) = heads(gpu, next()?, true)?;
+    let o = row_major(gpu, next()?)?;
+    let lse = row_major(gpu, next()?)?;
+    let go = row_major(gpu, next()?)?;
+    let ptrs: Vec<u64> = outputs.iter_mut().map(|o| alloc_out(gpu, o)).collect::<Result<_>>()?;
+    let d = q.dtype;
+    let [b, hq, lq, hd] = [0, 1, 2, 3].map(|a| q.shape[a]);
+    let (hkv, lk) = (k.shape[1], k.shape[2]);
+    let rows = b as usize * hq as usize * lq as usize;
+    if rows == 0 || lk == 0 {
+        for (o, &ptr) in outputs.iter().zip(&ptrs) {
+            gpu.zero(ptr, o.size() * o.dtype.size())?;
+        }
+        return Ok(());
+    }
+    let family = Family::Attention(d);
+    let (delta, _delta_buf) = alloc(gpu, rows, DType::F32)?;
+    let f = kernel(gpu, family, &format!("attention_backward_delta_{hd}"))?;
+    let args = vec![Arg::Ptr(ptr_of(&o)?), Arg::Ptr(ptr_of(&go)?), Arg::Ptr(delta), Arg::I64(rows as i64)];
+    // A warp per row.
+    launch(gpu, f, ((rows as u32).div_ceil(8), 1, 1), (256, 1, 1), 0, args)?;
+
+    let (acc, _acc_buf) = alloc(gpu, rows * hd as usize, DType::F32)?;
+    gpu.zero(acc, rows * hd as usize * 4)?;
+    let gs = [lq as i64 * hd as i64 * hq as i64, lq as i64 * hd as i64, hd as i64];
+    let mut args = [ptr_of(&q)?, ptr_of(&k)?, ptr_of(&v)?, ptr_of(&go)?, ptr_of(&lse)?, delta, acc, ptrs[1], ptrs[2]]
+        .map(Arg::Ptr)
+        .into_iter()
+        .collect::<Vec<_>>();
+    args.extend(qs.into_iter().chain(ks).chain(vs).chain(gs).map(Arg::I64));
+    args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
+    args.push(Arg::F32(p.scale));
+    let f = kernel(gpu, family, &format!("attention_backward_{hd}"))?;
+    // Keys and values (64 rows each), queries and cotangents (32 each), rows of `hd` 2-byte
+    // features and a 16-byte pad; the tile's dS^T (64 x 32, padded); its rows' statistics.
+    let row = hd as u32 * 2 + 16;
+    let shared =
+        2 * (BACKWARD_KEYS + BACKWARD_ROWS) * row + BACKWARD_KEYS * (BACKWARD_ROWS * 2 + 16) + BACKWARD_ROWS * 8;
+    allow_shared(gpu, f, shared)?;
+    let grid = ((lk as u32).div_ceil(BACKWARD_KEYS), b as u32 * hkv as u32, 1);
+    launch(gpu, f, grid, (BACKWARD_THREADS, 1, 1), shared, args)?;
+
+    let n = rows * hd as usize;
+    let f = kernel(gpu, family, "attention_backward_dq")?;
+    let args = vec![Arg::Ptr(acc), Arg::Ptr(ptrs[0]), Arg::I64(n as i64), Arg::F32(p.scale)];
+    let blocks = n.div_ceil(256).min(65535 * 8) as u32;
+    launch(gpu, f, (blocks, 1, 1), (256, 1, 1), 0, args)
 }
 
 /// The vector kernel, in one pass or two.

@@ -47,6 +47,7 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
         FastOp::CrossEntropyWithGrad => inputs[1].dtype == DType::I32 && inputs[2].dtype == acc(d),
         FastOp::Rope(_) => inputs[1].dtype == DType::I32 && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
         FastOp::Attention(p) => attention::supports(p, inputs),
+        FastOp::AttentionVjp(p) => attention::supports_vjp(p, inputs),
         _ => false,
     }
 }
@@ -64,10 +65,11 @@ pub(crate) struct Rows {
 
 /// Runs `op` with its fused kernels.
 pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
-    if let FastOp::Attention(p) = op {
-        // Read through its operands' strides.
-        let out = alloc_out(gpu, &mut outputs[0])?;
-        return attention::eval(gpu, p, inputs, out);
+    // Attention reads through its operands' strides.
+    match op {
+        FastOp::Attention(p) => return attention::eval(gpu, p, inputs, outputs),
+        FastOp::AttentionVjp(p) => return attention::backward(gpu, p, inputs, outputs),
+        _ => {}
     }
     let inputs: Vec<Operand> = inputs.into_iter().map(|x| row_major(gpu, x)).collect::<Result<_>>()?;
     let x = inputs.first().ok_or_else(|| internal(format!("{} is missing an input", op.name())))?;

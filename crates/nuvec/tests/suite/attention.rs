@@ -439,29 +439,55 @@ fn speculative_rows_equal_the_rows_decoded_alone() {
     }
 }
 
-/// The capped composition of the planner's example holds at most the plan's intermediates
-/// beside its inputs and output; run in a child process (peak memory is process-wide).
-#[test]
-fn capped_attention_stays_within_its_plan() {
-    if !composing() {
-        return;
-    }
+/// Runs `attention::attention_child` in a child process for `case` (peak memory is
+/// process-wide, and other tests allocate alongside) and returns its output.
+fn run_child(case: &str) -> String {
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
-        .args(["--exact", "attention::capped_attention_child", "--ignored", "--nocapture", "--test-threads=1"])
-        .env("NUVEC_TEST_ATTENTION_CHILD", "1")
+        .args(["--exact", "attention::attention_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("NUVEC_TEST_ATTENTION_CHILD", case)
         .output()
         .expect("run the test binary");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.contains("attention child: held"), "child failed:\n{text}");
+    text
+}
+
+/// Memory of the default device (the GPU when one is usable), after its work so far.
+fn device_memory() -> memory::MemoryStats {
+    if composing() {
+        memory::host_memory()
+    } else {
+        nuvec::cuda::synchronize(0).unwrap();
+        nuvec::cuda::memory(0).unwrap()
+    }
+}
+
+fn reset_device_peak() {
+    if composing() { memory::reset_host_peak() } else { nuvec::cuda::reset_peak(0).unwrap() }
+}
+
+/// The capped composition of the planner's example (head size 256: the composition on the GPU
+/// too) holds at most the plan's intermediates beside its inputs and output.
+#[test]
+fn capped_attention_stays_within_its_plan() {
+    let text = run_child("capped");
+    for line in text.lines().filter(|l| l.starts_with("attention child:")) {
+        println!("{line}");
+    }
 }
 
 #[test]
-#[ignore = "run by capped_attention_stays_within_its_plan in a child process"]
-fn capped_attention_child() {
-    if std::env::var_os("NUVEC_TEST_ATTENTION_CHILD").is_none() {
-        return;
+#[ignore = "run by capped_attention_stays_within_its_plan and the GPU backward test in a child process"]
+fn attention_child() {
+    match std::env::var("NUVEC_TEST_ATTENTION_CHILD").as_deref() {
+        Ok("capped") => capped_child(),
+        Ok("backward") => backward_child(),
+        _ => {}
     }
+}
+
+fn capped_child() {
     let (qs, ks) = ([1, 16, 1024, 256], [1, 2, 33792, 256]);
     let cap = 512usize << 20;
     let opts = AttentionOptions::causal().max_score_bytes(cap);
@@ -470,28 +496,115 @@ fn capped_attention_child() {
     let k = array(&ks, DType::BF16, 2);
     let v = array(&ks, DType::BF16, 3);
     nuvec::eval(&(&q, &k, &v)).unwrap();
-    memory::reset_host_peak();
-    let before = memory::host_memory().active;
+    reset_device_peak();
+    let before = device_memory().active;
     let out = fast::scaled_dot_product_attention(&q, &k, &v, 1.0 / 16.0, &opts);
     out.eval().unwrap();
-    let peak = memory::host_memory().peak - before;
+    let peak = device_memory().peak - before;
     let out_bytes = out.size() * 2;
     // Each block's scores, masked scores and probabilities (2 bytes each in bf16, counted at 4
     // by the plan), the blocks' outputs and the joined output.
     let bound = 2 * out_bytes + 2 * plan.max_intermediate_bytes;
     println!(
-        "attention child: plan {:?}, max intermediate {} MiB; peak above inputs {} MiB (bound {} MiB)",
+        "attention child: {:?}: plan {:?}, max intermediate {} MiB; peak above inputs {} MiB (bound {} MiB)",
+        default_device(),
         plan.kernel,
         plan.max_intermediate_bytes >> 20,
         peak >> 20,
         bound >> 20
     );
+    assert!(plan.max_intermediate_bytes <= cap);
     assert!(peak <= bound, "peak {peak} above {bound}");
     // The last row attends every key: check it against the uncapped composition of that row.
     let last = |x: &Array| x.slice(&[0, 0, 1023, 0], &[1, 16, 1024, 256], &[1; 4]);
     let alone = fast::scaled_dot_product_attention(&last(&q), &k, &v, 1.0 / 16.0, &AttentionOptions::default());
     assert_close("last row", &host(&last(&out)), &host(&alone), 1e-2);
     println!("attention child: held");
+}
+
+/// The fused backward of a tiled attention holds no score-sized intermediate: its peak beside
+/// the inputs stays under one score matrix in bf16 (the composition's derivative holds several).
+fn backward_child() {
+    let (qs, ks) = ([1, 8, 2048, 64], [1, 2, 2048, 64]);
+    let opts = AttentionOptions::causal();
+    let q = array(&qs, DType::BF16, 1);
+    let (k, v) = (array(&ks, DType::BF16, 2), array(&ks, DType::BF16, 3));
+    let cot = array(&qs, DType::BF16, 4);
+    nuvec::eval(&(&q, &k, &v, &cot)).unwrap();
+    reset_device_peak();
+    let before = device_memory().active;
+    let f = |x: &[Array]| Ok(vec![fast::scaled_dot_product_attention(&x[0], &x[1], &x[2], 0.125, &opts)]);
+    let (_, grads) = nuvec::transforms::vjp_flat(f, &[q, k, v], &[cot]).unwrap();
+    nuvec::eval(&grads).unwrap();
+    let peak = device_memory().peak - before;
+    let scores = 8 * 2048 * 2048 * 2;
+    println!("attention child: backward peak above inputs {} KiB, one score matrix {} KiB", peak >> 10, scores >> 10);
+    assert!(peak < scores, "peak {peak} holds a score matrix ({scores} bytes)");
+    println!("attention child: held");
+}
+
+/// On a GPU, half precision: the derivative of a tiled attention (the fused backward) agrees
+/// with the float64 composition's across causal bounds, windows, continuations, more queries
+/// than keys, grouped heads and head sizes, as closely as the half-precision composition's
+/// derivative does; and it holds no score-sized intermediate.
+#[test]
+fn gpu_fused_backward_matches_the_composition() {
+    if composing() {
+        crate::skipped("attention backward kernel: no GPU is the default device");
+        return;
+    }
+    // (b, hq, hkv, lq, lk, d, causal, window)
+    let cases = [
+        (1, 4, 4, 40, 40, 64, false, None),
+        (2, 8, 2, 77, 77, 128, true, None),
+        (1, 4, 1, 50, 130, 80, true, None),
+        (1, 6, 2, 100, 100, 96, true, Some(33)),
+        (1, 2, 2, 129, 65, 64, true, None),
+        (2, 4, 4, 33, 200, 128, false, None),
+        (1, 4, 2, 300, 300, 128, true, Some(100)),
+    ];
+    let cpu = nuvec::Device::cpu();
+    for dtype in [DType::F16, DType::BF16] {
+        for (b, hq, hkv, lq, lk, d, causal, window) in cases {
+            let seed = (lq * 31 + lk + d) as u64;
+            let q = array(&[b, hq, lq, d], dtype, seed);
+            let k = array(&[b, hkv, lk, d], dtype, seed + 1);
+            let v = array(&[b, hkv, lk, d], dtype, seed + 2);
+            let cot = array(&[b, hq, lq, d], dtype, seed + 3);
+            let mut opts = if causal { AttentionOptions::causal() } else { AttentionOptions::default() };
+            opts.window = window;
+            assert_eq!(
+                plan_attention(q.shape(), k.shape(), v.shape(), dtype, &opts).unwrap().kernel,
+                AttentionKernel::Tiled
+            );
+            let scale = 1.0 / (d as f32).sqrt();
+            let grads = |x: &[Array], g: &Array| {
+                let f = |x: &[Array]| Ok(vec![fast::scaled_dot_product_attention(&x[0], &x[1], &x[2], scale, &opts)]);
+                nuvec::transforms::vjp_flat(f, x, std::slice::from_ref(g)).unwrap().1
+            };
+            let fused = grads(&[q.clone(), k.clone(), v.clone()], &cot);
+            let wide = |x: &Array| x.astype(DType::F64);
+            let exact = nuvec::with_stream(cpu, || grads(&[wide(&q), wide(&k), wide(&v)], &wide(&cot)));
+            let composed = nuvec::with_stream(cpu, || grads(&[q.clone(), k.clone(), v.clone()], &cot));
+            for (i, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
+                let want = host(&exact[i]);
+                let scale = want.iter().fold(1e-3, |m, x| f64::max(m, x.abs()));
+                let err = |x: &Array| host(x).iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f64::max) / scale;
+                let (e_fused, e_composed) = (err(&fused[i]), err(&composed[i]));
+                let what = format!(
+                    "{name} {dtype:?} b{b} hq{hq} hkv{hkv} lq{lq} lk{lk} d{d} causal {causal} window {window:?}"
+                );
+                assert!(
+                    e_fused <= (2.0 * e_composed).max(tolerance(dtype) / 4.0),
+                    "{what}: fused error {e_fused:.2e}, the composition's {e_composed:.2e}"
+                );
+            }
+        }
+    }
+    let text = run_child("backward");
+    for line in text.lines().filter(|l| l.starts_with("attention child:")) {
+        println!("{line}");
+    }
 }
 
 /// On a GPU: the planner routes up to 8 queries of the head sizes with kernels to the vector
