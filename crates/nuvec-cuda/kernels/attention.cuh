@@ -531,16 +531,16 @@ __device__ __forceinline__ void attention_tiled(
 }
 
 // ---- backward (FlashAttention-2's) ------------------------------------------------------------
-// A block of 4 warps owns 64 keys of one key-value head, 16 per warp, and walks the tiles of 32
-// query rows that attend them, for each query head of its group. Per tile it recomputes the
+// A block of NW warps owns 16 * NW keys of one key-value head, 16 per warp, and walks the tiles of
+// 32 query rows that attend them, for each query head of its group, the next tile's queries and
+// cotangents loading while this one's are used. Per tile it recomputes the
 // transposed scores S^T = K Q^T on tensor cores and the probabilities P^T from the forward's
 // log-sum-exp, then accumulates dV += P^T dO and dK += dS^T Q in registers (dS = P (dP - delta),
 // dP^T = V dO^T, delta = rowsum(dO O)). The tile's dQ += dS K goes through shared memory to a
-// float32 accumulator by atomic adds, which a last kernel scales and narrows. Keys stay in their
+// float32 accumulator by vector atomic adds, which a last kernel scales and narrows. Keys stay in their
 // block, so dK and dV need no atomics, and the transposed layout makes P^T and dS^T the A
 // operands of their products straight from the accumulators.
 
-#define ATB_BC 64
 #define ATB_BR 32
 
 // delta = rowsum(dO * O) for rows of D features (row-major), a warp per row.
@@ -565,32 +565,54 @@ __device__ __forceinline__ void attention_backward_dq(const float* __restrict__ 
     dq[i] = narrow<T>(acc[i] * scale);
 }
 
-template <typename T, int D>
+// Shared memory of a backward block of NW warps for head size D: keys and values, two stages of
+// queries and cotangents (rows of D 2-byte features and a 16-byte pad), dS^T (padded rows of 32),
+// and two stages of the rows' log-sum-exp and delta.
+__host__ __device__ constexpr int att_bwd_smem(int D, int NW) {
+  return 2 * 16 * NW * (D * 2 + 16) + 4 * ATB_BR * (D * 2 + 16) + 16 * NW * (ATB_BR * 2 + 16) + 4 * ATB_BR * 4;
+}
+
+template <typename T, int D, int NW>
 __device__ __forceinline__ void attention_backward(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ go,
     const float* __restrict__ lse, const float* __restrict__ delta, float* __restrict__ dq, T* __restrict__ dk,
     T* __restrict__ dv, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 gs0,
     i64 gs1, i64 gs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
-  constexpr int ROW = D * 2 + 16, DSROW = ATB_BR * 2 + 16;
+  constexpr int BC = 16 * NW, ROW = D * 2 + 16, DSROW = ATB_BR * 2 + 16, STAGE = ATB_BR * ROW;
   constexpr int KS = D / 16, QT = ATB_BR / 8, DT = D / 8;
   extern __shared__ __align__(16) unsigned char att_smem[];
   const u32 sk = (u32)__cvta_generic_to_shared(att_smem);
-  const u32 sv = sk + ATB_BC * ROW, sq = sv + ATB_BC * ROW, sg = sq + ATB_BR * ROW, sds = sg + ATB_BR * ROW;
-  unsigned char* ds_tile = att_smem + (2 * ATB_BC + 2 * ATB_BR) * ROW;
-  float* s_lse = reinterpret_cast<float*>(ds_tile + ATB_BC * DSROW);
-  float* s_delta = s_lse + ATB_BR;
+  const u32 sv = sk + BC * ROW, sq0 = sv + BC * ROW, sg0 = sq0 + 2 * STAGE, sds = sg0 + 2 * STAGE;
+  unsigned char* ds_tile = att_smem + 2 * BC * ROW + 4 * STAGE;
+  float* s_stats = reinterpret_cast<float*>(ds_tile + BC * DSROW);  // [stage][lse, delta][ATB_BR]
+  const u32 sstats = sds + BC * DSROW;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, m = lane >> 3;
-  // Causal: the first key tiles have the most query rows; they start first.
-  const int j0 = blockIdx.x * ATB_BC;
-  const int kh = blockIdx.y % Hkv, b = blockIdx.y / Hkv, group = Hq / Hkv, off = Lk - Lq;
+  // Key tiles slowest, so that (causal) the tiles most query rows attend start first.
+  const int heads = gridDim.x / ((Lk + BC - 1) / BC);
+  const int kt = blockIdx.x / heads, bh = blockIdx.x % heads;
+  const int kh = bh % Hkv, b = bh / Hkv, group = Hq / Hkv, off = Lk - Lq, j0 = kt * BC;
   // Query rows whose bounds reach these keys: position >= j0, and with a window, position
   // - window < the last key.
   const int ibeg = causal ? max(0, j0 - off) : 0;
-  const int iend = (causal && window > 0) ? min(Lq, j0 + ATB_BC - 1 + window - off) : Lq;
-  const int it0 = ibeg / ATB_BR, it1 = iend > ibeg ? (iend + ATB_BR - 1) / ATB_BR : it0;
+  const int iend = (causal && window > 0) ? min(Lq, j0 + BC - 1 + window - off) : Lq;
+  const int it0 = ibeg / ATB_BR, nt = iend > ibeg ? (iend + ATB_BR - 1) / ATB_BR - it0 : 0, steps = group * nt;
 
-  att_stage<T, D, ROW, ATB_BC>(sk, k + b * ks0 + kh * ks1, ks2, j0, Lk);
-  att_stage<T, D, ROW, ATB_BC>(sv, v + b * vs0 + kh * vs1, vs2, j0, Lk);
+  att_stage<T, D, ROW, BC>(sk, k + b * ks0 + kh * ks1, ks2, j0, Lk);
+  att_stage<T, D, ROW, BC>(sv, v + b * vs0 + kh * vs1, vs2, j0, Lk);
+  // Step t's queries, cotangents and row statistics into stage t & 1.
+  auto stage = [&](int t) {
+    const int h = kh * group + t / nt, i0 = (it0 + t % nt) * ATB_BR, buf = t & 1;
+    att_stage<T, D, ROW, ATB_BR>(sq0 + buf * STAGE, q + b * qs0 + h * qs1, qs2, i0, Lq);
+    att_stage<T, D, ROW, ATB_BR>(sg0 + buf * STAGE, go + b * gs0 + h * gs1, gs2, i0, Lq);
+    if (threadIdx.x < 2 * ATB_BR) {
+      const int x = threadIdx.x % ATB_BR, i = i0 + x;
+      const float* src = (threadIdx.x < ATB_BR ? lse : delta) + ((i64)b * Hq + h) * Lq + (i < Lq ? i : 0);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(sstats + (buf * 2 * ATB_BR + threadIdx.x) * 4),
+                   "l"(src), "r"(i < Lq ? 4 : 0)
+                   : "memory");
+    }
+  };
+  if (steps > 0) stage(0);
   att_commit();
 
   const float sl2 = scale * ATT_LOG2E;
@@ -601,129 +623,119 @@ __device__ __forceinline__ void attention_backward(
 #pragma unroll
     for (int c = 0; c < 4; ++c) dka[n][c] = dva[n][c] = 0.0f;
 
-  for (int hh = 0; hh < group; ++hh) {
-    const int h = kh * group + hh;
+  for (int t = 0; t < steps; ++t) {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+    // Every warp is past step t - 1: its stage is free for step t + 1.
+    if (t + 1 < steps) stage(t + 1);
+    att_commit();
+    const int h = kh * group + t / nt, i0 = (it0 + t % nt) * ATB_BR, buf = t & 1;
     const i64 rows = ((i64)b * Hq + h) * Lq;
-    for (int it = it0; it < it1; ++it) {
-      const int i0 = it * ATB_BR;
-      att_stage<T, D, ROW, ATB_BR>(sq, q + b * qs0 + h * qs1, qs2, i0, Lq);
-      att_stage<T, D, ROW, ATB_BR>(sg, go + b * gs0 + h * gs1, gs2, i0, Lq);
-      att_commit();
-      if (threadIdx.x < ATB_BR) {
-        const int i = i0 + threadIdx.x;
-        s_lse[threadIdx.x] = i < Lq ? lse[rows + i] * ATT_LOG2E : 0.0f;
-        s_delta[threadIdx.x] = i < Lq ? delta[rows + i] : 0.0f;
-      }
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
-      __syncthreads();
+    const u32 sq = sq0 + buf * STAGE, sg = sg0 + buf * STAGE;
+    const float* s_lse = s_stats + buf * 2 * ATB_BR;
+    const float* s_delta = s_lse + ATB_BR;
 
-      // S^T: this warp's 16 keys x the tile's 32 queries.
-      float s[QT][4];
+    // S^T: this warp's 16 keys x the tile's 32 queries.
+    float s[QT][4];
 #pragma unroll
-      for (int n = 0; n < QT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int n = 0; n < QT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        u32 af[4];
-        att_ldsm4(af, sk + (warp * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
+    for (int kk = 0; kk < KS; ++kk) {
+      u32 af[4];
+      att_ldsm4(af, sk + (warp * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
 #pragma unroll
-        for (int np = 0; np < QT / 2; ++np) {
-          u32 bfr[4];
-          att_ldsm4(bfr, sq + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
-          att_mma<T>(s[2 * np], af, bfr[0], bfr[1]);
-          att_mma<T>(s[2 * np + 1], af, bfr[2], bfr[3]);
+      for (int np = 0; np < QT / 2; ++np) {
+        u32 bfr[4];
+        att_ldsm4(bfr, sq + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
+        att_mma<T>(s[2 * np], af, bfr[0], bfr[1]);
+        att_mma<T>(s[2 * np + 1], af, bfr[2], bfr[3]);
+      }
+    }
+    // P^T, zero outside each row's bounds.
+#pragma unroll
+    for (int n = 0; n < QT; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int j = jr + (c >> 1) * 8, il = n * 8 + 2 * t4 + (c & 1), pos = i0 + il + off;
+        const bool ok = j < Lk && i0 + il < Lq && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
+        s[n][c] = ok ? exp2f(s[n][c] * sl2 - s_lse[il] * ATT_LOG2E) : 0.0f;
+      }
+    // dV += P^T dO.
+#pragma unroll
+    for (int kk = 0; kk < ATB_BR / 16; ++kk) {
+      u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
+                   att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        u32 bfr[4];
+        att_ldsm4_t(bfr, sg + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
+        att_mma<T>(dva[2 * dp], pf, bfr[0], bfr[1]);
+        att_mma<T>(dva[2 * dp + 1], pf, bfr[2], bfr[3]);
+      }
+    }
+    // dP^T = V dO^T, then dS^T = P^T (dP^T - delta) in place.
+    float dpt[QT][4];
+#pragma unroll
+    for (int n = 0; n < QT; ++n) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      u32 af[4];
+      att_ldsm4(af, sv + (warp * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
+#pragma unroll
+      for (int np = 0; np < QT / 2; ++np) {
+        u32 bfr[4];
+        att_ldsm4(bfr, sg + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
+        att_mma<T>(dpt[2 * np], af, bfr[0], bfr[1]);
+        att_mma<T>(dpt[2 * np + 1], af, bfr[2], bfr[3]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < QT; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[n][c] *= dpt[n][c] - s_delta[n * 8 + 2 * t4 + (c & 1)];
+    // dK += dS^T Q; dS^T to shared memory for dQ.
+#pragma unroll
+    for (int kk = 0; kk < ATB_BR / 16; ++kk) {
+      u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
+                   att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const int kr = warp * 16 + g, col = kk * 16 + 2 * t4;
+      *reinterpret_cast<u32*>(ds_tile + kr * DSROW + col * 2) = pf[0];
+      *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + col * 2) = pf[1];
+      *reinterpret_cast<u32*>(ds_tile + kr * DSROW + (col + 8) * 2) = pf[2];
+      *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + (col + 8) * 2) = pf[3];
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        u32 bfr[4];
+        att_ldsm4_t(bfr, sq + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
+        att_mma<T>(dka[2 * dp], pf, bfr[0], bfr[1]);
+        att_mma<T>(dka[2 * dp + 1], pf, bfr[2], bfr[3]);
+      }
+    }
+    __syncthreads();
+    // dQ (32 queries x D) += dS K: a warp per 16 rows x 16 features at a time.
+    for (int w = warp; w < DT; w += NW) {
+      const int mt = w & 1, dp = w >> 1;
+      float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        u32 af[4], bfr[4];
+        att_ldsm4_t(af, sds + (kk * 16 + (m >> 1) * 8 + (lane & 7)) * DSROW + (mt * 16 + (m & 1) * 8) * 2);
+        att_ldsm4_t(bfr, sk + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
+        att_mma<T>(acc[0], af, bfr[0], bfr[1]);
+        att_mma<T>(acc[1], af, bfr[2], bfr[3]);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = i0 + mt * 16 + g + half * 8;
+        if (i >= Lq) continue;
+#pragma unroll
+        for (int nn = 0; nn < 2; ++nn) {
+          float* dst = dq + (rows + i) * D + (2 * dp + nn) * 8 + 2 * t4;
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(acc[nn][2 * half]),
+                       "f"(acc[nn][2 * half + 1])
+                       : "memory");
         }
       }
-      // P^T, zero outside each row's bounds.
-#pragma unroll
-      for (int n = 0; n < QT; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int j = jr + (c >> 1) * 8, il = n * 8 + 2 * t4 + (c & 1), pos = i0 + il + off;
-          const bool ok = j < Lk && i0 + il < Lq && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
-          s[n][c] = ok ? exp2f(s[n][c] * sl2 - s_lse[il]) : 0.0f;
-        }
-      // dV += P^T dO.
-#pragma unroll
-      for (int kk = 0; kk < ATB_BR / 16; ++kk) {
-        u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
-                     att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          u32 bfr[4];
-          att_ldsm4_t(bfr, sg + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
-          att_mma<T>(dva[2 * dp], pf, bfr[0], bfr[1]);
-          att_mma<T>(dva[2 * dp + 1], pf, bfr[2], bfr[3]);
-        }
-      }
-      // dP^T = V dO^T, then dS^T = P^T (dP^T - delta) in place.
-      float dpt[QT][4];
-#pragma unroll
-      for (int n = 0; n < QT; ++n) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        u32 af[4];
-        att_ldsm4(af, sv + (warp * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
-#pragma unroll
-        for (int np = 0; np < QT / 2; ++np) {
-          u32 bfr[4];
-          att_ldsm4(bfr, sg + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
-          att_mma<T>(dpt[2 * np], af, bfr[0], bfr[1]);
-          att_mma<T>(dpt[2 * np + 1], af, bfr[2], bfr[3]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < QT; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) s[n][c] *= dpt[n][c] - s_delta[n * 8 + 2 * t4 + (c & 1)];
-      // dK += dS^T Q; dS^T to shared memory for dQ.
-#pragma unroll
-      for (int kk = 0; kk < ATB_BR / 16; ++kk) {
-        u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
-                     att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-        const int kr = warp * 16 + g, col = kk * 16 + 2 * t4;
-        *reinterpret_cast<u32*>(ds_tile + kr * DSROW + col * 2) = pf[0];
-        *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + col * 2) = pf[1];
-        *reinterpret_cast<u32*>(ds_tile + kr * DSROW + (col + 8) * 2) = pf[2];
-        *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + (col + 8) * 2) = pf[3];
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          u32 bfr[4];
-          att_ldsm4_t(bfr, sq + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
-          att_mma<T>(dka[2 * dp], pf, bfr[0], bfr[1]);
-          att_mma<T>(dka[2 * dp + 1], pf, bfr[2], bfr[3]);
-        }
-      }
-      __syncthreads();
-      // dQ (32 queries x D) += dS K: each warp takes pairs of 8-feature columns, both 16-row halves.
-      for (int dp = warp; dp < DT / 2; dp += 4) {
-        float acc[2][2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int nn = 0; nn < 2; ++nn) acc[mt][nn][0] = acc[mt][nn][1] = acc[mt][nn][2] = acc[mt][nn][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < ATB_BC / 16; ++kk) {
-          u32 bfr[4];
-          att_ldsm4_t(bfr, sk + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            u32 af[4];
-            att_ldsm4_t(af, sds + (kk * 16 + (m >> 1) * 8 + (lane & 7)) * DSROW + (mt * 16 + (m & 1) * 8) * 2);
-            att_mma<T>(acc[mt][0], af, bfr[0], bfr[1]);
-            att_mma<T>(acc[mt][1], af, bfr[2], bfr[3]);
-          }
-        }
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int i = i0 + mt * 16 + g + (c >> 1) * 8;
-            if (i >= Lq) continue;
-#pragma unroll
-            for (int nn = 0; nn < 2; ++nn) atomicAdd(dq + (rows + i) * D + (2 * dp + nn) * 8 + 2 * t4 + (c & 1), acc[mt][nn][c]);
-          }
-      }
-      __syncthreads();
     }
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");

@@ -165,7 +165,12 @@ pub fn scaled_dot_product_attention(
         kernel => {
             let params = params(options, scale, kernel);
             let n = 1 + params.lse as usize;
-            record(FastOp::Attention(params), given.into_iter().cloned().collect(), n).remove(0)
+            let mut outs = record(FastOp::Attention(params), given.into_iter().cloned().collect(), n);
+            if params.lse {
+                // The fused backward reads it; the caller never holds it.
+                crate::transforms::keep_for_transforms(&outs[1]);
+            }
+            outs.remove(0)
         }
     }
 }

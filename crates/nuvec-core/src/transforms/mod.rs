@@ -9,7 +9,7 @@
 
 mod custom;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -24,6 +24,17 @@ use std::panic::Location;
 
 thread_local! {
     static DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// Per open trace, the outputs kept alive for its walk ([`keep_for_transforms`]).
+    static KEPT: RefCell<Vec<Vec<Array>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Keeps `x` alive until the innermost open trace ends, when a transform is tracing. For an
+/// output the caller never receives but a derivative rule reads (attention's log-sum-exp):
+/// outputs no one holds are otherwise gone by the time the walk reaches their node.
+pub(crate) fn keep_for_transforms(x: &Array) {
+    if tracing() {
+        KEPT.with(|k| k.borrow_mut().last_mut().map(|top| top.push(x.clone())));
+    }
 }
 
 /// Whether a transform is tracing on this thread (arrays recorded now are tracers).
@@ -37,6 +48,7 @@ struct Trace;
 impl Trace {
     fn start() -> Trace {
         DEPTH.with(|d| d.set(d.get() + 1));
+        KEPT.with(|k| k.borrow_mut().push(Vec::new()));
         Trace
     }
 }
@@ -44,6 +56,9 @@ impl Trace {
 impl Drop for Trace {
     fn drop(&mut self) {
         DEPTH.with(|d| d.set(d.get() - 1));
+        // Dropped outside the borrow: dropping arrays may end other traces' arrays.
+        let kept = KEPT.with(|k| k.borrow_mut().pop());
+        drop(kept);
     }
 }
 

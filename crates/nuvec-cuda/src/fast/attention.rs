@@ -25,11 +25,17 @@ const TILED_HEADS: [i32; 4] = [64, 80, 96, 128];
 const TILE_ROWS: u32 = 128;
 const TILE_KEYS: u32 = 64;
 
-/// Threads of a backward block (4 warps of 16 keys each: `ATB_BC`), and its query rows per step
-/// (`ATB_BR`).
-const BACKWARD_THREADS: u32 = 128;
-const BACKWARD_KEYS: u32 = 64;
+/// Warps of a backward block, each owning 16 keys, and its query rows per step (`ATB_BR`).
+const BACKWARD_WARPS: u32 = 8;
 const BACKWARD_ROWS: u32 = 32;
+
+/// Dynamic shared memory of a backward block (`att_bwd_smem`): keys and values, two stages of
+/// queries and cotangents (rows of `hd` 2-byte features and a 16-byte pad), dS^T (padded rows of
+/// 32 queries), two stages of the rows' statistics.
+fn backward_shared(hd: u32) -> u32 {
+    let (keys, row) = (16 * BACKWARD_WARPS, hd * 2 + 16);
+    2 * keys * row + 4 * BACKWARD_ROWS * row + keys * (BACKWARD_ROWS * 2 + 16) + 4 * BACKWARD_ROWS * 4
+}
 
 /// Warps of a vector block, and its dynamic shared memory: each warp stages a tile of 32 keys
 /// (padded 16 bytes) and their values; four warps, or two where four would pass 200 KiB.
@@ -74,7 +80,7 @@ pub(crate) fn source(d: DType) -> String {
                 "__launch_bounds__({TILE_ROWS} * 2) attention_tiled_{hd}(const {t}* q, const {t}* k, const {t}* v, {t}* out, float* lse, const {t}* sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_tiled<{t}, {hd}>(q, k, v, out, lse, sinks, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
             ));
             s.kernel(format!(
-                "__launch_bounds__({BACKWARD_THREADS}) attention_backward_{hd}(const {t}* q, const {t}* k, const {t}* v, const {t}* go, const float* lse, const float* delta, float* dq, {t}* dk, {t}* dv, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 gs0, i64 gs1, i64 gs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_backward<{t}, {hd}>(q, k, v, go, lse, delta, dq, dk, dv, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, gs0, gs1, gs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+                "__launch_bounds__({BACKWARD_WARPS} * 32) attention_backward_{hd}(const {t}* q, const {t}* k, const {t}* v, const {t}* go, const float* lse, const float* delta, float* dq, {t}* dk, {t}* dv, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 gs0, i64 gs1, i64 gs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_backward<{t}, {hd}, {BACKWARD_WARPS}>(q, k, v, go, lse, delta, dq, dk, dv, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, gs0, gs1, gs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
             ));
             s.kernel(format!(
                 "attention_backward_delta_{hd}(const {t}* o, const {t}* g, float* delta, i64 rows) {{ attention_backward_delta<{t}, {hd}>(o, g, delta, rows); }}"
@@ -202,8 +208,8 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, ls
 }
 
 /// The backward kernels on inputs `[q, k, v, out, lse, g]` into outputs `[dq, dk, dv]`: the
-/// rows' `rowsum(g · out)`, a block per 64 keys of a key-value head accumulating `dk` and `dv`
-/// and adding to a `float32` `dq`, and `dq` narrowed.
+/// rows' `rowsum(g · out)`, a block per `16 * BACKWARD_WARPS` keys of a key-value head
+/// accumulating `dk` and `dv` and adding to a `float32` `dq`, and `dq` narrowed.
 pub(crate) fn backward(
     gpu: &Arc<Gpu>,
     p: &AttentionParams,
@@ -247,14 +253,11 @@ pub(crate) fn backward(
     args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
     args.push(Arg::F32(p.scale));
     let f = kernel(gpu, family, &format!("attention_backward_{hd}"))?;
-    // Keys and values (64 rows each), queries and cotangents (32 each), rows of `hd` 2-byte
-    // features and a 16-byte pad; the tile's dS^T (64 x 32, padded); its rows' statistics.
-    let row = hd as u32 * 2 + 16;
-    let shared =
-        2 * (BACKWARD_KEYS + BACKWARD_ROWS) * row + BACKWARD_KEYS * (BACKWARD_ROWS * 2 + 16) + BACKWARD_ROWS * 8;
+    let shared = backward_shared(hd as u32);
     allow_shared(gpu, f, shared)?;
-    let grid = ((lk as u32).div_ceil(BACKWARD_KEYS), b as u32 * hkv as u32, 1);
-    launch(gpu, f, grid, (BACKWARD_THREADS, 1, 1), shared, args)?;
+    // A block per 16 * BACKWARD_WARPS keys of a key-value head, the key tiles slowest.
+    let blocks = (lk as u32).div_ceil(16 * BACKWARD_WARPS) * b as u32 * hkv as u32;
+    launch(gpu, f, (blocks, 1, 1), (BACKWARD_WARPS * 32, 1, 1), shared, args)?;
 
     let n = rows * hd as usize;
     let f = kernel(gpu, family, "attention_backward_dq")?;
