@@ -4,7 +4,8 @@
 //! planned kernel or builds the planned composition. The composition follows MLX's: `q`
 //! scaled in its dtype, scores from a product in that dtype, a softmax with `float32`
 //! statistics, masked scores set to the dtype's lowest finite value (a query whose every key
-//! is masked out averages the values, as in MLX).
+//! is masked out averages the values, as in MLX). A causal query before the first key (more
+//! queries than keys) attends nothing and gives zeros, in every plan.
 
 use crate::array::Array;
 use crate::dtype::DType;
@@ -340,7 +341,14 @@ impl Parts<'_, '_> {
             }
             None => s.softmax(-1).astype(dtype),
         };
-        p.reshape([b, hkv, g * n, nk]).matmul(&v).reshape([b, hq, n, dv])
+        let out = p.reshape([b, hkv, g * n, nk]).matmul(&v).reshape([b, hq, n, dv]);
+        if causal && r0 + off < 0 {
+            // Rows before the first key (more causal queries than keys) attend nothing: zeros.
+            let seen = ops::arange_dtype(r0 + off, r1 + off, 1, DType::I32).reshape([n, 1]).greater_equal(0);
+            ops::where_(&seen, &out, 0.0)
+        } else {
+            out
+        }
     }
 }
 

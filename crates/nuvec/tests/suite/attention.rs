@@ -237,6 +237,7 @@ fn configs() -> Vec<Config> {
         Config { lq: 10, lk: 40, causal: true, strided: true, hq: 8, hkv: 2, d: 256, dv: 256, ..base },
         Config { lq: 6, lk: 300, causal: true, sinks: true, hq: 4, hkv: 4, ..base },
         Config { lq: 5, lk: 3, causal: true, ..base },
+        Config { lq: 40, lk: 24, causal: true, d: 128, dv: 128, ..base },
         Config { lq: 2, lk: 50, mask: 2, d: 128, dv: 128, ..base },
         Config { b: 2, hq: 8, lk: 5000, d: 128, dv: 128, ..base },
         Config { lq: 4, lk: 3000, hq: 8, hkv: 1, causal: true, window: Some(1200), strided: true, ..base },
