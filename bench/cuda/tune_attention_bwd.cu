@@ -5,6 +5,7 @@
 // from the repository root:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Xptxas -v -I crates/nuvec-cuda/kernels \
 //     bench/cuda/tune_attention_bwd.cu -o tab && ./tab
+// -DATB_BR=64 measures 64 query rows per step (the library takes 32).
 #include <cmath>
 #include <cstdio>
 #include <utility>
@@ -173,8 +174,8 @@ static void check(int B, int Hq, int Hkv, int Lq, int Lk, int causal, int window
   CK(cudaMemcpy(wq.data(), rq, nq * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(wk.data(), rk, nk * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(wv.data(), rv, nk * 4, cudaMemcpyDeviceToHost));
-  printf("check %s NW%d D%d B%d Hq%d Hkv%d Lq%d Lk%d causal %d window %d: dq %.2e dk %.2e dv %.2e\n",
-         sizeof(T) == 2 && IsBf16<T>::value ? "bf16" : "f16", NW, D, B, Hq, Hkv, Lq, Lk, causal, window, worst(dq, wq),
+  printf("check %s BR%d NW%d D%d B%d Hq%d Hkv%d Lq%d Lk%d causal %d window %d: dq %.2e dk %.2e dv %.2e\n",
+         IsBf16<T>::value ? "bf16" : "f16", ATB_BR, NW, D, B, Hq, Hkv, Lq, Lk, causal, window, worst(dq, wq),
          worst(dk, wk), worst(dv, wv));
   cudaFree(P); cudaFree(dS); cudaFree(rq); cudaFree(rk); cudaFree(rv);
 }
@@ -189,8 +190,8 @@ static void timing(int B, int L) {
   float f = time_ms(10, [&] { forward<T, D>(x, B, Hq, Hkv, L, L, 1, 0, scale); });
   float b = time_ms(10, [&] { backward<T, D, NW>(x, B, Hq, Hkv, L, L, 1, 0, scale); });
   float mk = time_ms(10, [&] { main_kernel<T, D, NW>(x, B, Hq, Hkv, L, L, 1, 0, scale); });
-  printf("timing NW%d D%d B%d L%d causal: forward %.3f ms %.0f TFLOP/s; backward %.3f ms %.0f TFLOP/s (main kernel %.3f ms)\n",
-         NW, D, B, L, f, flops / f / 1e9, b, 2.5 * flops / b / 1e9, mk);
+  printf("timing BR%d NW%d D%d B%d L%d causal: forward %.3f ms %.0f TFLOP/s; backward %.3f ms %.0f TFLOP/s (main kernel %.3f ms)\n",
+         ATB_BR, NW, D, B, L, f, flops / f / 1e9, b, 2.5 * flops / b / 1e9, mk);
 }
 
 template <typename T, int NW>

@@ -541,7 +541,11 @@ __device__ __forceinline__ void attention_tiled(
 // block, so dK and dV need no atomics, and the transposed layout makes P^T and dS^T the A
 // operands of their products straight from the accumulators.
 
+// Query rows per step (BACKWARD_ROWS in fast/attention.rs; bench/cuda/tune_attention_bwd.cu may
+// override it to measure others).
+#ifndef ATB_BR
 #define ATB_BR 32
+#endif
 
 // delta = rowsum(dO * O) for rows of D features (row-major), a warp per row.
 template <typename T, int D>
@@ -712,9 +716,9 @@ __device__ __forceinline__ void attention_backward(
       }
     }
     __syncthreads();
-    // dQ (32 queries x D) += dS K: a warp per 16 rows x 16 features at a time.
-    for (int w = warp; w < DT; w += NW) {
-      const int mt = w & 1, dp = w >> 1;
+    // dQ (ATB_BR queries x D) += dS K: a warp per 16 rows x 16 features at a time.
+    for (int w = warp; w < (ATB_BR / 16) * (DT / 2); w += NW) {
+      const int mt = w % (ATB_BR / 16), dp = w / (ATB_BR / 16);
       float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
