@@ -5,7 +5,7 @@
 // from the repository root:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Xptxas -v -I crates/nuvec-cuda/kernels \
 //     bench/cuda/tune_attention_bwd.cu -o tab && ./tab
-// -DATB_BR=64 measures 64 query rows per step (the library takes 32).
+// -DATB_BR=32 measures 32 query rows per step (the library takes 64).
 #include <cmath>
 #include <cstdio>
 #include <utility>

@@ -532,7 +532,7 @@ __device__ __forceinline__ void attention_tiled(
 
 // ---- backward (FlashAttention-2's) ------------------------------------------------------------
 // A block of NW warps owns 16 * NW keys of one key-value head, 16 per warp, and walks the tiles of
-// 32 query rows that attend them, for each query head of its group, the next tile's queries and
+// ATB_BR query rows that attend them, for each query head of its group, the next tile's queries and
 // cotangents loading while this one's are used. Per tile it recomputes the
 // transposed scores S^T = K Q^T on tensor cores and the probabilities P^T from the forward's
 // log-sum-exp, then accumulates dV += P^T dO and dK += dS^T Q in registers (dS = P (dP - delta),
@@ -544,7 +544,7 @@ __device__ __forceinline__ void attention_tiled(
 // Query rows per step (BACKWARD_ROWS in fast/attention.rs; bench/cuda/tune_attention_bwd.cu may
 // override it to measure others).
 #ifndef ATB_BR
-#define ATB_BR 32
+#define ATB_BR 64
 #endif
 
 // delta = rowsum(dO * O) for rows of D features (row-major), a warp per row.
@@ -570,7 +570,7 @@ __device__ __forceinline__ void attention_backward_dq(const float* __restrict__ 
 }
 
 // Shared memory of a backward block of NW warps for head size D: keys and values, two stages of
-// queries and cotangents (rows of D 2-byte features and a 16-byte pad), dS^T (padded rows of 32),
+// queries and cotangents (rows of D 2-byte features and a 16-byte pad), dS^T (padded rows of ATB_BR),
 // and two stages of the rows' log-sum-exp and delta.
 __host__ __device__ constexpr int att_bwd_smem(int D, int NW) {
   return 2 * 16 * NW * (D * 2 + 16) + 4 * ATB_BR * (D * 2 + 16) + 16 * NW * (ATB_BR * 2 + 16) + 4 * ATB_BR * 4;
@@ -639,7 +639,7 @@ __device__ __forceinline__ void attention_backward(
     const float* s_lse = s_stats + buf * 2 * ATB_BR;
     const float* s_delta = s_lse + ATB_BR;
 
-    // S^T: this warp's 16 keys x the tile's 32 queries.
+    // S^T: this warp's 16 keys x the tile's ATB_BR queries.
     float s[QT][4];
 #pragma unroll
     for (int n = 0; n < QT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;

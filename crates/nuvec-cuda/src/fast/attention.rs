@@ -27,11 +27,11 @@ const TILE_KEYS: u32 = 64;
 
 /// Warps of a backward block, each owning 16 keys, and its query rows per step (`ATB_BR`).
 const BACKWARD_WARPS: u32 = 8;
-const BACKWARD_ROWS: u32 = 32;
+const BACKWARD_ROWS: u32 = 64;
 
 /// Dynamic shared memory of a backward block (`att_bwd_smem`): keys and values, two stages of
 /// queries and cotangents (rows of `hd` 2-byte features and a 16-byte pad), dS^T (padded rows of
-/// 32 queries), two stages of the rows' statistics.
+/// `BACKWARD_ROWS` queries), two stages of the rows' statistics.
 fn backward_shared(hd: u32) -> u32 {
     let (keys, row) = (16 * BACKWARD_WARPS, hd * 2 + 16);
     2 * keys * row + 4 * BACKWARD_ROWS * row + keys * (BACKWARD_ROWS * 2 + 16) + 4 * BACKWARD_ROWS * 4

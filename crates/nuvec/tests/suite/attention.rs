@@ -454,6 +454,13 @@ fn run_child(case: &str) -> String {
     text
 }
 
+/// The child's measurements (after the test harness's own text on the same line).
+fn print_child(text: &str) {
+    for line in text.lines().filter_map(|l| l.find("attention child:").map(|i| &l[i..])) {
+        println!("{line}");
+    }
+}
+
 /// Memory of the default device (the GPU when one is usable), after its work so far.
 fn device_memory() -> memory::MemoryStats {
     if composing() {
@@ -472,10 +479,7 @@ fn reset_device_peak() {
 /// too) holds at most the plan's intermediates beside its inputs and output.
 #[test]
 fn capped_attention_stays_within_its_plan() {
-    let text = run_child("capped");
-    for line in text.lines().filter(|l| l.starts_with("attention child:")) {
-        println!("{line}");
-    }
+    print_child(&run_child("capped"));
 }
 
 #[test]
@@ -602,10 +606,7 @@ fn gpu_fused_backward_matches_the_composition() {
             }
         }
     }
-    let text = run_child("backward");
-    for line in text.lines().filter(|l| l.starts_with("attention child:")) {
-        println!("{line}");
-    }
+    print_child(&run_child("backward"));
 }
 
 /// On a GPU: the planner routes up to 8 queries of the head sizes with kernels to the vector
