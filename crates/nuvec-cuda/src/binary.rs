@@ -169,12 +169,12 @@ pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: 
             let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::I32(mode)];
             return launch_map(gpu, f, n, per, cost(op), args);
         }
-        let (s_a, s_b): (&[isize], &[isize]) = match mode {
-            0 => (&[1], &[1]),
-            1 => (&[0], &[1]),
-            _ => (&[1], &[0]),
+        let strides = match mode {
+            0 => [1, 1],
+            1 => [0, 1],
+            _ => [1, 0],
         };
-        let d = Dims::new(&[n as i32], &[s_a, s_b])?;
+        let d = Dims::flat(n, &strides);
         let f = kernel(gpu, family, &format!("binary_{name}_s"))?;
         let args = vec![Arg::Ptr(ap), Arg::Ptr(bp), Arg::Ptr(op_ptr), Arg::U64(n), Arg::Dims(Box::new(d))];
         return launch_1d(gpu, f, n, 1, args);

@@ -21,6 +21,17 @@ pub(crate) struct Dims {
 pub(crate) const MAX_DIMS: usize = 10;
 
 impl Dims {
+    /// One axis of `n` elements (which may pass `i32::MAX`) read with each operand's stride:
+    /// the flat walk of dense operands.
+    pub(crate) fn flat(n: u64, strides: &[i64]) -> Dims {
+        let mut out = Dims { shape: [1; MAX_DIMS], strides: [[0; MAX_DIMS]; 4], ndim: 1 };
+        out.shape[0] = n as i64;
+        for (operand, &s) in out.strides.iter_mut().zip(strides) {
+            operand[0] = s;
+        }
+        out
+    }
+
     /// Collapses `shape` over the operands' `strides` (axes of size 1 dropped, neighbours that
     /// are contiguous for every operand merged).
     pub(crate) fn new(shape: &[i32], strides: &[&[isize]]) -> Result<Dims> {

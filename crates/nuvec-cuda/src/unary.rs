@@ -137,7 +137,7 @@ pub(crate) fn map(gpu: &Arc<Gpu>, family: Family, name: &str, x: Operand, out: &
             let per = contig_elems(x.dtype, out.dtype);
             return launch_map(gpu, f, n, per, cost, vec![Arg::Ptr(xp), Arg::Ptr(op), Arg::U64(n)]);
         }
-        let d = Dims::new(&[n as i32], &[&[1]])?;
+        let d = Dims::flat(n, &[1]);
         let f = kernel(gpu, family, &format!("{name}_s"))?;
         return launch_1d(gpu, f, n, 1, vec![Arg::Ptr(xp), Arg::Ptr(op), Arg::U64(n), Arg::Dims(Box::new(d))]);
     }

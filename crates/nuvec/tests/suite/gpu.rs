@@ -444,11 +444,16 @@ fn arrays_move_between_devices() {
     assert_eq!(c.to_vec::<nuvec::Complex64>().unwrap().len(), 8);
 }
 
+/// Held by the tests that set a memory limit or allocate gigabytes, so that neither fails the
+/// other.
+static BIG_MEMORY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn memory_limits_fail_cleanly() {
     if !gpu() {
         return;
     }
+    let _big = BIG_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
     nuvec::cuda::synchronize(0).unwrap();
     let before = nuvec::cuda::memory(0).unwrap();
     let old = nuvec::cuda::set_memory_limit(0, before.active + (64 << 20)).unwrap();
@@ -463,6 +468,33 @@ fn memory_limits_fail_cleanly() {
     let ok = on(Device::gpu(0), || ops::zeros([1 << 20], DType::F32) + 1.0);
     assert_eq!(ok.sum(..).item::<f32>().unwrap(), (1 << 20) as f32);
     // Other tests of this binary free blocks concurrently, so only the call is checked here.
+    nuvec::cuda::clear_cache(0).unwrap();
+}
+
+/// Unary and binary element-wise ops over more than 2^31 elements of a dense view that is not
+/// 16-byte aligned (the flat walk, not the vector kernels): every element is right.
+#[test]
+fn flat_walks_past_two_to_the_31_elements() {
+    if !gpu() {
+        return;
+    }
+    let _big = BIG_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
+    // Rows 1..5 of [5, M]: 4M = 2^31 + 36 elements, starting 2M bytes (not a multiple of 16) in.
+    let m = (1 << 29) + 9;
+    let (e, max_err) = on(Device::gpu(0), || {
+        let x = ops::ones([5, m], DType::F16);
+        let v = x.slice(&[1, 0], &[5, m], &[1, 1]);
+        let e = Array::from(1.0f32).astype(DType::F16).exp();
+        let u = v.exp();
+        let w = &v + 1.0;
+        let err = |y: &Array, want: &Array| (y - want).abs().max(..).astype(DType::F32);
+        (
+            e.astype(DType::F32).item::<f32>().unwrap(),
+            ops::maximum(err(&u, &e), err(&w, &Array::from(2.0f32).astype(DType::F16))),
+        )
+    });
+    assert!((e - std::f32::consts::E).abs() < 2e-3, "exp(1) in f16 is {e}");
+    assert_eq!(max_err.item::<f32>().unwrap(), 0.0);
     nuvec::cuda::clear_cache(0).unwrap();
 }
 
