@@ -179,11 +179,8 @@ impl FastOp {
                 let inputs = vec![x[0].clone(), x[1].clone(), g[0].clone(), y[0].clone()];
                 vec![Some(record(FastOp::CrossEntropyVjp, inputs, 1).remove(0)), None]
             }
-            FastOp::Attention(p) if p.lse => {
-                let mut d = attention::vjp(p, x, y, &g[0]).into_iter().map(Some).collect::<Vec<_>>();
-                d.resize(x.len(), None);
-                d
-            }
+            // Recorded with lse only without a mask or sinks: the cotangents of q, k and v.
+            FastOp::Attention(p) if p.lse => attention::vjp(p, x, y, &g[0]).into_iter().map(Some).collect(),
             _ => {
                 let op = self.clone();
                 match vjp_flat(move |xs| Ok(op.composition(xs)), x, g) {

@@ -245,10 +245,8 @@ pub(crate) fn backward(
     let (acc, _acc_buf) = alloc(gpu, rows * hd as usize, DType::F32)?;
     gpu.zero(acc, rows * hd as usize * 4)?;
     let gs = [lq as i64 * hd as i64 * hq as i64, lq as i64 * hd as i64, hd as i64];
-    let mut args = [ptr_of(&q)?, ptr_of(&k)?, ptr_of(&v)?, ptr_of(&go)?, ptr_of(&lse)?, delta, acc, ptrs[1], ptrs[2]]
-        .map(Arg::Ptr)
-        .into_iter()
-        .collect::<Vec<_>>();
+    let operands = [ptr_of(&q)?, ptr_of(&k)?, ptr_of(&v)?, ptr_of(&go)?, ptr_of(&lse)?, delta, acc, ptrs[1], ptrs[2]];
+    let mut args: Vec<Arg> = operands.map(Arg::Ptr).into();
     args.extend(qs.into_iter().chain(ks).chain(vs).chain(gs).map(Arg::I64));
     args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
     args.push(Arg::F32(p.scale));

@@ -5,7 +5,7 @@
 //! rows decoded alone, and the memory of the capped composition.
 
 use nuvec::fast::{self, AttentionKernel, AttentionOptions, AttentionPlan, plan_attention};
-use nuvec::{Array, DType, default_device, memory};
+use nuvec::{Array, DType, default_device};
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -461,20 +461,6 @@ fn print_child(text: &str) {
     }
 }
 
-/// Memory of the default device (the GPU when one is usable), after its work so far.
-fn device_memory() -> memory::MemoryStats {
-    if composing() {
-        memory::host_memory()
-    } else {
-        nuvec::cuda::synchronize(0).unwrap();
-        nuvec::cuda::memory(0).unwrap()
-    }
-}
-
-fn reset_device_peak() {
-    if composing() { memory::reset_host_peak() } else { nuvec::cuda::reset_peak(0).unwrap() }
-}
-
 /// The capped composition of the planner's example (head size 256: the composition on the GPU
 /// too) holds at most the plan's intermediates beside its inputs and output.
 #[test]
@@ -501,11 +487,11 @@ fn capped_child() {
     let k = array(&ks, DType::BF16, 2);
     let v = array(&ks, DType::BF16, 3);
     nuvec::eval(&(&q, &k, &v)).unwrap();
-    reset_device_peak();
-    let before = device_memory().active;
+    crate::reset_device_peak();
+    let before = crate::device_memory().active;
     let out = fast::scaled_dot_product_attention(&q, &k, &v, 1.0 / 16.0, &opts);
     out.eval().unwrap();
-    let peak = device_memory().peak - before;
+    let peak = crate::device_memory().peak - before;
     let out_bytes = out.size() * 2;
     // Each block's scores, masked scores and probabilities (2 bytes each in bf16, counted at 4
     // by the plan), the blocks' outputs and the joined output.
@@ -536,12 +522,12 @@ fn backward_child() {
     let (k, v) = (array(&ks, DType::BF16, 2), array(&ks, DType::BF16, 3));
     let cot = array(&qs, DType::BF16, 4);
     nuvec::eval(&(&q, &k, &v, &cot)).unwrap();
-    reset_device_peak();
-    let before = device_memory().active;
+    crate::reset_device_peak();
+    let before = crate::device_memory().active;
     let f = |x: &[Array]| Ok(vec![fast::scaled_dot_product_attention(&x[0], &x[1], &x[2], 0.125, &opts)]);
     let (_, grads) = nuvec::transforms::vjp_flat(f, &[q, k, v], &[cot]).unwrap();
     nuvec::eval(&grads).unwrap();
-    let peak = device_memory().peak - before;
+    let peak = crate::device_memory().peak - before;
     let scores = 8 * 2048 * 2048 * 2;
     println!("attention child: backward peak above inputs {} KiB, one score matrix {} KiB", peak >> 10, scores >> 10);
     assert!(peak < scores, "peak {peak} holds a score matrix ({scores} bytes)");

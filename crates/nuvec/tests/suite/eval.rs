@@ -72,31 +72,13 @@ fn deep_graphs_do_not_overflow_the_stack() {
     assert_eq!(y.item::<f32>().unwrap(), 100_000.0);
 }
 
-/// Memory of the device operations run on by default (the GPU when one is usable).
-fn device_memory() -> nuvec::memory::MemoryStats {
-    if nuvec::default_device() == Device::cpu() {
-        nuvec::memory::host_memory()
-    } else {
-        nuvec::cuda::synchronize(0).unwrap();
-        nuvec::cuda::memory(0).unwrap()
-    }
-}
-
-fn reset_device_peak() {
-    if nuvec::default_device() == Device::cpu() {
-        nuvec::memory::reset_host_peak();
-    } else {
-        nuvec::cuda::reset_peak(0).unwrap();
-    }
-}
-
 #[test]
 fn intermediates_are_freed_and_buffers_donated() {
     let _g = serial();
     let n = 1 << 22; // 16 MiB of f32
     let bytes = n * 4;
-    reset_device_peak();
-    let before = device_memory().active;
+    crate::reset_device_peak();
+    let before = crate::device_memory().active;
     // arange (int32) -> astype (f32) -> five element-wise steps. Each step may write into its
     // input's buffer (no one else holds it), and each input is freed after its consumer, so the
     // peak stays near two buffers however long the chain.
@@ -105,7 +87,7 @@ fn intermediates_are_freed_and_buffers_donated() {
         y = (y + i as f32) * 0.5;
     }
     y.eval().unwrap();
-    let peak = device_memory().peak - before;
+    let peak = crate::device_memory().peak - before;
     // Without donation and freeing, the chain would hold three or more buffers at once (other
     // tests of this binary allocate a little alongside).
     assert!(peak < 2 * bytes + bytes / 4, "peak {peak} bytes for {bytes}-byte buffers");
@@ -116,7 +98,7 @@ fn intermediates_are_freed_and_buffers_donated() {
     }
     assert_eq!(v[7], want);
     drop(y);
-    let after = device_memory().active;
+    let after = crate::device_memory().active;
     assert!(after < before + bytes / 4, "{} bytes still held", after.saturating_sub(before));
 }
 

@@ -42,3 +42,22 @@ pub fn skipped(why: &str) {
     let test = std::thread::current().name().unwrap_or("a test").to_string();
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
+
+/// Memory of the device operations run on by default (the GPU when one is usable).
+pub fn device_memory() -> nuvec::memory::MemoryStats {
+    if nuvec::default_device() == nuvec::Device::cpu() {
+        nuvec::memory::host_memory()
+    } else {
+        nuvec::cuda::synchronize(0).unwrap();
+        nuvec::cuda::memory(0).unwrap()
+    }
+}
+
+/// Starts the default device's peak memory afresh.
+pub fn reset_device_peak() {
+    if nuvec::default_device() == nuvec::Device::cpu() {
+        nuvec::memory::reset_host_peak();
+    } else {
+        nuvec::cuda::reset_peak(0).unwrap();
+    }
+}
