@@ -368,6 +368,25 @@ __device__ __forceinline__ void att_stage(u32 dst, const T* src, i64 rs, int fir
   }
 }
 
+// acc (16 rows x D) += p (16 rows x K, accumulators repacked as A fragments) times the K rows
+// of `sb` (staged [rows][D] with ROW bytes per row): O += P V; dV += P^T dO, dK += dS^T Q.
+template <typename T, int D, int ROW, int K>
+__device__ __forceinline__ void att_accumulate(float (&acc)[D / 8][4], const float (&p)[K / 8][4], u32 sb, int lane) {
+  const int m = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    u32 pf[4] = {att_pack<T>(p[2 * kk][0], p[2 * kk][1]), att_pack<T>(p[2 * kk][2], p[2 * kk][3]),
+                 att_pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), att_pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      u32 bfr[4];
+      att_ldsm4_t(bfr, sb + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
+      att_mma<T>(acc[2 * dp], pf, bfr[0], bfr[1]);
+      att_mma<T>(acc[2 * dp + 1], pf, bfr[2], bfr[3]);
+    }
+  }
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void attention_tiled(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
@@ -480,22 +499,7 @@ __device__ __forceinline__ void attention_tiled(
     att_wait1();
     __syncthreads();
     // O += P V, P's accumulators repacked as A fragments (two score tiles per 16 keys).
-    {
-      const int m = lane >> 3;
-#pragma unroll
-      for (int kk = 0; kk < ATT_BC / 16; ++kk) {
-        u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
-                     att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          u32 bfr[4];
-          const int vr = kk * 16 + (m & 1) * 8 + (lane & 7);
-          att_ldsm4_t(bfr, sv + vr * ROW + (dp * 16 + (m >> 1) * 8) * 2);
-          att_mma<T>(o[2 * dp], pf, bfr[0], bfr[1]);
-          att_mma<T>(o[2 * dp + 1], pf, bfr[2], bfr[3]);
-        }
-      }
-    }
+    att_accumulate<T, D, ROW, ATT_BC>(o, s, sv, lane);
     __syncthreads();
     if (jt + 1 < jt1) att_stage<T, D, ROW, ATT_BC>(sv, vb, vs2, (jt + 1) * ATT_BC, kend);
     att_commit();
@@ -576,6 +580,27 @@ __host__ __device__ constexpr int att_bwd_smem(int D, int NW) {
   return 2 * 16 * NW * (D * 2 + 16) + 4 * ATB_BR * (D * 2 + 16) + 16 * NW * (ATB_BR * 2 + 16) + 4 * ATB_BR * 4;
 }
 
+// acc = the 16 rows of `sa` from `row0` times the ATB_BR rows of `sb`, transposed (S^T = K Q^T,
+// dP^T = V dO^T): both staged [rows][D] with ROW bytes per row.
+template <typename T, int D, int ROW>
+__device__ __forceinline__ void att_rows_t(float (&acc)[ATB_BR / 8][4], u32 sa, u32 sb, int row0, int lane) {
+  const int m = lane >> 3;
+#pragma unroll
+  for (int n = 0; n < ATB_BR / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    u32 af[4];
+    att_ldsm4(af, sa + (row0 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
+#pragma unroll
+    for (int np = 0; np < ATB_BR / 16; ++np) {
+      u32 bfr[4];
+      att_ldsm4(bfr, sb + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
+      att_mma<T>(acc[2 * np], af, bfr[0], bfr[1]);
+      att_mma<T>(acc[2 * np + 1], af, bfr[2], bfr[3]);
+    }
+  }
+}
+
 template <typename T, int D, int NW>
 __device__ __forceinline__ void attention_backward(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ go,
@@ -583,7 +608,7 @@ __device__ __forceinline__ void attention_backward(
     T* __restrict__ dv, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 gs0,
     i64 gs1, i64 gs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
   constexpr int BC = 16 * NW, ROW = D * 2 + 16, DSROW = ATB_BR * 2 + 16, STAGE = ATB_BR * ROW;
-  constexpr int KS = D / 16, QT = ATB_BR / 8, DT = D / 8;
+  constexpr int QT = ATB_BR / 8, DT = D / 8;
   extern __shared__ __align__(16) unsigned char att_smem[];
   const u32 sk = (u32)__cvta_generic_to_shared(att_smem);
   const u32 sv = sk + BC * ROW, sq0 = sv + BC * ROW, sg0 = sq0 + 2 * STAGE, sds = sg0 + 2 * STAGE;
@@ -641,20 +666,7 @@ __device__ __forceinline__ void attention_backward(
 
     // S^T: this warp's 16 keys x the tile's ATB_BR queries.
     float s[QT][4];
-#pragma unroll
-    for (int n = 0; n < QT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      u32 af[4];
-      att_ldsm4(af, sk + (warp * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
-#pragma unroll
-      for (int np = 0; np < QT / 2; ++np) {
-        u32 bfr[4];
-        att_ldsm4(bfr, sq + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
-        att_mma<T>(s[2 * np], af, bfr[0], bfr[1]);
-        att_mma<T>(s[2 * np + 1], af, bfr[2], bfr[3]);
-      }
-    }
+    att_rows_t<T, D, ROW>(s, sk, sq, warp * 16, lane);
     // P^T, zero outside each row's bounds.
 #pragma unroll
     for (int n = 0; n < QT; ++n)
@@ -665,55 +677,21 @@ __device__ __forceinline__ void attention_backward(
         s[n][c] = ok ? exp2f(s[n][c] * sl2 - s_lse[il] * ATT_LOG2E) : 0.0f;
       }
     // dV += P^T dO.
-#pragma unroll
-    for (int kk = 0; kk < ATB_BR / 16; ++kk) {
-      u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
-                   att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {
-        u32 bfr[4];
-        att_ldsm4_t(bfr, sg + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
-        att_mma<T>(dva[2 * dp], pf, bfr[0], bfr[1]);
-        att_mma<T>(dva[2 * dp + 1], pf, bfr[2], bfr[3]);
-      }
-    }
+    att_accumulate<T, D, ROW, ATB_BR>(dva, s, sg, lane);
     // dP^T = V dO^T, then dS^T = P^T (dP^T - delta) in place.
     float dpt[QT][4];
-#pragma unroll
-    for (int n = 0; n < QT; ++n) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      u32 af[4];
-      att_ldsm4(af, sv + (warp * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
-#pragma unroll
-      for (int np = 0; np < QT / 2; ++np) {
-        u32 bfr[4];
-        att_ldsm4(bfr, sg + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
-        att_mma<T>(dpt[2 * np], af, bfr[0], bfr[1]);
-        att_mma<T>(dpt[2 * np + 1], af, bfr[2], bfr[3]);
-      }
-    }
+    att_rows_t<T, D, ROW>(dpt, sv, sg, warp * 16, lane);
 #pragma unroll
     for (int n = 0; n < QT; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) s[n][c] *= dpt[n][c] - s_delta[n * 8 + 2 * t4 + (c & 1)];
     // dK += dS^T Q; dS^T to shared memory for dQ.
+    att_accumulate<T, D, ROW, ATB_BR>(dka, s, sq, lane);
 #pragma unroll
-    for (int kk = 0; kk < ATB_BR / 16; ++kk) {
-      u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
-                   att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      const int kr = warp * 16 + g, col = kk * 16 + 2 * t4;
-      *reinterpret_cast<u32*>(ds_tile + kr * DSROW + col * 2) = pf[0];
-      *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + col * 2) = pf[1];
-      *reinterpret_cast<u32*>(ds_tile + kr * DSROW + (col + 8) * 2) = pf[2];
-      *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + (col + 8) * 2) = pf[3];
-#pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {
-        u32 bfr[4];
-        att_ldsm4_t(bfr, sq + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
-        att_mma<T>(dka[2 * dp], pf, bfr[0], bfr[1]);
-        att_mma<T>(dka[2 * dp + 1], pf, bfr[2], bfr[3]);
-      }
+    for (int n = 0; n < QT; ++n) {
+      const int kr = warp * 16 + g, col = n * 8 + 2 * t4;
+      *reinterpret_cast<u32*>(ds_tile + kr * DSROW + col * 2) = att_pack<T>(s[n][0], s[n][1]);
+      *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + col * 2) = att_pack<T>(s[n][2], s[n][3]);
     }
     __syncthreads();
     // dQ (ATB_BR queries x D) += dS K: a warp per 16 rows x 16 features at a time.
