@@ -260,18 +260,31 @@ impl Parts<'_, '_> {
         let wide = |x: &Array| x.astype(DType::F32);
         let q = wide(self.q).reshape([b, hkv, (hq / hkv) * lq, d]);
         let s = (q.matmul(&wide(self.k).swapaxes(-1, -2)) * self.scale).reshape([b, hkv, hq / hkv, lq, lk]);
-        let s = if self.options.is_causal() {
-            let pos = ops::arange_dtype(lk - lq, lk, 1, DType::I32).reshape([lq, 1]);
-            let keys = ops::arange_dtype(0, lk, 1, DType::I32).reshape([1, lk]);
-            let mut allowed = keys.less_equal(&pos);
-            if let Some(w) = self.options.window {
-                allowed = allowed.logical_and(keys.greater(pos - w));
-            }
-            ops::where_(&allowed, &s, f32::NEG_INFINITY)
-        } else {
-            s
+        let s = match self.allowed(0, lq, 0, lk) {
+            Some(allowed) => ops::where_(&allowed, &s, f32::NEG_INFINITY),
+            None => s,
         };
         s.logsumexp(-1).reshape([b, hq, lq])
+    }
+
+    /// Which of keys `lo..hi` each query row `r0..r1` may attend under the causal bound and the
+    /// window, `[rows, keys]`: row `i` sees keys `j ≤ i + Lk − Lq`, and with a window
+    /// `j > i + Lk − Lq − w`. `None` when the bounds exclude none of them.
+    fn allowed(&self, r0: i32, r1: i32, lo: i32, hi: i32) -> Option<Array> {
+        if !self.options.is_causal() {
+            return None;
+        }
+        let off = self.k.shape()[2] - self.q.shape()[2];
+        let pos = ops::arange_dtype(r0 + off, r1 + off, 1, DType::I32).reshape([r1 - r0, 1]);
+        let keys = ops::arange_dtype(lo, hi, 1, DType::I32).reshape([1, hi - lo]);
+        let excluded_late = hi - 1 > r0 + off;
+        let excluded_early = self.options.window.is_some_and(|w| lo <= r1 - 1 + off - w);
+        match (excluded_late, excluded_early, self.options.window) {
+            (true, true, Some(w)) => Some(keys.less_equal(&pos).logical_and(keys.greater(pos - w))),
+            (true, _, _) => Some(keys.less_equal(&pos)),
+            (false, true, Some(w)) => Some(keys.greater(pos - w)),
+            _ => None,
+        }
     }
 
     /// The composition for query rows `r0..r1`, reading only the keys they may attend.
@@ -306,21 +319,8 @@ impl Parts<'_, '_> {
         let qs = (&q * self.scale).astype(dtype).reshape([b, hkv, g * n, d]);
         let mut s = qs.matmul(&k.swapaxes(-1, -2)).reshape([b, hkv, g, n, nk]);
         let low = lowest(s.dtype());
-        if causal {
-            // Row i (absolute r0 + i) sees keys j ≤ i + off, and with a window j > i + off − w.
-            let pos = ops::arange_dtype(r0 + off, r1 + off, 1, DType::I32).reshape([n, 1]);
-            let keys = ops::arange_dtype(lo, hi, 1, DType::I32).reshape([1, nk]);
-            let excluded_late = hi - 1 > r0 + off;
-            let excluded_early = self.options.window.is_some_and(|w| lo <= r1 - 1 + off - w);
-            let allowed = match (excluded_late, excluded_early, self.options.window) {
-                (true, true, Some(w)) => Some(keys.less_equal(&pos).logical_and(keys.greater(pos - w))),
-                (true, _, _) => Some(keys.less_equal(&pos)),
-                (false, true, Some(w)) => Some(keys.greater(pos - w)),
-                _ => None,
-            };
-            if let Some(allowed) = allowed {
-                s = ops::where_(&allowed, &s, low);
-            }
+        if let Some(allowed) = self.allowed(r0, r1, lo, hi) {
+            s = ops::where_(&allowed, &s, low);
         }
         if let Some(m) = self.options.mask_array() {
             let m4 = m.reshape(broadcast_dims(m.shape()));
