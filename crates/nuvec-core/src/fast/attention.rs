@@ -176,13 +176,14 @@ pub fn scaled_dot_product_attention(
     }
 }
 
-/// The parameters recording `kernel` for `options`. The tiled kernel also outputs the rows'
-/// log-sum-exp where the fused backward covers the options (no array mask, no sinks).
+/// The parameters recording `kernel` for `options`. While a transform traces (only a
+/// derivative reads it), the tiled kernel also outputs the rows' log-sum-exp where the fused
+/// backward covers the options (no array mask, no sinks).
 pub(super) fn params(options: &AttentionOptions<'_>, scale: f32, kernel: AttentionKernel) -> AttentionParams {
     let mask =
         options.mask_array().map(|m| if m.dtype() == DType::Bool { MaskInput::Bool } else { MaskInput::Additive });
     let sinks = options.sinks.is_some();
-    let lse = kernel == AttentionKernel::Tiled && mask.is_none() && !sinks;
+    let lse = kernel == AttentionKernel::Tiled && mask.is_none() && !sinks && crate::transforms::tracing();
     AttentionParams { scale, causal: options.is_causal(), window: options.window, mask, sinks, kernel, lse }
 }
 
