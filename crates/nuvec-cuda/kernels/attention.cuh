@@ -952,3 +952,268 @@ __device__ __forceinline__ void attention_vector_mma(
     }
   }
 }
+
+// ---- tiled attention on Hopper (prefill, wgmma) -----------------------------------------------
+// The tiled forward with warpgroup MMAs (sm_90a): a block of two warpgroups takes 128 query rows
+// of one head, 64 per warpgroup, and walks tiles of BC keys. Queries, keys and values are staged
+// by cp.async in the 128-byte swizzled layout the MMAs read from shared memory (rows of 64
+// features; a head of D features is D / 64 such column panels); keys and values have two stages,
+// the next tile's keys loading during this tile's scores and its values during the softmax.
+// S = Q K^T reads both operands from shared memory; O += P V takes P from the score registers and
+// V transposed from shared memory. Masking and the online softmax are the mma.sync kernel's.
+
+#define ATW_BR 128
+#define ATW_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                  "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// d (64 x N, a warpgroup's accumulators) = A B (+ d when acc), A and B by shared-memory descriptor,
+// both K-major (ss); d += A B, A from registers (fragments as mma.sync's), B transposed (rs).
+template <typename T> __device__ __forceinline__ void atw_ss64(float (&d)[32], u64 a, u64 b, int acc) {
+  if constexpr (IsBf16<T>::value) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24) : "l"(a), "l"(b), "r"(acc));
+  } else {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24) : "l"(a), "l"(b), "r"(acc));
+  }
+}
+template <typename T> __device__ __forceinline__ void atw_rs64(float (&d)[32], const u32 (&a)[4], u64 b) {
+  if constexpr (IsBf16<T>::value) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  } else {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %37, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+template <typename T> __device__ __forceinline__ void atw_ss128(float (&d)[64], u64 a, u64 b, int acc) {
+  if constexpr (IsBf16<T>::value) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56) : "l"(a), "l"(b), "r"(acc));
+  } else {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %66, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56) : "l"(a), "l"(b), "r"(acc));
+  }
+}
+template <typename T> __device__ __forceinline__ void atw_rs128(float (&d)[64], const u32 (&a)[4], u64 b) {
+  if constexpr (IsBf16<T>::value) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %69, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  } else {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %69, 0; wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+template <typename T> __device__ __forceinline__ void atw_ss256(float (&d)[128], u64 a, u64 b, int acc) {
+  if constexpr (IsBf16<T>::value) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %130, 0; wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56), ATW_F8(64), ATW_F8(72), ATW_F8(80), ATW_F8(88), ATW_F8(96), ATW_F8(104), ATW_F8(112), ATW_F8(120) : "l"(a), "l"(b), "r"(acc));
+  } else {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %130, 0; wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56), ATW_F8(64), ATW_F8(72), ATW_F8(80), ATW_F8(88), ATW_F8(96), ATW_F8(104), ATW_F8(112), ATW_F8(120) : "l"(a), "l"(b), "r"(acc));
+  }
+}
+template <typename T> __device__ __forceinline__ void atw_rs256(float (&d)[128], const u32 (&a)[4], u64 b) {
+  if constexpr (IsBf16<T>::value) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %133, 0; wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56), ATW_F8(64), ATW_F8(72), ATW_F8(80), ATW_F8(88), ATW_F8(96), ATW_F8(104), ATW_F8(112), ATW_F8(120) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  } else {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %133, 0; wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56), ATW_F8(64), ATW_F8(72), ATW_F8(80), ATW_F8(88), ATW_F8(96), ATW_F8(104), ATW_F8(112), ATW_F8(120) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+}
+
+// A shared-memory matrix descriptor: 128-byte swizzle; `lbo` and `sbo` in bytes.
+__device__ __forceinline__ u64 atw_desc(u32 addr, u32 lbo, u32 sbo) {
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
+}
+template <int N, typename T> __device__ __forceinline__ void atw_ss(float (&d)[N / 2], u64 a, u64 b, int acc) {
+  if constexpr (N == 64) atw_ss64<T>(d, a, b, acc);
+  else if constexpr (N == 128) atw_ss128<T>(d, a, b, acc);
+  else atw_ss256<T>(d, a, b, acc);
+}
+template <int N, typename T> __device__ __forceinline__ void atw_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b) {
+  if constexpr (N == 64) atw_rs64<T>(d, a, b);
+  else if constexpr (N == 128) atw_rs128<T>(d, a, b);
+  else atw_rs256<T>(d, a, b);
+}
+__device__ __forceinline__ void atw_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void atw_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void atw_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Keeps the compiler from moving reads of accumulators above the wait that completes them.
+template <int N> __device__ __forceinline__ void atw_hold(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Makes this thread's completed cp.async writes visible to the MMAs' (async proxy) reads.
+__device__ __forceinline__ void atw_staged() {
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+}
+
+// Stages rows first..first+ROWS-1 of a [rows, D] matrix (row stride `rs`) into D / 64 swizzled
+// panels of [ROWS][64] at `dst` (1024-byte aligned); rows outside [0, valid) are zeros.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void atw_stage(u32 dst, const T* src, i64 rs, int first, int valid) {
+  constexpr int CH = D / 8;
+  for (int x = threadIdx.x; x < ROWS * CH; x += blockDim.x) {
+    const int r = x / CH, c = x % CH, row = first + r;
+    const bool ok = row >= 0 && row < valid;
+    const T* g = src + (ok ? row : 0) * rs + c * 8;
+    const u32 a = dst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(g), "r"(ok ? 16 : 0) : "memory");
+  }
+}
+
+// Dynamic shared memory of a block: the 1024-byte alignment slack, the queries, two stages of
+// keys and values.
+constexpr int atw_smem(int D, int BC) { return 1024 + ATW_BR * D * 2 + 4 * BC * D * 2; }
+
+template <typename T, int D, int BC>
+__device__ __forceinline__ void attention_wgmma(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+    float* __restrict__ lse, const T* __restrict__ sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2,
+    i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int NT = BC / 8, DT = D / 8, KB = BC * D * 2;
+  extern __shared__ __align__(1024) unsigned char atw_dyn[];
+  const u32 sq = ((u32)__cvta_generic_to_shared(atw_dyn) + 1023) & ~1023u;
+  const u32 sk = sq + ATW_BR * D * 2, sv = sk + 2 * KB;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const int qt = gridDim.x - 1 - blockIdx.x;  // the longest causal tiles first
+  const int h = blockIdx.y % Hq, b = blockIdx.y / Hq, kh = h / (Hq / Hkv);
+  const int q0 = qt * ATW_BR, off = Lk - Lq, w0 = q0 + wg * 64;  // w0: this warpgroup's first row
+  int kend = causal ? min(Lk, q0 + ATW_BR - 1 + off + 1) : Lk;
+  kend = max(kend, 0);
+  const int kbeg = (causal && window > 0) ? max(0, q0 + off - window + 1) : 0;
+  const int jt0 = kbeg / BC, jt1 = (kend + BC - 1) / BC;
+  const T* kb = k + b * ks0 + kh * ks1;
+  const T* vb = v + b * vs0 + kh * vs1;
+
+  atw_stage<T, D, ATW_BR>(sq, q + b * qs0 + h * qs1, qs2, q0, Lq);
+  if (jt0 < jt1) atw_stage<T, D, BC>(sk, kb, ks2, jt0 * BC, kend);
+  att_commit();
+  if (jt0 < jt1) atw_stage<T, D, BC>(sv, vb, vs2, jt0 * BC, kend);
+  att_commit();
+
+  const float sl2 = scale * ATT_LOG2E;
+  const int r0 = w0 + warp * 16 + g;  // this thread's rows: r0 and r0 + 8
+  float o[D / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+
+  for (int jt = jt0; jt < jt1; ++jt) {
+    const int st = (jt - jt0) & 1;
+    atw_staged();  // this tile's keys (and at the first, the queries)
+    if (jt + 1 < jt1) atw_stage<T, D, BC>(sk + (st ^ 1) * KB, kb, ks2, (jt + 1) * BC, kend);
+    att_commit();
+    float s[BC / 2];
+    atw_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const u32 col = (kk & 3) * 32;
+      const u64 da = atw_desc(sq + (kk >> 2) * (ATW_BR * 128) + wg * 64 * 128 + col, 16, 1024);
+      const u64 db = atw_desc(sk + st * KB + (kk >> 2) * (BC * 128) + col, 16, 1024);
+      atw_ss<BC, T>(s, da, db, kk > 0);
+    }
+    atw_commit();
+    atw_wait0();
+    atw_hold<BC / 2>(s);
+
+    // Scale, and mask where some row's bounds cut the tile (rows of this warpgroup).
+    const int j0 = jt * BC;
+    const bool inside = j0 + BC <= Lk && (!causal || j0 + BC - 1 <= w0 + off) &&
+                        !(causal && window > 0 && j0 <= w0 + 63 + off - window);
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float x = s[n * 4 + c] * sl2;
+        if (!inside) {
+          const int j = j0 + n * 8 + 2 * t4 + (c & 1), r = r0 + (c >> 1) * 8, pos = r + off;
+          const bool ok = j < Lk && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
+          x = ok ? x : -INFINITY;
+        }
+        s[n * 4 + c] = x;
+      }
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n * 4 + 2 * i], s[n * 4 + 2 * i + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(mrow[i], mx), ms = mn == -INFINITY ? 0.0f : mn;
+      alpha[i] = exp2f(mrow[i] - ms);
+      mrow[i] = mn;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        s[n * 4 + 2 * i] = exp2f(s[n * 4 + 2 * i] - ms);
+        s[n * 4 + 2 * i + 1] = exp2f(s[n * 4 + 2 * i + 1] - ms);
+        sum += s[n * 4 + 2 * i] + s[n * 4 + 2 * i + 1];
+      }
+      lrow[i] = lrow[i] * alpha[i] + sum;
+    }
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      o[n * 4] *= alpha[0];
+      o[n * 4 + 1] *= alpha[0];
+      o[n * 4 + 2] *= alpha[1];
+      o[n * 4 + 3] *= alpha[1];
+    }
+    u32 p[BC / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      p[kk][0] = att_pack<T>(s[kk * 8], s[kk * 8 + 1]);
+      p[kk][1] = att_pack<T>(s[kk * 8 + 2], s[kk * 8 + 3]);
+      p[kk][2] = att_pack<T>(s[kk * 8 + 4], s[kk * 8 + 5]);
+      p[kk][3] = att_pack<T>(s[kk * 8 + 6], s[kk * 8 + 7]);
+    }
+    atw_staged();  // this tile's values
+    if (jt + 1 < jt1) atw_stage<T, D, BC>(sv + (st ^ 1) * KB, vb, vs2, (jt + 1) * BC, kend);
+    att_commit();
+    atw_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+#ifdef ATW_SWAP_V
+      const u64 db = atw_desc(sv + st * KB + kk * 16 * 128, 1024, BC * 128);
+#else
+      const u64 db = atw_desc(sv + st * KB + kk * 16 * 128, BC * 128, 1024);
+#endif
+      atw_rs<D, T>(o, p[kk], db);
+    }
+    atw_commit();
+    atw_wait0();
+    atw_hold<D / 2>(o);
+  }
+
+  // Finish: the quad's sums, the sink, the division; rows past Lq are not written.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = lrow[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = r0 + i * 8;
+    if (lse && t4 == 0 && r < Lq)
+      lse[((i64)b * Hq + h) * Lq + r] = l > 0.0f ? (mrow[i] + log2f(l)) * ATT_LN2 : -INFINITY;
+    float scl = 1.0f;
+    if (sinks) {
+      const float sk2 = widen(sinks[h]) * ATT_LOG2E, m2 = fmaxf(mrow[i], sk2);
+      const float a = mrow[i] == -INFINITY ? 0.0f : exp2f(mrow[i] - m2);
+      scl = a;
+      l = l * a + exp2f(sk2 - m2);
+    }
+    const float inv = l > 0.0f ? scl / l : 0.0f;
+    if (r >= Lq) continue;
+    T* dst = out + (((i64)b * Hq + h) * Lq + r) * D;
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      const u32 pk = att_pack<T>(o[n * 4 + 2 * i] * inv, o[n * 4 + 2 * i + 1] * inv);
+      *reinterpret_cast<u32*>(dst + n * 8 + 2 * t4) = pk;
+    }
+  }
+#endif
+}

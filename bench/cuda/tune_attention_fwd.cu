@@ -1,0 +1,175 @@
+// Checks and times attention's tiled forward kernels (attention.cuh) on the GPU: the warpgroup
+// (wgmma) kernel against a plain float32 reference on small shapes (outputs and log-sum-exp),
+// and both it and the mma.sync kernel in TFLOP/s (4 B Hq Lq Lk D FLOPs, halved when causal) on
+// LLaMA-3-8B's heads (32 query, 8 key-value) and others. Build and run on the GPU machine, from
+// the repository root:
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Xptxas -v -I crates/nuvec-cuda/kernels \
+//     bench/cuda/tune_attention_fwd.cu -o taf && ./taf
+#include <cmath>
+#include <cstdio>
+#include <vector>
+#include "attention.cuh"
+#include "harness.cuh"
+
+template <typename T, int D>
+__global__ void __launch_bounds__(256) mma_k(const T* q, const T* k, const T* v, T* out, float* lse, int Hq, int Hkv,
+                                             int Lq, int Lk, int causal, int window, float scale) {
+  attention_tiled<T, D>(q, k, v, out, lse, nullptr, (i64)Hq * Lq * D, (i64)Lq * D, D, (i64)Hkv * Lk * D,
+                        (i64)Lk * D, D, (i64)Hkv * Lk * D, (i64)Lk * D, D, Hq, Hkv, Lq, Lk, causal, window, scale);
+}
+template <typename T, int D, int BC>
+__global__ void __launch_bounds__(256) wg_k(const T* q, const T* k, const T* v, T* out, float* lse, const T* sinks,
+                                            int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
+  attention_wgmma<T, D, BC>(q, k, v, out, lse, sinks, (i64)Hq * Lq * D, (i64)Lq * D, D, (i64)Hkv * Lk * D,
+                            (i64)Lk * D, D, (i64)Hkv * Lk * D, (i64)Lk * D, D, Hq, Hkv, Lq, Lk, causal, window, scale);
+}
+
+// Reference, a thread per query row: the output row and its log-sum-exp, in float32.
+template <typename T, int D>
+__global__ void ref_k(const T* q, const T* k, const T* v, const T* sinks, float* out, float* lse, int B, int Hq,
+                      int Hkv, int Lq, int Lk, int causal, int window, float scale) {
+  int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= B * Hq * Lq) return;
+  int i = r % Lq, h = (r / Lq) % Hq, b = r / (Lq * Hq), kh = h / (Hq / Hkv);
+  const T* qr = q + (i64)r * D;
+  int lo, hi;
+  att_range(i, Lq, Lk, causal, window, &lo, &hi);
+  float m = sinks ? widen(sinks[h]) : -INFINITY;
+  for (int j = lo; j < hi; ++j) {
+    const T* kr = k + (((i64)b * Hkv + kh) * Lk + j) * D;
+    float s = 0;
+    for (int d = 0; d < D; ++d) s += widen(qr[d]) * widen(kr[d]);
+    m = fmaxf(m, s * scale);
+  }
+  float l = sinks ? expf(widen(sinks[h]) - m) : 0.0f, ls = 0;
+  float* o = out + (i64)r * D;
+  for (int d = 0; d < D; ++d) o[d] = 0;
+  for (int j = lo; j < hi; ++j) {
+    const T* kr = k + (((i64)b * Hkv + kh) * Lk + j) * D;
+    const T* vr = v + (((i64)b * Hkv + kh) * Lk + j) * D;
+    float s = 0;
+    for (int d = 0; d < D; ++d) s += widen(qr[d]) * widen(kr[d]);
+    float p = expf(s * scale - m);
+    l += p;
+    ls += p;
+    for (int d = 0; d < D; ++d) o[d] += p * widen(vr[d]);
+  }
+  for (int d = 0; d < D; ++d) o[d] = l > 0 ? o[d] / l : 0.0f;
+  // The kernels' log-sum-exp leaves the sink out.
+  lse[r] = ls > 0 ? m + logf(ls) : -INFINITY;
+}
+
+template <typename T>
+struct Buffers {
+  T *q, *k, *v, *o, *sinks;
+  float* lse;
+};
+
+template <typename T, int D>
+static Buffers<T> make(int B, int Hq, int Hkv, int Lq, int Lk) {
+  Buffers<T> x;
+  size_t nq = (size_t)B * Hq * Lq * D, nk = (size_t)B * Hkv * Lk * D;
+  CK(cudaMalloc(&x.q, nq * 2)); CK(cudaMalloc(&x.o, nq * 2)); CK(cudaMalloc(&x.k, nk * 2)); CK(cudaMalloc(&x.v, nk * 2));
+  CK(cudaMalloc(&x.lse, (size_t)B * Hq * Lq * 4)); CK(cudaMalloc(&x.sinks, Hq * 2));
+  fill<T><<<1024, 256>>>(x.q, nq, -1, 1, 1);
+  fill<T><<<1024, 256>>>(x.k, nk, -1, 1, 2);
+  fill<T><<<1024, 256>>>(x.v, nk, -1, 1, 3);
+  fill<T><<<1, 32>>>(x.sinks, Hq, -1, 2, 4);
+  return x;
+}
+template <typename T>
+static void release(Buffers<T>& x) { cudaFree(x.q); cudaFree(x.k); cudaFree(x.v); cudaFree(x.o); cudaFree(x.lse); cudaFree(x.sinks); }
+
+template <typename T, int D, int BC>
+static void wgmma(Buffers<T>& x, bool sinks, int B, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
+  constexpr int smem = atw_smem(D, BC);
+  CK(cudaFuncSetAttribute(wg_k<T, D, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  wg_k<T, D, BC><<<dim3((Lq + ATW_BR - 1) / ATW_BR, B * Hq), 256, smem>>>(x.q, x.k, x.v, x.o, x.lse, sinks ? x.sinks : nullptr, Hq, Hkv, Lq, Lk, causal, window, scale);
+  CK(cudaGetLastError());
+}
+template <typename T, int D>
+static void mma(Buffers<T>& x, int B, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
+  int smem = (128 + 2 * 64) * (D * 2 + 16);
+  CK(cudaFuncSetAttribute(mma_k<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  mma_k<T, D><<<dim3((Lq + 127) / 128, B * Hq), 256, smem>>>(x.q, x.k, x.v, x.o, x.lse, Hq, Hkv, Lq, Lk, causal, window, scale);
+  CK(cudaGetLastError());
+}
+
+static int failures = 0;
+
+template <typename T, int D, int BC>
+static void check(int B, int Hq, int Hkv, int Lq, int Lk, int causal, int window, bool sinks) {
+  float scale = 1.0f / sqrtf((float)D);
+  Buffers<T> x = make<T, D>(B, Hq, Hkv, Lq, Lk);
+  size_t nq = (size_t)B * Hq * Lq * D, rows = (size_t)B * Hq * Lq;
+  CK(cudaMemset(x.o, 0xff, nq * 2));
+  wgmma<T, D, BC>(x, sinks, B, Hq, Hkv, Lq, Lk, causal, window, scale);
+  float *ro, *rl;
+  CK(cudaMalloc(&ro, nq * 4)); CK(cudaMalloc(&rl, rows * 4));
+  ref_k<T, D><<<(rows + 127) / 128, 128>>>(x.q, x.k, x.v, sinks ? x.sinks : nullptr, ro, rl, B, Hq, Hkv, Lq, Lk, causal, window, scale);
+  CK(cudaDeviceSynchronize());
+  std::vector<T> o(nq);
+  std::vector<float> wo(nq), l(rows), wl(rows);
+  CK(cudaMemcpy(o.data(), x.o, nq * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(wo.data(), ro, nq * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(l.data(), x.lse, rows * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(wl.data(), rl, rows * 4, cudaMemcpyDeviceToHost));
+  double eo = 0, el = 0;
+  for (size_t i = 0; i < nq; ++i) {
+    double e = fabs(h2f(o[i]) - wo[i]);
+    eo = std::isnan(e) ? 1e9 : fmax(eo, e);
+  }
+  for (size_t i = 0; i < rows; ++i) {
+    if (std::isinf(wl[i]) && std::isinf(l[i])) continue;
+    double e = fabs(l[i] - wl[i]);
+    el = std::isnan(e) ? 1e9 : fmax(el, e);
+  }
+  bool ok = eo < (IsBf16<T>::value ? 2e-2 : 4e-3) && el < 1e-3;
+  failures += !ok;
+  printf("check %s %s D%d BC%d B%d Hq%d Hkv%d Lq%d Lk%d causal %d window %d sinks %d: out %.2e lse %.2e\n",
+         ok ? "ok  " : "FAIL", IsBf16<T>::value ? "bf16" : "f16", D, BC, B, Hq, Hkv, Lq, Lk, causal, window, sinks, eo, el);
+  cudaFree(ro); cudaFree(rl);
+  release(x);
+}
+
+template <typename T, int D, int BC>
+static void checks() {
+  check<T, D, BC>(1, 2, 2, 128, 128, 0, 0, false);
+  check<T, D, BC>(1, 4, 4, 40, 40, 0, 0, false);
+  check<T, D, BC>(2, 8, 2, 77, 77, 1, 0, false);
+  check<T, D, BC>(1, 4, 1, 50, 130, 1, 0, false);
+  check<T, D, BC>(1, 2, 2, 129, 65, 1, 0, false);
+  check<T, D, BC>(1, 4, 2, 300, 300, 1, 100, false);
+  check<T, D, BC>(2, 4, 4, 33, 200, 0, 0, true);
+  check<T, D, BC>(1, 4, 2, 520, 520, 1, 0, true);
+}
+
+template <typename T, int D, int BC>
+static void timing(int B, int Hq, int Hkv, int L, int causal) {
+  float scale = 1.0f / sqrtf((float)D);
+  Buffers<T> x = make<T, D>(B, Hq, Hkv, L, L);
+  double flops = 4.0 * B * Hq * (double)L * L * D / (causal ? 2 : 1);
+  float w = time_ms(10, [&] { wgmma<T, D, BC>(x, false, B, Hq, Hkv, L, L, causal, 0, scale); });
+  float m = 0;
+  if constexpr (D <= 128) m = time_ms(10, [&] { mma<T, D>(x, B, Hq, Hkv, L, L, causal, 0, scale); });
+  printf("timing D%d BC%d B%d Hq%d Hkv%d L%d causal %d: wgmma %.0f TFLOP/s, mma.sync %.0f TFLOP/s\n", D, BC, B, Hq, Hkv,
+         L, causal, flops / w / 1e9, m > 0 ? flops / m / 1e9 : 0.0);
+  release(x);
+}
+
+int main() {
+  checks<bf16, 128, 128>();
+  checks<f16, 128, 128>();
+  checks<bf16, 64, 128>();
+  checks<bf16, 256, 64>();
+  printf("%d failures\n", failures);
+  for (int c : {1, 0}) {
+    timing<bf16, 128, 128>(1, 32, 8, 4096, c);
+    timing<bf16, 128, 128>(1, 32, 8, 16384, c);
+    timing<bf16, 128, 128>(4, 32, 8, 4096, c);
+    timing<bf16, 128, 128>(1, 32, 8, 8192, c);
+    timing<bf16, 64, 128>(1, 32, 8, 8192, c);
+    timing<bf16, 256, 64>(1, 16, 2, 8192, c);
+  }
+  return failures != 0;
+}
