@@ -45,8 +45,8 @@ Attention cases (bf16, ``q [B, 32, Lq, 128]``, ``k``, ``v [B, 8, Lk, 128]``, as 
   plus ``2*B*32*Lq*128*2`` of q read and the output written: Lq = 1 (no mask) for (B, Lk) in
   (1, 4096), (1, 32768), (1, 131072), (8, 8192), (32, 8192), (64, 4096); Lq = 4 causal for
   (1, 32768) and (32, 8192). Each adds a ``_us`` row.
-* ``sdpa_prefill_bf16_B{B}_L{L}_{causal|full}``, Lq = Lk = L, TFLOP/s of ``4*B*32*L*L*128``
-  FLOPs, halved when causal: (1, 4096), (4, 4096) and (1, 8192) causal, (1, 8192) full.
+* ``sdpa_prefill_bf16_B{B}_L{L}_{causal|full}[_D{D}]``, Lq = Lk = L, TFLOP/s of
+  ``4*B*32*L*L*D`` FLOPs, halved when causal, for ``PREFILL``'s (B, L, causal, D).
 * ``sdpa_fwdbwd_bf16_B{B}_L{L}_causal``: the forward and ``torch.autograd.grad`` of q, k and v
   every iteration, TFLOP/s of 3.5 times the forward's FLOPs, for (B, L) in (1, 2048), (1, 4096),
   (4, 4096), (1, 8192); ``sdpa_bwd_bf16_*`` the backward alone (as the other backward cases),
@@ -108,6 +108,10 @@ HEADS, HEAD_DIM = 32, 128
 # Attention: query heads, key-value heads (grouped, 4 query heads each), head size, scale.
 ATTN_HQ, ATTN_HKV, ATTN_D = 32, 8, 128
 ATTN_SCALE = 1.0 / math.sqrt(ATTN_D)
+# Attention prefill cases (B, L, causal, D), as bench_fast's PREFILL.
+PREFILL = ((1, 4096, True, 128), (4, 4096, True, 128), (1, 8192, True, 128), (1, 8192, False, 128),
+           (1, 16384, True, 128), (8, 4096, False, 128), (1, 32768, True, 128), (1, 8192, True, 64),
+           (1, 8192, False, 64), (1, 8192, True, 256), (1, 8192, False, 256))
 MODES = ("eager", "composition", "F_rms_norm", "liger", "flash", "compile")
 
 
@@ -197,9 +201,9 @@ def rope_tables(t, offset, dtype):
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
-def sdpa_eager(q, k, v, mask=None, causal=False):
+def sdpa_eager(q, k, v, mask=None, causal=False, scale=ATTN_SCALE):
     """torch's attention with its default backend selection, the key-value heads shared."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=ATTN_SCALE,
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
                                           enable_gqa=True)
 
 
@@ -225,30 +229,30 @@ def flash_maker(name, make_inputs, k):
         except Exception as e:
             raise Unsupported(f"no torch.nn.attention.sdpa_kernel: {type(e).__name__}")
 
-        def call(q, kk, v, mask, causal, gqa):
+        def call(gqa, q, kk, v, mask, causal, scale=ATTN_SCALE):
             extra = {"enable_gqa": True} if gqa else {}
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return F.scaled_dot_product_attention(q, kk, v, attn_mask=mask, is_causal=causal, scale=ATTN_SCALE,
+                return F.scaled_dot_product_attention(q, kk, v, attn_mask=mask, is_causal=causal, scale=scale,
                                                       **extra)
 
         ins = [make_inputs(j) for j in range(k)]
         try:
-            call(*ins[0], True)
+            call(True, *ins[0])
             gqa = True
         except Exception as e:
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             groups = ATTN_HQ // ATTN_HKV
-            ins = [(q, kk.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), m, c)
-                   for q, kk, v, m, c in ins]
+            ins = [(q, kk.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), *rest)
+                   for q, kk, v, *rest in ins]
             try:
-                call(*ins[0], False)
+                call(False, *ins[0])
             except Exception as e2:
                 first = str(e2).splitlines()[0] if str(e2) else ""
                 raise Unsupported(f"flash backend: {type(e2).__name__}: {first}")
             emit(f"# torch_flash:{name}: k and v repeated to {ATTN_HQ} heads before timing "
                  f"(flash with enable_gqa: {why})")
             gqa = False
-        return (lambda i: call(*ins[i % k], gqa)), k
+        return (lambda i: call(gqa, *ins[i % k])), k
     return make
 
 
@@ -585,14 +589,15 @@ def build_cases(copies, liger):
         cases.append(c)
 
     # Attention prefill: Lq = Lk = L, causal or full, in TFLOP/s.
-    for b, t, causal in ((1, 4096, True), (4, 4096, True), (1, 8192, True), (1, 8192, False)):
-        flops = 4 * b * ATTN_HQ * t * t * ATTN_D // (2 if causal else 1)
-        c = Case(f"sdpa_prefill_bf16_B{b}_L{t}_{'causal' if causal else 'full'}", flops, 0, False, "TFLOP/s")
-        k = copies((ATTN_HQ + 2 * ATTN_HKV) * b * t * ATTN_D * ELEM)
+    for b, t, causal, d in PREFILL:
+        flops = 4 * b * ATTN_HQ * t * t * d // (2 if causal else 1)
+        suffix = "" if d == ATTN_D else f"_D{d}"
+        c = Case(f"sdpa_prefill_bf16_B{b}_L{t}_{'causal' if causal else 'full'}{suffix}", flops, 0, False, "TFLOP/s")
+        k = copies((ATTN_HQ + 2 * ATTN_HKV) * b * t * d * ELEM)
 
-        def ins(j, b=b, t=t, causal=causal):
-            return (rand((b, ATTN_HQ, t, ATTN_D), 730 + j), rand((b, ATTN_HKV, t, ATTN_D), 740 + j),
-                    rand((b, ATTN_HKV, t, ATTN_D), 750 + j), None, causal)
+        def ins(j, b=b, t=t, causal=causal, d=d):
+            return (rand((b, ATTN_HQ, t, d), 730 + j), rand((b, ATTN_HKV, t, d), 740 + j),
+                    rand((b, ATTN_HKV, t, d), 750 + j), None, causal, 1.0 / math.sqrt(d))
         c.makers["eager"] = fwd_maker(sdpa_eager, ins, k)
         c.makers["flash"] = flash_maker(c.name, ins, k)
         cases.append(c)

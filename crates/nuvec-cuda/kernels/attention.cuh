@@ -962,7 +962,6 @@ __device__ __forceinline__ void attention_vector_mma(
 // S = Q K^T reads both operands from shared memory; O += P V takes P from the score registers and
 // V transposed from shared memory. Masking and the online softmax are the mma.sync kernel's.
 
-#define ATW_BR 128
 #define ATW_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                   "+f"(d[i + 6]), "+f"(d[i + 7])
 
@@ -1045,19 +1044,58 @@ template <int N> __device__ __forceinline__ void atw_hold(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-// Makes this thread's completed cp.async writes visible to the MMAs' (async proxy) reads.
-__device__ __forceinline__ void atw_staged() {
-  asm volatile("cp.async.wait_group 1;" ::: "memory");
+// mbarriers: the producer's staged tiles (full) and the consumers' releases (empty).
+__device__ __forceinline__ void atw_bar_init(u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void atw_bar_wait(u32 bar, u32 parity) {
+  u32 done;
+  do {
+    asm volatile("{.reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p;}"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void atw_bar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once this thread's cp.async copies so far have landed.
+__device__ __forceinline__ void atw_bar_arrive_copies(u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// Waits for a staged tile and orders the copies before the MMAs' (async proxy) reads.
+__device__ __forceinline__ void atw_acquire(u32 bar, u32 parity) {
+  atw_bar_wait(bar, parity);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  __syncthreads();
+}
+// A consumer warp is done reading a stage: its first lane arrives for the warp.
+__device__ __forceinline__ void atw_release(u32 bar, int lane) {
+  __syncwarp();
+  if (lane == 0) atw_bar_arrive(bar);
+}
+
+// Named barriers 1..NC that make the NC consumer warpgroups take turns, in a cycle, issuing
+// their MMAs, so one's softmax runs while another's products use the tensor cores.
+__device__ __forceinline__ void atw_turn_wait(int c) { asm volatile("bar.sync %0, 256;" ::"r"(1 + c) : "memory"); }
+template <int NC> __device__ __forceinline__ void atw_turn_pass(int c) {
+  asm volatile("bar.arrive %0, 256;" ::"r"(1 + (c + 1) % NC) : "memory");
+}
+
+// 2^x, flushing subnormal results to zero (one MUFU.EX2; exp2f adds the subnormal fix-ups).
+__device__ __forceinline__ float atw_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Stages rows first..first+ROWS-1 of a [rows, D] matrix (row stride `rs`) into D / 64 swizzled
-// panels of [ROWS][64] at `dst` (1024-byte aligned); rows outside [0, valid) are zeros.
+// panels of [ROWS][64] at `dst` (1024-byte aligned), by `n` threads of which this is `t`; rows
+// outside [0, valid) are zeros.
 template <typename T, int D, int ROWS>
-__device__ __forceinline__ void atw_stage(u32 dst, const T* src, i64 rs, int first, int valid) {
+__device__ __forceinline__ void atw_stage(u32 dst, const T* src, i64 rs, int first, int valid, int t, int n) {
   constexpr int CH = D / 8;
-  for (int x = threadIdx.x; x < ROWS * CH; x += blockDim.x) {
+  for (int x = t; x < ROWS * CH; x += n) {
     const int r = x / CH, c = x % CH, row = first + r;
     const bool ok = row >= 0 && row < valid;
     const T* g = src + (ok ? row : 0) * rs + c * 8;
@@ -1066,105 +1104,144 @@ __device__ __forceinline__ void atw_stage(u32 dst, const T* src, i64 rs, int fir
   }
 }
 
-// Dynamic shared memory of a block: the 1024-byte alignment slack, the queries, two stages of
-// keys and values.
-constexpr int atw_smem(int D, int BC) { return 1024 + ATW_BR * D * 2 + 4 * BC * D * 2; }
+#define ATW_STAGES 2
 
-template <typename T, int D, int BC>
+// Dynamic shared memory of a block of NC consumer warpgroups: the 1024-byte alignment slack, the
+// queries, ATW_STAGES stages of keys and of values, and the barriers.
+constexpr int atw_smem(int D, int BC, int NC) { return 1024 + 64 * NC * D * 2 + 2 * ATW_STAGES * BC * D * 2 + 128; }
+
+// Scales a warpgroup's scores to base 2, masks them where some of its rows' bounds cut the tile,
+// and runs the online softmax: s becomes the probabilities, `alpha` the rescale of the rows' old
+// outputs. Rows r0 (c = 0, 1) and r0 + 8 (c = 2, 3); a row's 4 threads are a quad.
+template <int BC>
+__device__ __forceinline__ void atw_softmax(float (&s)[BC / 2], float (&mrow)[2], float (&lrow)[2], float (&alpha)[2],
+                                            int j0, int w0, int r0, int t4, int Lk, int off, int causal, int window,
+                                            float sl2) {
+  const bool inside = j0 + BC <= Lk && (!causal || j0 + BC - 1 <= w0 + off) &&
+                      !(causal && window > 0 && j0 <= w0 + 63 + off - window);
+#pragma unroll
+  for (int n = 0; n < BC / 8; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float x = s[n * 4 + c] * sl2;
+      if (!inside) {
+        const int j = j0 + n * 8 + 2 * t4 + (c & 1), pos = r0 + (c >> 1) * 8 + off;
+        const bool ok = j < Lk && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
+        x = ok ? x : -INFINITY;
+      }
+      s[n * 4 + c] = x;
+    }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(s[n * 4 + 2 * i], s[n * 4 + 2 * i + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(mrow[i], mx), ms = mn == -INFINITY ? 0.0f : mn;
+    alpha[i] = atw_exp2(mrow[i] - ms);
+    mrow[i] = mn;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < BC / 8; ++n) {
+      s[n * 4 + 2 * i] = atw_exp2(s[n * 4 + 2 * i] - ms);
+      s[n * 4 + 2 * i + 1] = atw_exp2(s[n * 4 + 2 * i + 1] - ms);
+      sum += s[n * 4 + 2 * i] + s[n * 4 + 2 * i + 1];
+    }
+    lrow[i] = lrow[i] * alpha[i] + sum;
+  }
+}
+
+// A block is a producer warpgroup, which stages the queries and each key and value tile by
+// cp.async into ATW_STAGES-deep rings guarded by mbarriers, and NC consumer warpgroups of 64
+// query rows each. A consumer issues the next tile's scores before it waits on this tile's
+// P V, so the softmax of one runs while the tensor cores do the other.
+template <typename T, int D, int BC, int NC>
 __device__ __forceinline__ void attention_wgmma(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
     float* __restrict__ lse, const T* __restrict__ sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2,
     i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int NT = BC / 8, DT = D / 8, KB = BC * D * 2;
+  constexpr int KB = BC * D * 2;
   extern __shared__ __align__(1024) unsigned char atw_dyn[];
   const u32 sq = ((u32)__cvta_generic_to_shared(atw_dyn) + 1023) & ~1023u;
-  const u32 sk = sq + ATW_BR * D * 2, sv = sk + 2 * KB;
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  constexpr int BR = 64 * NC;
+  const u32 sk = sq + BR * D * 2, sv = sk + ATW_STAGES * KB, bars = sv + ATW_STAGES * KB;
+  // Barriers (8 bytes each): the queries, then per stage key full/empty and value full/empty.
+  const u32 qfull = bars;
+  auto kfull = [&](int s) { return bars + 8 + s * 32; };
+  auto kempty = [&](int s) { return bars + 16 + s * 32; };
+  auto vfull = [&](int s) { return bars + 24 + s * 32; };
+  auto vempty = [&](int s) { return bars + 32 + s * 32; };
   const int qt = gridDim.x - 1 - blockIdx.x;  // the longest causal tiles first
   const int h = blockIdx.y % Hq, b = blockIdx.y / Hq, kh = h / (Hq / Hkv);
-  const int q0 = qt * ATW_BR, off = Lk - Lq, w0 = q0 + wg * 64;  // w0: this warpgroup's first row
-  int kend = causal ? min(Lk, q0 + ATW_BR - 1 + off + 1) : Lk;
+  const int q0 = qt * BR, off = Lk - Lq;
+  int kend = causal ? min(Lk, q0 + BR - 1 + off + 1) : Lk;
   kend = max(kend, 0);
   const int kbeg = (causal && window > 0) ? max(0, q0 + off - window + 1) : 0;
   const int jt0 = kbeg / BC, jt1 = (kend + BC - 1) / BC;
-  const T* kb = k + b * ks0 + kh * ks1;
-  const T* vb = v + b * vs0 + kh * vs1;
+  if (threadIdx.x == 0) {
+    atw_bar_init(qfull, 128);
+    for (int s = 0; s < ATW_STAGES; ++s) {
+      atw_bar_init(kfull(s), 128);
+      atw_bar_init(vfull(s), 128);
+      atw_bar_init(kempty(s), 4 * NC);
+      atw_bar_init(vempty(s), 4 * NC);
+    }
+  }
+  __syncthreads();
 
-  atw_stage<T, D, ATW_BR>(sq, q + b * qs0 + h * qs1, qs2, q0, Lq);
-  if (jt0 < jt1) atw_stage<T, D, BC>(sk, kb, ks2, jt0 * BC, kend);
-  att_commit();
-  if (jt0 < jt1) atw_stage<T, D, BC>(sv, vb, vs2, jt0 * BC, kend);
-  att_commit();
-
+  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
+  if (wg == 0) {
+    // The producer.
+    // The consumers take the rest of the register file.
+    if constexpr (NC == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 32;");
+    const T* kb = k + b * ks0 + kh * ks1;
+    const T* vb = v + b * vs0 + kh * vs1;
+    atw_stage<T, D, BR>(sq, q + b * qs0 + h * qs1, qs2, q0, Lq, t, 128);
+    atw_bar_arrive_copies(qfull);
+    for (int jt = jt0; jt < jt1; ++jt) {
+      const int n = jt - jt0, st = n % ATW_STAGES;
+      const u32 use = (u32)(n / ATW_STAGES);
+      if (use > 0) atw_bar_wait(kempty(st), (use - 1) & 1);
+      atw_stage<T, D, BC>(sk + st * KB, kb, ks2, jt * BC, kend, t, 128);
+      atw_bar_arrive_copies(kfull(st));
+      if (use > 0) atw_bar_wait(vempty(st), (use - 1) & 1);
+      atw_stage<T, D, BC>(sv + st * KB, vb, vs2, jt * BC, kend, t, 128);
+      atw_bar_arrive_copies(vfull(st));
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    return;
+  }
+  if constexpr (NC == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  else asm volatile("setmaxnreg.inc.sync.aligned.u32 160;");
+  const int c = wg - 1, warp = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
+  const int w0 = q0 + c * 64;  // this warpgroup's first row
   const float sl2 = scale * ATT_LOG2E;
   const int r0 = w0 + warp * 16 + g;  // this thread's rows: r0 and r0 + 8
-  float o[D / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+  float o[D / 2], s[BC / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, alpha[2];
+  u32 p[BC / 16][4];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
 
-  for (int jt = jt0; jt < jt1; ++jt) {
-    const int st = (jt - jt0) & 1;
-    atw_staged();  // this tile's keys (and at the first, the queries)
-    if (jt + 1 < jt1) atw_stage<T, D, BC>(sk + (st ^ 1) * KB, kb, ks2, (jt + 1) * BC, kend);
-    att_commit();
-    float s[BC / 2];
-    atw_fence();
+  // S = Q K^T for the tile in stage st.
+  auto scores = [&](int st) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const u32 col = (kk & 3) * 32;
-      const u64 da = atw_desc(sq + (kk >> 2) * (ATW_BR * 128) + wg * 64 * 128 + col, 16, 1024);
+      const u64 da = atw_desc(sq + (kk >> 2) * (BR * 128) + c * 64 * 128 + col, 16, 1024);
       const u64 db = atw_desc(sk + st * KB + (kk >> 2) * (BC * 128) + col, 16, 1024);
       atw_ss<BC, T>(s, da, db, kk > 0);
     }
-    atw_commit();
-    atw_wait0();
-    atw_hold<BC / 2>(s);
-
-    // Scale, and mask where some row's bounds cut the tile (rows of this warpgroup).
-    const int j0 = jt * BC;
-    const bool inside = j0 + BC <= Lk && (!causal || j0 + BC - 1 <= w0 + off) &&
-                        !(causal && window > 0 && j0 <= w0 + 63 + off - window);
+  };
+  // O += P V for the tile in stage st.
+  auto values = [&](int st) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float x = s[n * 4 + c] * sl2;
-        if (!inside) {
-          const int j = j0 + n * 8 + 2 * t4 + (c & 1), r = r0 + (c >> 1) * 8, pos = r + off;
-          const bool ok = j < Lk && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
-          x = ok ? x : -INFINITY;
-        }
-        s[n * 4 + c] = x;
-      }
-    float alpha[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n * 4 + 2 * i], s[n * 4 + 2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = fmaxf(mrow[i], mx), ms = mn == -INFINITY ? 0.0f : mn;
-      alpha[i] = exp2f(mrow[i] - ms);
-      mrow[i] = mn;
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        s[n * 4 + 2 * i] = exp2f(s[n * 4 + 2 * i] - ms);
-        s[n * 4 + 2 * i + 1] = exp2f(s[n * 4 + 2 * i + 1] - ms);
-        sum += s[n * 4 + 2 * i] + s[n * 4 + 2 * i + 1];
-      }
-      lrow[i] = lrow[i] * alpha[i] + sum;
-    }
-#pragma unroll
-    for (int n = 0; n < DT; ++n) {
-      o[n * 4] *= alpha[0];
-      o[n * 4 + 1] *= alpha[0];
-      o[n * 4 + 2] *= alpha[1];
-      o[n * 4 + 3] *= alpha[1];
-    }
-    u32 p[BC / 16][4];
+    for (int kk = 0; kk < BC / 16; ++kk)
+      atw_rs<D, T>(o, p[kk], atw_desc(sv + st * KB + kk * 16 * 128, BC * 128, 1024));
+  };
+  auto pack = [&]() {
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
       p[kk][0] = att_pack<T>(s[kk * 8], s[kk * 8 + 1]);
@@ -1172,22 +1249,68 @@ __device__ __forceinline__ void attention_wgmma(
       p[kk][2] = att_pack<T>(s[kk * 8 + 4], s[kk * 8 + 5]);
       p[kk][3] = att_pack<T>(s[kk * 8 + 6], s[kk * 8 + 7]);
     }
-    atw_staged();  // this tile's values
-    if (jt + 1 < jt1) atw_stage<T, D, BC>(sv + (st ^ 1) * KB, vb, vs2, (jt + 1) * BC, kend);
-    att_commit();
-    atw_fence();
+  };
+
+  // Turns: the first consumer issues first; the second passes no turn after its last.
+  auto rescale = [&]() {
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-#ifdef ATW_SWAP_V
-      const u64 db = atw_desc(sv + st * KB + kk * 16 * 128, 1024, BC * 128);
-#else
-      const u64 db = atw_desc(sv + st * KB + kk * 16 * 128, BC * 128, 1024);
-#endif
-      atw_rs<D, T>(o, p[kk], db);
+    for (int i = 0; i < D / 8; ++i) {
+      o[i * 4] *= alpha[0];
+      o[i * 4 + 1] *= alpha[0];
+      o[i * 4 + 2] *= alpha[1];
+      o[i * 4 + 3] *= alpha[1];
     }
+  };
+
+  // Turns: the first consumer issues first; the last passes no turn after its last.
+  if (c == NC - 1 && jt0 < jt1) atw_turn_pass<NC>(c);
+  if (jt0 < jt1) {
+    atw_acquire(qfull, 0);
+    atw_turn_wait(c);
+    atw_acquire(kfull(0), 0);
+    atw_fence();
+    scores(0);
     atw_commit();
+    atw_turn_pass<NC>(c);
+    atw_wait0();
+    atw_hold<BC / 2>(s);
+    atw_release(kempty(0), lane);
+    atw_softmax<BC>(s, mrow, lrow, alpha, jt0 * BC, w0, r0, t4, Lk, off, causal, window, sl2);
+    pack();
+    for (int jt = jt0 + 1; jt < jt1; ++jt) {
+      const int n = jt - jt0, st = n % ATW_STAGES, pst = (n - 1) % ATW_STAGES;
+      atw_turn_wait(c);
+      atw_acquire(kfull(st), (u32)(n / ATW_STAGES) & 1);
+      atw_fence();
+      scores(st);
+      atw_commit();
+      // The previous tile's P V, on outputs rescaled to its maximum while these scores run.
+      rescale();
+      atw_acquire(vfull(pst), (u32)((n - 1) / ATW_STAGES) & 1);
+      atw_fence();
+      values(pst);
+      atw_commit();
+      atw_turn_pass<NC>(c);
+      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+      atw_hold<BC / 2>(s);
+      atw_release(kempty(st), lane);
+      atw_softmax<BC>(s, mrow, lrow, alpha, jt * BC, w0, r0, t4, Lk, off, causal, window, sl2);
+      atw_wait0();
+      atw_hold<D / 2>(o);
+      atw_release(vempty(pst), lane);
+      pack();
+    }
+    const int n = jt1 - 1 - jt0, pst = n % ATW_STAGES;
+    atw_turn_wait(c);
+    rescale();
+    atw_acquire(vfull(pst), (u32)(n / ATW_STAGES) & 1);
+    atw_fence();
+    values(pst);
+    atw_commit();
+    if (c < NC - 1) atw_turn_pass<NC>(c);
     atw_wait0();
     atw_hold<D / 2>(o);
+    atw_release(vempty(pst), lane);
   }
 
   // Finish: the quad's sums, the sink, the division; rows past Lq are not written.
@@ -1210,7 +1333,7 @@ __device__ __forceinline__ void attention_wgmma(
     if (r >= Lq) continue;
     T* dst = out + (((i64)b * Hq + h) * Lq + r) * D;
 #pragma unroll
-    for (int n = 0; n < DT; ++n) {
+    for (int n = 0; n < D / 8; ++n) {
       const u32 pk = att_pack<T>(o[n * 4 + 2 * i] * inv, o[n * 4 + 2 * i + 1] * inv);
       *reinterpret_cast<u32*>(dst + n * 8 + 2 * t4) = pk;
     }

@@ -68,8 +68,10 @@
 //!   Lq = 4, causal (the queries are the last 4 of the Lk positions, aligned lower right), for
 //!   (B, Lk) in {(1, 32768), (32, 8192)}.
 //! * `sdpa_prefill_bf16_B{B}_L{L}_{causal|full}`, Lq = Lk = L, in TFLOP/s (unit `TFLOP/s`,
-//!   fraction `-`: this benchmark measures no compute ceiling) of `4·B·32·L·L·128` FLOPs (the
-//!   two products), halved when causal: B1 L4096, B4 L4096 and B1 L8192 causal, B1 L8192 full.
+//!   fraction `-`: this benchmark measures no compute ceiling) of `4·B·32·L·L·D` FLOPs (the
+//!   two products), halved when causal: D 128 causal at B1 L4096, B4 L4096, B1 L8192, B1 L16384
+//!   and B1 L32768, full at B1 L8192 and B8 L4096; `_D64` and `_D256` at B1 L8192, causal and
+//!   full.
 //! * `sdpa_fwdbwd_bf16_B{B}_L{L}_causal`: the forward and the cotangents of `q`, `k` and `v`
 //!   (a training step's attention), in TFLOP/s of 3.5 times the forward's FLOPs (the backward
 //!   counted as 2.5, as FlashAttention does), for (B, L) in {(1, 2048), (1, 4096), (4, 4096),
@@ -431,19 +433,21 @@ fn sdpa_decode(b: &mut Bench) {
     }
 }
 
-/// `scaled_dot_product_attention` forward over a whole sequence (prefill): `q [B, 32, L, 128]`,
-/// `k`, `v [B, 8, L, 128]`, causal or full, in TFLOP/s of `4·B·Hq·L²·D` (half that causal).
+/// `scaled_dot_product_attention` forward over a whole sequence (prefill): `q [B, 32, L, D]`,
+/// `k`, `v [B, 8, L, D]`, causal or full, in TFLOP/s of `4·B·Hq·L²·D` (half that causal); D is
+/// 128 unless the name ends in `_D{D}`.
 fn sdpa_prefill(b: &mut Bench) {
-    let scale = attn_scale();
-    for (batch, l, causal) in [(1i32, 4096i32, true), (4, 4096, true), (1, 8192, true), (1, 8192, false)] {
-        let q_shape = [batch, ATTN_HQ, l, ATTN_D];
-        let kv_shape = [batch, ATTN_HKV, l, ATTN_D];
+    for (batch, l, causal, d) in PREFILL {
+        let scale = (d as f32).sqrt().recip();
+        let q_shape = [batch, ATTN_HQ, l, d];
+        let kv_shape = [batch, ATTN_HKV, l, d];
         let opts = if causal { fast::AttentionOptions::causal() } else { fast::AttentionOptions::default() };
         // q·kᵀ and p·v, 2 FLOPs per multiply-add each; causal (Lq == Lk) attends half the keys.
-        let full = 4.0 * f64::from(batch) * f64::from(ATTN_HQ) * f64::from(l) * f64::from(l) * f64::from(ATTN_D);
+        let full = 4.0 * f64::from(batch) * f64::from(ATTN_HQ) * f64::from(l) * f64::from(l) * f64::from(d);
         let flops = if causal { full / 2.0 } else { full };
         let k = b.copies((elems(&q_shape) + 2 * elems(&kv_shape)) * ELEM);
-        let name = format!("sdpa_prefill_bf16_B{batch}_L{l}_{}", if causal { "causal" } else { "full" });
+        let suffix = if d == ATTN_D { String::new() } else { format!("_D{d}") };
+        let name = format!("sdpa_prefill_bf16_B{batch}_L{l}_{}{suffix}", if causal { "causal" } else { "full" });
         tflops_case(b, &name, flops, || {
             show_plan(&name, &q_shape, &kv_shape, &opts);
             let qs = randoms(k, &q_shape, DT, 730)?;
@@ -453,6 +457,21 @@ fn sdpa_prefill(b: &mut Bench) {
         });
     }
 }
+
+/// The prefill cases: (B, L, causal, D).
+const PREFILL: [(i32, i32, bool, i32); 11] = [
+    (1, 4096, true, 128),
+    (4, 4096, true, 128),
+    (1, 8192, true, 128),
+    (1, 8192, false, 128),
+    (1, 16384, true, 128),
+    (8, 4096, false, 128),
+    (1, 32768, true, 128),
+    (1, 8192, true, 64),
+    (1, 8192, false, 64),
+    (1, 8192, true, 256),
+    (1, 8192, false, 256),
+];
 
 /// Attention's forward and the cotangents of `q`, `k` and `v` (causal, Lq = Lk = L), in
 /// TFLOP/s of 3.5 times the forward's FLOPs.

@@ -25,6 +25,48 @@ const TILED_HEADS: [i32; 4] = [64, 80, 96, 128];
 const TILE_ROWS: u32 = 128;
 const TILE_KEYS: u32 = 64;
 
+/// The Hopper (warpgroup MMA) tiled kernel's shape per head size: a block is a producer
+/// warpgroup and `consumers` warpgroups of 64 query rows, walking tiles of `keys` keys.
+#[derive(Clone, Copy)]
+struct Wgmma {
+    head: i32,
+    keys: u32,
+    consumers: u32,
+}
+
+/// Head sizes of the Hopper kernel (features in 64-wide swizzled panels): D 256 takes half the
+/// keys to stay in registers; D 64, whose products are short beside the softmax, three consumers.
+const WGMMA: [Wgmma; 3] = [
+    Wgmma { head: 64, keys: 128, consumers: 3 },
+    Wgmma { head: 128, keys: 128, consumers: 2 },
+    Wgmma { head: 256, keys: 64, consumers: 2 },
+];
+
+impl Wgmma {
+    /// The kernel for head size `hd` on a device of compute capability `cc`, if it runs there
+    /// (9.0: `wgmma` is `sm_90a`'s).
+    fn find(cc: (i32, i32), hd: i32) -> Option<Wgmma> {
+        WGMMA.into_iter().find(|w| cc == (9, 0) && w.head == hd)
+    }
+
+    /// Query rows of a block.
+    fn rows(self) -> u32 {
+        64 * self.consumers
+    }
+
+    /// Dynamic shared memory of a block (`atw_smem`): 1024-byte alignment slack, the queries,
+    /// two stages of keys and of values, the barriers.
+    fn shared(self) -> u32 {
+        let hd = self.head as u32;
+        1024 + self.rows() * hd * 2 + 2 * 2 * self.keys * hd * 2 + 128
+    }
+}
+
+/// The first GPU's compute capability, which `supports` answers for (none without a GPU).
+fn first_gpu_arch() -> Option<(i32, i32)> {
+    Gpu::get(0).ok().map(|g| g.info.compute_capability)
+}
+
 /// Warps of a backward block, each owning 16 keys, and its query rows per step (`ATB_BR`).
 const BACKWARD_WARPS: u32 = 8;
 const BACKWARD_ROWS: u32 = 64;
@@ -54,8 +96,9 @@ fn rows_per_block(rows: u32) -> u32 {
 }
 
 /// The module of `d`: for float32 `attention_vector_{D}_{Dv}_r{R}` (blocks of up to `R` query
-/// rows); for float16/bfloat16 `attention_vector_mma_{D}_{Dv}` and `attention_tiled_{D}`; for
-/// all, `attention_vector_merge_{Dv}`.
+/// rows); for float16/bfloat16 `attention_vector_mma_{D}_{Dv}`, `attention_tiled_{D}`,
+/// `attention_wgmma_{D}` (empty off Hopper) and the backward's; for all,
+/// `attention_vector_merge_{Dv}`.
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["attention.cuh"]);
     let t = ctype(d);
@@ -84,6 +127,12 @@ pub(crate) fn source(d: DType) -> String {
             ));
             s.kernel(format!(
                 "attention_backward_delta_{hd}(const {t}* o, const {t}* g, float* delta, i64 rows) {{ attention_backward_delta<{t}, {hd}>(o, g, delta, rows); }}"
+            ));
+        }
+        for Wgmma { head: hd, keys, consumers: nc } in WGMMA {
+            let threads = 128 * (nc + 1);
+            s.kernel(format!(
+                "__launch_bounds__({threads}, 1) attention_wgmma_{hd}(const {t}* q, const {t}* k, const {t}* v, {t}* out, float* lse, const {t}* sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_wgmma<{t}, {hd}, {keys}, {nc}>(q, k, v, out, lse, sinks, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
             ));
         }
         s.kernel(format!(
@@ -134,7 +183,8 @@ pub(crate) fn supports(p: &AttentionParams, inputs: &[Spec]) -> bool {
             // The grid's y is batch x heads.
             d.is_half()
                 && heads.0 == heads.1
-                && TILED_HEADS.contains(&heads.0)
+                && (TILED_HEADS.contains(&heads.0)
+                    || first_gpu_arch().is_some_and(|cc| Wgmma::find(cc, heads.0).is_some()))
                 && p.mask.is_none()
                 && sinks_ok
                 && q.shape[0] as i64 * q.shape[1] as i64 <= 65535
@@ -198,13 +248,22 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, ls
     args.extend(qs.into_iter().chain(ks).chain(vs).map(Arg::I64));
     args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
     args.push(Arg::F32(p.scale));
+    let heads = b as u32 * hq as u32;
+    if let Some(w) = Wgmma::find(gpu.info.compute_capability, hd) {
+        let f = kernel(gpu, Family::Attention(q.dtype), &format!("attention_wgmma_{hd}"))?;
+        allow_shared(gpu, f, w.shared())?;
+        let grid = ((lq as u32).div_ceil(w.rows()), heads, 1);
+        return launch(gpu, f, grid, (128 * (w.consumers + 1), 1, 1), w.shared(), args);
+    }
+    if !TILED_HEADS.contains(&hd) {
+        return Err(internal(format!("no tiled attention kernel for head size {hd} on this GPU")));
+    }
     let f = kernel(gpu, Family::Attention(q.dtype), &format!("attention_tiled_{hd}"))?;
     // Queries, keys and values staged: rows of `hd` 2-byte features and a 16-byte pad.
     let shared = (TILE_ROWS + 2 * TILE_KEYS) * (hd as u32 * 2 + 16);
     allow_shared(gpu, f, shared)?;
-    let grid = ((lq as u32).div_ceil(TILE_ROWS), b as u32 * hq as u32, 1);
     // A warp per 16 query rows.
-    launch(gpu, f, grid, (TILE_ROWS * 2, 1, 1), shared, args)
+    launch(gpu, f, ((lq as u32).div_ceil(TILE_ROWS), heads, 1), (TILE_ROWS * 2, 1, 1), shared, args)
 }
 
 /// The backward kernels on inputs `[q, k, v, out, lse, g]` into outputs `[dq, dk, dv]`: the

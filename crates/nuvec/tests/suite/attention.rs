@@ -245,6 +245,19 @@ fn configs() -> Vec<Config> {
         Config { lq: 130, lk: 130, hq: 8, d: 128, dv: 128, ..base },
         Config { lq: 70, lk: 200, window: Some(33), ..base },
         Config { lq: 600, lk: 650, hq: 2, hkv: 1, d: 32, dv: 32, causal: true, ..base },
+        Config {
+            lq: 300,
+            lk: 300,
+            hq: 4,
+            hkv: 2,
+            d: 128,
+            dv: 128,
+            causal: true,
+            window: Some(100),
+            strided: true,
+            ..base
+        },
+        Config { lq: 200, lk: 260, hq: 2, hkv: 1, d: 256, dv: 256, causal: true, sinks: true, ..base },
     ]
 }
 
@@ -336,8 +349,19 @@ fn the_planner_routes_and_caps_the_composition() {
     // The case: 16 query heads over 33792 keys of 2 heads, bf16, 512 MiB.
     let opts = AttentionOptions::causal().max_score_bytes(512 << 20);
     let p = plan_attention(&[1, 16, 1024, 256], &[1, 2, 33792, 256], &[1, 2, 33792, 256], DType::BF16, &opts).unwrap();
-    assert!(p.max_intermediate_bytes <= 512 << 20 && p.capped, "{p:?}");
-    assert_eq!(p.kernel, AttentionKernel::ComposedBlocks { rows: (512 << 20) / (16 * 33792 * 4) });
+    assert!(p.max_intermediate_bytes <= 512 << 20, "{p:?}");
+    if hopper() {
+        // The warpgroup kernel takes head size 256 and holds no scores.
+        assert_eq!((p.kernel, p.max_intermediate_bytes, p.capped), (AttentionKernel::Tiled, 0, false));
+    } else {
+        assert!(p.capped, "{p:?}");
+        assert_eq!(p.kernel, AttentionKernel::ComposedBlocks { rows: (512 << 20) / (16 * 33792 * 4) });
+    }
+}
+
+/// Whether the default device is a GPU of compute capability 9.0 (the warpgroup MMA kernels).
+fn hopper() -> bool {
+    !composing() && nuvec::cuda::device_info(0).is_ok_and(|i| i.compute_capability == (9, 0))
 }
 
 #[test]
@@ -461,8 +485,8 @@ fn print_child(text: &str) {
     }
 }
 
-/// The capped composition of the planner's example (head size 256: the composition on the GPU
-/// too) holds at most the plan's intermediates beside its inputs and output.
+/// The planner's example (head size 256: the capped composition, or on Hopper the tiled kernel)
+/// holds at most the plan's intermediates beside its inputs and output.
 #[test]
 fn capped_attention_stays_within_its_plan() {
     print_child(&run_child("capped"));
@@ -639,7 +663,9 @@ fn gpu_kernels_follow_the_plan_and_agree_with_the_composition() {
     assert_eq!(route([1, 32, 1, 128], kv(1, 64), DType::F64, &none), AttentionKernel::Composed);
     assert_eq!(route([1, 32, 1, 48], [1, 8, 64, 48], DType::F32, &none), AttentionKernel::Composed);
     assert_eq!(route([1, 32, 9, 128], kv(1, 64), DType::F32, &none), AttentionKernel::Composed);
-    assert_eq!(route([1, 32, 9, 256], [1, 8, 64, 256], DType::BF16, &none), AttentionKernel::Composed);
+    // Head size 256 has a tiled kernel on Hopper only.
+    let d256 = if hopper() { AttentionKernel::Tiled } else { AttentionKernel::Composed };
+    assert_eq!(route([1, 32, 9, 256], [1, 8, 64, 256], DType::BF16, &none), d256);
     // Kernels hold no scores: a cap does not change them.
     let capped = AttentionOptions::default().max_score_bytes(32 * 32768 * 4);
     let p = plan_attention(&[1, 32, 1, 128], &kv(1, 32768), &kv(1, 32768), DType::BF16, &capped).unwrap();
