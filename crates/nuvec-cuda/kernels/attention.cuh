@@ -1106,6 +1106,28 @@ __device__ __forceinline__ void atw_stage(u32 dst, const T* src, i64 rs, int fir
 
 #define ATW_STAGES 2
 
+// A TMA tensor map (CUtensorMap), passed by value as a __grid_constant__ kernel parameter.
+struct alignas(64) AtwMap {
+  u64 bits[16];
+};
+// Arrives on `bar` expecting `bytes` more from the TMA copies that complete on it.
+__device__ __forceinline__ void atw_expect(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Copies `rows` rows of features [0, D) from (row0, head, batch) of the [B, H, L, D] tensor of
+// `m` into D / 64 swizzled panels of [rows][64] at `dst`, completing on `bar`; rows past L are
+// zeros.
+template <int D, int ROWS>
+__device__ __forceinline__ void atw_tma(u32 dst, const AtwMap* m, int row0, int head, int batch, u32 bar) {
+#pragma unroll
+  for (int p = 0; p < D / 64; ++p)
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+        "%5}], [%6];" ::"r"(dst + p * ROWS * 128),
+        "l"(reinterpret_cast<u64>(m)), "r"(p * 64), "r"(row0), "r"(head), "r"(batch), "r"(bar)
+        : "memory");
+}
+
 // Dynamic shared memory of a block of NC consumer warpgroups: the 1024-byte alignment slack, the
 // queries, ATW_STAGES stages of keys and of values, and the barriers.
 constexpr int atw_smem(int D, int BC, int NC) { return 1024 + 64 * NC * D * 2 + 2 * ATW_STAGES * BC * D * 2 + 128; }
@@ -1156,8 +1178,9 @@ __device__ __forceinline__ void atw_softmax(float (&s)[BC / 2], float (&mrow)[2]
 // cp.async into ATW_STAGES-deep rings guarded by mbarriers, and NC consumer warpgroups of 64
 // query rows each. A consumer issues the next tile's scores before it waits on this tile's
 // P V, so the softmax of one runs while the tensor cores do the other.
-template <typename T, int D, int BC, int NC>
+template <typename T, int D, int BC, int NC, bool TMA>
 __device__ __forceinline__ void attention_wgmma(
+    const AtwMap* mq, const AtwMap* mk, const AtwMap* mv,
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
     float* __restrict__ lse, const T* __restrict__ sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2,
     i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
@@ -1181,10 +1204,11 @@ __device__ __forceinline__ void attention_wgmma(
   const int kbeg = (causal && window > 0) ? max(0, q0 + off - window + 1) : 0;
   const int jt0 = kbeg / BC, jt1 = (kend + BC - 1) / BC;
   if (threadIdx.x == 0) {
-    atw_bar_init(qfull, 128);
+    constexpr int producers = TMA ? 1 : 128;
+    atw_bar_init(qfull, producers);
     for (int s = 0; s < ATW_STAGES; ++s) {
-      atw_bar_init(kfull(s), 128);
-      atw_bar_init(vfull(s), 128);
+      atw_bar_init(kfull(s), producers);
+      atw_bar_init(vfull(s), producers);
       atw_bar_init(kempty(s), 4 * NC);
       atw_bar_init(vempty(s), 4 * NC);
     }
@@ -1192,8 +1216,26 @@ __device__ __forceinline__ void attention_wgmma(
   __syncthreads();
 
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
+  if (wg == 0 && TMA) {
+    // The producer: one thread issuing TMA copies.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (t != 0) return;
+    atw_expect(qfull, BR * D * 2);
+    atw_tma<D, BR>(sq, mq, q0, h, b, qfull);
+    for (int jt = jt0; jt < jt1; ++jt) {
+      const int n = jt - jt0, st = n % ATW_STAGES;
+      const u32 use = (u32)(n / ATW_STAGES);
+      if (use > 0) atw_bar_wait(kempty(st), (use - 1) & 1);
+      atw_expect(kfull(st), KB);
+      atw_tma<D, BC>(sk + st * KB, mk, jt * BC, kh, b, kfull(st));
+      if (use > 0) atw_bar_wait(vempty(st), (use - 1) & 1);
+      atw_expect(vfull(st), KB);
+      atw_tma<D, BC>(sv + st * KB, mv, jt * BC, kh, b, vfull(st));
+    }
+    return;
+  }
   if (wg == 0) {
-    // The producer.
+    // The producer: a warpgroup of cp.async copies.
     // The consumers take the rest of the register file.
     if constexpr (NC == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 32;");
@@ -1214,7 +1256,8 @@ __device__ __forceinline__ void attention_wgmma(
     asm volatile("cp.async.wait_all;" ::: "memory");
     return;
   }
-  if constexpr (NC == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  if constexpr (NC == 2 && TMA) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+  else if constexpr (NC == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   else asm volatile("setmaxnreg.inc.sync.aligned.u32 160;");
   const int c = wg - 1, warp = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
   const int w0 = q0 + c * 64;  // this warpgroup's first row

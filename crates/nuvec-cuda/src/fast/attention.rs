@@ -6,11 +6,13 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys;
+
 use nuvec_core::fast::{AttentionKernel, AttentionParams, MaskInput, VECTOR_MAX_QUERIES};
 use nuvec_core::storage::{Operand, Output, Spec};
 use nuvec_core::{DType, Result};
 
-use crate::driver::Gpu;
+use crate::driver::{Gpu, check};
 use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, allow_shared, launch};
 use crate::operand::{alloc, alloc_out, internal, kernel, ptr_of, row_major};
@@ -132,7 +134,7 @@ pub(crate) fn source(d: DType) -> String {
         for Wgmma { head: hd, keys, consumers: nc } in WGMMA {
             let threads = 128 * (nc + 1);
             s.kernel(format!(
-                "__launch_bounds__({threads}, 1) attention_wgmma_{hd}(const {t}* q, const {t}* k, const {t}* v, {t}* out, float* lse, const {t}* sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_wgmma<{t}, {hd}, {keys}, {nc}>(q, k, v, out, lse, sinks, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+                "__launch_bounds__({threads}, 1) attention_wgmma_{hd}(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, {t}* out, float* lse, const {t}* sinks, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_wgmma<{t}, {hd}, {keys}, {nc}, true>(&mq, &mk, &mv, nullptr, nullptr, nullptr, out, lse, sinks, 0, 0, 0, 0, 0, 0, 0, 0, 0, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
             ));
         }
         s.kernel(format!(
@@ -250,6 +252,19 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, ls
     args.push(Arg::F32(p.scale));
     let heads = b as u32 * hq as u32;
     if let Some(w) = Wgmma::find(gpu.info.compute_capability, hd) {
+        let (q, qs) = tma_ready(gpu, q, qs)?;
+        let (k, ks) = tma_ready(gpu, k, ks)?;
+        let (v, vs) = tma_ready(gpu, v, vs)?;
+        let mut args: Vec<Arg> = vec![
+            Arg::Bytes(tensor_map(&q, qs, w.rows())?),
+            Arg::Bytes(tensor_map(&k, ks, w.keys)?),
+            Arg::Bytes(tensor_map(&v, vs, w.keys)?),
+            Arg::Ptr(out),
+            Arg::Ptr(lse),
+            Arg::Ptr(sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0)),
+        ];
+        args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
+        args.push(Arg::F32(p.scale));
         let f = kernel(gpu, Family::Attention(q.dtype), &format!("attention_wgmma_{hd}"))?;
         allow_shared(gpu, f, w.shared())?;
         let grid = ((lq as u32).div_ceil(w.rows()), heads, 1);
@@ -264,6 +279,63 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, ls
     allow_shared(gpu, f, shared)?;
     // A warp per 16 query rows.
     launch(gpu, f, ((lq as u32).div_ceil(TILE_ROWS), heads, 1), (TILE_ROWS * 2, 1, 1), shared, args)
+}
+
+/// `x` (with its strides) as TMA reads it: a broadcast axis (stride 0) copied out.
+fn tma_ready(gpu: &Arc<Gpu>, x: Operand, strides: [i64; 3]) -> Result<(Operand, [i64; 3])> {
+    if (0..3).any(|a| x.shape[a] > 1 && strides[a] == 0) {
+        let x = row_major(gpu, x)?;
+        let s = [0, 1, 2].map(|a| x.data.layout.strides[a] as i64);
+        return Ok((x, s));
+    }
+    Ok((x, strides))
+}
+
+/// The TMA map (`CUtensorMap`'s bytes) of a `[B, H, L, D]` operand of half precision read
+/// through its `strides` (elements; D contiguous), in boxes of `rows` rows by 64 features with
+/// the 128-byte swizzle; rows past L read as zeros.
+fn tensor_map(x: &Operand, strides: [i64; 3], rows: u32) -> Result<Vec<u64>> {
+    let es = x.dtype.size() as u64;
+    let dims = [3, 2, 1, 0].map(|a| x.shape[a] as u64);
+    // Byte strides of L, H and B; an axis of size 1 takes any multiple of 16.
+    let mut st = [2, 1, 0].map(|a| strides[a] as u64 * es);
+    let mut inner = dims[0] * es;
+    for i in 0..3 {
+        if dims[i + 1] == 1 {
+            st[i] = inner.next_multiple_of(16);
+        }
+        inner = st[i] * dims[i + 1];
+    }
+    let data = match x.dtype {
+        DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    };
+    let boxes = [64u32, rows, 1, 1];
+    let steps = [1u32; 4];
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
+    // SAFETY: every array has the rank's 4 entries (3 strides); `map` is written by the call
+    // and read only after it succeeds.
+    let map = unsafe {
+        check(
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                data,
+                4,
+                ptr_of(x)? as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                st.as_ptr(),
+                boxes.as_ptr(),
+                steps.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            ),
+            "cuTensorMapEncodeTiled",
+        )?;
+        map.assume_init()
+    };
+    Ok(map.opaque.to_vec())
 }
 
 /// The backward kernels on inputs `[q, k, v, out, lse, g]` into outputs `[dq, dk, dv]`: the
