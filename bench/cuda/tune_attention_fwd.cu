@@ -1,10 +1,10 @@
-// Checks and times attention's tiled forward kernels (attention.cuh) on the GPU: the warpgroup
-// (wgmma) kernel against a plain float32 reference on small shapes (outputs and log-sum-exp),
-// and both it and the mma.sync kernel in TFLOP/s (4 B Hq Lq Lk D FLOPs, halved when causal) with
-// LLaMA-3-8B's heads (32 query, 8 key-value) at D 64, 128 and 256. Build and run on the GPU machine, from
-// the repository root:
+// Checks and times attention's tiled forward kernels (attention.cuh) on the GPU: the Hopper
+// (TMA + wgmma) kernel against a plain float32 reference on small shapes (outputs and
+// log-sum-exp), and both it and the mma.sync kernel in TFLOP/s (4 B Hq Lq Lk D FLOPs, halved
+// when causal) with LLaMA-3-8B's heads (32 query, 8 key-value) at D 64, 128 and 256. Build and
+// run on the GPU machine, from the repository root:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Xptxas -v -I crates/nuvec-cuda/kernels \
-//     bench/cuda/tune_attention_fwd.cu -o taf && ./taf
+//     bench/cuda/tune_attention_fwd.cu -o taf -ldl && ./taf
 #include <cuda.h>
 #include <dlfcn.h>
 #include <cmath>
@@ -21,18 +21,11 @@ __global__ void __launch_bounds__(256) mma_k(const T* q, const T* k, const T* v,
                         (i64)Lk * D, D, (i64)Hkv * Lk * D, (i64)Lk * D, D, Hq, Hkv, Lq, Lk, causal, window, scale);
 }
 template <typename T, int D, int BC, int NC>
-__global__ void __launch_bounds__(128 * (NC + 1), 1) wg_k(const T* q, const T* k, const T* v, T* out, float* lse, const T* sinks,
-                                            int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
-  attention_wgmma<T, D, BC, NC, false>(nullptr, nullptr, nullptr, q, k, v, out, lse, sinks, (i64)Hq * Lq * D, (i64)Lq * D, D, (i64)Hkv * Lk * D,
-                            (i64)Lk * D, D, (i64)Hkv * Lk * D, (i64)Lk * D, D, Hq, Hkv, Lq, Lk, causal, window, scale);
-}
-template <typename T, int D, int BC, int NC>
 __global__ void __launch_bounds__(128 * (NC + 1), 1) tma_k(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk,
                                                           const __grid_constant__ AtwMap mv, T* out, float* lse,
                                                           const T* sinks, int Hq, int Hkv, int Lq, int Lk, int causal,
                                                           int window, float scale) {
-  attention_wgmma<T, D, BC, NC, true>(&mq, &mk, &mv, nullptr, nullptr, nullptr, out, lse, sinks, 0, 0, 0, 0, 0, 0, 0,
-                                      0, 0, Hq, Hkv, Lq, Lk, causal, window, scale);
+  attention_wgmma<T, D, BC, NC>(&mq, &mk, &mv, out, lse, sinks, Hq, Hkv, Lq, Lk, causal, window, scale);
 }
 
 // The TMA map of a contiguous [B, H, L, D] tensor, boxes of `rows` rows by 64 features.
@@ -111,30 +104,24 @@ static Buffers<T> make(int B, int Hq, int Hkv, int Lq, int Lk) {
 template <typename T>
 static void release(Buffers<T>& x) { cudaFree(x.q); cudaFree(x.k); cudaFree(x.v); cudaFree(x.o); cudaFree(x.lse); cudaFree(x.sinks); }
 
-template <typename T, int D, int BC, int NC, bool TMA>
+template <typename T, int D, int BC, int NC>
 static void wgmma(Buffers<T>& x, bool sinks, int B, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
   constexpr int smem = atw_smem(D, BC, NC);
-  if constexpr (TMA) {
-    static AtwMap mq, mk, mv;
-    static const void* made = nullptr;
-    static int shape[5];
-    int now[5] = {B, Hq, Hkv, Lq, Lk};
-    if (made != x.q || memcmp(now, shape, sizeof now)) {
-      mq = tensor_map(x.q, B, Hq, Lq, D, 64 * NC);
-      mk = tensor_map(x.k, B, Hkv, Lk, D, BC);
-      mv = tensor_map(x.v, B, Hkv, Lk, D, BC);
-      made = x.q;
-      memcpy(shape, now, sizeof now);
-    }
-    CK(cudaFuncSetAttribute(tma_k<T, D, BC, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    tma_k<T, D, BC, NC><<<dim3((Lq + 64 * NC - 1) / (64 * NC), B * Hq), 128 * (NC + 1), smem>>>(
-        mq, mk, mv, x.o, x.lse, sinks ? x.sinks : nullptr, Hq, Hkv, Lq, Lk, causal, window, scale);
-    CK(cudaGetLastError());
-  } else {
-    CK(cudaFuncSetAttribute(wg_k<T, D, BC, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    wg_k<T, D, BC, NC><<<dim3((Lq + 64 * NC - 1) / (64 * NC), B * Hq), 128 * (NC + 1), smem>>>(x.q, x.k, x.v, x.o, x.lse, sinks ? x.sinks : nullptr, Hq, Hkv, Lq, Lk, causal, window, scale);
-    CK(cudaGetLastError());
+  static AtwMap mq, mk, mv;
+  static const void* made = nullptr;
+  static int shape[5];
+  int now[5] = {B, Hq, Hkv, Lq, Lk};
+  if (made != x.q || memcmp(now, shape, sizeof now)) {
+    mq = tensor_map(x.q, B, Hq, Lq, D, 64 * NC);
+    mk = tensor_map(x.k, B, Hkv, Lk, D, BC);
+    mv = tensor_map(x.v, B, Hkv, Lk, D, BC);
+    made = x.q;
+    memcpy(shape, now, sizeof now);
   }
+  CK(cudaFuncSetAttribute(tma_k<T, D, BC, NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  tma_k<T, D, BC, NC><<<dim3((Lq + 64 * NC - 1) / (64 * NC), B * Hq), 128 * (NC + 1), smem>>>(
+      mq, mk, mv, x.o, x.lse, sinks ? x.sinks : nullptr, Hq, Hkv, Lq, Lk, causal, window, scale);
+  CK(cudaGetLastError());
 }
 template <typename T, int D>
 static void mma(Buffers<T>& x, int B, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
@@ -146,13 +133,13 @@ static void mma(Buffers<T>& x, int B, int Hq, int Hkv, int Lq, int Lk, int causa
 
 static int failures = 0;
 
-template <typename T, int D, int BC, int NC, bool TMA>
+template <typename T, int D, int BC, int NC>
 static void check(int B, int Hq, int Hkv, int Lq, int Lk, int causal, int window, bool sinks) {
   float scale = 1.0f / sqrtf((float)D);
   Buffers<T> x = make<T, D>(B, Hq, Hkv, Lq, Lk);
   size_t nq = (size_t)B * Hq * Lq * D, rows = (size_t)B * Hq * Lq;
   CK(cudaMemset(x.o, 0xff, nq * 2));
-  wgmma<T, D, BC, NC, TMA>(x, sinks, B, Hq, Hkv, Lq, Lk, causal, window, scale);
+  wgmma<T, D, BC, NC>(x, sinks, B, Hq, Hkv, Lq, Lk, causal, window, scale);
   float *ro, *rl;
   CK(cudaMalloc(&ro, nq * 4)); CK(cudaMalloc(&rl, rows * 4));
   ref_k<T, D><<<(rows + 127) / 128, 128>>>(x.q, x.k, x.v, sinks ? x.sinks : nullptr, ro, rl, B, Hq, Hkv, Lq, Lk, causal, window, scale);
@@ -175,22 +162,22 @@ static void check(int B, int Hq, int Hkv, int Lq, int Lk, int causal, int window
   }
   bool ok = eo < (IsBf16<T>::value ? 2e-2 : 4e-3) && el < 1e-3;
   failures += !ok;
-  printf("check %s %s %s D%d BC%d NC%d B%d Hq%d Hkv%d Lq%d Lk%d causal %d window %d sinks %d: out %.2e lse %.2e\n",
-         ok ? "ok  " : "FAIL", TMA ? "tma" : "cp.async", IsBf16<T>::value ? "bf16" : "f16", D, BC, NC, B, Hq, Hkv, Lq, Lk, causal, window, sinks, eo, el);
+  printf("check %s %s D%d BC%d NC%d B%d Hq%d Hkv%d Lq%d Lk%d causal %d window %d sinks %d: out %.2e lse %.2e\n",
+         ok ? "ok  " : "FAIL", IsBf16<T>::value ? "bf16" : "f16", D, BC, NC, B, Hq, Hkv, Lq, Lk, causal, window, sinks, eo, el);
   cudaFree(ro); cudaFree(rl);
   release(x);
 }
 
-template <typename T, int D, int BC, int NC, bool TMA>
+template <typename T, int D, int BC, int NC>
 static void checks() {
-  check<T, D, BC, NC, TMA>(1, 2, 2, 128, 128, 0, 0, false);
-  check<T, D, BC, NC, TMA>(1, 4, 4, 40, 40, 0, 0, false);
-  check<T, D, BC, NC, TMA>(2, 8, 2, 77, 77, 1, 0, false);
-  check<T, D, BC, NC, TMA>(1, 4, 1, 50, 130, 1, 0, false);
-  check<T, D, BC, NC, TMA>(1, 2, 2, 129, 65, 1, 0, false);
-  check<T, D, BC, NC, TMA>(1, 4, 2, 300, 300, 1, 100, false);
-  check<T, D, BC, NC, TMA>(2, 4, 4, 33, 200, 0, 0, true);
-  check<T, D, BC, NC, TMA>(1, 4, 2, 520, 520, 1, 0, true);
+  check<T, D, BC, NC>(1, 2, 2, 128, 128, 0, 0, false);
+  check<T, D, BC, NC>(1, 4, 4, 40, 40, 0, 0, false);
+  check<T, D, BC, NC>(2, 8, 2, 77, 77, 1, 0, false);
+  check<T, D, BC, NC>(1, 4, 1, 50, 130, 1, 0, false);
+  check<T, D, BC, NC>(1, 2, 2, 129, 65, 1, 0, false);
+  check<T, D, BC, NC>(1, 4, 2, 300, 300, 1, 100, false);
+  check<T, D, BC, NC>(2, 4, 4, 33, 200, 0, 0, true);
+  check<T, D, BC, NC>(1, 4, 2, 520, 520, 1, 0, true);
 }
 
 template <typename T, int D, int BC, int NC>
@@ -198,22 +185,19 @@ static void timing(int B, int Hq, int Hkv, int L, int causal) {
   float scale = 1.0f / sqrtf((float)D);
   Buffers<T> x = make<T, D>(B, Hq, Hkv, L, L);
   double flops = 4.0 * B * Hq * (double)L * L * D / (causal ? 2 : 1);
-  float w = time_ms(10, [&] { wgmma<T, D, BC, NC, false>(x, false, B, Hq, Hkv, L, L, causal, 0, scale); });
-  float tm = time_ms(10, [&] { wgmma<T, D, BC, NC, true>(x, false, B, Hq, Hkv, L, L, causal, 0, scale); });
+  float w = time_ms(10, [&] { wgmma<T, D, BC, NC>(x, false, B, Hq, Hkv, L, L, causal, 0, scale); });
   float m = 0;
   if constexpr (D <= 128) m = time_ms(10, [&] { mma<T, D>(x, B, Hq, Hkv, L, L, causal, 0, scale); });
-  printf("timing D%d BC%d NC%d B%d Hq%d Hkv%d L%d causal %d: wgmma %.0f TFLOP/s, with TMA %.0f, mma.sync %.0f\n", D, BC, NC, B, Hq,
-         Hkv, L, causal, flops / w / 1e9, flops / tm / 1e9, m > 0 ? flops / m / 1e9 : 0.0);
+  printf("timing D%d BC%d NC%d B%d Hq%d Hkv%d L%d causal %d: wgmma %.0f TFLOP/s, mma.sync %.0f\n", D, BC, NC, B, Hq, Hkv, L,
+         causal, flops / w / 1e9, m > 0 ? flops / m / 1e9 : 0.0);
   release(x);
 }
 
 int main() {
-  checks<bf16, 128, 128, 2, true>();
-  checks<f16, 128, 128, 2, true>();
-  checks<bf16, 64, 128, 3, true>();
-  checks<bf16, 256, 64, 2, true>();
-  checks<bf16, 128, 128, 2, false>();
-  checks<bf16, 64, 128, 3, false>();
+  checks<bf16, 128, 128, 2>();
+  checks<f16, 128, 128, 2>();
+  checks<bf16, 64, 128, 3>();
+  checks<bf16, 256, 64, 2>();
   printf("%d failures\n", failures);
   for (int c : {1, 0}) {
     timing<bf16, 128, 128, 2>(1, 32, 8, 4096, c);

@@ -954,13 +954,12 @@ __device__ __forceinline__ void attention_vector_mma(
 }
 
 // ---- tiled attention on Hopper (prefill, wgmma) -----------------------------------------------
-// The tiled forward with warpgroup MMAs (sm_90a): a block of two warpgroups takes 128 query rows
-// of one head, 64 per warpgroup, and walks tiles of BC keys. Queries, keys and values are staged
-// by cp.async in the 128-byte swizzled layout the MMAs read from shared memory (rows of 64
-// features; a head of D features is D / 64 such column panels); keys and values have two stages,
-// the next tile's keys loading during this tile's scores and its values during the softmax.
-// S = Q K^T reads both operands from shared memory; O += P V takes P from the score registers and
-// V transposed from shared memory. Masking and the online softmax are the mma.sync kernel's.
+// FlashAttention-3's forward (sm_90a): a block of 64 * NC query rows of one head is a producer
+// warpgroup, whose one thread stages tiles by TMA, and NC consumer warpgroups of 64 rows on
+// warpgroup MMAs. Tiles sit in shared memory in the 128-byte swizzled layout the MMAs read: rows
+// of 64 features, a head of D features being D / 64 such column panels. S = Q K^T reads both
+// operands from shared memory; O += P V takes P from the score registers and V transposed from
+// shared memory. Masking and the online softmax are the mma.sync kernel's.
 
 #define ATW_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                   "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -1060,15 +1059,8 @@ __device__ __forceinline__ void atw_bar_wait(u32 bar, u32 parity) {
 __device__ __forceinline__ void atw_bar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
-// Arrives on `bar` once this thread's cp.async copies so far have landed.
-__device__ __forceinline__ void atw_bar_arrive_copies(u32 bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-// Waits for a staged tile and orders the copies before the MMAs' (async proxy) reads.
-__device__ __forceinline__ void atw_acquire(u32 bar, u32 parity) {
-  atw_bar_wait(bar, parity);
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
+// Waits for a staged tile (TMA writes through the async proxy the MMAs read by).
+__device__ __forceinline__ void atw_acquire(u32 bar, u32 parity) { atw_bar_wait(bar, parity); }
 // A consumer warp is done reading a stage: its first lane arrives for the warp.
 __device__ __forceinline__ void atw_release(u32 bar, int lane) {
   __syncwarp();
@@ -1087,21 +1079,6 @@ __device__ __forceinline__ float atw_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-// Stages rows first..first+ROWS-1 of a [rows, D] matrix (row stride `rs`) into D / 64 swizzled
-// panels of [ROWS][64] at `dst` (1024-byte aligned), by `n` threads of which this is `t`; rows
-// outside [0, valid) are zeros.
-template <typename T, int D, int ROWS>
-__device__ __forceinline__ void atw_stage(u32 dst, const T* src, i64 rs, int first, int valid, int t, int n) {
-  constexpr int CH = D / 8;
-  for (int x = t; x < ROWS * CH; x += n) {
-    const int r = x / CH, c = x % CH, row = first + r;
-    const bool ok = row >= 0 && row < valid;
-    const T* g = src + (ok ? row : 0) * rs + c * 8;
-    const u32 a = dst + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(a), "l"(g), "r"(ok ? 16 : 0) : "memory");
-  }
 }
 
 #define ATW_STAGES 2
@@ -1174,16 +1151,15 @@ __device__ __forceinline__ void atw_softmax(float (&s)[BC / 2], float (&mrow)[2]
   }
 }
 
-// A block is a producer warpgroup, which stages the queries and each key and value tile by
-// cp.async into ATW_STAGES-deep rings guarded by mbarriers, and NC consumer warpgroups of 64
+// A block is a producer warpgroup, whose first thread stages the queries and each key and value
+// tile by TMA into ATW_STAGES-deep rings guarded by mbarriers, and NC consumer warpgroups of 64
 // query rows each. A consumer issues the next tile's scores before it waits on this tile's
 // P V, so the softmax of one runs while the tensor cores do the other.
-template <typename T, int D, int BC, int NC, bool TMA>
-__device__ __forceinline__ void attention_wgmma(
-    const AtwMap* mq, const AtwMap* mk, const AtwMap* mv,
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-    float* __restrict__ lse, const T* __restrict__ sinks, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2,
-    i64 vs0, i64 vs1, i64 vs2, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
+template <typename T, int D, int BC, int NC>
+__device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* mk, const AtwMap* mv,
+                                                T* __restrict__ out, float* __restrict__ lse,
+                                                const T* __restrict__ sinks, int Hq, int Hkv, int Lq, int Lk,
+                                                int causal, int window, float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int KB = BC * D * 2;
   extern __shared__ __align__(1024) unsigned char atw_dyn[];
@@ -1204,11 +1180,10 @@ __device__ __forceinline__ void attention_wgmma(
   const int kbeg = (causal && window > 0) ? max(0, q0 + off - window + 1) : 0;
   const int jt0 = kbeg / BC, jt1 = (kend + BC - 1) / BC;
   if (threadIdx.x == 0) {
-    constexpr int producers = TMA ? 1 : 128;
-    atw_bar_init(qfull, producers);
+    atw_bar_init(qfull, 1);
     for (int s = 0; s < ATW_STAGES; ++s) {
-      atw_bar_init(kfull(s), producers);
-      atw_bar_init(vfull(s), producers);
+      atw_bar_init(kfull(s), 1);
+      atw_bar_init(vfull(s), 1);
       atw_bar_init(kempty(s), 4 * NC);
       atw_bar_init(vempty(s), 4 * NC);
     }
@@ -1216,8 +1191,8 @@ __device__ __forceinline__ void attention_wgmma(
   __syncthreads();
 
   const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
-  if (wg == 0 && TMA) {
-    // The producer: one thread issuing TMA copies.
+  if (wg == 0) {
+    // The producer: one thread issuing TMA copies; the consumers take the register file.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
     if (t != 0) return;
     atw_expect(qfull, BR * D * 2);
@@ -1234,30 +1209,7 @@ __device__ __forceinline__ void attention_wgmma(
     }
     return;
   }
-  if (wg == 0) {
-    // The producer: a warpgroup of cp.async copies.
-    // The consumers take the rest of the register file.
-    if constexpr (NC == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    else asm volatile("setmaxnreg.dec.sync.aligned.u32 32;");
-    const T* kb = k + b * ks0 + kh * ks1;
-    const T* vb = v + b * vs0 + kh * vs1;
-    atw_stage<T, D, BR>(sq, q + b * qs0 + h * qs1, qs2, q0, Lq, t, 128);
-    atw_bar_arrive_copies(qfull);
-    for (int jt = jt0; jt < jt1; ++jt) {
-      const int n = jt - jt0, st = n % ATW_STAGES;
-      const u32 use = (u32)(n / ATW_STAGES);
-      if (use > 0) atw_bar_wait(kempty(st), (use - 1) & 1);
-      atw_stage<T, D, BC>(sk + st * KB, kb, ks2, jt * BC, kend, t, 128);
-      atw_bar_arrive_copies(kfull(st));
-      if (use > 0) atw_bar_wait(vempty(st), (use - 1) & 1);
-      atw_stage<T, D, BC>(sv + st * KB, vb, vs2, jt * BC, kend, t, 128);
-      atw_bar_arrive_copies(vfull(st));
-    }
-    asm volatile("cp.async.wait_all;" ::: "memory");
-    return;
-  }
-  if constexpr (NC == 2 && TMA) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
-  else if constexpr (NC == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  if constexpr (NC == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
   else asm volatile("setmaxnreg.inc.sync.aligned.u32 160;");
   const int c = wg - 1, warp = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
   const int w0 = q0 + c * 64;  // this warpgroup's first row

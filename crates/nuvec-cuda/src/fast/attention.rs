@@ -1,7 +1,8 @@
 //! Scaled-dot-product attention (`kernels/attention.cuh`): the vector kernel for up to
 //! [`VECTOR_MAX_QUERIES`] queries (on tensor cores in half precision), in one pass or two (keys
 //! split, then merged), and the tiled
-//! kernel on tensor cores for more. `q`, `k` and `v` are read through their strides (a cache's
+//! kernel on tensor cores for more: on Hopper FlashAttention-3's design (TMA, warpgroup MMAs),
+//! elsewhere FlashAttention-2's on `mma.sync`. `q`, `k` and `v` are read through their strides (a cache's
 //! slice is not copied) as long as each head's features are contiguous and 16-byte aligned.
 
 use std::sync::Arc;
@@ -134,7 +135,7 @@ pub(crate) fn source(d: DType) -> String {
         for Wgmma { head: hd, keys, consumers: nc } in WGMMA {
             let threads = 128 * (nc + 1);
             s.kernel(format!(
-                "__launch_bounds__({threads}, 1) attention_wgmma_{hd}(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, {t}* out, float* lse, const {t}* sinks, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_wgmma<{t}, {hd}, {keys}, {nc}, true>(&mq, &mk, &mv, nullptr, nullptr, nullptr, out, lse, sinks, 0, 0, 0, 0, 0, 0, 0, 0, 0, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+                "__launch_bounds__({threads}, 1) attention_wgmma_{hd}(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, {t}* out, float* lse, const {t}* sinks, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_wgmma<{t}, {hd}, {keys}, {nc}>(&mq, &mk, &mv, out, lse, sinks, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
             ));
         }
         s.kernel(format!(
@@ -244,12 +245,6 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, ls
     if b == 0 || hq == 0 || lq == 0 {
         return Ok(());
     }
-    let mut args =
-        vec![Arg::Ptr(ptr_of(&q)?), Arg::Ptr(ptr_of(&k)?), Arg::Ptr(ptr_of(&v)?), Arg::Ptr(out), Arg::Ptr(lse)];
-    args.push(Arg::Ptr(sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0)));
-    args.extend(qs.into_iter().chain(ks).chain(vs).map(Arg::I64));
-    args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
-    args.push(Arg::F32(p.scale));
     let heads = b as u32 * hq as u32;
     if let Some(w) = Wgmma::find(gpu.info.compute_capability, hd) {
         let (q, qs) = tma_ready(gpu, q, qs)?;
@@ -273,6 +268,12 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, ls
     if !TILED_HEADS.contains(&hd) {
         return Err(internal(format!("no tiled attention kernel for head size {hd} on this GPU")));
     }
+    let mut args =
+        vec![Arg::Ptr(ptr_of(&q)?), Arg::Ptr(ptr_of(&k)?), Arg::Ptr(ptr_of(&v)?), Arg::Ptr(out), Arg::Ptr(lse)];
+    args.push(Arg::Ptr(sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0)));
+    args.extend(qs.into_iter().chain(ks).chain(vs).map(Arg::I64));
+    args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
+    args.push(Arg::F32(p.scale));
     let f = kernel(gpu, Family::Attention(q.dtype), &format!("attention_tiled_{hd}"))?;
     // Queries, keys and values staged: rows of `hd` 2-byte features and a 16-byte pad.
     let shared = (TILE_ROWS + 2 * TILE_KEYS) * (hd as u32 * 2 + 16);
