@@ -77,20 +77,36 @@ fn intermediates_are_freed_and_buffers_donated() {
     let _g = serial();
     let n = 1 << 22; // 16 MiB of f32
     let bytes = n * 4;
-    crate::reset_device_peak();
-    let before = crate::device_memory().active;
     // arange (int32) -> astype (f32) -> five element-wise steps. Each step may write into its
     // input's buffer (no one else holds it), and each input is freed after its consumer, so the
-    // peak stays near two buffers however long the chain.
-    let mut y = ops::arange(0, n as i32, 1).astype(DType::F32);
-    for i in 0..5 {
-        y = (y + i as f32) * 0.5;
+    // peak stays near two buffers however long the chain. Without donation and freeing, the
+    // chain would hold three or more buffers at once. Other tests of this binary allocate on the
+    // same device alongside, which can only raise the peak: the least of three runs counts.
+    let chain = || {
+        let mut y = ops::arange(0, n as i32, 1).astype(DType::F32);
+        for i in 0..5 {
+            y = (y + i as f32) * 0.5;
+        }
+        y
+    };
+    let bound = 2 * bytes + bytes / 4;
+    let run = || {
+        crate::reset_device_peak();
+        let before = crate::device_memory().active;
+        let y = chain();
+        y.eval().unwrap();
+        (crate::device_memory().peak - before, before, y)
+    };
+    let (mut least, mut before, mut y) = run();
+    for _ in 1..3 {
+        if least < bound {
+            break;
+        }
+        drop(y);
+        let (peak, b, out) = run();
+        (least, before, y) = (least.min(peak), b, out);
     }
-    y.eval().unwrap();
-    let peak = crate::device_memory().peak - before;
-    // Without donation and freeing, the chain would hold three or more buffers at once (other
-    // tests of this binary allocate a little alongside).
-    assert!(peak < 2 * bytes + bytes / 4, "peak {peak} bytes for {bytes}-byte buffers");
+    assert!(least < bound, "peak {least} bytes for {bytes}-byte buffers");
     let v = y.to_vec::<f32>().unwrap();
     let mut want = 7.0f32;
     for i in 0..5 {
