@@ -387,6 +387,93 @@ __device__ __forceinline__ void att_accumulate(float (&acc)[D / 8][4], const flo
   }
 }
 
+// 2^x; with FTZ one MUFU.EX2 that flushes subnormal results (exp2f adds the fix-ups).
+template <bool FTZ> __device__ __forceinline__ float att_exp2(float x) {
+  if constexpr (FTZ) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  } else {
+    return exp2f(x);
+  }
+}
+
+// A tile's scores (NT accumulator tiles of 8 keys from j0) scaled to base 2, masked where the
+// bounds of some row of [first, first + rows) cut the tile, and run through the online softmax:
+// s becomes the probabilities, `alpha` the rescale of the rows' old outputs. This thread's rows
+// are r0 (c = 0, 1) and r0 + 8 (c = 2, 3); a row's 4 threads are a quad.
+template <int NT, bool FTZ>
+__device__ __forceinline__ void att_softmax(float (&s)[NT][4], float (&mrow)[2], float (&lrow)[2], float (&alpha)[2],
+                                            int j0, int first, int rows, int r0, int t4, int Lk, int off, int causal,
+                                            int window, float sl2) {
+  const bool inside = j0 + NT * 8 <= Lk && (!causal || j0 + NT * 8 - 1 <= first + off) &&
+                      !(causal && window > 0 && j0 <= first + rows - 1 + off - window);
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float x = s[n][c] * sl2;
+      if (!inside) {
+        const int j = j0 + n * 8 + 2 * t4 + (c & 1), pos = r0 + (c >> 1) * 8 + off;
+        const bool ok = j < Lk && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
+        x = ok ? x : -INFINITY;
+      }
+      s[n][c] = x;
+    }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(mrow[i], mx), ms = mn == -INFINITY ? 0.0f : mn;
+    alpha[i] = att_exp2<FTZ>(mrow[i] - ms);
+    mrow[i] = mn;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      s[n][2 * i] = att_exp2<FTZ>(s[n][2 * i] - ms);
+      s[n][2 * i + 1] = att_exp2<FTZ>(s[n][2 * i + 1] - ms);
+      sum += s[n][2 * i] + s[n][2 * i + 1];
+    }
+    lrow[i] = lrow[i] * alpha[i] + sum;
+  }
+}
+
+// Finishes this thread's rows r0 and r0 + 8 of head h: the quad's sums, the log-sum-exp (when
+// `lse`), the sink, the division and the store of the DT accumulator tiles of 8 features; rows
+// past Lq are not written.
+template <typename T, int DT>
+__device__ __forceinline__ void att_store(const float (&o)[DT][4], const float (&mrow)[2], const float (&lrow)[2],
+                                          int r0, int t4, int b, int h, int Hq, int Lq, float* __restrict__ lse,
+                                          const T* __restrict__ sinks, T* __restrict__ out) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float l = lrow[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = r0 + i * 8;
+    if (lse && t4 == 0 && r < Lq)
+      lse[((i64)b * Hq + h) * Lq + r] = l > 0.0f ? (mrow[i] + log2f(l)) * ATT_LN2 : -INFINITY;
+    float scl = 1.0f;
+    if (sinks) {
+      const float sk2 = widen(sinks[h]) * ATT_LOG2E, m2 = fmaxf(mrow[i], sk2);
+      const float a = mrow[i] == -INFINITY ? 0.0f : exp2f(mrow[i] - m2);
+      scl = a;
+      l = l * a + exp2f(sk2 - m2);
+    }
+    const float inv = l > 0.0f ? scl / l : 0.0f;
+    if (r >= Lq) continue;
+    T* dst = out + (((i64)b * Hq + h) * Lq + r) * (DT * 8);
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      const u32 pk = att_pack<T>(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+      *reinterpret_cast<u32*>(dst + n * 8 + 2 * t4) = pk;
+    }
+  }
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void attention_tiled(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
@@ -452,43 +539,8 @@ __device__ __forceinline__ void attention_tiled(
     if (jt + 1 < jt1) att_stage<T, D, ROW, ATT_BC>(sk, kb, ks2, (jt + 1) * ATT_BC, kend);
     att_commit();
 
-    // Scale, and mask where some row's bounds cut the tile.
-    const int j0 = jt * ATT_BC;
-    const bool inside = j0 + ATT_BC <= Lk && (!causal || j0 + ATT_BC - 1 <= q0 + off) &&
-                        !(causal && window > 0 && j0 <= q0 + ATT_BR - 1 + off - window);
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        float x = s[n][c] * sl2;
-        if (!inside) {
-          const int j = j0 + n * 8 + 2 * t4 + (c & 1), r = r0 + (c >> 1) * 8, pos = r + off;
-          bool ok = j < Lk && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
-          x = ok ? x : -INFINITY;
-        }
-        s[n][c] = x;
-      }
-    // Online softmax, rows r0 (c = 0, 1) and r0 + 8 (c = 2, 3); a row's 4 threads are a quad.
     float alpha[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = fmaxf(mrow[i], mx), ms = mn == -INFINITY ? 0.0f : mn;
-      alpha[i] = exp2f(mrow[i] - ms);
-      mrow[i] = mn;
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        s[n][2 * i] = exp2f(s[n][2 * i] - ms);
-        s[n][2 * i + 1] = exp2f(s[n][2 * i + 1] - ms);
-        sum += s[n][2 * i] + s[n][2 * i + 1];
-      }
-      lrow[i] = lrow[i] * alpha[i] + sum;
-    }
+    att_softmax<NT, false>(s, mrow, lrow, alpha, jt * ATT_BC, q0, ATT_BR, r0, t4, Lk, off, causal, window, sl2);
 #pragma unroll
     for (int n = 0; n < DT; ++n) {
       o[n][0] *= alpha[0];
@@ -507,31 +559,7 @@ __device__ __forceinline__ void attention_tiled(
     __syncthreads();
   }
 
-  // Finish: the quad's sums, the sink, the division; rows past Lq are not written.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = lrow[i];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int r = r0 + i * 8;
-    if (lse && t4 == 0 && r < Lq)
-      lse[((i64)b * Hq + h) * Lq + r] = l > 0.0f ? (mrow[i] + log2f(l)) * ATT_LN2 : -INFINITY;
-    float scl = 1.0f;
-    if (sinks) {
-      const float sk2 = widen(sinks[h]) * ATT_LOG2E, m2 = fmaxf(mrow[i], sk2);
-      const float a = mrow[i] == -INFINITY ? 0.0f : exp2f(mrow[i] - m2);
-      scl = a;
-      l = l * a + exp2f(sk2 - m2);
-    }
-    const float inv = l > 0.0f ? scl / l : 0.0f;
-    if (r >= Lq) continue;
-    T* dst = out + (((i64)b * Hq + h) * Lq + r) * D;
-#pragma unroll
-    for (int n = 0; n < DT; ++n) {
-      const u32 pk = att_pack<T>(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-      *reinterpret_cast<u32*>(dst + n * 8 + 2 * t4) = pk;
-    }
-  }
+  att_store<T, DT>(o, mrow, lrow, r0, t4, b, h, Hq, Lq, lse, sinks, out);
 }
 
 // ---- backward (FlashAttention-2's) ------------------------------------------------------------
@@ -959,7 +987,8 @@ __device__ __forceinline__ void attention_vector_mma(
 // warpgroup MMAs. Tiles sit in shared memory in the 128-byte swizzled layout the MMAs read: rows
 // of 64 features, a head of D features being D / 64 such column panels. S = Q K^T reads both
 // operands from shared memory; O += P V takes P from the score registers and V transposed from
-// shared memory. Masking and the online softmax are the mma.sync kernel's.
+// shared memory. Masking, the online softmax and the finish are the mma.sync kernel's
+// (att_softmax, with the flushing exponential, and att_store).
 
 #define ATW_F8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                   "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -1025,12 +1054,15 @@ template <typename T> __device__ __forceinline__ void atw_rs256(float (&d)[128],
 __device__ __forceinline__ u64 atw_desc(u32 addr, u32 lbo, u32 sbo) {
   return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
 }
-template <int N, typename T> __device__ __forceinline__ void atw_ss(float (&d)[N / 2], u64 a, u64 b, int acc) {
+// The same on accumulators held as N / 8 tiles of 8 columns (mma.sync's layout, in order).
+template <int N, typename T> __device__ __forceinline__ void atw_ss(float (&acc8)[N / 8][4], u64 a, u64 b, int acc) {
+  float(&d)[N / 2] = reinterpret_cast<float(&)[N / 2]>(acc8);
   if constexpr (N == 64) atw_ss64<T>(d, a, b, acc);
   else if constexpr (N == 128) atw_ss128<T>(d, a, b, acc);
   else atw_ss256<T>(d, a, b, acc);
 }
-template <int N, typename T> __device__ __forceinline__ void atw_rs(float (&d)[N / 2], const u32 (&a)[4], u64 b) {
+template <int N, typename T> __device__ __forceinline__ void atw_rs(float (&acc8)[N / 8][4], const u32 (&a)[4], u64 b) {
+  float(&d)[N / 2] = reinterpret_cast<float(&)[N / 2]>(acc8);
   if constexpr (N == 64) atw_rs64<T>(d, a, b);
   else if constexpr (N == 128) atw_rs128<T>(d, a, b);
   else atw_rs256<T>(d, a, b);
@@ -1039,9 +1071,11 @@ __device__ __forceinline__ void atw_fence() { asm volatile("wgmma.fence.sync.ali
 __device__ __forceinline__ void atw_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void atw_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 // Keeps the compiler from moving reads of accumulators above the wait that completes them.
-template <int N> __device__ __forceinline__ void atw_hold(float (&d)[N]) {
+template <int N> __device__ __forceinline__ void atw_hold(float (&d)[N][4]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) asm volatile("" : "+f"(d[i][c])::"memory");
 }
 // mbarriers: the producer's staged tiles (full) and the consumers' releases (empty).
 __device__ __forceinline__ void atw_bar_init(u32 bar, int count) {
@@ -1074,13 +1108,6 @@ template <int NC> __device__ __forceinline__ void atw_turn_pass(int c) {
   asm volatile("bar.arrive %0, 256;" ::"r"(1 + (c + 1) % NC) : "memory");
 }
 
-// 2^x, flushing subnormal results to zero (one MUFU.EX2; exp2f adds the subnormal fix-ups).
-__device__ __forceinline__ float atw_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 #define ATW_STAGES 2
 
 // A TMA tensor map (CUtensorMap), passed by value as a __grid_constant__ kernel parameter.
@@ -1108,48 +1135,6 @@ __device__ __forceinline__ void atw_tma(u32 dst, const AtwMap* m, int row0, int 
 // Dynamic shared memory of a block of NC consumer warpgroups: the 1024-byte alignment slack, the
 // queries, ATW_STAGES stages of keys and of values, and the barriers.
 constexpr int atw_smem(int D, int BC, int NC) { return 1024 + 64 * NC * D * 2 + 2 * ATW_STAGES * BC * D * 2 + 128; }
-
-// Scales a warpgroup's scores to base 2, masks them where some of its rows' bounds cut the tile,
-// and runs the online softmax: s becomes the probabilities, `alpha` the rescale of the rows' old
-// outputs. Rows r0 (c = 0, 1) and r0 + 8 (c = 2, 3); a row's 4 threads are a quad.
-template <int BC>
-__device__ __forceinline__ void atw_softmax(float (&s)[BC / 2], float (&mrow)[2], float (&lrow)[2], float (&alpha)[2],
-                                            int j0, int w0, int r0, int t4, int Lk, int off, int causal, int window,
-                                            float sl2) {
-  const bool inside = j0 + BC <= Lk && (!causal || j0 + BC - 1 <= w0 + off) &&
-                      !(causal && window > 0 && j0 <= w0 + 63 + off - window);
-#pragma unroll
-  for (int n = 0; n < BC / 8; ++n)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      float x = s[n * 4 + c] * sl2;
-      if (!inside) {
-        const int j = j0 + n * 8 + 2 * t4 + (c & 1), pos = r0 + (c >> 1) * 8 + off;
-        const bool ok = j < Lk && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
-        x = ok ? x : -INFINITY;
-      }
-      s[n * 4 + c] = x;
-    }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(s[n * 4 + 2 * i], s[n * 4 + 2 * i + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mn = fmaxf(mrow[i], mx), ms = mn == -INFINITY ? 0.0f : mn;
-    alpha[i] = atw_exp2(mrow[i] - ms);
-    mrow[i] = mn;
-    float sum = 0.0f;
-#pragma unroll
-    for (int n = 0; n < BC / 8; ++n) {
-      s[n * 4 + 2 * i] = atw_exp2(s[n * 4 + 2 * i] - ms);
-      s[n * 4 + 2 * i + 1] = atw_exp2(s[n * 4 + 2 * i + 1] - ms);
-      sum += s[n * 4 + 2 * i] + s[n * 4 + 2 * i + 1];
-    }
-    lrow[i] = lrow[i] * alpha[i] + sum;
-  }
-}
 
 // A block is a producer warpgroup, whose first thread stages the queries and each key and value
 // tile by TMA into ATW_STAGES-deep rings guarded by mbarriers, and NC consumer warpgroups of 64
@@ -1215,10 +1200,10 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
   const int w0 = q0 + c * 64;  // this warpgroup's first row
   const float sl2 = scale * ATT_LOG2E;
   const int r0 = w0 + warp * 16 + g;  // this thread's rows: r0 and r0 + 8
-  float o[D / 2], s[BC / 2], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, alpha[2];
+  float o[D / 8][4], s[BC / 8][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, alpha[2];
   u32 p[BC / 16][4];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
   // S = Q K^T for the tile in stage st.
   auto scores = [&](int st) {
@@ -1239,10 +1224,10 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
   auto pack = [&]() {
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
-      p[kk][0] = att_pack<T>(s[kk * 8], s[kk * 8 + 1]);
-      p[kk][1] = att_pack<T>(s[kk * 8 + 2], s[kk * 8 + 3]);
-      p[kk][2] = att_pack<T>(s[kk * 8 + 4], s[kk * 8 + 5]);
-      p[kk][3] = att_pack<T>(s[kk * 8 + 6], s[kk * 8 + 7]);
+      p[kk][0] = att_pack<T>(s[2 * kk][0], s[2 * kk][1]);
+      p[kk][1] = att_pack<T>(s[2 * kk][2], s[2 * kk][3]);
+      p[kk][2] = att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      p[kk][3] = att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
   };
 
@@ -1250,10 +1235,10 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
   auto rescale = [&]() {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
-      o[i * 4] *= alpha[0];
-      o[i * 4 + 1] *= alpha[0];
-      o[i * 4 + 2] *= alpha[1];
-      o[i * 4 + 3] *= alpha[1];
+      o[i][0] *= alpha[0];
+      o[i][1] *= alpha[0];
+      o[i][2] *= alpha[1];
+      o[i][3] *= alpha[1];
     }
   };
 
@@ -1268,9 +1253,9 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
     atw_commit();
     atw_turn_pass<NC>(c);
     atw_wait0();
-    atw_hold<BC / 2>(s);
+    atw_hold<BC / 8>(s);
     atw_release(kempty(0), lane);
-    atw_softmax<BC>(s, mrow, lrow, alpha, jt0 * BC, w0, r0, t4, Lk, off, causal, window, sl2);
+    att_softmax<BC / 8, true>(s, mrow, lrow, alpha, jt0 * BC, w0, 64, r0, t4, Lk, off, causal, window, sl2);
     pack();
     for (int jt = jt0 + 1; jt < jt1; ++jt) {
       const int n = jt - jt0, st = n % ATW_STAGES, pst = (n - 1) % ATW_STAGES;
@@ -1287,11 +1272,11 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
       atw_commit();
       atw_turn_pass<NC>(c);
       asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-      atw_hold<BC / 2>(s);
+      atw_hold<BC / 8>(s);
       atw_release(kempty(st), lane);
-      atw_softmax<BC>(s, mrow, lrow, alpha, jt * BC, w0, r0, t4, Lk, off, causal, window, sl2);
+      att_softmax<BC / 8, true>(s, mrow, lrow, alpha, jt * BC, w0, 64, r0, t4, Lk, off, causal, window, sl2);
       atw_wait0();
-      atw_hold<D / 2>(o);
+      atw_hold<D / 8>(o);
       atw_release(vempty(pst), lane);
       pack();
     }
@@ -1304,34 +1289,10 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
     atw_commit();
     if (c < NC - 1) atw_turn_pass<NC>(c);
     atw_wait0();
-    atw_hold<D / 2>(o);
+    atw_hold<D / 8>(o);
     atw_release(vempty(pst), lane);
   }
 
-  // Finish: the quad's sums, the sink, the division; rows past Lq are not written.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float l = lrow[i];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int r = r0 + i * 8;
-    if (lse && t4 == 0 && r < Lq)
-      lse[((i64)b * Hq + h) * Lq + r] = l > 0.0f ? (mrow[i] + log2f(l)) * ATT_LN2 : -INFINITY;
-    float scl = 1.0f;
-    if (sinks) {
-      const float sk2 = widen(sinks[h]) * ATT_LOG2E, m2 = fmaxf(mrow[i], sk2);
-      const float a = mrow[i] == -INFINITY ? 0.0f : exp2f(mrow[i] - m2);
-      scl = a;
-      l = l * a + exp2f(sk2 - m2);
-    }
-    const float inv = l > 0.0f ? scl / l : 0.0f;
-    if (r >= Lq) continue;
-    T* dst = out + (((i64)b * Hq + h) * Lq + r) * D;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const u32 pk = att_pack<T>(o[n * 4 + 2 * i] * inv, o[n * 4 + 2 * i + 1] * inv);
-      *reinterpret_cast<u32*>(dst + n * 8 + 2 * t4) = pk;
-    }
-  }
+  att_store<T, D / 8>(o, mrow, lrow, r0, t4, b, h, Hq, Lq, lse, sinks, out);
 #endif
 }
