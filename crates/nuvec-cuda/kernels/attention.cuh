@@ -398,22 +398,19 @@ template <bool FTZ> __device__ __forceinline__ float att_exp2(float x) {
   }
 }
 
-// A tile's scores (NT accumulator tiles of 8 keys from j0) scaled to base 2, masked where the
-// bounds of some row of [first, first + rows) cut the tile, and run through the online softmax:
-// s becomes the probabilities, `alpha` the rescale of the rows' old outputs. This thread's rows
-// are r0 (c = 0, 1) and r0 + 8 (c = 2, 3); a row's 4 threads are a quad.
-template <int NT, bool FTZ>
-__device__ __forceinline__ void att_softmax(float (&s)[NT][4], float (&mrow)[2], float (&lrow)[2], float (&alpha)[2],
-                                            int j0, int first, int rows, int r0, int t4, int Lk, int off, int causal,
-                                            int window, float sl2) {
-  const bool inside = j0 + NT * 8 <= Lk && (!causal || j0 + NT * 8 - 1 <= first + off) &&
-                      !(causal && window > 0 && j0 <= first + rows - 1 + off - window);
+// One tile's online softmax, straight-line for each case: MASK applies the bounds per score;
+// FOLD (a positive scale) takes the maximum of the raw scores and scales inside the exponent's
+// FMA, one instruction a score fewer.
+template <int NT, bool FTZ, bool MASK, bool FOLD>
+__device__ __forceinline__ void att_softmax_tile(float (&s)[NT][4], float (&mrow)[2], float (&lrow)[2],
+                                                 float (&alpha)[2], int j0, int r0, int t4, int Lk, int off,
+                                                 int causal, int window, float sl2) {
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      float x = s[n][c] * sl2;
-      if (!inside) {
+      float x = FOLD ? s[n][c] : s[n][c] * sl2;
+      if constexpr (MASK) {
         const int j = j0 + n * 8 + 2 * t4 + (c & 1), pos = r0 + (c >> 1) * 8 + off;
         const bool ok = j < Lk && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
         x = ok ? x : -INFINITY;
@@ -427,18 +424,36 @@ __device__ __forceinline__ void att_softmax(float (&s)[NT][4], float (&mrow)[2],
     for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * i], s[n][2 * i + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if constexpr (FOLD) mx *= sl2;
     const float mn = fmaxf(mrow[i], mx), ms = mn == -INFINITY ? 0.0f : mn;
     alpha[i] = att_exp2<FTZ>(mrow[i] - ms);
     mrow[i] = mn;
     float sum = 0.0f;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      s[n][2 * i] = att_exp2<FTZ>(s[n][2 * i] - ms);
-      s[n][2 * i + 1] = att_exp2<FTZ>(s[n][2 * i + 1] - ms);
+      s[n][2 * i] = att_exp2<FTZ>(FOLD ? fmaf(s[n][2 * i], sl2, -ms) : s[n][2 * i] - ms);
+      s[n][2 * i + 1] = att_exp2<FTZ>(FOLD ? fmaf(s[n][2 * i + 1], sl2, -ms) : s[n][2 * i + 1] - ms);
       sum += s[n][2 * i] + s[n][2 * i + 1];
     }
     lrow[i] = lrow[i] * alpha[i] + sum;
   }
+}
+
+// A tile's scores (NT accumulator tiles of 8 keys from j0) scaled to base 2, masked where the
+// bounds of some row of [first, first + rows) cut the tile, and run through the online softmax:
+// s becomes the probabilities, `alpha` the rescale of the rows' old outputs. This thread's rows
+// are r0 (c = 0, 1) and r0 + 8 (c = 2, 3); a row's 4 threads are a quad.
+template <int NT, bool FTZ>
+__device__ __forceinline__ void att_softmax(float (&s)[NT][4], float (&mrow)[2], float (&lrow)[2], float (&alpha)[2],
+                                            int j0, int first, int rows, int r0, int t4, int Lk, int off, int causal,
+                                            int window, float sl2) {
+  const bool inside = j0 + NT * 8 <= Lk && (!causal || j0 + NT * 8 - 1 <= first + off) &&
+                      !(causal && window > 0 && j0 <= first + rows - 1 + off - window);
+  // Two copies, not four: a third costs registers (spills at D 64); a negative scale is rare.
+  if (inside && sl2 > 0.0f)
+    att_softmax_tile<NT, FTZ, false, true>(s, mrow, lrow, alpha, j0, r0, t4, Lk, off, causal, window, sl2);
+  else
+    att_softmax_tile<NT, FTZ, true, false>(s, mrow, lrow, alpha, j0, r0, t4, Lk, off, causal, window, sl2);
 }
 
 // Finishes this thread's rows r0 and r0 + 8 of head h: the quad's sums, the log-sum-exp (when
@@ -1031,6 +1046,15 @@ template <typename T> __device__ __forceinline__ void atw_rs128(float (&d)[64], 
                  : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
   }
 }
+template <typename T> __device__ __forceinline__ void atw_ss176(float (&d)[88], u64 a, u64 b, int acc) {
+  if constexpr (IsBf16<T>::value) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %90, 0; wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56), ATW_F8(64), ATW_F8(72), ATW_F8(80) : "l"(a), "l"(b), "r"(acc));
+  } else {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %90, 0; wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24), ATW_F8(32), ATW_F8(40), ATW_F8(48), ATW_F8(56), ATW_F8(64), ATW_F8(72), ATW_F8(80) : "l"(a), "l"(b), "r"(acc));
+  }
+}
 template <typename T> __device__ __forceinline__ void atw_ss256(float (&d)[128], u64 a, u64 b, int acc) {
   if constexpr (IsBf16<T>::value) {
     asm volatile("{.reg .pred p; setp.ne.b32 p, %130, 0; wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;}"
@@ -1059,6 +1083,7 @@ template <int N, typename T> __device__ __forceinline__ void atw_ss(float (&acc8
   float(&d)[N / 2] = reinterpret_cast<float(&)[N / 2]>(acc8);
   if constexpr (N == 64) atw_ss64<T>(d, a, b, acc);
   else if constexpr (N == 128) atw_ss128<T>(d, a, b, acc);
+  else if constexpr (N == 176) atw_ss176<T>(d, a, b, acc);
   else atw_ss256<T>(d, a, b, acc);
 }
 template <int N, typename T> __device__ __forceinline__ void atw_rs(float (&acc8)[N / 8][4], const u32 (&a)[4], u64 b) {
@@ -1108,8 +1133,6 @@ template <int NC> __device__ __forceinline__ void atw_turn_pass(int c) {
   asm volatile("bar.arrive %0, 256;" ::"r"(1 + (c + 1) % NC) : "memory");
 }
 
-#define ATW_STAGES 2
-
 // A TMA tensor map (CUtensorMap), passed by value as a __grid_constant__ kernel parameter.
 struct alignas(64) AtwMap {
   u64 bits[16];
@@ -1133,14 +1156,14 @@ __device__ __forceinline__ void atw_tma(u32 dst, const AtwMap* m, int row0, int 
 }
 
 // Dynamic shared memory of a block of NC consumer warpgroups: the 1024-byte alignment slack, the
-// queries, ATW_STAGES stages of keys and of values, and the barriers.
-constexpr int atw_smem(int D, int BC, int NC) { return 1024 + 64 * NC * D * 2 + 2 * ATW_STAGES * BC * D * 2 + 128; }
+// queries, ST stages of keys and of values, and the barriers.
+constexpr int atw_smem(int D, int BC, int NC, int ST) { return 1024 + 64 * NC * D * 2 + 2 * ST * BC * D * 2 + 128; }
 
 // A block is a producer warpgroup, whose first thread stages the queries and each key and value
-// tile by TMA into ATW_STAGES-deep rings guarded by mbarriers, and NC consumer warpgroups of 64
+// tile by TMA into ST-deep rings guarded by mbarriers, and NC consumer warpgroups of 64
 // query rows each. A consumer issues the next tile's scores before it waits on this tile's
 // P V, so the softmax of one runs while the tensor cores do the other.
-template <typename T, int D, int BC, int NC>
+template <typename T, int D, int BC, int NC, int ST>
 __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* mk, const AtwMap* mv,
                                                 T* __restrict__ out, float* __restrict__ lse,
                                                 const T* __restrict__ sinks, int Hq, int Hkv, int Lq, int Lk,
@@ -1150,7 +1173,7 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
   extern __shared__ __align__(1024) unsigned char atw_dyn[];
   const u32 sq = ((u32)__cvta_generic_to_shared(atw_dyn) + 1023) & ~1023u;
   constexpr int BR = 64 * NC;
-  const u32 sk = sq + BR * D * 2, sv = sk + ATW_STAGES * KB, bars = sv + ATW_STAGES * KB;
+  const u32 sk = sq + BR * D * 2, sv = sk + ST * KB, bars = sv + ST * KB;
   // Barriers (8 bytes each): the queries, then per stage key full/empty and value full/empty.
   const u32 qfull = bars;
   auto kfull = [&](int s) { return bars + 8 + s * 32; };
@@ -1166,7 +1189,7 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
   const int jt0 = kbeg / BC, jt1 = (kend + BC - 1) / BC;
   if (threadIdx.x == 0) {
     atw_bar_init(qfull, 1);
-    for (int s = 0; s < ATW_STAGES; ++s) {
+    for (int s = 0; s < ST; ++s) {
       atw_bar_init(kfull(s), 1);
       atw_bar_init(vfull(s), 1);
       atw_bar_init(kempty(s), 4 * NC);
@@ -1183,8 +1206,8 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
     atw_expect(qfull, BR * D * 2);
     atw_tma<D, BR>(sq, mq, q0, h, b, qfull);
     for (int jt = jt0; jt < jt1; ++jt) {
-      const int n = jt - jt0, st = n % ATW_STAGES;
-      const u32 use = (u32)(n / ATW_STAGES);
+      const int n = jt - jt0, st = n % ST;
+      const u32 use = (u32)(n / ST);
       if (use > 0) atw_bar_wait(kempty(st), (use - 1) & 1);
       atw_expect(kfull(st), KB);
       atw_tma<D, BC>(sk + st * KB, mk, jt * BC, kh, b, kfull(st));
@@ -1258,15 +1281,15 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
     att_softmax<BC / 8, true>(s, mrow, lrow, alpha, jt0 * BC, w0, 64, r0, t4, Lk, off, causal, window, sl2);
     pack();
     for (int jt = jt0 + 1; jt < jt1; ++jt) {
-      const int n = jt - jt0, st = n % ATW_STAGES, pst = (n - 1) % ATW_STAGES;
+      const int n = jt - jt0, st = n % ST, pst = (n - 1) % ST;
       atw_turn_wait(c);
-      atw_acquire(kfull(st), (u32)(n / ATW_STAGES) & 1);
+      atw_acquire(kfull(st), (u32)(n / ST) & 1);
       atw_fence();
       scores(st);
       atw_commit();
       // The previous tile's P V, on outputs rescaled to its maximum while these scores run.
       rescale();
-      atw_acquire(vfull(pst), (u32)((n - 1) / ATW_STAGES) & 1);
+      atw_acquire(vfull(pst), (u32)((n - 1) / ST) & 1);
       atw_fence();
       values(pst);
       atw_commit();
@@ -1280,10 +1303,10 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
       atw_release(vempty(pst), lane);
       pack();
     }
-    const int n = jt1 - 1 - jt0, pst = n % ATW_STAGES;
+    const int n = jt1 - 1 - jt0, pst = n % ST;
     atw_turn_wait(c);
     rescale();
-    atw_acquire(vfull(pst), (u32)(n / ATW_STAGES) & 1);
+    atw_acquire(vfull(pst), (u32)(n / ST) & 1);
     atw_fence();
     values(pst);
     atw_commit();

@@ -35,21 +35,29 @@ struct Wgmma {
     head: i32,
     keys: u32,
     consumers: u32,
+    /// Only for attention without a causal bound.
+    full: bool,
 }
 
-/// Head sizes of the Hopper kernel (features in 64-wide swizzled panels): D 256 takes half the
-/// keys to stay in registers; D 64, whose products are short beside the softmax, three consumers.
-const WGMMA: [Wgmma; 3] = [
-    Wgmma { head: 64, keys: 128, consumers: 3 },
-    Wgmma { head: 128, keys: 128, consumers: 2 },
-    Wgmma { head: 256, keys: 64, consumers: 2 },
+/// Kernels of the Hopper forward, by head size (features in 64-wide swizzled panels): D 256
+/// takes half the keys to stay in registers; D 64, whose products are short beside the softmax,
+/// three consumers; attention without a causal bound takes 176 keys at D 128 (longer products
+/// per softmax), causal attention 128, whose diagonal tiles mask less.
+const WGMMA: [Wgmma; 4] = [
+    Wgmma { head: 64, keys: 128, consumers: 3, full: false },
+    Wgmma { head: 128, keys: 176, consumers: 2, full: true },
+    Wgmma { head: 128, keys: 128, consumers: 2, full: false },
+    Wgmma { head: 256, keys: 64, consumers: 2, full: false },
 ];
 
+/// Stages of the Hopper kernel's key and value rings (a third measured slower).
+const WGMMA_STAGES: u32 = 2;
+
 impl Wgmma {
-    /// The kernel for head size `hd` on a device of compute capability `cc`, if it runs there
-    /// (9.0: `wgmma` is `sm_90a`'s).
-    fn find(cc: (i32, i32), hd: i32) -> Option<Wgmma> {
-        WGMMA.into_iter().find(|w| cc == (9, 0) && w.head == hd)
+    /// The kernel for head size `hd` (and a causal bound or not) on a device of compute
+    /// capability `cc`, if it runs there (9.0: `wgmma` is `sm_90a`'s).
+    fn find(cc: (i32, i32), hd: i32, causal: bool) -> Option<Wgmma> {
+        WGMMA.into_iter().find(|w| cc == (9, 0) && w.head == hd && !(w.full && causal))
     }
 
     /// Query rows of a block.
@@ -58,10 +66,10 @@ impl Wgmma {
     }
 
     /// Dynamic shared memory of a block (`atw_smem`): 1024-byte alignment slack, the queries,
-    /// two stages of keys and of values, the barriers.
+    /// the stages of keys and of values, the barriers.
     fn shared(self) -> u32 {
         let hd = self.head as u32;
-        1024 + self.rows() * hd * 2 + 2 * 2 * self.keys * hd * 2 + 128
+        1024 + self.rows() * hd * 2 + 2 * WGMMA_STAGES * self.keys * hd * 2 + 128
     }
 }
 
@@ -132,10 +140,10 @@ pub(crate) fn source(d: DType) -> String {
                 "attention_backward_delta_{hd}(const {t}* o, const {t}* g, float* delta, i64 rows) {{ attention_backward_delta<{t}, {hd}>(o, g, delta, rows); }}"
             ));
         }
-        for Wgmma { head: hd, keys, consumers: nc } in WGMMA {
+        for Wgmma { head: hd, keys, consumers: nc, .. } in WGMMA {
             let threads = 128 * (nc + 1);
             s.kernel(format!(
-                "__launch_bounds__({threads}, 1) attention_wgmma_{hd}(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, {t}* out, float* lse, const {t}* sinks, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_wgmma<{t}, {hd}, {keys}, {nc}>(&mq, &mk, &mv, out, lse, sinks, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+                "__launch_bounds__({threads}, 1) attention_wgmma_{hd}_{keys}(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, {t}* out, float* lse, const {t}* sinks, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_wgmma<{t}, {hd}, {keys}, {nc}, {WGMMA_STAGES}>(&mq, &mk, &mv, out, lse, sinks, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
             ));
         }
         s.kernel(format!(
@@ -187,7 +195,7 @@ pub(crate) fn supports(p: &AttentionParams, inputs: &[Spec]) -> bool {
             d.is_half()
                 && heads.0 == heads.1
                 && (TILED_HEADS.contains(&heads.0)
-                    || first_gpu_arch().is_some_and(|cc| Wgmma::find(cc, heads.0).is_some()))
+                    || first_gpu_arch().is_some_and(|cc| Wgmma::find(cc, heads.0, true).is_some()))
                 && p.mask.is_none()
                 && sinks_ok
                 && q.shape[0] as i64 * q.shape[1] as i64 <= 65535
@@ -246,7 +254,7 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, ls
         return Ok(());
     }
     let heads = b as u32 * hq as u32;
-    if let Some(w) = Wgmma::find(gpu.info.compute_capability, hd) {
+    if let Some(w) = Wgmma::find(gpu.info.compute_capability, hd, p.causal) {
         let (q, qs) = tma_ready(gpu, q, qs)?;
         let (k, ks) = tma_ready(gpu, k, ks)?;
         let (v, vs) = tma_ready(gpu, v, vs)?;
@@ -260,7 +268,7 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, ls
         ];
         args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
         args.push(Arg::F32(p.scale));
-        let f = kernel(gpu, Family::Attention(q.dtype), &format!("attention_wgmma_{hd}"))?;
+        let f = kernel(gpu, Family::Attention(q.dtype), &format!("attention_wgmma_{hd}_{}", w.keys))?;
         allow_shared(gpu, f, w.shared())?;
         let grid = ((lq as u32).div_ceil(w.rows()), heads, 1);
         return launch(gpu, f, grid, (128 * (w.consumers + 1), 1, 1), w.shared(), args);
