@@ -1319,3 +1319,255 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
   att_store<T, D / 8>(o, mrow, lrow, r0, t4, b, h, Hq, Lq, lse, sinks, out);
 #endif
 }
+
+// ---- backward on Hopper (wgmma) -----------------------------------------------------------------
+// FlashAttention-3's backward (sm_90a): a block owns 128 keys of one key-value head. A producer
+// warpgroup's first thread stages the keys and values once, then per step the 64 query rows of
+// one head of the group (Q, dO and the rows' statistics) by TMA into two-stage rings; two consumer
+// warpgroups own 64 keys each. Per step a consumer makes S^T = K Q^T and dP^T = V dO^T by wgmma
+// from shared memory, P^T (from the rows' log-sum-exp) and dS^T = P^T (dP^T - delta) in
+// registers, accumulates dV += P^T dO and dK += dS^T Q with those as register operands, and
+// writes dS^T transposed to shared memory (stmatrix), from which dQ = dS K (64 features per
+// consumer) is made after a barrier and added to float32 by vector atomics.
+
+// d = A B with B transposed (MN-major), both by descriptor: dQ = dS K reads K as it is staged.
+template <typename T> __device__ __forceinline__ void atw_sst64(float (&d)[32], u64 a, u64 b, int acc) {
+  if constexpr (IsBf16<T>::value) {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24) : "l"(a), "l"(b), "r"(acc));
+  } else {
+    asm volatile("{.reg .pred p; setp.ne.b32 p, %34, 0; wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;}"
+                 : ATW_F8(0), ATW_F8(8), ATW_F8(16), ATW_F8(24) : "l"(a), "l"(b), "r"(acc));
+  }
+}
+
+#define ATV_BR 64  // query rows per step
+#define ATV_BC 128  // keys per block
+
+// Dynamic shared memory of a block: alignment slack, keys and values, two stages of queries and
+// cotangents, two dS tiles, two stages of the rows' statistics, the barriers.
+constexpr int atv_smem(int D) {
+  return 1024 + 2 * ATV_BC * D * 2 + 2 * 2 * ATV_BR * D * 2 + 2 * ATV_BR * ATV_BC * 2 + 2 * 2 * ATV_BR * 4 + 64;
+}
+
+// The rows' statistics for the Hopper backward, by 64-row tiles of each head: 64 values of
+// lse * log2(e) (+inf past Lq or for a row without keys, so that its P is 0), then 64 of
+// delta = rowsum(dO * O). A warp per padded row.
+template <typename T, int D>
+__device__ __forceinline__ void attention_backward_stats(const T* __restrict__ o, const T* __restrict__ g,
+                                                         const float* __restrict__ lse, float* __restrict__ stats,
+                                                         i64 heads, int Lq) {
+  const int tiles = (Lq + ATV_BR - 1) / ATV_BR;
+  const i64 r = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (r >= heads * tiles * ATV_BR) return;
+  const i64 bh = r / (tiles * ATV_BR);
+  const int i = (int)(r % (tiles * ATV_BR)), lane = threadIdx.x & 31;
+  float s = 0.0f, l2 = INFINITY;
+  if (i < Lq) {
+    const i64 row = bh * Lq + i;
+#pragma unroll
+    for (int d = lane; d < D; d += 32) s += widen(o[row * D + d]) * widen(g[row * D + d]);
+    s = att_warp_sum(s);
+    const float l = lse[row];
+    l2 = l == -INFINITY ? INFINITY : l * ATT_LOG2E;
+  }
+  if (lane == 0) {
+    float* dst = stats + (bh * tiles + i / ATV_BR) * 2 * ATV_BR + i % ATV_BR;
+    dst[0] = l2;
+    dst[ATV_BR] = s;
+  }
+}
+
+// Stores four 8x8 tiles of 2-byte values transposed (the accumulators' fragments, as mma's A).
+__device__ __forceinline__ void atv_stsm4t(u32 addr, const u32 (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const AtwMap* mk, const AtwMap* mv,
+                                                         const AtwMap* mg, const float* __restrict__ stats,
+                                                         float* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
+                                                         int Hq, int Hkv, int Lq, int Lk, int causal, int window,
+                                                         float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BC = ATV_BC, BR = ATV_BR, QB = BR * D * 2, KB = BC * D * 2, DSB = BR * BC * 2;
+  extern __shared__ __align__(1024) unsigned char atv_dyn[];
+  const u32 sk = ((u32)__cvta_generic_to_shared(atv_dyn) + 1023) & ~1023u;
+  const u32 sv = sk + KB, sq = sv + KB, sg = sq + 2 * QB, sds = sg + 2 * QB, sst = sds + 2 * DSB;
+  const u32 bars = sst + 2 * 2 * BR * 4, kvfull = bars;
+  auto full = [&](int s) { return bars + 8 + s * 16; };
+  auto empty = [&](int s) { return bars + 16 + s * 16; };
+  // Key tiles slowest, so that (causal) the tiles most query rows attend start first.
+  const int heads = gridDim.x / ((Lk + BC - 1) / BC);
+  const int kt = blockIdx.x / heads, bh = blockIdx.x % heads;
+  const int kh = bh % Hkv, b = bh / Hkv, group = Hq / Hkv, off = Lk - Lq, j0 = kt * BC;
+  const int tiles = (Lq + BR - 1) / BR;
+  const int ibeg = causal ? max(0, j0 - off) : 0;
+  const int iend = (causal && window > 0) ? min(Lq, j0 + BC - 1 + window - off) : Lq;
+  const int it0 = ibeg / BR, nt = iend > ibeg ? (iend + BR - 1) / BR - it0 : 0, steps = group * nt;
+  if (threadIdx.x == 0) {
+    atw_bar_init(kvfull, 1);
+    for (int s = 0; s < 2; ++s) {
+      atw_bar_init(full(s), 1);
+      atw_bar_init(empty(s), 8);
+    }
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (t != 0 || steps == 0) return;
+    atw_expect(kvfull, 2 * KB);
+    atw_tma<D, BC>(sk, mk, j0, kh, b, kvfull);
+    atw_tma<D, BC>(sv, mv, j0, kh, b, kvfull);
+    for (int n = 0; n < steps; ++n) {
+      const int st = n & 1, h = kh * group + n / nt, i0 = (it0 + n % nt) * BR;
+      if (n >= 2) atw_bar_wait(empty(st), ((n >> 1) - 1) & 1);
+      atw_expect(full(st), 2 * QB + 2 * BR * 4);
+      atw_tma<D, BR>(sq + st * QB, mq, i0, h, b, full(st));
+      atw_tma<D, BR>(sg + st * QB, mg, i0, h, b, full(st));
+      const float* src = stats + (((i64)b * Hq + h) * tiles + i0 / BR) * 2 * BR;
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                       sst + st * 2 * BR * 4),
+                   "l"(src), "r"(2 * BR * 4), "r"(full(st))
+                   : "memory");
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+  const int c = wg - 1, warp = t >> 5, lane = t & 31, g = lane >> 2, t4 = lane & 3;
+  const int jr = j0 + c * 64 + warp * 16 + g;  // this thread's keys: jr and jr + 8
+  const float sl2 = scale * ATT_LOG2E;
+  float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dka[n][e] = dva[n][e] = 0.0f;
+  if (steps > 0) atw_bar_wait(kvfull, 0);
+  for (int n = 0; n < steps; ++n) {
+    const int st = n & 1, h = kh * group + n / nt, i0 = (it0 + n % nt) * BR;
+    const u32 q_ = sq + st * QB, g_ = sg + st * QB, ds_ = sds + st * DSB;
+    const float* lse2 = reinterpret_cast<const float*>(atv_dyn + (sst + st * 2 * BR * 4 - (u32)__cvta_generic_to_shared(atv_dyn)));
+    const float* dl = lse2 + BR;
+    atw_bar_wait(full(st), (n >> 1) & 1);
+    float s[BR / 8][4], dp[BR / 8][4];
+    atw_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const u32 col = (kk & 3) * 32;
+      atw_ss<BR, T>(s, atw_desc(sk + (kk >> 2) * (BC * 128) + c * 64 * 128 + col, 16, 1024),
+                    atw_desc(q_ + (kk >> 2) * (BR * 128) + col, 16, 1024), kk > 0);
+    }
+    atw_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const u32 col = (kk & 3) * 32;
+      atw_ss<BR, T>(dp, atw_desc(sv + (kk >> 2) * (BC * 128) + c * 64 * 128 + col, 16, 1024),
+                    atw_desc(g_ + (kk >> 2) * (BR * 128) + col, 16, 1024), kk > 0);
+    }
+    atw_commit();
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    atw_hold<BR / 8>(s);
+    // P^T, zero outside each row's bounds (keys past Lk too: their K rows are zeros, P need not be).
+    const bool inside = j0 + BC <= Lk && (!causal || j0 + BC - 1 <= i0 + off) &&
+                        !(causal && window > 0 && j0 <= i0 + BR - 1 + off - window);
+    if (inside) {
+#pragma unroll
+      for (int x = 0; x < BR / 8; ++x)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[x][e] = att_exp2<true>(fmaf(s[x][e], sl2, -lse2[x * 8 + 2 * t4 + (e & 1)]));
+    } else {
+#pragma unroll
+      for (int x = 0; x < BR / 8; ++x)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = jr + (e >> 1) * 8, il = x * 8 + 2 * t4 + (e & 1), pos = i0 + il + off;
+          const bool ok = j < Lk && (!causal || j <= pos) && !(causal && window > 0 && j <= pos - window);
+          s[x][e] = ok ? att_exp2<true>(fmaf(s[x][e], sl2, -lse2[il])) : 0.0f;
+        }
+    }
+    atw_wait0();
+    atw_hold<BR / 8>(dp);
+    u32 pf[BR / 16][4], df[BR / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      float d[2][4];
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[x][e] = s[2 * kk + x][e] * (dp[2 * kk + x][e] - dl[(2 * kk + x) * 8 + 2 * t4 + (e & 1)]);
+      pf[kk][0] = att_pack<T>(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = att_pack<T>(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      df[kk][0] = att_pack<T>(d[0][0], d[0][1]);
+      df[kk][1] = att_pack<T>(d[0][2], d[0][3]);
+      df[kk][2] = att_pack<T>(d[1][0], d[1][1]);
+      df[kk][3] = att_pack<T>(d[1][2], d[1][3]);
+    }
+    // dV += P^T dO and dK += dS^T Q (dO and Q transposed: MN-major).
+    atw_fence();
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) atw_rs<D, T>(dva, pf[kk], atw_desc(g_ + kk * 16 * 128, BR * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) atw_rs<D, T>(dka, df[kk], atw_desc(q_ + kk * 16 * 128, BR * 128, 1024));
+    atw_commit();
+    // dS ([rows][keys], this consumer's keys the panel c) for dQ, in the 128-byte swizzle.
+    {
+      const int mi = lane >> 3, ch = warp * 2 + (mi & 1);
+#pragma unroll
+      for (int kk = 0; kk < BR / 16; ++kk) {
+        const int row = kk * 16 + (mi >> 1) * 8 + (lane & 7);
+        atv_stsm4t(ds_ + c * (BR * 128) + row * 128 + ((ch ^ (row & 7)) << 4), df[kk]);
+      }
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    // dQ (64 rows x features [64 c, 64 c + 64)) += dS K.
+    if (c < D / 64) {
+      float dqa[8][4];
+      atw_fence();
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk)
+        atw_sst64<T>(reinterpret_cast<float(&)[32]>(dqa),
+                     atw_desc(ds_ + (kk >> 2) * (BR * 128) + (kk & 3) * 32, 16, 1024),
+                     atw_desc(sk + c * (BC * 128) + kk * 16 * 128, BC * 128, 1024), kk > 0);
+      atw_commit();
+      atw_wait0();
+      atw_hold<8>(dqa);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = i0 + warp * 16 + g + half * 8;
+        if (i >= Lq) continue;
+        float* row = dq + (((i64)b * Hq + h) * Lq + i) * D + c * 64 + 2 * t4;
+#pragma unroll
+        for (int x = 0; x < 8; ++x)
+          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(row + x * 8), "f"(dqa[x][2 * half]),
+                       "f"(dqa[x][2 * half + 1])
+                       : "memory");
+      }
+    } else {
+      atw_wait0();
+    }
+    atw_hold<D / 8>(dka);
+    atw_hold<D / 8>(dva);
+    atw_release(empty(st), lane);
+  }
+
+  // dK = scale dS^T Q and dV, for the keys inside Lk.
+#pragma unroll
+  for (int c2 = 0; c2 < 2; ++c2) {
+    const int j = jr + c2 * 8;
+    if (j >= Lk) continue;
+    const i64 at = (((i64)b * Hkv + kh) * Lk + j) * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<u32*>(dk + at + n * 8 + 2 * t4) = att_pack<T>(dka[n][2 * c2] * scale, dka[n][2 * c2 + 1] * scale);
+      *reinterpret_cast<u32*>(dv + at + n * 8 + 2 * t4) = att_pack<T>(dva[n][2 * c2], dva[n][2 * c2 + 1]);
+    }
+  }
+#endif
+}

@@ -78,6 +78,19 @@ fn first_gpu_arch() -> Option<(i32, i32)> {
     Gpu::get(0).ok().map(|g| g.info.compute_capability)
 }
 
+/// Head sizes of the Hopper backward, its keys per block (`ATV_BC`, two consumer warpgroups of
+/// 64) and query rows per step (`ATV_BR`).
+const WGMMA_BACKWARD_HEADS: [i32; 2] = [64, 128];
+const WGMMA_BACKWARD_KEYS: u32 = 128;
+const WGMMA_BACKWARD_ROWS: u32 = 64;
+
+/// Dynamic shared memory of a Hopper backward block (`atv_smem`): alignment slack, keys and
+/// values, two stages of queries and cotangents, two dS tiles, two stages of statistics, barriers.
+fn wgmma_backward_shared(hd: u32) -> u32 {
+    let (keys, rows) = (WGMMA_BACKWARD_KEYS, WGMMA_BACKWARD_ROWS);
+    1024 + 2 * keys * hd * 2 + 4 * rows * hd * 2 + 2 * rows * keys * 2 + 4 * rows * 4 + 64
+}
+
 /// Warps of a backward block, each owning 16 keys, and its query rows per step (`ATB_BR`).
 const BACKWARD_WARPS: u32 = 8;
 const BACKWARD_ROWS: u32 = 64;
@@ -108,7 +121,8 @@ fn rows_per_block(rows: u32) -> u32 {
 
 /// The module of `d`: for float32 `attention_vector_{D}_{Dv}_r{R}` (blocks of up to `R` query
 /// rows); for float16/bfloat16 `attention_vector_mma_{D}_{Dv}`, `attention_tiled_{D}`,
-/// `attention_wgmma_{D}` (empty off Hopper) and the backward's; for all,
+/// `attention_wgmma_{D}_{keys}` and `attention_backward_wgmma_{D}` (empty off Hopper) and the
+/// backward's; for all,
 /// `attention_vector_merge_{Dv}`.
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["attention.cuh"]);
@@ -144,6 +158,14 @@ pub(crate) fn source(d: DType) -> String {
             let threads = 128 * (nc + 1);
             s.kernel(format!(
                 "__launch_bounds__({threads}, 1) attention_wgmma_{hd}_{keys}(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, {t}* out, float* lse, const {t}* sinks, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_wgmma<{t}, {hd}, {keys}, {nc}, {WGMMA_STAGES}>(&mq, &mk, &mv, out, lse, sinks, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+            ));
+        }
+        for hd in WGMMA_BACKWARD_HEADS {
+            s.kernel(format!(
+                "__launch_bounds__(384, 1) attention_backward_wgmma_{hd}(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, const __grid_constant__ AtwMap mg, const float* stats, float* dq, {t}* dk, {t}* dv, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_backward_wgmma<{t}, {hd}>(&mq, &mk, &mv, &mg, stats, dq, dk, dv, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+            ));
+            s.kernel(format!(
+                "attention_backward_stats_{hd}(const {t}* o, const {t}* g, const float* lse, float* stats, i64 heads, int Lq) {{ attention_backward_stats<{t}, {hd}>(o, g, lse, stats, heads, Lq); }}"
             ));
         }
         s.kernel(format!(
@@ -348,8 +370,9 @@ fn tensor_map(x: &Operand, strides: [i64; 3], rows: u32) -> Result<Vec<u64>> {
 }
 
 /// The backward kernels on inputs `[q, k, v, out, lse, g]` into outputs `[dq, dk, dv]`: the
-/// rows' `rowsum(g · out)`, a block per `16 * BACKWARD_WARPS` keys of a key-value head
-/// accumulating `dk` and `dv` and adding to a `float32` `dq`, and `dq` narrowed.
+/// rows' `rowsum(g · out)` (on Hopper with the log-sum-exp, by 64-row tiles), a block per keys of
+/// a key-value head accumulating `dk` and `dv` and adding to a `float32` `dq` (on Hopper 128 keys
+/// on `wgmma`, elsewhere `16 * BACKWARD_WARPS` on `mma.sync`), and `dq` narrowed.
 pub(crate) fn backward(
     gpu: &Arc<Gpu>,
     p: &AttentionParams,
@@ -376,26 +399,62 @@ pub(crate) fn backward(
         return Ok(());
     }
     let family = Family::Attention(d);
-    let (delta, _delta_buf) = alloc(gpu, rows, DType::F32)?;
-    let f = kernel(gpu, family, &format!("attention_backward_delta_{hd}"))?;
-    let args = vec![Arg::Ptr(ptr_of(&o)?), Arg::Ptr(ptr_of(&go)?), Arg::Ptr(delta), Arg::I64(rows as i64)];
-    // A warp per row.
-    launch(gpu, f, ((rows as u32).div_ceil(8), 1, 1), (256, 1, 1), 0, args)?;
-
     let (acc, _acc_buf) = alloc(gpu, rows * hd as usize, DType::F32)?;
     gpu.zero(acc, rows * hd as usize * 4)?;
-    let gs = [lq as i64 * hd as i64 * hq as i64, lq as i64 * hd as i64, hd as i64];
-    let operands = [ptr_of(&q)?, ptr_of(&k)?, ptr_of(&v)?, ptr_of(&go)?, ptr_of(&lse)?, delta, acc, ptrs[1], ptrs[2]];
-    let mut args: Vec<Arg> = operands.map(Arg::Ptr).into();
-    args.extend(qs.into_iter().chain(ks).chain(vs).chain(gs).map(Arg::I64));
-    args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
-    args.push(Arg::F32(p.scale));
-    let f = kernel(gpu, family, &format!("attention_backward_{hd}"))?;
-    let shared = backward_shared(hd as u32);
-    allow_shared(gpu, f, shared)?;
-    // A block per 16 * BACKWARD_WARPS keys of a key-value head, the key tiles slowest.
-    let blocks = (lk as u32).div_ceil(16 * BACKWARD_WARPS) * b as u32 * hkv as u32;
-    launch(gpu, f, (blocks, 1, 1), (BACKWARD_WARPS * 32, 1, 1), shared, args)?;
+    if gpu.info.compute_capability == (9, 0) && WGMMA_BACKWARD_HEADS.contains(&hd) {
+        // The rows' statistics by 64-row tiles, a warp per padded row.
+        let heads = b as usize * hq as usize;
+        let padded = heads * (lq as usize).div_ceil(WGMMA_BACKWARD_ROWS as usize) * WGMMA_BACKWARD_ROWS as usize;
+        let (stats, _stats_buf) = alloc(gpu, 2 * padded, DType::F32)?;
+        let f = kernel(gpu, family, &format!("attention_backward_stats_{hd}"))?;
+        let args = vec![
+            Arg::Ptr(ptr_of(&o)?),
+            Arg::Ptr(ptr_of(&go)?),
+            Arg::Ptr(ptr_of(&lse)?),
+            Arg::Ptr(stats),
+            Arg::I64(heads as i64),
+            Arg::I32(lq),
+        ];
+        launch(gpu, f, ((padded as u32).div_ceil(8), 1, 1), (256, 1, 1), 0, args)?;
+        let gs = [lq as i64 * hd as i64 * hq as i64, lq as i64 * hd as i64, hd as i64];
+        let (q, qs) = tma_ready(gpu, q, qs)?;
+        let (k, ks) = tma_ready(gpu, k, ks)?;
+        let (v, vs) = tma_ready(gpu, v, vs)?;
+        let mut args: Vec<Arg> = vec![
+            Arg::Bytes(tensor_map(&q, qs, WGMMA_BACKWARD_ROWS)?),
+            Arg::Bytes(tensor_map(&k, ks, WGMMA_BACKWARD_KEYS)?),
+            Arg::Bytes(tensor_map(&v, vs, WGMMA_BACKWARD_KEYS)?),
+            Arg::Bytes(tensor_map(&go, gs, WGMMA_BACKWARD_ROWS)?),
+        ];
+        args.extend([stats, acc, ptrs[1], ptrs[2]].map(Arg::Ptr));
+        args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
+        args.push(Arg::F32(p.scale));
+        let f = kernel(gpu, family, &format!("attention_backward_wgmma_{hd}"))?;
+        let shared = wgmma_backward_shared(hd as u32);
+        allow_shared(gpu, f, shared)?;
+        // A block per 128 keys of a key-value head, the key tiles slowest.
+        let blocks = (lk as u32).div_ceil(WGMMA_BACKWARD_KEYS) * b as u32 * hkv as u32;
+        launch(gpu, f, (blocks, 1, 1), (384, 1, 1), shared, args)?;
+    } else {
+        let (delta, _delta_buf) = alloc(gpu, rows, DType::F32)?;
+        let f = kernel(gpu, family, &format!("attention_backward_delta_{hd}"))?;
+        let args = vec![Arg::Ptr(ptr_of(&o)?), Arg::Ptr(ptr_of(&go)?), Arg::Ptr(delta), Arg::I64(rows as i64)];
+        // A warp per row.
+        launch(gpu, f, ((rows as u32).div_ceil(8), 1, 1), (256, 1, 1), 0, args)?;
+        let gs = [lq as i64 * hd as i64 * hq as i64, lq as i64 * hd as i64, hd as i64];
+        let operands =
+            [ptr_of(&q)?, ptr_of(&k)?, ptr_of(&v)?, ptr_of(&go)?, ptr_of(&lse)?, delta, acc, ptrs[1], ptrs[2]];
+        let mut args: Vec<Arg> = operands.map(Arg::Ptr).into();
+        args.extend(qs.into_iter().chain(ks).chain(vs).chain(gs).map(Arg::I64));
+        args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
+        args.push(Arg::F32(p.scale));
+        let f = kernel(gpu, family, &format!("attention_backward_{hd}"))?;
+        let shared = backward_shared(hd as u32);
+        allow_shared(gpu, f, shared)?;
+        // A block per 16 * BACKWARD_WARPS keys of a key-value head, the key tiles slowest.
+        let blocks = (lk as u32).div_ceil(16 * BACKWARD_WARPS) * b as u32 * hkv as u32;
+        launch(gpu, f, (blocks, 1, 1), (BACKWARD_WARPS * 32, 1, 1), shared, args)?;
+    }
 
     let n = rows * hd as usize;
     let f = kernel(gpu, family, "attention_backward_dq")?;
