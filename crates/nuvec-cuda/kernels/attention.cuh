@@ -1328,7 +1328,8 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
 // from shared memory, P^T (from the rows' log-sum-exp) and dS^T = P^T (dP^T - delta) in
 // registers, accumulates dV += P^T dO and dK += dS^T Q with those as register operands, and
 // writes dS^T transposed to shared memory (stmatrix), from which dQ = dS K (64 features per
-// consumer) is made after a barrier and added to float32 by vector atomics.
+// consumer; at D 64 the first consumer's) is made after a barrier and added to float32 by
+// vector atomics while the tensor cores make dV and dK.
 
 // d = A B with B transposed (MN-major), both by descriptor: dQ = dS K reads K as it is staged.
 template <typename T> __device__ __forceinline__ void atw_sst64(float (&d)[32], u64 a, u64 b, int acc) {
@@ -1377,6 +1378,10 @@ __device__ __forceinline__ void attention_backward_stats(const T* __restrict__ o
     dst[ATV_BR] = s;
   }
 }
+
+template <bool B> struct AtvBool {
+  static constexpr bool value = B;
+};
 
 // Stores four 8x8 tiles of 2-byte values transposed (the accumulators' fragments, as mma's A).
 __device__ __forceinline__ void atv_stsm4t(u32 addr, const u32 (&r)[4]) {
@@ -1446,7 +1451,13 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
   for (int n = 0; n < D / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dka[n][e] = dva[n][e] = 0.0f;
+  // dQ's feature panel: at D 128 each consumer takes one, at D 64 the first takes the only one
+  // (splitting the keys instead measured slower: twice the atomic additions).
+  const int FP = D == 128 ? c : 0;
   if (steps > 0) atw_bar_wait(kvfull, 0);
+  // The steps, in a copy per role (a branch around wgmma would serialise them).
+  auto run = [&](auto makes) {
+  constexpr bool makes_dq = decltype(makes)::value;
   for (int n = 0; n < steps; ++n) {
     const int st = n & 1, h = kh * group + n / nt, i0 = (it0 + n % nt) * BR;
     const u32 q_ = sq + st * QB, g_ = sg + st * QB, ds_ = sds + st * DSB;
@@ -1508,13 +1519,6 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
       df[kk][2] = att_pack<T>(d[1][0], d[1][1]);
       df[kk][3] = att_pack<T>(d[1][2], d[1][3]);
     }
-    // dV += P^T dO and dK += dS^T Q (dO and Q transposed: MN-major).
-    atw_fence();
-#pragma unroll
-    for (int kk = 0; kk < BR / 16; ++kk) atw_rs<D, T>(dva, pf[kk], atw_desc(g_ + kk * 16 * 128, BR * 128, 1024));
-#pragma unroll
-    for (int kk = 0; kk < BR / 16; ++kk) atw_rs<D, T>(dka, df[kk], atw_desc(q_ + kk * 16 * 128, BR * 128, 1024));
-    atw_commit();
     // dS ([rows][keys], this consumer's keys the panel c) for dQ, in the 128-byte swizzle.
     {
       const int mi = lane >> 3, ch = warp * 2 + (mi & 1);
@@ -1526,36 +1530,44 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     asm volatile("bar.sync 1, 256;" ::: "memory");
-    // dQ (64 rows x features [64 c, 64 c + 64)) += dS K.
-    if (c < D / 64) {
-      float dqa[8][4];
-      atw_fence();
+    // dQ (64 rows x 64 features) = dS K first, then dV += P^T dO and dK += dS^T Q (dO and Q
+    // transposed: MN-major), so that dQ's additions run under those.
+    float dqa[8][4];
+    atw_fence();
+    if constexpr (makes_dq) {
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk)
         atw_sst64<T>(reinterpret_cast<float(&)[32]>(dqa),
                      atw_desc(ds_ + (kk >> 2) * (BR * 128) + (kk & 3) * 32, 16, 1024),
-                     atw_desc(sk + c * (BC * 128) + kk * 16 * 128, BC * 128, 1024), kk > 0);
-      atw_commit();
-      atw_wait0();
-      atw_hold<8>(dqa);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = i0 + warp * 16 + g + half * 8;
-        if (i >= Lq) continue;
-        float* row = dq + (((i64)b * Hq + h) * Lq + i) * D + c * 64 + 2 * t4;
-#pragma unroll
-        for (int x = 0; x < 8; ++x)
-          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(row + x * 8), "f"(dqa[x][2 * half]),
-                       "f"(dqa[x][2 * half + 1])
-                       : "memory");
-      }
-    } else {
-      atw_wait0();
+                     atw_desc(sk + FP * (BC * 128) + kk * 16 * 128, BC * 128, 1024), kk > 0);
     }
+    atw_commit();
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) atw_rs<D, T>(dva, pf[kk], atw_desc(g_ + kk * 16 * 128, BR * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) atw_rs<D, T>(dka, df[kk], atw_desc(q_ + kk * 16 * 128, BR * 128, 1024));
+    atw_commit();
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    atw_hold<8>(dqa);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = i0 + warp * 16 + g + half * 8;
+      if (i >= Lq || !makes_dq) continue;
+      float* row = dq + (((i64)b * Hq + h) * Lq + i) * D + FP * 64 + 2 * t4;
+#pragma unroll
+      for (int x = 0; x < 8; ++x)
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(row + x * 8), "f"(dqa[x][2 * half]),
+                     "f"(dqa[x][2 * half + 1])
+                     : "memory");
+    }
+    atw_wait0();
     atw_hold<D / 8>(dka);
     atw_hold<D / 8>(dva);
     atw_release(empty(st), lane);
   }
+  };
+  if (D == 128 || c == 0) run(AtvBool<true>());
+  else run(AtvBool<false>());
 
   // dK = scale dS^T Q and dV, for the keys inside Lk.
 #pragma unroll
