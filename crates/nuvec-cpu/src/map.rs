@@ -100,6 +100,78 @@ unsafe fn x86_v3<A, R>(kernel: impl FnOnce(A) -> R, args: A) -> R {
     kernel(args)
 }
 
+/// Rows at least this long take the contiguous kernels below when every operand steps by 1 or 0
+/// within a row (broadcast rows and columns, slices of whole rows); shorter rows keep the
+/// strided walk, whose per-row cost is lower.
+const CONTIGUOUS_ROW: usize = 16;
+
+/// Whether a strided walk's rows are contiguous or broadcast in every input: inner strides of
+/// 1 or 0 and rows of at least [`CONTIGUOUS_ROW`] elements.
+fn contiguous_rows<const K: usize>(rows: &Rows<K>) -> bool {
+    rows.inner >= CONTIGUOUS_ROW && rows.inner_strides[1..].iter().all(|&s| s == 0 || s == 1)
+}
+
+/// One row of an operand for the contiguous kernels: `n` elements from `at`, or the one there
+/// when it is broadcast along the row (`DENSE` false).
+#[inline(always)]
+fn run_of<T, const DENSE: bool>(xs: &[T], at: isize, n: usize) -> &[T] {
+    &xs[at as usize..at as usize + if DENSE { n } else { 1 }]
+}
+
+/// `o = f(x, y)` over a row of operands each contiguous (`DA`, `DB`) or one broadcast value.
+#[inline(always)]
+fn row2<A: Elem, B: Elem, U: Elem, F: Fn(A, B) -> U, const DA: bool, const DB: bool>(
+    (o, x, y, f): (&mut [U], &[A], &[B], F),
+) {
+    for (i, o) in o.iter_mut().enumerate() {
+        *o = f(x[if DA { i } else { 0 }], y[if DB { i } else { 0 }]);
+    }
+}
+
+/// `o = f(x, y, z)` over a row of operands each contiguous or one broadcast value.
+#[inline(always)]
+fn row3<A: Elem, B: Elem, C: Elem, U: Elem, F: Fn(A, B, C) -> U, const DA: bool, const DB: bool, const DC: bool>(
+    (o, x, y, z, f): (&mut [U], &[A], &[B], &[C], F),
+) {
+    for (i, o) in o.iter_mut().enumerate() {
+        *o = f(x[if DA { i } else { 0 }], y[if DB { i } else { 0 }], z[if DC { i } else { 0 }]);
+    }
+}
+
+/// The strided walk of `map2` with contiguous or broadcast rows, each row one vectorised loop.
+fn rows2<A: Elem, B: Elem, U: Elem, const DA: bool, const DB: bool>(
+    rows: &Rows<3>,
+    dst: &mut [U],
+    xs: &[A],
+    ys: &[B],
+    f: impl Fn(A, B) -> U + Sync + Send + Copy,
+) {
+    let inner = rows.inner;
+    par_rows(rows, dst, &|dst, offs| {
+        for (o, off) in dst.chunks_mut(inner).zip(offs) {
+            let (x, y) = (run_of::<A, DA>(xs, off[1], inner), run_of::<B, DB>(ys, off[2], inner));
+            simd(row2::<A, B, U, _, DA, DB>, (o, x, y, f));
+        }
+    });
+}
+
+/// The strided walk of `map3` with contiguous or broadcast rows.
+fn rows3<A: Elem, B: Elem, C: Elem, U: Elem, const DA: bool, const DB: bool, const DC: bool>(
+    rows: &Rows<4>,
+    dst: &mut [U],
+    (xs, ys, zs): (&[A], &[B], &[C]),
+    f: impl Fn(A, B, C) -> U + Sync + Send + Copy,
+) {
+    let inner = rows.inner;
+    par_rows(rows, dst, &|dst, offs| {
+        for (o, off) in dst.chunks_mut(inner).zip(offs) {
+            let x = run_of::<A, DA>(xs, off[1], inner);
+            let (y, z) = (run_of::<B, DB>(ys, off[2], inner), run_of::<C, DC>(zs, off[3], inner));
+            simd(row3::<A, B, C, U, _, DA, DB, DC>, (o, x, y, z, f));
+        }
+    });
+}
+
 /// `v = f(v)` over a slice whose element type is the output's.
 #[inline(always)]
 fn map_in_place<A: Elem, U: Elem, F: Fn(A) -> U>((c, f): (&mut [A], F)) {
@@ -250,6 +322,17 @@ pub fn map2<A: Elem, B: Elem, U: Elem>(
         [&out_strides, &a.data.layout.strides, &b.data.layout.strides],
         [0, a.data.layout.offset, b.data.layout.offset],
     );
+    if contiguous_rows(&rows) {
+        let dst = buf.as_mut_slice::<U>();
+        match (rows.inner_strides[1] == 1, rows.inner_strides[2] == 1) {
+            (true, true) => rows2::<A, B, U, true, true>(&rows, dst, xs, ys, f),
+            (true, false) => rows2::<A, B, U, true, false>(&rows, dst, xs, ys, f),
+            (false, true) => rows2::<A, B, U, false, true>(&rows, dst, xs, ys, f),
+            (false, false) => rows2::<A, B, U, false, false>(&rows, dst, xs, ys, f),
+        }
+        out.data = Some(Data::from_host_buffer(&out.shape, buf));
+        return Ok(());
+    }
     let (inner, sa, sb) = (rows.inner, rows.inner_strides[1], rows.inner_strides[2]);
     par_rows(&rows, buf.as_mut_slice::<U>(), &|dst, offs| {
         for (dst, off) in dst.chunks_mut(inner).zip(offs) {
@@ -345,6 +428,22 @@ pub fn map3<A: Elem, B: Elem, C: Elem, U: Elem>(
         [&out_strides, &a.data.layout.strides, &b.data.layout.strides, &c.data.layout.strides],
         [0, a.data.layout.offset, b.data.layout.offset, c.data.layout.offset],
     );
+    if contiguous_rows(&rows) {
+        let (dst, ops) = (buf.as_mut_slice::<U>(), (xs, ys, zs));
+        let s = rows.inner_strides;
+        match (s[1] == 1, s[2] == 1, s[3] == 1) {
+            (true, true, true) => rows3::<A, B, C, U, true, true, true>(&rows, dst, ops, f),
+            (true, true, false) => rows3::<A, B, C, U, true, true, false>(&rows, dst, ops, f),
+            (true, false, true) => rows3::<A, B, C, U, true, false, true>(&rows, dst, ops, f),
+            (true, false, false) => rows3::<A, B, C, U, true, false, false>(&rows, dst, ops, f),
+            (false, true, true) => rows3::<A, B, C, U, false, true, true>(&rows, dst, ops, f),
+            (false, true, false) => rows3::<A, B, C, U, false, true, false>(&rows, dst, ops, f),
+            (false, false, true) => rows3::<A, B, C, U, false, false, true>(&rows, dst, ops, f),
+            (false, false, false) => rows3::<A, B, C, U, false, false, false>(&rows, dst, ops, f),
+        }
+        out.data = Some(Data::from_host_buffer(&out.shape, buf));
+        return Ok(());
+    }
     let (inner, s) = (rows.inner, rows.inner_strides);
     par_rows(&rows, buf.as_mut_slice::<U>(), &|dst, offs| {
         for (dst, off) in dst.chunks_mut(inner).zip(offs) {
