@@ -33,12 +33,12 @@ fn broadcast_and_sliced_rows_match_a_host_loop() {
     let wide: Vec<f32> = (0..r * (c + 3)).map(|i| ((i * 5) % 17) as f32 - 8.0).collect();
     let col: Vec<f32> = (0..r).map(|i| i as f32 * 3.0 - 4.0).collect();
     let row: Vec<f32> = (0..c).map(|j| (j % 9) as f32 - 4.0).collect();
-    let a = nuvec::Array::from_slice(&a_host, &[r as i32, c as i32]);
+    let a = nuvec::Array::from_slice(&a_host, [r as i32, c as i32]);
     let sliced =
-        nuvec::Array::from_slice(&wide, &[r as i32, c as i32 + 3]).slice(&[0, 2], &[r as i32, c as i32 + 2], &[1, 1]);
-    let col_a = nuvec::Array::from_slice(&col, &[r as i32, 1]);
-    let row_a = nuvec::Array::from_slice(&row, &[1, c as i32]);
-    let at = nuvec::Array::from_slice(&a_host, &[c as i32, r as i32]).t();
+        nuvec::Array::from_slice(&wide, [r as i32, c as i32 + 3]).slice(&[0, 2], &[r as i32, c as i32 + 2], &[1, 1]);
+    let col_a = nuvec::Array::from_slice(&col, [r as i32, 1]);
+    let row_a = nuvec::Array::from_slice(&row, [1, c as i32]);
+    let at = nuvec::Array::from_slice(&a_host, [c as i32, r as i32]).t();
     let sliced_at = |i: usize, j: usize| wide[i * (c + 3) + j + 2];
     let at_at = |i: usize, j: usize| a_host[j * r + i];
     let check = |what: &str, got: &nuvec::Array, want: &dyn Fn(usize, usize) -> f32| {
@@ -61,7 +61,7 @@ fn broadcast_and_sliced_rows_match_a_host_loop() {
     check("where([1, C], sliced, [R, 1])", &ops::where_(&cond_row, &sliced, &col_a), &|i, j| {
         if row[j] < 0.0 { sliced_at(i, j) } else { col[i] }
     });
-    check("where(a > sliced, a^T, [1, C])", &ops::where_(&a.greater(&sliced), &at, &row_a), &|i, j| {
+    check("where(a > sliced, a^T, [1, C])", &ops::where_(a.greater(&sliced), &at, &row_a), &|i, j| {
         if a_host[i * c + j] > sliced_at(i, j) { at_at(i, j) } else { row[j] }
     });
 }
