@@ -12,7 +12,6 @@ use rayon::prelude::*;
 
 use super::{exp_sum_store, lane_sum, row_max};
 use crate::elem::{AccFloat, Float};
-use crate::map::simd;
 use crate::strided::GRAIN;
 use crate::{for_float, host_slice, internal};
 
@@ -22,14 +21,19 @@ pub(crate) fn eval(op: &FastOp, inputs: &[Operand], outputs: &mut [Output]) -> R
     let out = outputs.first_mut().ok_or_else(|| internal("fast op without output"))?;
     let len = x.shape.last().copied().unwrap_or(1) as usize;
     match op {
-        FastOp::Softmax => for_float!(x.dtype, T => rows::<T>(x, out, len, softmax_row::<T>)),
-        FastOp::LogSumExp => for_float!(x.dtype, T => rows::<T>(x, out, 1, lse_row::<T>)),
+        FastOp::Softmax => for_float!(x.dtype, T => rows::<T>(x, out, len, softmax_rows::<T>)),
+        FastOp::LogSumExp => for_float!(x.dtype, T => rows::<T>(x, out, 1, lse_rows::<T>)),
         _ => Err(internal(format!("no softmax kernel for {}", op.name()))),
     }
 }
 
-/// Applies the row kernel `f` (a named `#[inline(always)]` function, see [`simd`]) to each row.
-fn rows<T: Float>(x: &Operand, out: &mut Output, out_len: usize, f: impl Fn(&[T], &mut [T]) + Sync) -> Result<()> {
+/// Applies `f` (rows of `len` inputs into rows of `out_len` outputs) to chunks of rows.
+fn rows<T: Float>(
+    x: &Operand,
+    out: &mut Output,
+    out_len: usize,
+    f: impl Fn(&mut [T], &[T], usize, usize) + Sync,
+) -> Result<()> {
     let len = x.shape.last().copied().unwrap_or(1) as usize;
     let start = x.data.layout.offset;
     let xs = &host_slice::<T>(x)?[start..start + x.size()];
@@ -39,18 +43,43 @@ fn rows<T: Float>(x: &Operand, out: &mut Output, out_len: usize, f: impl Fn(&[T]
         buf.as_mut_slice::<T>()
             .par_chunks_mut(per * out_len)
             .zip(xs.par_chunks(per * len))
-            .for_each(|(o, x)| simd(each_row, (o, x, out_len, len, &f)));
+            .for_each(|(o, x)| f(o, x, out_len, len));
     }
     out.data = Some(Data::from_host_buffer(&out.shape, buf));
     Ok(())
 }
 
-#[inline(always)]
-fn each_row<T: Float, F: Fn(&[T], &mut [T])>((o, x, out_len, len, f): (&mut [T], &[T], usize, usize, &F)) {
-    for (o, x) in o.chunks_mut(out_len).zip(x.chunks(len)) {
-        f(x, o)
-    }
+/// Row kernels over chunks of rows, compiled twice: for AVX2 and FMA (taken when the CPU has
+/// them) and for the baseline. The kernel is called by name inside the `target_feature`
+/// function, so it is inlined there: passed to the generic `simd` wrapper it was too large to
+/// inline and ran on SSE (half the lanes).
+macro_rules! row_kernels {
+    ($name:ident, $v3:ident, $row:ident) => {
+        fn $name<T: Float>(o: &mut [T], x: &[T], out_len: usize, len: usize) {
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
+                // SAFETY: the features the function enables were detected on this CPU.
+                return unsafe { $v3(o, x, out_len, len) };
+            }
+            for (o, x) in o.chunks_mut(out_len).zip(x.chunks(len)) {
+                $row(x, o)
+            }
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx,avx2,fma,f16c")]
+        unsafe fn $v3<T: Float>(o: &mut [T], x: &[T], out_len: usize, len: usize) {
+            for (o, x) in o.chunks_mut(out_len).zip(x.chunks(len)) {
+                $row(x, o)
+            }
+        }
+    };
 }
+row_kernels!(softmax_rows, softmax_rows_v3, softmax_row);
+row_kernels!(lse_rows, lse_rows_v3, lse_row);
 
 /// `sum(exp(x - m))`.
 #[inline(always)]
