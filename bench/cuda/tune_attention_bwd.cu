@@ -7,8 +7,6 @@
 //     bench/cuda/tune_attention_bwd.cu -o tab -ldl && ./tab
 // NW 0 is the Hopper (TMA + wgmma) kernel, with its statistics kernel.
 // -DATB_BR=32 measures 32 query rows per step (the library takes 64).
-#include <cuda.h>
-#include <dlfcn.h>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +14,7 @@
 #include <vector>
 #include "attention.cuh"
 #include "harness.cuh"
+#include "attention_tma.cuh"
 
 template <typename T, int D>
 __global__ void __launch_bounds__(256) fwd(const T* q, const T* k, const T* v, T* out, float* lse, int Hq, int Hkv,
@@ -35,26 +34,6 @@ __global__ void __launch_bounds__(NW * 32) bwd(const T* q, const T* k, const T* 
 }
 template <typename T>
 __global__ void dq_k(const float* acc, T* dq, i64 n, float scale) { attention_backward_dq<T>(acc, dq, n, scale); }
-
-// The TMA map of a contiguous [B, H, L, D] tensor, boxes of `rows` rows by 64 features.
-typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-template <typename T>
-static AtwMap tensor_map(const T* base, int B, int H, int L, int D, int rows) {
-  static EncodeTiled encode = (EncodeTiled)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuTensorMapEncodeTiled");
-  cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)L, (cuuint64_t)H, (cuuint64_t)B};
-  cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)L * D * 2, (cuuint64_t)H * L * D * 2};
-  cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, es[4] = {1, 1, 1, 1};
-  CUtensorMap m;
-  CUresult r = encode(&m, IsBf16<T>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                      (void*)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) { printf("cuTensorMapEncodeTiled: %d\n", (int)r); exit(1); }
-  AtwMap a;
-  memcpy(&a, &m, sizeof a);
-  return a;
-}
 
 template <typename T, int D>
 __global__ void __launch_bounds__(384, 1) bwdw(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk,

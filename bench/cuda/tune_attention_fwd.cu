@@ -5,14 +5,13 @@
 // run on the GPU machine, from the repository root:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -Xptxas -v -I crates/nuvec-cuda/kernels \
 //     bench/cuda/tune_attention_fwd.cu -o taf -ldl && ./taf
-#include <cuda.h>
-#include <dlfcn.h>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 #include "attention.cuh"
 #include "harness.cuh"
+#include "attention_tma.cuh"
 
 template <typename T, int D>
 __global__ void __launch_bounds__(256) mma_k(const T* q, const T* k, const T* v, T* out, float* lse, int Hq, int Hkv,
@@ -26,26 +25,6 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) tma_k(const __grid_constant
                                                           const T* sinks, int Hq, int Hkv, int Lq, int Lk, int causal,
                                                           int window, float scale) {
   attention_wgmma<T, D, BC, NC, ST>(&mq, &mk, &mv, out, lse, sinks, Hq, Hkv, Lq, Lk, causal, window, scale);
-}
-
-// The TMA map of a contiguous [B, H, L, D] tensor, boxes of `rows` rows by 64 features.
-typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-template <typename T>
-static AtwMap tensor_map(const T* base, int B, int H, int L, int D, int rows) {
-  static EncodeTiled encode = (EncodeTiled)dlsym(dlopen("libcuda.so.1", RTLD_NOW), "cuTensorMapEncodeTiled");
-  cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)L, (cuuint64_t)H, (cuuint64_t)B};
-  cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)L * D * 2, (cuuint64_t)H * L * D * 2};
-  cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, es[4] = {1, 1, 1, 1};
-  CUtensorMap m;
-  CUresult r = encode(&m, IsBf16<T>::value ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                      (void*)base, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) { printf("cuTensorMapEncodeTiled: %d\n", (int)r); exit(1); }
-  AtwMap a;
-  memcpy(&a, &m, sizeof a);
-  return a;
 }
 
 // Reference, a thread per query row: the output row and its log-sum-exp, in float32.

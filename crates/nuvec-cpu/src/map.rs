@@ -84,14 +84,19 @@ const fn same<A: Elem, U: Elem>() -> bool {
 #[inline(always)]
 pub fn simd<A, R>(kernel: impl FnOnce(A) -> R, args: A) -> R {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2")
-        && std::is_x86_feature_detected!("fma")
-        && std::is_x86_feature_detected!("f16c")
-    {
+    if has_x86_v3() {
         // SAFETY: the features `x86_v3` enables were detected on this CPU.
         return unsafe { x86_v3(kernel, args) };
     }
     kernel(args)
+}
+
+/// Whether this CPU has the features `x86_v3` enables (AVX2, FMA, F16C).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_x86_v3() -> bool {
+    std::is_x86_feature_detected!("avx2")
+        && std::is_x86_feature_detected!("fma")
+        && std::is_x86_feature_detected!("f16c")
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -368,6 +368,16 @@ __device__ __forceinline__ void att_stage(u32 dst, const T* src, i64 rs, int fir
   }
 }
 
+// Accumulator tiles 2 kk and 2 kk + 1 (16 columns) repacked in T as the A fragment of the next
+// product's k-step kk (mma.sync's and wgmma's register operand): P for P V, dS for dS K.
+template <typename T, int NT>
+__device__ __forceinline__ void att_frag(u32 (&f)[4], const float (&s)[NT][4], int kk) {
+  f[0] = att_pack<T>(s[2 * kk][0], s[2 * kk][1]);
+  f[1] = att_pack<T>(s[2 * kk][2], s[2 * kk][3]);
+  f[2] = att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  f[3] = att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
 // acc (16 rows x D) += p (16 rows x K, accumulators repacked as A fragments) times the K rows
 // of `sb` (staged [rows][D] with ROW bytes per row): O += P V; dV += P^T dO, dK += dS^T Q.
 template <typename T, int D, int ROW, int K>
@@ -375,8 +385,8 @@ __device__ __forceinline__ void att_accumulate(float (&acc)[D / 8][4], const flo
   const int m = lane >> 3;
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
-    u32 pf[4] = {att_pack<T>(p[2 * kk][0], p[2 * kk][1]), att_pack<T>(p[2 * kk][2], p[2 * kk][3]),
-                 att_pack<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), att_pack<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    u32 pf[4];
+    att_frag<T>(pf, p, kk);
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       u32 bfr[4];
@@ -595,16 +605,22 @@ __device__ __forceinline__ void attention_tiled(
 #endif
 
 // delta = rowsum(dO * O) for rows of D features (row-major), a warp per row.
+// rowsum(o * g) over a row of D features, by the calling warp (every lane gets it).
+template <typename T, int D>
+__device__ __forceinline__ float att_row_dot(const T* __restrict__ o, const T* __restrict__ g, i64 row, int lane) {
+  float s = 0.0f;
+#pragma unroll
+  for (int d = lane; d < D; d += 32) s += widen(o[row * D + d]) * widen(g[row * D + d]);
+  return att_warp_sum(s);
+}
+
 template <typename T, int D>
 __device__ __forceinline__ void attention_backward_delta(const T* __restrict__ o, const T* __restrict__ g,
                                                          float* __restrict__ delta, i64 rows) {
   const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= rows) return;
   const int lane = threadIdx.x & 31;
-  float s = 0.0f;
-#pragma unroll
-  for (int d = lane; d < D; d += 32) s += widen(o[row * D + d]) * widen(g[row * D + d]);
-  s = att_warp_sum(s);
+  const float s = att_row_dot<T, D>(o, g, row, lane);
   if (lane == 0) delta[row] = s;
 }
 
@@ -933,8 +949,8 @@ __device__ __forceinline__ void attention_vector_mma(
       const int m = lane >> 3;
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
-        u32 pf[4] = {att_pack<T>(s[2 * kk][0], s[2 * kk][1]), att_pack<T>(s[2 * kk][2], s[2 * kk][3]),
-                     att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        u32 pf[4];
+        att_frag<T>(pf, s, kk);
 #pragma unroll
         for (int dp = 0; dp < DT / 2; ++dp) {
           u32 bfr[4];
@@ -1246,12 +1262,7 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
   };
   auto pack = [&]() {
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-      p[kk][0] = att_pack<T>(s[2 * kk][0], s[2 * kk][1]);
-      p[kk][1] = att_pack<T>(s[2 * kk][2], s[2 * kk][3]);
-      p[kk][2] = att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      p[kk][3] = att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < BC / 16; ++kk) att_frag<T>(p[kk], s, kk);
   };
 
   // Turns: the first consumer issues first; the second passes no turn after its last.
@@ -1366,9 +1377,7 @@ __device__ __forceinline__ void attention_backward_stats(const T* __restrict__ o
   float s = 0.0f, l2 = INFINITY;
   if (i < Lq) {
     const i64 row = bh * Lq + i;
-#pragma unroll
-    for (int d = lane; d < D; d += 32) s += widen(o[row * D + d]) * widen(g[row * D + d]);
-    s = att_warp_sum(s);
+    s = att_row_dot<T, D>(o, g, row, lane);
     const float l = lse[row];
     l2 = l == -INFINITY ? INFINITY : l * ATT_LOG2E;
   }
@@ -1502,22 +1511,16 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
     }
     atw_wait0();
     atw_hold<BR / 8>(dp);
+    // P^T and dS^T = P^T (dP^T - delta) (in place) as register operands.
     u32 pf[BR / 16][4], df[BR / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) {
-      float d[2][4];
 #pragma unroll
-      for (int x = 0; x < 2; ++x)
+      for (int x = 2 * kk; x < 2 * kk + 2; ++x)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[x][e] = s[2 * kk + x][e] * (dp[2 * kk + x][e] - dl[(2 * kk + x) * 8 + 2 * t4 + (e & 1)]);
-      pf[kk][0] = att_pack<T>(s[2 * kk][0], s[2 * kk][1]);
-      pf[kk][1] = att_pack<T>(s[2 * kk][2], s[2 * kk][3]);
-      pf[kk][2] = att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[kk][3] = att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      df[kk][0] = att_pack<T>(d[0][0], d[0][1]);
-      df[kk][1] = att_pack<T>(d[0][2], d[0][3]);
-      df[kk][2] = att_pack<T>(d[1][0], d[1][1]);
-      df[kk][3] = att_pack<T>(d[1][2], d[1][3]);
+        for (int e = 0; e < 4; ++e) dp[x][e] = s[x][e] * (dp[x][e] - dl[x * 8 + 2 * t4 + (e & 1)]);
+      att_frag<T>(pf[kk], s, kk);
+      att_frag<T>(df[kk], dp, kk);
     }
     // dS ([rows][keys], this consumer's keys the panel c) for dQ, in the 128-byte swizzle.
     {

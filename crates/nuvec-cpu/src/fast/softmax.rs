@@ -57,10 +57,7 @@ macro_rules! row_kernels {
     ($name:ident, $v3:ident, $row:ident) => {
         fn $name<T: Float>(o: &mut [T], x: &[T], out_len: usize, len: usize) {
             #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("avx2")
-                && std::is_x86_feature_detected!("fma")
-                && std::is_x86_feature_detected!("f16c")
-            {
+            if crate::map::has_x86_v3() {
                 // SAFETY: the features the function enables were detected on this CPU.
                 return unsafe { $v3(o, x, out_len, len) };
             }

@@ -50,6 +50,9 @@ const WGMMA: [Wgmma; 4] = [
     Wgmma { head: 256, keys: 64, consumers: 2, full: false },
 ];
 
+/// The compute capability whose `sm_90a` has `wgmma` and TMA (the Hopper kernels).
+const HOPPER: (i32, i32) = (9, 0);
+
 /// Stages of the Hopper kernel's key and value rings (a third measured slower).
 const WGMMA_STAGES: u32 = 2;
 
@@ -57,7 +60,7 @@ impl Wgmma {
     /// The kernel for head size `hd` (and a causal bound or not) on a device of compute
     /// capability `cc`, if it runs there (9.0: `wgmma` is `sm_90a`'s).
     fn find(cc: (i32, i32), hd: i32, causal: bool) -> Option<Wgmma> {
-        WGMMA.into_iter().find(|w| cc == (9, 0) && w.head == hd && !(w.full && causal))
+        WGMMA.into_iter().find(|w| cc == HOPPER && w.head == hd && !(w.full && causal))
     }
 
     /// Query rows of a block.
@@ -288,8 +291,7 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, ls
             Arg::Ptr(lse),
             Arg::Ptr(sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0)),
         ];
-        args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
-        args.push(Arg::F32(p.scale));
+        args.extend(bounds(p, [hq, hkv, lq, lk]));
         let f = kernel(gpu, Family::Attention(q.dtype), &format!("attention_wgmma_{hd}_{}", w.keys))?;
         allow_shared(gpu, f, w.shared())?;
         let grid = ((lq as u32).div_ceil(w.rows()), heads, 1);
@@ -302,14 +304,18 @@ fn tiled(gpu: &Arc<Gpu>, p: &AttentionParams, inputs: Vec<Operand>, out: u64, ls
         vec![Arg::Ptr(ptr_of(&q)?), Arg::Ptr(ptr_of(&k)?), Arg::Ptr(ptr_of(&v)?), Arg::Ptr(out), Arg::Ptr(lse)];
     args.push(Arg::Ptr(sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0)));
     args.extend(qs.into_iter().chain(ks).chain(vs).map(Arg::I64));
-    args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
-    args.push(Arg::F32(p.scale));
+    args.extend(bounds(p, [hq, hkv, lq, lk]));
     let f = kernel(gpu, Family::Attention(q.dtype), &format!("attention_tiled_{hd}"))?;
     // Queries, keys and values staged: rows of `hd` 2-byte features and a 16-byte pad.
     let shared = (TILE_ROWS + 2 * TILE_KEYS) * (hd as u32 * 2 + 16);
     allow_shared(gpu, f, shared)?;
     // A warp per 16 query rows.
     launch(gpu, f, ((lq as u32).div_ceil(TILE_ROWS), heads, 1), (TILE_ROWS * 2, 1, 1), shared, args)
+}
+
+/// The tiled and backward kernels' last arguments: `Hq, Hkv, Lq, Lk, causal, window, scale`.
+fn bounds(p: &AttentionParams, [hq, hkv, lq, lk]: [i32; 4]) -> impl Iterator<Item = Arg> {
+    [hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32).into_iter().chain([Arg::F32(p.scale)])
 }
 
 /// `x` (with its strides) as TMA reads it: a broadcast axis (stride 0) copied out.
@@ -401,7 +407,9 @@ pub(crate) fn backward(
     let family = Family::Attention(d);
     let (acc, _acc_buf) = alloc(gpu, rows * hd as usize, DType::F32)?;
     gpu.zero(acc, rows * hd as usize * 4)?;
-    if gpu.info.compute_capability == (9, 0) && WGMMA_BACKWARD_HEADS.contains(&hd) {
+    // The cotangent's strides (row-major).
+    let gs = [lq as i64 * hd as i64 * hq as i64, lq as i64 * hd as i64, hd as i64];
+    if gpu.info.compute_capability == HOPPER && WGMMA_BACKWARD_HEADS.contains(&hd) {
         // The rows' statistics by 64-row tiles, a warp per padded row.
         let heads = b as usize * hq as usize;
         let padded = heads * (lq as usize).div_ceil(WGMMA_BACKWARD_ROWS as usize) * WGMMA_BACKWARD_ROWS as usize;
@@ -416,7 +424,6 @@ pub(crate) fn backward(
             Arg::I32(lq),
         ];
         launch(gpu, f, ((padded as u32).div_ceil(8), 1, 1), (256, 1, 1), 0, args)?;
-        let gs = [lq as i64 * hd as i64 * hq as i64, lq as i64 * hd as i64, hd as i64];
         let (q, qs) = tma_ready(gpu, q, qs)?;
         let (k, ks) = tma_ready(gpu, k, ks)?;
         let (v, vs) = tma_ready(gpu, v, vs)?;
@@ -427,8 +434,7 @@ pub(crate) fn backward(
             Arg::Bytes(tensor_map(&go, gs, WGMMA_BACKWARD_ROWS)?),
         ];
         args.extend([stats, acc, ptrs[1], ptrs[2]].map(Arg::Ptr));
-        args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
-        args.push(Arg::F32(p.scale));
+        args.extend(bounds(p, [hq, hkv, lq, lk]));
         let f = kernel(gpu, family, &format!("attention_backward_wgmma_{hd}"))?;
         let shared = wgmma_backward_shared(hd as u32);
         allow_shared(gpu, f, shared)?;
@@ -441,13 +447,11 @@ pub(crate) fn backward(
         let args = vec![Arg::Ptr(ptr_of(&o)?), Arg::Ptr(ptr_of(&go)?), Arg::Ptr(delta), Arg::I64(rows as i64)];
         // A warp per row.
         launch(gpu, f, ((rows as u32).div_ceil(8), 1, 1), (256, 1, 1), 0, args)?;
-        let gs = [lq as i64 * hd as i64 * hq as i64, lq as i64 * hd as i64, hd as i64];
         let operands =
             [ptr_of(&q)?, ptr_of(&k)?, ptr_of(&v)?, ptr_of(&go)?, ptr_of(&lse)?, delta, acc, ptrs[1], ptrs[2]];
         let mut args: Vec<Arg> = operands.map(Arg::Ptr).into();
         args.extend(qs.into_iter().chain(ks).chain(vs).chain(gs).map(Arg::I64));
-        args.extend([hq, hkv, lq, lk, p.causal as i32, p.window.unwrap_or(0)].map(Arg::I32));
-        args.push(Arg::F32(p.scale));
+        args.extend(bounds(p, [hq, hkv, lq, lk]));
         let f = kernel(gpu, family, &format!("attention_backward_{hd}"))?;
         let shared = backward_shared(hd as u32);
         allow_shared(gpu, f, shared)?;
