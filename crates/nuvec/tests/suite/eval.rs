@@ -90,32 +90,34 @@ fn intermediates_are_freed_and_buffers_donated() {
         y
     };
     let bound = 2 * bytes + bytes / 4;
+    // One run: the peak above the memory held before, the value at index 7, and what is still
+    // held once the result is dropped. A leak or a missed donation shows in every run; other
+    // tests' buffers only add to some, so the least of up to three runs counts.
     let run = || {
         crate::reset_device_peak();
         let before = crate::device_memory().active;
         let y = chain();
         y.eval().unwrap();
-        (crate::device_memory().peak - before, before, y)
-    };
-    let (mut least, mut before, mut y) = run();
-    for _ in 1..3 {
-        if least < bound {
-            break;
-        }
+        let peak = crate::device_memory().peak - before;
+        let v7 = y.to_vec::<f32>().unwrap()[7];
         drop(y);
-        let (peak, b, out) = run();
-        (least, before, y) = (least.min(peak), b, out);
-    }
-    assert!(least < bound, "peak {least} bytes for {bytes}-byte buffers");
-    let v = y.to_vec::<f32>().unwrap();
+        (peak, v7, crate::device_memory().active.saturating_sub(before))
+    };
     let mut want = 7.0f32;
     for i in 0..5 {
         want = (want + i as f32) * 0.5;
     }
-    assert_eq!(v[7], want);
-    drop(y);
-    let after = crate::device_memory().active;
-    assert!(after < before + bytes / 4, "{} bytes still held", after.saturating_sub(before));
+    let (mut peak, mut held) = (usize::MAX, usize::MAX);
+    for _ in 0..3 {
+        let (p, v7, h) = run();
+        assert_eq!(v7, want);
+        (peak, held) = (peak.min(p), held.min(h));
+        if peak < bound && held < bytes / 4 {
+            break;
+        }
+    }
+    assert!(peak < bound, "peak {peak} bytes for {bytes}-byte buffers");
+    assert!(held < bytes / 4, "{held} bytes still held");
 }
 
 #[test]
