@@ -39,8 +39,10 @@ template <typename T, int D>
 __global__ void __launch_bounds__(384, 1) bwdw(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk,
                                                const __grid_constant__ AtwMap mv, const __grid_constant__ AtwMap mg,
                                                const float* stats, float* dq, T* dk, T* dv, int Hq, int Hkv, int Lq,
-                                               int Lk, int causal, int window, float scale) {
-  attention_backward_wgmma<T, D>(&mq, &mk, &mv, &mg, stats, dq, dk, dv, Hq, Hkv, Lq, Lk, causal, window, scale);
+                                               int Lk, int causal, int window, float scale, int chunk, int split,
+                                               float* dkv) {
+  attention_backward_wgmma<T, D>(&mq, &mk, &mv, &mg, stats, dq, dk, dv, Hq, Hkv, Lq, Lk, causal, window, scale, chunk,
+                                 split, dkv);
 }
 template <typename T, int D>
 __global__ void stats_k(const T* o, const T* g, const float* lse, float* stats, i64 heads, int Lq) {
@@ -116,7 +118,7 @@ __global__ void ref_keys(const T* q, const T* go, const float* P, const float* d
 template <typename T>
 struct Buffers {
   T *q, *k, *v, *go, *o, *dq, *dk, *dv;
-  float *lse, *delta, *acc, *stats;
+  float *lse, *delta, *acc, *stats, *dkv;
 };
 
 template <typename T, int D>
@@ -127,6 +129,7 @@ static Buffers<T> make(int B, int Hq, int Hkv, int Lq, int Lk) {
   CK(cudaMalloc(&x.k, nk * 2)); CK(cudaMalloc(&x.v, nk * 2)); CK(cudaMalloc(&x.dk, nk * 2)); CK(cudaMalloc(&x.dv, nk * 2));
   CK(cudaMalloc(&x.lse, rows * 4)); CK(cudaMalloc(&x.delta, rows * 4)); CK(cudaMalloc(&x.acc, nq * 4));
   CK(cudaMalloc(&x.stats, (size_t)B * Hq * ((Lq + 63) / 64) * 128 * 4));
+  CK(cudaMalloc(&x.dkv, nk * 8));
   fill<T><<<1024, 256>>>(x.q, nq, -1, 1, 1);
   fill<T><<<1024, 256>>>(x.k, nk, -1, 1, 2);
   fill<T><<<1024, 256>>>(x.v, nk, -1, 1, 3);
@@ -141,6 +144,9 @@ static void forward(Buffers<T>& x, int B, int Hq, int Hkv, int Lq, int Lk, int c
   fwd<T, D><<<dim3((Lq + 127) / 128, B * Hq), 256, smem>>>(x.q, x.k, x.v, x.o, x.lse, Hq, Hkv, Lq, Lk, causal, window, scale);
   CK(cudaGetLastError());
 }
+
+static int g_chunk = 0;  // heads per chunk of the Hopper backward (0: all)
+static int g_split = 1;  // blocks sharing a key tile's query heads (their dK, dV added in float32)
 
 template <typename T, int D, int NW>
 static void main_kernel(Buffers<T>& x, int B, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {
@@ -160,8 +166,9 @@ static void main_kernel(Buffers<T>& x, int B, int Hq, int Hkv, int Lq, int Lk, i
     }
     CK(cudaFuncSetAttribute(bwdw<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int tiles = (Lk + ATV_BC - 1) / ATV_BC;
-    bwdw<T, D><<<tiles * B * Hkv, 384, smem>>>(mq, mk, mv, mg, x.stats, x.acc, x.dk, x.dv, Hq, Hkv, Lq, Lk, causal,
-                                               window, scale);
+    bwdw<T, D><<<tiles * B * Hkv * g_split, 384, smem>>>(mq, mk, mv, mg, x.stats, x.acc, x.dk, x.dv, Hq, Hkv, Lq, Lk,
+                                                         causal, window, scale,
+                                                         (g_chunk > 0 ? g_chunk : B * Hkv) * g_split, g_split, x.dkv);
     CK(cudaGetLastError());
     return;
   } else {
@@ -184,8 +191,14 @@ static void backward(Buffers<T>& x, int B, int Hq, int Hkv, int Lq, int Lk, int 
     delta_k<T, D><<<(rows + 7) / 8, 256>>>(x.o, x.go, x.delta, rows);
   }
   CK(cudaMemsetAsync(x.acc, 0, n * 4));
+  const i64 nk = (i64)B * Hkv * Lk * D;
+  if (NW == 0 && g_split > 1) CK(cudaMemsetAsync(x.dkv, 0, nk * 8));
   main_kernel<T, D, NW>(x, B, Hq, Hkv, Lq, Lk, causal, window, scale);
   dq_k<T><<<(n + 255) / 256, 256>>>(x.acc, x.dq, n, scale);
+  if (NW == 0 && g_split > 1) {
+    dq_k<T><<<(nk + 255) / 256, 256>>>(x.dkv, x.dk, nk, 1.0f);
+    dq_k<T><<<(nk + 255) / 256, 256>>>(x.dkv + nk, x.dv, nk, 1.0f);
+  }
 }
 
 template <typename T>
@@ -235,8 +248,8 @@ static void timing(int B, int L) {
   float f = time_ms(10, [&] { forward<T, D>(x, B, Hq, Hkv, L, L, 1, 0, scale); });
   float b = time_ms(10, [&] { backward<T, D, NW>(x, B, Hq, Hkv, L, L, 1, 0, scale); });
   float mk = time_ms(10, [&] { main_kernel<T, D, NW>(x, B, Hq, Hkv, L, L, 1, 0, scale); });
-  printf("timing BR%d NW%d D%d B%d L%d causal: forward %.3f ms %.0f TFLOP/s; backward %.3f ms %.0f TFLOP/s (main kernel %.3f ms)\n",
-         ATB_BR, NW, D, B, L, f, flops / f / 1e9, b, 2.5 * flops / b / 1e9, mk);
+  printf("timing split %d chunk %d BR%d NW%d D%d B%d L%d causal: forward %.3f ms %.0f TFLOP/s; backward %.3f ms %.0f TFLOP/s (main kernel %.3f ms)\n",
+         g_split, g_chunk, ATB_BR, NW, D, B, L, f, flops / f / 1e9, b, 2.5 * flops / b / 1e9, mk);
 }
 
 template <typename T, int NW>
@@ -254,12 +267,23 @@ static void checks() {
 int main(int argc, char** argv) {
   checks<bf16, 0>();
   checks<f16, 0>();
-  checks<bf16, 8>();
-  for (auto [b, l] : {std::pair{1, 4096}, {4, 4096}, {1, 8192}}) {
-    timing<bf16, 128, 0>(b, l);
-    timing<bf16, 128, 8>(b, l);
+  g_chunk = 3;
+  g_split = 2;
+  checks<bf16, 0>();
+  g_split = 4;
+  checks<f16, 0>();
+  g_chunk = 0;
+  for (auto [b, l] : {std::pair{1, 2048}, {4, 2048}, {1, 4096}, {4, 4096}, {1, 8192}}) {
+    for (int sp : {1, 2, 4}) {
+      g_split = sp;
+      for (int c : {0, 64 * 1024 * 1024 / (4 * l * 128 * 8)}) {
+        g_chunk = c < 1 ? (c == 0 ? 0 : 1) : c;
+        timing<bf16, 128, 0>(b, l);
+      }
+    }
   }
+  g_split = 1;
+  g_chunk = 0;
   timing<bf16, 64, 0>(1, 8192);
-  timing<bf16, 64, 8>(1, 8192);
   return 0;
 }

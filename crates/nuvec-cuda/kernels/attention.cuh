@@ -15,14 +15,17 @@
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
 
-// Mirrors fast::vector_blocks in nuvec-core: the same partitions on host and device, from the
-// batch x key-value heads and a row's keys.
-__device__ __forceinline__ int att_blocks(i64 heads, int keys) {
-  i64 r = heads > 1 ? heads : 1;
-  i64 want = (528 + r - 1) / r;
-  int k = keys > 1 ? keys : 1;
-  i64 most = (k + 255) / 256;
-  return (int)(want < 1 ? 1 : (want > most ? most : want));
+// A row's split of its `keys` keys over the `blocks` partitions planned for the longest row
+// (fast::vector_blocks): at most one per 256 keys (VECTOR_MIN_KEYS_PER_BLOCK), of a whole
+// number of 64-key tiles; `*parts` of them hold keys. A function of the row's keys alone, so a
+// row splits as it would if decoded alone.
+__device__ __forceinline__ void att_split(int blocks, int keys, int* parts, int* chunk) {
+  int most = (keys + 255) / 256;
+  most = most < blocks ? most : blocks;
+  most = most > 1 ? most : 1;
+  const int c = ((keys + most - 1) / most + 63) / 64 * 64;
+  *chunk = c;
+  *parts = keys > 0 ? (keys + c - 1) / c : 1;
 }
 
 // The keys query row i attends: [lo, hi).
@@ -98,9 +101,9 @@ __device__ __forceinline__ void attention_vector(
     if (g >= G * Lq) continue;
     int lo, hi;
     att_range(ri[r], Lq, Lk, causal, window, &lo, &hi);
-    int n = hi - lo, nb = att_blocks(bkv, n);
+    int nb, chunk;
+    att_split(blocks, hi - lo, &nb, &chunk);
     if (p >= nb) continue;
-    int chunk = (n + nb - 1) / nb;
     rs[r] = lo + p * chunk;
     re[r] = min(hi, rs[r] + chunk);
     if (re[r] > rs[r]) {
@@ -246,7 +249,9 @@ __device__ __forceinline__ void attention_vector(
     const int hr = kh * G + g / Lq, ir = g % Lq;
     int lo, hi;
     att_range(ir, Lq, Lk, causal, window, &lo, &hi);
-    if (p >= att_blocks(bkv, hi - lo)) continue;
+    int nb, chunk;
+    att_split(blocks, hi - lo, &nb, &chunk);
+    if (p >= nb) continue;
     float M = -INFINITY;
 #pragma unroll
     for (int w = 0; w < NW; ++w) M = fmaxf(M, sm[w][r]);
@@ -273,31 +278,43 @@ __device__ __forceinline__ void attention_vector(
   }
 }
 
-// The second pass: merges a row's partitions in order. One block per row.
+// Merges row r's `nb` partitions in order (part: [rows][blocks][DV] unnormalised outputs, then
+// [rows][blocks][2] maxima and sums) into its output, columns c0, c0 + step, ... Reads through
+// L2 (other blocks wrote the partitions).
+template <typename T, int DV>
+__device__ __forceinline__ void att_merge_row(const float* part, i64 rows, int blocks, i64 r, int nb,
+                                              const T* __restrict__ sinks, int h, T* __restrict__ out, int c0,
+                                              int step) {
+  const float* ml = part + rows * blocks * DV + r * blocks * 2;
+  const float* po = part + r * blocks * DV;
+  float M = -INFINITY;
+#pragma unroll 8
+  for (int p = 0; p < nb; ++p) M = fmaxf(M, __ldcg(ml + 2 * p));
+  const float sink = sinks ? widen(sinks[h]) * ATT_LOG2E : 0.0f;
+  for (int c = c0; c < DV; c += step) {
+    float O = 0.0f, L = 0.0f;
+#pragma unroll 8
+    for (int p = 0; p < nb; ++p) {
+      const float mp = __ldcg(ml + 2 * p);
+      const float w = mp == -INFINITY ? 0.0f : exp2f(mp - M);
+      O += __ldcg(po + (i64)p * DV + c) * w;
+      L += __ldcg(ml + 2 * p + 1) * w;
+    }
+    att_finish<T, DV>(M, L, O, sinks != 0, sink, out + r * DV + c);
+  }
+}
+
+// The second pass of the float32 vector kernel: one block per row.
 template <typename T, int DV>
 __device__ __forceinline__ void attention_vector_merge(
     const float* __restrict__ part, const T* __restrict__ sinks, T* __restrict__ out, i64 rows, int Hq, int Hkv, int Lq,
     int Lk, int causal, int window, int blocks) {
   const i64 r = blockIdx.x;
   const int i = (int)(r % Lq), h = (int)((r / Lq) % Hq);
-  int lo, hi;
+  int lo, hi, nb, chunk;
   att_range(i, Lq, Lk, causal, window, &lo, &hi);
-  const int nb = att_blocks(rows / Lq / (Hq / Hkv), hi - lo);
-  const float* ml = part + rows * blocks * DV;
-  float M = -INFINITY;
-  for (int p = 0; p < nb; ++p) M = fmaxf(M, ml[(r * blocks + p) * 2]);
-  float sink = sinks ? widen(sinks[h]) * ATT_LOG2E : 0.0f;
-  for (int c = threadIdx.x; c < DV; c += blockDim.x) {
-    float O = 0.0f, L = 0.0f;
-    for (int p = 0; p < nb; ++p) {
-      i64 slot = r * blocks + p;
-      float mp = ml[slot * 2];
-      float w = mp == -INFINITY ? 0.0f : exp2f(mp - M);
-      O += part[slot * DV + c] * w;
-      L += ml[slot * 2 + 1] * w;
-    }
-    att_finish<T, DV>(M, L, O, sinks != 0, sink, out + r * DV + c);
-  }
+  att_split(blocks, hi - lo, &nb, &chunk);
+  att_merge_row<T, DV>(part, rows, blocks, r, nb, sinks, h, out, threadIdx.x, blockDim.x);
 }
 
 // ---- tiled attention (prefill) ----------------------------------------------------------------
@@ -796,194 +813,146 @@ __device__ __forceinline__ void attention_backward(
 }
 
 // ---- vector attention on tensor cores (half precision) ----------------------------------------
-// The vector kernel's work for float16/bfloat16 with mma.sync: a block of 4 warps takes one
-// query of the grouped heads of one key-value head (up to 16 heads, the rows of one m16 tile)
-// and one key partition; each warp takes tiles of 32 keys (absolute positions, tile t to warp
-// t % 4), staged with their values by cp.async, makes the 16 x 32 scores with 2 x D/16 MMAs, runs
-// the online softmax on the accumulators and adds P·V with DV/8 MMAs per 16 keys. A row sits at
-// the same place in its tile, and reads the same keys in the same order, whatever the number of
-// queries: a speculative row equals the same row decoded alone.
-template <typename T, int D, int DV>
-__device__ __forceinline__ void attention_vector_mma(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-    const void* __restrict__ mask, const T* __restrict__ sinks, float* __restrict__ part,
-    i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2,
-    i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window,
-    int mask_kind, int blocks, float scale) {
-  constexpr int NW = 4;
-  constexpr int KROW = D * 2 + 16, VROW = DV * 2 + 16;  // staged row bytes (pads: no bank conflicts)
-  constexpr int KS = D / 16, DT = DV / 8, KCH = D * 2 / 16, VCH = DV * 2 / 16;
-  extern __shared__ __align__(16) unsigned char att_dyn[];
-  __shared__ __align__(16) unsigned char qsh[16 * KROW];
-  __shared__ float sm[NW][16], sl[NW][16];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-  const int G = Hq / Hkv, hgroups = (G + 15) / 16;
-  const int hg = (int)(blockIdx.x % hgroups);
-  const int i = (int)((blockIdx.x / hgroups) % Lq);
-  const int kh = (int)((blockIdx.x / ((i64)hgroups * Lq)) % Hkv);
-  const int b = (int)(blockIdx.x / ((i64)hgroups * Lq * Hkv));
-  const int p = blockIdx.y;
-  const i64 bkv = (i64)gridDim.x / ((i64)hgroups * Lq);
-  const int h0 = kh * G + hg * 16, nrows = min(16, G - hg * 16);
+// The vector kernels' work for float16/bfloat16 with mma.sync: a block takes one query of the
+// grouped heads of one key-value head (up to 16 heads, the rows of one m16 tile) and one key
+// partition, and walks its keys in tiles of NW * 16 from the partition's first key through a
+// ring of stages, so that several tiles are in flight while one is used: decoding streams K
+// and V, and only bytes in flight make it fast. Warp w of NW takes keys 16 w .. 16 w + 15 of
+// each tile (att_vector_keys); the warps merge in order at the end. A row reads the same keys
+// in the same order, with the same warps, whatever the number of queries: a speculative row
+// equals the same row decoded alone.
+//   attention_vector_mma: all threads fill the ring with cp.async (rows padded by 16 bytes
+//     against bank conflicts); any GPU, every head size.
+//   attention_vector_tma (Hopper): a producer warp fills it by TMA (128-byte swizzle) under
+//     mbarriers; head sizes of whole 64-feature panels.
 
-  int lo, hi;
-  att_range(i, Lq, Lk, causal, window, &lo, &hi);
-  const int n = hi - lo, nb = att_blocks(bkv, n);
-  if (p >= nb) return;
-  const int chunk = (n + nb - 1) / nb;
-  const int kmin = lo + p * chunk, kmax = min(hi, kmin + chunk);
+// One warp's 16 keys of a staged tile: scores for the 16 rows (qf, the rows' A fragments) by
+// D/16 MMAs, bounds (keys from j0, none at or past kmax) and the mask, the online softmax on the
+// accumulators, and O += P V by DV/8 MMAs. kaddr(key, feature) and vaddr(key, feature) are the
+// shared addresses of a staged key's and value's 8 features from `feature` on.
+template <typename T, int D, int DV, typename KA, typename VA>
+__device__ __forceinline__ void att_vector_keys(const u32 (&qf)[D / 16][4], float (&o)[DV / 8][4], float (&mrow)[2],
+                                                float (&lrow)[2], KA kaddr, VA vaddr, int j0, int kmax,
+                                                const bool (&row_ok)[2], const void* mask, int mask_kind, i64 mr0,
+                                                i64 mr1, i64 ms3, float sl2, int lane) {
+  const int m = lane >> 3, g8 = lane & 7, t4 = lane & 3;
+  float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    u32 bfr[4];
+    att_ldsm4(bfr, kaddr((m >> 1) * 8 + g8, kk * 16 + (m & 1) * 8));
+    att_mma<T>(s[0], qf[kk], bfr[0], bfr[1]);
+    att_mma<T>(s[1], qf[kk], bfr[2], bfr[3]);
+  }
+  // Scale and mask; rows g (c = 0, 1) and g + 8 (c = 2, 3).
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int j = j0 + nt * 8 + 2 * t4 + (c & 1), half = c >> 1;
+      float x = s[nt][c] * sl2;
+      const bool in = j < kmax && row_ok[half];
+      if (in && mask_kind == 1) {
+        if (!((const bool*)mask)[(half ? mr1 : mr0) + j * ms3]) x = -3.402823466e38f;
+      } else if (in && mask_kind == 2) {
+        x += widen(((const T*)mask)[(half ? mr1 : mr0) + j * ms3]) * ATT_LOG2E;
+      }
+      s[nt][c] = in ? x : -INFINITY;
+    }
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(mrow[r], mx), ms = mn == -INFINITY ? 0.0f : mn;
+    alpha[r] = exp2f(mrow[r] - ms);
+    mrow[r] = mn;
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      s[nt][2 * r] = exp2f(s[nt][2 * r] - ms);
+      s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - ms);
+      sum += s[nt][2 * r] + s[nt][2 * r + 1];
+    }
+    lrow[r] = lrow[r] * alpha[r] + sum;
+  }
+#pragma unroll
+  for (int d = 0; d < DV / 8; ++d) {
+    o[d][0] *= alpha[0];
+    o[d][1] *= alpha[0];
+    o[d][2] *= alpha[1];
+    o[d][3] *= alpha[1];
+  }
+  u32 pf[4];
+  att_frag<T>(pf, s, 0);
+#pragma unroll
+  for (int dp = 0; dp < DV / 16; ++dp) {
+    u32 bfr[4];
+    att_ldsm4_t(bfr, vaddr((m & 1) * 8 + g8, dp * 16 + (m >> 1) * 8));
+    att_mma<T>(o[2 * dp], pf, bfr[0], bfr[1]);
+    att_mma<T>(o[2 * dp + 1], pf, bfr[2], bfr[3]);
+  }
+}
 
-  // The rows' queries (zeros past the group), then their A fragments.
-  for (int x = threadIdx.x; x < 16 * KCH; x += blockDim.x) {
+// The rows' queries (zeros past the group's nrows) staged through `qsh` (rows of D features
+// and a 16-byte pad) by the first `threads` threads, then their A fragments. Ends with a
+// barrier of those threads (named barrier 1 unless they are the whole block).
+template <typename T, int D>
+__device__ __forceinline__ void att_vector_queries(u32 (&qf)[D / 16][4], unsigned char* qsh, const T* qrow, i64 qs1,
+                                                   int nrows, int threads, int lane) {
+  constexpr int KROW = D * 2 + 16, KCH = D * 2 / 16;
+  for (int x = threadIdx.x; x < 16 * KCH; x += threads) {
     const int r = x / KCH, c = x % KCH;
     int4 val = make_int4(0, 0, 0, 0);
     if (r < nrows) {
-      const T* src = q + b * qs0 + (h0 + r) * qs1 + i * qs2 + c * 8;
-      const T* e = src;
+      const T* src = qrow + r * qs1 + c * 8;
       T tmp[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) tmp[u] = e[u];
+      for (int u = 0; u < 8; ++u) tmp[u] = src[u];
       val = *reinterpret_cast<int4*>(tmp);
     }
     *reinterpret_cast<int4*>(qsh + r * KROW + c * 16) = val;
   }
-  __syncthreads();
-  u32 qf[KS][4];
-  {
-    const u32 qa = (u32)__cvta_generic_to_shared(qsh);
-    const int m = lane >> 3, r = (m & 1) * 8 + (lane & 7);
+  if (threads == (int)blockDim.x) __syncthreads();
+  else asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+  const u32 qa = (u32)__cvta_generic_to_shared(qsh);
+  const int m = lane >> 3, r = (m & 1) * 8 + (lane & 7);
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) att_ldsm4(qf[kk], qa + r * KROW + (kk * 16 + (m >> 1) * 8) * 2);
-  }
-  const float sl2 = scale * ATT_LOG2E;
-  const T* kb = k + b * ks0 + kh * ks1;
-  const T* vb = v + b * vs0 + kh * vs1;
-  const i64 mr0 = b * ms0 + (i64)(h0 + g) * ms1 + i * ms2, mr1 = mr0 + 8 * ms1;
-  const bool row_ok[2] = {g < nrows, g + 8 < nrows};
+  for (int kk = 0; kk < D / 16; ++kk) att_ldsm4(qf[kk], qa + r * KROW + (kk * 16 + (m >> 1) * 8) * 2);
+}
 
-  float o[DT][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int d = 0; d < DT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-
-  unsigned char* kst = att_dyn + warp * 32 * (KROW + VROW);
-  const u32 ksa = (u32)__cvta_generic_to_shared(kst), vsa = ksa + 32 * KROW;
-  const int t0 = kmin / 32, t1 = (kmax + 31) / 32;
-  const int tfirst = t0 + ((warp - t0 % NW) + NW) % NW;
-  for (int t = tfirst; t < t1; t += NW) {
-    __syncwarp();
-    for (int x = lane; x < 32 * KCH; x += 32) {
-      const int kk = x / KCH, c = x % KCH, jj = t * 32 + kk;
-      const bool ok = jj >= kmin && jj < kmax;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(ksa + kk * KROW + c * 16),
-                   "l"(kb + (ok ? jj : kmin) * ks2 + c * 8), "r"(ok ? 16 : 0)
-                   : "memory");
-    }
-    for (int x = lane; x < 32 * VCH; x += 32) {
-      const int kk = x / VCH, c = x % VCH, jj = t * 32 + kk;
-      const bool ok = jj >= kmin && jj < kmax;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(vsa + kk * VROW + c * 16),
-                   "l"(vb + (ok ? jj : kmin) * vs2 + c * 8), "r"(ok ? 16 : 0)
-                   : "memory");
-    }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-    __syncwarp();
-    float s[4][4];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-    {
-      const int m = lane >> 3;
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          u32 bfr[4];
-          att_ldsm4(bfr, ksa + (np * 16 + (m >> 1) * 8 + (lane & 7)) * KROW + (kk * 16 + (m & 1) * 8) * 2);
-          att_mma<T>(s[2 * np], qf[kk], bfr[0], bfr[1]);
-          att_mma<T>(s[2 * np + 1], qf[kk], bfr[2], bfr[3]);
-        }
-      }
-    }
-    // Scale and mask; rows g (c = 0, 1) and g + 8 (c = 2, 3).
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int j = t * 32 + nt * 8 + 2 * t4 + (c & 1), half = c >> 1;
-        float x = s[nt][c] * sl2;
-        const bool in = j >= kmin && j < kmax && row_ok[half];
-        if (in && mask_kind == 1) {
-          if (!((const bool*)mask)[(half ? mr1 : mr0) + j * ms3]) x = -3.402823466e38f;
-        } else if (in && mask_kind == 2) {
-          x += widen(((const T*)mask)[(half ? mr1 : mr0) + j * ms3]) * ATT_LOG2E;
-        }
-        s[nt][c] = in ? x : -INFINITY;
-      }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = fmaxf(mrow[r], mx), ms = mn == -INFINITY ? 0.0f : mn;
-      alpha[r] = exp2f(mrow[r] - ms);
-      mrow[r] = mn;
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        s[nt][2 * r] = exp2f(s[nt][2 * r] - ms);
-        s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] - ms);
-        sum += s[nt][2 * r] + s[nt][2 * r + 1];
-      }
-      lrow[r] = lrow[r] * alpha[r] + sum;
-    }
-#pragma unroll
-    for (int d = 0; d < DT; ++d) {
-      o[d][0] *= alpha[0];
-      o[d][1] *= alpha[0];
-      o[d][2] *= alpha[1];
-      o[d][3] *= alpha[1];
-    }
-    {
-      const int m = lane >> 3;
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        u32 pf[4];
-        att_frag<T>(pf, s, kk);
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          u32 bfr[4];
-          att_ldsm4_t(bfr, vsa + (kk * 16 + (m & 1) * 8 + (lane & 7)) * VROW + (dp * 16 + (m >> 1) * 8) * 2);
-          att_mma<T>(o[2 * dp], pf, bfr[0], bfr[1]);
-          att_mma<T>(o[2 * dp + 1], pf, bfr[2], bfr[3]);
-        }
-      }
-    }
-  }
-
-  // The quad's sums; the warps' states to shared memory; the warps merge in order.
+// The end of a vector block: the NW warps' states merged in order through shared memory `so`
+// (NW * 16 * DV floats, free by now), then each row's partition (two passes) or output. Starts
+// with a barrier of the first NW warps (named barrier 1 unless they are the whole block).
+template <typename T, int DV, int NW>
+__device__ __forceinline__ void att_vector_store(float (&o)[DV / 8][4], float (&mrow)[2], float (&lrow)[2], float* so,
+                                                 float (&sm)[NW][16], float (&sl)[NW][16], int nrows, int h0,
+                                                 int b, int i, int p, int nb, int Hq, int Lq, i64 rows_total,
+                                                 int blocks, const T* sinks, float* part, unsigned* count, T* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+  auto sync = [&] {
+    if (NW * 32 == (int)blockDim.x) __syncthreads();
+    else asm volatile("bar.sync 1, %0;" ::"n"(NW * 32) : "memory");
+  };
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
     lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
   }
+  sync();  // every warp is done with the staged tiles
   if (t4 == 0) {
     sm[warp][g] = mrow[0];
     sm[warp][g + 8] = mrow[1];
     sl[warp][g] = lrow[0];
     sl[warp][g + 8] = lrow[1];
   }
-  __syncthreads();  // every warp is done with its stage: reuse it for the outputs
-  float* so = reinterpret_cast<float*>(att_dyn);  // [NW][16][DV]
 #pragma unroll
-  for (int d = 0; d < DT; ++d)
+  for (int d = 0; d < DV / 8; ++d)
 #pragma unroll
     for (int c = 0; c < 4; ++c) so[(warp * 16 + g + (c >> 1) * 8) * DV + d * 8 + 2 * t4 + (c & 1)] = o[d][c];
-  __syncthreads();
-  const bool two = part != 0;
-  const i64 rows_total = bkv * G * Lq;
-  for (int x = threadIdx.x; x < nrows * DV; x += blockDim.x) {
+  sync();
+  for (int x = threadIdx.x; x < nrows * DV; x += NW * 32) {
     const int r = x / DV, c = x % DV;
     float M = -INFINITY;
 #pragma unroll
@@ -997,7 +966,7 @@ __device__ __forceinline__ void attention_vector_mma(
     }
     const int h = h0 + r;
     const i64 row = ((i64)b * Hq + h) * Lq + i;
-    if (two) {
+    if (part) {
       const i64 slot = row * blocks + p;
       part[slot * DV + c] = O;
       if (c == 0) {
@@ -1010,6 +979,169 @@ __device__ __forceinline__ void attention_vector_mma(
       att_finish<T, DV>(M, L, O, sinks != 0, sink, out + row * DV + c);
     }
   }
+  if (!part) return;
+  // Both passes in one launch: the last of the rows' partitions to finish (counted per grid
+  // column in `count`, which it leaves at zero) merges them all.
+  __shared__ int last;
+  __threadfence();
+  sync();
+  if (threadIdx.x == 0) last = atomicAdd(count + blockIdx.x, 1u) == (unsigned)nb - 1;
+  sync();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) count[blockIdx.x] = 0;
+  // All rows at once (the merge is the launch's tail): the partitions' maxima and sums into
+  // shared memory (`so`, free again), each row's weights, then 4 columns of a row per thread.
+  const i64 row0 = ((i64)b * Hq + h0) * Lq + i;  // row r is row0 + r Lq
+  const float* ml = part + rows_total * blocks * DV;
+  float *w = so, *ls = so + 16 * nb, *rm = ls + 16 * nb, *rl = rm + 16;
+  for (int x = threadIdx.x; x < nrows * nb; x += NW * 32) {
+    const int r = x / nb, q = x % nb;
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(ml + ((row0 + (i64)r * Lq) * blocks + q) * 2));
+    w[x] = v.x;
+    ls[x] = v.y;
+  }
+  sync();
+  if (threadIdx.x < nrows) {
+    const int r = threadIdx.x;
+    float M = -INFINITY, L = 0.0f;
+    for (int q = 0; q < nb; ++q) M = fmaxf(M, w[r * nb + q]);
+    for (int q = 0; q < nb; ++q) {
+      const float mq = w[r * nb + q], wq = mq == -INFINITY ? 0.0f : exp2f(mq - M);
+      w[r * nb + q] = wq;
+      L += ls[r * nb + q] * wq;
+    }
+    rm[r] = M;
+    rl[r] = L;
+  }
+  sync();
+  for (int x = threadIdx.x; x < nrows * (DV / 4); x += NW * 32) {
+    const int r = x / (DV / 4), c = (x % (DV / 4)) * 4;
+    const i64 row = row0 + (i64)r * Lq;
+    const float* po = part + row * blocks * DV + c;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int q = 0; q < nb; ++q) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(po + (i64)q * DV));
+      const float wq = w[r * nb + q];
+      acc.x += v.x * wq;
+      acc.y += v.y * wq;
+      acc.z += v.z * wq;
+      acc.w += v.w * wq;
+    }
+    const int h = h0 + r;
+    const float sink = sinks ? widen(sinks[h]) * ATT_LOG2E : 0.0f;
+    T* dst = out + row * DV + c;
+    att_finish<T, DV>(rm[r], rl[r], acc.x, sinks != 0, sink, dst);
+    att_finish<T, DV>(rm[r], rl[r], acc.y, sinks != 0, sink, dst + 1);
+    att_finish<T, DV>(rm[r], rl[r], acc.z, sinks != 0, sink, dst + 2);
+    att_finish<T, DV>(rm[r], rl[r], acc.w, sinks != 0, sink, dst + 3);
+  }
+}
+
+// The block's rows and keys: grid x is batch x key-value heads x queries x groups of 16 grouped
+// heads, grid y the partitions.
+struct AttVectorBlock {
+  int b, kh, i, h0, nrows, p, parts, kmin, kmax;
+  bool any;
+};
+__device__ __forceinline__ AttVectorBlock att_vector_block(int Hq, int Hkv, int Lq, int Lk, int causal, int window,
+                                                           int blocks) {
+  AttVectorBlock a;
+  const int G = Hq / Hkv, hgroups = (G + 15) / 16;
+  const int hg = (int)(blockIdx.x % hgroups);
+  a.i = (int)((blockIdx.x / hgroups) % Lq);
+  a.kh = (int)((blockIdx.x / ((i64)hgroups * Lq)) % Hkv);
+  a.b = (int)(blockIdx.x / ((i64)hgroups * Lq * Hkv));
+  a.p = blockIdx.y;
+  a.h0 = a.kh * G + hg * 16;
+  a.nrows = min(16, G - hg * 16);
+  int lo, hi, nb, chunk;
+  att_range(a.i, Lq, Lk, causal, window, &lo, &hi);
+  att_split(blocks, hi - lo, &nb, &chunk);
+  a.any = a.p < nb;
+  a.parts = nb;
+  a.kmin = lo + a.p * chunk;
+  a.kmax = min(hi, a.kmin + chunk);
+  return a;
+}
+
+#define ATT_VECTOR_ARGS                                                                                      \
+  const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ out,            \
+      const void *__restrict__ mask, const T *__restrict__ sinks, float *__restrict__ part,                 \
+      unsigned *__restrict__ count, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, \
+      i64 vs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window,  \
+      int mask_kind, int blocks, float scale
+
+// Dynamic shared memory of attention_vector_mma: ST stages of NW * 16 keys and values.
+constexpr int att_vector_smem(int D, int DV, int NW, int ST) { return ST * NW * 16 * (D * 2 + 16 + DV * 2 + 16); }
+
+template <typename T, int D, int DV, int NW, int ST>
+__device__ __forceinline__ void attention_vector_mma(ATT_VECTOR_ARGS) {
+  constexpr int KT = NW * 16, KROW = D * 2 + 16, VROW = DV * 2 + 16, KCH = D * 2 / 16, VCH = DV * 2 / 16;
+  constexpr int STAGE = KT * (KROW + VROW);
+  extern __shared__ __align__(16) unsigned char att_dyn[];
+  __shared__ __align__(16) unsigned char qsh[16 * KROW];
+  __shared__ float sm[NW][16], sl[NW][16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+  const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, causal, window, blocks);
+  if (!a.any) return;
+  const int kmin = a.kmin, kmax = a.kmax, tiles = (kmax - kmin + KT - 1) / KT;
+  const T* kb = k + a.b * ks0 + a.kh * ks1;
+  const T* vb = v + a.b * vs0 + a.kh * vs1;
+
+  // The ring: tile t (keys kmin + t KT ..) in stage t % ST; keys at or past kmax are zeros.
+  const u32 ring = (u32)__cvta_generic_to_shared(att_dyn);
+  auto stage = [&](int t) {
+    const u32 ks = ring + (t % ST) * STAGE, vs = ks + KT * KROW;
+#pragma unroll
+    for (int x = threadIdx.x; x < KT * KCH; x += NW * 32) {
+      const int kk = x / KCH, c = x % KCH, jj = kmin + t * KT + kk;
+      const bool ok = jj < kmax;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(ks + kk * KROW + c * 16),
+                   "l"(kb + (ok ? jj : kmin) * ks2 + c * 8), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+#pragma unroll
+    for (int x = threadIdx.x; x < KT * VCH; x += NW * 32) {
+      const int kk = x / VCH, c = x % VCH, jj = kmin + t * KT + kk;
+      const bool ok = jj < kmax;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(vs + kk * VROW + c * 16),
+                   "l"(vb + (ok ? jj : kmin) * vs2 + c * 8), "r"(ok ? 16 : 0)
+                   : "memory");
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < ST - 1; ++s) {
+    if (s < tiles) stage(s);
+    att_commit();
+  }
+  u32 qf[D / 16][4];
+  att_vector_queries<T, D>(qf, qsh, q + a.b * qs0 + a.h0 * qs1 + a.i * qs2, qs1, a.nrows, NW * 32, lane);
+  const float sl2 = scale * ATT_LOG2E;
+  const i64 mr0 = a.b * ms0 + (i64)(a.h0 + g) * ms1 + a.i * ms2, mr1 = mr0 + 8 * ms1;
+  const bool row_ok[2] = {g < a.nrows, g + 8 < a.nrows};
+  float o[DV / 8][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int d = 0; d < DV / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+
+  for (int t = 0; t < tiles; ++t) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(ST - 2) : "memory");
+    __syncthreads();  // tile t is in, and every warp is done with the stage refilled next
+    if (t + ST - 1 < tiles) stage(t + ST - 1);
+    att_commit();
+    const int j0 = kmin + t * KT + warp * 16;
+    if (j0 >= kmax) continue;
+    const u32 ksa = ring + (t % ST) * STAGE + warp * 16 * KROW, vsa = ring + (t % ST) * STAGE + KT * KROW + warp * 16 * VROW;
+    att_vector_keys<T, D, DV>(
+        qf, o, mrow, lrow, [&](int r, int c) { return ksa + r * KROW + c * 2; },
+        [&](int r, int c) { return vsa + r * VROW + c * 2; }, j0, kmax, row_ok, mask, mask_kind, mr0, mr1, ms3, sl2,
+        lane);
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  att_vector_store<T, DV, NW>(o, mrow, lrow, reinterpret_cast<float*>(att_dyn), sm, sl, a.nrows, a.h0, a.b, a.i, a.p,
+                              a.parts, Hq, Lq, (i64)gridDim.x / ((Hq / Hkv + 15) / 16) * (Hq / Hkv), blocks, sinks,
+                              part, count, out);
 }
 
 // ---- tiled attention on Hopper (prefill, wgmma) -----------------------------------------------
@@ -1331,6 +1463,82 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
 #endif
 }
 
+// ---- vector attention on Hopper (decode, TMA) -------------------------------------------------
+// attention_vector_mma's work with the ring filled by TMA: warp NW of the block is the producer,
+// whose first lane copies tile after tile of keys and values (D / 64 swizzled panels each) into
+// ST stages as soon as the consumer warps release them (mbarriers), so the copies run ahead of
+// the MMAs without a block-wide barrier per tile.
+
+// Dynamic shared memory of attention_vector_tma: the 1024-byte alignment slack, ST stages of
+// NW * 16 keys and values, the barriers.
+constexpr int att_vector_tma_smem(int D, int NW, int ST) { return 1024 + ST * 2 * NW * 16 * D * 2 + 16 * ST; }
+
+template <typename T, int D, int NW, int ST>
+__device__ __forceinline__ void attention_vector_tma(const AtwMap* mk, const AtwMap* mv, const T* __restrict__ q,
+                                                     T* __restrict__ out, const void* __restrict__ mask,
+                                                     const T* __restrict__ sinks, float* __restrict__ part,
+                                                     unsigned* __restrict__ count, i64 qs0, i64 qs1, i64 qs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq,
+                                                     int Hkv, int Lq, int Lk, int causal, int window, int mask_kind,
+                                                     int blocks, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int KT = NW * 16, PANEL = KT * 128, TILE = KT * D * 2;
+  extern __shared__ __align__(1024) unsigned char atd_dyn[];
+  __shared__ __align__(16) unsigned char qsh[16 * (D * 2 + 16)];
+  __shared__ float sm[NW][16], sl[NW][16];
+  const u32 ring = ((u32)__cvta_generic_to_shared(atd_dyn) + 1023) & ~1023u, bars = ring + ST * 2 * TILE;
+  auto full = [&](int s) { return bars + s * 16; };
+  auto empty = [&](int s) { return bars + s * 16 + 8; };
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
+  const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, causal, window, blocks);
+  if (!a.any) return;
+  const int kmin = a.kmin, kmax = a.kmax, tiles = (kmax - kmin + KT - 1) / KT;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < ST; ++s) {
+      atw_bar_init(full(s), 1);
+      atw_bar_init(empty(s), NW);
+    }
+  }
+  __syncthreads();
+  if (warp == NW) {
+    // The producer: rows past Lk arrive as zeros, rows in [kmax, Lk) are masked.
+    if (lane != 0) return;
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t % ST;
+      if (t >= ST) atw_bar_wait(empty(s), (u32)(t / ST - 1) & 1);
+      atw_expect(full(s), 2 * TILE);
+      atw_tma<D, KT>(ring + s * 2 * TILE, mk, kmin + t * KT, a.kh, a.b, full(s));
+      atw_tma<D, KT>(ring + s * 2 * TILE + TILE, mv, kmin + t * KT, a.kh, a.b, full(s));
+    }
+    return;
+  }
+  u32 qf[D / 16][4];
+  att_vector_queries<T, D>(qf, qsh, q + a.b * qs0 + a.h0 * qs1 + a.i * qs2, qs1, a.nrows, NW * 32, lane);
+  const float sl2 = scale * ATT_LOG2E;
+  const i64 mr0 = a.b * ms0 + (i64)(a.h0 + g) * ms1 + a.i * ms2, mr1 = mr0 + 8 * ms1;
+  const bool row_ok[2] = {g < a.nrows, g + 8 < a.nrows};
+  float o[D / 8][4], mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int d = 0; d < D / 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+  // Key r's 8 features from c: panel c / 64, row r, 16-byte chunk (c % 64) / 8 swizzled by r % 8.
+  auto swz = [](u32 base, int r, int c) { return base + (c >> 6) * PANEL + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4); };
+  for (int t = 0; t < tiles; ++t) {
+    const int s = t % ST, j0 = kmin + t * KT + warp * 16;
+    atw_bar_wait(full(s), (u32)(t / ST) & 1);
+    if (j0 < kmax) {
+      const u32 kt = ring + s * 2 * TILE, vt = kt + TILE;
+      att_vector_keys<T, D, D>(
+          qf, o, mrow, lrow, [&](int r, int c) { return swz(kt, warp * 16 + r, c); },
+          [&](int r, int c) { return swz(vt, warp * 16 + r, c); }, j0, kmax, row_ok, mask, mask_kind, mr0, mr1, ms3,
+          sl2, lane);
+    }
+    atw_release(empty(s), lane);
+  }
+  att_vector_store<T, D, NW>(o, mrow, lrow, reinterpret_cast<float*>(atd_dyn + (ring - (u32)__cvta_generic_to_shared(atd_dyn))),
+                             sm, sl, a.nrows, a.h0, a.b, a.i, a.p, a.parts, Hq, Lq,
+                             (i64)gridDim.x / ((Hq / Hkv + 15) / 16) * (Hq / Hkv), blocks, sinks, part, count, out);
+#endif
+}
+
 // ---- backward on Hopper (wgmma) -----------------------------------------------------------------
 // FlashAttention-3's backward (sm_90a): a block owns 128 keys of one key-value head. A producer
 // warpgroup's first thread stages the keys and values once, then per step the 64 query rows of
@@ -1404,7 +1612,8 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
                                                          const AtwMap* mg, const float* __restrict__ stats,
                                                          float* __restrict__ dq, T* __restrict__ dk, T* __restrict__ dv,
                                                          int Hq, int Hkv, int Lq, int Lk, int causal, int window,
-                                                         float scale) {
+                                                         float scale, int chunk, int split,
+                                                         float* __restrict__ dkv) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BC = ATV_BC, BR = ATV_BR, QB = BR * D * 2, KB = BC * D * 2, DSB = BR * BC * 2;
   extern __shared__ __align__(1024) unsigned char atv_dyn[];
@@ -1413,14 +1622,20 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
   const u32 bars = sst + 2 * 2 * BR * 4, kvfull = bars;
   auto full = [&](int s) { return bars + 8 + s * 16; };
   auto empty = [&](int s) { return bars + 16 + s * 16; };
-  // Key tiles slowest, so that (causal) the tiles most query rows attend start first.
-  const int heads = gridDim.x / ((Lk + BC - 1) / BC);
-  const int kt = blockIdx.x / heads, bh = blockIdx.x % heads;
-  const int kh = bh % Hkv, b = bh / Hkv, group = Hq / Hkv, off = Lk - Lq, j0 = kt * BC;
+  // With `split` > 1 a key tile's query heads are split between that many blocks (more, shorter
+  // blocks where few would leave SMs idle), which add dK and dV to float32 `dkv` ([dK; dV]).
+  // Heads (x split) in chunks of `chunk` (whose queries, cotangents and dQ stay in L2 while the
+  // chunk runs), key tiles slowest within a chunk, so that (causal) the tiles most query rows
+  // attend start first.
+  const int ktiles = (Lk + BC - 1) / BC, heads = gridDim.x / ktiles;
+  const int c0 = blockIdx.x / (chunk * ktiles) * chunk, cn = min(chunk, heads - c0);
+  const int kt = (blockIdx.x - c0 * ktiles) / cn, vh = c0 + (blockIdx.x - c0 * ktiles) % cn;
+  const int bh = vh / split, group = Hq / Hkv, hs = group / split;
+  const int kh = bh % Hkv, b = bh / Hkv, h1 = kh * group + (vh % split) * hs, off = Lk - Lq, j0 = kt * BC;
   const int tiles = (Lq + BR - 1) / BR;
   const int ibeg = causal ? max(0, j0 - off) : 0;
   const int iend = (causal && window > 0) ? min(Lq, j0 + BC - 1 + window - off) : Lq;
-  const int it0 = ibeg / BR, nt = iend > ibeg ? (iend + BR - 1) / BR - it0 : 0, steps = group * nt;
+  const int it0 = ibeg / BR, nt = iend > ibeg ? (iend + BR - 1) / BR - it0 : 0, steps = hs * nt;
   if (threadIdx.x == 0) {
     atw_bar_init(kvfull, 1);
     for (int s = 0; s < 2; ++s) {
@@ -1438,7 +1653,7 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
     atw_tma<D, BC>(sk, mk, j0, kh, b, kvfull);
     atw_tma<D, BC>(sv, mv, j0, kh, b, kvfull);
     for (int n = 0; n < steps; ++n) {
-      const int st = n & 1, h = kh * group + n / nt, i0 = (it0 + n % nt) * BR;
+      const int st = n & 1, h = h1 + n / nt, i0 = (it0 + n % nt) * BR;
       if (n >= 2) atw_bar_wait(empty(st), ((n >> 1) - 1) & 1);
       atw_expect(full(st), 2 * QB + 2 * BR * 4);
       atw_tma<D, BR>(sq + st * QB, mq, i0, h, b, full(st));
@@ -1468,7 +1683,7 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
   auto run = [&](auto makes) {
   constexpr bool makes_dq = decltype(makes)::value;
   for (int n = 0; n < steps; ++n) {
-    const int st = n & 1, h = kh * group + n / nt, i0 = (it0 + n % nt) * BR;
+    const int st = n & 1, h = h1 + n / nt, i0 = (it0 + n % nt) * BR;
     const u32 q_ = sq + st * QB, g_ = sg + st * QB, ds_ = sds + st * DSB;
     const float* lse2 = reinterpret_cast<const float*>(atv_dyn + (sst + st * 2 * BR * 4 - (u32)__cvta_generic_to_shared(atv_dyn)));
     const float* dl = lse2 + BR;
@@ -1573,6 +1788,7 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
   else run(AtvBool<false>());
 
   // dK = scale dS^T Q and dV, for the keys inside Lk.
+  const i64 nkv = (i64)(gridDim.x / ktiles / split) * Lk * D;
 #pragma unroll
   for (int c2 = 0; c2 < 2; ++c2) {
     const int j = jr + c2 * 8;
@@ -1580,8 +1796,18 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
     const i64 at = (((i64)b * Hkv + kh) * Lk + j) * D;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<u32*>(dk + at + n * 8 + 2 * t4) = att_pack<T>(dka[n][2 * c2] * scale, dka[n][2 * c2 + 1] * scale);
-      *reinterpret_cast<u32*>(dv + at + n * 8 + 2 * t4) = att_pack<T>(dva[n][2 * c2], dva[n][2 * c2 + 1]);
+      if (split > 1) {
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dkv + at + n * 8 + 2 * t4),
+                     "f"(dka[n][2 * c2] * scale), "f"(dka[n][2 * c2 + 1] * scale)
+                     : "memory");
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dkv + nkv + at + n * 8 + 2 * t4),
+                     "f"(dva[n][2 * c2]), "f"(dva[n][2 * c2 + 1])
+                     : "memory");
+      } else {
+        *reinterpret_cast<u32*>(dk + at + n * 8 + 2 * t4) =
+            att_pack<T>(dka[n][2 * c2] * scale, dka[n][2 * c2 + 1] * scale);
+        *reinterpret_cast<u32*>(dv + at + n * 8 + 2 * t4) = att_pack<T>(dva[n][2 * c2], dva[n][2 * c2 + 1]);
+      }
     }
   }
 #endif

@@ -33,18 +33,23 @@ const CAUSAL_BLOCK_ROWS: i32 = 512;
 /// Queries up to which the vector kernel runs, one query row per block of threads.
 pub const VECTOR_MAX_QUERIES: i32 = 8;
 
-/// Blocks of threads a vector kernel aims to run in all: four per SM of a 132-SM GPU.
-const VECTOR_TARGET_BLOCKS: i64 = 528;
+/// Blocks a vector kernel's partitions fill: one per SM of a 132-SM GPU (H100, H200), rounded
+/// down to a whole number per key-value head, so that no SM takes two while another idles.
+const VECTOR_TARGET_BLOCKS: i64 = 132;
 
 /// Fewest keys in one partition of a two-pass vector kernel.
 const VECTOR_MIN_KEYS_PER_BLOCK: i32 = 256;
 
+/// Most partitions of one row (the kernels merge them in shared memory).
+const VECTOR_MAX_PARTITIONS: i64 = 128;
+
 /// Key partitions of one query row that attends `lk` keys, when `heads` key-value heads
-/// (batch × heads, each a block's worth of query rows) run at once: enough blocks to fill the
-/// GPU, each with at least 256 keys. The kernel computes the same for each row of several
-/// queries from that row's own keys, so a row's result does not depend on the rows beside it.
+/// (batch × heads, each a block's worth of query rows) run at once: as many blocks as fill the
+/// GPU once, each with at least 256 keys, at most 128. The kernel computes the same for each
+/// row of several queries from that row's own keys, so a row's result does not depend on the
+/// rows beside it.
 pub fn vector_blocks(heads: i64, lk: i32) -> i32 {
-    let want = (VECTOR_TARGET_BLOCKS + heads.max(1) - 1) / heads.max(1);
+    let want = (VECTOR_TARGET_BLOCKS / heads.max(1)).min(VECTOR_MAX_PARTITIONS);
     let most = (lk.max(1) + VECTOR_MIN_KEYS_PER_BLOCK - 1) / VECTOR_MIN_KEYS_PER_BLOCK;
     want.clamp(1, most as i64) as i32
 }

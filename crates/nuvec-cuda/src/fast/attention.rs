@@ -1,6 +1,6 @@
 //! Scaled-dot-product attention (`kernels/attention.cuh`): the vector kernel for up to
-//! [`VECTOR_MAX_QUERIES`] queries (on tensor cores in half precision), in one pass or two (keys
-//! split, then merged), and the tiled
+//! [`VECTOR_MAX_QUERIES`] queries (on tensor cores in half precision, filled by TMA on Hopper),
+//! over the keys at once or split into partitions and merged, and the tiled
 //! kernel on tensor cores for more: on Hopper FlashAttention-3's design (TMA, warpgroup MMAs),
 //! elsewhere FlashAttention-2's on `mma.sync`. `q`, `k` and `v` are read through their strides (a cache's
 //! slice is not copied) as long as each head's features are contiguous and 16-byte aligned.
@@ -94,6 +94,62 @@ fn wgmma_backward_shared(hd: u32) -> u32 {
     1024 + 2 * keys * hd * 2 + 4 * rows * hd * 2 + 2 * rows * keys * 2 + 4 * rows * 4 + 64
 }
 
+/// Bytes of queries, cotangents and float32 dQ that the Hopper backward's running blocks share
+/// in L2: the heads of one chunk.
+const BACKWARD_CHUNK_BYTES: i64 = 64 << 20;
+
+/// Key-value heads per chunk of the Hopper backward (`heads` in all, `group` query heads each,
+/// `lq` rows of `hd` features): as many as keep a chunk's queries, cotangents and dQ under
+/// [`BACKWARD_CHUNK_BYTES`], at least one.
+fn backward_chunk(heads: i32, group: i32, lq: i32, hd: i32) -> i32 {
+    let per_head = group as i64 * lq as i64 * hd as i64 * (2 + 2 + 4);
+    (BACKWARD_CHUNK_BYTES / per_head.max(1)).clamp(1, heads.max(1) as i64) as i32
+}
+
+/// Blocks under which the Hopper backward splits each key tile's query heads between two blocks:
+/// fewer than one per SM of a 132-SM GPU leave SMs idle while the longest causal tiles run.
+const BACKWARD_SPLIT_BLOCKS: u32 = 132;
+
+/// Blocks sharing one key tile's `group` query heads: 2 when `blocks` would not fill the GPU
+/// once and the group divides in two, else 1 (more float32 additions of dK and dV than the
+/// balance gains).
+fn backward_split(blocks: u32, group: i32) -> i32 {
+    if blocks < BACKWARD_SPLIT_BLOCKS && group % 2 == 0 { 2 } else { 1 }
+}
+
+/// Warps of a tensor-core vector block (16 keys each per tile) and the stages of its ring; for
+/// the Hopper (TMA) vector kernel, its consumer warps (a producer warp joins them) and stages.
+const VECTOR_WARPS: u32 = 4;
+const VECTOR_STAGES: u32 = 3;
+const VECTOR_TMA_WARPS: u32 = 4;
+const VECTOR_TMA_STAGES: u32 = 2;
+
+/// Head sizes of the Hopper vector kernel (whole 64-feature panels, `D = Dv`).
+const VECTOR_TMA_HEADS: [i32; 3] = [64, 128, 256];
+
+/// Dynamic shared memory a block may take: 227 KiB on Hopper and Ampere's A100, less than the
+/// rings' stages ask at D 256.
+const MAX_SHARED: u32 = 227 << 10;
+
+/// Stages of a vector ring of `per_stage` bytes (plus `fixed`): `want`, or as many as fit.
+fn vector_stages(want: u32, per_stage: u32, fixed: u32) -> u32 {
+    want.min((MAX_SHARED - fixed) / per_stage).max(2)
+}
+
+/// The `mma.sync` vector kernel's stages and dynamic shared memory (`att_vector_smem`).
+fn vector_mma_shape(hd: i32, hv: i32) -> (u32, u32) {
+    let per_stage = VECTOR_WARPS * 16 * (hd as u32 * 2 + 16 + hv as u32 * 2 + 16);
+    let st = vector_stages(VECTOR_STAGES, per_stage, 0);
+    (st, st * per_stage)
+}
+
+/// The TMA vector kernel's stages and dynamic shared memory (`att_vector_tma_smem`).
+fn vector_tma_shape(hd: i32) -> (u32, u32) {
+    let per_stage = 2 * VECTOR_TMA_WARPS * 16 * hd as u32 * 2 + 16;
+    let st = vector_stages(VECTOR_TMA_STAGES, per_stage, 1024);
+    (st, 1024 + st * per_stage)
+}
+
 /// Warps of a backward block, each owning 16 keys, and its query rows per step (`ATB_BR`).
 const BACKWARD_WARPS: u32 = 8;
 const BACKWARD_ROWS: u32 = 64;
@@ -123,10 +179,10 @@ fn rows_per_block(rows: u32) -> u32 {
 }
 
 /// The module of `d`: for float32 `attention_vector_{D}_{Dv}_r{R}` (blocks of up to `R` query
-/// rows); for float16/bfloat16 `attention_vector_mma_{D}_{Dv}`, `attention_tiled_{D}`,
-/// `attention_wgmma_{D}_{keys}` and `attention_backward_wgmma_{D}` (empty off Hopper) and the
-/// backward's; for all,
-/// `attention_vector_merge_{Dv}`.
+/// rows) and its second pass `attention_vector_merge_{Dv}`; for float16/bfloat16
+/// `attention_vector_mma_{D}_{Dv}`, `attention_tiled_{D}`, and (empty off Hopper)
+/// `attention_vector_tma_{D}`, `attention_wgmma_{D}_{keys}` and `attention_backward_wgmma_{D}`,
+/// and the backward's other kernels.
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["attention.cuh"]);
     let t = ctype(d);
@@ -142,8 +198,15 @@ pub(crate) fn source(d: DType) -> String {
     }
     if d.is_half() {
         for (hd, hv) in HEADS {
+            let (threads, (st, _)) = (VECTOR_WARPS * 32, vector_mma_shape(hd, hv));
             s.kernel(format!(
-                "__launch_bounds__(128) attention_vector_mma_{hd}_{hv}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const void* mask, const {t}* sinks, float* part, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector_mma<{t}, {hd}, {hv}>(q, k, v, out, mask, sinks, part, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
+                "__launch_bounds__({threads}) attention_vector_mma_{hd}_{hv}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const void* mask, const {t}* sinks, float* part, unsigned* count, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector_mma<{t}, {hd}, {hv}, {VECTOR_WARPS}, {st}>(q, k, v, out, mask, sinks, part, count, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
+            ));
+        }
+        for hd in VECTOR_TMA_HEADS {
+            let (threads, (st, _)) = ((VECTOR_TMA_WARPS + 1) * 32, vector_tma_shape(hd));
+            s.kernel(format!(
+                "__launch_bounds__({threads}) attention_vector_tma_{hd}(const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, const {t}* q, {t}* out, const void* mask, const {t}* sinks, float* part, unsigned* count, i64 qs0, i64 qs1, i64 qs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector_tma<{t}, {hd}, {VECTOR_TMA_WARPS}, {st}>(&mk, &mv, q, out, mask, sinks, part, count, qs0, qs1, qs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
             ));
         }
         for hd in TILED_HEADS {
@@ -165,7 +228,7 @@ pub(crate) fn source(d: DType) -> String {
         }
         for hd in WGMMA_BACKWARD_HEADS {
             s.kernel(format!(
-                "__launch_bounds__(384, 1) attention_backward_wgmma_{hd}(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, const __grid_constant__ AtwMap mg, const float* stats, float* dq, {t}* dk, {t}* dv, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale) {{ attention_backward_wgmma<{t}, {hd}>(&mq, &mk, &mv, &mg, stats, dq, dk, dv, Hq, Hkv, Lq, Lk, causal, window, scale); }}"
+                "__launch_bounds__(384, 1) attention_backward_wgmma_{hd}(const __grid_constant__ AtwMap mq, const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, const __grid_constant__ AtwMap mg, const float* stats, float* dq, {t}* dk, {t}* dv, int Hq, int Hkv, int Lq, int Lk, int causal, int window, float scale, int chunk, int split, float* dkv) {{ attention_backward_wgmma<{t}, {hd}>(&mq, &mk, &mv, &mg, stats, dq, dk, dv, Hq, Hkv, Lq, Lk, causal, window, scale, chunk, split, dkv); }}"
             ));
             s.kernel(format!(
                 "attention_backward_stats_{hd}(const {t}* o, const {t}* g, const float* lse, float* stats, i64 heads, int Lq) {{ attention_backward_stats<{t}, {hd}>(o, g, lse, stats, heads, Lq); }}"
@@ -175,7 +238,7 @@ pub(crate) fn source(d: DType) -> String {
             "attention_backward_dq(const float* acc, {t}* dq, i64 n, float scale) {{ attention_backward_dq<{t}>(acc, dq, n, scale); }}"
         ));
     }
-    for hv in HEADS.map(|(_, v)| v) {
+    for hv in HEADS.map(|(_, v)| v).into_iter().filter(|_| !d.is_half()) {
         s.kernel(format!(
             "attention_vector_merge_{hv}(const float* part, const {t}* sinks, {t}* out, i64 rows, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int blocks) {{ attention_vector_merge<{t}, {hv}>(part, sinks, out, rows, Hq, Hkv, Lq, Lk, causal, window, blocks); }}"
         ));
@@ -438,9 +501,25 @@ pub(crate) fn backward(
         let f = kernel(gpu, family, &format!("attention_backward_wgmma_{hd}"))?;
         let shared = wgmma_backward_shared(hd as u32);
         allow_shared(gpu, f, shared)?;
-        // A block per 128 keys of a key-value head, the key tiles slowest.
+        // A block per 128 keys of a key-value head (and share of its query heads); heads in
+        // chunks, the key tiles slowest in one.
         let blocks = (lk as u32).div_ceil(WGMMA_BACKWARD_KEYS) * b as u32 * hkv as u32;
-        launch(gpu, f, (blocks, 1, 1), (384, 1, 1), shared, args)?;
+        let split = backward_split(blocks, hq / hkv);
+        let nk = b as usize * hkv as usize * lk as usize * hd as usize;
+        let dkv_buf = if split > 1 { Some(alloc(gpu, 2 * nk, DType::F32)?) } else { None };
+        let dkv = dkv_buf.as_ref().map_or(0, |(ptr, _)| *ptr);
+        gpu.zero(dkv, if split > 1 { 2 * nk * 4 } else { 0 })?;
+        args.extend([backward_chunk(b * hkv, hq / hkv, lq, hd) * split, split].map(Arg::I32));
+        args.push(Arg::Ptr(dkv));
+        launch(gpu, f, (blocks * split as u32, 1, 1), (384, 1, 1), shared, args)?;
+        if split > 1 {
+            // dK (already scaled) and dV from their float32 sums.
+            let f = kernel(gpu, family, "attention_backward_dq")?;
+            for (src, dst) in [(dkv, ptrs[1]), (dkv + nk as u64 * 4, ptrs[2])] {
+                let args = vec![Arg::Ptr(src), Arg::Ptr(dst), Arg::I64(nk as i64), Arg::F32(1.0)];
+                launch(gpu, f, (nk.div_ceil(256).min(65535 * 8) as u32, 1, 1), (256, 1, 1), 0, args)?;
+            }
+        }
     } else {
         let (delta, _delta_buf) = alloc(gpu, rows, DType::F32)?;
         let f = kernel(gpu, family, &format!("attention_backward_delta_{hd}"))?;
@@ -497,7 +576,7 @@ fn vector(gpu: &Arc<Gpu>, p: &AttentionParams, passes: u8, blocks: i32, inputs: 
         None => 0,
     };
     let sinks_ptr = sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0);
-    let mut args = vec![
+    let common = vec![
         Arg::Ptr(ptr_of(&q)?),
         Arg::Ptr(ptr_of(&k)?),
         Arg::Ptr(ptr_of(&v)?),
@@ -506,27 +585,53 @@ fn vector(gpu: &Arc<Gpu>, p: &AttentionParams, passes: u8, blocks: i32, inputs: 
         Arg::Ptr(sinks_ptr),
         Arg::Ptr(part),
     ];
-    args.extend(qs.into_iter().chain(ks).chain(vs).chain(ms).map(Arg::I64));
     let window = p.window.unwrap_or(0);
-    args.extend([hq, hkv, lq, lk, p.causal as i32, window, mask_kind, blocks].map(Arg::I32));
-    args.push(Arg::F32(p.scale));
+    let mut tail: Vec<Arg> = [hq, hkv, lq, lk, p.causal as i32, window, mask_kind, blocks].map(Arg::I32).into();
+    tail.push(Arg::F32(p.scale));
     let group = (hq / hkv) as u32;
     if d.is_half() {
-        // Tensor cores: a block per query of up to 16 grouped heads; each of its 4 warps stages 32
-        // keys and values of `hd` and `hv` 2-byte features, rows padded by 16 bytes.
-        let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_mma_{hd}_{hv}"))?;
-        let grid = b as u32 * hkv as u32 * lq as u32 * group.div_ceil(16);
-        let smem = 4 * 32 * (hd as u32 * 2 + 16 + hv as u32 * 2 + 16);
-        allow_shared(gpu, f, smem)?;
-        launch(gpu, f, (grid, blocks as u32, 1), (128, 1, 1), smem, args)?;
-    } else {
-        let r = rows_per_block(group * lq as u32);
-        let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_{hd}_{hv}_r{r}"))?;
-        let grid = b as u32 * hkv as u32 * (group * lq as u32).div_ceil(r);
-        let (warps, smem) = vector_block(d, hd, hv);
-        allow_shared(gpu, f, smem)?;
-        launch(gpu, f, (grid, blocks as u32, 1), (warps * 32, 1, 1), smem, args)?;
+        // Tensor cores: a block per query of up to 16 grouped heads and key partition; with
+        // partitions, the last block of a grid column to finish merges them (a counter each).
+        let grid = (b as u32 * hkv as u32 * lq as u32 * group.div_ceil(16), blocks as u32, 1);
+        let count = if passes == 2 { gpu.counters(grid.0 as usize)? } else { 0 };
+        if gpu.info.compute_capability == HOPPER && hd == hv && VECTOR_TMA_HEADS.contains(&hd) {
+            let (k, ks) = tma_ready(gpu, k, ks)?;
+            let (v, vs) = tma_ready(gpu, v, vs)?;
+            let keys = VECTOR_TMA_WARPS * 16;
+            let mut args = vec![Arg::Bytes(tensor_map(&k, ks, keys)?), Arg::Bytes(tensor_map(&v, vs, keys)?)];
+            // q, out, mask, sinks, part, count; q's and the mask's strides; the rest as the mma
+            // kernel's.
+            args.extend(common[..1].iter().chain(&common[3..7]).cloned());
+            args.push(Arg::Ptr(count));
+            args.extend(qs.into_iter().chain(ms).map(Arg::I64));
+            args.extend(tail);
+            let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_tma_{hd}"))?;
+            let (_, smem) = vector_tma_shape(hd);
+            allow_shared(gpu, f, smem)?;
+            launch(gpu, f, grid, ((VECTOR_TMA_WARPS + 1) * 32, 1, 1), smem, args)?;
+        } else {
+            let mut args = common;
+            args.push(Arg::Ptr(count));
+            args.extend(qs.into_iter().chain(ks).chain(vs).chain(ms).map(Arg::I64));
+            args.extend(tail);
+            let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_mma_{hd}_{hv}"))?;
+            let (_, smem) = vector_mma_shape(hd, hv);
+            allow_shared(gpu, f, smem)?;
+            launch(gpu, f, grid, (VECTOR_WARPS * 32, 1, 1), smem, args)?;
+        }
+        drop(scratch);
+        return Ok(());
     }
+    // float32 on CUDA cores, then (with partitions) the merge as a second launch.
+    let mut args = common;
+    args.extend(qs.into_iter().chain(ks).chain(vs).chain(ms).map(Arg::I64));
+    args.extend(tail);
+    let r = rows_per_block(group * lq as u32);
+    let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_{hd}_{hv}_r{r}"))?;
+    let grid = b as u32 * hkv as u32 * (group * lq as u32).div_ceil(r);
+    let (warps, smem) = vector_block(d, hd, hv);
+    allow_shared(gpu, f, smem)?;
+    launch(gpu, f, (grid, blocks as u32, 1), (warps * 32, 1, 1), smem, args)?;
     if passes == 2 {
         let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_merge_{hv}"))?;
         let args = vec![

@@ -635,11 +635,15 @@ fn gpu_kernels_follow_the_plan_and_agree_with_the_composition() {
     let none = AttentionOptions::default();
     assert_eq!(
         route([1, 32, 1, 128], kv(1, 32768), DType::BF16, &none),
-        AttentionKernel::Vector { passes: 2, blocks: 66 }
+        AttentionKernel::Vector { passes: 2, blocks: 16 }
+    );
+    assert_eq!(
+        route([8, 32, 1, 128], kv(8, 8192), DType::BF16, &none),
+        AttentionKernel::Vector { passes: 2, blocks: 2 }
     );
     assert_eq!(
         route([32, 32, 1, 128], kv(32, 8192), DType::BF16, &none),
-        AttentionKernel::Vector { passes: 2, blocks: 3 }
+        AttentionKernel::Vector { passes: 1, blocks: 1 }
     );
     assert_eq!(
         route([64, 32, 1, 128], kv(64, 256), DType::BF16, &none),
@@ -670,7 +674,8 @@ fn gpu_kernels_follow_the_plan_and_agree_with_the_composition() {
     let capped = AttentionOptions::default().max_score_bytes(32 * 32768 * 4);
     let p = plan_attention(&[1, 32, 1, 128], &kv(1, 32768), &kv(1, 32768), DType::BF16, &capped).unwrap();
     assert_eq!((p.max_intermediate_bytes, p.capped), (0, false));
-    assert_eq!(p.scratch_bytes, 32 * 66 * (128 * 4 + 8));
+    assert_eq!(p.kernel, AttentionKernel::Vector { passes: 2, blocks: 16 });
+    assert_eq!(p.scratch_bytes, 32 * 16 * (128 * 4 + 8));
 
     let cpu = nuvec::Device::cpu();
     let (mut vector, mut tiled) = (0, 0);
