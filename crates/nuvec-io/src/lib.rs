@@ -6,6 +6,9 @@
 //!   that nuvec has.
 //! - NumPy's `.npy` ([`load_npy`], [`save_npy`]) and `.npz` ([`load_npz`], [`save_npz`],
 //!   stored or deflated).
+//! - GGUF, llama.cpp's format ([`GgufFile`], [`load_gguf`]): metadata and tensors; F32, F16
+//!   and BF16 as they are, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K dequantized to float32, or
+//!   Q4_0/Q4_1/Q8_0 kept quantized in MLX's affine format ([`GgufFile::affine`]).
 //! - [`load`] picks the format by the file's name.
 //!
 //! Arrays load on the host; the first operation on another device moves them. A corrupt or
@@ -30,18 +33,21 @@
 
 #![warn(missing_docs)]
 
+mod gguf;
 mod npy;
 mod safetensors_io;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+pub use gguf::{GgufAffine, GgufFile, GgufTensor, GgufValue, load_gguf};
 pub use npy::{load_npy, load_npz, save_npy, save_npz};
 pub use nuvec_core::{Array, Error, Result};
 pub use safetensors_io::{SafetensorsFile, load_safetensors, load_safetensors_index, save_safetensors};
 
 /// Every tensor of the file at `path`, by name, the format chosen by its name: `.safetensors`,
-/// a sharded checkpoint's `.json` index, or `.npz`. (`.npy` holds one array: [`load_npy`].)
+/// a sharded checkpoint's `.json` index, `.npz`, or `.gguf` (its metadata: [`load_gguf`]).
+/// (`.npy` holds one array: [`load_npy`].)
 pub fn load(path: impl AsRef<Path>) -> Result<BTreeMap<String, Array>> {
     let path = path.as_ref();
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -51,8 +57,10 @@ pub fn load(path: impl AsRef<Path>) -> Result<BTreeMap<String, Array>> {
         load_safetensors_index(path)
     } else if name.ends_with(".npz") {
         load_npz(path)
+    } else if name.ends_with(".gguf") {
+        Ok(load_gguf(path)?.0)
     } else {
-        Err(io_error("load", path, "the format is not known by the name (.safetensors, .json index, .npz)"))
+        Err(io_error("load", path, "the format is not known by the name (.safetensors, .json index, .npz, .gguf)"))
     }
 }
 

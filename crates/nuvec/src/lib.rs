@@ -26,11 +26,11 @@ pub use nuvec_core::{
     ops, promote_types, random, transforms, tree_map, tree_map_with, with_stream,
 };
 
-/// Files: safetensors (memory-mapped, sharded), `.npy` and `.npz` (the `nuvec-io` crate).
+/// Files: safetensors (memory-mapped, sharded), `.npy`, `.npz` and GGUF (the `nuvec-io` crate).
 pub mod io {
     pub use nuvec_io::*;
 }
-pub use nuvec_io::{load, load_npy, load_npz, load_safetensors, save_npz, save_safetensors};
+pub use nuvec_io::{load, load_gguf, load_npy, load_npz, load_safetensors, save_npz, save_safetensors};
 
 /// Writes `array` to a `.npy` file, as MLX's `mx.save`.
 pub use nuvec_io::save_npy as save;

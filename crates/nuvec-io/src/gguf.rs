@@ -1,0 +1,429 @@
+//! GGUF (llama.cpp's format): a header of typed metadata and tensor descriptions, then the
+//! tensors' bytes, aligned. Quantized tensors (ggml's block formats) are dequantized to
+//! float32 here; F32, F16 and BF16 tensors keep their dtype.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use nuvec_core::{Array, DType, Result, f16};
+
+use crate::io_error;
+
+/// A metadata value of a GGUF file.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GgufValue {
+    /// `uint8`.
+    U8(u8),
+    /// `int8`.
+    I8(i8),
+    /// `uint16`.
+    U16(u16),
+    /// `int16`.
+    I16(i16),
+    /// `uint32`.
+    U32(u32),
+    /// `int32`.
+    I32(i32),
+    /// `float32`.
+    F32(f32),
+    /// `bool`.
+    Bool(bool),
+    /// A UTF-8 string.
+    String(String),
+    /// An array of values of one type.
+    Array(Vec<GgufValue>),
+    /// `uint64`.
+    U64(u64),
+    /// `int64`.
+    I64(i64),
+    /// `float64`.
+    F64(f64),
+}
+
+impl GgufValue {
+    /// The value as an unsigned integer, when it is a non-negative integer.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            GgufValue::U8(v) => Some(v as u64),
+            GgufValue::U16(v) => Some(v as u64),
+            GgufValue::U32(v) => Some(v as u64),
+            GgufValue::U64(v) => Some(v),
+            GgufValue::I8(v) => u64::try_from(v).ok(),
+            GgufValue::I16(v) => u64::try_from(v).ok(),
+            GgufValue::I32(v) => u64::try_from(v).ok(),
+            GgufValue::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// The value as a string, when it is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// One tensor's description in a GGUF file.
+#[derive(Clone, Debug)]
+pub struct GgufTensor {
+    /// Its name.
+    pub name: String,
+    /// Its shape, outermost first (GGUF lists dimensions innermost first).
+    pub shape: Vec<i32>,
+    /// ggml's type number (0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K,
+    /// 30 BF16, ...).
+    pub ggml_type: u32,
+    /// Where its bytes start, from the start of the data section.
+    pub offset: u64,
+}
+
+/// ggml element types this reader knows: (number, name, elements per block, bytes per block).
+const TYPES: [(u32, &str, usize, usize); 9] = [
+    (0, "F32", 1, 4),
+    (1, "F16", 1, 2),
+    (2, "Q4_0", 32, 18),
+    (3, "Q4_1", 32, 20),
+    (8, "Q8_0", 32, 34),
+    (12, "Q4_K", 256, 144),
+    (13, "Q5_K", 256, 176),
+    (14, "Q6_K", 256, 210),
+    (30, "BF16", 1, 2),
+];
+
+/// A GGUF file, memory-mapped: metadata and tensor descriptions read on open, a tensor when
+/// asked for.
+pub struct GgufFile {
+    path: PathBuf,
+    map: Mmap,
+    version: u32,
+    metadata: BTreeMap<String, GgufValue>,
+    tensors: Vec<GgufTensor>,
+    data: usize,
+}
+
+impl GgufFile {
+    /// Maps the file at `path` and reads its header; an error names the file and what is wrong.
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|e| io_error("load_gguf", &path, e))?;
+        // SAFETY: the map is read-only and lives with `self` (as `SafetensorsFile`'s).
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io_error("load_gguf", &path, e))?;
+        let mut r = Reader { bytes: &map, at: 0 };
+        let header = (|| -> std::result::Result<_, String> {
+            if r.take(4)? != b"GGUF" {
+                return Err("not a GGUF file (no magic)".into());
+            }
+            let version = r.u32()?;
+            if !(2..=3).contains(&version) {
+                return Err(format!("GGUF version {version} is not supported (2 and 3 are)"));
+            }
+            let (tensors, kvs) = (r.u64()?, r.u64()?);
+            let mut metadata = BTreeMap::new();
+            for _ in 0..kvs {
+                let key = r.string()?;
+                let ty = r.u32()?;
+                let value = r.value(ty).map_err(|e| format!("metadata '{key}': {e}"))?;
+                metadata.insert(key, value);
+            }
+            let mut infos = Vec::new();
+            for _ in 0..tensors {
+                let name = r.string()?;
+                let dims = r.u32()?;
+                if dims > 8 {
+                    return Err(format!("tensor '{name}': {dims} dimensions"));
+                }
+                let mut shape = Vec::new();
+                for _ in 0..dims {
+                    let d = r.u64()?;
+                    shape.push(i32::try_from(d).map_err(|_| format!("tensor '{name}': dimension {d} is too large"))?);
+                }
+                shape.reverse();
+                let ggml_type = r.u32()?;
+                let offset = r.u64()?;
+                infos.push(GgufTensor { name, shape, ggml_type, offset });
+            }
+            let align = metadata.get("general.alignment").and_then(GgufValue::as_u64).unwrap_or(32).max(1) as usize;
+            Ok((version, metadata, infos, r.at.next_multiple_of(align)))
+        })();
+        let (version, metadata, tensors, data) = header.map_err(|e| io_error("load_gguf", &path, e))?;
+        Ok(GgufFile { path, map, version, metadata, tensors, data })
+    }
+
+    /// The format's version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The metadata, by key (`general.architecture`, `tokenizer.ggml.tokens`, ...).
+    pub fn metadata(&self) -> &BTreeMap<String, GgufValue> {
+        &self.metadata
+    }
+
+    /// The tensors' descriptions, in the file's order.
+    pub fn tensors(&self) -> &[GgufTensor] {
+        &self.tensors
+    }
+
+    /// Tensor `name`: F32, F16 and BF16 as they are, quantized types dequantized to float32.
+    pub fn get(&self, name: &str) -> Result<Array> {
+        let fail = |what: String| io_error("load_gguf", &self.path, format!("tensor '{name}': {what}"));
+        let t = self.tensors.iter().find(|t| t.name == name).ok_or_else(|| fail("no tensor of that name".into()))?;
+        let &(_, _, block, block_bytes) = TYPES
+            .iter()
+            .find(|k| k.0 == t.ggml_type)
+            .ok_or_else(|| fail(format!("ggml type {} is not supported", t.ggml_type)))?;
+        let n: usize = t.shape.iter().map(|&d| d.max(0) as usize).product();
+        if !n.is_multiple_of(block) {
+            return Err(fail(format!("{n} elements are not whole blocks of {block}")));
+        }
+        let bytes = n / block * block_bytes;
+        let start = usize::try_from(t.offset).ok().and_then(|o| o.checked_add(self.data));
+        let src = start
+            .and_then(|s| self.map.get(s..s.checked_add(bytes)?))
+            .ok_or_else(|| fail(format!("its {bytes} bytes at offset {} run past the end of the file", t.offset)))?;
+        let array = match t.ggml_type {
+            0 => Array::from_raw_bytes(src, t.shape.clone(), DType::F32),
+            1 => Array::from_raw_bytes(src, t.shape.clone(), DType::F16),
+            30 => Array::from_raw_bytes(src, t.shape.clone(), DType::BF16),
+            ty => Array::from_slice(&dequantize(ty, src, n), t.shape.clone()),
+        };
+        match array.error() {
+            Some(e) => Err(fail(e.to_string())),
+            None => Ok(array),
+        }
+    }
+
+    /// Every tensor, by name.
+    pub fn load_all(&self) -> Result<BTreeMap<String, Array>> {
+        self.tensors.iter().map(|t| Ok((t.name.clone(), self.get(&t.name)?))).collect()
+    }
+
+    /// Tensor `name` kept quantized, in MLX's affine format (groups of 32, as
+    /// `ops::dequantize(&w, &scales, Some(&biases), 32, bits, "affine", ..)` reads it), when its
+    /// blocks map to it: Q4_0 and Q4_1 (4 bits) and Q8_0 (8 bits); `None` for other types.
+    pub fn affine(&self, name: &str) -> Result<Option<GgufAffine>> {
+        let fail = |what: String| io_error("load_gguf", &self.path, format!("tensor '{name}': {what}"));
+        let t = self.tensors.iter().find(|t| t.name == name).ok_or_else(|| fail("no tensor of that name".into()))?;
+        let (bits, block_bytes) = match t.ggml_type {
+            2 => (4, 18),
+            3 => (4, 20),
+            8 => (8, 34),
+            _ => return Ok(None),
+        };
+        let Some((&cols, rows)) = t.shape.split_last() else {
+            return Err(fail("a 0-d tensor is not blocks".into()));
+        };
+        if cols % 32 != 0 {
+            return Err(fail(format!("its last dimension {cols} is not whole blocks of 32")));
+        }
+        let blocks = t.shape.iter().map(|&d| d.max(0) as usize).product::<usize>() / 32;
+        let start = usize::try_from(t.offset).ok().and_then(|o| o.checked_add(self.data));
+        let src = start
+            .and_then(|s| self.map.get(s..s.checked_add(blocks * block_bytes)?))
+            .ok_or_else(|| fail(format!("its blocks at offset {} run past the end of the file", t.offset)))?;
+        let (mut words, mut scales, mut biases) = (Vec::new(), Vec::new(), Vec::new());
+        for b in src.chunks_exact(block_bytes) {
+            let d = f16::from_le_bytes([b[0], b[1]]);
+            scales.push(d);
+            // MLX packs element j of a word at bits `bits * j`, words in element order.
+            match t.ggml_type {
+                8 => {
+                    biases.push(f16::from_f32(-128.0 * d.to_f32()));
+                    let q: Vec<u32> = b[2..].iter().map(|&v| (v as i8 as i32 + 128) as u32).collect();
+                    words
+                        .extend(q.chunks_exact(4).map(|c| c.iter().enumerate().fold(0, |w, (j, &v)| w | v << (8 * j))));
+                }
+                ty => {
+                    let q = if ty == 2 { &b[2..] } else { &b[4..] };
+                    biases.push(if ty == 2 {
+                        f16::from_f32(-8.0 * d.to_f32())
+                    } else {
+                        f16::from_le_bytes([b[2], b[3]])
+                    });
+                    // Elements 0..16 are the low nibbles, 16..32 the high ones.
+                    let nib: Vec<u32> =
+                        q.iter().map(|&v| (v & 0xF) as u32).chain(q.iter().map(|&v| (v >> 4) as u32)).collect();
+                    words.extend(
+                        nib.chunks_exact(8).map(|c| c.iter().enumerate().fold(0, |w, (j, &v)| w | v << (4 * j))),
+                    );
+                }
+            }
+        }
+        let shape = |last: i32| rows.iter().copied().chain([last]).collect::<Vec<i32>>();
+        Ok(Some(GgufAffine {
+            w: Array::from_slice(&words, shape(cols * bits / 32)),
+            scales: Array::from_slice(&scales, shape(cols / 32)),
+            biases: Array::from_slice(&biases, shape(cols / 32)),
+            bits,
+        }))
+    }
+}
+
+/// A GGUF tensor kept quantized in MLX's affine format: `w` (`uint32`, `[.., K * bits / 32]`),
+/// `scales` and `biases` (`float16`, `[.., K / 32]`), groups of 32.
+pub struct GgufAffine {
+    /// The packed values.
+    pub w: Array,
+    /// Each group's scale.
+    pub scales: Array,
+    /// Each group's bias.
+    pub biases: Array,
+    /// Bits per value: 4 or 8.
+    pub bits: i32,
+}
+
+/// Every tensor of the GGUF file at `path` (quantized ones dequantized to float32), and its
+/// metadata.
+pub fn load_gguf(path: impl AsRef<Path>) -> Result<(BTreeMap<String, Array>, BTreeMap<String, GgufValue>)> {
+    let file = GgufFile::open(path)?;
+    Ok((file.load_all()?, file.metadata.clone()))
+}
+
+/// Little-endian reads from the header, each failing at the end of the bytes.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> std::result::Result<&[u8], String> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or("truncated header")?;
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+    fn array<const N: usize>(&mut self) -> std::result::Result<[u8; N], String> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    fn u32(&mut self) -> std::result::Result<u32, String> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> std::result::Result<u64, String> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn string(&mut self) -> std::result::Result<String, String> {
+        let n = usize::try_from(self.u64()?).map_err(|_| "string too long")?;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "a string is not UTF-8".into())
+    }
+    fn value(&mut self, ty: u32) -> std::result::Result<GgufValue, String> {
+        use GgufValue as V;
+        Ok(match ty {
+            0 => V::U8(self.array::<1>()?[0]),
+            1 => V::I8(self.array::<1>()?[0] as i8),
+            2 => V::U16(u16::from_le_bytes(self.array()?)),
+            3 => V::I16(i16::from_le_bytes(self.array()?)),
+            4 => V::U32(self.u32()?),
+            5 => V::I32(i32::from_le_bytes(self.array()?)),
+            6 => V::F32(f32::from_le_bytes(self.array()?)),
+            7 => V::Bool(self.array::<1>()?[0] != 0),
+            8 => V::String(self.string()?),
+            9 => {
+                let inner = self.u32()?;
+                let n = self.u64()?;
+                // Each element takes at least a byte: a count past the file is corrupt.
+                if n > (self.bytes.len() - self.at) as u64 {
+                    return Err(format!("an array of {n} values runs past the end of the file"));
+                }
+                (0..n).map(|_| self.value(inner)).collect::<std::result::Result<_, _>>().map(V::Array)?
+            }
+            10 => V::U64(self.u64()?),
+            11 => V::I64(i64::from_le_bytes(self.array()?)),
+            12 => V::F64(f64::from_le_bytes(self.array()?)),
+            t => return Err(format!("value type {t} is not known")),
+        })
+    }
+}
+
+fn half(b: &[u8]) -> f32 {
+    f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// Scale and minimum `j` (0..8) of a Q4_K/Q5_K block's 12 packed 6-bit pairs.
+fn scale_min(j: usize, q: &[u8]) -> (f32, f32) {
+    let (sc, m) = if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    };
+    (sc as f32, m as f32)
+}
+
+/// The `n` values of ggml blocks of type `ty` (a type of [`TYPES`] other than F32/F16/BF16).
+fn dequantize(ty: u32, src: &[u8], n: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n);
+    match ty {
+        // Q4_0: d, 32 nibbles (low halves first), x = (q - 8) d.
+        2 => src.chunks_exact(18).for_each(|b| {
+            let (d, q) = (half(&b[..2]), &b[2..]);
+            out.extend(q.iter().map(|&v| ((v & 0xF) as f32 - 8.0) * d));
+            out.extend(q.iter().map(|&v| ((v >> 4) as f32 - 8.0) * d));
+        }),
+        // Q4_1: d, m, 32 nibbles, x = q d + m.
+        3 => src.chunks_exact(20).for_each(|b| {
+            let (d, m, q) = (half(&b[..2]), half(&b[2..4]), &b[4..]);
+            out.extend(q.iter().map(|&v| (v & 0xF) as f32 * d + m));
+            out.extend(q.iter().map(|&v| (v >> 4) as f32 * d + m));
+        }),
+        // Q8_0: d, 32 signed bytes, x = q d.
+        8 => src.chunks_exact(34).for_each(|b| {
+            let d = half(&b[..2]);
+            out.extend(b[2..].iter().map(|&v| v as i8 as f32 * d));
+        }),
+        // Q4_K: d, dmin, 8 6-bit scale/min pairs, 256 nibbles in 4 runs of 32 bytes.
+        12 => src.chunks_exact(144).for_each(|b| {
+            let (d, dmin, sc, q) = (half(&b[..2]), half(&b[2..4]), &b[4..16], &b[16..]);
+            for (r, qs) in q.chunks_exact(32).enumerate() {
+                let ((s1, m1), (s2, m2)) = (scale_min(2 * r, sc), scale_min(2 * r + 1, sc));
+                out.extend(qs.iter().map(|&v| d * s1 * (v & 0xF) as f32 - dmin * m1));
+                out.extend(qs.iter().map(|&v| d * s2 * (v >> 4) as f32 - dmin * m2));
+            }
+        }),
+        // Q5_K: Q4_K's layout with a fifth bit per value in 32 bytes of high bits.
+        13 => src.chunks_exact(176).for_each(|b| {
+            let (d, dmin, sc, qh, q) = (half(&b[..2]), half(&b[2..4]), &b[4..16], &b[16..48], &b[48..]);
+            for (r, qs) in q.chunks_exact(32).enumerate() {
+                let ((s1, m1), (s2, m2)) = (scale_min(2 * r, sc), scale_min(2 * r + 1, sc));
+                let (u1, u2) = (1u8 << (2 * r), 2u8 << (2 * r));
+                out.extend(
+                    qs.iter()
+                        .zip(qh)
+                        .map(|(&v, &h)| d * s1 * ((v & 0xF) + if h & u1 != 0 { 16 } else { 0 }) as f32 - dmin * m1),
+                );
+                out.extend(
+                    qs.iter()
+                        .zip(qh)
+                        .map(|(&v, &h)| d * s2 * ((v >> 4) + if h & u2 != 0 { 16 } else { 0 }) as f32 - dmin * m2),
+                );
+            }
+        }),
+        // Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 signed scales, d.
+        14 => src.chunks_exact(210).for_each(|b| {
+            let (ql, qh, sc, d) = (&b[..128], &b[128..192], &b[192..208], half(&b[208..]));
+            for h in 0..2 {
+                let (ql, qh, sc) = (&ql[64 * h..], &qh[32 * h..], &sc[8 * h..]);
+                let mut y = [0.0f32; 128];
+                for l in 0..32 {
+                    let is = l / 16;
+                    let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                    let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                    let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                    let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                    y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
+                    y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
+                    y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
+                    y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+                }
+                out.extend_from_slice(&y);
+            }
+        }),
+        // F32, F16 and BF16 are read as they are (`get`).
+        _ => {}
+    }
+    out
+}
