@@ -32,6 +32,12 @@ pub mod io {
 }
 pub use nuvec_io::{load, load_gguf, load_npy, load_npz, load_safetensors, save_npz, save_safetensors};
 
+/// Optimizers, learning-rate schedules and gradient clipping, as MLX's `mlx.optimizers` (the
+/// `nuvec-nn` crate).
+pub mod optim {
+    pub use nuvec_nn::optim::*;
+}
+
 /// Writes `array` to a `.npy` file, as MLX's `mx.save`.
 pub use nuvec_io::save_npy as save;
 
