@@ -1,6 +1,9 @@
 //! Neural-network building blocks on nuvec's arrays, as MLX's `mlx.nn` and `mlx.optimizers`.
-//! So far: [`optim`], the optimizers, learning-rate schedules and gradient clipping.
+//! So far: [`optim`] (optimizers, learning-rate schedules, gradient clipping), [`activations`]
+//! and [`losses`].
 
 #![warn(missing_docs)]
 
+pub mod activations;
+pub mod losses;
 pub mod optim;

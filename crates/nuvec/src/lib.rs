@@ -38,6 +38,12 @@ pub mod optim {
     pub use nuvec_nn::optim::*;
 }
 
+/// Neural-network functions, as MLX's `mlx.nn`: activations and losses (the `nuvec-nn` crate).
+pub mod nn {
+    pub use nuvec_nn::activations::*;
+    pub use nuvec_nn::losses;
+}
+
 /// Writes `array` to a `.npy` file, as MLX's `mx.save`.
 pub use nuvec_io::save_npy as save;
 
