@@ -1,9 +1,15 @@
-//! Neural-network building blocks on nuvec's arrays, as MLX's `mlx.nn` and `mlx.optimizers`.
-//! So far: [`optim`] (optimizers, learning-rate schedules, gradient clipping), [`activations`]
-//! and [`losses`].
+//! Neural-network building blocks on nuvec's arrays, as MLX's `mlx.nn` and `mlx.optimizers`:
+//! [`Module`]s whose parameters form a tree with MLX's dotted names ([`module!`] makes a struct
+//! of layers one), [`layers`], [`activations`], [`losses`], [`value_and_grad`] over a module's
+//! trainable parameters, and [`optim`] (optimizers, learning-rate schedules, gradient clipping).
 
 #![warn(missing_docs)]
 
 pub mod activations;
+pub mod layers;
 pub mod losses;
+pub mod module;
 pub mod optim;
+
+pub use layers::{Dropout, Embedding, Layer, LayerNorm, Linear, RmsNorm, Rope, Sequential};
+pub use module::{Module, Param, Params, join, value_and_grad};

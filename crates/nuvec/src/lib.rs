@@ -38,10 +38,14 @@ pub mod optim {
     pub use nuvec_nn::optim::*;
 }
 
-/// Neural-network functions, as MLX's `mlx.nn`: activations and losses (the `nuvec-nn` crate).
+/// Neural networks, as MLX's `mlx.nn`: modules, layers, activations, losses (the `nuvec-nn`
+/// crate).
 pub mod nn {
     pub use nuvec_nn::activations::*;
-    pub use nuvec_nn::losses;
+    pub use nuvec_nn::{
+        Dropout, Embedding, Layer, LayerNorm, Linear, Module, Param, Params, RmsNorm, Rope, Sequential, join, losses,
+        module, value_and_grad,
+    };
 }
 
 /// Writes `array` to a `.npy` file, as MLX's `mx.save`.
