@@ -1,9 +1,17 @@
 //! Layers, as MLX's `mlx.nn` classes of the same names, with MLX's initialisations (drawn from
 //! `key`, or from the global random state without one).
 
-use nuvec_core::{Array, DType, fast, ops, random};
+use nuvec_core::{Array, DType, Error, OpErrorKind, fast, ops, random};
 
 use crate::module::{Module, Param, join};
+
+/// `y + bias`, or `y` without one.
+fn plus_bias(y: Array, bias: &Option<Param>) -> Array {
+    match bias {
+        Some(b) => &y + &**b,
+        None => y,
+    }
+}
 
 /// A layer: a module with a forward pass of one array.
 pub trait Layer: Module {
@@ -40,10 +48,7 @@ crate::module!(Linear { weight, bias });
 impl Layer for Linear {
     fn forward(&self, x: &Array) -> Array {
         let y = x.matmul(&self.weight.t());
-        match &self.bias {
-            Some(b) => &y + &**b,
-            None => y,
-        }
+        plus_bias(y, &self.bias)
     }
 }
 
@@ -232,5 +237,221 @@ impl Module for Sequential {
 impl Layer for Sequential {
     fn forward(&self, x: &Array) -> Array {
         self.layers.iter().fold(x.clone(), |x, l| l.forward(&x))
+    }
+}
+
+/// 1-d convolution over `[N, L, C_in]` (channels last): `weight [C_out, K, C_in / groups]`,
+/// `bias [C_out]` (MLX's `nn.Conv1d`: the weight uniform in `±1/√(C_in K / groups)`, the
+/// bias zeros).
+#[derive(Clone, Debug)]
+pub struct Conv1d {
+    /// `[C_out, K, C_in / groups]`.
+    pub weight: Param,
+    /// `[C_out]`, if any.
+    pub bias: Option<Param>,
+    /// Step between windows.
+    pub stride: i32,
+    /// Zeros added at both ends.
+    pub padding: i32,
+    /// Spacing of a window's taps.
+    pub dilation: i32,
+    /// Channel groups.
+    pub groups: i32,
+}
+
+impl Conv1d {
+    /// `input` to `output` channels in `groups` groups, windows of `kernel` (stride 1, no
+    /// padding, dilation 1: set the fields for others).
+    pub fn new(input: i32, output: i32, kernel: i32, groups: i32, bias: bool, key: Option<&Array>) -> Conv1d {
+        let g = groups.max(1);
+        let (weight, bias) = conv_init(&[output, kernel, input / g], input / g * kernel, bias, key);
+        Conv1d { weight, bias, stride: 1, padding: 0, dilation: 1, groups: g }
+    }
+}
+
+crate::module!(Conv1d { weight, bias });
+
+impl Layer for Conv1d {
+    fn forward(&self, x: &Array) -> Array {
+        let y = ops::conv1d(x, &self.weight, self.stride, self.padding, self.dilation, self.groups);
+        plus_bias(y, &self.bias)
+    }
+}
+
+/// 2-d convolution over `[N, H, W, C_in]` (channels last): `weight [C_out, KH, KW, C_in /
+/// groups]`, `bias [C_out]` (MLX's `nn.Conv2d`: the weight uniform in
+/// `±1/√(C_in KH KW / groups)`, the bias zeros).
+#[derive(Clone, Debug)]
+pub struct Conv2d {
+    /// `[C_out, KH, KW, C_in / groups]`.
+    pub weight: Param,
+    /// `[C_out]`, if any.
+    pub bias: Option<Param>,
+    /// Step between windows, per axis.
+    pub stride: [i32; 2],
+    /// Zeros added at both ends, per axis.
+    pub padding: [i32; 2],
+    /// Spacing of a window's taps, per axis.
+    pub dilation: [i32; 2],
+    /// Channel groups.
+    pub groups: i32,
+}
+
+impl Conv2d {
+    /// `input` to `output` channels in `groups` groups, `kernel` windows (stride 1, no
+    /// padding, dilation 1: set the fields for others).
+    pub fn new(input: i32, output: i32, kernel: [i32; 2], groups: i32, bias: bool, key: Option<&Array>) -> Conv2d {
+        let g = groups.max(1);
+        let fan_in = input / g * kernel[0] * kernel[1];
+        let (weight, bias) = conv_init(&[output, kernel[0], kernel[1], input / g], fan_in, bias, key);
+        Conv2d { weight, bias, stride: [1, 1], padding: [0, 0], dilation: [1, 1], groups: g }
+    }
+}
+
+crate::module!(Conv2d { weight, bias });
+
+impl Layer for Conv2d {
+    fn forward(&self, x: &Array) -> Array {
+        let y = ops::conv2d(x, &self.weight, self.stride, self.padding, self.dilation, self.groups);
+        plus_bias(y, &self.bias)
+    }
+}
+
+/// A convolution's weight of `shape`, uniform in `±1/√fan_in`, and its bias, zeros.
+fn conv_init(shape: &[i32], fan_in: i32, bias: bool, key: Option<&Array>) -> (Param, Option<Param>) {
+    let k = 1.0 / (fan_in.max(1) as f32).sqrt();
+    let weight = Param::new(random::uniform(-k, k, shape, DType::F32, key));
+    let bias = bias.then(|| Param::new(ops::zeros([shape[0]], DType::F32)));
+    (weight, bias)
+}
+
+/// A [`Linear`] with its weight quantized (MLX's `nn.QuantizedLinear`): `weight` packed
+/// `uint32`, `scales` and (affine) `biases` per group, through `ops::quantized_matmul`. Its
+/// parameters start frozen, as MLX's.
+#[derive(Clone, Debug)]
+pub struct QuantizedLinear {
+    /// The packed weight, `[out, in · bits / 32]`.
+    pub weight: Param,
+    /// Each group's scale.
+    pub scales: Param,
+    /// Each group's bias (affine mode only).
+    pub biases: Option<Param>,
+    /// The layer's bias, `[out]`, if any.
+    pub bias: Option<Param>,
+    /// Elements per group.
+    pub group_size: i32,
+    /// Bits per element.
+    pub bits: i32,
+    /// `"affine"`, `"mxfp4"`, `"nvfp4"` or `"mxfp8"`.
+    pub mode: String,
+}
+
+impl QuantizedLinear {
+    /// `linear` quantized (MLX's defaults: groups of 64, 4 bits, affine).
+    pub fn from_linear(linear: &Linear, group_size: i32, bits: i32, mode: &str) -> QuantizedLinear {
+        let (w, scales, biases) = ops::quantize(&linear.weight, group_size, bits, mode);
+        let frozen = |a: Array| Param { value: a, frozen: true };
+        QuantizedLinear {
+            weight: frozen(w),
+            scales: frozen(scales),
+            biases: biases.map(frozen),
+            bias: linear.bias.as_ref().map(|b| frozen(b.value.clone())),
+            group_size,
+            bits,
+            mode: mode.to_string(),
+        }
+    }
+}
+
+crate::module!(QuantizedLinear { weight, scales, biases, bias });
+
+impl Layer for QuantizedLinear {
+    fn forward(&self, x: &Array) -> Array {
+        let y = ops::quantized_matmul(
+            x,
+            &self.weight,
+            &self.scales,
+            self.biases.as_deref(),
+            true,
+            self.group_size,
+            self.bits,
+            &self.mode,
+        );
+        plus_bias(y, &self.bias)
+    }
+}
+
+/// Multi-head attention (MLX's `nn.MultiHeadAttention`): query, key, value and output
+/// projections around `fast::scaled_dot_product_attention`, `dims / heads` features per head,
+/// scale `1/√(dims / heads)`.
+#[derive(Clone, Debug)]
+pub struct MultiHeadAttention {
+    /// Heads.
+    pub heads: i32,
+    /// `[dims, query dims]`.
+    pub query_proj: Linear,
+    /// `[dims, key dims]`.
+    pub key_proj: Linear,
+    /// `[value dims, value input dims]`.
+    pub value_proj: Linear,
+    /// `[output dims, value dims]`.
+    pub out_proj: Linear,
+}
+
+impl MultiHeadAttention {
+    /// `dims` features in and out, `heads` heads, projections with a bias or not (MLX's
+    /// default: no bias; other input and value sizes: set the projections).
+    pub fn new(dims: i32, heads: i32, bias: bool, key: Option<&Array>) -> MultiHeadAttention {
+        let keys: Vec<Option<Array>> = match key {
+            Some(k) => {
+                let ks = random::split(k, 4);
+                (0..4).map(|i| Some(ks.take(&Array::scalar(i, DType::I32), 0))).collect()
+            }
+            None => vec![None; 4],
+        };
+        let lin = |i: usize| Linear::new(dims, dims, bias, keys[i].as_ref());
+        MultiHeadAttention { heads, query_proj: lin(0), key_proj: lin(1), value_proj: lin(2), out_proj: lin(3) }
+    }
+
+    /// Attention of `queries [B, Lq, D]` over `keys` and `values [B, Lk, D]`, with an optional
+    /// mask (boolean or additive, broadcastable to `[B, heads, Lq, Lk]`).
+    #[track_caller]
+    pub fn attend(&self, queries: &Array, keys: &Array, values: &Array, mask: Option<&Array>) -> Array {
+        if [queries, keys, values].iter().any(|a| a.ndim() != 3) {
+            let what = "queries, keys and values must be [B, L, D]".to_string();
+            let at = std::panic::Location::caller();
+            return Array::from_error(Error::Op {
+                op: "MultiHeadAttention",
+                at,
+                kind: OpErrorKind::InvalidArgument(what),
+            });
+        }
+        let split = |x: Array| {
+            let (b, l, d) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+            x.reshape([b, l, self.heads, d / self.heads.max(1)]).transpose(&[0, 2, 1, 3])
+        };
+        let q = split(self.query_proj.forward(queries));
+        let k = split(self.key_proj.forward(keys));
+        let v = split(self.value_proj.forward(values));
+        let head = q.shape().last().copied().unwrap_or(1).max(1);
+        let mut opts = fast::AttentionOptions::default();
+        if let Some(m) = mask {
+            opts = opts.mask(m);
+        }
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0 / (head as f32).sqrt(), &opts);
+        let [b, h, l, d] = match o.shape() {
+            &[b, h, l, d] => [b, h, l, d],
+            _ => return o,
+        };
+        self.out_proj.forward(&o.transpose(&[0, 2, 1, 3]).reshape([b, l, h * d]))
+    }
+}
+
+crate::module!(MultiHeadAttention { query_proj, key_proj, value_proj, out_proj });
+
+impl Layer for MultiHeadAttention {
+    /// Self-attention of `x` without a mask.
+    fn forward(&self, x: &Array) -> Array {
+        self.attend(x, x, x, None)
     }
 }

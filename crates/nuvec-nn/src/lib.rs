@@ -11,5 +11,8 @@ pub mod losses;
 pub mod module;
 pub mod optim;
 
-pub use layers::{Dropout, Embedding, Layer, LayerNorm, Linear, RmsNorm, Rope, Sequential};
+pub use layers::{
+    Conv1d, Conv2d, Dropout, Embedding, Layer, LayerNorm, Linear, MultiHeadAttention, QuantizedLinear, RmsNorm, Rope,
+    Sequential,
+};
 pub use module::{Module, Param, Params, join, value_and_grad};

@@ -43,8 +43,8 @@ pub mod optim {
 pub mod nn {
     pub use nuvec_nn::activations::*;
     pub use nuvec_nn::{
-        Dropout, Embedding, Layer, LayerNorm, Linear, Module, Param, Params, RmsNorm, Rope, Sequential, join, losses,
-        module, value_and_grad,
+        Conv1d, Conv2d, Dropout, Embedding, Layer, LayerNorm, Linear, Module, MultiHeadAttention, Param, Params,
+        QuantizedLinear, RmsNorm, Rope, Sequential, join, losses, module, value_and_grad,
     };
 }
 
