@@ -24,7 +24,7 @@
 # Usage, from anywhere in the repository:
 #   scripts/build-gpu-bundle.sh [--plain]
 # Environment:
-#   GPU_TEST_PACKAGES  packages whose test binaries are bundled (default "nuvec nuvec-cuda";
+#   GPU_TEST_PACKAGES  packages whose test binaries are bundled (default "nuvec nuvec-cuda nuvec-io nuvec-nn";
 #                      "all" for every package: nuvec-core and nuvec-cpu never use the GPU)
 #   GPU_TEST_SKIP      test targets left out (default "compile_kernels": NVRTC only, no GPU, CI
 #                      runs it, and its ~250 uncached serial compiles would take minutes there)
@@ -50,7 +50,7 @@ for a in "$@"; do
         *) echo "build-gpu-bundle: unknown argument $a" >&2; exit 2 ;;
     esac
 done
-PACKAGES=${GPU_TEST_PACKAGES:-"nuvec nuvec-cuda"}
+PACKAGES=${GPU_TEST_PACKAGES:-"nuvec nuvec-cuda nuvec-io nuvec-nn"}
 SKIP_TARGETS=${GPU_TEST_SKIP-compile_kernels}
 ARCH=${GPU_ARCH:-sm_90a}
 LIMIT=$((64 * 1024 * 1024))

@@ -1,5 +1,5 @@
 //! Optimizers and learning-rate schedules, as MLX's `mlx.optimizers`: [`Sgd`], [`Adam`],
-//! [`AdamW`], [`Lion`]; [`Schedule`]s ([`linear_schedule`], [`cosine_decay`], [`step_decay`],
+//! [`AdamW`], [`Lion`], [`Adafactor`]; [`Schedule`]s ([`linear_schedule`], [`cosine_decay`], [`step_decay`],
 //! [`exponential_decay`], [`join_schedules`]); [`clip_grad_norm`].
 //!
 //! An optimizer takes any [`Tree`] of parameters and the same tree of gradients and returns the
@@ -415,4 +415,121 @@ pub fn clip_grad_norm<T: Tree>(grads: &T, max_norm: f32) -> (T, Array) {
         .map(|g| if g.dtype().is_float() { (g * &normalizer).astype(g.dtype()) } else { g * &normalizer })
         .collect();
     (grads.with_leaves(clipped), norm)
+}
+
+/// Adafactor (MLX's `Adafactor`): second moments factored into row and column means for
+/// matrices, updates clipped by their RMS, a step size relative to the step and the
+/// parameter's RMS by default.
+pub struct Adafactor {
+    core: Core,
+    /// Added to the squared gradient, and the least parameter scale.
+    pub eps: (f32, f32),
+    /// The largest RMS of an update before scaling.
+    pub clip_threshold: f32,
+    /// The second moment's decay exponent: `β₂ = 1 − step^decay_rate`.
+    pub decay_rate: f32,
+    /// A first moment with this rate, if any.
+    pub beta_1: Option<f32>,
+    /// Decoupled weight decay.
+    pub weight_decay: f32,
+    /// Scale the step by the parameter's RMS.
+    pub scale_parameter: bool,
+    /// Step size `min(1e-2, 1/√step)` instead of the learning rate.
+    pub relative_step: bool,
+    /// With `relative_step`, start from `1e-6 · step` instead of `1e-2`.
+    pub warmup_init: bool,
+}
+
+impl Adafactor {
+    /// MLX's defaults: relative step sizes (no learning rate), eps (1e-30, 1e-3), clipping at
+    /// 1, decay exponent −0.8, no first moment, no weight decay.
+    pub fn new() -> Adafactor {
+        Adafactor {
+            core: Core::new(Schedule::Constant(0.0)),
+            eps: (1e-30, 1e-3),
+            clip_threshold: 1.0,
+            decay_rate: -0.8,
+            beta_1: None,
+            weight_decay: 0.0,
+            scale_parameter: true,
+            relative_step: true,
+            warmup_init: false,
+        }
+    }
+
+    /// With the learning rate (or schedule) `lr` in place of relative step sizes.
+    pub fn with_learning_rate(lr: impl Into<Schedule>) -> Adafactor {
+        Adafactor { core: Core::new(lr.into()), relative_step: false, ..Adafactor::new() }
+    }
+}
+
+impl Default for Adafactor {
+    fn default() -> Adafactor {
+        Adafactor::new()
+    }
+}
+
+impl Optimizer for Adafactor {
+    core_methods!();
+    fn apply_gradients<T: Tree>(&mut self, gradients: &T, parameters: &T) -> T {
+        let s = (self.eps, self.clip_threshold, self.decay_rate, self.beta_1, self.weight_decay);
+        let (eps, clip, decay, beta_1, wd) = s;
+        let (scale_parameter, relative, warmup) = (self.scale_parameter, self.relative_step, self.warmup_init);
+        self.core.apply(
+            gradients,
+            parameters,
+            |p| {
+                let mut st = BTreeMap::new();
+                let sh = p.shape();
+                if sh.len() >= 2 {
+                    st.insert("exp_avg_sq_row", nuvec_core::ops::zeros(&sh[..sh.len() - 1], p.dtype()));
+                    let col: Vec<i32> = sh[..sh.len() - 2].iter().chain(&sh[sh.len() - 1..]).copied().collect();
+                    st.insert("exp_avg_sq_col", nuvec_core::ops::zeros(col, p.dtype()));
+                } else {
+                    st.insert("exp_avg_sq", zeros(p));
+                }
+                if beta_1.is_some() {
+                    st.insert("exp_avg", zeros(p));
+                }
+                st
+            },
+            |g, p, lr, step, st| {
+                let rms = |x: &Array| x.square().mean(..).sqrt();
+                let p_rms = rms(p);
+                let size = if relative {
+                    let min_step = if warmup { 1e-6 * step as f32 } else { 1e-2 };
+                    Array::scalar(min_step.min(1.0 / (step as f32).sqrt()), p_rms.dtype())
+                } else {
+                    lr.astype(p_rms.dtype())
+                };
+                let lr = if scale_parameter { &p_rms.maximum(eps.1) * &size } else { size };
+                let b2 = 1.0 - (step as f32).powf(decay);
+                let sq = &g.square() + eps.0;
+                let mut update = if g.ndim() >= 2 {
+                    let row = &(&st["exp_avg_sq_row"] * b2) + &(&sq.mean(-1) * (1.0 - b2));
+                    let col = &(&st["exp_avg_sq_col"] * b2) + &(&sq.mean(-2) * (1.0 - b2));
+                    let r = (&row / &row.mean_keepdims(-1)).rsqrt();
+                    let c = col.rsqrt();
+                    st.insert("exp_avg_sq_row", row);
+                    st.insert("exp_avg_sq_col", col);
+                    &(&r.expand_dims(-1) * &c.expand_dims(-2)) * g
+                } else {
+                    let v = &(&st["exp_avg_sq"] * b2) + &(&sq * (1.0 - b2));
+                    let u = &v.rsqrt() * g;
+                    st.insert("exp_avg_sq", v);
+                    u
+                };
+                update = &update / &(&rms(&update) / clip).maximum(1.0f32);
+                update = &lr * &update;
+                if let Some(b1) = beta_1 {
+                    let e = &(&st["exp_avg"] * b1) + &(&update * (1.0 - b1));
+                    st.insert("exp_avg", e.clone());
+                    update = e;
+                }
+                let p = if wd != 0.0 { p + &(p * &(&lr * -wd)) } else { p.clone() };
+                &p - &update
+            },
+        )
+    }
+    state_methods!(&["exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_sq", "exp_avg"]);
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use nuvec as _; // the backends
 use nuvec_core::{Array, DType};
-use nuvec_nn::optim::{self, Adam, AdamW, Lion, Optimizer, Schedule, Sgd};
+use nuvec_nn::optim::{self, Adafactor, Adam, AdamW, Lion, Optimizer, Schedule, Sgd};
 
 fn fixtures() -> BTreeMap<String, Array> {
     nuvec_io::load_safetensors(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/optim.safetensors")).unwrap()
@@ -61,6 +61,13 @@ fn optimizers_follow_mlx() {
     let mut s = Sgd::new(linear_cosine());
     s.momentum = 0.5;
     check("sgd_join", &mut s, &f);
+    check("adafactor", &mut Adafactor::new(), &f);
+    let mut a = Adafactor::with_learning_rate(0.01);
+    (a.beta_1, a.weight_decay) = (Some(0.9), 0.1);
+    check("adafactor_lr", &mut a, &f);
+    let mut a = Adafactor::new();
+    (a.warmup_init, a.scale_parameter, a.clip_threshold) = (true, false, 0.5);
+    check("adafactor_warm", &mut a, &f);
 }
 
 #[test]

@@ -27,6 +27,9 @@ configs = {
     "lion": lambda: optim.Lion(0.01, weight_decay=0.1),
     "adam_cosine": lambda: optim.Adam(optim.cosine_decay(0.01, 5)),
     "sgd_join": lambda: optim.SGD(linear_cosine(), momentum=0.5),
+    "adafactor": lambda: optim.Adafactor(),
+    "adafactor_lr": lambda: optim.Adafactor(0.01, beta_1=0.9, weight_decay=0.1, relative_step=False),
+    "adafactor_warm": lambda: optim.Adafactor(warmup_init=True, scale_parameter=False, clip_threshold=0.5),
 }
 for name, make in configs.items():
     opt = make()
