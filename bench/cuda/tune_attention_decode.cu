@@ -6,7 +6,7 @@
 // all, rounded down per key-value head), beside a plain read of the same K and V (the ceiling).
 // Build and run on the GPU machine, from the repository root:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I crates/nuvec-cuda/kernels -I bench/cuda \
-//     bench/cuda/tune_attention_decode.cu -o tad -ldl && ./tad
+//     bench/cuda/tune_attention_decode.cu -o tad -ldl && ./tad     (./tad check: the checks only)
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -211,6 +211,7 @@ int main(int argc, char** argv) {
   checks<bf16, 256, 1, 4, 2>();
   checks<bf16, 128, 1, 8, 2>();
   printf("%d failures\n", failures);
+  if (argc > 1 && !strcmp(argv[1], "check")) return failures != 0;  // ./tad check: no timings
   const Run runs[] = {{1, 32, 8, 1, 1024, 0, 0, false},   {1, 32, 8, 1, 4096, 0, 0, false},
                       {1, 32, 8, 1, 32768, 0, 0, false},  {1, 32, 8, 1, 131072, 0, 0, false},
                       {8, 32, 8, 1, 8192, 0, 0, false},   {32, 32, 8, 1, 8192, 0, 0, false},

@@ -371,11 +371,13 @@ __device__ __forceinline__ void att_commit() { asm volatile("cp.async.commit_gro
 __device__ __forceinline__ void att_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
 // Stages rows first..first+ROWS-1 of a [rows, D] matrix (row stride `rs` elements) into `dst`
-// (ROW bytes per row); rows outside [0, valid) are zeros.
-template <typename T, int D, int ROW, int ROWS>
+// (ROW bytes per row); rows outside [0, valid) are zeros. NT, when given, is the threads taking
+// part (the first NT), so that the loop unrolls.
+template <typename T, int D, int ROW, int ROWS, int NT = 0>
 __device__ __forceinline__ void att_stage(u32 dst, const T* src, i64 rs, int first, int valid) {
   constexpr int CH = D * (int)sizeof(T) / 16;
-  for (int x = threadIdx.x; x < ROWS * CH; x += blockDim.x) {
+#pragma unroll
+  for (int x = threadIdx.x; x < ROWS * CH; x += NT ? NT : (int)blockDim.x) {
     int r = x / CH, c = x % CH, row = first + r;
     bool ok = row >= 0 && row < valid;
     const T* g = src + (ok ? row : 0) * rs + c * (16 / (int)sizeof(T));
@@ -1078,7 +1080,7 @@ constexpr int att_vector_smem(int D, int DV, int NW, int ST) { return ST * NW * 
 
 template <typename T, int D, int DV, int NW, int ST>
 __device__ __forceinline__ void attention_vector_mma(ATT_VECTOR_ARGS) {
-  constexpr int KT = NW * 16, KROW = D * 2 + 16, VROW = DV * 2 + 16, KCH = D * 2 / 16, VCH = DV * 2 / 16;
+  constexpr int KT = NW * 16, KROW = D * 2 + 16, VROW = DV * 2 + 16;
   constexpr int STAGE = KT * (KROW + VROW);
   extern __shared__ __align__(16) unsigned char att_dyn[];
   __shared__ __align__(16) unsigned char qsh[16 * KROW];
@@ -1093,23 +1095,9 @@ __device__ __forceinline__ void attention_vector_mma(ATT_VECTOR_ARGS) {
   // The ring: tile t (keys kmin + t KT ..) in stage t % ST; keys at or past kmax are zeros.
   const u32 ring = (u32)__cvta_generic_to_shared(att_dyn);
   auto stage = [&](int t) {
-    const u32 ks = ring + (t % ST) * STAGE, vs = ks + KT * KROW;
-#pragma unroll
-    for (int x = threadIdx.x; x < KT * KCH; x += NW * 32) {
-      const int kk = x / KCH, c = x % KCH, jj = kmin + t * KT + kk;
-      const bool ok = jj < kmax;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(ks + kk * KROW + c * 16),
-                   "l"(kb + (ok ? jj : kmin) * ks2 + c * 8), "r"(ok ? 16 : 0)
-                   : "memory");
-    }
-#pragma unroll
-    for (int x = threadIdx.x; x < KT * VCH; x += NW * 32) {
-      const int kk = x / VCH, c = x % VCH, jj = kmin + t * KT + kk;
-      const bool ok = jj < kmax;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(vs + kk * VROW + c * 16),
-                   "l"(vb + (ok ? jj : kmin) * vs2 + c * 8), "r"(ok ? 16 : 0)
-                   : "memory");
-    }
+    const u32 ks = ring + (t % ST) * STAGE;
+    att_stage<T, D, KROW, KT, NW * 32>(ks, kb, ks2, kmin + t * KT, kmax);
+    att_stage<T, DV, VROW, KT, NW * 32>(ks + KT * KROW, vb, vs2, kmin + t * KT, kmax);
   };
 #pragma unroll
   for (int s = 0; s < ST - 1; ++s) {

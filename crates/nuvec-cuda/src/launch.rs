@@ -72,7 +72,6 @@ impl Dims {
 }
 
 /// One kernel argument, kept alive until the launch.
-#[derive(Clone)]
 pub(crate) enum Arg {
     U64(u64),
     I64(i64),

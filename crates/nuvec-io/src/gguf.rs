@@ -170,21 +170,7 @@ impl GgufFile {
 
     /// Tensor `name`: F32, F16 and BF16 as they are, quantized types dequantized to float32.
     pub fn get(&self, name: &str) -> Result<Array> {
-        let fail = |what: String| io_error("load_gguf", &self.path, format!("tensor '{name}': {what}"));
-        let t = self.tensors.iter().find(|t| t.name == name).ok_or_else(|| fail("no tensor of that name".into()))?;
-        let &(_, _, block, block_bytes) = TYPES
-            .iter()
-            .find(|k| k.0 == t.ggml_type)
-            .ok_or_else(|| fail(format!("ggml type {} is not supported", t.ggml_type)))?;
-        let n: usize = t.shape.iter().map(|&d| d.max(0) as usize).product();
-        if !n.is_multiple_of(block) {
-            return Err(fail(format!("{n} elements are not whole blocks of {block}")));
-        }
-        let bytes = n / block * block_bytes;
-        let start = usize::try_from(t.offset).ok().and_then(|o| o.checked_add(self.data));
-        let src = start
-            .and_then(|s| self.map.get(s..s.checked_add(bytes)?))
-            .ok_or_else(|| fail(format!("its {bytes} bytes at offset {} run past the end of the file", t.offset)))?;
+        let (t, src, n, _) = self.bytes(name)?;
         let array = match t.ggml_type {
             0 => Array::from_raw_bytes(src, t.shape.clone(), DType::F32),
             1 => Array::from_raw_bytes(src, t.shape.clone(), DType::F16),
@@ -192,9 +178,34 @@ impl GgufFile {
             ty => Array::from_slice(&dequantize(ty, src, n), t.shape.clone()),
         };
         match array.error() {
-            Some(e) => Err(fail(e.to_string())),
+            Some(e) => Err(self.error(name, e)),
             None => Ok(array),
         }
+    }
+
+    /// Tensor `name`'s description, its bytes in the file (whole blocks of its type, inside
+    /// the file), its element count and its type's bytes per block.
+    fn bytes(&self, name: &str) -> Result<(&GgufTensor, &[u8], usize, usize)> {
+        let t =
+            self.tensors.iter().find(|t| t.name == name).ok_or_else(|| self.error(name, "no tensor of that name"))?;
+        let &(_, _, block, block_bytes) = TYPES
+            .iter()
+            .find(|k| k.0 == t.ggml_type)
+            .ok_or_else(|| self.error(name, format!("ggml type {} is not supported", t.ggml_type)))?;
+        let n: usize = t.shape.iter().map(|&d| d.max(0) as usize).product();
+        if !n.is_multiple_of(block) {
+            return Err(self.error(name, format!("{n} elements are not whole blocks of {block}")));
+        }
+        let bytes = n / block * block_bytes;
+        let start = usize::try_from(t.offset).ok().and_then(|o| o.checked_add(self.data));
+        let src = start.and_then(|s| self.map.get(s..s.checked_add(bytes)?)).ok_or_else(|| {
+            self.error(name, format!("its {bytes} bytes at offset {} run past the end of the file", t.offset))
+        })?;
+        Ok((t, src, n, block_bytes))
+    }
+
+    fn error(&self, name: &str, what: impl std::fmt::Display) -> nuvec_core::Error {
+        io_error("load_gguf", &self.path, format!("tensor '{name}': {what}"))
     }
 
     /// Every tensor, by name.
@@ -206,25 +217,18 @@ impl GgufFile {
     /// `ops::dequantize(&w, &scales, Some(&biases), 32, bits, "affine", ..)` reads it), when its
     /// blocks map to it: Q4_0 and Q4_1 (4 bits) and Q8_0 (8 bits); `None` for other types.
     pub fn affine(&self, name: &str) -> Result<Option<GgufAffine>> {
-        let fail = |what: String| io_error("load_gguf", &self.path, format!("tensor '{name}': {what}"));
-        let t = self.tensors.iter().find(|t| t.name == name).ok_or_else(|| fail("no tensor of that name".into()))?;
-        let (bits, block_bytes) = match t.ggml_type {
-            2 => (4, 18),
-            3 => (4, 20),
-            8 => (8, 34),
+        let (t, src, _, block_bytes) = self.bytes(name)?;
+        let bits = match t.ggml_type {
+            2 | 3 => 4,
+            8 => 8,
             _ => return Ok(None),
         };
         let Some((&cols, rows)) = t.shape.split_last() else {
-            return Err(fail("a 0-d tensor is not blocks".into()));
+            return Err(self.error(name, "a 0-d tensor is not blocks"));
         };
         if cols % 32 != 0 {
-            return Err(fail(format!("its last dimension {cols} is not whole blocks of 32")));
+            return Err(self.error(name, format!("its last dimension {cols} is not whole blocks of 32")));
         }
-        let blocks = t.shape.iter().map(|&d| d.max(0) as usize).product::<usize>() / 32;
-        let start = usize::try_from(t.offset).ok().and_then(|o| o.checked_add(self.data));
-        let src = start
-            .and_then(|s| self.map.get(s..s.checked_add(blocks * block_bytes)?))
-            .ok_or_else(|| fail(format!("its blocks at offset {} run past the end of the file", t.offset)))?;
         let (mut words, mut scales, mut biases) = (Vec::new(), Vec::new(), Vec::new());
         for b in src.chunks_exact(block_bytes) {
             let d = f16::from_le_bytes([b[0], b[1]]);

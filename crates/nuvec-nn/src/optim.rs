@@ -472,8 +472,8 @@ impl Default for Adafactor {
 impl Optimizer for Adafactor {
     core_methods!();
     fn apply_gradients<T: Tree>(&mut self, gradients: &T, parameters: &T) -> T {
-        let s = (self.eps, self.clip_threshold, self.decay_rate, self.beta_1, self.weight_decay);
-        let (eps, clip, decay, beta_1, wd) = s;
+        let (eps, clip, decay, beta_1, wd) =
+            (self.eps, self.clip_threshold, self.decay_rate, self.beta_1, self.weight_decay);
         let (scale_parameter, relative, warmup) = (self.scale_parameter, self.relative_step, self.warmup_init);
         self.core.apply(
             gradients,

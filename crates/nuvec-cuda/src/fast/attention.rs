@@ -506,9 +506,14 @@ pub(crate) fn backward(
         let blocks = (lk as u32).div_ceil(WGMMA_BACKWARD_KEYS) * b as u32 * hkv as u32;
         let split = backward_split(blocks, hq / hkv);
         let nk = b as usize * hkv as usize * lk as usize * hd as usize;
-        let dkv_buf = if split > 1 { Some(alloc(gpu, 2 * nk, DType::F32)?) } else { None };
-        let dkv = dkv_buf.as_ref().map_or(0, |(ptr, _)| *ptr);
-        gpu.zero(dkv, if split > 1 { 2 * nk * 4 } else { 0 })?;
+        // With a split, dK and dV add up in float32 ([dK; dV], zeroed) and are narrowed after.
+        let (dkv, _dkv_buf) = if split > 1 {
+            let (ptr, buf) = alloc(gpu, 2 * nk, DType::F32)?;
+            gpu.zero(ptr, 2 * nk * 4)?;
+            (ptr, Some(buf))
+        } else {
+            (0, None)
+        };
         args.extend([backward_chunk(b * hkv, hq / hkv, lq, hd) * split, split].map(Arg::I32));
         args.push(Arg::Ptr(dkv));
         launch(gpu, f, (blocks * split as u32, 1, 1), (384, 1, 1), shared, args)?;
@@ -576,33 +581,25 @@ fn vector(gpu: &Arc<Gpu>, p: &AttentionParams, passes: u8, blocks: i32, inputs: 
         None => 0,
     };
     let sinks_ptr = sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0);
-    let common = vec![
-        Arg::Ptr(ptr_of(&q)?),
-        Arg::Ptr(ptr_of(&k)?),
-        Arg::Ptr(ptr_of(&v)?),
-        Arg::Ptr(out),
-        Arg::Ptr(mask.as_ref().map(ptr_of).transpose()?.unwrap_or(0)),
-        Arg::Ptr(sinks_ptr),
-        Arg::Ptr(part),
-    ];
+    // Every kernel takes q (k, v), then the output, mask, sinks and partitions' pointers.
+    let (qp, kp, vp) = (ptr_of(&q)?, ptr_of(&k)?, ptr_of(&v)?);
+    let io = [out, mask.as_ref().map(ptr_of).transpose()?.unwrap_or(0), sinks_ptr, part].map(Arg::Ptr);
     let window = p.window.unwrap_or(0);
-    let mut tail: Vec<Arg> = [hq, hkv, lq, lk, p.causal as i32, window, mask_kind, blocks].map(Arg::I32).into();
-    tail.push(Arg::F32(p.scale));
+    let tail = [hq, hkv, lq, lk, p.causal as i32, window, mask_kind, blocks].map(Arg::I32).into_iter();
+    let tail = tail.chain([Arg::F32(p.scale)]);
     let group = (hq / hkv) as u32;
     if d.is_half() {
         // Tensor cores: a block per query of up to 16 grouped heads and key partition; with
         // partitions, the last block of a grid column to finish merges them (a counter each).
         let grid = (b as u32 * hkv as u32 * lq as u32 * group.div_ceil(16), blocks as u32, 1);
-        let count = if passes == 2 { gpu.counters(grid.0 as usize)? } else { 0 };
+        let count = Arg::Ptr(if passes == 2 { gpu.counters(grid.0 as usize)? } else { 0 });
         if gpu.info.compute_capability == HOPPER && hd == hv && VECTOR_TMA_HEADS.contains(&hd) {
             let (k, ks) = tma_ready(gpu, k, ks)?;
             let (v, vs) = tma_ready(gpu, v, vs)?;
             let keys = VECTOR_TMA_WARPS * 16;
             let mut args = vec![Arg::Bytes(tensor_map(&k, ks, keys)?), Arg::Bytes(tensor_map(&v, vs, keys)?)];
-            // q, out, mask, sinks, part, count; q's and the mask's strides; the rest as the mma
-            // kernel's.
-            args.extend(common[..1].iter().chain(&common[3..7]).cloned());
-            args.push(Arg::Ptr(count));
+            args.push(Arg::Ptr(qp));
+            args.extend(io.into_iter().chain([count]));
             args.extend(qs.into_iter().chain(ms).map(Arg::I64));
             args.extend(tail);
             let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_tma_{hd}"))?;
@@ -610,8 +607,8 @@ fn vector(gpu: &Arc<Gpu>, p: &AttentionParams, passes: u8, blocks: i32, inputs: 
             allow_shared(gpu, f, smem)?;
             launch(gpu, f, grid, ((VECTOR_TMA_WARPS + 1) * 32, 1, 1), smem, args)?;
         } else {
-            let mut args = common;
-            args.push(Arg::Ptr(count));
+            let mut args: Vec<Arg> = [qp, kp, vp].map(Arg::Ptr).into();
+            args.extend(io.into_iter().chain([count]));
             args.extend(qs.into_iter().chain(ks).chain(vs).chain(ms).map(Arg::I64));
             args.extend(tail);
             let f = kernel(gpu, Family::Attention(d), &format!("attention_vector_mma_{hd}_{hv}"))?;
@@ -623,7 +620,8 @@ fn vector(gpu: &Arc<Gpu>, p: &AttentionParams, passes: u8, blocks: i32, inputs: 
         return Ok(());
     }
     // float32 on CUDA cores, then (with partitions) the merge as a second launch.
-    let mut args = common;
+    let mut args: Vec<Arg> = [qp, kp, vp].map(Arg::Ptr).into();
+    args.extend(io);
     args.extend(qs.into_iter().chain(ks).chain(vs).chain(ms).map(Arg::I64));
     args.extend(tail);
     let r = rows_per_block(group * lq as u32);
