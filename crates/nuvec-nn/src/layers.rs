@@ -1,9 +1,12 @@
 //! Layers, as MLX's `mlx.nn` classes of the same names, with MLX's initialisations (drawn from
 //! `key`, or from the global random state without one).
 
-use nuvec_core::{Array, DType, Error, OpErrorKind, fast, ops, random};
+use std::any::Any;
+
+use nuvec_core::{Array, DType, Error, OpErrorKind, Result, fast, ops, random};
 
 use crate::module::{Module, Param, join};
+use crate::quantize::Quantized;
 
 /// `y + bias`, or `y` without one.
 fn plus_bias(y: Array, bias: &Option<Param>) -> Array {
@@ -20,14 +23,20 @@ pub trait Layer: Module {
 }
 
 /// `x Wᵀ + b`: `weight [out, in]`, `bias [out]` (MLX's `nn.Linear`; both uniform in
-/// `±1/√in`).
+/// `±1/√in`). After [`Linear::to_quantized`] (or [`quantize`](crate::quantize())) it is MLX's
+/// `nn.QuantizedLinear`: `weight` packed, with `scales` and `biases` beside it.
 #[derive(Clone, Debug)]
 pub struct Linear {
-    /// `[out, in]`.
+    /// `[out, in]`, or packed `uint32 [out, in · bits / 32]` when quantized.
     pub weight: Param,
     /// `[out]`, if any.
     pub bias: Option<Param>,
+    /// The quantization groups, when the weight is quantized.
+    pub quantized: Option<Quantized>,
 }
+
+/// MLX's `nn.QuantizedLinear`: a [`Linear`] whose weight [`Linear::to_quantized`] packed.
+pub type QuantizedLinear = Linear;
 
 impl Linear {
     /// A layer from `input` to `output` features, with a bias or not.
@@ -39,45 +48,116 @@ impl Linear {
         };
         let weight = random::uniform(-k, k, [output, input], DType::F32, kw.as_ref());
         let bias = bias.then(|| Param::new(random::uniform(-k, k, [output], DType::F32, kb.as_ref())));
-        Linear { weight: Param::new(weight), bias }
+        Linear { weight: Param::new(weight), bias, quantized: None }
+    }
+
+    /// The layer with its weight quantized in groups of `group_size` elements of `bits` bits
+    /// (`None`: the mode's defaults, 64 and 4 for `"affine"`), as MLX's `to_quantized`; every
+    /// parameter of the result is frozen. An error names a bad mode or group size, or a layer
+    /// already quantized.
+    pub fn to_quantized(
+        &self,
+        group_size: impl Into<Option<i32>>,
+        bits: impl Into<Option<i32>>,
+        mode: &str,
+    ) -> Result<Linear> {
+        let (weight, q) =
+            Quantized::of("Linear", &self.weight, self.quantized.is_some(), group_size.into(), bits.into(), mode)?;
+        let bias = self.bias.as_ref().map(|b| Param { value: b.value.clone(), frozen: true });
+        Ok(Linear { weight, bias, quantized: Some(q) })
     }
 }
 
-crate::module!(Linear { weight, bias });
+impl Module for Linear {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
+        self.weight.visit(&join(prefix, "weight"), f);
+        self.quantized.visit(prefix, f);
+        self.bias.visit(&join(prefix, "bias"), f);
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.weight.visit_mut(&join(prefix, "weight"), f);
+        self.quantized.visit_mut(prefix, f);
+        self.bias.visit_mut(&join(prefix, "bias"), f);
+    }
+    fn visit_layers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut dyn Any)) {
+        f(prefix, self)
+    }
+}
 
 impl Layer for Linear {
     fn forward(&self, x: &Array) -> Array {
-        let y = x.matmul(&self.weight.t());
+        let y = match &self.quantized {
+            Some(q) => q.matmul(x, &self.weight),
+            None => x.matmul(&self.weight.t()),
+        };
         plus_bias(y, &self.bias)
     }
 }
 
 /// A table of `count` vectors of `dims` features, looked up by integer ids (MLX's
-/// `nn.Embedding`; normal with standard deviation `1/√dims`).
+/// `nn.Embedding`; normal with standard deviation `1/√dims`). After
+/// [`Embedding::to_quantized`] it is MLX's `nn.QuantizedEmbedding`.
 #[derive(Clone, Debug)]
 pub struct Embedding {
-    /// `[count, dims]`.
+    /// `[count, dims]`, or packed `uint32 [count, dims · bits / 32]` when quantized.
     pub weight: Param,
+    /// The quantization groups, when the table is quantized.
+    pub quantized: Option<Quantized>,
 }
+
+/// MLX's `nn.QuantizedEmbedding`: an [`Embedding`] whose table [`Embedding::to_quantized`]
+/// packed.
+pub type QuantizedEmbedding = Embedding;
 
 impl Embedding {
     /// A table of `count` vectors of `dims` features.
     pub fn new(count: i32, dims: i32, key: Option<&Array>) -> Embedding {
         let scale = (1.0 / dims.max(1) as f32).sqrt();
-        Embedding { weight: Param::new(random::normal([count, dims], DType::F32, 0.0, scale, key)) }
+        let weight = Param::new(random::normal([count, dims], DType::F32, 0.0, scale, key));
+        Embedding { weight, quantized: None }
     }
 
     /// `x Wᵀ`: the table as an output projection (tied embeddings).
     pub fn as_linear(&self, x: &Array) -> Array {
-        x.matmul(&self.weight.t())
+        match &self.quantized {
+            Some(q) => q.matmul(x, &self.weight),
+            None => x.matmul(&self.weight.t()),
+        }
+    }
+
+    /// The table quantized, as [`Linear::to_quantized`].
+    pub fn to_quantized(
+        &self,
+        group_size: impl Into<Option<i32>>,
+        bits: impl Into<Option<i32>>,
+        mode: &str,
+    ) -> Result<Embedding> {
+        let (weight, q) =
+            Quantized::of("Embedding", &self.weight, self.quantized.is_some(), group_size.into(), bits.into(), mode)?;
+        Ok(Embedding { weight, quantized: Some(q) })
     }
 }
 
-crate::module!(Embedding { weight });
+impl Module for Embedding {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
+        self.weight.visit(&join(prefix, "weight"), f);
+        self.quantized.visit(prefix, f);
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.weight.visit_mut(&join(prefix, "weight"), f);
+        self.quantized.visit_mut(prefix, f);
+    }
+    fn visit_layers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut dyn Any)) {
+        f(prefix, self)
+    }
+}
 
 impl Layer for Embedding {
     fn forward(&self, ids: &Array) -> Array {
-        self.weight.take(ids, 0)
+        match &self.quantized {
+            Some(q) => q.rows(&self.weight, ids),
+            None => self.weight.take(ids, 0),
+        }
     }
 }
 
@@ -202,6 +282,9 @@ impl Dropout {
 impl Module for Dropout {
     fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &Param)) {}
     fn visit_mut(&mut self, _: &str, _: &mut dyn FnMut(&str, &mut Param)) {}
+    fn visit_layers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut dyn Any)) {
+        f(prefix, self)
+    }
 }
 
 impl Layer for Dropout {
@@ -230,6 +313,11 @@ impl Module for Sequential {
     fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
         for (i, l) in self.layers.iter_mut().enumerate() {
             l.visit_mut(&join(prefix, &format!("layers.{i}")), f)
+        }
+    }
+    fn visit_layers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut dyn Any)) {
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            l.visit_layers_mut(&join(prefix, &format!("layers.{i}")), f)
         }
     }
 }
@@ -323,62 +411,6 @@ fn conv_init(shape: &[i32], fan_in: i32, bias: bool, key: Option<&Array>) -> (Pa
     let weight = Param::new(random::uniform(-k, k, shape, DType::F32, key));
     let bias = bias.then(|| Param::new(ops::zeros([shape[0]], DType::F32)));
     (weight, bias)
-}
-
-/// A [`Linear`] with its weight quantized (MLX's `nn.QuantizedLinear`): `weight` packed
-/// `uint32`, `scales` and (affine) `biases` per group, through `ops::quantized_matmul`. Its
-/// parameters start frozen, as MLX's.
-#[derive(Clone, Debug)]
-pub struct QuantizedLinear {
-    /// The packed weight, `[out, in · bits / 32]`.
-    pub weight: Param,
-    /// Each group's scale.
-    pub scales: Param,
-    /// Each group's bias (affine mode only).
-    pub biases: Option<Param>,
-    /// The layer's bias, `[out]`, if any.
-    pub bias: Option<Param>,
-    /// Elements per group.
-    pub group_size: i32,
-    /// Bits per element.
-    pub bits: i32,
-    /// `"affine"`, `"mxfp4"`, `"nvfp4"` or `"mxfp8"`.
-    pub mode: String,
-}
-
-impl QuantizedLinear {
-    /// `linear` quantized (MLX's defaults: groups of 64, 4 bits, affine).
-    pub fn from_linear(linear: &Linear, group_size: i32, bits: i32, mode: &str) -> QuantizedLinear {
-        let (w, scales, biases) = ops::quantize(&linear.weight, group_size, bits, mode);
-        let frozen = |a: Array| Param { value: a, frozen: true };
-        QuantizedLinear {
-            weight: frozen(w),
-            scales: frozen(scales),
-            biases: biases.map(frozen),
-            bias: linear.bias.as_ref().map(|b| frozen(b.value.clone())),
-            group_size,
-            bits,
-            mode: mode.to_string(),
-        }
-    }
-}
-
-crate::module!(QuantizedLinear { weight, scales, biases, bias });
-
-impl Layer for QuantizedLinear {
-    fn forward(&self, x: &Array) -> Array {
-        let y = ops::quantized_matmul(
-            x,
-            &self.weight,
-            &self.scales,
-            self.biases.as_deref(),
-            true,
-            self.group_size,
-            self.bits,
-            &self.mode,
-        );
-        plus_bias(y, &self.bias)
-    }
 }
 
 /// Multi-head attention (MLX's `nn.MultiHeadAttention`): query, key, value and output

@@ -2,6 +2,7 @@
 //! dotted names (`layers.0.attn.q_proj.weight`), as MLX's `nn.Module`. A layer implements
 //! [`Module`] by visiting its [`Param`]s; a user's struct of layers gets it from [`module!`](crate::module).
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -45,6 +46,23 @@ pub trait Module {
 
     /// [`Module::visit`] with the parameters mutable.
     fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param));
+
+    /// Calls `f` with each layer under `prefix` that has state besides its parameters (a
+    /// training flag, a quantization: [`Linear`](crate::Linear), [`Embedding`](crate::Embedding),
+    /// [`Dropout`](crate::Dropout)), for [`Module::train`] and [`quantize`](crate::quantize())
+    /// to find by type. [`module!`](crate::module) forwards it to the fields; a hand-written
+    /// module of such layers forwards it too.
+    fn visit_layers_mut(&mut self, _prefix: &str, _f: &mut dyn FnMut(&str, &mut dyn Any)) {}
+
+    /// Sets training mode (`true`, dropout drops) or evaluation mode (`false`) in every layer
+    /// below, as MLX's `train()` / `eval()`.
+    fn train(&mut self, mode: bool) {
+        self.visit_layers_mut("", &mut |_, layer| {
+            if let Some(d) = layer.downcast_mut::<crate::Dropout>() {
+                d.training = mode;
+            }
+        });
+    }
 
     /// Every parameter, by dotted name.
     fn parameters(&self) -> Params {
@@ -162,6 +180,11 @@ impl<M: Module> Module for Option<M> {
             m.visit_mut(prefix, f)
         }
     }
+    fn visit_layers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut dyn Any)) {
+        if let Some(m) = self {
+            m.visit_layers_mut(prefix, f)
+        }
+    }
 }
 
 impl<M: Module> Module for Vec<M> {
@@ -173,6 +196,11 @@ impl<M: Module> Module for Vec<M> {
     fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
         for (i, m) in self.iter_mut().enumerate() {
             m.visit_mut(&join(prefix, &i.to_string()), f)
+        }
+    }
+    fn visit_layers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut dyn Any)) {
+        for (i, m) in self.iter_mut().enumerate() {
+            m.visit_layers_mut(&join(prefix, &i.to_string()), f)
         }
     }
 }
@@ -201,6 +229,9 @@ macro_rules! module {
             }
             fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut $crate::Param)) {
                 $( $crate::Module::visit_mut(&mut self.$field, &$crate::join(prefix, stringify!($field)), f); )*
+            }
+            fn visit_layers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut dyn ::std::any::Any)) {
+                $( $crate::Module::visit_layers_mut(&mut self.$field, &$crate::join(prefix, stringify!($field)), f); )*
             }
         }
     };

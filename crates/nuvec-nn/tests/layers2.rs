@@ -43,7 +43,7 @@ fn quantized_linear_follows_mlx() {
     let f = fixtures();
     let mut lin = Linear::new(128, 6, true, None);
     lin.load_weights(&params(&f, "qlin", &lin), true).unwrap();
-    let q = QuantizedLinear::from_linear(&lin, 64, 4, "affine");
+    let q: QuantizedLinear = lin.to_quantized(64, 4, "affine").unwrap();
     close(&q.forward(&f["qlin.x"]), &f["qlin.y"], "quantized linear", 1e-5);
     assert!(q.trainable_parameters().is_empty());
     assert_eq!(q.parameters().into_keys().collect::<Vec<_>>(), ["bias", "biases", "scales", "weight"]);
