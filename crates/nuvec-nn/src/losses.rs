@@ -15,7 +15,7 @@
 
 use std::panic::Location;
 
-use nuvec_core::{Array, DType, Error, OpErrorKind, ops};
+use nuvec_core::{Array, DType, Error, OpErrorKind, fast, ops};
 
 /// How a loss's elements combine into the result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,21 +101,19 @@ pub fn cross_entropy(logits: &Array, targets: &Array, options: &CrossEntropy) ->
         Some(i) if !probs => Some(targets.not_equal(Array::scalar(i, targets.dtype()))),
         _ => None,
     };
-    let targets = match &valid {
-        Some(v) => ops::where_(v, targets, Array::scalar(0, targets.dtype())),
-        None => targets.clone(),
-    };
-    let shifted = logits - &logits.max_keepdims(axis).stop_gradient();
-    let score = if probs {
-        (&shifted * &targets).sum(axis)
+    let mut loss = if !probs && o.label_smoothing == 0.0 && axis == nd - 1 {
+        // The fused kernel, which skips negative targets: the ignored rows become -1.
+        let targets = match &valid {
+            Some(v) => ops::where_(v, targets, Array::scalar(-1, targets.dtype())),
+            None => targets.clone(),
+        };
+        fast::cross_entropy(logits, &targets).astype(logits.dtype())
     } else {
-        shifted.take_along_axis(&targets.expand_dims(axis), axis).squeeze(axis)
-    };
-    let lse = shifted.logsumexp(axis);
-    let mut loss = if o.label_smoothing > 0.0 {
-        &(&lse - &(&score * (1.0 - o.label_smoothing))) - &(&shifted.mean(axis) * o.label_smoothing)
-    } else {
-        &lse - &score
+        let targets = match &valid {
+            Some(v) => ops::where_(v, targets, Array::scalar(0, targets.dtype())),
+            None => targets.clone(),
+        };
+        composed_cross_entropy(logits, &targets, axis, probs, o.label_smoothing)
     };
     if let Some(w) = &o.weights {
         if w.shape() != loss.shape() {
@@ -133,6 +131,23 @@ pub fn cross_entropy(logits: &Array, targets: &Array, options: &CrossEntropy) ->
             }
         }
         None => o.reduction.apply(loss),
+    }
+}
+
+/// Cross entropy per row as MLX composes it: `logsumexp(x) − x[target]` on the logits shifted
+/// by their maximum, mixed with their mean for label smoothing.
+fn composed_cross_entropy(logits: &Array, targets: &Array, axis: i32, probs: bool, smoothing: f32) -> Array {
+    let shifted = logits - &logits.max_keepdims(axis).stop_gradient();
+    let score = if probs {
+        (&shifted * targets).sum(axis)
+    } else {
+        shifted.take_along_axis(&targets.expand_dims(axis), axis).squeeze(axis)
+    };
+    let lse = shifted.logsumexp(axis);
+    if smoothing > 0.0 {
+        &(&lse - &(&score * (1.0 - smoothing))) - &(&shifted.mean(axis) * smoothing)
+    } else {
+        &lse - &score
     }
 }
 

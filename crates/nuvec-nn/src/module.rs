@@ -84,6 +84,16 @@ pub trait Module {
         out
     }
 
+    /// Casts every floating-point parameter to `dtype` (MLX's `set_dtype`); integer ones, such
+    /// as packed quantized weights, are left alone.
+    fn set_dtype(&mut self, dtype: nuvec_core::DType) {
+        self.visit_mut("", &mut |_, p| {
+            if p.value.dtype().is_float() {
+                p.value = p.value.astype(dtype);
+            }
+        });
+    }
+
     /// Freezes every parameter.
     fn freeze(&mut self) {
         self.visit_mut("", &mut |_, p| p.frozen = true);

@@ -29,6 +29,8 @@ use std::sync::Arc;
 use nuvec_core::tree::Tree;
 use nuvec_core::{Array, DType, Error, Result};
 
+use crate::module::{Module, Params};
+
 /// A learning rate (or any scheduled value): a constant, or a function of the step (the
 /// number of updates made before this one).
 #[derive(Clone)]
@@ -135,6 +137,24 @@ pub trait Optimizer {
 
     /// Restores a state saved by [`Optimizer::state`]; an error names a missing `step`.
     fn set_state(&mut self, state: BTreeMap<String, Array>) -> Result<()>;
+
+    /// One update of `model`'s trainable parameters with `gradients` (by dotted name, as
+    /// [`value_and_grad`](crate::value_and_grad) gives them), as MLX's `optimizer.update`.
+    /// An error names a gradient the model has no trainable parameter for.
+    fn update<M: Module + ?Sized>(&mut self, model: &mut M, gradients: &Params) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let params = model.trainable_parameters();
+        if let Some(extra) = gradients.keys().find(|k| !params.contains_key(*k)) {
+            return Err(Error::InvalidArgument(format!("update: no trainable parameter '{extra}'")));
+        }
+        // Parameters without a gradient keep their values.
+        let grads: Params =
+            params.keys().filter_map(|k| gradients.get_key_value(k)).map(|(k, g)| (k.clone(), g.clone())).collect();
+        let current: Params = grads.keys().map(|k| (k.clone(), params[k].clone())).collect();
+        model.update(&self.apply_gradients(&grads, &current))
+    }
 }
 
 /// What every optimizer keeps: the step, each leaf's named state, and how to update one leaf.

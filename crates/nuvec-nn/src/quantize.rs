@@ -176,21 +176,17 @@ where
         if failure.is_some() {
             return;
         }
-        let named = |e: Error| Error::InvalidArgument(format!("quantize: layer '{path}': {e}"));
-        if let Some(l) = layer.downcast_mut::<Linear>() {
-            if let Some(s) = l.quantized.is_none().then(|| predicate(path, &l.weight)).flatten() {
-                match l.to_quantized(s.group_size, s.bits, &s.mode) {
-                    Ok(q) => *l = q,
-                    Err(e) => failure = Some(named(e)),
-                }
-            }
+        let done = if let Some(l) = layer.downcast_mut::<Linear>() {
+            let spec = l.quantized.is_none().then(|| predicate(path, &l.weight)).flatten();
+            spec.map(|s| l.to_quantized(s.group_size, s.bits, &s.mode).map(|q| *l = q))
         } else if let Some(e) = layer.downcast_mut::<Embedding>() {
-            if let Some(s) = e.quantized.is_none().then(|| predicate(path, &e.weight)).flatten() {
-                match e.to_quantized(s.group_size, s.bits, &s.mode) {
-                    Ok(q) => *e = q,
-                    Err(err) => failure = Some(named(err)),
-                }
-            }
+            let spec = e.quantized.is_none().then(|| predicate(path, &e.weight)).flatten();
+            spec.map(|s| e.to_quantized(s.group_size, s.bits, &s.mode).map(|q| *e = q))
+        } else {
+            None
+        };
+        if let Some(Err(e)) = done {
+            failure = Some(Error::InvalidArgument(format!("quantize: layer '{path}': {e}")));
         }
     });
     failure.map_or(Ok(()), Err)
