@@ -7,6 +7,11 @@
 #   .gpu/bench_fast[.xz]             stripped crates/nuvec/examples/bench_fast.rs (fused ops)
 #   .gpu/bench_ops[.xz]              stripped crates/nuvec/examples/bench_ops.rs (per-primitive ops,
 #                                    for scripts/gpu-ops.sh)
+#   .gpu/bench_train[.xz]            stripped crates/nuvec/examples/bench_train.rs (training steps)
+#   .gpu/bench_load[.xz]             stripped crates/nuvec/examples/bench_load.rs (checkpoint load)
+#   .gpu/train_lm[.xz]               stripped crates/nuvec/examples/train_lm (with its text in
+#                                    .gpu/cache when this machine's cache has it: the device
+#                                    machine has no network)
 #   .gpu/kcache[.tar.xz]             kernel cache: every CUDA module precompiled for sm_90a
 #   .gpu/manifest.tsv                name<TAB>crate folder (the test's working directory)<TAB>
 #                                    libtest arguments (GPU_SUITE_FILTERS, for nuvec's suite)
@@ -66,8 +71,10 @@ else
     echo "== building test binaries (cargo test --workspace --release --no-run)"
     cargo test --workspace --release --no-run --message-format=json >"$WORK/tests.json"
 fi
-echo "== building examples bench_gpu, bench_fast, bench_ops and precompile_kernels"
-cargo build --release -p nuvec --example bench_gpu --example bench_fast --example bench_ops \
+EXAMPLES="bench_gpu bench_fast bench_ops bench_train bench_load train_lm"
+echo "== building examples $EXAMPLES and precompile_kernels"
+# shellcheck disable=SC2046
+cargo build --release -p nuvec $(printf -- '--example %s ' $EXAMPLES) \
     --example precompile_kernels --message-format=json >"$WORK/examples.json"
 
 # name<TAB>crate dir (relative)<TAB>executable, for test targets and the two examples.
@@ -96,7 +103,7 @@ for m in artifacts(os.path.join(work, "tests.json")):
     print(f"test-{crate}-{m['target']['name']}\t{os.path.relpath(crate_dir, root)}\t{m['executable']}")
 for m in artifacts(os.path.join(work, "examples.json")):
     name = m["target"]["name"]
-    if name in ("bench_gpu", "bench_fast", "bench_ops", "precompile_kernels"):
+    if name in ("bench_gpu", "bench_fast", "bench_ops", "bench_train", "bench_load", "train_lm", "precompile_kernels"):
         print(f"{name}\t{os.path.relpath(os.path.dirname(m['manifest_path']), root)}\t{m['executable']}")
 EOF
 
@@ -135,7 +142,7 @@ while IFS=$'\t' read -r name dir exe why; do
             PRECOMPILE=$exe
             if [ "${GPU_BUNDLE_KCACHE:-1}" = 0 ]; then pack "$name" "$exe"; fi
             continue ;;
-        bench_gpu|bench_fast|bench_ops) ;;
+        bench_gpu|bench_fast|bench_ops|bench_train|bench_load|train_lm) ;;
         test-*)
             # Skip test binaries with no tests (a library without #[test]s).
             n=$("$exe" --list --format terse 2>/dev/null | grep -c ': test$' || true)
@@ -190,6 +197,13 @@ if compgen -G "$WHEELS_KEPT/*.whl" >/dev/null; then
         cp "$w" .gpu/wheels/
         printf '  %-44s %9s\n' "wheels/$(basename "$w")" "$(human "$(stat -c %s "$w")")"
     done
+fi
+
+# train_lm's text, from this machine's cache (see examples/train_lm/main.rs).
+TEXT=${NUVEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nuvec}/moby-dick-0.2.3/moby-dick.txt
+if [ -f "$TEXT" ]; then
+    mkdir -p .gpu/cache/moby-dick-0.2.3
+    xz -6 -c "$TEXT" >.gpu/cache/moby-dick-0.2.3/moby-dick.txt.xz
 fi
 
 {

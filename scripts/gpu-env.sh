@@ -57,6 +57,11 @@ gpu_unpack() {
                 unxz_to "$f" "${f%.xz}" && chmod +x "${f%.xz}" ;;
         esac
     done
+    # Data the examples would fetch (train_lm's text): the device machine has no network.
+    for f in .gpu/cache/*/*.xz; do
+        [ -e "$f" ] && unxz_to "$f" "${f%.xz}"
+    done
+    [ -d .gpu/cache ] && export NUVEC_CACHE=$ROOT/.gpu/cache
     if [ ! -d .gpu/kcache ] && [ -x .gpu/precompile_kernels ]; then
         # A bundle built with GPU_BUNDLE_KCACHE=0: compile the modules here, on every core.
         timeout 300 .gpu/precompile_kernels "${GPU_ARCH:-sm_90a}" 2>&1 | tail -2

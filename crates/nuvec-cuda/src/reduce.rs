@@ -1,5 +1,6 @@
 //! Reductions and arg-reductions (`kernels/reduce.cuh`): rows (a warp per row, or blocks with
-//! partials for long rows), columns, and any other layout one thread per output.
+//! partials for long rows), columns, and any other layout one thread per output (after a
+//! row-major copy when that would leave few threads long walks).
 
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use nuvec_core::{DType, Result};
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, BLOCK, Dims, grid_for, launch};
-use crate::operand::{aligned, alloc, alloc_out, kernel, launch_1d, ptr_of};
+use crate::operand::{aligned, alloc, alloc_out, kernel, launch_1d, ptr_of, row_major};
 
 /// Reductions a module of `d` holds.
 pub fn reduce_ops(d: DType) -> &'static [ReduceOp] {
@@ -108,10 +109,20 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
     if n_out == 0 {
         return Ok(());
     }
+    reduce_to(gpu, op, axes, x, op_ptr, n_out)
+}
+
+/// [`reduce`] into `n_out` values at `op_ptr`.
+fn reduce_to(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, op_ptr: CUdeviceptr, n_out: u64) -> Result<()> {
     let family = Family::Reduce(x.dtype);
     let name = op.name();
     let xp = ptr_of(&x)?;
     let strides = &x.data.layout.strides;
+    // The reduced elements' order is free: widest stride first, so that a transposed or
+    // permuted run still collapses into one.
+    let mut axes = axes.to_vec();
+    axes.sort_by_key(|&a| std::cmp::Reverse(strides[a].unsigned_abs()));
+    let axes = &axes[..];
     let kept: Vec<usize> = (0..x.shape.len()).filter(|a| !axes.contains(a)).collect();
     let kept_shape: Vec<i32> = kept.iter().map(|&a| x.shape[a]).collect();
     let kept_strides: Vec<isize> = kept.iter().map(|&a| strides[a]).collect();
@@ -182,6 +193,11 @@ pub(crate) fn reduce(gpu: &Arc<Gpu>, op: ReduceOp, axes: &[usize], x: Operand, o
             vec![Arg::Ptr(xp), Arg::Ptr(pp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(n_red), Arg::U64(segs), last];
         launch(gpu, f, (blocks_x as u32, segs as u32, 1), (BLOCK, 1, 1), 0, args)?;
         return finish_cols(gpu, family, name, pp, op_ptr, n_out, segs);
+    }
+    // The general kernel walks each output's elements in one thread: for few long
+    // reductions, a row-major copy first puts them on a fast path.
+    if n_red >= 64 * n_out && !x.data.layout.flags.row_contiguous {
+        return reduce_to(gpu, op, axes, row_major(gpu, x)?, op_ptr, n_out);
     }
     let f = kernel(gpu, family, &format!("reduce_general_{name}"))?;
     let args = vec![

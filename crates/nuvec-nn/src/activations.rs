@@ -52,10 +52,12 @@ pub fn gelu(x: &Array) -> Array {
     &(x * &(&(x / std::f32::consts::SQRT_2).erf() + 1.0f32)) / 2.0f32
 }
 
-/// The tanh approximation: `x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2`.
+/// The tanh approximation: `x (1 + tanh(√(2/π) (x + 0.044715 x³))) / 2`, computed as
+/// `x σ(2√(2/π) (x + 0.044715 x³))` (the same function; fewer passes over `x`, and no
+/// cancellation in `1 + tanh` for large negative `x`).
 pub fn gelu_approx(x: &Array) -> Array {
-    let inner = &(x + &(&x.power(3.0f32) * 0.044715f32)) * (2.0f32 / std::f32::consts::PI).sqrt();
-    &(x * 0.5f32) * &(&inner.tanh() + 1.0f32)
+    let a = 2.0 * (2.0f32 / std::f32::consts::PI).sqrt();
+    x * &(x * &(&(x.square() * (a * 0.044715f32)) + a)).sigmoid()
 }
 
 /// The sigmoid approximation: `x σ(1.702 x)`.

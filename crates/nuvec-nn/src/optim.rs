@@ -342,12 +342,14 @@ impl Optimizer for Adam {
     core_methods!();
     fn apply_gradients<T: Tree>(&mut self, gradients: &T, parameters: &T) -> T {
         let ((b1, b2), eps, bc, wd) = (self.betas, self.eps, self.bias_correction, self.weight_decay);
+        // The decay factor as a host scalar: no device work per leaf for it.
+        let decay = 1.0 - self.core.lr.at(self.core.step) * wd;
         self.core.apply(
             gradients,
             parameters,
             |p| BTreeMap::from([("m", zeros(p)), ("v", zeros(p))]),
             |g, p, lr, step, st| {
-                let p = if wd != 0.0 { p * &(1.0 - &(lr * wd)) } else { p.clone() };
+                let p = if wd != 0.0 { p * decay } else { p.clone() };
                 let m = &(&st["m"] * b1) + &(g * (1.0 - b1));
                 let v = &(&st["v"] * b2) + &(&g.square() * (1.0 - b2));
                 st.insert("m", m.clone());

@@ -73,7 +73,7 @@ fn args() -> Args {
 /// loss, read at the end so that the device has finished.
 fn time(warmup: usize, steps: usize, mut step: impl FnMut() -> Array) -> f64 {
     for _ in 0..warmup {
-        step().item::<f32>().expect("warm-up step");
+        step().astype(DType::F32).item::<f32>().expect("warm-up step");
     }
     let start = Instant::now();
     let mut loss = None;

@@ -244,7 +244,12 @@ fn main() -> Result<()> {
         let l = loss.item::<f32>()?;
         losses.push((opt.step(), l));
         let done = (opt.step() - first) as f64 * (a.batch * SMALL.context) as f64;
-        bar.set_message(format!("loss {l:.3} · {:.0} tokens/s", done / start.elapsed().as_secs_f64()));
+        let msg = format!("loss {l:.3} · {:.0} tokens/s", done / start.elapsed().as_secs_f64());
+        if bar.is_hidden() && opt.step().is_multiple_of(50) {
+            // No terminal (a log file): a line now and then instead of the bar.
+            eprintln!("step {}/{} {msg}", opt.step(), a.steps);
+        }
+        bar.set_message(msg);
         bar.set_position(opt.step());
     }
     bar.finish();

@@ -901,6 +901,28 @@ fn narrow_column_reductions_agree() {
     }
 }
 
+/// Reductions of permuted layouts: a transposed matrix summed whole collapses to one run (the
+/// reduced axes taken widest stride first), and few long reductions over an interleaved layout
+/// go through a row-major copy (the general kernel would walk each in one thread).
+#[test]
+fn permuted_reductions_agree() {
+    if !gpu() {
+        return;
+    }
+    for dtype in [DType::F32, DType::BF16] {
+        let x = values(&[256, 1024], dtype, 0.7);
+        both(&format!("sum of a transpose {dtype}"), std::slice::from_ref(&x), |v| v[0].t().sum(..));
+        both(&format!("max of a transpose {dtype}"), std::slice::from_ref(&x), |v| v[0].t().max(..));
+        let y = values(&[64, 3, 512], dtype, 0.2);
+        both(&format!("sum over axes 0 and 2 {dtype}"), std::slice::from_ref(&y), |v| {
+            v[0].transpose(&[2, 1, 0]).sum(&[0, 2][..])
+        });
+        both(&format!("min of a strided slice {dtype}"), std::slice::from_ref(&y), |v| {
+            v[0].slice(&[0, 0, 0], &[64, 3, 512], &[2, 1, 3]).min(&[0, 2][..])
+        });
+    }
+}
+
 /// Arg-reductions along contiguous rows run a block per row over 16-byte vectors: ties and NaNs
 /// spread over the block's threads must give the CPU's first index, for row lengths that fill
 /// the vectors and ones that do not (the general kernel).
