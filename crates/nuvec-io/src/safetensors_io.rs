@@ -6,16 +6,19 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
+use nuvec_core::storage::{Data, HostBuffer};
 use nuvec_core::{Array, DType, Result};
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors, View};
 
 use crate::io_error;
 
-/// A safetensors file, memory-mapped: the header is read on open, each tensor when asked for.
+/// A safetensors file: the header is read on open (through a memory map, which checks it
+/// against the file's length), each tensor when asked for, straight from the file into the
+/// array's memory.
 pub struct SafetensorsFile {
     path: PathBuf,
-    map: Mmap,
+    file: File,
     /// Where the tensors' bytes start (after the 8-byte length and the header).
     start: usize,
     meta: Metadata,
@@ -23,14 +26,14 @@ pub struct SafetensorsFile {
 }
 
 impl SafetensorsFile {
-    /// Maps the file at `path` and reads its header; an error names the file and what is wrong
+    /// Opens the file at `path` and reads its header; an error names the file and what is wrong
     /// (truncated, a bad header, ranges outside the file).
     pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
         let path = path.as_ref().to_path_buf();
         let file = File::open(&path).map_err(|e| io_error("load_safetensors", &path, e))?;
-        // SAFETY: the map is read-only and lives with `self`; a file truncated by another process
-        // while mapped is outside what any reader can guard against (safetensors' own loaders
-        // map the same way).
+        // SAFETY: the map is read-only and dropped at the end of this function; a file truncated
+        // by another process meanwhile is outside what any reader can guard against
+        // (safetensors' own loaders map the same way).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| io_error("load_safetensors", &path, e))?;
         // The header is checked against the file: its ranges must cover the bytes exactly.
         let (n, meta) = SafeTensors::read_metadata(&map)
@@ -39,7 +42,7 @@ impl SafetensorsFile {
         let mut names: Vec<(usize, String)> =
             meta.tensors().iter().map(|(name, info)| (info.data_offsets.0, name.clone())).collect();
         names.sort();
-        Ok(SafetensorsFile { path, map, start, meta, names: names.into_iter().map(|(_, n)| n).collect() })
+        Ok(SafetensorsFile { path, file, start, meta, names: names.into_iter().map(|(_, n)| n).collect() })
     }
 
     /// The tensors' names, in the order of their bytes in the file.
@@ -58,17 +61,21 @@ impl SafetensorsFile {
         Ok((self.shape_of(name, info)?, self.dtype_of(name, info)?))
     }
 
-    /// Tensor `name`, read from the map into a host array.
+    /// Tensor `name`, read from the file into a host array.
     pub fn get(&self, name: &str) -> Result<Array> {
         let info = self.tensor_info(name)?;
         let (shape, dtype) = (self.shape_of(name, info)?, self.dtype_of(name, info)?);
         let (a, b) = info.data_offsets;
-        let bytes = &self.map[self.start + a..self.start + b];
-        let array = Array::from_raw_bytes(bytes, shape, dtype);
-        match array.error() {
-            Some(e) => Err(self.error(name, e)),
-            None => Ok(array),
+        let want = shape.iter().map(|&d| d as usize).product::<usize>() * dtype.size();
+        if b.checked_sub(a) != Some(want) {
+            return Err(self.error(name, format!("bytes {a}..{b} for {want} of {dtype} {shape:?}")));
         }
+        // One positional read into the array's own buffer: the disk's sequential speed, where
+        // copying out of the map would fault its pages in one at a time.
+        let mut buffer = HostBuffer::uninit(want).map_err(|e| self.error(name, e))?;
+        read_at(&self.file, buffer.bytes_mut(), (self.start + a) as u64).map_err(|e| self.error(name, e))?;
+        let data = Data::from_host_buffer(&shape, buffer);
+        Ok(Array::from_data(shape, dtype, data))
     }
 
     /// Every tensor, by name.
@@ -118,17 +125,49 @@ pub fn load_safetensors_index(path: impl AsRef<Path>) -> Result<BTreeMap<String,
         by_file.entry(file).or_default().push(name);
     }
     let dir = path.parent().unwrap_or(Path::new("."));
+    // Shards are read side by side: a disk serves several streams faster than one.
+    let shards: Vec<Result<Vec<(String, Array)>>> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = by_file
+            .iter()
+            .map(|(file, names)| {
+                let (dir, fail) = (&dir, &fail);
+                scope.spawn(move || {
+                    let shard = SafetensorsFile::open(dir.join(file))?;
+                    if let Some(extra) = shard.names().into_iter().find(|n| !names.contains(n)) {
+                        return Err(fail(format!("{file} holds tensor '{extra}', which the index does not name")));
+                    }
+                    names.iter().map(|n| Ok((n.to_string(), shard.get(n)?))).collect()
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err(fail("a reading thread panicked".into())))).collect()
+    });
     let mut out = BTreeMap::new();
-    for (file, names) in by_file {
-        let shard = SafetensorsFile::open(dir.join(file))?;
-        for name in &names {
-            out.insert(name.to_string(), shard.get(name)?);
-        }
-        if let Some(extra) = shard.names().into_iter().find(|n| !names.contains(n)) {
-            return Err(fail(format!("{file} holds tensor '{extra}', which the index does not name")));
-        }
+    for shard in shards {
+        out.extend(shard?);
     }
     Ok(out)
+}
+
+/// Fills `buf` from `file` at byte `offset`.
+#[cfg(unix)]
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+/// Fills `buf` from `file` at byte `offset`.
+#[cfg(windows)]
+fn read_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match std::os::windows::fs::FileExt::seek_read(file, buf, offset)? {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes `tensors` (name, array) to a safetensors file at `path`, with optional free-form
