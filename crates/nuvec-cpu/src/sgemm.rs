@@ -127,9 +127,22 @@ struct PackBuf {
     offset: usize,
 }
 
+thread_local! {
+    /// Packing buffers this thread used before: fresh ones of a few MiB are fresh pages, whose
+    /// faults and zeroing cost a training step more than its products' packing.
+    static SPARE_PACKS: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl PackBuf {
+    /// A buffer of at least `len` elements; its contents are whatever a previous product left
+    /// (packing writes every element the kernel reads).
     fn new(len: usize) -> PackBuf {
-        let store = vec![0.0f32; len + 16];
+        let spare = SPARE_PACKS.with(|s| {
+            let mut s = s.borrow_mut();
+            let at = s.iter().position(|b| b.len() >= len + 16)?;
+            Some(s.swap_remove(at))
+        });
+        let store = spare.unwrap_or_else(|| vec![0.0f32; len + 16]);
         let offset = store.as_ptr().align_offset(64).min(16);
         PackBuf { store, offset }
     }
@@ -137,6 +150,21 @@ impl PackBuf {
     /// through `self` again until it is dropped after they finish.
     fn ptr(&mut self) -> CPtr {
         CPtr(self.store.as_mut_ptr().wrapping_add(self.offset))
+    }
+}
+
+impl Drop for PackBuf {
+    fn drop(&mut self) {
+        let store = std::mem::take(&mut self.store);
+        if store.len() > 16 {
+            // A few per thread: the two B buffers and A's.
+            let _ = SPARE_PACKS.try_with(|s| {
+                let mut s = s.borrow_mut();
+                if s.len() < 4 {
+                    s.push(store);
+                }
+            });
+        }
     }
 }
 
