@@ -26,6 +26,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use nuvec_core::fast::{self, AdamParams};
 use nuvec_core::tree::Tree;
 use nuvec_core::{Array, DType, Error, Result};
 
@@ -342,25 +343,24 @@ impl Optimizer for Adam {
     core_methods!();
     fn apply_gradients<T: Tree>(&mut self, gradients: &T, parameters: &T) -> T {
         let ((b1, b2), eps, bc, wd) = (self.betas, self.eps, self.bias_correction, self.weight_decay);
-        // The decay factor as a host scalar: no device work per leaf for it.
-        let decay = 1.0 - self.core.lr.at(self.core.step) * wd;
+        let lr = self.core.lr.at(self.core.step);
         self.core.apply(
             gradients,
             parameters,
             |p| BTreeMap::from([("m", zeros(p)), ("v", zeros(p))]),
-            |g, p, lr, step, st| {
-                let p = if wd != 0.0 { p * decay } else { p.clone() };
-                let m = &(&st["m"] * b1) + &(g * (1.0 - b1));
-                let v = &(&st["v"] * b2) + &(&g.square() * (1.0 - b2));
-                st.insert("m", m.clone());
-                st.insert("v", v.clone());
-                if bc {
-                    let c1 = (lr / (1.0 - b1.powi(step as i32))).astype(g.dtype());
-                    let c2 = Array::scalar(1.0 / (1.0 - b2.powi(step as i32)).sqrt(), g.dtype());
-                    &p - &(&(&c1 * &m) / &(&(&v.sqrt() * &c2) + eps))
+            |g, p, _, step, st| {
+                let (size, scale) = if bc {
+                    (lr / (1.0 - b1.powi(step as i32)), 1.0 / (1.0 - b2.powi(step as i32)).sqrt())
                 } else {
-                    &p - &(&(lr * &m) / &(&v.sqrt() + eps))
-                }
+                    (lr, 1.0)
+                };
+                let a = AdamParams { beta1: b1, beta2: b2, eps, decay: 1.0 - lr * wd, step: size, scale };
+                // One fused update; the gradient and moments in the parameter's dtype.
+                let like = |x: &Array| if x.dtype() == p.dtype() { x.clone() } else { x.astype(p.dtype()) };
+                let (p, m, v) = fast::adam_step(p, &like(g), &like(&st["m"]), &like(&st["v"]), &a);
+                st.insert("m", m);
+                st.insert("v", v);
+                p
             },
         )
     }

@@ -5,6 +5,7 @@
 //! `NUVEC_FUSED=0` makes every backend decline fast primitives, so they all run as their
 //! compositions.
 
+mod adam;
 mod attention;
 pub mod cuda_kernel;
 mod glu_loss;
@@ -13,7 +14,8 @@ mod plan;
 mod rope;
 mod softmax;
 
-pub use crate::primitive::fast::{AttentionKernel, AttentionParams, FastOp, MaskInput, RopeParams};
+pub use crate::primitive::fast::{AdamParams, AttentionKernel, AttentionParams, FastOp, MaskInput, RopeParams};
+pub use adam::adam_step;
 pub use attention::{AttentionMask, AttentionOptions, scaled_dot_product_attention};
 pub use cuda_kernel::{CudaKernel, KernelConfig, TemplateArg};
 pub use glu_loss::{cross_entropy, swiglu};
@@ -70,6 +72,7 @@ impl FastOp {
             FastOp::CrossEntropyWithGrad => {
                 glu_loss::cross_entropy_with_grad_composition(&inputs[0], &inputs[1], &inputs[2])
             }
+            FastOp::AdamStep(p) => adam::composition(p, inputs),
         }
     }
 
@@ -83,6 +86,8 @@ impl FastOp {
             FastOp::CrossEntropyWithGrad => Some(3),
             FastOp::SwiGluVjp => Some(3),
             FastOp::Rope(_) => Some(1).filter(|_| n >= 2),
+            // Element-wise: every input is batched alike.
+            FastOp::AdamStep(_) => Some(4),
             // The weight and bias cotangents sum over rows, the batch included.
             FastOp::RmsNormVjp { .. } | FastOp::LayerNormVjp { .. } => None,
             FastOp::Attention(_) | FastOp::AttentionVjp(_) => None,

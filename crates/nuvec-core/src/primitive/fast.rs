@@ -68,6 +68,9 @@ pub enum FastOp {
     /// The cross entropy's cotangent of the logits: inputs `[logits, targets, g, loss]` (the
     /// loss gives the kernel each row's log-sum-exp without a second pass).
     CrossEntropyVjp,
+    /// [`adam_step`](crate::fast::adam_step): one Adam update of a parameter, inputs
+    /// `[p, g, m, v]` of one shape and float dtype, outputs `[p', m', v']`.
+    AdamStep(AdamParams),
     /// The loss and the cotangent of the logits at once: inputs `[logits, targets, g]`, outputs
     /// `[loss, dlogits]`. No operation records it: evaluation runs a pending [`cross_entropy`](crate::fast::cross_entropy)
     /// and the `CrossEntropyVjp` that consumes its loss as this one primitive when the backend
@@ -159,6 +162,7 @@ impl FastOp {
             FastOp::CrossEntropyWithGrad => "cross_entropy_with_grad",
             FastOp::Attention(_) => "scaled_dot_product_attention",
             FastOp::AttentionVjp(_) => "scaled_dot_product_attention_vjp",
+            FastOp::AdamStep(_) => "adam_step",
         }
     }
 
@@ -183,8 +187,43 @@ impl FastOp {
             }
             FastOp::Attention(p) => attention_specs(p, inputs),
             FastOp::AttentionVjp(p) => attention_vjp_specs(p, inputs),
+            FastOp::AdamStep(_) => adam_specs(inputs),
         }
     }
+}
+
+// ---- Adam -----------------------------------------------------------------------------------
+
+/// One Adam update's scalars: `m' = β₁ m + (1 − β₁) g`, `v' = β₂ v + (1 − β₂) g²`,
+/// `p' = decay · p − step · m' / (scale · √v' + eps)` (AdamW's decay `1 − lr · wd`; without
+/// bias correction `step` is the learning rate and `scale` 1).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamParams {
+    /// The first moment's decay, β₁.
+    pub beta1: f32,
+    /// The second moment's decay, β₂.
+    pub beta2: f32,
+    /// Added to the denominator.
+    pub eps: f32,
+    /// The parameter's factor before the step.
+    pub decay: f32,
+    /// The step's size.
+    pub step: f32,
+    /// The square root of the second moment's factor.
+    pub scale: f32,
+}
+
+fn adam_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let [p, rest @ ..] = inputs else {
+        return Err(invalid("adam_step takes the parameter, gradient and two moments".into()));
+    };
+    if rest.len() != 3 || rest.iter().any(|s| s != p) {
+        return Err(invalid(format!("adam_step: the parameter, gradient and moments must match, got {inputs:?}")));
+    }
+    if !p.dtype.is_float() {
+        return Err(OpErrorKind::UnsupportedDType(p.dtype));
+    }
+    Ok(vec![p.clone(); 3])
 }
 
 // ---- softmax and log-sum-exp ----------------------------------------------------------------

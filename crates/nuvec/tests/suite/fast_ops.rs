@@ -368,6 +368,58 @@ fn cross_entropy_loss_and_gradient_together_match_float64() {
     }
 }
 
+/// One Adam update against float64 arithmetic, with and without decay and bias correction,
+/// over every float dtype and strided inputs; in `float32` the fused kernel and the
+/// composition agree bit for bit (the same operations in the same order).
+#[test]
+fn adam_step_matches_float64_and_its_composition() {
+    let mut rng = Rng(11);
+    let settings = [
+        fast::AdamParams { beta1: 0.9, beta2: 0.999, eps: 1e-8, decay: 1.0, step: 1e-3, scale: 1.0 },
+        fast::AdamParams { beta1: 0.8, beta2: 0.95, eps: 1e-6, decay: 0.999, step: 0.05, scale: 3.5 },
+    ];
+    for a in settings {
+        for dtype in DTYPES {
+            for (rows, d, strided) in [(3, 7, false), (64, 1000, false), (40, 33, true)] {
+                let n = (rows * d) as usize;
+                let (p, pw) = input(&rng.values(n, -2.0, 2.0), rows, d, dtype, strided);
+                let (g, gw) = input(&rng.values(n, -1.0, 1.0), rows, d, dtype, false);
+                let (m, mw) = input(&rng.values(n, -0.5, 0.5), rows, d, dtype, strided);
+                let (v, vw) = input(&rng.values(n, 0.0, 0.3), rows, d, dtype, false);
+                let (np, nm, nv) = fast::adam_step(&p, &g, &m, &v, &a);
+                let f = |x: f32| x as f64;
+                let mut want = (Vec::new(), Vec::new(), Vec::new());
+                for i in 0..n {
+                    let m1 = mw[i] * f(a.beta1) + gw[i] * f(1.0 - a.beta1);
+                    let v1 = vw[i] * f(a.beta2) + gw[i] * gw[i] * f(1.0 - a.beta2);
+                    let p1 = pw[i] * f(a.decay) - m1 * f(a.step) / (v1.sqrt() * f(a.scale) + f(a.eps));
+                    want.0.push(p1);
+                    want.1.push(m1);
+                    want.2.push(v1);
+                }
+                let what = |o: &str| format!("adam_step {o} {dtype} [{rows}, {d}] strided {strided} {a:?}");
+                close(&what("p"), &f64s(&np), &want.0, dtype, 1);
+                close(&what("m"), &f64s(&nm), &want.1, dtype, 1);
+                close(&what("v"), &f64s(&nv), &want.2, dtype, 1);
+                if dtype == DType::F32 && nuvec::default_device() == nuvec::Device::cpu() {
+                    let c = FastOp::AdamStep(a).composition(&[p, g, m, v]);
+                    for (fused, composed) in [(&np, &c[0]), (&nm, &c[1]), (&nv, &c[2])] {
+                        assert_eq!(
+                            fused.to_vec::<f32>().unwrap(),
+                            composed.to_vec::<f32>().unwrap(),
+                            "{}",
+                            what("bits")
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let x = Array::from_slice(&[1.0f32, 2.0], [2]);
+    let (bad, _, _) = fast::adam_step(&x, &x.reshape([1, 2]), &x, &x, &settings[0]);
+    assert!(bad.error().unwrap().to_string().contains("adam_step"));
+}
+
 /// The fused derivative primitives against the derivative of the composition.
 #[test]
 fn fused_derivatives_match_the_composition() {
