@@ -17,9 +17,10 @@ use crate::array::Array;
 /// let (p, m, v) = fast::adam_step(&array![1.0f32, 2.0], &array![0.5f32, -0.5], &zero, &zero, &params);
 /// let m: Vec<f32> = m.to_vec().unwrap();
 /// assert!((m[0] - 0.05).abs() < 1e-7);
+/// let v: Vec<f32> = v.to_vec().unwrap();
+/// assert_eq!(v[0], 0.25 * (1.0 - 0.999f32));
 /// let p: Vec<f32> = p.to_vec().unwrap();
-/// assert!((p[0] - (1.0 - 0.1 * 0.05 / (0.00025f32.sqrt() + 1e-8))).abs() < 1e-6);
-/// # let _ = v;
+/// assert!((p[0] - (1.0 - 0.1 * 0.05 / (v[0].sqrt() + 1e-8))).abs() < 1e-6);
 /// ```
 #[track_caller]
 pub fn adam_step(p: &Array, g: &Array, m: &Array, v: &Array, params: &AdamParams) -> (Array, Array, Array) {
