@@ -170,14 +170,15 @@ impl Core {
         Core { step: 0, lr, leaves: Vec::new() }
     }
 
-    /// One update: `rule(gradient, parameter, learning rate, state)` per leaf, the state made
-    /// by `init` the first time.
+    /// One update: `rule(gradient, parameter, learning rate, step, state)` per leaf, the state
+    /// made by `init` the first time. The learning rate is a host scalar: multiplying by it
+    /// rounds it to the array's dtype, as a scalar array of that dtype would.
     fn apply<T: Tree>(
         &mut self,
         gradients: &T,
         parameters: &T,
         init: impl Fn(&Array) -> BTreeMap<&'static str, Array>,
-        rule: impl Fn(&Array, &Array, &Array, u64, &mut BTreeMap<&'static str, Array>) -> Array,
+        rule: impl Fn(&Array, &Array, f32, u64, &mut BTreeMap<&'static str, Array>) -> Array,
     ) -> T {
         let (g, p) = (gradients.flatten(), parameters.flatten());
         if g.len() != p.len() {
@@ -190,12 +191,7 @@ impl Core {
         }
         let lr = self.lr.at(self.step);
         self.step += 1;
-        let out = (0..p.len())
-            .map(|i| {
-                let lr = Array::scalar(lr, g[i].dtype());
-                rule(&g[i], &p[i], &lr, self.step, &mut self.leaves[i])
-            })
-            .collect();
+        let out = (0..p.len()).map(|i| rule(&g[i], &p[i], lr, self.step, &mut self.leaves[i])).collect();
         parameters.with_leaves(out)
     }
 
@@ -289,13 +285,13 @@ impl Optimizer for Sgd {
             |g, p, lr, _, st| {
                 let g = if wd != 0.0 { g + &(p * wd) } else { g.clone() };
                 if mu <= 0.0 {
-                    return p - &(lr * &g);
+                    return p - &(&g * lr);
                 }
                 let mut v = &st["v"] * mu;
                 v = if damp > 0.0 { &v + &(&g * (1.0 - damp)) } else { &v + &g };
                 let update = if nesterov { &g + &(&v * mu) } else { v.clone() };
                 st.insert("v", v);
-                p - &(lr * &update)
+                p - &(&update * lr)
             },
         )
     }
@@ -343,12 +339,11 @@ impl Optimizer for Adam {
     core_methods!();
     fn apply_gradients<T: Tree>(&mut self, gradients: &T, parameters: &T) -> T {
         let ((b1, b2), eps, bc, wd) = (self.betas, self.eps, self.bias_correction, self.weight_decay);
-        let lr = self.core.lr.at(self.core.step);
         self.core.apply(
             gradients,
             parameters,
             |p| BTreeMap::from([("m", zeros(p)), ("v", zeros(p))]),
-            |g, p, _, step, st| {
+            |g, p, lr, step, st| {
                 let (size, scale) = if bc {
                     (lr / (1.0 - b1.powi(step as i32)), 1.0 / (1.0 - b2.powi(step as i32)).sqrt())
                 } else {
@@ -413,8 +408,8 @@ impl Optimizer for Lion {
                 let m = &st["m"];
                 let c = &(m * b1) + &(g * (1.0 - b1));
                 st.insert("m", &(m * b2) + &(g * (1.0 - b2)));
-                let p = if wd > 0.0 { &(1.0 - &(lr * wd)) * p } else { p.clone() };
-                &p - &(lr * &c.sign())
+                let p = if wd > 0.0 { p * (1.0 - lr * wd) } else { p.clone() };
+                &p - &(&c.sign() * lr)
             },
         )
     }
@@ -522,7 +517,7 @@ impl Optimizer for Adafactor {
                     let min_step = if warmup { 1e-6 * step as f32 } else { 1e-2 };
                     Array::scalar(min_step.min(1.0 / (step as f32).sqrt()), p_rms.dtype())
                 } else {
-                    lr.astype(p_rms.dtype())
+                    Array::scalar(lr, p_rms.dtype())
                 };
                 let lr = if scale_parameter { &p_rms.maximum(eps.1) * &size } else { size };
                 let b2 = 1.0 - (step as f32).powf(decay);
