@@ -86,11 +86,7 @@ impl Module for Linear {
 
 impl Layer for Linear {
     fn forward(&self, x: &Array) -> Array {
-        let y = match &self.quantized {
-            Some(q) => q.matmul(x, &self.weight),
-            None => x.matmul(&self.weight.t()),
-        };
-        plus_bias(y, &self.bias)
+        plus_bias(Quantized::times_transposed(x, &self.weight, &self.quantized), &self.bias)
     }
 }
 
@@ -119,10 +115,7 @@ impl Embedding {
 
     /// `x Wᵀ`: the table as an output projection (tied embeddings).
     pub fn as_linear(&self, x: &Array) -> Array {
-        match &self.quantized {
-            Some(q) => q.matmul(x, &self.weight),
-            None => x.matmul(&self.weight.t()),
-        }
+        Quantized::times_transposed(x, &self.weight, &self.quantized)
     }
 
     /// The table quantized, as [`Linear::to_quantized`].

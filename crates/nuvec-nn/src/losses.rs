@@ -101,18 +101,16 @@ pub fn cross_entropy(logits: &Array, targets: &Array, options: &CrossEntropy) ->
         Some(i) if !probs => Some(targets.not_equal(Array::scalar(i, targets.dtype()))),
         _ => None,
     };
-    let mut loss = if !probs && o.label_smoothing == 0.0 && axis == nd - 1 {
-        // The fused kernel, which skips negative targets: the ignored rows become -1.
-        let targets = match &valid {
-            Some(v) => ops::where_(v, targets, Array::scalar(-1, targets.dtype())),
-            None => targets.clone(),
-        };
+    let fused = !probs && o.label_smoothing == 0.0 && axis == nd - 1;
+    // Ignored rows' targets: -1 for the fused kernel, which skips negative ones; 0 (any class)
+    // for the composition, whose loss there is masked below.
+    let targets = match &valid {
+        Some(v) => ops::where_(v, targets, Array::scalar(if fused { -1 } else { 0 }, targets.dtype())),
+        None => targets.clone(),
+    };
+    let mut loss = if fused {
         fast::cross_entropy(logits, &targets).astype(logits.dtype())
     } else {
-        let targets = match &valid {
-            Some(v) => ops::where_(v, targets, Array::scalar(0, targets.dtype())),
-            None => targets.clone(),
-        };
         composed_cross_entropy(logits, &targets, axis, probs, o.label_smoothing)
     };
     if let Some(w) = &o.weights {

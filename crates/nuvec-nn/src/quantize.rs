@@ -80,10 +80,16 @@ impl Quantized {
         Ok((frozen(w), q))
     }
 
-    /// `x Wᵀ` with `w` the packed weight.
-    pub(crate) fn matmul(&self, x: &Array, w: &Array) -> Array {
-        let biases = self.biases.as_deref();
-        ops::quantized_matmul(x, w, &self.scales, biases, true, self.group_size, self.bits, &self.mode)
+    /// `x Wᵀ` for a layer's `weight` and its quantization, if any: the product Linear and a
+    /// tied Embedding share.
+    pub(crate) fn times_transposed(x: &Array, weight: &Array, quantized: &Option<Quantized>) -> Array {
+        match quantized {
+            Some(q) => {
+                let biases = q.biases.as_deref();
+                ops::quantized_matmul(x, weight, &q.scales, biases, true, q.group_size, q.bits, &q.mode)
+            }
+            None => x.matmul(&weight.t()),
+        }
     }
 
     /// The rows `ids` of the packed table `w`, dequantized: `[..ids, dims]` in the scales'

@@ -3,7 +3,7 @@
 //! tied to the token embedding. `train_lm` trains a small one; `bench_train` times GPT-2 small.
 
 use nuvec::nn::gelu_approx;
-use nuvec::nn::{Embedding, Layer, LayerNorm, Linear, Module, Param, init, module};
+use nuvec::nn::{Embedding, Layer, LayerNorm, Linear, Param, init, module};
 use nuvec::{Array, DType, fast, ops};
 
 /// The model's sizes.
@@ -116,10 +116,5 @@ impl Gpt {
     /// The mean cross entropy of the next tokens `targets [B, L]`.
     pub fn loss(&self, ids: &Array, targets: &Array) -> Array {
         fast::cross_entropy(&self.forward(ids), targets).mean(..)
-    }
-
-    /// Parameters, all of them (the output projection is the token table).
-    pub fn size(&self) -> usize {
-        self.parameters().values().map(|a| a.size()).sum()
     }
 }

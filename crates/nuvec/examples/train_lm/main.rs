@@ -220,7 +220,7 @@ fn main() -> Result<()> {
     }
     eprintln!(
         "{} parameters on {}, {} bytes of text; {} steps of {} × {} bytes",
-        model.size(),
+        model.parameters().values().map(Array::size).sum::<usize>(),
         nuvec::default_device(),
         text.len(),
         a.steps,
