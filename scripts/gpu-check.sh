@@ -98,12 +98,7 @@ echo "   LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 # --- unpack ------------------------------------------------------------------------------
 gpu_unpack || exit 2
 echo "   kernel cache: $(ls .gpu/kcache 2>/dev/null | wc -l) cubins"
-# Tests may name files by the absolute path of the build machine's checkout (env!
-# CARGO_MANIFEST_DIR): point that path here when it does not exist.
-BUILD_ROOT=$(sed -n 's/^BUILD_ROOT=//p' .gpu/build-info.txt 2>/dev/null)
-if [ -n "$BUILD_ROOT" ] && [ "$BUILD_ROOT" != "$ROOT" ] && [ ! -e "$BUILD_ROOT" ]; then
-    mkdir -p "$(dirname "$BUILD_ROOT")" && ln -s "$ROOT" "$BUILD_ROOT" && echo "   linked $BUILD_ROOT -> $ROOT"
-fi
+gpu_link_build_root
 
 # --- tests -------------------------------------------------------------------------------
 TESTS=()

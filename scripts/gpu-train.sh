@@ -24,10 +24,7 @@ mkdir -p "$OUT"
 # shellcheck source=scripts/gpu-env.sh
 . "$ROOT/scripts/gpu-env.sh"
 gpu_unpack || exit 2
-BUILD_ROOT=$(sed -n 's/^BUILD_ROOT=//p' .gpu/build-info.txt 2>/dev/null)
-if [ -n "$BUILD_ROOT" ] && [ "$BUILD_ROOT" != "$ROOT" ] && [ ! -e "$BUILD_ROOT" ]; then
-    mkdir -p "$(dirname "$BUILD_ROOT")" && ln -s "$ROOT" "$BUILD_ROOT"
-fi
+gpu_link_build_root
 PEERS_ENV=(env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH")
 
 echo "== bench_train gpt2"
