@@ -149,6 +149,61 @@ fn gemm_batched<T: Elem + 'static>(
     Ok(())
 }
 
+/// `C = A·B` (or `C += A·B` with `accumulate`) in `f32` for A `[m, k]` and B `[k, n]` given by
+/// strides and C row-major at row stride `ldc`: `sgemm` where it runs and pays, else `gemm` on
+/// rayon's threads.
+///
+/// # Safety
+/// Every element the shapes and strides name is inside its buffer; C's rows overlap neither A
+/// nor B and are not touched elsewhere during the call.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn product_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: sgemm::Mat,
+    b: sgemm::Mat,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    if m * n * k >= SGEMM_MIN && sgemm::available() {
+        let beta = accumulate.then_some(1.0);
+        let p = sgemm::Product { m, n, k, a, b, c, ldc, alpha: 1.0, beta };
+        // SAFETY: the caller's contract; AVX2 and FMA are present and k > 0.
+        unsafe { sgemm::sgemm(p, rayon::current_num_threads()) };
+        return;
+    }
+    let par = if m * n * k >= 1 << 18 { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
+    // SAFETY: the caller's contract.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            1,
+            ldc as isize,
+            accumulate,
+            a.ptr,
+            a.cs,
+            a.rs,
+            b.ptr,
+            b.cs,
+            b.rs,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
 /// Half-precision products: widen both operands to f32, multiply, round back.
 fn via_f32<H: Elem + crate::elem::Float<Acc = f32>>(
     a: &Operand,

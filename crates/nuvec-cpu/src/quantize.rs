@@ -235,45 +235,76 @@ pub fn dequantize(mode: QuantMode, group_size: i32, bits: i32, inputs: Vec<Opera
 }
 
 fn dequantize_typed<T: Float>(mode: QuantMode, gs: usize, bits: u32, x: &[Operand], out: &mut Output) -> Result<()> {
-    let w = dense::<u32>(&x[0])?;
+    let packed = Packed::<T>::new(mode, gs, bits, x)?;
     let n = out.size();
     let mut buf = HostBuffer::uninit(n * size_of::<T>())?;
-    let o = buf.as_mut_slice::<T>();
-    let wpg = gs * bits as usize / 32;
     if n > 0 && gs > 0 {
-        match mode {
-            QuantMode::Affine => {
-                let (s, b) = (dense::<T>(&x[1])?, dense::<T>(&x[2])?);
-                o.par_chunks_mut(gs).zip(w.par_chunks(wpg)).enumerate().for_each(|(i, (o, words))| {
-                    let (s, b) = (s[i].to_acc(), b[i].to_acc());
-                    for (j, o) in o.iter_mut().enumerate() {
-                        let q = T::Acc::from_u64(unpack(words, j, bits) as u64);
-                        *o = T::from_acc(rt::<T>(q * s) + b);
-                    }
-                });
-            }
-            _ => {
-                let s = dense::<u8>(&x[1])?;
-                o.par_chunks_mut(gs).zip(w.par_chunks(wpg)).enumerate().for_each(|(i, (o, words))| {
-                    let scale = if mode == QuantMode::Nvfp4 {
-                        rt::<T>(T::Acc::from_f32(from_fp8(s[i])))
-                    } else {
-                        rt::<T>(T::Acc::from_f64(2f64.powi(s[i] as i32 - 127)))
-                    };
-                    for (j, o) in o.iter_mut().enumerate() {
-                        let v = if mode == QuantMode::Mxfp8 {
-                            rt::<T>(T::Acc::from_f32(from_fp8(unpack(words, j, 8) as u8)))
-                        } else {
-                            T::Acc::from_f32(FP4[unpack(words, j, 4) as usize])
-                        };
-                        *o = T::from_acc(v * scale);
-                    }
-                });
-            }
-        }
+        let o = buf.as_mut_slice::<T>();
+        o.par_chunks_mut(gs).enumerate().for_each(|(i, o)| packed.group(i, |j, v| o[j] = v));
     }
     out.data = Some(Data::from_host_buffer(&out.shape, buf));
     Ok(())
+}
+
+/// Packed weights with their scales (and biases), read one group at a time: what `dequantize`
+/// writes out and `quantized_matmul` consumes a few rows at a time.
+pub(crate) struct Packed<'a, T> {
+    mode: QuantMode,
+    gs: usize,
+    bits: u32,
+    words: &'a [u32],
+    scales: Scales<'a, T>,
+}
+
+enum Scales<'a, T> {
+    /// Affine: a scale and a bias per group, in the weight's dtype.
+    Affine(&'a [T], &'a [T]),
+    /// The FP modes: an E8M0 (MX) or E4M3 (NV) code per group.
+    Codes(&'a [u8]),
+}
+
+impl<'a, T: Float> Packed<'a, T> {
+    /// Reads row-major inputs `[w, scales, biases?]`.
+    pub(crate) fn new(mode: QuantMode, gs: usize, bits: u32, x: &'a [Operand]) -> Result<Self> {
+        let scales = match (mode, x) {
+            (QuantMode::Affine, [_, s, b, ..]) => Scales::Affine(dense::<T>(s)?, dense::<T>(b)?),
+            (QuantMode::Affine, _) => return Err(internal("affine dequantization without biases")),
+            (_, [_, s, ..]) => Scales::Codes(dense::<u8>(s)?),
+            _ => return Err(internal("dequantization without scales")),
+        };
+        Ok(Packed { mode, gs, bits, words: dense::<u32>(&x[0])?, scales })
+    }
+
+    /// Group `i`'s values, as the dequantization rounds them to `T`, handed to `put(j, v)`.
+    #[inline(always)]
+    pub(crate) fn group(&self, i: usize, mut put: impl FnMut(usize, T)) {
+        let wpg = self.gs * self.bits as usize / 32;
+        let words = &self.words[i * wpg..(i + 1) * wpg];
+        match self.scales {
+            Scales::Affine(s, b) => {
+                let (s, b) = (s[i].to_acc(), b[i].to_acc());
+                for j in 0..self.gs {
+                    let q = T::Acc::from_u64(unpack(words, j, self.bits) as u64);
+                    put(j, T::from_acc(rt::<T>(q * s) + b));
+                }
+            }
+            Scales::Codes(s) => {
+                let scale = if self.mode == QuantMode::Nvfp4 {
+                    rt::<T>(T::Acc::from_f32(from_fp8(s[i])))
+                } else {
+                    rt::<T>(T::Acc::from_f64(2f64.powi(s[i] as i32 - 127)))
+                };
+                for j in 0..self.gs {
+                    let v = if self.mode == QuantMode::Mxfp8 {
+                        rt::<T>(T::Acc::from_f32(from_fp8(unpack(words, j, 8) as u8)))
+                    } else {
+                        T::Acc::from_f32(FP4[unpack(words, j, 4) as usize])
+                    };
+                    put(j, T::from_acc(v * scale));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

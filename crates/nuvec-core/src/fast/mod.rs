@@ -14,7 +14,9 @@ mod plan;
 mod rope;
 mod softmax;
 
-pub use crate::primitive::fast::{AdamParams, AttentionKernel, AttentionParams, FastOp, MaskInput, RopeParams};
+pub use crate::primitive::fast::{
+    AdamParams, AttentionKernel, AttentionParams, FastOp, MaskInput, QuantMatmulParams, RopeParams,
+};
 pub use adam::adam_step;
 pub use attention::{AttentionMask, AttentionOptions, scaled_dot_product_attention};
 pub use cuda_kernel::{CudaKernel, KernelConfig, TemplateArg};
@@ -31,7 +33,7 @@ use crate::transforms::{AxesSpec, jvp_flat, vjp_flat, vmap_impl};
 /// Records `op` and returns its outputs, or `n` copies of the failure: how every fast operation
 /// (and every fused derivative) enters the graph.
 #[track_caller]
-fn record(op: FastOp, inputs: Vec<Array>, n: usize) -> Vec<Array> {
+pub(crate) fn record(op: FastOp, inputs: Vec<Array>, n: usize) -> Vec<Array> {
     let outs = Array::from_op_multi(op.name(), Primitive::Fast(op), inputs);
     if outs.len() == n { outs } else { vec![outs[0].clone(); n] }
 }
@@ -73,6 +75,7 @@ impl FastOp {
                 glu_loss::cross_entropy_with_grad_composition(&inputs[0], &inputs[1], &inputs[2])
             }
             FastOp::AdamStep(p) => adam::composition(p, inputs),
+            FastOp::QuantizedMatmul(p) => vec![crate::ops::quantize::quantized_matmul_composition(p, inputs)],
         }
     }
 
@@ -86,6 +89,8 @@ impl FastOp {
             FastOp::CrossEntropyWithGrad => Some(3),
             FastOp::SwiGluVjp => Some(3),
             FastOp::Rope(_) => Some(1).filter(|_| n >= 2),
+            // Rows of x against one weight.
+            FastOp::QuantizedMatmul(_) => Some(1),
             // Element-wise: every input is batched alike.
             FastOp::AdamStep(_) => Some(4),
             // The weight and bias cotangents sum over rows, the batch included.

@@ -12,7 +12,7 @@ mod gather;
 mod indexing;
 mod linalg;
 mod operators;
-mod quantize;
+pub(crate) mod quantize;
 mod reduce;
 mod shape;
 mod sort;

@@ -5,6 +5,7 @@
 
 use crate::array::Array;
 use crate::dtype::{DType, promote_types};
+use crate::fast::{FastOp, QuantMatmulParams, record};
 use crate::primitive::Primitive;
 use crate::storage::Spec;
 
@@ -147,8 +148,11 @@ pub fn dequantize(
 /// weight. The result has `x`'s dtype promoted with the scales' for affine, `x`'s dtype for
 /// the FP modes.
 ///
-/// It is a composition (dequantize, then a product), so it differentiates with respect to `x`
-/// (and, for affine, the scales and biases); the packed weights have no gradient.
+/// With a 2-D `w` it is one primitive, which the backends run without a dequantized copy of
+/// the weight (the GPU's products of up to 8 rows read each packed byte once); its
+/// composition (dequantize, then a product) defines the derivatives with respect to `x` (and,
+/// for affine, the scales and biases) and is the fallback. The packed weights have no
+/// gradient.
 ///
 /// ```
 /// use nuvec::ops;
@@ -225,7 +229,23 @@ pub fn quantized_matmul(
             ),
         );
     }
-    let deq = dequantize(w, scales, biases, gs, nbits, mode, dtype);
-    let wt = if transpose { deq.swapaxes(-1, -2) } else { deq };
-    x.astype(dtype).matmul(&wt)
+    let p = QuantMatmulParams { mode: qmode, group_size: gs, bits: nbits, transpose, dtype };
+    let mut inputs = vec![x.clone(), w.clone(), scales.clone()];
+    inputs.extend(biases.cloned());
+    if w.ndim() == 2 {
+        // One weight for every row of x: the backends' kernels take it from here.
+        record(FastOp::QuantizedMatmul(p), inputs, 1).remove(0)
+    } else {
+        quantized_matmul_composition(&p, &inputs)
+    }
+}
+
+/// `quantized_matmul` as ordinary operations: the weight dequantized to the product's dtype,
+/// then a product. Inputs `[x, w, scales, biases?]`, checked by the operation.
+pub(crate) fn quantized_matmul_composition(p: &QuantMatmulParams, inputs: &[Array]) -> Array {
+    let (x, w, scales, biases) = (&inputs[0], &inputs[1], &inputs[2], inputs.get(3));
+    let mode = p.mode.to_string();
+    let deq = dequantize(w, scales, biases, p.group_size, p.bits, &mode, p.dtype);
+    let wt = if p.transpose { deq.swapaxes(-1, -2) } else { deq };
+    x.astype(p.dtype).matmul(&wt)
 }

@@ -7,6 +7,7 @@
 
 use crate::dtype::{DType, promote_types};
 use crate::error::OpErrorKind;
+use crate::primitive::QuantMode;
 use crate::storage::Spec;
 
 /// A fused operation recorded in the graph.
@@ -85,6 +86,32 @@ pub enum FastOp {
     /// outputs `[dq, dk, dv]` in `q`'s dtype (FlashAttention-2's backward: the scores are
     /// recomputed tile by tile from the forward's log-sum-exp, never held whole).
     AttentionVjp(AttentionParams),
+    /// [`quantized_matmul`](crate::ops::quantized_matmul) with a 2-D packed weight: inputs
+    /// `[x, w, scales, biases?]`, output `x`'s leading shape followed by the product's columns.
+    QuantizedMatmul(QuantMatmulParams),
+}
+
+/// The parameters of a recorded [`FastOp::QuantizedMatmul`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QuantMatmulParams {
+    /// The weight's format.
+    pub mode: QuantMode,
+    /// Elements sharing a scale (and bias).
+    pub group_size: i32,
+    /// Bits per element.
+    pub bits: i32,
+    /// `x @ wᵀ` with `w` holding `[N, K]` (else `x @ w`, `w` holding `[K, N]`).
+    pub transpose: bool,
+    /// The product's dtype: `x`'s promoted with the scales' for affine, `x`'s otherwise.
+    pub dtype: DType,
+}
+
+impl QuantMatmulParams {
+    /// `(K, N)` of the product for a packed weight of shape `[rows, words]`.
+    pub fn inner_outer(&self, w: &[i32]) -> (i32, i32) {
+        let (rows, cols) = (w[0], (w[1] as i64 * 32 / self.bits as i64) as i32);
+        if self.transpose { (cols, rows) } else { (rows, cols) }
+    }
 }
 
 /// What an attention's mask input is.
@@ -163,6 +190,7 @@ impl FastOp {
             FastOp::Attention(_) => "scaled_dot_product_attention",
             FastOp::AttentionVjp(_) => "scaled_dot_product_attention_vjp",
             FastOp::AdamStep(_) => "adam_step",
+            FastOp::QuantizedMatmul(_) => "quantized_matmul",
         }
     }
 
@@ -188,6 +216,7 @@ impl FastOp {
             FastOp::Attention(p) => attention_specs(p, inputs),
             FastOp::AttentionVjp(p) => attention_vjp_specs(p, inputs),
             FastOp::AdamStep(_) => adam_specs(inputs),
+            FastOp::QuantizedMatmul(p) => quantized_matmul_specs(p, inputs),
         }
     }
 }
@@ -224,6 +253,29 @@ fn adam_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
         return Err(OpErrorKind::UnsupportedDType(p.dtype));
     }
     Ok(vec![p.clone(); 3])
+}
+
+// ---- quantized products ---------------------------------------------------------------------
+
+/// The product's shape; the operation checked the arguments before recording it.
+fn quantized_matmul_specs(p: &QuantMatmulParams, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let n_in = 3 + p.mode.has_biases() as usize;
+    let (Some(x), Some(w)) = (inputs.first(), inputs.get(1)) else {
+        return Err(invalid("quantized_matmul takes x, w, scales and (affine) biases".into()));
+    };
+    if inputs.len() != n_in || w.shape.len() != 2 || x.shape.is_empty() {
+        return Err(invalid(format!("quantized_matmul: unexpected inputs {inputs:?}")));
+    }
+    let (k, n) = p.inner_outer(&w.shape);
+    if x.shape[x.shape.len() - 1] != k {
+        return Err(invalid(format!(
+            "quantized_matmul: x's last axis must be {k}, got shape {:?}",
+            x.shape.as_slice()
+        )));
+    }
+    let mut shape = x.shape.clone();
+    *shape.last_mut().expect("x has an axis") = n;
+    Ok(vec![Spec { shape, dtype: p.dtype }])
 }
 
 // ---- softmax and log-sum-exp ----------------------------------------------------------------

@@ -1,12 +1,14 @@
 //! Fused CPU kernels of fast operations, one module per family: softmax and log-sum-exp in
 //! `softmax`, the row norms in `norm`, RoPE in `rope`, SwiGLU in `swiglu`, cross entropy (loss,
-//! derivative, both at once) in `cross_entropy`, one Adam update in `adam`. Here: which ops and dtypes have a kernel, the
+//! derivative, both at once) in `cross_entropy`, one Adam update in `adam`, products with
+//! quantized weights in `quantized_matmul`. Here: which ops and dtypes have a kernel, the
 //! dispatch, and the row helpers they share. What they do not cover runs as the operations'
 //! compositions.
 
 mod adam;
 mod cross_entropy;
 mod norm;
+mod quantized_matmul;
 mod rope;
 mod softmax;
 mod swiglu;
@@ -40,6 +42,10 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
         FastOp::CrossEntropyWithGrad => is(1, DType::I32) && is(2, acc) && per_row(2),
         FastOp::Rope(_) => is(1, DType::I32) && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
         FastOp::AdamStep(_) => inputs.iter().all(|s| s.dtype == d),
+        // x, and for affine the scales and biases, in the product's dtype.
+        FastOp::QuantizedMatmul(p) => {
+            quantized_matmul::supports(p.dtype) && d == p.dtype && (!p.mode.has_biases() || (is(2, d) && is(3, d)))
+        }
         _ => false,
     }
 }
@@ -58,6 +64,7 @@ pub fn eval(op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result
         FastOp::Rope(p) => rope::eval(p, &inputs, outputs),
         FastOp::SwiGlu => swiglu::eval(&inputs, outputs),
         FastOp::AdamStep(a) => adam::eval(a, &inputs, outputs),
+        FastOp::QuantizedMatmul(p) => quantized_matmul::eval(p, &inputs, outputs),
         _ => norm::eval(op, &inputs, outputs),
     }
 }

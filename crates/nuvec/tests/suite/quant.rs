@@ -165,3 +165,94 @@ fn vmap_over_quantize_and_dequantize_matches_a_loop() {
         }
     }
 }
+
+/// `|got − want| ≤ tol · scale` element by element, `scale` the row's `Σ|x|·|w|` bound.
+fn within(what: &str, got: &Array, want: &Array, bound: &Array, tol: f64) {
+    let (g, w, b) = (got.to_vec::<f64>().unwrap(), want.to_vec::<f64>().unwrap(), bound.to_vec::<f64>().unwrap());
+    assert_eq!(g.len(), w.len(), "{what}: sizes");
+    for i in 0..g.len() {
+        let err = (g[i] - w[i]).abs();
+        assert!(err <= tol * (b[i] + 1e-3), "{what}: element {i}: {} vs {} (bound {})", g[i], w[i], b[i]);
+    }
+}
+
+#[test]
+fn quantized_matmul_matches_float64_and_its_composition() {
+    use nuvec::fast::{FastOp, QuantMatmulParams};
+    use nuvec::graph::{Primitive, Spec, backend_for};
+    let cpu = backend_for(nuvec::Device::cpu()).unwrap();
+    let mut cases: Vec<(&str, i32, i32)> = vec![("mxfp4", 32, 4), ("mxfp8", 32, 8), ("nvfp4", 16, 4)];
+    for bits in [2, 3, 4, 5, 6, 8] {
+        for gs in [32, 64, 128] {
+            cases.push(("affine", gs, bits));
+        }
+    }
+    // Rows of x on both sides of the CPU's dot-product path (16), and a product large enough
+    // for the blocked matrix product.
+    let shapes: [(i32, i32, i32); 4] = [(1, 40, 256), (5, 40, 256), (17, 40, 256), (64, 512, 1024)];
+    for (mode, gs, bits) in cases {
+        for dtype in [DType::F32, DType::BF16] {
+            for transpose in [true, false] {
+                for &(m, n, k) in &shapes {
+                    // w[K, N] is quantized along N: the long side goes there.
+                    let (n, k) = if transpose { (n, k) } else { (k, n) };
+                    if m == 64 && (bits != 4 || dtype != DType::F32) {
+                        continue;
+                    }
+                    let what = format!("{mode} bits {bits} group {gs} {dtype} transpose {transpose} m {m}");
+                    let w_shape = if transpose { [n, k] } else { [k, n] };
+                    let w = (weights(&w_shape, 0.3 + bits as f32) * 0.2).astype(dtype);
+                    let (q, s, b) = ops::quantize(&w, gs, bits, mode);
+                    let x = weights(&[m, k], 1.1).astype(dtype);
+                    let y = ops::quantized_matmul(&x, &q, &s, b.as_ref(), transpose, gs, bits, mode);
+                    assert!(y.error().is_none(), "{what}: {:?}", y.error());
+                    assert_eq!(y.shape(), &[m, n], "{what}");
+                    assert_eq!(y.dtype(), dtype, "{what}");
+                    let p = QuantMatmulParams { mode: mode.parse().unwrap(), group_size: gs, bits, transpose, dtype };
+                    let mut inputs = vec![x.clone(), q.clone(), s.clone()];
+                    inputs.extend(b.clone());
+                    let specs: Vec<Spec> = inputs.iter().map(Array::spec).collect();
+                    assert!(
+                        cpu.supports(&Primitive::Fast(FastOp::QuantizedMatmul(p)), &specs, &[]),
+                        "{what}: CPU kernel"
+                    );
+                    let composed = FastOp::QuantizedMatmul(p).composition(&inputs).remove(0);
+                    // float64 from the weights as the dequantization rounds them.
+                    let deq = ops::dequantize(&q, &s, b.as_ref(), gs, bits, mode, dtype).astype(DType::F64);
+                    let deq = if transpose { deq.t() } else { deq };
+                    let x64 = x.astype(DType::F64);
+                    let want = x64.matmul(&deq);
+                    let bound = x64.abs().matmul(&deq.abs());
+                    let tol = if dtype == DType::F32 { 1e-5 } else { 2f64.powi(-7) };
+                    within(&format!("{what} against float64"), &y.astype(DType::F64), &want, &bound, tol);
+                    within(
+                        &format!("{what} against the composition"),
+                        &y.astype(DType::F64),
+                        &composed.astype(DType::F64),
+                        &bound,
+                        2.0 * tol,
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantized_matmul_batches_rows_and_keeps_vmap_fused() {
+    let w = weights(&[48, 128], 0.4);
+    let (q, s, b) = ops::quantize(&w, 64, 4, "affine");
+    let x = weights(&[2, 3, 128], 0.8);
+    let y = ops::quantized_matmul(&x, &q, &s, b.as_ref(), true, 64, 4, "affine");
+    assert_eq!(y.shape(), &[2, 3, 48]);
+    let f = |a: &[Array]| Ok(vec![ops::quantized_matmul(&a[0], &q, &s, b.as_ref(), true, 64, 4, "affine")]);
+    let mapped = vmap_flat(f, &[Some(0)], &[0])(std::slice::from_ref(&x)).unwrap();
+    for i in 0..2 {
+        let xi = x.slice(&[i, 0, 0], &[i + 1, 3, 128], &[1, 1, 1]).squeeze(0);
+        let one = f(&[xi]).unwrap().remove(0);
+        let yi = y.slice(&[i, 0, 0], &[i + 1, 3, 48], &[1, 1, 1]).squeeze(0);
+        let mi = mapped[0].slice(&[i, 0, 0], &[i + 1, 3, 48], &[1, 1, 1]).squeeze(0);
+        assert_eq!(yi.to_bytes().unwrap(), one.to_bytes().unwrap(), "batch {i}: leading axes");
+        assert_eq!(mi.to_bytes().unwrap(), one.to_bytes().unwrap(), "batch {i}: vmap");
+    }
+}

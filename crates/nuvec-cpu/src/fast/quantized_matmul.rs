@@ -1,0 +1,150 @@
+//! `quantized_matmul` without a dequantized copy of the weight: a few rows of it at a time are
+//! dequantized (exactly as `dequantize` rounds them) into a buffer that stays in cache, then
+//! multiplied in `f32`. Up to `DOT_ROWS` rows of `x` against `w[N, K]` run as dot products, one
+//! task per block of weight rows; more rows, or `w[K, N]`, run blocks of the weight through
+//! the matrix product.
+
+use half::{bf16, f16};
+use nuvec_core::fast::QuantMatmulParams;
+use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
+use nuvec_core::{DType, Result};
+use rayon::prelude::*;
+
+use super::elems;
+use crate::elem::Float;
+use crate::quantize::Packed;
+use crate::{internal, matmul, sgemm, unsupported};
+
+/// Rows of `x` at most that run as dot products against each weight row.
+const DOT_ROWS: usize = 16;
+/// Weight rows per task of the dot-product path.
+const DOT_BLOCK: usize = 16;
+/// Elements of `f32` per dequantized block of the matrix-product path (4 MiB).
+const BLOCK_ELEMS: usize = 1 << 20;
+
+/// The dtypes with a kernel: every float but `f64`, whose composition is exact enough.
+pub(super) fn supports(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Inputs `[x, w, scales, biases?]`, row-major, `x` already in the product's dtype.
+pub(super) fn eval(p: &QuantMatmulParams, inputs: &[Operand], outputs: &mut [Output]) -> Result<()> {
+    let out = outputs.first_mut().ok_or_else(|| internal("quantized_matmul without an output"))?;
+    match p.dtype {
+        DType::F32 => typed::<f32>(p, inputs, out),
+        DType::F16 => typed::<f16>(p, inputs, out),
+        DType::BF16 => typed::<bf16>(p, inputs, out),
+        d => Err(unsupported(d)),
+    }
+}
+
+fn typed<T: Float<Acc = f32> + bytemuck::Pod>(
+    p: &QuantMatmulParams,
+    inputs: &[Operand],
+    out: &mut Output,
+) -> Result<()> {
+    let w_shape = &inputs[1].shape;
+    let (k, n) = p.inner_outer(w_shape);
+    let (k, n) = (k as usize, n as usize);
+    let m = out.size().checked_div(n).unwrap_or(0);
+    let packed = Packed::<T>::new(p.mode, p.group_size as usize, p.bits as u32, &inputs[1..])?;
+    let x: Vec<f32> = elems::<T>(&inputs[0])?.iter().map(|v| v.to_acc()).collect();
+    let mut y = vec![0f32; m * n];
+    if m > 0 && n > 0 && k > 0 {
+        if p.transpose && m <= DOT_ROWS {
+            dots(&packed, &x, &mut y, m, n, k, p.group_size as usize);
+        } else {
+            products(&packed, &x, &mut y, m, n, k, p);
+        }
+    }
+    let mut buf = HostBuffer::uninit(m * n * size_of::<T>())?;
+    buf.as_mut_slice::<T>().par_iter_mut().zip(y.par_iter()).for_each(|(o, &v)| *o = T::from_acc(v));
+    out.data = Some(Data::from_host_buffer(&out.shape, buf));
+    Ok(())
+}
+
+/// One weight row (of `k` elements, `k / gs` groups from group `row · k / gs`) into `buf`.
+fn dequantize_row<T: Float<Acc = f32>>(packed: &Packed<T>, row: usize, k: usize, gs: usize, buf: &mut [f32]) {
+    let groups = k / gs;
+    for g in 0..groups {
+        let dst = &mut buf[g * gs..(g + 1) * gs];
+        packed.group(row * groups + g, |j, v| dst[j] = v.to_acc());
+    }
+}
+
+/// `y = x · wᵀ` for few rows of `x`: each task dequantizes `DOT_BLOCK` weight rows and takes
+/// their dot products with every row of `x`, writing `yᵀ`'s rows, which are then transposed.
+#[allow(clippy::too_many_arguments)]
+fn dots<T: Float<Acc = f32>>(packed: &Packed<T>, x: &[f32], y: &mut [f32], m: usize, n: usize, k: usize, gs: usize) {
+    let mut yt = vec![0f32; n * m];
+    yt.par_chunks_mut(DOT_BLOCK * m).enumerate().for_each_init(
+        || vec![0f32; k],
+        |row_buf, (b, yt)| {
+            for (r, yt) in yt.chunks_mut(m).enumerate() {
+                dequantize_row(packed, b * DOT_BLOCK + r, k, gs, row_buf);
+                for (i, o) in yt.iter_mut().enumerate() {
+                    *o = dot(&x[i * k..(i + 1) * k], row_buf);
+                }
+            }
+        },
+    );
+    for (i, y) in y.chunks_mut(n).enumerate() {
+        for (j, o) in y.iter_mut().enumerate() {
+            *o = yt[j * m + i];
+        }
+    }
+}
+
+/// `Σ a·b` in eight independent lanes the compiler keeps in a vector register.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 8;
+    let mut lanes = [0f32; L];
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (u, v) in ca.zip(cb) {
+        for l in 0..L {
+            lanes[l] = u[l].mul_add(v[l], lanes[l]);
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// Blocks of the weight, dequantized in parallel, through the matrix product: blocks of `w[N,
+/// K]`'s rows give blocks of `y`'s columns; blocks of `w[K, N]`'s rows add their share of `y`.
+fn products<T: Float<Acc = f32>>(
+    packed: &Packed<T>,
+    x: &[f32],
+    y: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    p: &QuantMatmulParams,
+) {
+    let gs = p.group_size as usize;
+    // Weight rows of `len` elements; a block holds `rows` of them.
+    let (w_rows, len) = if p.transpose { (n, k) } else { (k, n) };
+    let rows = (BLOCK_ELEMS / len).clamp(1, w_rows);
+    let mut buf = vec![0f32; rows * len];
+    for r0 in (0..w_rows).step_by(rows) {
+        let nb = rows.min(w_rows - r0);
+        buf[..nb * len]
+            .par_chunks_mut(len)
+            .enumerate()
+            .for_each(|(r, dst)| dequantize_row(packed, r0 + r, len, gs, dst));
+        let mat = |ptr: *const f32, rs: usize, cs: usize| sgemm::Mat { ptr, rs: rs as isize, cs: cs as isize };
+        // SAFETY: `x` is [m, k] and `buf` holds nb rows of `len`; the strides below name
+        // elements inside them. `y` is [m, n] and the product writes its rows' columns
+        // [r0, r0 + nb) (transpose) or all of them (accumulating over blocks of k); it is a
+        // separate allocation from `x` and `buf`.
+        unsafe {
+            if p.transpose {
+                let (a, b) = (mat(x.as_ptr(), k, 1), mat(buf.as_ptr(), 1, k));
+                matmul::product_f32(m, nb, k, a, b, y.as_mut_ptr().add(r0), n, false);
+            } else {
+                let (a, b) = (mat(x.as_ptr().add(r0), k, 1), mat(buf.as_ptr(), n, 1));
+                matmul::product_f32(m, n, nb, a, b, y.as_mut_ptr(), n, r0 > 0);
+            }
+        }
+    }
+}
