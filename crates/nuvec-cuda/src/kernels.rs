@@ -80,6 +80,8 @@ pub enum Family {
     CrossEntropy(DType),
     /// Scaled-dot-product attention (`fast::attention`).
     Attention(DType),
+    /// Products with quantized weights of few rows (`fast::quantized_matmul`).
+    QuantizedMatmul(DType),
 }
 
 impl Family {
@@ -107,6 +109,7 @@ impl Family {
             Family::Swiglu(d) => format!("swiglu_{d}"),
             Family::CrossEntropy(d) => format!("cross_entropy_{d}"),
             Family::Attention(d) => format!("attention_{d}"),
+            Family::QuantizedMatmul(d) => format!("quantized_matmul_{d}"),
         }
     }
 
@@ -134,6 +137,7 @@ impl Family {
             Family::Swiglu(d) => fast::swiglu::source(d),
             Family::CrossEntropy(d) => fast::cross_entropy::source(d),
             Family::Attention(d) => fast::attention::source(d),
+            Family::QuantizedMatmul(d) => fast::quantized_matmul::source(d),
         };
         if self.dependent_launch() { s.lines().map(|l| dependent(l) + "\n").collect() } else { s }
     }
@@ -144,7 +148,12 @@ impl Family {
     pub fn dependent_launch(&self) -> bool {
         matches!(
             self,
-            Family::Softmax(_) | Family::Norm(_) | Family::Rope(_) | Family::Swiglu(_) | Family::CrossEntropy(_)
+            Family::Softmax(_)
+                | Family::Norm(_)
+                | Family::Rope(_)
+                | Family::Swiglu(_)
+                | Family::CrossEntropy(_)
+                | Family::QuantizedMatmul(_)
         )
     }
 }
@@ -216,7 +225,7 @@ pub fn all_modules() -> Vec<Family> {
             ]);
         }
         if matches!(d, DType::F32 | DType::F16 | DType::BF16) {
-            v.push(Family::Attention(d));
+            v.extend([Family::Attention(d), Family::QuantizedMatmul(d)]);
         }
         if matmul::has_kernels(d) {
             v.push(Family::Matmul(d));
@@ -236,8 +245,8 @@ pub fn all_modules() -> Vec<Family> {
 mod tests {
     use super::*;
 
-    const FUSED: [fn(DType) -> Family; 5] =
-        [Family::Softmax, Family::Norm, Family::Rope, Family::Swiglu, Family::CrossEntropy];
+    const FUSED: [fn(DType) -> Family; 6] =
+        [Family::Softmax, Family::Norm, Family::Rope, Family::Swiglu, Family::CrossEntropy, Family::QuantizedMatmul];
 
     #[test]
     fn fused_kernels_wait_for_the_kernel_before_them() {
@@ -270,6 +279,7 @@ mod tests {
             include_str!("../kernels/swiglu.cuh"),
             include_str!("../kernels/cross_entropy.cuh"),
             include_str!("../kernels/rope.cuh"),
+            include_str!("../kernels/quantized_matmul.cuh"),
         ] {
             assert!(!header.contains("__global__"));
         }

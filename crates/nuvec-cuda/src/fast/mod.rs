@@ -1,12 +1,13 @@
 //! The fused operations of `nuvec::fast` with kernels of their own, one file each as in the CPU
-//! backend: softmax and log-sum-exp, the norms, RoPE, SwiGLU, cross entropy. Which cases they
-//! cover is [`supports`] (the rest run as their compositions); [`eval`] makes the inputs
+//! backend: softmax and log-sum-exp, the norms, RoPE, SwiGLU, cross entropy, attention, and
+//! products of few rows with quantized weights. Which cases they cover is [`supports`] (the rest run as their compositions); [`eval`] makes the inputs
 //! row-major, allocates the outputs and hands the rows to the operation's file. Every kernel
 //! here is launched with `launch_dependent`.
 
 pub(crate) mod attention;
 pub(crate) mod cross_entropy;
 pub(crate) mod norm;
+pub(crate) mod quantized_matmul;
 pub(crate) mod rope;
 pub(crate) mod softmax;
 pub(crate) mod swiglu;
@@ -48,6 +49,7 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
         FastOp::Rope(_) => inputs[1].dtype == DType::I32 && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
         FastOp::Attention(p) => attention::supports(p, inputs),
         FastOp::AttentionVjp(p) => attention::supports_vjp(p, inputs),
+        FastOp::QuantizedMatmul(p) => quantized_matmul::supports(p, inputs),
         _ => false,
     }
 }
@@ -69,6 +71,10 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
     match op {
         FastOp::Attention(p) => return attention::eval(gpu, p, inputs, outputs),
         FastOp::AttentionVjp(p) => return attention::backward(gpu, p, inputs, outputs),
+        FastOp::QuantizedMatmul(p) => {
+            let out = outputs.first_mut().ok_or_else(|| internal("quantized_matmul without an output"))?;
+            return quantized_matmul::eval(gpu, p, inputs, out);
+        }
         _ => {}
     }
     let inputs: Vec<Operand> = inputs.into_iter().map(|x| row_major(gpu, x)).collect::<Result<_>>()?;

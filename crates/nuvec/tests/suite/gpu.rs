@@ -790,6 +790,17 @@ fn fast_ops_have_gpu_kernels() {
             (FastOp::CrossEntropyWithGrad, vec![x.clone(), rows.clone(), acc.clone()]),
             (FastOp::Rope(rope), vec![spec(&[1, 32, 16, 128], d), spec(&[], DType::I32)]),
         ];
+        // Decoding's products with 4-bit weights (8 rows at most).
+        let qmm = nuvec::fast::QuantMatmulParams {
+            mode: "affine".parse().unwrap(),
+            group_size: 64,
+            bits: 4,
+            transpose: true,
+            dtype: d,
+        };
+        let (qx, qw, qs) = (spec(&[8, 4096], d), spec(&[1024, 512], DType::U32), spec(&[1024, 64], d));
+        let mut cases = cases;
+        cases.push((FastOp::QuantizedMatmul(qmm), vec![qx, qw, qs.clone(), qs]));
         for (op, inputs) in cases {
             let outputs = op.output_specs(&inputs).unwrap();
             let name = op.name();

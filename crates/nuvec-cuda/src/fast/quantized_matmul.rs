@@ -1,0 +1,98 @@
+//! `quantized_matmul` of up to 8 rows of `x` with an affine-quantized `w[N, K]`
+//! (`kernels/quantized_matmul.cuh`): decoding, where the product is a pass over the packed
+//! weight. More rows, `w[K, N]` and the FP modes run as the composition (the GPU's dequantize,
+//! then cuBLAS).
+
+use std::sync::Arc;
+
+use nuvec_core::fast::QuantMatmulParams;
+use nuvec_core::primitive::QuantMode;
+use nuvec_core::storage::{Operand, Output, Spec};
+use nuvec_core::{DType, Result};
+
+use crate::driver::Gpu;
+use crate::kernels::{Family, Source, ctype};
+use crate::launch::{Arg, launch_dependent};
+use crate::operand::{alloc_out, internal, kernel, ptr_of, row_major};
+
+/// Rows of `x` the kernels take at most.
+pub(crate) const MAX_ROWS: i64 = 8;
+/// The kernels' row counts: a product of `m` rows runs the smallest at least `m`.
+const ROW_TILES: [i64; 4] = [1, 2, 4, 8];
+/// Bits per level with a kernel.
+const BITS: [i32; 6] = [2, 3, 4, 5, 6, 8];
+/// Weight rows per block, and warps splitting K.
+const ROWS_PER_BLOCK: u32 = 4;
+const WARPS: u32 = 4;
+
+/// Whether a kernel covers this product: affine, `w[N, K]`, at most 8 rows of `x`, and `x`,
+/// the scales and the biases in the product's dtype.
+pub(crate) fn supports(p: &QuantMatmulParams, inputs: &[Spec]) -> bool {
+    let d = p.dtype;
+    let (Some(x), Some(w)) = (inputs.first(), inputs.get(1)) else { return false };
+    let k = x.shape.last().copied().unwrap_or(0) as i64;
+    let rows = if k > 0 { x.shape.iter().map(|&s| s as i64).product::<i64>() / k } else { 0 };
+    p.mode == QuantMode::Affine
+        && p.transpose
+        && matches!(d, DType::F32 | DType::F16 | DType::BF16)
+        && BITS.contains(&p.bits)
+        && inputs.iter().enumerate().all(|(i, s)| i == 1 || s.dtype == d)
+        && w.shape.len() == 2
+        && (1..=MAX_ROWS).contains(&rows)
+}
+
+/// The module of `d`: `qmv_b{bits}_m{rows}` for every bit width and row tile.
+pub(crate) fn source(d: DType) -> String {
+    let mut s = Source::new(&["quantized_matmul.cuh"]);
+    let t = ctype(d);
+    for bits in BITS {
+        for mt in ROW_TILES {
+            s.kernel(format!(
+                "__launch_bounds__({threads}) qmv_b{bits}_m{mt}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, int rows, int n, int k, int group_shift) {{ qmv_affine<{t}, {bits}, {mt}, {ROWS_PER_BLOCK}, {WARPS}>(x, w, scales, biases, y, rows, n, k, group_shift); }}",
+                threads = WARPS * 32
+            ));
+        }
+    }
+    s.finish()
+}
+
+/// The operand in a buffer whose first element is 16-byte aligned (the kernels' vector loads).
+fn aligned(gpu: &Arc<Gpu>, x: Operand) -> Result<Operand> {
+    let x = row_major(gpu, x)?;
+    if ptr_of(&x)? % 16 == 0 {
+        return Ok(x);
+    }
+    let (shape, dtype) = (x.shape.clone(), x.dtype);
+    let mut o = Output { shape: shape.clone(), dtype, data: None };
+    crate::copy::copy(gpu, x, &mut o)?;
+    Ok(Operand { shape, dtype, data: o.data.ok_or_else(|| internal("copy gave no output"))?, donated: true })
+}
+
+/// Inputs `[x, w, scales, biases]` as `supports` accepted them.
+pub(crate) fn eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {
+    let [x, w, scales, biases] =
+        <[Operand; 4]>::try_from(inputs).map_err(|_| internal("quantized_matmul takes x, w, scales and biases"))?;
+    let (x, w) = (aligned(gpu, x)?, aligned(gpu, w)?);
+    let (scales, biases) = (row_major(gpu, scales)?, row_major(gpu, biases)?);
+    let (k, n) = p.inner_outer(&w.shape);
+    let rows = out.size() / n.max(1) as usize;
+    let y = alloc_out(gpu, out)?;
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let tile = ROW_TILES.into_iter().find(|&t| t >= rows as i64).ok_or_else(|| internal("too many rows"))?;
+    let f = kernel(gpu, Family::QuantizedMatmul(p.dtype), &format!("qmv_b{}_m{tile}", p.bits))?;
+    let args = vec![
+        Arg::Ptr(ptr_of(&x)?),
+        Arg::Ptr(ptr_of(&w)?),
+        Arg::Ptr(ptr_of(&scales)?),
+        Arg::Ptr(ptr_of(&biases)?),
+        Arg::Ptr(y),
+        Arg::I32(rows as i32),
+        Arg::I32(n),
+        Arg::I32(k),
+        Arg::I32(p.group_size.trailing_zeros() as i32),
+    ];
+    let blocks = (n as u32).div_ceil(ROWS_PER_BLOCK);
+    launch_dependent(gpu, f, blocks, (WARPS * 32, 1), 1, args)
+}
