@@ -25,6 +25,7 @@ mod mlx_quant;
 mod mlx_random;
 mod mlx_sort;
 mod mlx_transforms;
+mod paged;
 mod printing;
 mod quant;
 mod random;

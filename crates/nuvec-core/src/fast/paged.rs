@@ -1,0 +1,161 @@
+//! Attention over a paged key-value cache, and writes into one: what continuous batching
+//! serves from. A cache is a pool of blocks `[blocks, kv_heads, block_size, D]`; a sequence owns
+//! the blocks its row of the block table names, in order, and its keys are the first
+//! `length` positions of their concatenation.
+//!
+//! Both are compositions of gathers, scatters and [`scaled_dot_product_attention`] (so they run
+//! on every backend and differentiate); indices are clamped or skipped so that nothing reads or
+//! writes outside the cache.
+
+use crate::array::Array;
+use crate::dtype::DType;
+use crate::ops::{self, invalid, propagate};
+
+use super::attention::{AttentionMask, AttentionOptions, scaled_dot_product_attention};
+
+/// Attention of the queries `q [B, Hq, L, D]` (the last `L` positions of each sequence) over
+/// a paged cache: `k_cache [blocks, Hkv, block_size, D]`, `v_cache [blocks, Hkv, block_size,
+/// Dv]`, `block_tables [B, max_blocks]` (block ids, integers) and `lengths [B]` (keys per
+/// sequence, integers). Returns `[B, Hq, L, Dv]` in `q`'s dtype.
+///
+/// Causal at each sequence's end: query `i` sits at position `lengths[b] − L + i` and attends
+/// keys up to it; `options.window` and `options.sinks` apply as in
+/// [`scaled_dot_product_attention`]. A query before the first key (a sequence shorter than
+/// `L`) gives zeros. Block ids outside `[0, blocks)` are clamped into it and lengths into
+/// `[0, max_blocks · block_size]`, so no call reads outside the cache. An array mask, a block
+/// size that is not a power of two, mismatched shapes or non-integer tables give a failed
+/// array naming the argument.
+///
+/// ```
+/// use nuvec::{DType, array, fast, ops};
+/// use nuvec::fast::AttentionOptions;
+/// // Two blocks of 4 positions, one head of 8; the sequence uses block 1, then block 0.
+/// let k = ops::arange(0.0, 64.0, 1.0).reshape([2, 1, 4, 8]) / 64.0;
+/// let v = ops::ones(&[2, 1, 4, 8], DType::F32);
+/// let q = ops::ones(&[1, 1, 1, 8], DType::F32);
+/// let tables = array![1i32, 0].reshape([1, 2]);
+/// let o = fast::paged_attention(&q, &k, &v, &tables, &array![6i32], 0.5, &AttentionOptions::default());
+/// assert_eq!(o.shape(), &[1, 1, 1, 8]);
+/// assert!((o.sum(..).item::<f32>().unwrap() - 8.0).abs() < 1e-5);
+/// ```
+#[track_caller]
+pub fn paged_attention(
+    q: &Array,
+    k_cache: &Array,
+    v_cache: &Array,
+    block_tables: &Array,
+    lengths: &Array,
+    scale: f32,
+    options: &AttentionOptions<'_>,
+) -> Array {
+    const OP: &str = "paged_attention";
+    if let Some(f) = propagate(&[q, k_cache, v_cache, block_tables, lengths]) {
+        return f;
+    }
+    if matches!(options.mask, AttentionMask::Array(_)) {
+        return invalid(OP, "options: an array mask is not supported (the mask is causal at each sequence's end)");
+    }
+    let (qs, ks, vs) = (q.shape(), k_cache.shape(), v_cache.shape());
+    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 {
+        return invalid(OP, format!("q, k_cache and v_cache must be 4-D, got shapes {qs:?}, {ks:?} and {vs:?}"));
+    }
+    if ks[..3] != vs[..3] {
+        return invalid(OP, format!("k_cache {ks:?} and v_cache {vs:?} must share blocks, heads and block size"));
+    }
+    let (b, l) = (qs[0], qs[2]);
+    let (blocks, hkv, bs) = (ks[0], ks[1], ks[2]);
+    if bs <= 0 || bs & (bs - 1) != 0 {
+        return invalid(OP, format!("the block size (k_cache's axis 2) must be a power of two, got {bs}"));
+    }
+    if blocks == 0 {
+        return invalid(OP, "k_cache has no blocks");
+    }
+    if block_tables.ndim() != 2 || block_tables.shape()[0] != b || !block_tables.dtype().is_integer() {
+        return invalid(
+            OP,
+            format!(
+                "block_tables must be integers of shape [{b}, max_blocks], got {} of shape {:?}",
+                block_tables.dtype(),
+                block_tables.shape()
+            ),
+        );
+    }
+    if lengths.shape() != [b] || !lengths.dtype().is_integer() {
+        return invalid(
+            OP,
+            format!("lengths must be integers of shape [{b}], got {} of shape {:?}", lengths.dtype(), lengths.shape()),
+        );
+    }
+    let max_blocks = block_tables.shape()[1];
+    let lk = max_blocks * bs;
+    // Each sequence's blocks, in order, as one run of keys [B, Hkv, max_blocks · bs, D].
+    let ids = block_tables.astype(DType::I32).clip(0, blocks - 1);
+    let gather = |cache: &Array| {
+        let d = cache.shape()[3];
+        cache.take(&ids, 0).transpose(&[0, 2, 1, 3, 4]).reshape([b, hkv, lk, d])
+    };
+    let (k, v) = (gather(k_cache), gather(v_cache));
+    // Query i of sequence s sits at lengths[s] − L + i; key j is attended when j < lengths[s],
+    // j ≤ that position and, with a window, within it.
+    let len = lengths.astype(DType::I32).clip(0, lk).reshape([b, 1, 1, 1]);
+    let qpos = &(&len - l) + &ops::arange(0, l, 1).reshape([1, 1, l, 1]);
+    let key = ops::arange(0, lk, 1).reshape([1, 1, 1, lk]);
+    let mut mask = key.less(&len).logical_and(&key.less_equal(&qpos));
+    if let Some(w) = options.window {
+        mask = mask.logical_and(&key.greater(&(&qpos - w)));
+    }
+    let opts = AttentionOptions { mask: AttentionMask::Array(&mask), window: None, ..*options };
+    let out = scaled_dot_product_attention(q, &k, &v, scale, &opts);
+    // The composition averages the values for a query with no key: zeros instead.
+    let attends = qpos.greater_equal(0).logical_and(&len.greater(0));
+    ops::where_(&attends, &out, 0.0).astype(out.dtype())
+}
+
+/// The cache `cache [blocks, H, block_size, D]` with the rows `new [T, H, D]` written at the
+/// slots `slots [T]` (integers; slot `s` is position `s % block_size` of block
+/// `s / block_size`). Slots outside the cache (negative, or past `blocks · block_size`) are
+/// skipped; with a slot repeated, one of its rows wins. `new` is cast to the cache's dtype.
+/// Mismatched shapes or non-integer slots give a failed array naming the argument.
+///
+/// ```
+/// use nuvec::{DType, array, fast, ops};
+/// let cache = ops::zeros(&[2, 1, 4, 2], DType::F32);
+/// let new = array![1.0f32, 2.0, 3.0, 4.0].reshape([2, 1, 2]);
+/// let out = fast::paged_write(&cache, &new, &array![5i32, 100]);
+/// // Slot 5 is position 1 of block 1; slot 100 is outside and skipped.
+/// let v: Vec<f32> = out.to_vec().unwrap();
+/// assert_eq!(&v[8..12], &[0.0, 0.0, 1.0, 2.0]);
+/// assert_eq!(v.iter().sum::<f32>(), 3.0);
+/// ```
+#[track_caller]
+pub fn paged_write(cache: &Array, new: &Array, slots: &Array) -> Array {
+    const OP: &str = "paged_write";
+    if let Some(f) = propagate(&[cache, new, slots]) {
+        return f;
+    }
+    let (cs, ns) = (cache.shape(), new.shape());
+    if cs.len() != 4 || ns.len() != 3 || ns[1] != cs[1] || ns[2] != cs[3] {
+        return invalid(
+            OP,
+            format!(
+                "cache must be [blocks, H, block_size, D] and new [T, H, D] with the same H and D, got {cs:?} and {ns:?}"
+            ),
+        );
+    }
+    if slots.shape() != [ns[0]] || !slots.dtype().is_integer() {
+        return invalid(
+            OP,
+            format!("slots must be integers of shape [{}], got {} of shape {:?}", ns[0], slots.dtype(), slots.shape()),
+        );
+    }
+    let (blocks, h, bs, d) = (cs[0], cs[1], cs[2], cs[3]);
+    let rows = blocks as i64 * bs as i64;
+    // One row per position: [blocks · block_size, H, D]; a slot outside is sent past the end,
+    // where the scatter ignores it.
+    let flat = cache.transpose(&[0, 2, 1, 3]).reshape([blocks * bs, h, d]);
+    let s = slots.astype(DType::I64);
+    let inside = s.greater_equal(0).logical_and(&s.less(rows));
+    let idx = ops::where_(&inside, &s, rows).astype(DType::I32);
+    let updates = new.astype(cache.dtype()).reshape([ns[0], 1, h, d]);
+    ops::scatter(&flat, &[idx], &updates, &[0]).reshape([blocks, bs, h, d]).transpose(&[0, 2, 1, 3])
+}
