@@ -51,22 +51,33 @@ __device__ __forceinline__ void affine_quantize(const T* __restrict__ w, u32* __
   }
 }
 
-// One thread per output element: scale * q rounded to T, plus the bias rounded to T.
-template <typename T>
-__device__ __forceinline__ void affine_dequantize(const u32* __restrict__ w, const T* __restrict__ scales,
-                                                  const T* __restrict__ biases, T* __restrict__ out, u64 n, int bits,
-                                                  int group_size) {
-  u64 stride = (u64)gridDim.x * blockDim.x;
-  u32 mask = (1u << bits) - 1u;
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    u64 bit = i * (u64)bits;
-    u64 wi = bit >> 5;
-    u32 s = (u32)(bit & 31);
-    u64 v = (u64)w[wi] >> s;
-    if (s + bits > 32) v |= (u64)w[wi + 1] << (32 - s);
-    float q = (float)((u32)v & mask);
-    u64 g = i / (u64)group_size;
-    T prod = narrow<T>(__fmul_rn(q, (float)widen<T>(scales[g])));
-    out[i] = narrow<T>(__fadd_rn((float)widen<T>(prod), (float)widen<T>(biases[g])));
+// One thread per 32 consecutive levels (BITS words, inside one group since groups are 32, 64
+// or 128): scale * q rounded to T, plus the bias rounded to T, stored as 16-byte vectors.
+// `n` is a multiple of 32 (rows are whole groups).
+template <typename T, int BITS>
+__device__ __forceinline__ void affine_dequantize_chunks(const u32* __restrict__ w, const T* __restrict__ scales,
+                                                         const T* __restrict__ biases, T* __restrict__ out, u64 n,
+                                                         int group_size) {
+  const u64 chunks = n >> 5, stride = (u64)gridDim.x * blockDim.x;
+  for (u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += stride) {
+    u32 q[BITS];
+#pragma unroll
+    for (int i = 0; i < BITS; ++i) q[i] = w[c * BITS + i];
+    const u64 g = (c << 5) / (u64)group_size;
+    const float s = (float)widen<T>(scales[g]), b = (float)widen<T>(biases[g]);
+    __align__(16) T v[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int bit = j * BITS, word = bit >> 5, shift = bit & 31;
+      u32 x = q[word] >> shift;
+      if (shift + BITS > 32) x |= q[word + 1] << (32 - shift);
+      const float level = (float)(x & ((1u << BITS) - 1u));
+      T prod = narrow<T>(__fmul_rn(level, s));
+      v[j] = narrow<T>(__fadd_rn((float)widen<T>(prod), b));
+    }
+    uint4* o = reinterpret_cast<uint4*>(out + (c << 5));
+    const uint4* src = reinterpret_cast<const uint4*>(v);
+#pragma unroll
+    for (int i = 0; i < (int)(32 * sizeof(T) / 16); ++i) o[i] = src[i];
   }
 }

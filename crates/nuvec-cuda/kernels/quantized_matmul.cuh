@@ -99,9 +99,11 @@ __device__ __forceinline__ void qmv_affine(const T* __restrict__ x, const u32* _
 #pragma unroll
     for (int m = 0; m < MT; ++m) acc[r][m] = 0.0f;
 
-  for (int c = warp * 32 + lane; c < chunks; c += WARPS * 32) {
-    QmvWords<BITS> q[R];
-    float s[R], b[R];
+  // A step's weights, scales and biases. With one or two rows of x the next step's load is
+  // issued before this one's arithmetic, so each warp keeps two steps of weight bytes in
+  // flight; more rows need the registers for their sums.
+  constexpr bool PREFETCH = MT <= 2;
+  auto load = [&](int c, QmvWords<BITS>(&q)[R], float(&s)[R], float(&b)[R]) {
     const int g = (c << 5) >> group_shift;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -110,6 +112,17 @@ __device__ __forceinline__ void qmv_affine(const T* __restrict__ x, const u32* _
       s[r] = widen<T>(scales[(u64)row * groups_per_row + g]);
       b[r] = widen<T>(biases[(u64)row * groups_per_row + g]);
     }
+  };
+  QmvWords<BITS> q[R];
+  float s[R], b[R];
+  int c = warp * 32 + lane;
+  if (PREFETCH && c < chunks) load(c, q, s, b);
+  for (; c < chunks; c += WARPS * 32) {
+    if (!PREFETCH) load(c, q, s, b);
+    QmvWords<BITS> nq[R];
+    float ns[R], nb[R];
+    const bool more = PREFETCH && c + WARPS * 32 < chunks;
+    if (more) load(c + WARPS * 32, nq, ns, nb);
     float xs[MT];
 #pragma unroll
     for (int m = 0; m < MT; ++m) xs[m] = 0.0f;
@@ -144,6 +157,10 @@ __device__ __forceinline__ void qmv_affine(const T* __restrict__ x, const u32* _
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int m = 0; m < MT; ++m) acc[r][m] = fmaf(b[r], xs[m], acc[r][m]);
+    if (more) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) q[r] = nq[r], s[r] = ns[r], b[r] = nb[r];
+    }
   }
 
   __shared__ float part[WARPS][R * MT];

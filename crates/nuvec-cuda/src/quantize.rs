@@ -25,16 +25,18 @@ pub(crate) fn supports(p: &Primitive, inputs: &[Spec]) -> bool {
     }
 }
 
-/// The module of weight dtype `d`: `affine_quantize` and `affine_dequantize`.
+/// The module of weight dtype `d`: `affine_quantize` and `affine_dequantize_b{bits}`.
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["quantize.cuh"]);
     let t = ctype(d);
     s.kernel(format!(
         "affine_quantize(const {t}* w, u32* out, {t}* scales, {t}* biases, u64 groups, int bits, int group_size) {{ affine_quantize<{t}>(w, out, scales, biases, groups, bits, group_size); }}"
     ));
-    s.kernel(format!(
-        "affine_dequantize(const u32* w, const {t}* scales, const {t}* biases, {t}* out, u64 n, int bits, int group_size) {{ affine_dequantize<{t}>(w, scales, biases, out, n, bits, group_size); }}"
-    ));
+    for bits in [2, 3, 4, 5, 6, 8] {
+        s.kernel(format!(
+            "affine_dequantize_b{bits}(const u32* w, const {t}* scales, const {t}* biases, {t}* out, u64 n, int group_size) {{ affine_dequantize_chunks<{t}, {bits}>(w, scales, biases, out, n, group_size); }}"
+        ));
+    }
     s.finish()
 }
 
@@ -66,7 +68,7 @@ pub(crate) fn quantize(gpu: &Arc<Gpu>, group_size: i32, bits: i32, w: Operand, o
     launch_over(gpu, f, groups, args)
 }
 
-/// `Dequantize` (affine): one thread per element.
+/// `Dequantize` (affine): one thread per 32 levels.
 pub(crate) fn dequantize(
     gpu: &Arc<Gpu>,
     group_size: i32,
@@ -78,15 +80,15 @@ pub(crate) fn dequantize(
     let (w, s, b) = (row_major(gpu, w)?, row_major(gpu, s)?, row_major(gpu, b)?);
     let op = alloc_out(gpu, out)?;
     let n = out.size() as u64;
-    let f = kernel(gpu, Family::Quantize(out.dtype), "affine_dequantize")?;
+    let f = kernel(gpu, Family::Quantize(out.dtype), &format!("affine_dequantize_b{bits}"))?;
     let args = vec![
         Arg::Ptr(ptr_of(&w)?),
         Arg::Ptr(ptr_of(&s)?),
         Arg::Ptr(ptr_of(&b)?),
         Arg::Ptr(op),
         Arg::U64(n),
-        Arg::I32(bits),
         Arg::I32(group_size),
     ];
-    launch_over(gpu, f, n, args)
+    // One thread per 32 levels (rows are whole groups of at least 32).
+    launch_over(gpu, f, n / 32, args)
 }
