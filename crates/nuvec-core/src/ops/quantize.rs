@@ -249,3 +249,89 @@ pub(crate) fn quantized_matmul_composition(p: &QuantMatmulParams, inputs: &[Arra
     let wt = if p.transpose { deq.swapaxes(-1, -2) } else { deq };
     x.astype(p.dtype).matmul(&wt)
 }
+
+/// [`quantized_matmul`] with the matrices picked by index (mixture-of-experts routing), as
+/// MLX's `gather_qmm`: output `i` is `x[lhs_indices[i]] @ dequantize(w[rhs_indices[i]])ᵀ`
+/// (`w` holding `[E, N, K]` packed, `transpose = true`; or `[E, K, N]` without), an index
+/// picking one matrix of its operand's flattened batch axes (`None`: every matrix in turn).
+/// The index arrays broadcast; the output shape is their shape followed by `[M, N]`.
+///
+/// Only the experts an index names are read and dequantized. Bad indices or shapes give a
+/// failed array naming the argument.
+///
+/// ```
+/// use nuvec::{array, ops};
+/// let experts = ops::arange(0.0, 3.0 * 4.0 * 64.0, 1.0).reshape([3, 4, 64]) / 768.0;
+/// let (wq, s, b) = ops::quantize(&experts, 64, 8, "affine");
+/// let x = ops::ones(&[2, 1, 64], nuvec::DType::F32);
+/// let idx = array![2i32, 0];
+/// let y = ops::gather_qmm(&x, &wq, &s, b.as_ref(), None, Some(&idx), true, 64, 8, "affine", false);
+/// assert_eq!(y.shape(), &[2, 1, 4]);
+/// ```
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn gather_qmm(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    lhs_indices: Option<&Array>,
+    rhs_indices: Option<&Array>,
+    transpose: bool,
+    group_size: impl Into<Option<i32>>,
+    bits: impl Into<Option<i32>>,
+    mode: &str,
+    sorted_indices: bool,
+) -> Array {
+    const OP: &str = "gather_qmm";
+    // Sorted indices only allow a faster kernel; the result is the same.
+    let _ = sorted_indices;
+    let mut all = vec![x, w, scales];
+    all.extend(biases);
+    all.extend(lhs_indices);
+    all.extend(rhs_indices);
+    if let Some(f) = propagate(&all) {
+        return f;
+    }
+    if x.ndim() < 2 || w.ndim() < 2 || scales.ndim() != w.ndim() || biases.is_some_and(|b| b.ndim() != w.ndim()) {
+        return invalid(
+            OP,
+            format!(
+                "x and w need at least 2 dimensions and the scales and biases w's, got shapes {:?}, {:?} and {:?}",
+                x.shape(),
+                w.shape(),
+                scales.shape()
+            ),
+        );
+    }
+    for (name, idx) in [("lhs_indices", lhs_indices), ("rhs_indices", rhs_indices)] {
+        if let Some(i) = idx.filter(|i| !i.dtype().is_integer()) {
+            return invalid(OP, format!("{name} must be integers, got {}", i.dtype()));
+        }
+    }
+    // Each operand as a stack of matrices, and which of them each output takes.
+    let matrices = |a: &Array| {
+        let r = a.ndim();
+        a.reshape([-1, a.shape()[r - 2], a.shape()[r - 1]])
+    };
+    let index = |a: &Array, idx: Option<&Array>| match idx {
+        Some(i) => i.clone(),
+        None => {
+            let batch = &a.shape()[..a.ndim() - 2];
+            super::arange(0, batch.iter().product::<i32>(), 1).reshape(batch)
+        }
+    };
+    let (li, ri) = (index(x, lhs_indices), index(w, rhs_indices));
+    let shape = match crate::shape::broadcast_shapes(li.shape(), ri.shape()) {
+        Ok(s) => s,
+        Err(k) => return Array::failed(OP, k),
+    };
+    let (li, ri) = (li.broadcast_to(&shape).reshape([-1]), ri.broadcast_to(&shape).reshape([-1]));
+    let pick = |a: &Array| matrices(a).take(&ri, 0);
+    let xs = matrices(x).take(&li, 0);
+    let b = biases.map(pick);
+    let y = quantized_matmul(&xs, &pick(w), &pick(scales), b.as_ref(), transpose, group_size, bits, mode);
+    let mut oshape = shape.to_vec();
+    oshape.extend_from_slice(&y.shape()[y.ndim().saturating_sub(2)..]);
+    y.reshape(oshape)
+}

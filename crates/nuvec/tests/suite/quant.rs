@@ -256,3 +256,43 @@ fn quantized_matmul_batches_rows_and_keeps_vmap_fused() {
         assert_eq!(mi.to_bytes().unwrap(), one.to_bytes().unwrap(), "batch {i}: vmap");
     }
 }
+
+#[test]
+fn gather_qmm_matches_a_loop_of_quantized_matmul() {
+    let experts = weights(&[4, 24, 128], 0.6);
+    let (wq, s, b) = ops::quantize(&experts, 64, 4, "affine");
+    let x = weights(&[3, 2, 128], 1.9);
+    let lhs = Array::from_slice(&[0i32, 2, 1, 2], vec![4]);
+    let rhs = Array::from_slice(&[3i32, 3, 0, 1], vec![4]);
+    let y = ops::gather_qmm(&x, &wq, &s, b.as_ref(), Some(&lhs), Some(&rhs), true, 64, 4, "affine", false);
+    assert_eq!(y.shape(), &[4, 2, 24]);
+    for (i, (l, r)) in [(0, 3), (2, 3), (1, 0), (2, 1)].into_iter().enumerate() {
+        let one = |a: &Array, j: i32| {
+            let mut stop = a.shape().to_vec();
+            stop[0] = j + 1;
+            let mut start = vec![0; a.ndim()];
+            start[0] = j;
+            a.slice(&start, &stop, &vec![1; a.ndim()]).squeeze(0)
+        };
+        let bi = b.as_ref().map(|b| one(b, r));
+        let want = ops::quantized_matmul(&one(&x, l), &one(&wq, r), &one(&s, r), bi.as_ref(), true, 64, 4, "affine");
+        let got = one(&y, i as i32);
+        // The fused kernel and the batched composition sum in different orders.
+        let diff = (&got - &want).abs().max(..).item::<f32>().unwrap();
+        assert!(diff <= 1e-5 * (1.0 + want.abs().max(..).item::<f32>().unwrap()), "output {i}: {diff}");
+    }
+    let bad = ops::gather_qmm(
+        &x,
+        &wq,
+        &s,
+        b.as_ref(),
+        None,
+        Some(&Array::from_slice(&[0.5f32], vec![1])),
+        true,
+        64,
+        4,
+        "affine",
+        false,
+    );
+    assert!(bad.error().is_some_and(|e| e.to_string().contains("rhs_indices")));
+}
