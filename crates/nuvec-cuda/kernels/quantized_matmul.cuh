@@ -183,3 +183,180 @@ __device__ __forceinline__ void qmv_affine(const T* __restrict__ x, const u32* _
     if (row < n && m < rows) y[(u64)m * n + row] = narrow<T>(v);
   }
 }
+
+// ---- Tensor cores: 4- and 8-bit weights, half-precision x -----------------------------------
+//
+// mma.sync m16n8k16 with a block's 16 weight rows as A and the ≤ 8 rows of x as B (n = 8):
+// tensor cores take the products, so 8 rows of x cost what 1 does. The k order inside a tile
+// is free as long as A and B agree, so each thread dequantizes a contiguous 16-byte run of
+// its two rows (lane / 4 and lane / 4 + 8), one group, and feeds its own slots of the tile
+// with them: 4-bit levels pair as (j, j + 4) of a word (the mask that isolates them places
+// both under a half's exponent at once), 8-bit levels as (j, j + 1). Warps split K; each
+// issues U steps of weight loads before their arithmetic.
+
+template <typename T> struct QmvIsBf16 {
+  static constexpr bool value = false;
+};
+template <> struct QmvIsBf16<bf16> {
+  static constexpr bool value = true;
+};
+
+template <typename T> __device__ __forceinline__ void qmv_tc_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  if constexpr (QmvIsBf16<T>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two levels placed under a half's exponent (`bits` holds them at bits 0-3 and 16-19) as
+// scale · q + bias, packed.
+template <typename T> __device__ __forceinline__ u32 qmv_tc_pair4(u32 bits, u32 s2, u32 b2) {
+  if constexpr (QmvIsBf16<T>::value) {
+    // 0x4300 | q is the bf16 128 + q.
+    bits |= 0x43004300u;
+    __nv_bfloat162 q = *reinterpret_cast<const __nv_bfloat162*>(&bits);
+    const u32 m = 0x43004300u;
+    q = __hsub2(q, *reinterpret_cast<const __nv_bfloat162*>(&m));
+    __nv_bfloat162 v = __hfma2(q, *reinterpret_cast<const __nv_bfloat162*>(&s2), *reinterpret_cast<const __nv_bfloat162*>(&b2));
+    return *reinterpret_cast<u32*>(&v);
+  } else {
+    // 0x6400 | q is the f16 1024 + q.
+    bits |= 0x64006400u;
+    __half2 q = *reinterpret_cast<const __half2*>(&bits);
+    const u32 m = 0x64006400u;
+    q = __hsub2(q, *reinterpret_cast<const __half2*>(&m));
+    __half2 v = __hfma2(q, *reinterpret_cast<const __half2*>(&s2), *reinterpret_cast<const __half2*>(&b2));
+    return *reinterpret_cast<u32*>(&v);
+  }
+}
+
+template <typename T> __device__ __forceinline__ u32 qmv_tc_pack(float lo, float hi) {
+  if constexpr (QmvIsBf16<T>::value) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<u32*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<u32*>(&v);
+  }
+}
+
+template <typename T> __device__ __forceinline__ u32 qmv_tc_splat(T v) {
+  const u16 h = *reinterpret_cast<const u16*>(&v);
+  return (u32)h | ((u32)h << 16);
+}
+
+// y[m, n] for m < rows (≤ 8) of x[rows, k]: a block of WARPS warps owns 16 weight rows.
+template <typename T, int BITS, int WARPS, int U>
+__device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __restrict__ w,
+                                       const T* __restrict__ scales, const T* __restrict__ biases,
+                                       T* __restrict__ y, int rows, int n, int k, int group_shift) {
+  constexpr int E = 128 / BITS;  // levels per thread per step: 16 bytes of a row
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * 16;
+  const int ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
+  const int words_per_row = (k >> 5) * BITS, groups_per_row = k >> group_shift;
+  const int steps = (k + 4 * E - 1) / (4 * E);
+  const bool has_x = g < rows;
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int base = 0; base < steps; base += WARPS * U) {
+    uint4 wa[U], wb[U];
+    T sa[U], ba[U], sb[U], bb[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k0 = (base + u * WARPS + warp) * 4 * E + t * E;
+      if (k0 < k) {  // k is a multiple of 32, so a thread's run is whole or absent
+        const int at = (k0 * BITS) >> 5;
+        wa[u] = __ldg(reinterpret_cast<const uint4*>(w + (u64)ra * words_per_row + at));
+        wb[u] = __ldg(reinterpret_cast<const uint4*>(w + (u64)rb * words_per_row + at));
+        const int gi = k0 >> group_shift;
+        sa[u] = scales[(u64)ra * groups_per_row + gi], ba[u] = biases[(u64)ra * groups_per_row + gi];
+        sb[u] = scales[(u64)rb * groups_per_row + gi], bb[u] = biases[(u64)rb * groups_per_row + gi];
+      } else {
+        wa[u] = wb[u] = make_uint4(0, 0, 0, 0);
+        sa[u] = ba[u] = sb[u] = bb[u] = narrow<T>(0.0f);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k0 = (base + u * WARPS + warp) * 4 * E + t * E;
+      if (base + u * WARPS >= steps) break;  // no warp of the block has this step
+      // x's row g over this thread's run, as E / 2 words of two halves.
+      u32 xw[E / 2];
+      if (has_x && k0 < k) {
+#pragma unroll
+        for (int i = 0; i < E / 8; ++i) {
+          uint4 v = __ldg(reinterpret_cast<const uint4*>(x + (u64)g * k + k0) + i);
+          xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < E / 2; ++i) xw[i] = 0u;
+      }
+      const u32 wva[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w}, wvb[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
+      if constexpr (BITS == 4) {
+        const u32 s2a = qmv_tc_splat(sa[u]), b2a = qmv_tc_splat(ba[u]);
+        const u32 s2b = qmv_tc_splat(sb[u]), b2b = qmv_tc_splat(bb[u]);
+        // Word i holds levels 8i..8i+7; pair (i, j) is levels (8i + j, 8i + j + 4).
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          u32 pa[4], pb[4], px[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            pa[j] = qmv_tc_pair4<T>((wva[i] >> (4 * j)) & 0x000F000Fu, s2a, b2a);
+            pb[j] = qmv_tc_pair4<T>((wvb[i] >> (4 * j)) & 0x000F000Fu, s2b, b2b);
+          }
+          // x's levels 8i..8i+7 are words 4i..4i+3 of two halves each.
+          px[0] = __byte_perm(xw[4 * i], xw[4 * i + 2], 0x5410);
+          px[1] = __byte_perm(xw[4 * i], xw[4 * i + 2], 0x7632);
+          px[2] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x5410);
+          px[3] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x7632);
+          const u32 a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
+          qmv_tc_mma<T>(c, a0, px[0], px[1]);
+          qmv_tc_mma<T>(c, a1, px[2], px[3]);
+        }
+      } else {
+        const float fsa = widen<T>(sa[u]), fba = widen<T>(ba[u]), fsb = widen<T>(sb[u]), fbb = widen<T>(bb[u]);
+        // Word i holds levels 4i..4i+3; pairs (4i, 4i + 1) and (4i + 2, 4i + 3) are x's words
+        // 2i and 2i + 1.
+#pragma unroll
+        for (int i = 0; i < 4; i += 2) {
+          u32 pa[4], pb[4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const u32 va = wva[i + h], vb = wvb[i + h];
+              pa[2 * h + j] = qmv_tc_pack<T>(fmaf(qmv_byte(va, 2 * j), fsa, fba), fmaf(qmv_byte(va, 2 * j + 1), fsa, fba));
+              pb[2 * h + j] = qmv_tc_pack<T>(fmaf(qmv_byte(vb, 2 * j), fsb, fbb), fmaf(qmv_byte(vb, 2 * j + 1), fsb, fbb));
+            }
+          }
+          const u32 a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
+          qmv_tc_mma<T>(c, a0, xw[2 * i], xw[2 * i + 1]);
+          qmv_tc_mma<T>(c, a1, xw[2 * i + 2], xw[2 * i + 3]);
+        }
+      }
+    }
+  }
+  // c: (row g, x rows 2t and 2t + 1), (row g + 8, the same); the warps' sums add up here.
+  __shared__ float part[WARPS][32][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[warp][lane][i] = c[i];
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    const int l = threadIdx.x >> 2, i = threadIdx.x & 3;
+    float v = 0.0f;
+#pragma unroll
+    for (int wi = 0; wi < WARPS; ++wi) v += part[wi][l][i];
+    const int row = row0 + (l >> 2) + (i >= 2 ? 8 : 0), m = 2 * (l & 3) + (i & 1);
+    if (row < n && m < rows) y[(u64)m * n + row] = narrow<T>(v);
+  }
+}

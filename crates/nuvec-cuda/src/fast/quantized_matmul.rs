@@ -1,6 +1,7 @@
 //! `quantized_matmul` of up to 8 rows of `x` with an affine-quantized `w[N, K]`
 //! (`kernels/quantized_matmul.cuh`): decoding, where the product is a pass over the packed
-//! weight. More rows, `w[K, N]` and the FP modes run as the composition (the GPU's dequantize,
+//! weight. Half-precision `x` with 4- or 8-bit weights runs on tensor cores; the other cases
+//! on CUDA cores. More rows, `w[K, N]` and the FP modes run as the composition (the GPU's dequantize,
 //! then cuBLAS).
 
 use std::sync::Arc;
@@ -41,10 +42,32 @@ pub(crate) fn supports(p: &QuantMatmulParams, inputs: &[Spec]) -> bool {
         && (1..=MAX_ROWS).contains(&rows)
 }
 
-/// The module of `d`: `qmv_b{bits}_m{rows}` for every bit width and row tile.
+/// Warps of the tensor-core kernel's blocks (16 weight rows each), and the steps each issues
+/// at once.
+const TC_WARPS: u32 = 8;
+const TC_STEPS: u32 = 4;
+
+/// Whether the tensor-core kernel takes this product: 4 or 8 bits, half-precision x, unless
+/// `NUVEC_QMV_TC=0` (the CUDA-core kernel, for comparison).
+fn tensor_cores(d: DType, bits: i32) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("NUVEC_QMV_TC").map_or(true, |v| v != "0"));
+    on && matches!(d, DType::F16 | DType::BF16) && matches!(bits, 4 | 8)
+}
+
+/// The module of `d`: `qmv_b{bits}_m{rows}` (CUDA cores) for every bit width and row tile,
+/// and for half precision `qmv_tc_b{4,8}` (tensor cores).
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["quantized_matmul.cuh"]);
     let t = ctype(d);
+    if matches!(d, DType::F16 | DType::BF16) {
+        for bits in [4, 8] {
+            s.kernel(format!(
+                "__launch_bounds__({threads}) qmv_tc_b{bits}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, int rows, int n, int k, int group_shift) {{ qmv_tc<{t}, {bits}, {TC_WARPS}, {TC_STEPS}>(x, w, scales, biases, y, rows, n, k, group_shift); }}",
+                threads = TC_WARPS * 32
+            ));
+        }
+    }
     for bits in BITS {
         for mt in ROW_TILES {
             s.kernel(format!(
@@ -80,8 +103,14 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Operand>, 
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let tile = ROW_TILES.into_iter().find(|&t| t >= rows as i64).ok_or_else(|| internal("too many rows"))?;
-    let f = kernel(gpu, Family::QuantizedMatmul(p.dtype), &format!("qmv_b{}_m{tile}", p.bits))?;
+    let tc = tensor_cores(p.dtype, p.bits);
+    let name = if tc {
+        format!("qmv_tc_b{}", p.bits)
+    } else {
+        let tile = ROW_TILES.into_iter().find(|&t| t >= rows as i64).ok_or_else(|| internal("too many rows"))?;
+        format!("qmv_b{}_m{tile}", p.bits)
+    };
+    let f = kernel(gpu, Family::QuantizedMatmul(p.dtype), &name)?;
     let args = vec![
         Arg::Ptr(ptr_of(&x)?),
         Arg::Ptr(ptr_of(&w)?),
@@ -93,6 +122,8 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Operand>, 
         Arg::I32(k),
         Arg::I32(p.group_size.trailing_zeros() as i32),
     ];
-    let blocks = (n as u32).div_ceil(ROWS_PER_BLOCK);
-    launch_dependent(gpu, f, blocks, (WARPS * 32, 1), 1, args)
+    if tc {
+        return launch_dependent(gpu, f, (n as u32).div_ceil(16), (TC_WARPS * 32, 1), 1, args);
+    }
+    launch_dependent(gpu, f, (n as u32).div_ceil(ROWS_PER_BLOCK), (WARPS * 32, 1), 1, args)
 }
