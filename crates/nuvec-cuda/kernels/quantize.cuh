@@ -51,33 +51,33 @@ __device__ __forceinline__ void affine_quantize(const T* __restrict__ w, u32* __
   }
 }
 
-// One thread per 32 consecutive levels (BITS words, inside one group since groups are 32, 64
-// or 128): scale * q rounded to T, plus the bias rounded to T, stored as 16-byte vectors.
-// `n` is a multiple of 32 (rows are whole groups).
+// One thread per 8 consecutive levels (8 · BITS ≤ 64 bits, at most two words, inside one
+// group): scale * q rounded to T, plus the bias rounded to T, stored as one 16-byte vector
+// (two for float), so a warp's stores cover one contiguous run. `n` is a multiple of 32
+// (rows are whole groups).
 template <typename T, int BITS>
 __device__ __forceinline__ void affine_dequantize_chunks(const u32* __restrict__ w, const T* __restrict__ scales,
                                                          const T* __restrict__ biases, T* __restrict__ out, u64 n,
                                                          int group_size) {
-  const u64 chunks = n >> 5, stride = (u64)gridDim.x * blockDim.x;
+  const u64 chunks = n >> 3, stride = (u64)gridDim.x * blockDim.x;
+  const int group_shift = __ffs(group_size) - 1;  // groups are 32, 64 or 128
   for (u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += stride) {
-    u32 q[BITS];
-#pragma unroll
-    for (int i = 0; i < BITS; ++i) q[i] = w[c * BITS + i];
-    const u64 g = (c << 5) / (u64)group_size;
+    const u64 bit = c * 8 * BITS;
+    const u32 shift = (u32)(bit & 31);
+    u64 bits = (u64)w[bit >> 5] >> shift;
+    if (shift + 8 * BITS > 32) bits |= (u64)w[(bit >> 5) + 1] << (32 - shift);
+    const u64 g = (c << 3) >> group_shift;
     const float s = (float)widen<T>(scales[g]), b = (float)widen<T>(biases[g]);
-    __align__(16) T v[32];
+    __align__(16) T v[8];
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int bit = j * BITS, word = bit >> 5, shift = bit & 31;
-      u32 x = q[word] >> shift;
-      if (shift + BITS > 32) x |= q[word + 1] << (32 - shift);
-      const float level = (float)(x & ((1u << BITS) - 1u));
+    for (int j = 0; j < 8; ++j) {
+      const float level = (float)((u32)(bits >> (j * BITS)) & ((1u << BITS) - 1u));
       T prod = narrow<T>(__fmul_rn(level, s));
       v[j] = narrow<T>(__fadd_rn((float)widen<T>(prod), b));
     }
-    uint4* o = reinterpret_cast<uint4*>(out + (c << 5));
+    uint4* o = reinterpret_cast<uint4*>(out + (c << 3));
     const uint4* src = reinterpret_cast<const uint4*>(v);
 #pragma unroll
-    for (int i = 0; i < (int)(32 * sizeof(T) / 16); ++i) o[i] = src[i];
+    for (int i = 0; i < (int)(8 * sizeof(T) / 16); ++i) o[i] = src[i];
   }
 }

@@ -255,7 +255,7 @@ template <typename T> __device__ __forceinline__ u32 qmv_tc_splat(T v) {
 }
 
 // y[m, n] for m < rows (≤ 8) of x[rows, k]: a block of WARPS warps owns 16 weight rows.
-template <typename T, int BITS, int WARPS, int U>
+template <typename T, int BITS, int WARPS, int U, bool PF>
 __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __restrict__ w,
                                        const T* __restrict__ scales, const T* __restrict__ biases,
                                        T* __restrict__ y, int rows, int n, int k, int group_shift) {
@@ -267,9 +267,8 @@ __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __res
   const int steps = (k + 4 * E - 1) / (4 * E);
   const bool has_x = g < rows;
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int base = 0; base < steps; base += WARPS * U) {
-    uint4 wa[U], wb[U];
-    T sa[U], ba[U], sb[U], bb[U];
+  // U steps of this thread's weight runs, scales and biases, from step `base + warp`.
+  auto load = [&](int base, uint4(&wa)[U], uint4(&wb)[U], T(&sa)[U], T(&ba)[U], T(&sb)[U], T(&bb)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k0 = (base + u * WARPS + warp) * 4 * E + t * E;
@@ -285,6 +284,17 @@ __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __res
         sa[u] = ba[u] = sb[u] = bb[u] = narrow<T>(0.0f);
       }
     }
+  };
+  uint4 wa[U], wb[U];
+  T sa[U], ba[U], sb[U], bb[U];
+  if (PF) load(0, wa, wb, sa, ba, sb, bb);
+  for (int base = 0; base < steps; base += WARPS * U) {
+    // With PF the next U steps' loads are issued before these steps' arithmetic.
+    uint4 na[U], nb[U];
+    T nsa[U], nba[U], nsb[U], nbb[U];
+    const bool more = PF && base + WARPS * U < steps;
+    if (!PF) load(base, wa, wb, sa, ba, sb, bb);
+    if (more) load(base + WARPS * U, na, nb, nsa, nba, nsb, nbb);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k0 = (base + u * WARPS + warp) * 4 * E + t * E;
@@ -344,6 +354,10 @@ __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __res
           qmv_tc_mma<T>(c, a1, xw[2 * i + 2], xw[2 * i + 3]);
         }
       }
+    }
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) wa[u] = na[u], wb[u] = nb[u], sa[u] = nsa[u], ba[u] = nba[u], sb[u] = nsb[u], bb[u] = nbb[u];
     }
   }
   // c: (row g, x rows 2t and 2t + 1), (row g + 8, the same); the warps' sums add up here.

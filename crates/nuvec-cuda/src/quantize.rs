@@ -68,7 +68,7 @@ pub(crate) fn quantize(gpu: &Arc<Gpu>, group_size: i32, bits: i32, w: Operand, o
     launch_over(gpu, f, groups, args)
 }
 
-/// `Dequantize` (affine): one thread per 32 levels.
+/// `Dequantize` (affine): one thread per 8 levels.
 pub(crate) fn dequantize(
     gpu: &Arc<Gpu>,
     group_size: i32,
@@ -89,6 +89,6 @@ pub(crate) fn dequantize(
         Arg::U64(n),
         Arg::I32(group_size),
     ];
-    // One thread per 32 levels (rows are whole groups of at least 32).
-    launch_over(gpu, f, n / 32, args)
+    // One thread per 8 levels (rows are whole groups of at least 32).
+    launch_over(gpu, f, n / 8, args)
 }

@@ -100,14 +100,14 @@ pub fn paged_attention(
     let len = lengths.astype(DType::I32).clip(0, lk).reshape([b, 1, 1, 1]);
     let qpos = &(&len - l) + &ops::arange(0, l, 1).reshape([1, 1, l, 1]);
     let key = ops::arange(0, lk, 1).reshape([1, 1, 1, lk]);
-    let mut mask = key.less(&len).logical_and(&key.less_equal(&qpos));
+    let mut mask = key.less(&len).logical_and(key.less_equal(&qpos));
     if let Some(w) = options.window {
-        mask = mask.logical_and(&key.greater(&(&qpos - w)));
+        mask = mask.logical_and(key.greater(&(&qpos - w)));
     }
     let opts = AttentionOptions { mask: AttentionMask::Array(&mask), window: None, ..*options };
     let out = scaled_dot_product_attention(q, &k, &v, scale, &opts);
     // The composition averages the values for a query with no key: zeros instead.
-    let attends = qpos.greater_equal(0).logical_and(&len.greater(0));
+    let attends = qpos.greater_equal(0).logical_and(len.greater(0));
     ops::where_(&attends, &out, 0.0).astype(out.dtype())
 }
 
@@ -154,7 +154,7 @@ pub fn paged_write(cache: &Array, new: &Array, slots: &Array) -> Array {
     // where the scatter ignores it.
     let flat = cache.transpose(&[0, 2, 1, 3]).reshape([blocks * bs, h, d]);
     let s = slots.astype(DType::I64);
-    let inside = s.greater_equal(0).logical_and(&s.less(rows));
+    let inside = s.greater_equal(0).logical_and(s.less(rows));
     let idx = ops::where_(&inside, &s, rows).astype(DType::I32);
     let updates = new.astype(cache.dtype()).reshape([ns[0], 1, h, d]);
     ops::scatter(&flat, &[idx], &updates, &[0]).reshape([blocks, bs, h, d]).transpose(&[0, 2, 1, 3])
