@@ -255,7 +255,7 @@ template <typename T> __device__ __forceinline__ u32 qmv_tc_splat(T v) {
 }
 
 // y[m, n] for m < rows (≤ 8) of x[rows, k]: a block of WARPS warps owns 16 weight rows.
-template <typename T, int BITS, int WARPS, int U, bool PF>
+template <typename T, int BITS, int WARPS, int U>
 __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __restrict__ w,
                                        const T* __restrict__ scales, const T* __restrict__ biases,
                                        T* __restrict__ y, int rows, int n, int k, int group_shift) {
@@ -285,16 +285,10 @@ __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __res
       }
     }
   };
-  uint4 wa[U], wb[U];
-  T sa[U], ba[U], sb[U], bb[U];
-  if (PF) load(0, wa, wb, sa, ba, sb, bb);
   for (int base = 0; base < steps; base += WARPS * U) {
-    // With PF the next U steps' loads are issued before these steps' arithmetic.
-    uint4 na[U], nb[U];
-    T nsa[U], nba[U], nsb[U], nbb[U];
-    const bool more = PF && base + WARPS * U < steps;
-    if (!PF) load(base, wa, wb, sa, ba, sb, bb);
-    if (more) load(base + WARPS * U, na, nb, nsa, nba, nsb, nbb);
+    uint4 wa[U], wb[U];
+    T sa[U], ba[U], sb[U], bb[U];
+    load(base, wa, wb, sa, ba, sb, bb);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k0 = (base + u * WARPS + warp) * 4 * E + t * E;
@@ -354,10 +348,6 @@ __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __res
           qmv_tc_mma<T>(c, a1, xw[2 * i + 2], xw[2 * i + 3]);
         }
       }
-    }
-    if (more) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) wa[u] = na[u], wb[u] = nb[u], sa[u] = nsa[u], ba[u] = nba[u], sb[u] = nsb[u], bb[u] = nbb[u];
     }
   }
   // c: (row g, x rows 2t and 2t + 1), (row g + 8, the same); the warps' sums add up here.

@@ -44,20 +44,16 @@ pub(crate) fn supports(p: &QuantMatmulParams, inputs: &[Spec]) -> bool {
 
 /// Warps of the tensor-core kernel's blocks (16 weight rows each).
 const TC_WARPS: u32 = 8;
-/// The tensor-core kernels' step schedules: steps loaded at once, and whether the next ones
-/// are loaded before these are computed (`NUVEC_QMV_TC=u4` picks the first, for comparison).
-const TC_SCHEDULES: [(&str, u32, bool); 2] = [("", 2, true), ("_u4", 4, false)];
+/// Steps of weight loads each warp of the tensor-core kernel issues at once.
+const TC_STEPS: u32 = 4;
 
 /// Whether the tensor-core kernel takes this product: half-precision x with 4-bit weights, or
 /// 8-bit ones and more than 2 rows (one 8-bit row decodes faster on CUDA cores, whose byte
 /// permutes need no conversion to half); `NUVEC_QMV_TC=0` keeps the CUDA-core kernel.
 fn tensor_cores(d: DType, bits: i32, rows: usize) -> bool {
-    tc_setting() != "0" && matches!(d, DType::F16 | DType::BF16) && (bits == 4 || (bits == 8 && rows > 2))
-}
-
-fn tc_setting() -> &'static str {
-    static SETTING: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SETTING.get_or_init(|| std::env::var("NUVEC_QMV_TC").unwrap_or_default())
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("NUVEC_QMV_TC").map_or(true, |v| v != "0"));
+    on && matches!(d, DType::F16 | DType::BF16) && (bits == 4 || (bits == 8 && rows > 2))
 }
 
 /// The module of `d`: `qmv_b{bits}_m{rows}` (CUDA cores) for every bit width and row tile,
@@ -67,12 +63,10 @@ pub(crate) fn source(d: DType) -> String {
     let t = ctype(d);
     if matches!(d, DType::F16 | DType::BF16) {
         for bits in [4, 8] {
-            for (suffix, steps, prefetch) in TC_SCHEDULES {
-                s.kernel(format!(
-                    "__launch_bounds__({threads}) qmv_tc_b{bits}{suffix}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, int rows, int n, int k, int group_shift) {{ qmv_tc<{t}, {bits}, {TC_WARPS}, {steps}, {prefetch}>(x, w, scales, biases, y, rows, n, k, group_shift); }}",
-                    threads = TC_WARPS * 32
-                ));
-            }
+            s.kernel(format!(
+                "__launch_bounds__({threads}) qmv_tc_b{bits}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, int rows, int n, int k, int group_shift) {{ qmv_tc<{t}, {bits}, {TC_WARPS}, {TC_STEPS}>(x, w, scales, biases, y, rows, n, k, group_shift); }}",
+                threads = TC_WARPS * 32
+            ));
         }
     }
     for bits in BITS {
@@ -112,8 +106,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Operand>, 
     }
     let tc = tensor_cores(p.dtype, p.bits, rows);
     let name = if tc {
-        let suffix = if tc_setting() == "u4" { "_u4" } else { "" };
-        format!("qmv_tc_b{}{suffix}", p.bits)
+        format!("qmv_tc_b{}", p.bits)
     } else {
         let tile = ROW_TILES.into_iter().find(|&t| t >= rows as i64).ok_or_else(|| internal("too many rows"))?;
         format!("qmv_b{}_m{tile}", p.bits)
