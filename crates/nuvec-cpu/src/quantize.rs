@@ -68,6 +68,17 @@ fn pack(values: impl Iterator<Item = u32>, bits: u32, words: &mut [u32]) {
     }
 }
 
+/// Every `BITS`-bit value of whole words (`BITS` dividing 32), in order, handed to `put(i, v)`.
+#[inline(always)]
+fn words_of<const BITS: u32>(words: &[u32], mut put: impl FnMut(usize, u32)) {
+    let per = (32 / BITS) as usize;
+    for (w, &word) in words.iter().enumerate() {
+        for e in 0..per {
+            put(w * per + e, (word >> (e as u32 * BITS)) & ((1u32 << BITS) - 1));
+        }
+    }
+}
+
 /// Reads value `i` of a little-endian bit stream of `bits`-bit values.
 #[inline(always)]
 fn unpack(words: &[u32], i: usize, bits: u32) -> u32 {
@@ -283,9 +294,13 @@ impl<'a, T: Float> Packed<'a, T> {
         match self.scales {
             Scales::Affine(s, b) => {
                 let (s, b) = (s[i].to_acc(), b[i].to_acc());
-                for j in 0..self.gs {
-                    let q = T::Acc::from_u64(unpack(words, j, self.bits) as u64);
-                    put(j, T::from_acc(rt::<T>(q * s) + b));
+                let level = |q: u32| T::from_acc(rt::<T>(T::Acc::from_u64(q as u64) * s) + b);
+                // Widths that divide a word unpack word by word, with constant shifts.
+                match self.bits {
+                    2 => words_of::<2>(words, |j, q| put(j, level(q))),
+                    4 => words_of::<4>(words, |j, q| put(j, level(q))),
+                    8 => words_of::<8>(words, |j, q| put(j, level(q))),
+                    bits => (0..self.gs).for_each(|j| put(j, level(unpack(words, j, bits)))),
                 }
             }
             Scales::Codes(s) => {

@@ -19,8 +19,9 @@ use crate::{internal, matmul, sgemm, unsupported};
 const DOT_ROWS: usize = 16;
 /// Weight rows per task of the dot-product path.
 const DOT_BLOCK: usize = 16;
-/// Elements of `f32` per dequantized block of the matrix-product path (4 MiB).
-const BLOCK_ELEMS: usize = 1 << 20;
+/// Elements of `f32` per dequantized block of the matrix-product path (16 MiB): large enough
+/// that each product amortises packing x and starting its threads.
+const BLOCK_ELEMS: usize = 1 << 22;
 
 /// The dtypes with a kernel: every float but `f64`, whose composition is exact enough.
 pub(super) fn supports(d: DType) -> bool {
@@ -95,23 +96,25 @@ fn dots<T: Float<Acc = f32>>(packed: &Packed<T>, x: &[f32], y: &mut [f32], m: us
     }
 }
 
-/// `Σ a·b` in eight independent lanes the compiler keeps in a vector register.
+/// `Σ a·b` in sixteen independent lanes the compiler keeps in vector registers (`mul_add`
+/// would be a library call without FMA in the target).
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const L: usize = 8;
+    const L: usize = 16;
     let mut lanes = [0f32; L];
     let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
     let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
     for (u, v) in ca.zip(cb) {
         for l in 0..L {
-            lanes[l] = u[l].mul_add(v[l], lanes[l]);
+            lanes[l] += u[l] * v[l];
         }
     }
     lanes.iter().sum::<f32>() + tail
 }
 
 /// Blocks of the weight, dequantized in parallel, through the matrix product: blocks of `w[N,
-/// K]`'s rows give blocks of `y`'s columns; blocks of `w[K, N]`'s rows add their share of `y`.
+/// K]`'s rows give blocks of `yᵀ`'s rows (the block as the left operand, whose packing reads
+/// it in order), copied into `y`'s columns; blocks of `w[K, N]`'s rows add their share of `y`.
 fn products<T: Float<Acc = f32>>(
     packed: &Packed<T>,
     x: &[f32],
@@ -126,6 +129,7 @@ fn products<T: Float<Acc = f32>>(
     let (w_rows, len) = if p.transpose { (n, k) } else { (k, n) };
     let rows = (BLOCK_ELEMS / len).clamp(1, w_rows);
     let mut buf = vec![0f32; rows * len];
+    let mut yt = if p.transpose { vec![0f32; rows * m] } else { Vec::new() };
     for r0 in (0..w_rows).step_by(rows) {
         let nb = rows.min(w_rows - r0);
         buf[..nb * len]
@@ -134,13 +138,19 @@ fn products<T: Float<Acc = f32>>(
             .for_each(|(r, dst)| dequantize_row(packed, r0 + r, len, gs, dst));
         let mat = |ptr: *const f32, rs: usize, cs: usize| sgemm::Mat { ptr, rs: rs as isize, cs: cs as isize };
         // SAFETY: `x` is [m, k] and `buf` holds nb rows of `len`; the strides below name
-        // elements inside them. `y` is [m, n] and the product writes its rows' columns
-        // [r0, r0 + nb) (transpose) or all of them (accumulating over blocks of k); it is a
-        // separate allocation from `x` and `buf`.
+        // elements inside them. The product writes `yt` ([nb, m], transpose) or every row of
+        // `y` ([m, n], accumulating over blocks of k), allocations apart from `x` and `buf`.
         unsafe {
             if p.transpose {
-                let (a, b) = (mat(x.as_ptr(), k, 1), mat(buf.as_ptr(), 1, k));
-                matmul::product_f32(m, nb, k, a, b, y.as_mut_ptr().add(r0), n, false);
+                // yᵀ's rows from the block as the packed-friendly left operand (its rows are
+                // contiguous), then into y's columns.
+                let (a, b) = (mat(buf.as_ptr(), k, 1), mat(x.as_ptr(), 1, k));
+                matmul::product_f32(nb, m, k, a, b, yt.as_mut_ptr(), m, false);
+                for (i, y) in y.chunks_mut(n).enumerate() {
+                    for (j, o) in y[r0..r0 + nb].iter_mut().enumerate() {
+                        *o = yt[j * m + i];
+                    }
+                }
             } else {
                 let (a, b) = (mat(x.as_ptr().add(r0), k, 1), mat(buf.as_ptr(), n, 1));
                 matmul::product_f32(m, n, nb, a, b, y.as_mut_ptr(), n, r0 > 0);
