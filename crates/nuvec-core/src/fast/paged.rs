@@ -159,3 +159,88 @@ pub fn paged_write(cache: &Array, new: &Array, slots: &Array) -> Array {
     let updates = new.astype(cache.dtype()).reshape([ns[0], 1, h, d]);
     ops::scatter(&flat, &[idx], &updates, &[0]).reshape([blocks, bs, h, d]).transpose(&[0, 2, 1, 3])
 }
+
+/// Causal attention of a ragged batch of new tokens over a paged cache that already holds
+/// them (written with [`paged_write`]): chunked prefill and continuous batching. `q [T, Hq,
+/// D]` packs the queries of `B` sequences back to back, sequence `b`'s being rows
+/// `query_starts[b]..query_starts[b + 1]` (`query_starts [B + 1]`, integers, non-decreasing,
+/// from 0 to `T`); they are the last positions of its `lengths[b]` keys, so each attends its
+/// own earlier pages and the new tokens before it. Returns `[T, Hq, Dv]`; the options, the
+/// cache and the clamping are [`paged_attention`]'s.
+///
+/// It runs as [`paged_attention`] of one query per token, `rows_per_chunk` tokens at a time
+/// (each chunk gathers `rows_per_chunk` copies of the keys a sequence may attend, so this
+/// bounds the memory).
+///
+/// ```
+/// use nuvec::{DType, array, fast, ops};
+/// use nuvec::fast::AttentionOptions;
+/// let k = ops::arange(0.0, 64.0, 1.0).reshape([2, 1, 4, 8]) / 64.0;
+/// let v = ops::ones(&[2, 1, 4, 8], DType::F32);
+/// // Two sequences: 2 new tokens of a 6-key sequence (blocks 1, 0), then 1 of a 3-key one (block 0).
+/// let q = ops::ones(&[3, 1, 8], DType::F32);
+/// let tables = array![1i32, 0, 0, 0].reshape([2, 2]);
+/// let o = fast::paged_prefill(&q, &k, &v, &tables, &array![6i32, 3], &array![0i32, 2, 3], 0.5, &AttentionOptions::default(), 64);
+/// assert_eq!(o.shape(), &[3, 1, 8]);
+/// ```
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn paged_prefill(
+    q: &Array,
+    k_cache: &Array,
+    v_cache: &Array,
+    block_tables: &Array,
+    lengths: &Array,
+    query_starts: &Array,
+    scale: f32,
+    options: &AttentionOptions<'_>,
+    rows_per_chunk: i32,
+) -> Array {
+    const OP: &str = "paged_prefill";
+    if let Some(f) = propagate(&[q, k_cache, v_cache, block_tables, lengths, query_starts]) {
+        return f;
+    }
+    if q.ndim() != 3 {
+        return invalid(OP, format!("q must be [T, Hq, D], got shape {:?}", q.shape()));
+    }
+    let b = lengths.shape().first().copied().unwrap_or(0);
+    if lengths.ndim() != 1 || query_starts.shape() != [b + 1] || !query_starts.dtype().is_integer() {
+        return invalid(
+            OP,
+            format!(
+                "query_starts must be integers of shape [{}] (one more than lengths {:?}), got {} of shape {:?}",
+                b + 1,
+                lengths.shape(),
+                query_starts.dtype(),
+                query_starts.shape()
+            ),
+        );
+    }
+    if rows_per_chunk <= 0 {
+        return invalid(OP, format!("rows_per_chunk must be positive, got {rows_per_chunk}"));
+    }
+    let (t, hq, d) = (q.shape()[0], q.shape()[1], q.shape()[2]);
+    let starts = query_starts.astype(DType::I32);
+    let lengths = lengths.astype(DType::I32);
+    let mut outs = Vec::new();
+    for t0 in (0..t).step_by(rows_per_chunk as usize) {
+        let t1 = (t0 + rows_per_chunk).min(t);
+        let tokens = ops::arange(t0, t1, 1);
+        // Each token's sequence: how many sequences end at or before it.
+        let ends = starts.slice(&[1], &[b + 1], &[1]).reshape([1, b]);
+        let seq = ends.less_equal(&tokens.reshape([t1 - t0, 1])).astype(DType::I32).sum(-1).clip(0, b - 1);
+        // Its position: the sequence's length less the new tokens after it.
+        let end = ends.reshape([b]).take(&seq, 0);
+        let len = &(&lengths.take(&seq, 0) - &(&end - &tokens)) + 1;
+        let qc = q.slice(&[t0, 0, 0], &[t1, hq, d], &[1, 1, 1]).reshape([t1 - t0, hq, 1, d]);
+        let tables = block_tables.take(&seq, 0);
+        let o = paged_attention(&qc, k_cache, v_cache, &tables, &len, scale, options);
+        let dv = o.shape().last().copied().unwrap_or(d);
+        outs.push(o.reshape([t1 - t0, hq, dv]));
+    }
+    if outs.is_empty() {
+        let dv = v_cache.shape().last().copied().unwrap_or(d);
+        return ops::zeros(&[0, hq, dv], q.dtype());
+    }
+    ops::concatenate(&outs, 0)
+}

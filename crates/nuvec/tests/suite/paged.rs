@@ -184,3 +184,54 @@ fn bad_arguments_name_the_argument() {
         "slots",
     );
 }
+
+#[test]
+fn ragged_prefill_equals_attention_per_sequence() {
+    let c = case(8, 16, DType::F32);
+    // New tokens per sequence: 5 of 24 keys, none of 13, 1 of 1.
+    let new = [5, 0, 1];
+    let starts = [0, 5, 5, 6];
+    let q = values(&[6, 4, 16], 2.2);
+    let sinks = values(&[4], 0.5);
+    for (what, opts) in [
+        ("causal", AttentionOptions::causal()),
+        ("window 4", AttentionOptions::causal().window(4)),
+        ("sinks", AttentionOptions::default().sinks(&sinks)),
+    ] {
+        for chunk in [1, 4, 64] {
+            let out = fast::paged_prefill(
+                &q,
+                &c.k,
+                &c.v,
+                &table_array(&c.tables),
+                &Array::from_slice(&c.lengths, vec![3]),
+                &Array::from_slice(&starts, vec![4]),
+                0.25,
+                &opts,
+                chunk,
+            );
+            assert!(out.error().is_none(), "{what}: {:?}", out.error());
+            assert_eq!(out.shape(), &[6, 4, 16]);
+            for s in 0..3 {
+                let (n, t0) = (new[s], starts[s]);
+                if n == 0 {
+                    continue;
+                }
+                let len = c.lengths[s];
+                let (k, v) = (contiguous(&c.k, &c.tables[s], len), contiguous(&c.v, &c.tables[s], len));
+                let qs =
+                    q.slice(&[t0, 0, 0], &[t0 + n, 4, 16], &[1, 1, 1]).transpose(&[1, 0, 2]).reshape([1, 4, n, 16]);
+                // Paged attention is causal at each sequence's end whatever the options say.
+                let mut o = AttentionOptions::causal().sinks(opts.sinks);
+                if let Some(w) = opts.window {
+                    o = o.window(w);
+                }
+                let want = fast::scaled_dot_product_attention(&qs, &k, &v, 0.25, &o);
+                let got =
+                    out.slice(&[t0, 0, 0], &[t0 + n, 4, 16], &[1, 1, 1]).transpose(&[1, 0, 2]).reshape([1, 4, n, 16]);
+                let diff = max_diff(&got, &want);
+                assert!(diff <= 1e-5, "{what} chunk {chunk} sequence {s}: differs by {diff}");
+            }
+        }
+    }
+}
