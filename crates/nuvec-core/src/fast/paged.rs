@@ -228,7 +228,7 @@ pub fn paged_prefill(
         let tokens = ops::arange(t0, t1, 1);
         // Each token's sequence: how many sequences end at or before it.
         let ends = starts.slice(&[1], &[b + 1], &[1]).reshape([1, b]);
-        let seq = ends.less_equal(&tokens.reshape([t1 - t0, 1])).astype(DType::I32).sum(-1).clip(0, b - 1);
+        let seq = ends.less_equal(tokens.reshape([t1 - t0, 1])).astype(DType::I32).sum(-1).clip(0, b - 1);
         // Its position: the sequence's length less the new tokens after it.
         let end = ends.reshape([b]).take(&seq, 0);
         let len = &(&lengths.take(&seq, 0) - &(&end - &tokens)) + 1;
@@ -240,7 +240,7 @@ pub fn paged_prefill(
     }
     if outs.is_empty() {
         let dv = v_cache.shape().last().copied().unwrap_or(d);
-        return ops::zeros(&[0, hq, dv], q.dtype());
+        return ops::zeros([0, hq, dv], q.dtype());
     }
     ops::concatenate(&outs, 0)
 }

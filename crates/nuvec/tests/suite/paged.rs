@@ -128,7 +128,7 @@ fn paged_write_matches_a_loop_and_skips_slots_outside() {
     assert_eq!(out.to_vec::<f32>().unwrap(), want);
     // Writing a sequence's keys, then attending them, equals attention over them.
     let keys = values(&[6, h, d], 0.7);
-    let (k, v) = (ops::zeros(&[blocks, h, bs, d], DType::F32), ops::zeros(&[blocks, h, bs, d], DType::F32));
+    let (k, v) = (ops::zeros([blocks, h, bs, d], DType::F32), ops::zeros([blocks, h, bs, d], DType::F32));
     let slots = Array::from_slice(&[8, 9, 10, 11, 0, 1], vec![6]);
     let (k, v) = (fast::paged_write(&k, &keys, &slots), fast::paged_write(&v, &(&keys * 2.0f32), &slots));
     let q = values(&[1, h, 1, d], 1.3);
@@ -145,7 +145,7 @@ fn bad_arguments_name_the_argument() {
     let q = values(&[3, 4, 1, 16], 0.4);
     let tables = table_array(&c.tables);
     let lengths = Array::from_slice(&c.lengths, vec![3]);
-    let mask = ops::ones(&[1, 1, 1, 24], DType::Bool);
+    let mask = ops::ones([1, 1, 1, 24], DType::Bool);
     let fails = |a: Array, op: &str, word: &str| {
         let e = a.error().unwrap_or_else(|| panic!("expected {op} to fail"));
         assert_eq!(e.op_name(), Some(op), "{e}");
@@ -156,7 +156,7 @@ fn bad_arguments_name_the_argument() {
         "paged_attention",
         "mask",
     );
-    let k6 = ops::zeros(&[4, 2, 6, 16], DType::F32);
+    let k6 = ops::zeros([4, 2, 6, 16], DType::F32);
     fails(
         fast::paged_attention(&q, &k6, &k6, &tables, &lengths, 0.25, &Default::default()),
         "paged_attention",
@@ -172,14 +172,14 @@ fn bad_arguments_name_the_argument() {
         "paged_attention",
         "lengths",
     );
-    let cache = ops::zeros(&[2, 2, 4, 16], DType::F32);
+    let cache = ops::zeros([2, 2, 4, 16], DType::F32);
     fails(
-        fast::paged_write(&cache, &ops::zeros(&[3, 2, 8], DType::F32), &Array::from_slice(&[0, 1, 2], vec![3])),
+        fast::paged_write(&cache, &ops::zeros([3, 2, 8], DType::F32), &Array::from_slice(&[0, 1, 2], vec![3])),
         "paged_write",
         "same H and D",
     );
     fails(
-        fast::paged_write(&cache, &ops::zeros(&[3, 2, 16], DType::F32), &ops::zeros(&[3], DType::F32)),
+        fast::paged_write(&cache, &ops::zeros([3, 2, 16], DType::F32), &ops::zeros([3], DType::F32)),
         "paged_write",
         "slots",
     );
