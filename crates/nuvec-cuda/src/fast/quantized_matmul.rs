@@ -44,29 +44,48 @@ pub(crate) fn supports(p: &QuantMatmulParams, inputs: &[Spec]) -> bool {
 
 /// Warps of the tensor-core kernel's blocks (16 weight rows each).
 const TC_WARPS: u32 = 8;
-/// Steps of weight loads each warp of the tensor-core kernel issues at once.
-const TC_STEPS: u32 = 4;
+/// Steps of weight loads each warp of the tensor-core kernel issues at once: 4 (80 registers),
+/// or 8 (128) where the grid is too small to fill the GPU with warps, so each warp must keep
+/// more bytes in flight.
+const TC_STEPS: [u32; 2] = [4, 8];
 
 /// Whether the tensor-core kernel takes this product: half-precision x with 4-bit weights, or
 /// 8-bit ones and more than 2 rows (one 8-bit row decodes faster on CUDA cores, whose byte
 /// permutes need no conversion to half); `NUVEC_QMV_TC=0` keeps the CUDA-core kernel.
 fn tensor_cores(d: DType, bits: i32, rows: usize) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("NUVEC_QMV_TC").map_or(true, |v| v != "0"));
-    on && matches!(d, DType::F16 | DType::BF16) && (bits == 4 || (bits == 8 && rows > 2))
+    tc_setting() != "0" && matches!(d, DType::F16 | DType::BF16) && (bits == 4 || (bits == 8 && rows > 2))
+}
+
+/// `NUVEC_QMV_TC`: `0` (CUDA cores), `u4` or `u8` (that many steps at once), or unset.
+fn tc_setting() -> &'static str {
+    static SETTING: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SETTING.get_or_init(|| std::env::var("NUVEC_QMV_TC").unwrap_or_default())
+}
+
+/// The tensor-core steps for `n` weight rows: 8 when there are fewer blocks (16 rows each)
+/// than two per SM.
+fn tc_steps(gpu: &Gpu, n: i32) -> u32 {
+    match tc_setting() {
+        "u4" => 4,
+        "u8" => 8,
+        _ if (n as u64).div_ceil(16) < 2 * gpu.info.multiprocessors.max(1) as u64 => 8,
+        _ => 4,
+    }
 }
 
 /// The module of `d`: `qmv_b{bits}_m{rows}` (CUDA cores) for every bit width and row tile,
-/// and for half precision `qmv_tc_b{4,8}` (tensor cores).
+/// and for half precision `qmv_tc_b{4,8}_u{4,8}` (tensor cores).
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["quantized_matmul.cuh"]);
     let t = ctype(d);
     if matches!(d, DType::F16 | DType::BF16) {
         for bits in [4, 8] {
-            s.kernel(format!(
-                "__launch_bounds__({threads}) qmv_tc_b{bits}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, int rows, int n, int k, int group_shift) {{ qmv_tc<{t}, {bits}, {TC_WARPS}, {TC_STEPS}>(x, w, scales, biases, y, rows, n, k, group_shift); }}",
-                threads = TC_WARPS * 32
-            ));
+            for steps in TC_STEPS {
+                s.kernel(format!(
+                    "__launch_bounds__({threads}) qmv_tc_b{bits}_u{steps}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, int rows, int n, int k, int group_shift) {{ qmv_tc<{t}, {bits}, {TC_WARPS}, {steps}>(x, w, scales, biases, y, rows, n, k, group_shift); }}",
+                    threads = TC_WARPS * 32
+                ));
+            }
         }
     }
     for bits in BITS {
@@ -106,7 +125,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Operand>, 
     }
     let tc = tensor_cores(p.dtype, p.bits, rows);
     let name = if tc {
-        format!("qmv_tc_b{}", p.bits)
+        format!("qmv_tc_b{}_u{}", p.bits, tc_steps(gpu, n))
     } else {
         let tile = ROW_TILES.into_iter().find(|&t| t >= rows as i64).ok_or_else(|| internal("too many rows"))?;
         format!("qmv_b{}_m{tile}", p.bits)
