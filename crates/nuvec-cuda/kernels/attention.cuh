@@ -327,36 +327,6 @@ __device__ __forceinline__ void attention_vector_merge(
 #define ATT_BR 128
 #define ATT_BC 64
 
-template <typename T> struct IsBf16 { static const bool value = false; };
-template <> struct IsBf16<bf16> { static const bool value = true; };
-
-template <typename T>
-__device__ __forceinline__ void att_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  if constexpr (IsBf16<T>::value) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-template <typename T> __device__ __forceinline__ u32 att_pack(float x, float y) {
-  if constexpr (IsBf16<T>::value) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<u32*>(&h);
-  } else {
-    __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<u32*>(&h);
-  }
-}
-
 __device__ __forceinline__ void att_ldsm4(u32 (&r)[4], u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -391,10 +361,10 @@ __device__ __forceinline__ void att_stage(u32 dst, const T* src, i64 rs, int fir
 // product's k-step kk (mma.sync's and wgmma's register operand): P for P V, dS for dS K.
 template <typename T, int NT>
 __device__ __forceinline__ void att_frag(u32 (&f)[4], const float (&s)[NT][4], int kk) {
-  f[0] = att_pack<T>(s[2 * kk][0], s[2 * kk][1]);
-  f[1] = att_pack<T>(s[2 * kk][2], s[2 * kk][3]);
-  f[2] = att_pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-  f[3] = att_pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  f[0] = pack_half2<T>(s[2 * kk][0], s[2 * kk][1]);
+  f[1] = pack_half2<T>(s[2 * kk][2], s[2 * kk][3]);
+  f[2] = pack_half2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  f[3] = pack_half2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
 // acc (16 rows x D) += p (16 rows x K, accumulators repacked as A fragments) times the K rows
@@ -410,8 +380,8 @@ __device__ __forceinline__ void att_accumulate(float (&acc)[D / 8][4], const flo
     for (int dp = 0; dp < D / 16; ++dp) {
       u32 bfr[4];
       att_ldsm4_t(bfr, sb + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
-      att_mma<T>(acc[2 * dp], pf, bfr[0], bfr[1]);
-      att_mma<T>(acc[2 * dp + 1], pf, bfr[2], bfr[3]);
+      mma_m16n8k16<T>(acc[2 * dp], pf, bfr[0], bfr[1]);
+      mma_m16n8k16<T>(acc[2 * dp + 1], pf, bfr[2], bfr[3]);
     }
   }
 }
@@ -512,7 +482,7 @@ __device__ __forceinline__ void att_store(const float (&o)[DT][4], const float (
     T* dst = out + (((i64)b * Hq + h) * Lq + r) * (DT * 8);
 #pragma unroll
     for (int n = 0; n < DT; ++n) {
-      const u32 pk = att_pack<T>(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+      const u32 pk = pack_half2<T>(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
       *reinterpret_cast<u32*>(dst + n * 8 + 2 * t4) = pk;
     }
   }
@@ -574,8 +544,8 @@ __device__ __forceinline__ void attention_tiled(
           u32 bfr[4];
           const int kr = np * 16 + (m >> 1) * 8 + (lane & 7);
           att_ldsm4(bfr, sk + kr * ROW + (kk * 16 + (m & 1) * 8) * 2);
-          att_mma<T>(s[2 * np], qf[kk], bfr[0], bfr[1]);
-          att_mma<T>(s[2 * np + 1], qf[kk], bfr[2], bfr[3]);
+          mma_m16n8k16<T>(s[2 * np], qf[kk], bfr[0], bfr[1]);
+          mma_m16n8k16<T>(s[2 * np + 1], qf[kk], bfr[2], bfr[3]);
         }
       }
     }
@@ -673,8 +643,8 @@ __device__ __forceinline__ void att_rows_t(float (&acc)[ATB_BR / 8][4], u32 sa, 
     for (int np = 0; np < ATB_BR / 16; ++np) {
       u32 bfr[4];
       att_ldsm4(bfr, sb + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
-      att_mma<T>(acc[2 * np], af, bfr[0], bfr[1]);
-      att_mma<T>(acc[2 * np + 1], af, bfr[2], bfr[3]);
+      mma_m16n8k16<T>(acc[2 * np], af, bfr[0], bfr[1]);
+      mma_m16n8k16<T>(acc[2 * np + 1], af, bfr[2], bfr[3]);
     }
   }
 }
@@ -768,8 +738,8 @@ __device__ __forceinline__ void attention_backward(
 #pragma unroll
     for (int n = 0; n < QT; ++n) {
       const int kr = warp * 16 + g, col = n * 8 + 2 * t4;
-      *reinterpret_cast<u32*>(ds_tile + kr * DSROW + col * 2) = att_pack<T>(s[n][0], s[n][1]);
-      *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + col * 2) = att_pack<T>(s[n][2], s[n][3]);
+      *reinterpret_cast<u32*>(ds_tile + kr * DSROW + col * 2) = pack_half2<T>(s[n][0], s[n][1]);
+      *reinterpret_cast<u32*>(ds_tile + (kr + 8) * DSROW + col * 2) = pack_half2<T>(s[n][2], s[n][3]);
     }
     __syncthreads();
     // dQ (ATB_BR queries x D) += dS K: a warp per 16 rows x 16 features at a time.
@@ -781,8 +751,8 @@ __device__ __forceinline__ void attention_backward(
         u32 af[4], bfr[4];
         att_ldsm4_t(af, sds + (kk * 16 + (m >> 1) * 8 + (lane & 7)) * DSROW + (mt * 16 + (m & 1) * 8) * 2);
         att_ldsm4_t(bfr, sk + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
-        att_mma<T>(acc[0], af, bfr[0], bfr[1]);
-        att_mma<T>(acc[1], af, bfr[2], bfr[3]);
+        mma_m16n8k16<T>(acc[0], af, bfr[0], bfr[1]);
+        mma_m16n8k16<T>(acc[1], af, bfr[2], bfr[3]);
       }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -808,8 +778,8 @@ __device__ __forceinline__ void attention_backward(
     const i64 at = (((i64)b * Hkv + kh) * Lk + j) * D;
 #pragma unroll
     for (int n = 0; n < DT; ++n) {
-      *reinterpret_cast<u32*>(dk + at + n * 8 + 2 * t4) = att_pack<T>(dka[n][2 * c2] * scale, dka[n][2 * c2 + 1] * scale);
-      *reinterpret_cast<u32*>(dv + at + n * 8 + 2 * t4) = att_pack<T>(dva[n][2 * c2], dva[n][2 * c2 + 1]);
+      *reinterpret_cast<u32*>(dk + at + n * 8 + 2 * t4) = pack_half2<T>(dka[n][2 * c2] * scale, dka[n][2 * c2 + 1] * scale);
+      *reinterpret_cast<u32*>(dv + at + n * 8 + 2 * t4) = pack_half2<T>(dva[n][2 * c2], dva[n][2 * c2 + 1]);
     }
   }
 }
@@ -843,8 +813,8 @@ __device__ __forceinline__ void att_vector_keys(const u32 (&qf)[D / 16][4], floa
   for (int kk = 0; kk < D / 16; ++kk) {
     u32 bfr[4];
     att_ldsm4(bfr, kaddr((m >> 1) * 8 + g8, kk * 16 + (m & 1) * 8));
-    att_mma<T>(s[0], qf[kk], bfr[0], bfr[1]);
-    att_mma<T>(s[1], qf[kk], bfr[2], bfr[3]);
+    mma_m16n8k16<T>(s[0], qf[kk], bfr[0], bfr[1]);
+    mma_m16n8k16<T>(s[1], qf[kk], bfr[2], bfr[3]);
   }
   // Scale and mask; rows g (c = 0, 1) and g + 8 (c = 2, 3).
 #pragma unroll
@@ -892,8 +862,8 @@ __device__ __forceinline__ void att_vector_keys(const u32 (&qf)[D / 16][4], floa
   for (int dp = 0; dp < DV / 16; ++dp) {
     u32 bfr[4];
     att_ldsm4_t(bfr, vaddr((m & 1) * 8 + g8, dp * 16 + (m >> 1) * 8));
-    att_mma<T>(o[2 * dp], pf, bfr[0], bfr[1]);
-    att_mma<T>(o[2 * dp + 1], pf, bfr[2], bfr[3]);
+    mma_m16n8k16<T>(o[2 * dp], pf, bfr[0], bfr[1]);
+    mma_m16n8k16<T>(o[2 * dp + 1], pf, bfr[2], bfr[3]);
   }
 }
 
@@ -1793,8 +1763,8 @@ __device__ __forceinline__ void attention_backward_wgmma(const AtwMap* mq, const
                      : "memory");
       } else {
         *reinterpret_cast<u32*>(dk + at + n * 8 + 2 * t4) =
-            att_pack<T>(dka[n][2 * c2] * scale, dka[n][2 * c2 + 1] * scale);
-        *reinterpret_cast<u32*>(dv + at + n * 8 + 2 * t4) = att_pack<T>(dva[n][2 * c2], dva[n][2 * c2 + 1]);
+            pack_half2<T>(dka[n][2 * c2] * scale, dka[n][2 * c2 + 1] * scale);
+        *reinterpret_cast<u32*>(dv + at + n * 8 + 2 * t4) = pack_half2<T>(dva[n][2 * c2], dva[n][2 * c2 + 1]);
       }
     }
   }

@@ -273,3 +273,37 @@ template <> struct Make0<c64> {
 template <typename T> struct IsInt { static const bool value = false; };
 #define NV_IS_INT(T) template <> struct IsInt<T> { static const bool value = true; };
 NV_INT_TYPES(NV_IS_INT)
+
+// ---- Half-precision tensor-core fragments (attention, quantized_matmul) -------------------
+
+template <typename T> struct IsBf16 { static const bool value = false; };
+template <> struct IsBf16<bf16> { static const bool value = true; };
+
+// c += a · b on tensor cores: mma.sync m16n8k16, f16 or bf16 in (T), f32 accumulate.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  if constexpr (IsBf16<T>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats rounded to T and packed in one register (x in the low half).
+template <typename T> __device__ __forceinline__ u32 pack_half2(float x, float y) {
+  if constexpr (IsBf16<T>::value) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<u32*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<u32*>(&h);
+  }
+}

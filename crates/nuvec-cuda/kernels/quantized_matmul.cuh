@@ -194,59 +194,25 @@ __device__ __forceinline__ void qmv_affine(const T* __restrict__ x, const u32* _
 // both under a half's exponent at once), 8-bit levels as (j, j + 1). Warps split K; each
 // issues U steps of weight loads before their arithmetic.
 
-template <typename T> struct QmvIsBf16 {
-  static constexpr bool value = false;
+// The packed pair of T, and the bits that make a 4-bit level q under them read as magic + q
+// (bf16: 128 + q; f16: 1024 + q), so one mask and one subtraction convert two levels.
+template <typename T> struct QmvPair;
+template <> struct QmvPair<bf16> {
+  typedef __nv_bfloat162 type;
+  static constexpr u32 magic = 0x43004300u;
 };
-template <> struct QmvIsBf16<bf16> {
-  static constexpr bool value = true;
+template <> struct QmvPair<f16> {
+  typedef __half2 type;
+  static constexpr u32 magic = 0x64006400u;
 };
 
-template <typename T> __device__ __forceinline__ void qmv_tc_mma(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  if constexpr (QmvIsBf16<T>::value) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two levels placed under a half's exponent (`bits` holds them at bits 0-3 and 16-19) as
-// scale · q + bias, packed.
+// Two levels (`bits` holds them at bits 0-3 and 16-19) as scale · q + bias, packed.
 template <typename T> __device__ __forceinline__ u32 qmv_tc_pair4(u32 bits, u32 s2, u32 b2) {
-  if constexpr (QmvIsBf16<T>::value) {
-    // 0x4300 | q is the bf16 128 + q.
-    bits |= 0x43004300u;
-    __nv_bfloat162 q = *reinterpret_cast<const __nv_bfloat162*>(&bits);
-    const u32 m = 0x43004300u;
-    q = __hsub2(q, *reinterpret_cast<const __nv_bfloat162*>(&m));
-    __nv_bfloat162 v = __hfma2(q, *reinterpret_cast<const __nv_bfloat162*>(&s2), *reinterpret_cast<const __nv_bfloat162*>(&b2));
-    return *reinterpret_cast<u32*>(&v);
-  } else {
-    // 0x6400 | q is the f16 1024 + q.
-    bits |= 0x64006400u;
-    __half2 q = *reinterpret_cast<const __half2*>(&bits);
-    const u32 m = 0x64006400u;
-    q = __hsub2(q, *reinterpret_cast<const __half2*>(&m));
-    __half2 v = __hfma2(q, *reinterpret_cast<const __half2*>(&s2), *reinterpret_cast<const __half2*>(&b2));
-    return *reinterpret_cast<u32*>(&v);
-  }
-}
-
-template <typename T> __device__ __forceinline__ u32 qmv_tc_pack(float lo, float hi) {
-  if constexpr (QmvIsBf16<T>::value) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<u32*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<u32*>(&v);
-  }
+  typedef typename QmvPair<T>::type T2;
+  const u32 magic = QmvPair<T>::magic, placed = bits | magic;
+  const T2 q = __hsub2(*reinterpret_cast<const T2*>(&placed), *reinterpret_cast<const T2*>(&magic));
+  T2 v = __hfma2(q, *reinterpret_cast<const T2*>(&s2), *reinterpret_cast<const T2*>(&b2));
+  return *reinterpret_cast<u32*>(&v);
 }
 
 template <typename T> __device__ __forceinline__ u32 qmv_tc_splat(T v) {
@@ -324,8 +290,8 @@ __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __res
           px[2] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x5410);
           px[3] = __byte_perm(xw[4 * i + 1], xw[4 * i + 3], 0x7632);
           const u32 a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
-          qmv_tc_mma<T>(c, a0, px[0], px[1]);
-          qmv_tc_mma<T>(c, a1, px[2], px[3]);
+          mma_m16n8k16<T>(c, a0, px[0], px[1]);
+          mma_m16n8k16<T>(c, a1, px[2], px[3]);
         }
       } else {
         const float fsa = widen<T>(sa[u]), fba = widen<T>(ba[u]), fsb = widen<T>(sb[u]), fbb = widen<T>(bb[u]);
@@ -339,13 +305,13 @@ __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __res
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
               const u32 va = wva[i + h], vb = wvb[i + h];
-              pa[2 * h + j] = qmv_tc_pack<T>(fmaf(qmv_byte(va, 2 * j), fsa, fba), fmaf(qmv_byte(va, 2 * j + 1), fsa, fba));
-              pb[2 * h + j] = qmv_tc_pack<T>(fmaf(qmv_byte(vb, 2 * j), fsb, fbb), fmaf(qmv_byte(vb, 2 * j + 1), fsb, fbb));
+              pa[2 * h + j] = pack_half2<T>(fmaf(qmv_byte(va, 2 * j), fsa, fba), fmaf(qmv_byte(va, 2 * j + 1), fsa, fba));
+              pb[2 * h + j] = pack_half2<T>(fmaf(qmv_byte(vb, 2 * j), fsb, fbb), fmaf(qmv_byte(vb, 2 * j + 1), fsb, fbb));
             }
           }
           const u32 a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
-          qmv_tc_mma<T>(c, a0, xw[2 * i], xw[2 * i + 1]);
-          qmv_tc_mma<T>(c, a1, xw[2 * i + 2], xw[2 * i + 3]);
+          mma_m16n8k16<T>(c, a0, xw[2 * i], xw[2 * i + 1]);
+          mma_m16n8k16<T>(c, a1, xw[2 * i + 2], xw[2 * i + 3]);
         }
       }
     }
