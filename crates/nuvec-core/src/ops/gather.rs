@@ -10,7 +10,7 @@ use crate::dtype::DType;
 use crate::error::OpErrorKind;
 use crate::primitive::ScatterReduce;
 use crate::primitive::gather::{gather_axis, scatter_axis, wide};
-use crate::shape::broadcast_shapes;
+use crate::shape::{Shape, broadcast_shapes};
 
 use super::{axis_or_fail, invalid, propagate};
 
@@ -511,10 +511,33 @@ pub fn gather_mm(
     if a.ndim() < 2 || b.ndim() < 2 {
         return invalid("gather_mm", format!("needs matrices, got shapes {:?} and {:?}", a.shape(), b.shape()));
     }
-    let matrices = |x: &Array| -> Array {
-        let r = x.ndim();
-        x.reshape([-1, x.shape()[r - 2], x.shape()[r - 1]])
+    let (li, ri, shape) = match gathered_matrices("gather_mm", a, b, lhs_indices, rhs_indices) {
+        Ok(r) => r,
+        Err(f) => return f,
     };
+    let out = matrices(a).take(&li, 0).matmul(&matrices(b).take(&ri, 0));
+    let mut oshape = shape.to_vec();
+    oshape.extend_from_slice(&out.shape()[1..]);
+    out.reshape(oshape)
+}
+
+/// An operand of at least 2 dimensions as a stack of its matrices, `[batch, rows, columns]`.
+pub(crate) fn matrices(x: &Array) -> Array {
+    let r = x.ndim();
+    x.reshape([-1, x.shape()[r - 2], x.shape()[r - 1]])
+}
+
+/// Which matrix of `a` and of `b` (in [`matrices`]' stacks) each output of a gathered product
+/// takes, flat, and the outputs' batch shape: the index arrays broadcast, and a missing one
+/// takes every matrix of its operand in turn. `a` and `b` have at least 2 dimensions.
+#[track_caller]
+pub(crate) fn gathered_matrices(
+    op: &'static str,
+    a: &Array,
+    b: &Array,
+    lhs_indices: Option<&Array>,
+    rhs_indices: Option<&Array>,
+) -> Result<(Array, Array, Shape), Array> {
     let batch_index = |x: &Array, idx: Option<&Array>| -> Array {
         match idx {
             Some(i) => i.clone(),
@@ -525,22 +548,21 @@ pub fn gather_mm(
             }
         }
     };
-    let (li, ri) = (batch_index(a, lhs_indices), batch_index(b, rhs_indices));
-    for i in [&li, &ri] {
-        if let Err(f) = integer_indices("gather_mm", i) {
-            return f;
+    // Matches rather than closures, so that a failure records the caller's location.
+    for (name, idx) in [("lhs_indices", lhs_indices), ("rhs_indices", rhs_indices)] {
+        if let Some(i) = idx
+            && integer_indices(op, i).is_err()
+        {
+            return Err(invalid(op, format!("{name}: indices must have an integer dtype, got {}", i.dtype())));
         }
     }
+    let (li, ri) = (batch_index(a, lhs_indices), batch_index(b, rhs_indices));
     let shape = match broadcast_shapes(li.shape(), ri.shape()) {
         Ok(s) => s,
-        Err(k) => return Array::failed("gather_mm", k),
+        Err(k) => return Err(Array::failed(op, k)),
     };
     let (li, ri) = (li.broadcast_to(&shape).reshape([-1]), ri.broadcast_to(&shape).reshape([-1]));
-    let (am, bm) = (matrices(a), matrices(b));
-    let out = am.take(&li, 0).matmul(&bm.take(&ri, 0));
-    let mut oshape = shape.to_vec();
-    oshape.extend_from_slice(&out.shape()[1..]);
-    out.reshape(oshape)
+    Ok((li, ri, shape))
 }
 
 macro_rules! method_mirrors {

@@ -3,6 +3,7 @@
 //! The packed weights, scales and biases are byte-for-byte those MLX produces, so checkpoints
 //! quantized by MLX (mlx-community) load as they are. See [`QuantMode`] for the formats.
 
+use super::gather::{gathered_matrices, matrices};
 use crate::array::Array;
 use crate::dtype::{DType, promote_types};
 use crate::fast::{FastOp, QuantMatmulParams, record};
@@ -304,29 +305,10 @@ pub fn gather_qmm(
             ),
         );
     }
-    for (name, idx) in [("lhs_indices", lhs_indices), ("rhs_indices", rhs_indices)] {
-        if let Some(i) = idx.filter(|i| !i.dtype().is_integer()) {
-            return invalid(OP, format!("{name} must be integers, got {}", i.dtype()));
-        }
-    }
-    // Each operand as a stack of matrices, and which of them each output takes.
-    let matrices = |a: &Array| {
-        let r = a.ndim();
-        a.reshape([-1, a.shape()[r - 2], a.shape()[r - 1]])
+    let (li, ri, shape) = match gathered_matrices(OP, x, w, lhs_indices, rhs_indices) {
+        Ok(r) => r,
+        Err(f) => return f,
     };
-    let index = |a: &Array, idx: Option<&Array>| match idx {
-        Some(i) => i.clone(),
-        None => {
-            let batch = &a.shape()[..a.ndim() - 2];
-            super::arange(0, batch.iter().product::<i32>(), 1).reshape(batch)
-        }
-    };
-    let (li, ri) = (index(x, lhs_indices), index(w, rhs_indices));
-    let shape = match crate::shape::broadcast_shapes(li.shape(), ri.shape()) {
-        Ok(s) => s,
-        Err(k) => return Array::failed(OP, k),
-    };
-    let (li, ri) = (li.broadcast_to(&shape).reshape([-1]), ri.broadcast_to(&shape).reshape([-1]));
     let pick = |a: &Array| matrices(a).take(&ri, 0);
     let xs = matrices(x).take(&li, 0);
     let b = biases.map(pick);
