@@ -54,6 +54,11 @@ pub(crate) fn row_major(gpu: &Arc<Gpu>, x: Operand) -> Result<Operand> {
     if x.data.layout.flags.row_contiguous {
         return Ok(x);
     }
+    fresh_copy(gpu, x)
+}
+
+/// A row-major copy of the operand in a buffer of its own (whose first element is aligned).
+pub(crate) fn fresh_copy(gpu: &Arc<Gpu>, x: Operand) -> Result<Operand> {
     let mut o = Output { shape: x.shape.clone(), dtype: x.dtype, data: None };
     let (shape, dtype) = (x.shape.clone(), x.dtype);
     crate::copy::copy(gpu, x, &mut o)?;

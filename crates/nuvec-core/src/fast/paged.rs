@@ -222,12 +222,13 @@ pub fn paged_prefill(
     let (t, hq, d) = (q.shape()[0], q.shape()[1], q.shape()[2]);
     let starts = query_starts.astype(DType::I32);
     let lengths = lengths.astype(DType::I32);
+    // Where each sequence's new tokens end.
+    let ends = starts.slice(&[1], &[b + 1], &[1]).reshape([1, b]);
     let mut outs = Vec::new();
     for t0 in (0..t).step_by(rows_per_chunk as usize) {
         let t1 = (t0 + rows_per_chunk).min(t);
         let tokens = ops::arange(t0, t1, 1);
         // Each token's sequence: how many sequences end at or before it.
-        let ends = starts.slice(&[1], &[b + 1], &[1]).reshape([1, b]);
         let seq = ends.less_equal(tokens.reshape([t1 - t0, 1])).astype(DType::I32).sum(-1).clip(0, b - 1);
         // Its position: the sequence's length less the new tokens after it.
         let end = ends.reshape([b]).take(&seq, 0);

@@ -14,7 +14,7 @@ use nuvec_core::{DType, Result};
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, launch_dependent};
-use crate::operand::{alloc_out, internal, kernel, ptr_of, row_major};
+use crate::operand::{alloc_out, fresh_copy, internal, kernel, ptr_of, row_major};
 
 /// Rows of `x` the kernels take at most.
 pub(crate) const MAX_ROWS: i64 = 8;
@@ -102,13 +102,7 @@ pub(crate) fn source(d: DType) -> String {
 /// The operand in a buffer whose first element is 16-byte aligned (the kernels' vector loads).
 fn aligned(gpu: &Arc<Gpu>, x: Operand) -> Result<Operand> {
     let x = row_major(gpu, x)?;
-    if ptr_of(&x)? % 16 == 0 {
-        return Ok(x);
-    }
-    let (shape, dtype) = (x.shape.clone(), x.dtype);
-    let mut o = Output { shape: shape.clone(), dtype, data: None };
-    crate::copy::copy(gpu, x, &mut o)?;
-    Ok(Operand { shape, dtype, data: o.data.ok_or_else(|| internal("copy gave no output"))?, donated: true })
+    if ptr_of(&x)? % 16 == 0 { Ok(x) } else { fresh_copy(gpu, x) }
 }
 
 /// Inputs `[x, w, scales, biases]` as `supports` accepted them.
