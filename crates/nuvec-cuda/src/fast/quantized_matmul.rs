@@ -1,8 +1,8 @@
 //! `quantized_matmul` of up to 8 rows of `x` with an affine-quantized `w[N, K]`
 //! (`kernels/quantized_matmul.cuh`): decoding, where the product is a pass over the packed
 //! weight. Half-precision `x` with 4- or 8-bit weights runs on tensor cores; the other cases
-//! on CUDA cores. More rows, `w[K, N]` and the FP modes run as the composition (the GPU's dequantize,
-//! then cuBLAS).
+//! on CUDA cores. More rows, `w[K, N]` and the FP modes run as the composition (the GPU's
+//! dequantize, then cuBLAS).
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ use crate::launch::{Arg, launch_dependent};
 use crate::operand::{alloc_out, fresh_copy, internal, kernel, ptr_of, row_major};
 
 /// Rows of `x` the kernels take at most.
-pub(crate) const MAX_ROWS: i64 = 8;
+const MAX_ROWS: i64 = 8;
 /// The kernels' row counts: a product of `m` rows runs the smallest at least `m`.
 const ROW_TILES: [i64; 4] = [1, 2, 4, 8];
 /// Bits per level with a kernel.
