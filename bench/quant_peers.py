@@ -8,7 +8,11 @@ Lines `name<TAB>value<TAB>unit<TAB>impl`:
   GB/s (decoding, the bytes bench_quant counts) and TFLOP/s (prefill);
 * `qmv_bf16_b4_M{m}_K{k}_N{n}` and `qmm_bf16_b4_M{m}_K{k}_N{n}`: `torch._weight_int4pack_mm`
   (tinygemm: 4-bit weights, a bf16 scale and zero per group of 64) where this PyTorch has it,
-  counted with bench_quant's bytes for 4 bits (so the GB/s compare directly).
+  counted with bench_quant's bytes for 4 bits (so the GB/s compare directly);
+* `decode_bf16_B{b}_Lk{lk}`, and under each `paged_decode_bf16_B{b}_Lk{lk}_bs{bs}` name the
+  same figure: `F.scaled_dot_product_attention` (`enable_gqa`) of one query of 32 heads over the
+  contiguous cache of 8 heads, GB/s of the bytes bench_quant counts (the paged kernel's target
+  is less time than this).
 
 The timing is bench/gpu_peers.py's (`Timer`); weights rotate among copies as bench_quant's do.
 """
@@ -24,6 +28,7 @@ from gpu_peers import L2_FLOOR, Timer, copy_ceiling_gbs, emit, log, random  # no
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (4096, 128256)]
 GROUP = 64
+PAGED = [(1, 1024), (1, 32768), (8, 8192), (32, 8192), (64, 4096), (64, 16384)]
 
 
 def copies_for(nbytes):
@@ -101,6 +106,22 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     log(f"# {name}: int4pack failed: {str(e).splitlines()[0][:200]}")
             torch.cuda.empty_cache()
+
+    for b, lk in PAGED:
+        names = [f"decode_bf16_B{b}_Lk{lk}"] + [f"paged_decode_bf16_B{b}_Lk{lk}_bs{bs}" for bs in (16, 64)]
+        if not any(want(n) for n in names):
+            continue
+        qb, kvb = b * 32 * 128 * 2, b * 8 * lk * 128 * 2
+        c = copies_for(2 * kvb)
+        q = random((b, 32, 1, 128), torch.bfloat16, 700)
+        ks = [random((b, 8, lk, 128), torch.bfloat16, 710 + j) for j in range(c)]
+        vs = [random((b, 8, lk, 128), torch.bfloat16, 720 + j) for j in range(c)]
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        t = timer.time(lambda i: sdpa(q, ks[i % c], vs[i % c], scale=128 ** -0.5, enable_gqa=True))[0]
+        for n in names:
+            emit(f"{n}\t{(2 * kvb + 2 * qb) / t / 1e9:.4f}\tGB/s\ttorch_sdpa")
+        del ks, vs
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The quantized-product benchmark on the GPU machine, from the repository root, with the bundle
+# The quantized-product and paged-attention benchmark on the GPU machine, from the repository root, with the bundle
 # of scripts/build-gpu-bundle.sh in .gpu/ (as gpu-check.sh):
 #
 #   bash scripts/gpu-quant.sh                 # every case, nuvec then PyTorch
@@ -23,7 +23,7 @@ ONLY=${GPU_QUANT_ONLY:-}
 echo "== bench_quant ${ONLY}"
 timeout -k 10 "${GPU_QUANT_TIMEOUT:-240}" .gpu/bench_quant ${ONLY:+--only "$ONLY"} --out "$OUT/bench_quant.tsv" \
     >"$OUT/bench_quant.log" 2>&1
-grep -E '^(qmv|qmm|gemv|mm|ceiling)' "$OUT/bench_quant.log" | cut -c1-100
+grep -E '^(qmv|qmm|gemv|mm|ceiling|decode|paged)' "$OUT/bench_quant.log" | cut -c1-100
 
 echo "== quant_peers.py ${ONLY}"
 env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" timeout -k 10 "${GPU_QUANT_PEERS_TIMEOUT:-200}" \

@@ -343,18 +343,24 @@ __device__ __forceinline__ void att_wait1() { asm volatile("cp.async.wait_group 
 // Stages rows first..first+ROWS-1 of a [rows, D] matrix (row stride `rs` elements) into `dst`
 // (ROW bytes per row); rows outside [0, valid) are zeros. NT, when given, is the threads taking
 // part (the first NT), so that the loop unrolls.
-template <typename T, int D, int ROW, int ROWS, int NT = 0>
-__device__ __forceinline__ void att_stage(u32 dst, const T* src, i64 rs, int first, int valid) {
+// att_stage with row `row` at `row_at(row)` (a paged cache's rows are not evenly spaced); row 0
+// is read, for nothing, in place of rows outside.
+template <typename T, int D, int ROW, int ROWS, int NT = 0, typename RowAt>
+__device__ __forceinline__ void att_stage_at(u32 dst, RowAt row_at, int first, int valid) {
   constexpr int CH = D * (int)sizeof(T) / 16;
 #pragma unroll
   for (int x = threadIdx.x; x < ROWS * CH; x += NT ? NT : (int)blockDim.x) {
     int r = x / CH, c = x % CH, row = first + r;
     bool ok = row >= 0 && row < valid;
-    const T* g = src + (ok ? row : 0) * rs + c * (16 / (int)sizeof(T));
+    const T* g = row_at(ok ? row : 0) + c * (16 / (int)sizeof(T));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + r * ROW + c * 16), "l"(g),
                  "r"(ok ? 16 : 0)
                  : "memory");
   }
+}
+template <typename T, int D, int ROW, int ROWS, int NT = 0>
+__device__ __forceinline__ void att_stage(u32 dst, const T* src, i64 rs, int first, int valid) {
+  att_stage_at<T, D, ROW, ROWS, NT>(dst, [=](int row) { return src + row * rs; }, first, valid);
 }
 
 // Accumulator tiles 2 kk and 2 kk + 1 (16 columns) repacked in T as the A fragment of the next
@@ -1048,26 +1054,28 @@ __device__ __forceinline__ AttVectorBlock att_vector_block(int Hq, int Hkv, int 
 // Dynamic shared memory of attention_vector_mma: ST stages of NW * 16 keys and values.
 constexpr int att_vector_smem(int D, int DV, int NW, int ST) { return ST * NW * 16 * (D * 2 + 16 + DV * 2 + 16); }
 
-template <typename T, int D, int DV, int NW, int ST>
-__device__ __forceinline__ void attention_vector_mma(ATT_VECTOR_ARGS) {
+// attention_vector_mma's block `a` with key j's row at k_at(j) and its value's at v_at(j).
+template <typename T, int D, int DV, int NW, int ST, typename KAt, typename VAt>
+__device__ __forceinline__ void att_vector_mma_run(const AttVectorBlock& a, KAt k_at, VAt v_at, const T* __restrict__ q,
+                                                   T* __restrict__ out, const void* __restrict__ mask,
+                                                   const T* __restrict__ sinks, float* __restrict__ part,
+                                                   unsigned* __restrict__ count, i64 qs0, i64 qs1, i64 qs2, i64 ms0,
+                                                   i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int mask_kind,
+                                                   int blocks, float scale) {
   constexpr int KT = NW * 16, KROW = D * 2 + 16, VROW = DV * 2 + 16;
   constexpr int STAGE = KT * (KROW + VROW);
   extern __shared__ __align__(16) unsigned char att_dyn[];
   __shared__ __align__(16) unsigned char qsh[16 * KROW];
   __shared__ float sm[NW][16], sl[NW][16];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
-  const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, causal, window, blocks);
-  if (!a.any) return;
   const int kmin = a.kmin, kmax = a.kmax, tiles = (kmax - kmin + KT - 1) / KT;
-  const T* kb = k + a.b * ks0 + a.kh * ks1;
-  const T* vb = v + a.b * vs0 + a.kh * vs1;
 
   // The ring: tile t (keys kmin + t KT ..) in stage t % ST; keys at or past kmax are zeros.
   const u32 ring = (u32)__cvta_generic_to_shared(att_dyn);
   auto stage = [&](int t) {
     const u32 ks = ring + (t % ST) * STAGE;
-    att_stage<T, D, KROW, KT, NW * 32>(ks, kb, ks2, kmin + t * KT, kmax);
-    att_stage<T, DV, VROW, KT, NW * 32>(ks + KT * KROW, vb, vs2, kmin + t * KT, kmax);
+    att_stage_at<T, D, KROW, KT, NW * 32>(ks, k_at, kmin + t * KT, kmax);
+    att_stage_at<T, DV, VROW, KT, NW * 32>(ks + KT * KROW, v_at, kmin + t * KT, kmax);
   };
 #pragma unroll
   for (int s = 0; s < ST - 1; ++s) {
@@ -1100,6 +1108,44 @@ __device__ __forceinline__ void attention_vector_mma(ATT_VECTOR_ARGS) {
   att_vector_store<T, DV, NW>(o, mrow, lrow, reinterpret_cast<float*>(att_dyn), sm, sl, a.nrows, a.h0, a.b, a.i, a.p,
                               a.parts, Hq, Lq, (i64)gridDim.x / ((Hq / Hkv + 15) / 16) * (Hq / Hkv), blocks, sinks,
                               part, count, out);
+}
+
+template <typename T, int D, int DV, int NW, int ST>
+__device__ __forceinline__ void attention_vector_mma(ATT_VECTOR_ARGS) {
+  const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, causal, window, blocks);
+  if (!a.any) return;
+  const T* kb = k + a.b * ks0 + a.kh * ks1;
+  const T* vb = v + a.b * vs0 + a.kh * vs1;
+  att_vector_mma_run<T, D, DV, NW, ST>(
+      a, [=](int j) { return kb + j * ks2; }, [=](int j) { return vb + j * vs2; }, q, out, mask, sinks, part, count,
+      qs0, qs1, qs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, mask_kind, blocks, scale);
+}
+
+// Paged decode: attention_vector_mma's work over sequence b's keys, the first lengths[b]
+// (clamped to the table's capacity) positions of the blocks its row of `tables` names in
+// order (block ids clamped into the cache), causal at the end. Key j sits at position
+// j % 2^bs_log2 of block tables[b][j >> bs_log2]; caches are [blocks, Hkv, block size, D] with
+// strides (s0, s1, s2).
+template <typename T, int D, int DV, int NW, int ST>
+__device__ __forceinline__ void attention_paged_mma(
+    const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc, const int* __restrict__ tables,
+    const int* __restrict__ lengths, T* __restrict__ out, const T* __restrict__ sinks, float* __restrict__ part,
+    unsigned* __restrict__ count, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2,
+    int nblocks, int bs_log2, int max_blocks, int Hq, int Hkv, int Lq, int window, int blocks, float scale) {
+  const int hgroups = (Hq / Hkv + 15) / 16;
+  const int b = (int)(blockIdx.x / ((i64)hgroups * Lq * Hkv));
+  const int Lk = min(max(lengths[b], 0), max_blocks << bs_log2);
+  const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, 1, window, blocks);
+  if (!a.any) return;
+  const int* tb = tables + (i64)b * max_blocks;
+  const int within = (1 << bs_log2) - 1;
+  const T* kb = kc + a.kh * ks1;
+  const T* vb = vc + a.kh * vs1;
+  auto block_of = [=](int j) { return (i64)min(max(tb[j >> bs_log2], 0), nblocks - 1); };
+  att_vector_mma_run<T, D, DV, NW, ST>(
+      a, [=](int j) { return kb + block_of(j) * ks0 + (j & within) * ks2; },
+      [=](int j) { return vb + block_of(j) * vs0 + (j & within) * vs2; }, q, out, nullptr, sinks, part, count, qs0, qs1,
+      qs2, 0, 0, 0, 0, Hq, Hkv, Lq, 0, blocks, scale);
 }
 
 // ---- tiled attention on Hopper (prefill, wgmma) -----------------------------------------------

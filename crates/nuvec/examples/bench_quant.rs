@@ -1,10 +1,12 @@
 //! GPU benchmark of `quantized_matmul` at Llama-3-8B's weight shapes (K×N 4096×4096,
 //! 4096×14336, 14336×4096, 4096×128256), bf16 activations, affine weights of 4 and 8 bits in
-//! groups of 64, beside the bf16 products of the same shapes.
+//! groups of 64, beside the bf16 products of the same shapes; and of `fast::paged_attention`
+//! beside contiguous decoding.
 //!
 //! ```text
 //! cargo run --release -p nuvec --example bench_quant                      # every case
 //! cargo run --release -p nuvec --example bench_quant -- --only qmv_       # decoding only
+//! cargo run --release -p nuvec --example bench_quant -- --only decode_    # attention only
 //! cargo run --release -p nuvec --example bench_quant -- --out quant.tsv   # also write the TSV
 //! ```
 //!
@@ -23,13 +25,19 @@
 //!   prefill in TFLOP/s (`2·M·K·N`); the quantized product's target is 70% of the bf16
 //!   product's.
 //!
+//! * `decode_bf16_B{b}_Lk{lk}` and `paged_decode_bf16_B{b}_Lk{lk}_bs{bs}`: one query of 32
+//!   heads of 128 over 8 key-value heads of `lk` keys, contiguous (`scaled_dot_product_attention`)
+//!   and paged (blocks of `bs` positions, each sequence's blocks scattered over the cache), in
+//!   GB/s of the cache read once; the paged case's fraction is of the contiguous case's (target
+//!   95%), and the peers' column is PyTorch's SDPA on the contiguous cache.
+//!
 //! Weights rotate among copies so that each iteration reads them from memory (the harness's
 //! `copies`). The method is `bench_gpu`'s (`bench_harness/mod.rs`).
 
 mod bench_harness;
 
 use bench_harness::{Bench, Row, copy_ceiling, random, randoms, time_op};
-use nuvec::{Array, DType, ops};
+use nuvec::{Array, DType, fast, ops};
 
 /// Llama-3-8B's products, (K, N).
 const SHAPES: [(i32, i32); 4] = [(4096, 4096), (4096, 14336), (14336, 4096), (4096, 128256)];
@@ -49,6 +57,73 @@ fn run_all(b: &mut Bench) {
     }
     for (k, n) in SHAPES {
         prefill(b, k, n);
+    }
+    for (batch, lk) in PAGED {
+        paged(b, batch, lk);
+    }
+}
+
+/// Paged decoding's (batch, keys): Llama-3-8B's attention (32 query heads over 8 of 128).
+const PAGED: [(i32, i32); 6] = [(1, 1024), (1, 32768), (8, 8192), (32, 8192), (64, 4096), (64, 16384)];
+const HQ: i32 = 32;
+const HKV: i32 = 8;
+const HEAD: i32 = 128;
+
+/// Contiguous decoding, then paged decoding over the same number of keys with blocks of 16 and
+/// 64 positions.
+fn paged(b: &mut Bench, batch: i32, lk: i32) {
+    let scale = 1.0 / (HEAD as f32).sqrt();
+    let q_bytes = (batch * HQ * HEAD) as usize * 2;
+    let kv_bytes = batch as usize * (HKV * lk * HEAD) as usize * 2;
+    let bytes = (2 * kv_bytes + 2 * q_bytes) as f64;
+    let copies = b.copies(2 * kv_bytes);
+    let name = format!("decode_bf16_B{batch}_Lk{lk}");
+    let mut contiguous = None;
+    if b.wanted(&name) || b.wanted("paged_decode") {
+        let setup = || {
+            let q = random(&[batch, HQ, 1, HEAD], DT, 700)?;
+            let ks = randoms(copies, &[batch, HKV, lk, HEAD], DT, 710)?;
+            let vs = randoms(copies, &[batch, HKV, lk, HEAD], DT, 720)?;
+            let opts = fast::AttentionOptions::default();
+            Ok(Box::new(move |i: usize| {
+                fast::scaled_dot_product_attention(&q, &ks[i % copies], &vs[i % copies], scale, &opts)
+            }) as Box<dyn Fn(usize) -> Array>)
+        };
+        let result = setup().and_then(|op| time_op(&*op));
+        contiguous = result.as_ref().ok().map(|t| bytes / t.median / 1e9);
+        b.bandwidth_row(&name, bytes, None, result);
+        let _ = nuvec::cuda::clear_cache(0);
+    }
+    for bs in [16, 64] {
+        let name = format!("paged_decode_bf16_B{batch}_Lk{lk}_bs{bs}");
+        if !b.wanted(&name) {
+            continue;
+        }
+        let setup = || {
+            let blocks = batch * lk / bs;
+            let q = random(&[batch, HQ, 1, HEAD], DT, 700)?;
+            let ks = randoms(copies, &[blocks, HKV, bs, HEAD], DT, 730)?;
+            let vs = randoms(copies, &[blocks, HKV, bs, HEAD], DT, 740)?;
+            // Every block once, in an order far from the cache's (7919 is prime, blocks a power of two).
+            let ids: Vec<i32> = (0..blocks as i64).map(|j| (j * 7919 % blocks as i64) as i32).collect();
+            let tables = Array::from_slice(&ids, vec![batch, lk / bs]);
+            let lengths = ops::full_dtype([batch], lk, DType::I32);
+            let opts = fast::AttentionOptions::causal();
+            Ok(Box::new(move |i: usize| {
+                fast::paged_attention(&q, &ks[i % copies], &vs[i % copies], &tables, &lengths, scale, &opts)
+            }) as Box<dyn Fn(usize) -> Array>)
+        };
+        match setup().and_then(|op| time_op(&*op)) {
+            Ok(t) => {
+                let value = bytes / t.median / 1e9;
+                let fraction = contiguous.map(|c| value / c);
+                let target =
+                    fraction.map_or(String::new(), |f| format!(">=95% {}", if f >= 0.95 { "ok" } else { "MISS" }));
+                b.push(Row { name, value, unit: "GB/s", fraction, target, detail: Bench::detail(&t) });
+            }
+            Err(e) => b.failed(&name, "GB/s", &e),
+        }
+        let _ = nuvec::cuda::clear_cache(0);
     }
 }
 

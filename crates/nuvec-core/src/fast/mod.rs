@@ -16,7 +16,7 @@ mod rope;
 mod softmax;
 
 pub use crate::primitive::fast::{
-    AdamParams, AttentionKernel, AttentionParams, FastOp, MaskInput, QuantMatmulParams, RopeParams,
+    AdamParams, AttentionKernel, AttentionParams, FastOp, MaskInput, PagedParams, QuantMatmulParams, RopeParams,
 };
 pub use adam::adam_step;
 pub use attention::{AttentionMask, AttentionOptions, scaled_dot_product_attention};
@@ -78,6 +78,7 @@ impl FastOp {
             }
             FastOp::AdamStep(p) => adam::composition(p, inputs),
             FastOp::QuantizedMatmul(p) => vec![crate::ops::quantize::quantized_matmul_composition(p, inputs)],
+            FastOp::PagedAttention(p) => vec![paged::composition(p, inputs)],
         }
     }
 
@@ -97,7 +98,7 @@ impl FastOp {
             FastOp::AdamStep(_) => Some(4),
             // The weight and bias cotangents sum over rows, the batch included.
             FastOp::RmsNormVjp { .. } | FastOp::LayerNormVjp { .. } => None,
-            FastOp::Attention(_) | FastOp::AttentionVjp(_) => None,
+            FastOp::Attention(_) | FastOp::AttentionVjp(_) | FastOp::PagedAttention(_) => None,
         }
     }
 }

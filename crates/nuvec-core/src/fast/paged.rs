@@ -3,15 +3,18 @@
 //! the blocks its row of the block table names, in order, and its keys are the first
 //! `length` positions of their concatenation.
 //!
-//! Both are compositions of gathers, scatters and [`scaled_dot_product_attention`] (so they run
-//! on every backend and differentiate); indices are clamped or skipped so that nothing reads or
-//! writes outside the cache.
+//! [`paged_attention`] is one primitive ([`FastOp::PagedAttention`]): a GPU kernel reads the
+//! keys through the block table, and its composition (gathers and
+//! [`scaled_dot_product_attention`]) is the CPU path and defines derivatives and batching.
+//! [`paged_write`] is a scatter and [`paged_prefill`] runs through [`paged_attention`]. Indices
+//! are clamped or skipped so that nothing reads or writes outside the cache.
 
 use crate::array::Array;
 use crate::dtype::DType;
 use crate::ops::{self, invalid, propagate};
 
 use super::attention::{AttentionMask, AttentionOptions, scaled_dot_product_attention};
+use super::{FastOp, PagedParams, record, vector_blocks};
 
 /// Attention of the queries `q [B, Hq, L, D]` (the last `L` positions of each sequence) over
 /// a paged cache: `k_cache [blocks, Hkv, block_size, D]`, `v_cache [blocks, Hkv, block_size,
@@ -62,8 +65,14 @@ pub fn paged_attention(
     if ks[..3] != vs[..3] {
         return invalid(OP, format!("k_cache {ks:?} and v_cache {vs:?} must share blocks, heads and block size"));
     }
-    let (b, l) = (qs[0], qs[2]);
+    let b = qs[0];
     let (blocks, hkv, bs) = (ks[0], ks[1], ks[2]);
+    if qs[3] != ks[3] {
+        return invalid(OP, format!("q's head size {} must equal k_cache's {}", qs[3], ks[3]));
+    }
+    if hkv == 0 || qs[1] % hkv != 0 {
+        return invalid(OP, format!("q's heads {} must be a multiple of k_cache's {hkv}", qs[1]));
+    }
     if bs <= 0 || bs & (bs - 1) != 0 {
         return invalid(OP, format!("the block size (k_cache's axis 2) must be a power of two, got {bs}"));
     }
@@ -86,10 +95,51 @@ pub fn paged_attention(
             format!("lengths must be integers of shape [{b}], got {} of shape {:?}", lengths.dtype(), lengths.shape()),
         );
     }
+    if k_cache.dtype() != q.dtype() || v_cache.dtype() != q.dtype() {
+        return invalid(
+            OP,
+            format!(
+                "k_cache and v_cache must have q's dtype {}, got {} and {}",
+                q.dtype(),
+                k_cache.dtype(),
+                v_cache.dtype()
+            ),
+        );
+    }
+    if let Some(w) = options.window.filter(|&w| w < 1) {
+        return invalid(OP, format!("options: the window must be at least 1, got {w}"));
+    }
+    if let Some(s) = options.sinks.filter(|s| s.shape() != [qs[1]] || !s.dtype().is_float()) {
+        return invalid(
+            OP,
+            format!("options: sinks must be floating of shape [{}], got {} of shape {:?}", qs[1], s.dtype(), s.shape()),
+        );
+    }
+    let capacity = block_tables.shape()[1] * bs;
+    let p = PagedParams {
+        scale,
+        window: options.window,
+        sinks: options.sinks.is_some(),
+        blocks: vector_blocks(b as i64 * hkv as i64, capacity),
+    };
+    let mut inputs =
+        vec![q.clone(), k_cache.clone(), v_cache.clone(), block_tables.astype(DType::I32), lengths.astype(DType::I32)];
+    inputs.extend(options.sinks.cloned());
+    record(FastOp::PagedAttention(p), inputs, 1).remove(0)
+}
+
+/// The composition of a recorded paged attention: each sequence's blocks gathered into one
+/// run of keys, and attention under the mask of its length.
+pub(super) fn composition(p: &PagedParams, inputs: &[Array]) -> Array {
+    let [q, k_cache, v_cache, block_tables, lengths, ..] = inputs else {
+        return invalid("paged_attention", "expected q, k_cache, v_cache, block_tables and lengths");
+    };
+    let (b, l) = (q.shape()[0], q.shape()[2]);
+    let (blocks, hkv, bs) = (k_cache.shape()[0], k_cache.shape()[1], k_cache.shape()[2]);
     let max_blocks = block_tables.shape()[1];
     let lk = max_blocks * bs;
     // Each sequence's blocks, in order, as one run of keys [B, Hkv, max_blocks · bs, D].
-    let ids = block_tables.astype(DType::I32).clip(0, blocks - 1);
+    let ids = block_tables.clip(0, blocks - 1);
     let gather = |cache: &Array| {
         let d = cache.shape()[3];
         cache.take(&ids, 0).transpose(&[0, 2, 1, 3, 4]).reshape([b, hkv, lk, d])
@@ -97,15 +147,18 @@ pub fn paged_attention(
     let (k, v) = (gather(k_cache), gather(v_cache));
     // Query i of sequence s sits at lengths[s] − L + i; key j is attended when j < lengths[s],
     // j ≤ that position and, with a window, within it.
-    let len = lengths.astype(DType::I32).clip(0, lk).reshape([b, 1, 1, 1]);
+    let len = lengths.clip(0, lk).reshape([b, 1, 1, 1]);
     let qpos = &(&len - l) + &ops::arange(0, l, 1).reshape([1, 1, l, 1]);
     let key = ops::arange(0, lk, 1).reshape([1, 1, 1, lk]);
     let mut mask = key.less(&len).logical_and(key.less_equal(&qpos));
-    if let Some(w) = options.window {
+    if let Some(w) = p.window {
         mask = mask.logical_and(key.greater(&(&qpos - w)));
     }
-    let opts = AttentionOptions { mask: AttentionMask::Array(&mask), window: None, ..*options };
-    let out = scaled_dot_product_attention(q, &k, &v, scale, &opts);
+    let mut opts = AttentionOptions::default().mask(&mask);
+    if p.sinks {
+        opts = opts.sinks(&inputs[5]);
+    }
+    let out = scaled_dot_product_attention(q, &k, &v, p.scale, &opts);
     // The composition averages the values for a query with no key: zeros instead.
     let attends = qpos.greater_equal(0).logical_and(len.greater(0));
     ops::where_(&attends, &out, 0.0).astype(out.dtype())

@@ -89,6 +89,24 @@ pub enum FastOp {
     /// [`quantized_matmul`](crate::ops::quantized_matmul) with a 2-D packed weight: inputs
     /// `[x, w, scales, biases?]`, output `x`'s leading shape followed by the product's columns.
     QuantizedMatmul(QuantMatmulParams),
+    /// [`paged_attention`](crate::fast::paged_attention): inputs `[q, k_cache, v_cache,
+    /// block_tables, lengths, sinks?]` (tables and lengths `int32`), output `[B, Hq, L, Dv]`
+    /// in `q`'s dtype.
+    PagedAttention(PagedParams),
+}
+
+/// The parameters of a recorded [`FastOp::PagedAttention`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PagedParams {
+    /// Multiplies `q·kᵀ`.
+    pub scale: f32,
+    /// The number of keys (its own included) each query attends, if bounded.
+    pub window: Option<i32>,
+    /// Whether the last input holds per-head sink logits `[Hq]`.
+    pub sinks: bool,
+    /// Key partitions per query row a kernel splits the longest sequence into
+    /// ([`vector_blocks`](crate::fast::vector_blocks) of the table's capacity).
+    pub blocks: i32,
 }
 
 /// The parameters of a recorded [`FastOp::QuantizedMatmul`].
@@ -191,6 +209,7 @@ impl FastOp {
             FastOp::AttentionVjp(_) => "scaled_dot_product_attention_vjp",
             FastOp::AdamStep(_) => "adam_step",
             FastOp::QuantizedMatmul(_) => "quantized_matmul",
+            FastOp::PagedAttention(_) => "paged_attention",
         }
     }
 
@@ -217,6 +236,7 @@ impl FastOp {
             FastOp::AttentionVjp(p) => attention_vjp_specs(p, inputs),
             FastOp::AdamStep(_) => adam_specs(inputs),
             FastOp::QuantizedMatmul(p) => quantized_matmul_specs(p, inputs),
+            FastOp::PagedAttention(p) => paged_specs(p, inputs),
         }
     }
 }
@@ -276,6 +296,23 @@ fn quantized_matmul_specs(p: &QuantMatmulParams, inputs: &[Spec]) -> Result<Vec<
     let mut shape = x.shape.clone();
     *shape.last_mut().expect("x has an axis") = n;
     Ok(vec![Spec { shape, dtype: p.dtype }])
+}
+
+// ---- paged attention -----------------------------------------------------------------------
+
+/// `[B, Hq, L, Dv]` in `q`'s dtype; the operation checked the arguments before recording it.
+fn paged_specs(p: &PagedParams, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let n = 5 + p.sinks as usize;
+    if inputs.len() != n || inputs[..3].iter().any(|s| s.shape.len() != 4) {
+        return Err(invalid(format!("paged_attention: unexpected inputs {inputs:?}")));
+    }
+    let (q, v) = (&inputs[0], &inputs[2]);
+    if inputs[3].dtype != DType::I32 || inputs[4].dtype != DType::I32 {
+        return Err(invalid("paged_attention: block tables and lengths must be int32".into()));
+    }
+    let mut shape = q.shape.clone();
+    shape[3] = v.shape[3];
+    Ok(vec![Spec { shape, dtype: q.dtype }])
 }
 
 // ---- softmax and log-sum-exp ----------------------------------------------------------------

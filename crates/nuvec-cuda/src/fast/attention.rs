@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use nuvec_core::fast::{AttentionKernel, AttentionParams, MaskInput, VECTOR_MAX_QUERIES};
+use nuvec_core::fast::{AttentionKernel, AttentionParams, MaskInput, PagedParams, VECTOR_MAX_QUERIES};
 use nuvec_core::storage::{Operand, Output, Spec};
 use nuvec_core::{DType, Result};
 
@@ -180,7 +180,7 @@ fn rows_per_block(rows: u32) -> u32 {
 
 /// The module of `d`: for float32 `attention_vector_{D}_{Dv}_r{R}` (blocks of up to `R` query
 /// rows) and its second pass `attention_vector_merge_{Dv}`; for float16/bfloat16
-/// `attention_vector_mma_{D}_{Dv}`, `attention_tiled_{D}`, and (empty off Hopper)
+/// `attention_vector_mma_{D}_{Dv}`, its paged form `attention_paged_mma_{D}_{Dv}`, `attention_tiled_{D}`, and (empty off Hopper)
 /// `attention_vector_tma_{D}`, `attention_wgmma_{D}_{keys}` and `attention_backward_wgmma_{D}`,
 /// and the backward's other kernels.
 pub(crate) fn source(d: DType) -> String {
@@ -201,6 +201,12 @@ pub(crate) fn source(d: DType) -> String {
             let (threads, (st, _)) = (VECTOR_WARPS * 32, vector_mma_shape(hd, hv));
             s.kernel(format!(
                 "__launch_bounds__({threads}) attention_vector_mma_{hd}_{hv}(const {t}* q, const {t}* k, const {t}* v, {t}* out, const void* mask, const {t}* sinks, float* part, unsigned* count, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector_mma<{t}, {hd}, {hv}, {VECTOR_WARPS}, {st}>(q, k, v, out, mask, sinks, part, count, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
+            ));
+        }
+        for (hd, hv) in HEADS {
+            let (threads, (st, _)) = (VECTOR_WARPS * 32, vector_mma_shape(hd, hv));
+            s.kernel(format!(
+                "__launch_bounds__({threads}) attention_paged_mma_{hd}_{hv}(const {t}* q, const {t}* kc, const {t}* vc, const int* tables, const int* lengths, {t}* out, const {t}* sinks, float* part, unsigned* count, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2, int nblocks, int bs_log2, int max_blocks, int Hq, int Hkv, int Lq, int window, int blocks, float scale) {{ attention_paged_mma<{t}, {hd}, {hv}, {VECTOR_WARPS}, {st}>(q, kc, vc, tables, lengths, out, sinks, part, count, qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2, nblocks, bs_log2, max_blocks, Hq, Hkv, Lq, window, blocks, scale); }}"
             ));
         }
         for hd in VECTOR_TMA_HEADS {
@@ -290,6 +296,65 @@ pub(crate) fn supports(p: &AttentionParams, inputs: &[Spec]) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether the paged kernel runs this paged attention: `float16`/`bfloat16` caches of `q`'s
+/// dtype, at most [`VECTOR_MAX_QUERIES`] queries, a head size with a kernel, sinks of `q`'s dtype.
+pub(crate) fn supports_paged(p: &PagedParams, inputs: &[Spec]) -> bool {
+    let (q, k, v) = (&inputs[0], &inputs[1], &inputs[2]);
+    q.dtype.is_half()
+        && k.dtype == q.dtype
+        && v.dtype == q.dtype
+        && q.shape[2] <= VECTOR_MAX_QUERIES
+        && HEADS.contains(&(q.shape[3], v.shape[3]))
+        && (!p.sinks || inputs[5].dtype == q.dtype)
+}
+
+/// Paged decode (`attention_paged_mma`): as the vector kernel on tensor cores, a block per
+/// query of up to 16 grouped heads and key partition, each sequence's keys read through its
+/// row of the block table.
+pub(crate) fn paged(gpu: &Arc<Gpu>, p: &PagedParams, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {
+    let out = alloc_out(gpu, out)?;
+    let mut it = inputs.into_iter();
+    let mut next = || it.next().ok_or_else(|| internal("paged_attention is missing an input"));
+    let (q, qs) = heads(gpu, next()?, true)?;
+    let (k, ks) = heads(gpu, next()?, true)?;
+    let (v, vs) = heads(gpu, next()?, true)?;
+    let tables = row_major(gpu, next()?)?;
+    let lengths = row_major(gpu, next()?)?;
+    let sinks = if p.sinks { Some(row_major(gpu, next()?)?) } else { None };
+    let d = q.dtype;
+    let [b, hq, lq, hd] = [0, 1, 2, 3].map(|a| q.shape[a]);
+    let (nblocks, hkv, bs, hv) = (k.shape[0], k.shape[1], k.shape[2], v.shape[3]);
+    let rows = b as u64 * hq as u64 * lq as u64;
+    if rows == 0 {
+        return Ok(());
+    }
+    let blocks = p.blocks.max(1);
+    let (part, _scratch) = if blocks > 1 {
+        let (ptr, buf) = alloc(gpu, rows as usize * blocks as usize * (hv as usize + 2) * 4, DType::U8)?;
+        (ptr, Some(buf))
+    } else {
+        (0, None)
+    };
+    let group = (hq / hkv) as u32;
+    let grid = (b as u32 * hkv as u32 * lq as u32 * group.div_ceil(16), blocks as u32, 1);
+    let count = if blocks > 1 { gpu.counters(grid.0 as usize)? } else { 0 };
+    let sinks_ptr = sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0);
+    let mut args: Vec<Arg> =
+        [ptr_of(&q)?, ptr_of(&k)?, ptr_of(&v)?, ptr_of(&tables)?, ptr_of(&lengths)?, out, sinks_ptr]
+            .map(Arg::Ptr)
+            .into();
+    args.extend([Arg::Ptr(part), Arg::Ptr(count)]);
+    args.extend(qs.into_iter().chain(ks).chain(vs).map(Arg::I64));
+    let max_blocks = tables.shape[1];
+    let bs_log2 = bs.max(1).ilog2() as i32;
+    args.extend([nblocks, bs_log2, max_blocks, hq, hkv, lq, p.window.unwrap_or(0), blocks].map(Arg::I32));
+    args.push(Arg::F32(p.scale));
+    let f = kernel(gpu, Family::Attention(d), &format!("attention_paged_mma_{hd}_{hv}"))?;
+    let (_, smem) = vector_mma_shape(hd, hv);
+    allow_shared(gpu, f, smem)?;
+    launch(gpu, f, grid, (VECTOR_WARPS * 32, 1, 1), smem, args)
 }
 
 /// A 4-D operand whose last axis is contiguous, and with `vectors` each of its rows 16-byte

@@ -1,6 +1,6 @@
 //! The fused operations of `nuvec::fast` with kernels of their own, one file each as in the CPU
 //! backend: softmax and log-sum-exp, the norms, RoPE, SwiGLU, cross entropy, attention, and
-//! products of few rows with quantized weights. Which cases they cover is [`supports`] (the rest run as their compositions); [`eval`] makes the inputs
+//! products of few rows with quantized weights, paged attention. Which cases they cover is [`supports`] (the rest run as their compositions); [`eval`] makes the inputs
 //! row-major, allocates the outputs and hands the rows to the operation's file. Every kernel
 //! here is launched with `launch_dependent`.
 
@@ -50,6 +50,7 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
         FastOp::Attention(p) => attention::supports(p, inputs),
         FastOp::AttentionVjp(p) => attention::supports_vjp(p, inputs),
         FastOp::QuantizedMatmul(p) => quantized_matmul::supports(p, inputs),
+        FastOp::PagedAttention(p) => attention::supports_paged(p, inputs),
         _ => false,
     }
 }
@@ -71,6 +72,10 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
     match op {
         FastOp::Attention(p) => return attention::eval(gpu, p, inputs, outputs),
         FastOp::AttentionVjp(p) => return attention::backward(gpu, p, inputs, outputs),
+        FastOp::PagedAttention(p) => {
+            let out = outputs.first_mut().ok_or_else(|| internal("paged_attention without an output"))?;
+            return attention::paged(gpu, p, inputs, out);
+        }
         FastOp::QuantizedMatmul(p) => {
             let out = outputs.first_mut().ok_or_else(|| internal("quantized_matmul without an output"))?;
             return quantized_matmul::eval(gpu, p, inputs, out);

@@ -801,6 +801,19 @@ fn fast_ops_have_gpu_kernels() {
         let (qx, qw, qs) = (spec(&[8, 4096], d), spec(&[1024, 512], DType::U32), spec(&[1024, 64], d));
         let mut cases = cases;
         cases.push((FastOp::QuantizedMatmul(qmm), vec![qx, qw, qs.clone(), qs]));
+        // Paged decode in half precision: 4 sequences, 8 query heads over 2 key-value heads.
+        if d.is_half() {
+            let paged = nuvec::fast::PagedParams { scale: 0.1, window: None, sinks: false, blocks: 4 };
+            let cache = spec(&[64, 2, 16, 128], d);
+            let inputs = vec![
+                spec(&[4, 8, 1, 128], d),
+                cache.clone(),
+                cache,
+                spec(&[4, 16], DType::I32),
+                spec(&[4], DType::I32),
+            ];
+            cases.push((FastOp::PagedAttention(paged), inputs));
+        }
         for (op, inputs) in cases {
             let outputs = op.output_specs(&inputs).unwrap();
             let name = op.name();

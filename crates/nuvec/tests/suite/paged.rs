@@ -53,7 +53,8 @@ fn table_array(tables: &[Vec<i32>]) -> Array {
 fn paged_attention_equals_contiguous_attention() {
     for (bs, d, dtype, tol) in [(8, 16, DType::F32, 1e-5), (16, 64, DType::F32, 1e-5), (16, 64, DType::BF16, 2e-2)] {
         let c = case(bs, d, dtype);
-        let sinks = values(&[4], 2.5);
+        // Sinks of q's dtype: the GPU's paged kernel reads them.
+        let sinks = values(&[4], 2.5).astype(dtype);
         for l in [1, 3] {
             let q = values(&[3, 4, l, d], 0.9).astype(dtype);
             let scale = 1.0 / (d as f32).sqrt();
@@ -88,21 +89,73 @@ fn paged_attention_equals_contiguous_attention() {
     }
 }
 
+/// Long sequences of grouped heads split their keys into partitions on the GPU: every block
+/// size, head size and query count of decoding against contiguous attention (half precision).
+#[test]
+fn long_sequences_of_grouped_heads_equal_contiguous_attention() {
+    for (bs, d, dtype) in [(16, 128, DType::BF16), (64, 128, DType::F16), (64, 64, DType::BF16), (32, 256, DType::BF16)]
+    {
+        let (blocks, hkv, hq) = (96, 2, 8);
+        let k = values(&[blocks, hkv, bs, d], 0.7).astype(dtype);
+        let v = values(&[blocks, hkv, bs, d], 2.9).astype(dtype);
+        let per = 2048 / bs;
+        // Sequence 0 runs over every block of its table, sequence 1 stops mid-block.
+        let tables: Vec<Vec<i32>> = vec![
+            (0..per).map(|i| (i * 7) % blocks).collect(),
+            (0..per).map(|i| (blocks - 1 - i).rem_euclid(blocks)).collect(),
+        ];
+        let lengths = vec![per * bs, per * bs / 2 + 5];
+        for l in [1, 4] {
+            let q = values(&[2, hq, l, d], 1.3).astype(dtype);
+            let scale = 1.0 / (d as f32).sqrt();
+            let window = AttentionOptions::causal().window(700);
+            for (what, opts) in [("causal", AttentionOptions::causal()), ("window 700", window)] {
+                let out = fast::paged_attention(
+                    &q,
+                    &k,
+                    &v,
+                    &table_array(&tables),
+                    &Array::from_slice(&lengths, vec![2]),
+                    scale,
+                    &opts,
+                );
+                for s in 0..2 {
+                    let len = lengths[s];
+                    let (ks, vs) = (contiguous(&k, &tables[s], len), contiguous(&v, &tables[s], len));
+                    let qs = q.slice(&[s as i32, 0, 0, 0], &[s as i32 + 1, hq, l, d], &[1, 1, 1, 1]);
+                    let want = fast::scaled_dot_product_attention(
+                        &qs.astype(DType::F32),
+                        &ks.astype(DType::F32),
+                        &vs.astype(DType::F32),
+                        scale,
+                        &opts,
+                    );
+                    let got = out.slice(&[s as i32, 0, 0, 0], &[s as i32 + 1, hq, l, d], &[1, 1, 1, 1]);
+                    let diff = max_diff(&got, &want);
+                    assert!(diff <= 1e-2, "block {bs} D {d} {dtype} L {l} {what} sequence {s}: differs by {diff}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn ids_and_lengths_are_clamped_into_the_cache() {
-    let c = case(8, 16, DType::F32);
-    let q = values(&[3, 4, 2, 16], 0.4);
-    let opts = AttentionOptions::causal();
-    let bad = table_array(&[vec![-5, 2, 900], vec![0, 11, 4], vec![5, 3, 1]]);
-    let clamped = table_array(&[vec![0, 2, 11], vec![0, 11, 4], vec![5, 3, 1]]);
-    let lengths = Array::from_slice(&[1_000_000, -4, 2], vec![3]);
-    let fixed = Array::from_slice(&[24, 0, 2], vec![3]);
-    let a = fast::paged_attention(&q, &c.k, &c.v, &bad, &lengths, 0.25, &opts);
-    let b = fast::paged_attention(&q, &c.k, &c.v, &clamped, &fixed, 0.25, &opts);
-    assert_eq!(max_diff(&a, &b), 0.0, "clamped ids and lengths");
-    // A sequence without keys gives zeros.
-    let empty = a.slice(&[1, 0, 0, 0], &[2, 4, 2, 16], &[1, 1, 1, 1]);
-    assert_eq!(empty.abs().max(..).item::<f32>().unwrap(), 0.0);
+    for (d, dtype) in [(16, DType::F32), (64, DType::BF16)] {
+        let c = case(8, d, dtype);
+        let q = values(&[3, 4, 2, d], 0.4).astype(dtype);
+        let opts = AttentionOptions::causal();
+        let bad = table_array(&[vec![-5, 2, 900], vec![0, 11, 4], vec![5, 3, 1]]);
+        let clamped = table_array(&[vec![0, 2, 11], vec![0, 11, 4], vec![5, 3, 1]]);
+        let lengths = Array::from_slice(&[1_000_000, -4, 2], vec![3]);
+        let fixed = Array::from_slice(&[24, 0, 2], vec![3]);
+        let a = fast::paged_attention(&q, &c.k, &c.v, &bad, &lengths, 0.25, &opts);
+        let b = fast::paged_attention(&q, &c.k, &c.v, &clamped, &fixed, 0.25, &opts);
+        assert_eq!(max_diff(&a, &b), 0.0, "clamped ids and lengths");
+        // A sequence without keys gives zeros.
+        let empty = a.slice(&[1, 0, 0, 0], &[2, 4, 2, d], &[1, 1, 1, 1]);
+        assert_eq!(empty.abs().max(..).astype(DType::F32).item::<f32>().unwrap(), 0.0);
+    }
 }
 
 #[test]
