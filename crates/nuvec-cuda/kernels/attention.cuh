@@ -805,12 +805,12 @@ __device__ __forceinline__ void attention_backward(
 //     mbarriers; head sizes of whole 64-feature panels.
 
 // One warp's 16 keys of a staged tile: scores for the 16 rows (qf, the rows' A fragments) by
-// D/16 MMAs, bounds (keys from j0, none at or past kmax) and the mask, the online softmax on the
+// D/16 MMAs, bounds (keys j0.., only those in [klo, kmax)) and the mask, the online softmax on the
 // accumulators, and O += P V by DV/8 MMAs. kaddr(key, feature) and vaddr(key, feature) are the
 // shared addresses of a staged key's and value's 8 features from `feature` on.
 template <typename T, int D, int DV, typename KA, typename VA>
 __device__ __forceinline__ void att_vector_keys(const u32 (&qf)[D / 16][4], float (&o)[DV / 8][4], float (&mrow)[2],
-                                                float (&lrow)[2], KA kaddr, VA vaddr, int j0, int kmax,
+                                                float (&lrow)[2], KA kaddr, VA vaddr, int j0, int klo, int kmax,
                                                 const bool (&row_ok)[2], const void* mask, int mask_kind, i64 mr0,
                                                 i64 mr1, i64 ms3, float sl2, int lane) {
   const int m = lane >> 3, g8 = lane & 7, t4 = lane & 3;
@@ -829,7 +829,7 @@ __device__ __forceinline__ void att_vector_keys(const u32 (&qf)[D / 16][4], floa
     for (int c = 0; c < 4; ++c) {
       const int j = j0 + nt * 8 + 2 * t4 + (c & 1), half = c >> 1;
       float x = s[nt][c] * sl2;
-      const bool in = j < kmax && row_ok[half];
+      const bool in = j >= klo && j < kmax && row_ok[half];
       if (in && mask_kind == 1) {
         if (!((const bool*)mask)[(half ? mr1 : mr0) + j * ms3]) x = -3.402823466e38f;
       } else if (in && mask_kind == 2) {
@@ -1101,7 +1101,7 @@ __device__ __forceinline__ void att_vector_mma_run(const AttVectorBlock& a, KAt 
     const u32 ksa = ring + (t % ST) * STAGE + warp * 16 * KROW, vsa = ring + (t % ST) * STAGE + KT * KROW + warp * 16 * VROW;
     att_vector_keys<T, D, DV>(
         qf, o, mrow, lrow, [&](int r, int c) { return ksa + r * KROW + c * 2; },
-        [&](int r, int c) { return vsa + r * VROW + c * 2; }, j0, kmax, row_ok, mask, mask_kind, mr0, mr1, ms3, sl2,
+        [&](int r, int c) { return vsa + r * VROW + c * 2; }, j0, kmin, kmax, row_ok, mask, mask_kind, mr0, mr1, ms3, sl2,
         lane);
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -1477,14 +1477,16 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
 // NW * 16 keys and values, the barriers.
 constexpr int att_vector_tma_smem(int D, int NW, int ST) { return 1024 + ST * 2 * NW * 16 * D * 2 + 16 * ST; }
 
-template <typename T, int D, int NW, int ST>
-__device__ __forceinline__ void attention_vector_tma(const AtwMap* mk, const AtwMap* mv, const T* __restrict__ q,
-                                                     T* __restrict__ out, const void* __restrict__ mask,
-                                                     const T* __restrict__ sinks, float* __restrict__ part,
-                                                     unsigned* __restrict__ count, i64 qs0, i64 qs1, i64 qs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq,
-                                                     int Hkv, int Lq, int Lk, int causal, int window, int mask_kind,
-                                                     int blocks, float scale) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The TMA kernel's block `a` over tiles of keys from kbase (a.kmin or below it; keys before
+// a.kmin are masked): load(row0, stage, bar) issues the copies of the keys and values of the tile
+// from row0 into the stage (keys, then values) and the expected bytes on bar.
+template <typename T, int D, int NW, int ST, typename Load>
+__device__ __forceinline__ void att_vector_tma_run(const AttVectorBlock& a, int kbase, Load load,
+                                                   const T* __restrict__ q, T* __restrict__ out,
+                                                   const void* __restrict__ mask, const T* __restrict__ sinks,
+                                                   float* __restrict__ part, unsigned* __restrict__ count, i64 qs0,
+                                                   i64 qs1, i64 qs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq,
+                                                   int Hkv, int Lq, int mask_kind, int blocks, float scale) {
   constexpr int KT = NW * 16, PANEL = KT * 128, TILE = KT * D * 2;
   extern __shared__ __align__(1024) unsigned char atd_dyn[];
   __shared__ __align__(16) unsigned char qsh[16 * (D * 2 + 16)];
@@ -1493,9 +1495,7 @@ __device__ __forceinline__ void attention_vector_tma(const AtwMap* mk, const Atw
   auto full = [&](int s) { return bars + s * 16; };
   auto empty = [&](int s) { return bars + s * 16 + 8; };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
-  const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, causal, window, blocks);
-  if (!a.any) return;
-  const int kmin = a.kmin, kmax = a.kmax, tiles = (kmax - kmin + KT - 1) / KT;
+  const int kmin = a.kmin, kmax = a.kmax, tiles = (kmax - kbase + KT - 1) / KT;
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; ++s) {
       atw_bar_init(full(s), 1);
@@ -1504,14 +1504,12 @@ __device__ __forceinline__ void attention_vector_tma(const AtwMap* mk, const Atw
   }
   __syncthreads();
   if (warp == NW) {
-    // The producer: rows past Lk arrive as zeros, rows in [kmax, Lk) are masked.
+    // The producer: rows outside [kmin, kmax) are masked.
     if (lane != 0) return;
     for (int t = 0; t < tiles; ++t) {
       const int s = t % ST;
       if (t >= ST) atw_bar_wait(empty(s), (u32)(t / ST - 1) & 1);
-      atw_expect(full(s), 2 * TILE);
-      atw_tma<D, KT>(ring + s * 2 * TILE, mk, kmin + t * KT, a.kh, a.b, full(s));
-      atw_tma<D, KT>(ring + s * 2 * TILE + TILE, mv, kmin + t * KT, a.kh, a.b, full(s));
+      load(kbase + t * KT, ring + s * 2 * TILE, full(s));
     }
     return;
   }
@@ -1526,20 +1524,85 @@ __device__ __forceinline__ void attention_vector_tma(const AtwMap* mk, const Atw
   // Key r's 8 features from c: panel c / 64, row r, 16-byte chunk (c % 64) / 8 swizzled by r % 8.
   auto swz = [](u32 base, int r, int c) { return base + (c >> 6) * PANEL + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4); };
   for (int t = 0; t < tiles; ++t) {
-    const int s = t % ST, j0 = kmin + t * KT + warp * 16;
+    const int s = t % ST, j0 = kbase + t * KT + warp * 16;
     atw_bar_wait(full(s), (u32)(t / ST) & 1);
-    if (j0 < kmax) {
+    if (j0 < kmax && j0 + 16 > kmin) {
       const u32 kt = ring + s * 2 * TILE, vt = kt + TILE;
       att_vector_keys<T, D, D>(
           qf, o, mrow, lrow, [&](int r, int c) { return swz(kt, warp * 16 + r, c); },
-          [&](int r, int c) { return swz(vt, warp * 16 + r, c); }, j0, kmax, row_ok, mask, mask_kind, mr0, mr1, ms3,
-          sl2, lane);
+          [&](int r, int c) { return swz(vt, warp * 16 + r, c); }, j0, kmin, kmax, row_ok, mask, mask_kind, mr0, mr1,
+          ms3, sl2, lane);
     }
     atw_release(empty(s), lane);
   }
   att_vector_store<T, D, NW>(o, mrow, lrow, reinterpret_cast<float*>(atd_dyn + (ring - (u32)__cvta_generic_to_shared(atd_dyn))),
                              sm, sl, a.nrows, a.h0, a.b, a.i, a.p, a.parts, Hq, Lq,
                              (i64)gridDim.x / ((Hq / Hkv + 15) / 16) * (Hq / Hkv), blocks, sinks, part, count, out);
+}
+
+template <typename T, int D, int NW, int ST>
+__device__ __forceinline__ void attention_vector_tma(const AtwMap* mk, const AtwMap* mv, const T* __restrict__ q,
+                                                     T* __restrict__ out, const void* __restrict__ mask,
+                                                     const T* __restrict__ sinks, float* __restrict__ part,
+                                                     unsigned* __restrict__ count, i64 qs0, i64 qs1, i64 qs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq,
+                                                     int Hkv, int Lq, int Lk, int causal, int window, int mask_kind,
+                                                     int blocks, float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int KT = NW * 16, TILE = KT * D * 2;
+  const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, causal, window, blocks);
+  if (!a.any) return;
+  // Rows past Lk arrive as zeros.
+  auto load = [&](int row0, u32 dst, u32 bar) {
+    atw_expect(bar, 2 * TILE);
+    atw_tma<D, KT>(dst, mk, row0, a.kh, a.b, bar);
+    atw_tma<D, KT>(dst + TILE, mv, row0, a.kh, a.b, bar);
+  };
+  att_vector_tma_run<T, D, NW, ST>(a, a.kmin, load, q, out, mask, sinks, part, count, qs0, qs1, qs2, ms0, ms1, ms2,
+                                   ms3, Hq, Hkv, Lq, mask_kind, blocks, scale);
+#endif
+}
+
+// Paged decode on Hopper: attention_paged_mma's work with the ring filled by TMA. The maps
+// view each cache as [blocks, Hkv, block size, D] in boxes of `rows` = min(block size, tile)
+// positions, so a tile of keys is tile / rows boxes per 64-feature panel, each from the block
+// the table names (its index and id clamped). Tiles start at multiples of `rows`; positions
+// past a sequence's length are read and masked, so they must hold finite values (as the
+// composition, whose product multiplies them by zero, needs too).
+template <typename T, int D, int NW, int ST>
+__device__ __forceinline__ void attention_paged_tma(const AtwMap* mk, const AtwMap* mv, const T* __restrict__ q,
+                                                    const int* __restrict__ tables, const int* __restrict__ lengths,
+                                                    T* __restrict__ out, const T* __restrict__ sinks,
+                                                    float* __restrict__ part, unsigned* __restrict__ count, i64 qs0,
+                                                    i64 qs1, i64 qs2, int nblocks, int bs_log2, int max_blocks,
+                                                    int rows, int Hq, int Hkv, int Lq, int window, int blocks,
+                                                    float scale) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int KT = NW * 16, PANEL = KT * 128, TILE = KT * D * 2;
+  const int hgroups = (Hq / Hkv + 15) / 16;
+  const int b = (int)(blockIdx.x / ((i64)hgroups * Lq * Hkv));
+  const int Lk = min(max(lengths[b], 0), max_blocks << bs_log2);
+  const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, 1, window, blocks);
+  if (!a.any) return;
+  const int* tb = tables + (i64)b * max_blocks;
+  const int within = (1 << bs_log2) - 1;
+  auto load = [&](int row0, u32 dst, u32 bar) {
+    atw_expect(bar, 2 * TILE);
+    for (int r = 0; r < KT; r += rows) {
+      const int j = row0 + r;
+      const int id = min(max(tb[min(j >> bs_log2, max_blocks - 1)], 0), nblocks - 1);
+#pragma unroll
+      for (int p = 0; p < D / 64; ++p)
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+          asm volatile(
+              "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+              "%4, %5}], [%6];" ::"r"(dst + m * TILE + p * PANEL + r * 128),
+              "l"(reinterpret_cast<u64>(m ? mv : mk)), "r"(p * 64), "r"(j & within), "r"(a.kh), "r"(id), "r"(bar)
+              : "memory");
+    }
+  };
+  att_vector_tma_run<T, D, NW, ST>(a, a.kmin & ~(rows - 1), load, q, out, nullptr, sinks, part, count, qs0, qs1, qs2,
+                                   0, 0, 0, 0, Hq, Hkv, Lq, 0, blocks, scale);
 #endif
 }
 

@@ -181,7 +181,7 @@ fn rows_per_block(rows: u32) -> u32 {
 /// The module of `d`: for float32 `attention_vector_{D}_{Dv}_r{R}` (blocks of up to `R` query
 /// rows) and its second pass `attention_vector_merge_{Dv}`; for float16/bfloat16
 /// `attention_vector_mma_{D}_{Dv}`, its paged form `attention_paged_mma_{D}_{Dv}`, `attention_tiled_{D}`, and (empty off Hopper)
-/// `attention_vector_tma_{D}`, `attention_wgmma_{D}_{keys}` and `attention_backward_wgmma_{D}`,
+/// `attention_vector_tma_{D}`, `attention_paged_tma_{D}`, `attention_wgmma_{D}_{keys}` and `attention_backward_wgmma_{D}`,
 /// and the backward's other kernels.
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["attention.cuh"]);
@@ -211,6 +211,9 @@ pub(crate) fn source(d: DType) -> String {
         }
         for hd in VECTOR_TMA_HEADS {
             let (threads, (st, _)) = ((VECTOR_TMA_WARPS + 1) * 32, vector_tma_shape(hd));
+            s.kernel(format!(
+                "__launch_bounds__({threads}) attention_paged_tma_{hd}(const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, const {t}* q, const int* tables, const int* lengths, {t}* out, const {t}* sinks, float* part, unsigned* count, i64 qs0, i64 qs1, i64 qs2, int nblocks, int bs_log2, int max_blocks, int rows, int Hq, int Hkv, int Lq, int window, int blocks, float scale) {{ attention_paged_tma<{t}, {hd}, {VECTOR_TMA_WARPS}, {st}>(&mk, &mv, q, tables, lengths, out, sinks, part, count, qs0, qs1, qs2, nblocks, bs_log2, max_blocks, rows, Hq, Hkv, Lq, window, blocks, scale); }}"
+            ));
             s.kernel(format!(
                 "__launch_bounds__({threads}) attention_vector_tma_{hd}(const __grid_constant__ AtwMap mk, const __grid_constant__ AtwMap mv, const {t}* q, {t}* out, const void* mask, const {t}* sinks, float* part, unsigned* count, i64 qs0, i64 qs1, i64 qs2, i64 ms0, i64 ms1, i64 ms2, i64 ms3, int Hq, int Hkv, int Lq, int Lk, int causal, int window, int mask_kind, int blocks, float scale) {{ attention_vector_tma<{t}, {hd}, {VECTOR_TMA_WARPS}, {st}>(&mk, &mv, q, out, mask, sinks, part, count, qs0, qs1, qs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, Lk, causal, window, mask_kind, blocks, scale); }}"
             ));
@@ -310,9 +313,10 @@ pub(crate) fn supports_paged(p: &PagedParams, inputs: &[Spec]) -> bool {
         && (!p.sinks || inputs[5].dtype == q.dtype)
 }
 
-/// Paged decode (`attention_paged_mma`): as the vector kernel on tensor cores, a block per
-/// query of up to 16 grouped heads and key partition, each sequence's keys read through its
-/// row of the block table.
+/// Paged decode: as the vector kernel on tensor cores, a block per query of up to 16 grouped
+/// heads and key partition, each sequence's keys read through its row of the block table; on
+/// Hopper (`attention_paged_tma`, blocks of at least 8 positions) the ring is filled by TMA, a
+/// box per block of a tile, elsewhere by cp.async (`attention_paged_mma`).
 pub(crate) fn paged(gpu: &Arc<Gpu>, p: &PagedParams, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {
     let out = alloc_out(gpu, out)?;
     let mut it = inputs.into_iter();
@@ -341,15 +345,29 @@ pub(crate) fn paged(gpu: &Arc<Gpu>, p: &PagedParams, inputs: Vec<Operand>, out: 
     let grid = (b as u32 * hkv as u32 * lq as u32 * group.div_ceil(16), blocks as u32, 1);
     let count = if blocks > 1 { gpu.counters(grid.0 as usize)? } else { 0 };
     let sinks_ptr = sinks.as_ref().map(ptr_of).transpose()?.unwrap_or(0);
-    let mut args: Vec<Arg> =
-        [ptr_of(&q)?, ptr_of(&k)?, ptr_of(&v)?, ptr_of(&tables)?, ptr_of(&lengths)?, out, sinks_ptr]
-            .map(Arg::Ptr)
-            .into();
-    args.extend([Arg::Ptr(part), Arg::Ptr(count)]);
-    args.extend(qs.into_iter().chain(ks).chain(vs).map(Arg::I64));
     let max_blocks = tables.shape[1];
     let bs_log2 = bs.max(1).ilog2() as i32;
-    args.extend([nblocks, bs_log2, max_blocks, hq, hkv, lq, p.window.unwrap_or(0), blocks].map(Arg::I32));
+    let window = p.window.unwrap_or(0);
+    if gpu.info.compute_capability == HOPPER && hd == hv && VECTOR_TMA_HEADS.contains(&hd) && bs >= 8 {
+        let (k, ks) = tma_ready(gpu, k, ks)?;
+        let (v, vs) = tma_ready(gpu, v, vs)?;
+        let rows = (bs as u32).min(VECTOR_TMA_WARPS * 16);
+        let mut args = vec![Arg::Bytes(tensor_map(&k, ks, rows)?), Arg::Bytes(tensor_map(&v, vs, rows)?)];
+        args.extend([ptr_of(&q)?, ptr_of(&tables)?, ptr_of(&lengths)?, out, sinks_ptr, part, count].map(Arg::Ptr));
+        args.extend(qs.map(Arg::I64));
+        args.extend([nblocks, bs_log2, max_blocks, rows as i32, hq, hkv, lq, window, blocks].map(Arg::I32));
+        args.push(Arg::F32(p.scale));
+        let f = kernel(gpu, Family::Attention(d), &format!("attention_paged_tma_{hd}"))?;
+        let (_, smem) = vector_tma_shape(hd);
+        allow_shared(gpu, f, smem)?;
+        return launch(gpu, f, grid, ((VECTOR_TMA_WARPS + 1) * 32, 1, 1), smem, args);
+    }
+    let mut args: Vec<Arg> =
+        [ptr_of(&q)?, ptr_of(&k)?, ptr_of(&v)?, ptr_of(&tables)?, ptr_of(&lengths)?, out, sinks_ptr, part, count]
+            .map(Arg::Ptr)
+            .into();
+    args.extend(qs.into_iter().chain(ks).chain(vs).map(Arg::I64));
+    args.extend([nblocks, bs_log2, max_blocks, hq, hkv, lq, window, blocks].map(Arg::I32));
     args.push(Arg::F32(p.scale));
     let f = kernel(gpu, Family::Attention(d), &format!("attention_paged_mma_{hd}_{hv}"))?;
     let (_, smem) = vector_mma_shape(hd, hv);
