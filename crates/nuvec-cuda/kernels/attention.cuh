@@ -1478,8 +1478,9 @@ __device__ __forceinline__ void attention_wgmma(const AtwMap* mq, const AtwMap* 
 constexpr int att_vector_tma_smem(int D, int NW, int ST) { return 1024 + ST * 2 * NW * 16 * D * 2 + 16 * ST; }
 
 // The TMA kernel's block `a` over tiles of keys from kbase (a.kmin or below it; keys before
-// a.kmin are masked): load(row0, stage, bar) issues the copies of the keys and values of the tile
-// from row0 into the stage (keys, then values) and the expected bytes on bar.
+// a.kmin are masked): load(row0, stage, bar, lane), called by every lane of the producer warp,
+// issues the copies of the keys and values of the tile from row0 into the stage (keys, then
+// values) and the expected bytes on bar.
 template <typename T, int D, int NW, int ST, typename Load>
 __device__ __forceinline__ void att_vector_tma_run(const AttVectorBlock& a, int kbase, Load load,
                                                    const T* __restrict__ q, T* __restrict__ out,
@@ -1504,12 +1505,11 @@ __device__ __forceinline__ void att_vector_tma_run(const AttVectorBlock& a, int 
   }
   __syncthreads();
   if (warp == NW) {
-    // The producer: rows outside [kmin, kmax) are masked.
-    if (lane != 0) return;
+    // The producer warp (load issues from its first lane): rows outside [kmin, kmax) are masked.
     for (int t = 0; t < tiles; ++t) {
       const int s = t % ST;
       if (t >= ST) atw_bar_wait(empty(s), (u32)(t / ST - 1) & 1);
-      load(kbase + t * KT, ring + s * 2 * TILE, full(s));
+      load(kbase + t * KT, ring + s * 2 * TILE, full(s), lane);
     }
     return;
   }
@@ -1552,7 +1552,8 @@ __device__ __forceinline__ void attention_vector_tma(const AtwMap* mk, const Atw
   const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, causal, window, blocks);
   if (!a.any) return;
   // Rows past Lk arrive as zeros.
-  auto load = [&](int row0, u32 dst, u32 bar) {
+  auto load = [&](int row0, u32 dst, u32 bar, int lane) {
+    if (lane != 0) return;
     atw_expect(bar, 2 * TILE);
     atw_tma<D, KT>(dst, mk, row0, a.kh, a.b, bar);
     atw_tma<D, KT>(dst + TILE, mv, row0, a.kh, a.b, bar);
@@ -1585,11 +1586,21 @@ __device__ __forceinline__ void attention_paged_tma(const AtwMap* mk, const AtwM
   if (!a.any) return;
   const int* tb = tables + (i64)b * max_blocks;
   const int within = (1 << bs_log2) - 1;
-  auto load = [&](int row0, u32 dst, u32 bar) {
-    atw_expect(bar, 2 * TILE);
+  // The warp's lanes hold the block ids of 32 consecutive boxes from box `first`, loaded at once
+  // (one wait on memory per 32 boxes, not one per box).
+  int first = -32, ids = 0;
+  const int box_log2 = 31 - __clz(rows);
+  auto load = [&](int row0, u32 dst, u32 bar, int lane) {
+    if (lane == 0) atw_expect(bar, 2 * TILE);
     for (int r = 0; r < KT; r += rows) {
-      const int j = row0 + r;
-      const int id = min(max(tb[min(j >> bs_log2, max_blocks - 1)], 0), nblocks - 1);
+      const int j = row0 + r, box = j >> box_log2;
+      if (box - first >= 32) {
+        first = box;
+        const int at = min(((first + lane) << box_log2) >> bs_log2, max_blocks - 1);
+        ids = min(max(tb[at], 0), nblocks - 1);
+      }
+      const int id = __shfl_sync(0xffffffffu, ids, box - first);
+      if (lane != 0) continue;
 #pragma unroll
       for (int p = 0; p < D / 64; ++p)
 #pragma unroll
