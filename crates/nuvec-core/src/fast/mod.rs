@@ -24,7 +24,7 @@ pub use cuda_kernel::{CudaKernel, KernelConfig, TemplateArg};
 pub use glu_loss::{cross_entropy, swiglu};
 pub use norm::{add_rms_norm, layer_norm, rms_norm};
 pub use paged::{paged_attention, paged_prefill, paged_write};
-pub use plan::{AttentionPlan, VECTOR_MAX_QUERIES, plan_attention, vector_blocks};
+pub use plan::{AttentionPlan, VECTOR_MAX_QUERIES, paged_blocks, plan_attention, vector_blocks};
 pub use rope::rope;
 
 use crate::array::Array;

@@ -14,7 +14,7 @@ use crate::dtype::DType;
 use crate::ops::{self, invalid, propagate};
 
 use super::attention::{AttentionMask, AttentionOptions, scaled_dot_product_attention};
-use super::{FastOp, PagedParams, record, vector_blocks};
+use super::{FastOp, PagedParams, paged_blocks, record};
 
 /// Attention of the queries `q [B, Hq, L, D]` (the last `L` positions of each sequence) over
 /// a paged cache: `k_cache [blocks, Hkv, block_size, D]`, `v_cache [blocks, Hkv, block_size,
@@ -25,7 +25,9 @@ use super::{FastOp, PagedParams, record, vector_blocks};
 /// keys up to it; `options.window` and `options.sinks` apply as in
 /// [`scaled_dot_product_attention`]. A query before the first key (a sequence shorter than
 /// `L`) gives zeros. Block ids outside `[0, blocks)` are clamped into it and lengths into
-/// `[0, max_blocks · block_size]`, so no call reads outside the cache. An array mask, a block
+/// `[0, max_blocks · block_size]`, so no call reads outside the cache. Positions of a
+/// sequence's last block past its length are read and weighted by zero, so they must hold
+/// finite values (a cache made with `zeros` and filled by [`paged_write`] does). An array mask, a block
 /// size that is not a power of two, mismatched shapes or non-integer tables give a failed
 /// array naming the argument.
 ///
@@ -120,7 +122,7 @@ pub fn paged_attention(
         scale,
         window: options.window,
         sinks: options.sinks.is_some(),
-        blocks: vector_blocks(b as i64 * hkv as i64, capacity),
+        blocks: paged_blocks(b as i64 * hkv as i64, capacity, bs),
     };
     let mut inputs =
         vec![q.clone(), k_cache.clone(), v_cache.clone(), block_tables.astype(DType::I32), lengths.astype(DType::I32)];

@@ -49,7 +49,22 @@ const VECTOR_MAX_PARTITIONS: i64 = 128;
 /// row of several queries from that row's own keys, so a row's result does not depend on the
 /// rows beside it.
 pub fn vector_blocks(heads: i64, lk: i32) -> i32 {
-    let want = (VECTOR_TARGET_BLOCKS / heads.max(1)).min(VECTOR_MAX_PARTITIONS);
+    spread(VECTOR_TARGET_BLOCKS, heads, lk)
+}
+
+/// Key partitions of one query row of a paged attention over `lk` keys (the block table's
+/// capacity) in blocks of `block_size` positions: as [`vector_blocks`], and twice as many for
+/// blocks under 64 positions, whose copies are smaller and need more of them in flight (two
+/// blocks of threads per SM).
+pub fn paged_blocks(heads: i64, lk: i32, block_size: i32) -> i32 {
+    let target = if block_size < 64 { 2 * VECTOR_TARGET_BLOCKS } else { VECTOR_TARGET_BLOCKS };
+    spread(target, heads, lk)
+}
+
+/// Partitions so that `heads` rows make about `target` blocks, each of at least 256 keys, at
+/// most 128.
+fn spread(target: i64, heads: i64, lk: i32) -> i32 {
+    let want = (target / heads.max(1)).min(VECTOR_MAX_PARTITIONS);
     let most = (lk.max(1) + VECTOR_MIN_KEYS_PER_BLOCK - 1) / VECTOR_MIN_KEYS_PER_BLOCK;
     want.clamp(1, most as i64) as i32
 }

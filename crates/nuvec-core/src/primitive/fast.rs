@@ -105,7 +105,7 @@ pub struct PagedParams {
     /// Whether the last input holds per-head sink logits `[Hq]`.
     pub sinks: bool,
     /// Key partitions per query row a kernel splits the longest sequence into
-    /// ([`vector_blocks`](crate::fast::vector_blocks) of the table's capacity).
+    /// ([`paged_blocks`](crate::fast::paged_blocks) of the table's capacity).
     pub blocks: i32,
 }
 
