@@ -1505,7 +1505,7 @@ __device__ __forceinline__ void att_vector_tma_run(const AttVectorBlock& a, int 
   }
   __syncthreads();
   if (warp == NW) {
-    // The producer warp (load says which lanes issue): rows outside [kmin, kmax) are masked.
+    // The producer warp (load issues from its first lane): rows outside [kmin, kmax) are masked.
     for (int t = 0; t < tiles; ++t) {
       const int s = t % ST;
       if (t >= ST) atw_bar_wait(empty(s), (u32)(t / ST - 1) & 1);
@@ -1600,8 +1600,7 @@ __device__ __forceinline__ void attention_paged_tma(const AtwMap* mk, const AtwM
         ids = min(max(tb[at], 0), nblocks - 1);
       }
       const int id = __shfl_sync(0xffffffffu, ids, box - first);
-      // Box n of the tile issues from lane n: small boxes' copies leave in parallel.
-      if (lane != r / rows) continue;
+      if (lane != 0) continue;
 #pragma unroll
       for (int p = 0; p < D / 64; ++p)
 #pragma unroll
