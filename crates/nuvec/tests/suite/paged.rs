@@ -303,3 +303,36 @@ fn ragged_prefill_equals_attention_per_sequence() {
         }
     }
 }
+
+/// The derivative (the composition's) with respect to the queries and the caches equals
+/// contiguous attention's on the same keys, scattered back into the blocks the table names.
+#[test]
+fn paged_attention_differentiates_as_contiguous_attention() {
+    use nuvec::transforms::grad;
+    let c = case(8, 16, DType::F32);
+    let q = values(&[3, 4, 2, 16], 0.8);
+    let tables = table_array(&c.tables);
+    let lengths = Array::from_slice(&c.lengths, vec![3]);
+    let opts = AttentionOptions::causal();
+    let w = values(&[3, 4, 2, 16], 3.1);
+    let loss = |(q, k, v): &(Array, Array, Array)| {
+        (fast::paged_attention(q, k, v, &tables, &lengths, 0.25, &opts) * &w).sum(..)
+    };
+    let (dq, dk, dv) = grad(loss)(&(q.clone(), c.k.clone(), c.v.clone())).unwrap();
+    for s in 0..3 {
+        let len = c.lengths[s];
+        let qs = q.slice(&[s as i32, 0, 0, 0], &[s as i32 + 1, 4, 2, 16], &[1, 1, 1, 1]);
+        let ws = w.slice(&[s as i32, 0, 0, 0], &[s as i32 + 1, 4, 2, 16], &[1, 1, 1, 1]);
+        let (ks, vs) = (contiguous(&c.k, &c.tables[s], len), contiguous(&c.v, &c.tables[s], len));
+        let contiguous_loss = |(q, k, v): &(Array, Array, Array)| {
+            (fast::scaled_dot_product_attention(q, k, v, 0.25, &opts) * &ws).sum(..)
+        };
+        let (gq, gk, gv) = grad(contiguous_loss)(&(qs, ks, vs)).unwrap();
+        let got = dq.slice(&[s as i32, 0, 0, 0], &[s as i32 + 1, 4, 2, 16], &[1, 1, 1, 1]);
+        assert!(max_diff(&got, &gq) <= 1e-5, "dq of sequence {s}");
+        // Sequence s's positions of dk and dv, gathered as its keys were (the tables share no block).
+        let (pk, pv) = (contiguous(&dk, &c.tables[s], len), contiguous(&dv, &c.tables[s], len));
+        assert!(max_diff(&pk, &gk) <= 1e-5, "dk of sequence {s}");
+        assert!(max_diff(&pv, &gv) <= 1e-5, "dv of sequence {s}");
+    }
+}
