@@ -1121,6 +1121,20 @@ __device__ __forceinline__ void attention_vector_mma(ATT_VECTOR_ARGS) {
       qs0, qs1, qs2, ms0, ms1, ms2, ms3, Hq, Hkv, Lq, mask_kind, blocks, scale);
 }
 
+// A paged kernel's block: sequence b's length, clamped to its table's capacity, as its keys
+// (causal at the end).
+__device__ __forceinline__ AttVectorBlock att_paged_block(const int* __restrict__ lengths, int bs_log2, int max_blocks,
+                                                          int Hq, int Hkv, int Lq, int window, int blocks) {
+  const int b = (int)(blockIdx.x / ((i64)((Hq / Hkv + 15) / 16) * Lq * Hkv));
+  const int Lk = min(max(lengths[b], 0), max_blocks << bs_log2);
+  return att_vector_block(Hq, Hkv, Lq, Lk, 1, window, blocks);
+}
+
+// Entry i of a table row, the id clamped into the cache's nblocks blocks.
+__device__ __forceinline__ int att_paged_id(const int* __restrict__ row, int i, int nblocks) {
+  return min(max(row[i], 0), nblocks - 1);
+}
+
 // Paged decode: attention_vector_mma's work over sequence b's keys, the first lengths[b]
 // (clamped to the table's capacity) positions of the blocks its row of `tables` names in
 // order (block ids clamped into the cache), causal at the end. Key j sits at position
@@ -1132,16 +1146,13 @@ __device__ __forceinline__ void attention_paged_mma(
     const int* __restrict__ lengths, T* __restrict__ out, const T* __restrict__ sinks, float* __restrict__ part,
     unsigned* __restrict__ count, i64 qs0, i64 qs1, i64 qs2, i64 ks0, i64 ks1, i64 ks2, i64 vs0, i64 vs1, i64 vs2,
     int nblocks, int bs_log2, int max_blocks, int Hq, int Hkv, int Lq, int window, int blocks, float scale) {
-  const int hgroups = (Hq / Hkv + 15) / 16;
-  const int b = (int)(blockIdx.x / ((i64)hgroups * Lq * Hkv));
-  const int Lk = min(max(lengths[b], 0), max_blocks << bs_log2);
-  const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, 1, window, blocks);
+  const AttVectorBlock a = att_paged_block(lengths, bs_log2, max_blocks, Hq, Hkv, Lq, window, blocks);
   if (!a.any) return;
-  const int* tb = tables + (i64)b * max_blocks;
+  const int* tb = tables + (i64)a.b * max_blocks;
   const int within = (1 << bs_log2) - 1;
   const T* kb = kc + a.kh * ks1;
   const T* vb = vc + a.kh * vs1;
-  auto block_of = [=](int j) { return (i64)min(max(tb[j >> bs_log2], 0), nblocks - 1); };
+  auto block_of = [=](int j) { return (i64)att_paged_id(tb, j >> bs_log2, nblocks); };
   att_vector_mma_run<T, D, DV, NW, ST>(
       a, [=](int j) { return kb + block_of(j) * ks0 + (j & within) * ks2; },
       [=](int j) { return vb + block_of(j) * vs0 + (j & within) * vs2; }, q, out, nullptr, sinks, part, count, qs0, qs1,
@@ -1579,12 +1590,9 @@ __device__ __forceinline__ void attention_paged_tma(const AtwMap* mk, const AtwM
                                                     float scale) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int KT = NW * 16, PANEL = KT * 128, TILE = KT * D * 2;
-  const int hgroups = (Hq / Hkv + 15) / 16;
-  const int b = (int)(blockIdx.x / ((i64)hgroups * Lq * Hkv));
-  const int Lk = min(max(lengths[b], 0), max_blocks << bs_log2);
-  const AttVectorBlock a = att_vector_block(Hq, Hkv, Lq, Lk, 1, window, blocks);
+  const AttVectorBlock a = att_paged_block(lengths, bs_log2, max_blocks, Hq, Hkv, Lq, window, blocks);
   if (!a.any) return;
-  const int* tb = tables + (i64)b * max_blocks;
+  const int* tb = tables + (i64)a.b * max_blocks;
   const int within = (1 << bs_log2) - 1;
   // The warp's lanes hold the block ids of 32 consecutive boxes from box `first`, loaded at once
   // (one wait on memory per 32 boxes, not one per box).
@@ -1597,7 +1605,7 @@ __device__ __forceinline__ void attention_paged_tma(const AtwMap* mk, const AtwM
       if (box - first >= 32) {
         first = box;
         const int at = min(((first + lane) << box_log2) >> bs_log2, max_blocks - 1);
-        ids = min(max(tb[at], 0), nblocks - 1);
+        ids = att_paged_id(tb, at, nblocks);
       }
       const int id = __shfl_sync(0xffffffffu, ids, box - first);
       if (lane != 0) continue;

@@ -12,6 +12,7 @@
 use crate::array::Array;
 use crate::dtype::DType;
 use crate::ops::{self, invalid, propagate};
+use crate::primitive::fast::check_attention;
 
 use super::attention::{AttentionMask, AttentionOptions, scaled_dot_product_attention};
 use super::{FastOp, PagedParams, paged_blocks, record};
@@ -69,12 +70,6 @@ pub fn paged_attention(
     }
     let b = qs[0];
     let (blocks, hkv, bs) = (ks[0], ks[1], ks[2]);
-    if qs[3] != ks[3] {
-        return invalid(OP, format!("q's head size {} must equal k_cache's {}", qs[3], ks[3]));
-    }
-    if hkv == 0 || qs[1] % hkv != 0 {
-        return invalid(OP, format!("q's heads {} must be a multiple of k_cache's {hkv}", qs[1]));
-    }
     if bs <= 0 || bs & (bs - 1) != 0 {
         return invalid(OP, format!("the block size (k_cache's axis 2) must be a power of two, got {bs}"));
     }
@@ -108,16 +103,13 @@ pub fn paged_attention(
             ),
         );
     }
-    if let Some(w) = options.window.filter(|&w| w < 1) {
-        return invalid(OP, format!("options: the window must be at least 1, got {w}"));
-    }
-    if let Some(s) = options.sinks.filter(|s| s.shape() != [qs[1]] || !s.dtype().is_float()) {
-        return invalid(
-            OP,
-            format!("options: sinks must be floating of shape [{}], got {} of shape {:?}", qs[1], s.dtype(), s.shape()),
-        );
-    }
+    // The rest as the attention of each sequence's gathered keys [B, Hkv, capacity, D].
     let capacity = block_tables.shape()[1] * bs;
+    let (k, v) = ([b, hkv, capacity, ks[3]], [b, hkv, capacity, vs[3]]);
+    let sinks = options.sinks.map(|s| (s.shape(), s.dtype()));
+    if let Err(e) = check_attention(qs, &k, &v, q.dtype(), None, sinks, options.window) {
+        return Array::failed(OP, e);
+    }
     let p = PagedParams {
         scale,
         window: options.window,

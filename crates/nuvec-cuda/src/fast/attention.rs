@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 
 use nuvec_core::fast::{AttentionKernel, AttentionParams, MaskInput, PagedParams, VECTOR_MAX_QUERIES};
-use nuvec_core::storage::{Operand, Output, Spec};
+use nuvec_core::storage::{Operand, Output, Spec, Storage};
 use nuvec_core::{DType, Result};
 
 use crate::driver::{Gpu, check};
@@ -301,6 +301,15 @@ pub(crate) fn supports(p: &AttentionParams, inputs: &[Spec]) -> bool {
     }
 }
 
+/// With `two` passes, the partitions' float32 partial outputs, maxima and sums of `rows` query
+/// rows: `[rows][blocks][hv]` outputs, then `[rows][blocks][2]`.
+fn partials(gpu: &Arc<Gpu>, two: bool, rows: u64, blocks: i32, hv: i32) -> Result<Option<(u64, Arc<Storage>)>> {
+    if !two {
+        return Ok(None);
+    }
+    alloc(gpu, rows as usize * blocks as usize * (hv as usize + 2) * 4, DType::U8).map(Some)
+}
+
 /// Whether the paged kernel runs this paged attention: `float16`/`bfloat16` caches of `q`'s
 /// dtype, at most [`VECTOR_MAX_QUERIES`] queries, a head size with a kernel, sinks of `q`'s dtype.
 pub(crate) fn supports_paged(p: &PagedParams, inputs: &[Spec]) -> bool {
@@ -335,12 +344,8 @@ pub(crate) fn paged(gpu: &Arc<Gpu>, p: &PagedParams, inputs: Vec<Operand>, out: 
         return Ok(());
     }
     let blocks = p.blocks.max(1);
-    let (part, _scratch) = if blocks > 1 {
-        let (ptr, buf) = alloc(gpu, rows as usize * blocks as usize * (hv as usize + 2) * 4, DType::U8)?;
-        (ptr, Some(buf))
-    } else {
-        (0, None)
-    };
+    let scratch = partials(gpu, blocks > 1, rows, blocks, hv)?;
+    let part = scratch.as_ref().map_or(0, |s| s.0);
     let group = (hq / hkv) as u32;
     let grid = (b as u32 * hkv as u32 * lq as u32 * group.div_ceil(16), blocks as u32, 1);
     let count = if blocks > 1 { gpu.counters(grid.0 as usize)? } else { 0 };
@@ -651,11 +656,7 @@ fn vector(gpu: &Arc<Gpu>, p: &AttentionParams, passes: u8, blocks: i32, inputs: 
         return Ok(());
     }
     let blocks = if passes == 2 { blocks.max(1) } else { 1 };
-    let scratch = if passes == 2 {
-        Some(alloc(gpu, rows as usize * blocks as usize * (hv as usize + 2) * 4, DType::U8)?)
-    } else {
-        None
-    };
+    let scratch = partials(gpu, passes == 2, rows, blocks, hv)?;
     let part = scratch.as_ref().map_or(0, |s| s.0);
     let ms = mask.as_ref().map_or([0; 4], mask_strides);
     let mask_kind = match p.mask {
