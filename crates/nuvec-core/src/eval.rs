@@ -337,11 +337,12 @@ pub(crate) fn dispatch(
 type Composition<'a> = Box<dyn Fn(&[Array]) -> Vec<Array> + 'a>;
 
 /// The composition of ordinary operations a primitive stands for, if it has one: fast
-/// operations and custom functions.
+/// operations, compiled programs and custom functions.
 fn composition_of(primitive: &Primitive) -> Option<Composition<'_>> {
     match primitive {
         Primitive::Fast(fast) => Some(Box::new(move |x: &[Array]| fast.composition(x))),
         Primitive::Custom(c) => Some(Box::new(move |x: &[Array]| c.body(x))),
+        Primitive::Compiled(c) => Some(Box::new(move |x: &[Array]| c.steps(x))),
         _ => None,
     }
 }

@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 mod binary;
+mod compiled;
 mod copy;
 pub mod elem;
 mod fast;
@@ -130,6 +131,7 @@ impl Backend for CpuBackend {
                 matmul::eval(a, b, Some(c), *alpha, *beta, out)
             }
             Primitive::Fast(op) => fast::eval(op, inputs, outputs),
+            Primitive::Compiled(c) => compiled::eval(&c.0, inputs, outputs),
             Primitive::RandomBits { .. } => {
                 let [keys] = take(inputs)?;
                 random::random_bits(keys, out)

@@ -56,7 +56,8 @@ pub use nuvec_io::save_npy as save;
 pub use nuvec_core::device::parse_device_env;
 
 pub use nuvec_core::transforms::{
-    Tree, checkpoint, custom_function, grad, grad_args, jvp, value_and_grad, value_and_grad_args, vjp, vmap,
+    CompileOptions, Tree, checkpoint, compile, compile_with, custom_function, disable_compile, enable_compile, grad,
+    grad_args, jvp, value_and_grad, value_and_grad_args, vjp, vmap,
 };
 
 /// Graph internals for backends, compilers and tools (no stability promise).

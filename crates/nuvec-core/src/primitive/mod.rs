@@ -4,6 +4,7 @@
 //! implement the same names. Operations in `ops` validate user arguments, cast and broadcast
 //! inputs, and then record one of these.
 
+pub mod compiled;
 pub mod custom;
 pub mod custom_kernel;
 pub mod elementwise;
@@ -17,6 +18,7 @@ mod rules;
 pub mod sort;
 pub mod view;
 
+pub use compiled::Compiled;
 pub use custom::CustomFn;
 pub use custom_kernel::KernelSpec;
 pub use elementwise::{BinaryOp, UnaryOp};
@@ -126,6 +128,9 @@ pub enum Primitive {
     },
     /// A fused operation: one kernel where a backend has it, its composition elsewhere.
     Fast(FastOp),
+    /// A fused element-wise program made by `compile`: one kernel where a backend has it, its
+    /// steps as ordinary primitives elsewhere.
+    Compiled(Compiled),
     /// A user function with its own derivative or batching rules (`custom_function`,
     /// `checkpoint`): evaluated as its body.
     Custom(CustomFn),
@@ -211,6 +216,7 @@ impl Primitive {
             Primitive::Matmul => "matmul",
             Primitive::AddMM { .. } => "addmm",
             Primitive::Fast(f) => f.name(),
+            Primitive::Compiled(_) => "compiled",
             Primitive::Custom(c) => c.name(),
             Primitive::RandomBits { .. } => "random_bits",
             Primitive::Sort { op, .. } => op.name(),
@@ -319,6 +325,7 @@ impl Primitive {
                 linalg::addmm_spec(&inputs[0], &inputs[1], &inputs[2]).map(|s| vec![s])
             }
             Primitive::Fast(f) => f.output_specs(inputs),
+            Primitive::Compiled(c) => c.output_specs(inputs),
             Primitive::Custom(c) => Ok(c.output_specs().to_vec()),
             Primitive::RandomBits { shape, width } => {
                 arity(1)?;

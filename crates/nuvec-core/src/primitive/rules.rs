@@ -88,6 +88,7 @@ impl Primitive {
             }
             Primitive::Fast(op) => op.vjp(x, y, g),
             Primitive::Custom(c) => c.vjp(x, y, g),
+            Primitive::Compiled(c) => c.vjp(x, g),
             // Keys are integers: nothing flows back through random bits.
             Primitive::RandomBits { .. } => vec![None],
             Primitive::Sort { op, axis } => vec![sort::sort_vjp(*op, *axis, &x[0], g0)],
@@ -103,7 +104,7 @@ impl Primitive {
     pub(crate) fn jvp(&self, x: &[Array], y: &[Array], t: &[Option<Array>]) -> Vec<Option<Array>> {
         let tz = |i: usize| t[i].clone().unwrap_or_else(|| zero(&x[i]));
         let float_out = y.first().is_some_and(|o| o.dtype().is_inexact());
-        if !float_out && !matches!(self, Primitive::Custom(_) | Primitive::CustomKernel(_)) {
+        if !float_out && !matches!(self, Primitive::Custom(_) | Primitive::CustomKernel(_) | Primitive::Compiled(_)) {
             return vec![None; y.len()];
         }
         match self {
@@ -157,6 +158,7 @@ impl Primitive {
             }
             Primitive::Fast(op) => op.jvp(x, y, t),
             Primitive::Custom(c) => c.jvp(x, y, t),
+            Primitive::Compiled(c) => c.jvp(x, t),
             Primitive::CustomKernel(k) => vec![Some(Array::from_error(k.no_rule("jvp"))); y.len()],
             Primitive::RandomBits { .. } => vec![None],
             Primitive::Sort { op, axis } => vec![t[0].as_ref().and_then(|ti| sort::sort_jvp(*op, *axis, &x[0], ti))],
@@ -217,6 +219,7 @@ impl Primitive {
             Primitive::AddMM { alpha, beta } => one(ops::addmm(&lead(2), &lead(0), &lead(1), *alpha, *beta)),
             Primitive::Fast(op) => op.vmap(x, mapped),
             Primitive::Custom(c) => c.vmap(x, mapped),
+            Primitive::Compiled(c) => c.vmap(x, mapped),
             Primitive::CustomKernel(k) => vec![(Array::from_error(k.no_rule("vmap")), true); y.len()],
             Primitive::Arange { .. } => y.iter().map(|o| (o.clone(), false)).collect(),
             Primitive::RandomBits { .. } => one(crate::primitive::random::random_bits_vmap(self, &x[0])),

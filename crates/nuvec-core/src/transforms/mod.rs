@@ -1,5 +1,5 @@
 //! Transforms: `vjp`, `jvp`, `grad`, `value_and_grad`, `vmap`, `custom_function`,
-//! `checkpoint`.
+//! `checkpoint`, `compile`.
 //!
 //! They trace the function on the lazy graph (its inputs are marked with an identity node) and
 //! walk the recorded graph with each primitive's rule (`primitive::rules`). The rules build
@@ -7,6 +7,7 @@
 //! vjp. Arrays recorded while a transform traces keep their graph even when evaluated, so a
 //! function may evaluate intermediate results.
 
+mod compile;
 mod custom;
 
 use std::cell::{Cell, RefCell};
@@ -15,6 +16,10 @@ use std::sync::Arc;
 
 pub use crate::primitive::custom::CustomFn;
 pub use crate::tree::{GradOutput, IntoResult, Tree};
+pub use compile::{
+    CompileOptions, compile, compile_enabled, compile_flat, compile_flat_with, compile_with, compiled_graph,
+    disable_compile, enable_compile,
+};
 pub use custom::{CustomFunction, checkpoint, checkpoint_flat, custom_function, custom_function_flat};
 
 use crate::array::{Array, Node};

@@ -15,7 +15,7 @@ fn gpu_usable() -> bool {
 }
 
 /// Whether a test that needs the GPU runs; says so when it skips.
-fn gpu() -> bool {
+pub(crate) fn gpu() -> bool {
     let ok = gpu_usable();
     if !ok {
         crate::skipped(&format!("no usable GPU ({})", nuvec::cuda::unavailable_reason().unwrap_or_default()));

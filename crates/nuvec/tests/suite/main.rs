@@ -5,6 +5,7 @@
 //! Run one module with a filter: `cargo test -p nuvec --release --test suite -- mlx_sort::`.
 
 mod attention;
+mod compile;
 mod conv_einsum;
 mod cuda_kernel;
 mod errors;

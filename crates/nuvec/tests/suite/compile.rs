@@ -1,0 +1,307 @@
+//! `compile`: compiled functions give the uncompiled function's results bit for bit (fusion
+//! rounds every value to its dtype and never contracts a multiply and an add across steps),
+//! trace once per signature, simplify their graph, and compose with every transform.
+
+use std::cell::Cell;
+
+use nuvec::transforms::{
+    CompileOptions, compile_flat, compile_flat_with, compiled_graph, grad_flat, jvp_flat, vjp_flat, vmap,
+};
+use nuvec::{Array, DType, Result, array, bf16, compile, f16, grad, ops as mx};
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn float(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+    }
+    fn array(&mut self, shape: &[i32], dtype: DType) -> Array {
+        let n: i32 = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| self.float()).collect();
+        let a = Array::from_slice(&v, shape);
+        if dtype.is_integer() { (a * 50.0).astype(dtype) } else { a.astype(dtype) }
+    }
+}
+
+/// The elements' bits, with every NaN as one value (fused kernels may quiet a NaN's payload).
+fn bits(a: &Array) -> Vec<u64> {
+    let nan = u64::MAX;
+    match a.dtype() {
+        DType::F32 => {
+            a.to_vec::<f32>().unwrap().iter().map(|x| if x.is_nan() { nan } else { x.to_bits() as u64 }).collect()
+        }
+        DType::BF16 => {
+            a.to_vec::<bf16>().unwrap().iter().map(|x| if x.is_nan() { nan } else { x.to_bits() as u64 }).collect()
+        }
+        DType::F16 => {
+            a.to_vec::<f16>().unwrap().iter().map(|x| if x.is_nan() { nan } else { x.to_bits() as u64 }).collect()
+        }
+        DType::Bool => a.to_vec::<bool>().unwrap().iter().map(|&x| x as u64).collect(),
+        _ => a.astype(DType::I64).to_vec::<i64>().unwrap().iter().map(|&x| x as u64).collect(),
+    }
+}
+
+fn assert_same(got: &[Array], want: &[Array], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: number of outputs");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.shape(), w.shape(), "{what}: output {i} shape");
+        assert_eq!(g.dtype(), w.dtype(), "{what}: output {i} dtype");
+        let (gb, wb) = (bits(g), bits(w));
+        if let Some(k) = gb.iter().zip(&wb).position(|(a, b)| a != b) {
+            panic!("{what}: output {i} differs first at element {k}: bits {:x} vs {:x}", gb[k], wb[k]);
+        }
+    }
+}
+
+/// A random element-wise program over `inputs`: a pool of values grows by unary, binary,
+/// `where` and cast steps (with weak scalars and broadcast rows), now and then a reduction
+/// broadcast back; a few values of the pool are returned.
+fn program(seed: u64, float: DType) -> impl Fn(&[Array]) -> Result<Vec<Array>> {
+    move |x: &[Array]| {
+        let mut rng = Rng(seed);
+        let mut pool: Vec<Array> = x.to_vec();
+        let steps = 6 + rng.below(14);
+        for _ in 0..steps {
+            let a = pool[rng.below(pool.len())].clone();
+            let b = pool[rng.below(pool.len())].clone();
+            let s = rng.float();
+            let v = match rng.below(if float.is_integer() { 9 } else { 22 }) {
+                0 => &a + &b,
+                1 => &a * &b,
+                2 => &a - &b,
+                3 => mx::maximum(&a, &b),
+                4 => mx::minimum(&a, &b),
+                5 => mx::where_(a.greater(&b), &a, &b),
+                6 => a.negative(),
+                7 => &a * 3 + 1,
+                8 => a.square(),
+                9 => &a * s,
+                10 => &a + s,
+                11 => a.exp().minimum(1e4),
+                12 => a.tanh(),
+                13 => a.sigmoid(),
+                14 => a.abs().sqrt(),
+                15 => a.abs().log1p(),
+                16 => &a / (b.abs() + 1.0),
+                17 => a.astype(DType::F32).astype(a.dtype()),
+                18 => (&a * s + &b) * &a - s,
+                19 => a.sin() * b.cos(),
+                20 => &a - a.sum_keepdims(-1) * 0.01,
+                _ => mx::logaddexp(&a, &b),
+            };
+            pool.push(v);
+        }
+        let n = pool.len();
+        Ok(vec![pool[n - 1].clone(), pool[n - 2 - rng.below(3)].clone()])
+    }
+}
+
+#[test]
+fn compiled_equals_uncompiled_bit_for_bit() {
+    let mut rng = Rng(0x5eed);
+    for case in 0..36u64 {
+        let dtype = [DType::F32, DType::F32, DType::BF16, DType::F16, DType::I32][case as usize % 5];
+        let shape: Vec<i32> = [vec![3, 37], vec![64, 130], vec![1000], vec![2, 3, 257]][rng.below(4)].clone();
+        let last = *shape.last().unwrap();
+        let inputs = [rng.array(&shape, dtype), rng.array(&shape, dtype), rng.array(&[last], dtype)];
+        // The row vector joins the pool broadcast against the others.
+        let f = program(case + 1, dtype);
+        let g = move |x: &[Array]| f(&[x[0].clone(), x[1].clone(), &x[2] + x[0].zeros_like()]);
+        let want = g(&inputs).unwrap();
+        let compiled = compile_flat(g);
+        let first = compiled(&inputs).unwrap();
+        assert_same(&first, &want, &format!("case {case} ({dtype:?}, {shape:?}), tracing call"));
+        let again = compiled(&inputs).unwrap();
+        assert_same(&again, &want, &format!("case {case}, replay"));
+    }
+}
+
+#[test]
+fn multiply_add_chains_round_each_step() {
+    // a*b + c is two roundings unfused; a fused kernel must not contract it into one.
+    let mut rng = Rng(7);
+    let (a, b, c) = (rng.array(&[4096], DType::F32), rng.array(&[4096], DType::F32), rng.array(&[4096], DType::F32));
+    let f = |x: &[Array]| Ok(vec![&x[0] * &x[1] + &x[2], (&x[0] * &x[0]).square() - &x[1] * &x[2]]);
+    let want = f(&[a.clone(), b.clone(), c.clone()]).unwrap();
+    let got = compile_flat(f)(&[a, b, c]).unwrap();
+    assert_same(&got, &want, "multiply-add");
+}
+
+#[test]
+fn a_chain_fuses_into_one_node_and_common_work_merges() {
+    let x = array![[1.0, 2.0], [3.0, 4.0]];
+    let chain = |x: &[Array]| Ok(vec![((&x[0] * 2.0 + 1.0).exp().tanh() - 0.5).sigmoid()]);
+    let text = compiled_graph(chain, &[x.clone()], CompileOptions::default()).unwrap();
+    let nodes: Vec<&str> = text.lines().filter(|l| l.starts_with('n')).collect();
+    assert_eq!(nodes.len(), 1, "{text}");
+    assert!(nodes[0].starts_with("n0 = compiled(in0"), "{text}");
+
+    // exp(x) twice is one exp; the sum ends a region and its consumer starts another.
+    let twice = |x: &[Array]| Ok(vec![x[0].exp() + x[0].exp(), (x[0].exp() * 2.0).sum(..) * x[0].exp()]);
+    let text = compiled_graph(twice, &[x.clone()], CompileOptions { no_fusion: true, ..Default::default() }).unwrap();
+    assert_eq!(text.matches("= exp(").count(), 1, "{text}");
+    let text = compiled_graph(twice, &[x.clone()], CompileOptions::default()).unwrap();
+    assert_eq!(text.matches("= sum(").count(), 1, "{text}");
+
+    // Work that does not depend on the inputs is a constant of the trace.
+    let w = array![0.5, 0.25];
+    let text = compiled_graph(|x: &[Array]| Ok(vec![&x[0] * w.exp()]), &[x], CompileOptions::default()).unwrap();
+    assert!(!text.contains("exp"), "{text}");
+}
+
+#[test]
+fn traces_once_per_signature() {
+    let traces = Cell::new(0);
+    let f = compile_flat(|x: &[Array]| {
+        traces.set(traces.get() + 1);
+        Ok(vec![(&x[0] + 1.0).square()])
+    });
+    let a = array![1.0, 2.0];
+    for _ in 0..3 {
+        assert_eq!(f(&[a.clone()]).unwrap()[0].to_vec::<f32>().unwrap(), vec![4.0, 9.0]);
+    }
+    assert_eq!(traces.get(), 1);
+    // A new shape, dtype or device traces again.
+    assert_eq!(f(&[array![1.0, 2.0, 3.0]]).unwrap()[0].to_vec::<f32>().unwrap(), vec![4.0, 9.0, 16.0]);
+    assert_eq!(f(&[a.astype(DType::F16)]).unwrap()[0].dtype(), DType::F16);
+    assert_eq!(traces.get(), 3);
+    f(&[a.clone()]).unwrap();
+    assert_eq!(traces.get(), 3);
+
+    // Shapeless: one trace for every shape of one rank; a reshape to fixed sizes retraces.
+    let traces = Cell::new(0);
+    let opts = CompileOptions { shapeless: true, ..Default::default() };
+    let f = compile_flat_with(
+        |x: &[Array]| {
+            traces.set(traces.get() + 1);
+            Ok(vec![x[0].exp() * 2.0])
+        },
+        opts,
+    );
+    for n in [3, 5, 9] {
+        let x = mx::arange(0.0, n as f64, 1.0);
+        assert_same(&f(&[x.clone()]).unwrap(), &[x.exp() * 2.0], "shapeless");
+    }
+    assert_eq!(traces.get(), 1);
+    let traces = Cell::new(0);
+    let f = compile_flat_with(
+        |x: &[Array]| {
+            traces.set(traces.get() + 1);
+            Ok(vec![x[0].reshape([2, -1]).sum_keepdims(0)])
+        },
+        opts,
+    );
+    assert_eq!(f(&[mx::arange(0.0, 4.0, 1.0)]).unwrap()[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    assert_eq!(f(&[mx::arange(0.0, 6.0, 1.0)]).unwrap()[0].to_vec::<f32>().unwrap(), vec![3.0, 5.0, 7.0]);
+    assert_eq!(traces.get(), 2);
+
+    // Off (one test only: the switch is global), the function runs on every call.
+    let calls = Cell::new(0);
+    let f = compile_flat(|x: &[Array]| {
+        calls.set(calls.get() + 1);
+        Ok(vec![&x[0] * 2.0])
+    });
+    nuvec::disable_compile();
+    let twice = (f(&[array![1.0]]), f(&[array![1.0]]));
+    nuvec::enable_compile();
+    assert_eq!(twice.0.unwrap()[0].to_vec::<f32>().unwrap(), vec![2.0]);
+    assert!(twice.1.is_ok());
+    assert_eq!(calls.get(), 2);
+}
+
+#[test]
+fn compiled_functions_compose_with_transforms() {
+    let mut rng = Rng(11);
+    let x = rng.array(&[5, 6], DType::F32);
+    let y = rng.array(&[5, 6], DType::F32);
+    let f = |x: &[Array]| -> Result<Vec<Array>> { Ok(vec![((&x[0] * &x[1]).tanh() + x[0].exp() * 0.5).square()]) };
+    let loss = move |x: &[Array]| -> Result<Array> { Ok(f(x)?.remove(0).sum(..)) };
+    let cf = compile_flat(f);
+
+    // grad of compile, compile of grad.
+    let want = grad_flat(loss, &[0, 1])(&[x.clone(), y.clone()]).unwrap();
+    let got = grad_flat(|a: &[Array]| Ok(cf(a)?.remove(0).sum(..)), &[0, 1])(&[x.clone(), y.clone()]).unwrap();
+    assert_close(&got, &want, "grad(compile(f))");
+    let cg = compile_flat(|a: &[Array]| grad_flat(loss, &[0, 1])(a));
+    assert_close(&cg(&[x.clone(), y.clone()]).unwrap(), &want, "compile(grad(f))");
+    assert_close(&cg(&[x.clone(), y.clone()]).unwrap(), &want, "compile(grad(f)), replay");
+
+    // vjp and jvp through a compiled function.
+    let ct = [x.ones_like() * 0.5];
+    let (_, want) = vjp_flat(f, &[x.clone(), y.clone()], &ct).unwrap();
+    let (_, got) = vjp_flat(&cf, &[x.clone(), y.clone()], &ct).unwrap();
+    assert_close(&got, &want, "vjp(compile(f))");
+    let t = [y.clone(), x.clone()];
+    let (_, want) = jvp_flat(f, &[x.clone(), y.clone()], &t).unwrap();
+    let (_, got) = jvp_flat(&cf, &[x.clone(), y.clone()], &t).unwrap();
+    assert_close(&got, &want, "jvp(compile(f))");
+
+    // vmap of compile (the fused node batches fused), compile of vmap.
+    let one = |a: &Array| f(&[a.clone(), a * 2.0]).unwrap().remove(0);
+    let want = vmap(one).call(&x).unwrap();
+    let cone = compile(move |a: &Array| f(&[a.clone(), a * 2.0]).map(|mut v| v.remove(0)));
+    let got = vmap(|a: &Array| cone(a).unwrap()).call(&x).unwrap();
+    assert_close(&[got], &[want.clone()], "vmap(compile(f))");
+    let cv = compile(move |a: &Array| vmap(one).call(a));
+    assert_close(&[cv(&x).unwrap()], &[want], "compile(vmap(f))");
+
+    // grad of a tree-compiled function.
+    let c = compile(|p: &(Array, Array)| (&p.0 * &p.1).sigmoid().sum(..));
+    let (dx, dy) = grad(|p: &(Array, Array)| c(p).unwrap())(&(x.clone(), y.clone())).unwrap();
+    let s = (&x * &y).sigmoid();
+    let ds = &s * (s.ones_like() - &s);
+    assert_close(&[dx, dy], &[&ds * &y, &ds * &x], "grad of a compiled tree function");
+}
+
+fn assert_close(got: &[Array], want: &[Array], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        let (g, w) = (g.to_vec::<f32>().unwrap(), w.to_vec::<f32>().unwrap());
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{what}: element {i}: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn errors_come_back_from_the_call() {
+    let f = compile_flat(|x: &[Array]| Ok(vec![x[0].reshape([7])]));
+    let e = f(&[array![1.0, 2.0]]).unwrap_err();
+    assert!(e.to_string().contains("reshape"), "{e}");
+    let g = compile_flat(|_: &[Array]| Err(nuvec::Error::InvalidArgument("no".into())));
+    assert!(g(&[array![1.0]]).is_err());
+    let failed = array![1.0].reshape([3]);
+    assert!(compile_flat(|x: &[Array]| Ok(vec![x[0].exp()]))(&[failed]).is_err());
+}
+
+#[test]
+fn fused_programs_run_on_the_gpu() {
+    use nuvec::graph::compiled::{Program, Step};
+    use nuvec::graph::{BinaryOp, UnaryOp};
+    use nuvec::graph::{Compiled, Primitive, Spec, backend_for};
+    if !crate::gpu::gpu() {
+        return;
+    }
+    let backend = backend_for(nuvec::Device::gpu(0)).unwrap();
+    for d in [DType::F32, DType::BF16, DType::F16, DType::I32] {
+        let steps = if d.is_integer() {
+            vec![(Step::Binary(BinaryOp::Add, 0, 1), d), (Step::Unary(UnaryOp::Negative, 2), d)]
+        } else {
+            vec![(Step::Binary(BinaryOp::Multiply, 0, 1), d), (Step::Unary(UnaryOp::Exp, 2), d)]
+        };
+        let p = Program { inputs: vec![d, d], steps, outputs: vec![3, 2] };
+        let spec = Spec { shape: [64, 4096].into_iter().collect(), dtype: d };
+        let prim = Primitive::Compiled(Compiled(std::sync::Arc::new(p)));
+        assert!(backend.supports(&prim, &[spec.clone(), spec.clone()], &[spec.clone(), spec]), "{d:?}");
+    }
+}
