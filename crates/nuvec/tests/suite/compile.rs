@@ -305,3 +305,40 @@ fn fused_programs_run_on_the_gpu() {
         assert!(backend.supports(&prim, &[spec.clone(), spec.clone()], &[spec.clone(), spec]), "{d:?}");
     }
 }
+
+#[test]
+fn captured_state_is_read_and_replaced_on_every_call() {
+    use std::{cell::RefCell, rc::Rc};
+    use nuvec::transforms::compile_with_state;
+    // Three steps of gradient descent on w, the weights held outside the step's arguments.
+    let mut rng = Rng(3);
+    let (x, target) = (rng.array(&[8, 4], DType::F32), rng.array(&[8], DType::F32));
+    let loss = |w: &Array, x: &Array, t: &Array| (x.matmul(w) - t).square().mean(..);
+    let step = |w: &Array, x: &Array, t: &Array| -> (Array, Array) {
+        let g = grad(|w: &Array| loss(w, x, t))(w).unwrap();
+        (w - g * 0.1, loss(w, x, t))
+    };
+    let mut w_plain = rng.array(&[4], DType::F32);
+    let w = Rc::new(RefCell::new(w_plain.clone()));
+    let traces = Cell::new(0);
+    let (get, set, body) = (w.clone(), w.clone(), w.clone());
+    let compiled = compile_with_state(
+        |a: &[Array]| {
+            traces.set(traces.get() + 1);
+            let (next, l) = step(&body.borrow(), &a[0], &a[1]);
+            *body.borrow_mut() = next;
+            Ok(vec![l])
+        },
+        move || vec![get.borrow().clone()],
+        move |s: Vec<Array>| *set.borrow_mut() = s[0].clone(),
+        CompileOptions::default(),
+    );
+    for i in 0..3 {
+        let (next, want) = step(&w_plain, &x, &target);
+        w_plain = next;
+        let got = compiled(&[x.clone(), target.clone()]).unwrap();
+        assert_close(&got, &[want], &format!("loss of step {i}"));
+        assert_close(&[w.borrow().clone()], &[w_plain.clone()], &format!("weights after step {i}"));
+    }
+    assert_eq!(traces.get(), 1);
+}

@@ -205,6 +205,80 @@ where
     }
 }
 
+/// [`compile_flat_with`] for a function that reads and replaces arrays held outside its
+/// arguments (MLX's `inputs=` and `outputs=`): a model's weights and an optimizer's state
+/// updated by a compiled training step, say. `get` returns the state's arrays and `set`
+/// replaces them, both in one fixed order.
+///
+/// Each call reads the state with `get` and passes it into the graph as extra inputs; the
+/// state `f` leaves behind (read with `get` after tracing) is an extra output, stored with
+/// `set` after every call. While `f` traces, the state holds traced arrays.
+///
+/// ```
+/// use std::{cell::RefCell, rc::Rc};
+/// use nuvec::{array, Array, transforms::{CompileOptions, compile_with_state}};
+/// let w = Rc::new(RefCell::new(array![1.0, 2.0]));
+/// let (get, set, read) = (w.clone(), w.clone(), w.clone());
+/// // One step of "w <- w * x"; returns the sum.
+/// let step = compile_with_state(
+///     move |x: &[Array]| {
+///         let next = &*read.borrow() * &x[0];
+///         *read.borrow_mut() = next.clone();
+///         Ok(vec![next.sum(..)])
+///     },
+///     move || vec![get.borrow().clone()],
+///     move |s: Vec<Array>| *set.borrow_mut() = s[0].clone(),
+///     CompileOptions::default(),
+/// );
+/// step(&[array![2.0, 3.0]]).unwrap();
+/// let total = step(&[array![2.0, 3.0]]).unwrap();
+/// assert_eq!(w.borrow().to_vec::<f32>().unwrap(), vec![4.0, 18.0]);
+/// assert_eq!(total[0].item::<f32>().unwrap(), 22.0);
+/// ```
+pub fn compile_with_state<F, G, S>(
+    f: F,
+    get: G,
+    set: S,
+    options: CompileOptions,
+) -> impl Fn(&[Array]) -> Result<Vec<Array>>
+where
+    F: Fn(&[Array]) -> Result<Vec<Array>>,
+    G: Fn() -> Vec<Array>,
+    S: Fn(Vec<Array>),
+{
+    let cache = Cache::new(options);
+    move |args: &[Array]| {
+        if direct() {
+            return f(args);
+        }
+        let state = get();
+        let n = args.len();
+        let mut all = args.to_vec();
+        all.extend(state.iter().cloned());
+        // The number of f's own outputs, for splitting off the new state.
+        let mut returned = None;
+        let result = cache.call(&all, &mut |x| {
+            set(x[n..].to_vec());
+            let mut outs = f(&x[..n])?;
+            returned = Some(outs.len());
+            outs.extend(get());
+            Ok(outs)
+        });
+        let mut outs = match result {
+            Ok((outs, ..)) => outs,
+            Err(e) => {
+                set(state);
+                return Err(e);
+            }
+        };
+        // On a replay, the state's arrays follow f's outputs in the same number.
+        let ours = returned.unwrap_or(outs.len() - state.len().min(outs.len()));
+        let new_state = outs.split_off(ours);
+        set(new_state);
+        Ok(outs)
+    }
+}
+
 /// `f` compiled (MLX's `mx.compile`): the first call with a new signature (each input's
 /// shape, dtype and device) traces `f` and keeps the simplified, fused graph; later calls with
 /// that signature replay it on their inputs without running `f`. The results are the ones `f`
