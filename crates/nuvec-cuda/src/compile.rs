@@ -14,7 +14,7 @@ use nuvec_core::{Error, Result};
 use crate::driver::{Gpu, check};
 
 /// The headers our kernel sources include, by name.
-pub const HEADERS: [(&str, &str); 20] = [
+pub const HEADERS: [(&str, &str); 21] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("arith.cuh", include_str!("../kernels/arith.cuh")),
     ("map.cuh", include_str!("../kernels/map.cuh")),
@@ -35,6 +35,7 @@ pub const HEADERS: [(&str, &str); 20] = [
     ("cross_entropy.cuh", include_str!("../kernels/cross_entropy.cuh")),
     ("attention.cuh", include_str!("../kernels/attention.cuh")),
     ("quantized_matmul.cuh", include_str!("../kernels/quantized_matmul.cuh")),
+    ("compiled.cuh", include_str!("../kernels/compiled.cuh")),
 ];
 
 /// `sm_XYa` for compute capability 9.0 and later (so Hopper's wgmma and TMA are usable),

@@ -9,7 +9,7 @@ use nuvec_core::{DType, Result};
 
 use crate::driver::Gpu;
 use crate::operand::internal;
-use crate::{binary, copy, custom_kernel, fast, gather, matmul, quantize, random, reduce, scan, sort, unary};
+use crate::{binary, compiled, copy, custom_kernel, fast, gather, matmul, quantize, random, reduce, scan, sort, unary};
 
 /// Whether the GPU runs `primitive` on inputs and outputs of these specs.
 pub(crate) fn supports(primitive: &Primitive, inputs: &[Spec], outputs: &[Spec]) -> bool {
@@ -37,6 +37,7 @@ pub(crate) fn supports(primitive: &Primitive, inputs: &[Spec], outputs: &[Spec])
             inputs.first().and_then(|x| x.shape.get(*axis)).is_some_and(|&len| sort::supports(len as usize))
         }
         Primitive::CustomKernel(_) => true,
+        Primitive::Compiled(c) => compiled::supports(c, inputs, outputs),
         Primitive::Quantize { .. } | Primitive::Dequantize { .. } => quantize::supports(primitive, inputs),
         _ => false,
     }
@@ -80,6 +81,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, primitive: &Primitive, inputs: Vec<Operand>, 
             quantize::dequantize(gpu, *group_size, *bits, [next()?, next()?, next()?], first(outputs)?)
         }
         Primitive::CustomKernel(spec) => custom_kernel::eval(gpu, spec, it.collect(), outputs),
+        Primitive::Compiled(c) => compiled::eval(gpu, c, it.collect(), outputs),
         p => Err(internal(format!("{} is not a GPU primitive", p.name()))),
     }
 }

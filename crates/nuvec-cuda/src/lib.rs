@@ -8,8 +8,9 @@
 //!
 //! Layout: `eval` dispatches every primitive to its family module (`unary`, `binary`, `copy`,
 //! `reduce`, `scan`, `matmul`, `gather`, `sort`, `random`, `quantize`, `fast::{softmax, norm,
-//! rope, swiglu, cross_entropy}`, `custom_kernel`; the CPU backend's names), which launches the
-//! kernels of the same-named `kernels/*.cuh` and generates their modules ([`kernels::Family`]);
+//! rope, swiglu, cross_entropy}`, `custom_kernel`, `compiled`; the CPU backend's names), which
+//! launches the kernels of the same-named `kernels/*.cuh` and generates their modules
+//! ([`kernels::Family`]; `custom_kernel` and `compiled` generate one module per kernel);
 //! `operand` holds the pointer, buffer and launch helpers they share.
 
 // Public items of the libraries are documented; examples and tests need no crate docs.
@@ -27,6 +28,7 @@ mod operand;
 // One module per primitive family, named as in the CPU backend and in `kernels/*.cuh`; each
 // holds its launches and the generator of its kernel modules.
 mod binary;
+mod compiled;
 mod copy;
 mod custom_kernel;
 mod fast;
@@ -48,6 +50,7 @@ use nuvec_core::storage::{HostBuffer, Memory, MemoryStats, Operand, Output, Spec
 use nuvec_core::{Error, Result};
 
 pub use compile::{BuildCounts, builds};
+pub use compiled::{InputArrangement, generate_compiled_kernel};
 pub use custom_kernel::{GeneratedKernel, InputParams, generate_custom_kernel};
 pub use custom_kernel::{PRELUDE as CUSTOM_KERNEL_PRELUDE, compile_custom_kernel};
 pub use driver::DeviceInfo;

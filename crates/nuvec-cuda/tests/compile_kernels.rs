@@ -89,3 +89,135 @@ fn compile_errors_carry_the_nvrtc_log() {
     .to_string();
     assert!(err.contains("undefined_thing"), "{err}");
 }
+
+// The generated kernels of compiled programs (`Primitive::Compiled`): float32, bfloat16 beside
+// float32, int32, float64 and complex64 programs over dense, scalar and strided inputs.
+#[test]
+fn compiled_programs_compile_for_hopper() {
+    use nuvec_core::DType::*;
+    use nuvec_core::primitive::compiled::{Program, Step};
+    use nuvec_core::primitive::{BinaryOp as B, UnaryOp as U};
+    use nuvec_cuda::InputArrangement::{Dense, Scalar, Strided};
+
+    // A float32 chain of ten steps: products, transcendental functions, `where`, casts.
+    let chain = Program {
+        inputs: vec![F32, F32, Bool],
+        steps: vec![
+            (Step::Binary(B::Multiply, 0, 1), F32),
+            (Step::Binary(B::Add, 3, 0), F32),
+            (Step::Unary(U::Exp, 4), F32),
+            (Step::Unary(U::Tanh, 5), F32),
+            (Step::Unary(U::Sigmoid, 6), F32),
+            (Step::Select(2, 7, 3), F32),
+            (Step::Unary(U::Square, 8), F32),
+            (Step::AsType(BF16, 9), BF16),
+            (Step::AsType(F32, 10), F32),
+            (Step::Binary(B::Subtract, 11, 1), F32),
+        ],
+        outputs: vec![12],
+    };
+    // bfloat16 beside float32 (a widened pair), casts, a predicate; two outputs.
+    let half = Program {
+        inputs: vec![BF16, F32],
+        steps: vec![
+            (Step::Binary(B::Multiply, 0, 1), F32),
+            (Step::Binary(B::Maximum, 1, 0), F32),
+            (Step::AsType(BF16, 2), BF16),
+            (Step::Unary(U::Exp, 4), BF16),
+            (Step::Binary(B::Add, 5, 0), BF16),
+            (Step::Binary(B::Less, 6, 0), Bool),
+            (Step::Binary(B::Divide, 3, 2), F32),
+        ],
+        outputs: vec![6, 7, 8],
+    };
+    let int = Program {
+        inputs: vec![I32, I32],
+        steps: vec![
+            (Step::Binary(B::Add, 0, 1), I32),
+            (Step::Binary(B::Multiply, 2, 0), I32),
+            (Step::Binary(B::FloorDivide, 3, 1), I32),
+            (Step::Binary(B::Remainder, 3, 1), I32),
+            (Step::Binary(B::BitwiseXor, 4, 5), I32),
+            (Step::Binary(B::LeftShift, 6, 1), I32),
+            (Step::Binary(B::Greater, 7, 0), Bool),
+            (Step::Select(8, 6, 5), I32),
+            (Step::Unary(U::Negative, 9), I32),
+            (Step::AsType(F32, 10), F32),
+        ],
+        outputs: vec![10, 11],
+    };
+    // A broadcast scalar (input 1) and two outputs, one of them an input.
+    let scalar = Program {
+        inputs: vec![F32, F32],
+        steps: vec![(Step::Binary(B::Multiply, 0, 1), F32), (Step::Binary(B::Add, 2, 1), F32)],
+        outputs: vec![3, 0],
+    };
+    let wide = Program {
+        inputs: vec![F64, Complex64],
+        steps: vec![
+            (Step::Unary(U::Square, 0), F64),
+            (Step::Unary(U::Log1p, 2), F64),
+            (Step::Unary(U::Exp, 1), Complex64),
+            (Step::Binary(B::Multiply, 4, 1), Complex64),
+            (Step::Unary(U::Abs, 5), F32),
+            (Step::AsType(F64, 6), F64),
+            (Step::Binary(B::Power, 3, 7), F64),
+        ],
+        outputs: vec![8, 5],
+    };
+    let cases: Vec<(&Program, Vec<nuvec_cuda::InputArrangement>)> = vec![
+        (&chain, vec![Dense, Dense, Dense]),
+        (&chain, vec![Dense, Scalar, Strided]),
+        (&half, vec![Dense, Dense]),
+        (&half, vec![Strided, Scalar]),
+        (&int, vec![Dense, Scalar]),
+        (&int, vec![Strided, Strided]),
+        (&scalar, vec![Dense, Scalar]),
+        (&scalar, vec![Scalar, Scalar]),
+        (&wide, vec![Dense, Dense]),
+        (&wide, vec![Strided, Dense]),
+    ];
+    let mut sources = Vec::new();
+    for (program, arrangement) in &cases {
+        program.validate().unwrap_or_else(|e| panic!("invalid test program {program}: {e:?}"));
+        let source = nuvec_cuda::generate_compiled_kernel(program, arrangement).unwrap();
+        let letters: String = arrangement
+            .iter()
+            .map(|a| match a {
+                Dense => 'd',
+                Scalar => 's',
+                Strided => 'r',
+            })
+            .collect();
+        let name = format!("compiled_{:016x}_{letters}", program.digest());
+        assert!(source.contains(&format!(" {name}(")), "the entry point is {name}:\n{source}");
+        sources.push((name, source));
+    }
+    // The numerics rule in the source: float32 products round on their own and every float32
+    // value a later step reads passes the barrier; half-precision values need none.
+    let chain_src = &sources[0].1;
+    assert!(chain_src.contains("__fmul_rn(v0, v1)") && chain_src.contains("__fmul_rn(v8, v8)"), "{chain_src}");
+    assert_eq!(chain_src.matches("= cl_round(").count(), 8, "{chain_src}");
+    assert!(sources[2].1.contains("__fmul_rn(convert<float, __nv_bfloat16>(v0), v1)"), "{}", sources[2].1);
+    assert!(!sources[4].1.contains("cl_round(x"), "{}", sources[4].1);
+    assert!(sources[8].1.contains("__dmul_rn(v0, v0)"), "{}", sources[8].1);
+    // A step no kernel covers is an error naming `compiled`, not a panic.
+    let floor_int = Program { inputs: vec![I32], steps: vec![(Step::Unary(U::Floor, 0), I32)], outputs: vec![1] };
+    let err = nuvec_cuda::generate_compiled_kernel(&floor_int, &[Dense]).unwrap_err().to_string();
+    assert!(err.contains("compiled") && err.contains("floor"), "{err}");
+    assert!(nuvec_cuda::generate_compiled_kernel(&scalar, &[Dense]).is_err());
+
+    if !nvrtc_or_skip() {
+        return;
+    }
+    // One at a time: ten small sources.
+    let failures: Vec<String> = sources
+        .iter()
+        .filter_map(|(name, source)| {
+            nuvec_cuda::compile::compile_cubin(source, name, "sm_90", &[])
+                .err()
+                .map(|e| format!("{name}:\n{e}\n{source}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} compiled kernels do not compile:\n{}", failures.len(), failures.join("\n"));
+}
