@@ -43,6 +43,42 @@ pub trait Backend: Send + Sync {
 
     /// Waits for all work queued on `stream`.
     fn synchronize(&self, stream: Stream) -> Result<()>;
+
+    /// Starts recording the work queued on `stream` into a graph instead of running it
+    /// (CUDA graphs). Until [`Backend::end_capture`], allocations on the device come from
+    /// memory the graph keeps. Backends without graphs say so.
+    fn begin_capture(&self, stream: Stream) -> Result<()> {
+        let _ = stream;
+        Err(Error::Backend(format!("the {} backend records no graphs", self.name())))
+    }
+
+    /// Ends the recording begun by [`Backend::begin_capture`]: the graph, ready to launch, or
+    /// why the work could not be recorded (a wait for the device inside, say).
+    fn end_capture(&self, stream: Stream) -> Result<Arc<dyn GraphExec>> {
+        let _ = stream;
+        Err(Error::Backend(format!("the {} backend records no graphs", self.name())))
+    }
+
+    /// Copies the elements of `src` (row-contiguous) into `dst` (row-contiguous, as many
+    /// elements of the same dtype), both in this backend's memory, queued on `stream`: how a
+    /// recorded graph's fixed inputs take new values.
+    fn copy_into(&self, stream: Stream, src: &Operand, dst: &crate::storage::Data) -> Result<()> {
+        let _ = (stream, src, dst);
+        Err(Error::Backend(format!("the {} backend has no copy_into", self.name())))
+    }
+}
+
+/// A recorded graph of device work (see [`Backend::begin_capture`]), replayed as a whole. It
+/// reads and writes the same memory on every launch.
+pub trait GraphExec: Send + Sync {
+    /// Queues the whole graph on `stream`.
+    fn launch(&self, stream: Stream) -> Result<()>;
+    /// The number of operations recorded.
+    fn len(&self) -> usize;
+    /// Whether nothing was recorded.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 unsafe extern "Rust" {

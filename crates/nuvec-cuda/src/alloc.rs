@@ -30,7 +30,7 @@ pub(crate) struct Allocator {
 }
 
 /// Rounds a request to the block size it is served with.
-fn round(bytes: usize) -> usize {
+pub(crate) fn round(bytes: usize) -> usize {
     let bytes = bytes.max(1);
     if bytes <= 4096 {
         bytes.div_ceil(256) * 256
@@ -104,7 +104,7 @@ impl Allocator {
             return;
         }
         drop(s);
-        if gpu.synchronize().is_ok() {
+        if gpu.synchronize_device().is_ok() {
             // SAFETY: the block is no longer referenced by any array, and the stream has
             // finished every kernel that used it.
             unsafe {
@@ -115,7 +115,7 @@ impl Allocator {
 
     /// Frees every cached block.
     pub(crate) fn clear(&self, gpu: &Gpu) -> Result<()> {
-        gpu.synchronize()?;
+        gpu.synchronize_device()?;
         let blocks: Vec<sys::CUdeviceptr> = {
             let mut s = self.lock();
             s.cached = 0;
@@ -155,23 +155,32 @@ impl Allocator {
     }
 }
 
-/// A device allocation owned by an array's storage; freed into the cache on drop.
+/// A device allocation owned by an array's storage; freed into the cache on drop (or into the
+/// pool of the CUDA graph recording that allocated it).
 pub(crate) struct GpuBuffer {
     pub(crate) ptr: sys::CUdeviceptr,
     size: usize,
     pub(crate) gpu: Arc<Gpu>,
+    pool: Option<Arc<crate::graph::Pool>>,
 }
 
 impl GpuBuffer {
     pub(crate) fn new(gpu: &Arc<Gpu>, bytes: usize) -> Result<GpuBuffer> {
-        let (ptr, size) = gpu.alloc.alloc(gpu, bytes)?;
-        Ok(GpuBuffer { ptr, size, gpu: gpu.clone() })
+        let pool = crate::graph::recording_pool(gpu.index);
+        let (ptr, size) = match &pool {
+            Some(p) => p.alloc(bytes)?,
+            None => gpu.alloc.alloc(gpu, bytes)?,
+        };
+        Ok(GpuBuffer { ptr, size, gpu: gpu.clone(), pool })
     }
 }
 
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
-        self.gpu.alloc.free(&self.gpu, self.ptr, self.size);
+        match &self.pool {
+            Some(p) => p.free(self.ptr, self.size),
+            None => self.gpu.alloc.free(&self.gpu, self.ptr, self.size),
+        }
     }
 }
 

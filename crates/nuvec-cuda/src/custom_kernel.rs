@@ -83,16 +83,16 @@ fn fill(gpu: &Gpu, ptr: sys::CUdeviceptr, n: usize, dtype: DType, value: f64) ->
     unsafe {
         match pattern.len() {
             _ if pattern.iter().all(|&b| b == 0) => {
-                check(sys::cuMemsetD8Async(ptr, 0, n * pattern.len(), gpu.stream), "cuMemsetD8Async")
+                check(sys::cuMemsetD8Async(ptr, 0, n * pattern.len(), gpu.stream()), "cuMemsetD8Async")
             }
-            1 => check(sys::cuMemsetD8Async(ptr, pattern[0], n, gpu.stream), "cuMemsetD8Async"),
+            1 => check(sys::cuMemsetD8Async(ptr, pattern[0], n, gpu.stream()), "cuMemsetD8Async"),
             2 => {
                 let v = u16::from_ne_bytes([pattern[0], pattern[1]]);
-                check(sys::cuMemsetD16Async(ptr, v, n, gpu.stream), "cuMemsetD16Async")
+                check(sys::cuMemsetD16Async(ptr, v, n, gpu.stream()), "cuMemsetD16Async")
             }
             4 => {
                 let v = u32::from_ne_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]);
-                check(sys::cuMemsetD32Async(ptr, v, n, gpu.stream), "cuMemsetD32Async")
+                check(sys::cuMemsetD32Async(ptr, v, n, gpu.stream()), "cuMemsetD32Async")
             }
             size => {
                 // No 8-byte memset: write one element, then double the filled prefix.

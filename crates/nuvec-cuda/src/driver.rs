@@ -97,7 +97,8 @@ pub struct DeviceInfo {
 pub(crate) struct Gpu {
     pub(crate) index: u32,
     pub(crate) ctx: sys::CUcontext,
-    pub(crate) stream: sys::CUstream,
+    /// The stream all work goes to (see [`Gpu::stream`]).
+    main_stream: sys::CUstream,
     pub(crate) info: DeviceInfo,
     pub(crate) alloc: Allocator,
     pub(crate) modules: Modules,
@@ -168,7 +169,7 @@ impl Gpu {
             Ok(Gpu {
                 index,
                 ctx,
-                stream,
+                main_stream: stream,
                 alloc: Allocator::new(total),
                 modules: Modules::new(crate::compile::arch_for(info.compute_capability)),
                 info,
@@ -188,7 +189,7 @@ impl Gpu {
             self.bind()?;
             // SAFETY: `ptr` starts a fresh allocation of `want` u32s on this device; the memset
             // is ordered on the stream before any kernel that receives the pointer.
-            unsafe { check(sys::cuMemsetD32Async(ptr, 0, want, self.stream), "cuMemsetD32Async")? };
+            unsafe { check(sys::cuMemsetD32Async(ptr, 0, want, self.stream()), "cuMemsetD32Async")? };
             if c.1 > 0 {
                 self.alloc.free(self, c.0, c.2);
             }
@@ -203,11 +204,26 @@ impl Gpu {
         unsafe { check(sys::cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent") }
     }
 
-    /// Waits for all queued work.
+    /// The stream this thread's work goes to: the device's one stream, or the stream of the
+    /// CUDA graph this thread is recording (`graph.rs`), whose work only runs when the graph is
+    /// launched (on the device's stream).
+    pub(crate) fn stream(&self) -> sys::CUstream {
+        crate::graph::recording_stream(self.index).unwrap_or(self.main_stream)
+    }
+
+    /// Waits for all queued work (on this thread's stream: inside a recording, that fails).
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.bind()?;
         // SAFETY: the stream belongs to this context.
-        unsafe { check(sys::cuStreamSynchronize(self.stream), "cuStreamSynchronize") }
+        unsafe { check(sys::cuStreamSynchronize(self.stream()), "cuStreamSynchronize") }
+    }
+
+    /// Waits for all work queued on the device's stream, also while this thread records a
+    /// graph (the allocator's wait before a block goes back to the driver).
+    pub(crate) fn synchronize_device(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the stream belongs to this context.
+        unsafe { check(sys::cuStreamSynchronize(self.main_stream), "cuStreamSynchronize") }
     }
 
     /// Copies host bytes into device memory at `dst`, ordered on the stream.
@@ -221,7 +237,7 @@ impl Gpu {
         // freed afterwards.
         unsafe {
             check(
-                sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), self.stream),
+                sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), self.stream()),
                 "cuMemcpyHtoDAsync",
             )
         }
@@ -237,10 +253,10 @@ impl Gpu {
         // the host reads `dst`.
         unsafe {
             check(
-                sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len(), self.stream),
+                sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len(), self.stream()),
                 "cuMemcpyDtoHAsync",
             )?;
-            check(sys::cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+            check(sys::cuStreamSynchronize(self.stream()), "cuStreamSynchronize")
         }
     }
 
@@ -251,7 +267,7 @@ impl Gpu {
         }
         self.bind()?;
         // SAFETY: both ranges are inside live allocations of this device.
-        unsafe { check(sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream), "cuMemcpyDtoDAsync") }
+        unsafe { check(sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream()), "cuMemcpyDtoDAsync") }
     }
 
     /// Zeros `bytes` of a device buffer, ordered on the stream.
@@ -261,6 +277,6 @@ impl Gpu {
         }
         self.bind()?;
         // SAFETY: the range is inside a live allocation of this device.
-        unsafe { check(sys::cuMemsetD8Async(dst, 0, bytes, self.stream), "cuMemsetD8Async") }
+        unsafe { check(sys::cuMemsetD8Async(dst, 0, bytes, self.stream()), "cuMemsetD8Async") }
     }
 }

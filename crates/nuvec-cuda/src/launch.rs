@@ -158,7 +158,7 @@ pub(crate) fn launch(
                 block.1,
                 block.2,
                 shared,
-                gpu.stream,
+                gpu.stream(),
                 ptrs.as_mut_ptr(),
                 std::ptr::null_mut(),
             ),
@@ -179,7 +179,7 @@ fn config(gpu: &Gpu, grid: u32, threads: (u32, u32), attrs: &mut [sys::CUlaunchA
         blockDimY: threads.1,
         blockDimZ: 1,
         sharedMemBytes: 0,
-        hStream: gpu.stream,
+        hStream: gpu.stream(),
         attrs: attrs.as_mut_ptr(),
         numAttrs: attrs.len() as u32,
     }

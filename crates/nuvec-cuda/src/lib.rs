@@ -20,6 +20,7 @@
 mod alloc;
 pub mod compile;
 mod driver;
+mod graph;
 pub mod kernels;
 mod launch;
 // The one dispatch (`eval`) and the operand helpers every family uses (`operand`).
@@ -209,5 +210,17 @@ impl Backend for CudaBackend {
 
     fn synchronize(&self, stream: Stream) -> Result<()> {
         gpu_of(stream.device)?.synchronize()
+    }
+
+    fn begin_capture(&self, stream: Stream) -> Result<()> {
+        graph::begin(&gpu_of(stream.device)?)
+    }
+
+    fn end_capture(&self, stream: Stream) -> Result<Arc<dyn nuvec_core::backend::GraphExec>> {
+        graph::end(&gpu_of(stream.device)?)
+    }
+
+    fn copy_into(&self, stream: Stream, src: &Operand, dst: &nuvec_core::storage::Data) -> Result<()> {
+        graph::copy_into(&gpu_of(stream.device)?, src, dst)
     }
 }

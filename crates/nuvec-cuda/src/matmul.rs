@@ -264,7 +264,7 @@ pub(crate) fn matmul(
                         op_ptr,
                         0,
                         (m * n * batch) as usize * dtype.size(),
-                        gpu.stream,
+                        gpu.stream(),
                     ),
                     "cuMemsetD8Async",
                 )?;
@@ -340,7 +340,7 @@ pub(crate) fn matmul(
                 &plan.algo,
                 ws as *mut c_void,
                 WORKSPACE,
-                gpu.stream as lt::cudaStream_t,
+                gpu.stream() as lt::cudaStream_t,
             ),
             "cublasLtMatmul",
         )

@@ -18,7 +18,7 @@ pub use crate::primitive::custom::CustomFn;
 pub use crate::tree::{GradOutput, IntoResult, Tree};
 pub use compile::{
     CompileOptions, compile, compile_enabled, compile_flat, compile_flat_with, compile_with, compile_with_state,
-    compiled_graph, disable_compile, enable_compile,
+    compiled_graph, cuda_graphs_recorded, disable_compile, enable_compile,
 };
 pub use custom::{CustomFunction, checkpoint, checkpoint_flat, custom_function, custom_function_flat};
 

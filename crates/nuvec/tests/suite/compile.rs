@@ -308,8 +308,8 @@ fn fused_programs_run_on_the_gpu() {
 
 #[test]
 fn captured_state_is_read_and_replaced_on_every_call() {
-    use std::{cell::RefCell, rc::Rc};
     use nuvec::transforms::compile_with_state;
+    use std::{cell::RefCell, rc::Rc};
     // Three steps of gradient descent on w, the weights held outside the step's arguments.
     let mut rng = Rng(3);
     let (x, target) = (rng.array(&[8, 4], DType::F32), rng.array(&[8], DType::F32));
@@ -341,4 +341,75 @@ fn captured_state_is_read_and_replaced_on_every_call() {
         assert_close(&[w.borrow().clone()], &[w_plain.clone()], &format!("weights after step {i}"));
     }
     assert_eq!(traces.get(), 1);
+}
+
+/// Four decode-shaped layers (RMSNorm, products, SwiGLU, residual) over captured bf16 weights.
+fn decoder(seed: u64, d: i32) -> impl Fn(&[Array]) -> Result<Vec<Array>> + Clone {
+    let mut rng = Rng(seed);
+    let layers: Vec<[Array; 4]> = (0..4)
+        .map(|_| {
+            let s = 1.0 / (d as f32).sqrt();
+            [
+                rng.array(&[d], DType::BF16) + 1.0,
+                rng.array(&[d, d], DType::BF16) * s,
+                rng.array(&[d, d], DType::BF16) * s,
+                rng.array(&[d, d], DType::BF16) * s,
+            ]
+        })
+        .collect();
+    nuvec::eval(&layers.iter().flatten().collect::<Vec<_>>()).unwrap();
+    move |x: &[Array]| {
+        let mut h = x[0].clone();
+        for [norm, gate, up, down] in &layers {
+            let n = nuvec::fast::rms_norm(&h, norm, 1e-5);
+            h = &h + nuvec::fast::swiglu(&n.matmul(gate), &n.matmul(up)).matmul(down);
+        }
+        Ok(vec![h.clone(), (h * 0.5).tanh().astype(DType::F32)])
+    }
+}
+
+#[test]
+fn cuda_graphs_record_once_then_replay_bit_for_bit() {
+    if !crate::gpu::gpu() {
+        return;
+    }
+    let f = decoder(5, 256);
+    let graphed = compile_flat_with(f.clone(), CompileOptions { cuda_graph: true, ..Default::default() });
+    let before = nuvec::transforms::cuda_graphs_recorded();
+    let mut rng = Rng(9);
+    for call in 0..5 {
+        let x = rng.array(&[1, 256], DType::BF16);
+        let want = f(&[x.clone()]).unwrap();
+        let got = graphed(&[x.clone()]).unwrap();
+        assert_same(&got, &want, &format!("call {call}"));
+        // The results are the caller's: the next launch must not overwrite them.
+        if call > 1 {
+            let again = graphed(&[rng.array(&[1, 256], DType::BF16)]).unwrap();
+            nuvec::eval(&again).unwrap();
+            assert_same(&got, &want, &format!("call {call}, after another launch"));
+        }
+    }
+    // Recorded on the second call, launched ever since.
+    assert!(nuvec::transforms::cuda_graphs_recorded() > before);
+    // A second signature records its own graph.
+    let x = rng.array(&[3, 256], DType::BF16);
+    for _ in 0..3 {
+        assert_same(&graphed(&[x.clone()]).unwrap(), &f(&[x.clone()]).unwrap(), "batch of 3");
+    }
+}
+
+#[test]
+fn work_that_cannot_be_recorded_replays_op_by_op() {
+    // (On a CPU nothing records; the results must still be the function's.)
+    // The GPU has no complex running sum: it runs on the host, which a graph cannot wait for.
+    let f = |x: &[Array]| {
+        let c = x[0].astype(DType::Complex64);
+        Ok(vec![c.cumsum(-1).abs() + 1.0])
+    };
+    let graphed = compile_flat_with(f, CompileOptions { cuda_graph: true, ..Default::default() });
+    let mut rng = Rng(4);
+    for call in 0..4 {
+        let x = rng.array(&[4, 4], DType::F32);
+        assert_same(&graphed(&[x.clone()]).unwrap(), &f(&[x]).unwrap(), &format!("call {call}"));
+    }
 }

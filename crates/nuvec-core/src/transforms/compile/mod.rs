@@ -5,6 +5,7 @@
 //! A traced function's arrays that do not depend on its inputs (captured arrays, and whatever
 //! is computed from them alone) are constants: computed once, on the first call, and kept.
 
+mod capture;
 mod fuse;
 mod graph;
 
@@ -20,6 +21,7 @@ use crate::error::Result;
 use crate::shape::Shape;
 
 use super::{IntoResult, Trace, Tree, tracer};
+pub use capture::cuda_graphs_recorded;
 use graph::Graph;
 
 static DISABLED: AtomicBool = AtomicBool::new(false);
@@ -51,6 +53,12 @@ pub struct CompileOptions {
     pub shapeless: bool,
     /// Skip element-wise fusion (simplification still runs).
     pub no_fusion: bool,
+    /// On a GPU, record each signature's device work as a CUDA graph on its second call and
+    /// launch that graph on later calls (PyTorch's "reduce-overhead"). Those calls evaluate
+    /// their results before returning. The graph keeps its intermediates' memory for as long
+    /// as the compiled function lives. Work that cannot be recorded (a wait for the device
+    /// inside, say) runs op by op; `NUVEC_COMPILE_LOG=1` prints why.
+    pub cuda_graph: bool,
 }
 
 /// What a traced graph is cached under: each input's dtype, device and shape (its rank only
@@ -75,11 +83,13 @@ thread_local! {
 struct Cache {
     options: CompileOptions,
     graphs: Mutex<HashMap<Signature, Arc<Graph>>>,
+    /// Per exact signature, its CUDA graph (with `cuda_graph`).
+    captures: Mutex<HashMap<Signature, capture::Capture>>,
 }
 
 impl Cache {
     fn new(options: CompileOptions) -> Cache {
-        Cache { options, graphs: Mutex::new(HashMap::new()) }
+        Cache { options, graphs: Mutex::new(HashMap::new()), captures: Mutex::new(HashMap::new()) }
     }
 
     /// Runs the graph cached for `args`' signature, tracing `f` first on a miss. Also gives
@@ -100,6 +110,9 @@ impl Cache {
         for key in &keys {
             let graph = self.graphs.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned();
             if let Some(graph) = graph {
+                if let Some(outs) = self.graphed(&graph, &exact, args, key.1) {
+                    return Ok((outs, key.clone(), exact));
+                }
                 let outs = graph.replay(args, key.1);
                 // A shapeless replay that does not fit the new shapes falls to an exact trace.
                 if !key.1 || outs.iter().all(|o| !o.is_failed()) {
@@ -114,7 +127,48 @@ impl Cache {
         // A shapeless graph stays under the rank key only for the shapes it was traced on.
         graphs.insert(key.clone(), graph.clone());
         graphs.insert(exact.clone(), graph);
+        if self.options.cuda_graph {
+            self.captures_lock().insert(exact.clone(), capture::Capture::Warm { attempts: 0 });
+        }
         Ok((outs, key, exact))
+    }
+
+    fn captures_lock(&self) -> std::sync::MutexGuard<'_, HashMap<Signature, capture::Capture>> {
+        self.captures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The call's results through the signature's CUDA graph (recorded now if due), or `None`
+    /// to replay op by op.
+    fn graphed(&self, graph: &Graph, exact: &Signature, args: &[Array], shapeless: bool) -> Option<Vec<Array>> {
+        if !self.options.cuda_graph {
+            return None;
+        }
+        let device = capture::device_of(args)?;
+        let mut captures = self.captures_lock();
+        let state = captures.entry(exact.clone()).or_insert(capture::Capture::Warm { attempts: 0 });
+        match state {
+            capture::Capture::Ready(c) => match capture::run(c, graph, args, device) {
+                Ok(outs) => Some(outs),
+                Err(e) => {
+                    capture::log(|| format!("a recorded graph failed to launch, replaying op by op: {e}"));
+                    *state = capture::Capture::Off;
+                    None
+                }
+            },
+            capture::Capture::Warm { attempts } => match capture::record(graph, args, shapeless, device) {
+                Ok((c, outs)) => {
+                    *state = capture::Capture::Ready(c);
+                    Some(outs)
+                }
+                Err(e) => {
+                    let tries = *attempts + 1;
+                    capture::log(|| format!("cannot record a CUDA graph (attempt {tries}), replaying op by op: {e}"));
+                    *state = if tries < 2 { capture::Capture::Warm { attempts: tries } } else { capture::Capture::Off };
+                    None
+                }
+            },
+            capture::Capture::Off => None,
+        }
     }
 
     fn trace(&self, args: &[Array], f: &mut dyn FnMut(&[Array]) -> Result<Vec<Array>>) -> Result<Graph> {
