@@ -127,6 +127,25 @@ fn compiled_equals_uncompiled_bit_for_bit() {
 }
 
 #[test]
+fn compiled_reads_views_in_any_layout() {
+    // Transposed, strided, broadcast and offset inputs: the GPU kernel walks or copies them.
+    let mut rng = Rng(13);
+    let (a, b, r) = (rng.array(&[64, 48], DType::F32), rng.array(&[48, 64], DType::F32), rng.array(&[64], DType::F32));
+    let big = rng.array(&[97, 64], DType::BF16);
+    let f = |x: &[Array]| {
+        let t = x[0].t();
+        let strided = x[3].slice(&[1, 0], &[97, 64], &[2, 1]).astype(DType::F32);
+        let row = x[2].broadcast_to([48, 64]);
+        Ok(vec![((&t * &x[1] + &row).tanh() * strided).exp(), (&x[1] - &t).square() * 0.5])
+    };
+    let inputs = [a, b, r, big];
+    let want = f(&inputs).unwrap();
+    let compiled = compile_flat(f);
+    assert_same(&compiled(&inputs).unwrap(), &want, "views");
+    assert_same(&compiled(&inputs).unwrap(), &want, "views, replay");
+}
+
+#[test]
 fn multiply_add_chains_round_each_step() {
     // a*b + c is two roundings unfused; a fused kernel must not contract it into one.
     let mut rng = Rng(7);
