@@ -11,6 +11,8 @@
 #   .gpu/bench_load[.xz]             stripped crates/nuvec/examples/bench_load.rs (checkpoint load)
 #   .gpu/bench_quant[.xz]            stripped crates/nuvec/examples/bench_quant.rs (quantized
 #                                    products, for scripts/gpu-quant.sh)
+#   .gpu/bench_compile[.xz]          stripped crates/nuvec/examples/bench_compile.rs (compile:
+#                                    eager against compiled, for scripts/gpu-compile.sh)
 #   .gpu/train_lm[.xz]               stripped crates/nuvec/examples/train_lm (with its text in
 #                                    .gpu/cache when this machine's cache has it: the device
 #                                    machine has no network)
@@ -73,7 +75,7 @@ else
     echo "== building test binaries (cargo test --workspace --release --no-run)"
     cargo test --workspace --release --no-run --message-format=json >"$WORK/tests.json"
 fi
-EXAMPLES="bench_gpu bench_fast bench_ops bench_train bench_load bench_quant train_lm"
+EXAMPLES="bench_gpu bench_fast bench_ops bench_train bench_load bench_quant bench_compile train_lm"
 echo "== building examples $EXAMPLES and precompile_kernels"
 # shellcheck disable=SC2046
 cargo build --release -p nuvec $(printf -- '--example %s ' $EXAMPLES) \
@@ -105,7 +107,8 @@ for m in artifacts(os.path.join(work, "tests.json")):
     print(f"test-{crate}-{m['target']['name']}\t{os.path.relpath(crate_dir, root)}\t{m['executable']}")
 for m in artifacts(os.path.join(work, "examples.json")):
     name = m["target"]["name"]
-    if name in ("bench_gpu", "bench_fast", "bench_ops", "bench_train", "bench_load", "bench_quant", "train_lm", "precompile_kernels"):
+    if name in ("bench_gpu", "bench_fast", "bench_ops", "bench_train", "bench_load", "bench_quant", "bench_compile",
+                "train_lm", "precompile_kernels"):
         print(f"{name}\t{os.path.relpath(os.path.dirname(m['manifest_path']), root)}\t{m['executable']}")
 EOF
 
@@ -144,7 +147,7 @@ while IFS=$'\t' read -r name dir exe why; do
             PRECOMPILE=$exe
             if [ "${GPU_BUNDLE_KCACHE:-1}" = 0 ]; then pack "$name" "$exe"; fi
             continue ;;
-        bench_gpu|bench_fast|bench_ops|bench_train|bench_load|bench_quant|train_lm) ;;
+        bench_gpu|bench_fast|bench_ops|bench_train|bench_load|bench_quant|bench_compile|train_lm) ;;
         test-*)
             # Skip test binaries with no tests (a library without #[test]s).
             n=$("$exe" --list --format terse 2>/dev/null | grep -c ': test$' || true)
