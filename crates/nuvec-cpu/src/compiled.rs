@@ -12,7 +12,7 @@ use nuvec_core::{Result, Shape};
 use crate::{binary, copy, internal, unary};
 
 /// Elements per chunk: a multiple of every SIMD width, and a few chunks' values fit in L2.
-const CHUNK: usize = 1 << 14;
+const CHUNK: usize = 1 << 16;
 
 /// Runs `program` on `inputs` (all of the outputs' shape) into `outputs`.
 pub fn eval(program: &Program, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {

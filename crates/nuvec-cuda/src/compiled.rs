@@ -152,7 +152,14 @@ fn cost(p: &Program) -> Cost {
         }
         Step::Select(..) | Step::AsType(..) => false,
     });
-    if heavy { Cost::Heavy } else { Cost::Light }
+    // `NUVEC_COMPILED_LAUNCH=light|heavy` overrides the rule, for comparisons.
+    static FORCED: std::sync::OnceLock<Option<Cost>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| match std::env::var("NUVEC_COMPILED_LAUNCH").as_deref() {
+        Ok("light") => Some(Cost::Light),
+        Ok("heavy") => Some(Cost::Heavy),
+        _ => None,
+    });
+    forced.unwrap_or(if heavy { Cost::Heavy } else { Cost::Light })
 }
 
 /// Elements per thread of the contiguous kernel, from the sizes of the operands it reads and

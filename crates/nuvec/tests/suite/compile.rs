@@ -165,6 +165,30 @@ fn a_chain_fuses_into_one_node_and_common_work_merges() {
     assert_eq!(nodes.len(), 1, "{text}");
     assert!(nodes[0].starts_with("n0 = compiled(in0"), "{text}");
 
+    // Branches that start from the inputs join the region they meet: GELU and an Adam step
+    // (three outputs) are one node each.
+    let gelu = |x: &[Array]| {
+        let x = &x[0];
+        let inner = (x + (x * x * x) * 0.044715) * 0.7978846;
+        Ok(vec![(x * 0.5) * (inner.tanh() + 1.0)])
+    };
+    let text = compiled_graph(gelu, &[x.clone()], CompileOptions::default()).unwrap();
+    assert_eq!(text.lines().filter(|l| l.starts_with('n')).count(), 1, "{text}");
+    let adam = |a: &[Array]| {
+        let (p, g, m, v) = (&a[0], &a[1], &a[2], &a[3]);
+        let m = m * 0.9 + g * 0.1;
+        let v = v * 0.999 + g * g * 0.001;
+        let p = p - (&m / 0.65) * 1e-3 / ((&v / 0.01).sqrt() + 1e-8);
+        Ok(vec![p, m, v])
+    };
+    let four = [x.clone(), x.clone() * 0.1, x.clone() * 0.01, x.square()];
+    let text = compiled_graph(adam, &four, CompileOptions::default()).unwrap();
+    let nodes: Vec<&str> = text.lines().filter(|l| l.starts_with('n')).collect();
+    assert_eq!(nodes.len(), 1, "{text}");
+    assert_eq!(text.matches("outputs: v").count(), 1, "{text}");
+    let want = adam(&four).unwrap();
+    assert_same(&compile_flat(adam)(&four).unwrap(), &want, "adam");
+
     // exp(x) twice is one exp; the sum ends a region and its consumer starts another.
     let twice = |x: &[Array]| Ok(vec![x[0].exp() + x[0].exp(), (x[0].exp() * 2.0).sum(..) * x[0].exp()]);
     let text = compiled_graph(twice, &[x.clone()], CompileOptions { no_fusion: true, ..Default::default() }).unwrap();

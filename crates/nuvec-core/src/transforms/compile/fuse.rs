@@ -29,44 +29,74 @@ fn elementwise(n: &GraphNode) -> bool {
         && n.outputs.len() == 1
 }
 
-/// Fuses the graph's element-wise regions in place. A node joins the region of one of its
-/// element-wise inputs when it has the region's shape and its other inputs were computed
-/// before the region's first node (or are inputs or constants): the fused node then takes the
-/// place of the region's first node, with everything it reads already computed, and nothing
-/// computed later can feed it. Regions of one node stay as they are.
+/// Fuses the graph's element-wise regions in place. A region may take a node when everything
+/// its nodes read from outside it was computed before its first node (or is an input or a
+/// constant): the fused node then takes the place of the region's first node, with all it
+/// reads already computed, and nothing computed later can feed it. A node joins all the
+/// regions of its element-wise inputs at once when the merged region keeps that rule, else the
+/// latest one that keeps it, else starts its own. Regions of one node stay as they are.
 pub(crate) fn fuse(graph: &mut Graph) {
     let n = graph.nodes.len();
-    // region[i]: the region of node i, named by its first node.
+    // region[i]: the region of node i, named by its first node; members by region.
     let mut region: Vec<Option<usize>> = vec![None; n];
+    let mut members: HashMap<usize, Vec<usize>> = HashMap::new();
+    // Whether every node of `group` reads, from outside `group`, only inputs, constants and
+    // nodes before `start`.
+    let closed = |group: &[usize], start: usize, region: &[Option<usize>], inside: &dyn Fn(Option<usize>) -> bool| {
+        group.iter().all(|&m| {
+            graph.nodes[m].inputs.iter().all(|r| match *r {
+                Ref::Node(k, _) => k < start || inside(region[k]),
+                _ => true,
+            })
+        })
+    };
     for i in 0..n {
         let node = &graph.nodes[i];
         if !elementwise(node) {
             continue;
         }
         let shape = &node.outputs[0].shape;
-        let mut best: Option<usize> = None;
-        for r in &node.inputs {
-            let Ref::Node(j, _) = *r else { continue };
-            let Some(start) = region[j] else { continue };
-            // The latest region whose start still precedes every other input.
-            if graph.nodes[start].outputs[0].shape != *shape || best.is_some_and(|b| b >= start) {
-                continue;
-            }
-            let joinable = node.inputs.iter().all(|r| match *r {
-                Ref::Node(k, _) => region[k] == Some(start) || k < start,
-                _ => true,
-            });
-            if joinable {
-                best = Some(start);
+        let mut candidates: Vec<usize> = node
+            .inputs
+            .iter()
+            .filter_map(|r| if let Ref::Node(j, _) = *r { region[j] } else { None })
+            .filter(|&start| graph.nodes[start].outputs[0].shape == *shape)
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        let mut chosen: Option<Vec<usize>> = None;
+        if let Some(&first) = candidates.first() {
+            // All of them merged with the node.
+            let mut group: Vec<usize> = candidates.iter().flat_map(|c| members[c].iter().copied()).collect();
+            group.push(i);
+            if closed(&group, first, &region, &|r| r.is_some_and(|r| candidates.contains(&r))) {
+                chosen = Some(candidates.clone());
+            } else if let Some(&c) = candidates.iter().rev().find(|&&c| closed(&[i], c, &region, &|r| r == Some(c))) {
+                chosen = Some(vec![c]);
             }
         }
-        region[i] = Some(best.unwrap_or(i));
+        match chosen {
+            Some(join) => {
+                let start = join[0];
+                for &c in &join[1..] {
+                    let moved = members.remove(&c).unwrap_or_default();
+                    for &m in &moved {
+                        region[m] = Some(start);
+                    }
+                    members.entry(start).or_default().extend(moved);
+                }
+                region[i] = Some(start);
+                members.entry(start).or_default().push(i);
+            }
+            None => {
+                region[i] = Some(i);
+                members.insert(i, vec![i]);
+            }
+        }
     }
-    let mut members: HashMap<usize, Vec<usize>> = HashMap::new();
-    for (i, r) in region.iter().enumerate() {
-        if let Some(r) = r {
-            members.entry(*r).or_default().push(i);
-        }
+    // Steps in the graph's order.
+    for group in members.values_mut() {
+        group.sort_unstable();
     }
     let fused = |i: usize| region[i].is_some_and(|r| members[&r].len() > 1);
     // Which members are read outside their region (by later nodes or as graph outputs).
