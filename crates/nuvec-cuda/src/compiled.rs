@@ -142,11 +142,31 @@ fn steps_read_earlier_values(p: &Program) -> bool {
     p.steps.iter().enumerate().all(|(i, (step, _))| step.args().all(|a| a < p.inputs.len() + i))
 }
 
-/// How a program's kernel is launched: capped when any step is compute-bound (the rule of the
-/// unfused maps: half-precision transcendental functions, libdevice's binary functions).
+/// How a program's kernel is launched: capped (grid-stride, fewer threads with more work each)
+/// when any step calls a libdevice function (not a square root or reciprocal), whatever its
+/// dtype, since a fused program does more work per element than one map (H200, ten float32
+/// steps with tanh and exp: 0.94 of the copy capped against 0.86 with a thread per vector;
+/// bench/results/2026-12-04-compile.md).
 fn cost(p: &Program) -> Cost {
+    use nuvec_core::primitive::UnaryOp::*;
     let heavy = p.steps.iter().any(|&(step, _)| match step {
-        Step::Unary(op, a) => unary::cost(op, p.dtype(a)) == Cost::Heavy,
+        Step::Unary(op, a) => {
+            !matches!(
+                op,
+                Abs | Sign
+                    | Negative
+                    | Square
+                    | Floor
+                    | Ceil
+                    | Round
+                    | Sqrt
+                    | Rsqrt
+                    | Reciprocal
+                    | LogicalNot
+                    | BitwiseInvert
+                    | Conjugate
+            ) || unary::cost(op, p.dtype(a)) == Cost::Heavy
+        }
         Step::Binary(op, ..) => {
             matches!(op, BinaryOp::Power | BinaryOp::LogAddExp | BinaryOp::ArcTan2 | BinaryOp::Remainder)
         }

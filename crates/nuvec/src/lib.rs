@@ -122,6 +122,8 @@ pub mod cuda {
         BuildCounts, CUSTOM_KERNEL_PRELUDE, GeneratedKernel, InputParams, builds, compile_custom_kernel,
         generate_custom_kernel,
     };
+    // Compiled element-wise programs (`compile`'s fused kernels): the generated source.
+    pub use nuvec_cuda::{InputArrangement, generate_compiled_kernel};
 }
 
 /// The backends of this build, handed to core's registry (its one link-time hook).
