@@ -160,7 +160,7 @@ fn multiply_add_chains_round_each_step() {
 fn a_chain_fuses_into_one_node_and_common_work_merges() {
     let x = array![[1.0, 2.0], [3.0, 4.0]];
     let chain = |x: &[Array]| Ok(vec![((&x[0] * 2.0 + 1.0).exp().tanh() - 0.5).sigmoid()]);
-    let text = compiled_graph(chain, &[x.clone()], CompileOptions::default()).unwrap();
+    let text = compiled_graph(chain, std::slice::from_ref(&x), CompileOptions::default()).unwrap();
     let nodes: Vec<&str> = text.lines().filter(|l| l.starts_with('n')).collect();
     assert_eq!(nodes.len(), 1, "{text}");
     assert!(nodes[0].starts_with("n0 = compiled(in0"), "{text}");
@@ -172,7 +172,7 @@ fn a_chain_fuses_into_one_node_and_common_work_merges() {
         let inner = (x + (x * x * x) * 0.044715) * 0.7978846;
         Ok(vec![(x * 0.5) * (inner.tanh() + 1.0)])
     };
-    let text = compiled_graph(gelu, &[x.clone()], CompileOptions::default()).unwrap();
+    let text = compiled_graph(gelu, std::slice::from_ref(&x), CompileOptions::default()).unwrap();
     assert_eq!(text.lines().filter(|l| l.starts_with('n')).count(), 1, "{text}");
     let adam = |a: &[Array]| {
         let (p, g, m, v) = (&a[0], &a[1], &a[2], &a[3]);
@@ -191,9 +191,11 @@ fn a_chain_fuses_into_one_node_and_common_work_merges() {
 
     // exp(x) twice is one exp; the sum ends a region and its consumer starts another.
     let twice = |x: &[Array]| Ok(vec![x[0].exp() + x[0].exp(), (x[0].exp() * 2.0).sum(..) * x[0].exp()]);
-    let text = compiled_graph(twice, &[x.clone()], CompileOptions { no_fusion: true, ..Default::default() }).unwrap();
+    let text =
+        compiled_graph(twice, std::slice::from_ref(&x), CompileOptions { no_fusion: true, ..Default::default() })
+            .unwrap();
     assert_eq!(text.matches("= exp(").count(), 1, "{text}");
-    let text = compiled_graph(twice, &[x.clone()], CompileOptions::default()).unwrap();
+    let text = compiled_graph(twice, std::slice::from_ref(&x), CompileOptions::default()).unwrap();
     assert_eq!(text.matches("= sum(").count(), 1, "{text}");
 
     // Work that does not depend on the inputs is a constant of the trace.
@@ -211,14 +213,14 @@ fn traces_once_per_signature() {
     });
     let a = array![1.0, 2.0];
     for _ in 0..3 {
-        assert_eq!(f(&[a.clone()]).unwrap()[0].to_vec::<f32>().unwrap(), vec![4.0, 9.0]);
+        assert_eq!(f(std::slice::from_ref(&a)).unwrap()[0].to_vec::<f32>().unwrap(), vec![4.0, 9.0]);
     }
     assert_eq!(traces.get(), 1);
     // A new shape, dtype or device traces again.
     assert_eq!(f(&[array![1.0, 2.0, 3.0]]).unwrap()[0].to_vec::<f32>().unwrap(), vec![4.0, 9.0, 16.0]);
     assert_eq!(f(&[a.astype(DType::F16)]).unwrap()[0].dtype(), DType::F16);
     assert_eq!(traces.get(), 3);
-    f(&[a.clone()]).unwrap();
+    f(std::slice::from_ref(&a)).unwrap();
     assert_eq!(traces.get(), 3);
 
     // Shapeless: one trace for every shape of one rank; a reshape to fixed sizes retraces.
@@ -233,7 +235,7 @@ fn traces_once_per_signature() {
     );
     for n in [3, 5, 9] {
         let x = mx::arange(0.0, n as f64, 1.0);
-        assert_same(&f(&[x.clone()]).unwrap(), &[x.exp() * 2.0], "shapeless");
+        assert_same(&f(std::slice::from_ref(&x)).unwrap(), &[x.exp() * 2.0], "shapeless");
     }
     assert_eq!(traces.get(), 1);
     let traces = Cell::new(0);
@@ -294,7 +296,7 @@ fn compiled_functions_compose_with_transforms() {
     let want = vmap(one).call(&x).unwrap();
     let cone = compile(move |a: &Array| f(&[a.clone(), a * 2.0]).map(|mut v| v.remove(0)));
     let got = vmap(|a: &Array| cone(a).unwrap()).call(&x).unwrap();
-    assert_close(&[got], &[want.clone()], "vmap(compile(f))");
+    assert_close(&[got], std::slice::from_ref(&want), "vmap(compile(f))");
     let cv = compile(move |a: &Array| vmap(one).call(a));
     assert_close(&[cv(&x).unwrap()], &[want], "compile(vmap(f))");
 
@@ -422,8 +424,8 @@ fn cuda_graphs_record_once_then_replay_bit_for_bit() {
     let mut rng = Rng(9);
     for call in 0..5 {
         let x = rng.array(&[1, 256], DType::BF16);
-        let want = f(&[x.clone()]).unwrap();
-        let got = graphed(&[x.clone()]).unwrap();
+        let want = f(std::slice::from_ref(&x)).unwrap();
+        let got = graphed(std::slice::from_ref(&x)).unwrap();
         assert_same(&got, &want, &format!("call {call}"));
         // The results are the caller's: the next launch must not overwrite them.
         if call > 1 {
@@ -437,7 +439,7 @@ fn cuda_graphs_record_once_then_replay_bit_for_bit() {
     // A second signature records its own graph.
     let x = rng.array(&[3, 256], DType::BF16);
     for _ in 0..3 {
-        assert_same(&graphed(&[x.clone()]).unwrap(), &f(&[x.clone()]).unwrap(), "batch of 3");
+        assert_same(&graphed(std::slice::from_ref(&x)).unwrap(), &f(std::slice::from_ref(&x)).unwrap(), "batch of 3");
     }
 }
 
@@ -453,6 +455,6 @@ fn work_that_cannot_be_recorded_replays_op_by_op() {
     let mut rng = Rng(4);
     for call in 0..4 {
         let x = rng.array(&[4, 4], DType::F32);
-        assert_same(&graphed(&[x.clone()]).unwrap(), &f(&[x]).unwrap(), &format!("call {call}"));
+        assert_same(&graphed(std::slice::from_ref(&x)).unwrap(), &f(&[x]).unwrap(), &format!("call {call}"));
     }
 }
