@@ -103,9 +103,26 @@ fn step_expr(p: &Program, step: Step) -> Result<String> {
     })
 }
 
-/// Whether a value of `d` passes the rounding barrier before later steps read it.
-fn rounds(d: DType) -> bool {
-    matches!(d, DType::F32 | DType::F64 | DType::Complex64)
+/// Whether a value of `d` made by `step` passes the rounding barrier before later steps read
+/// it: a float value whose last operation may be a product the compiler could fuse with a later
+/// step's add. Sums, quotients, square roots, selects, casts and the steps' own products
+/// (`__fmul_rn`, never fused) cannot; libdevice functions and complex arithmetic may.
+fn rounds(step: Step, d: DType) -> bool {
+    use UnaryOp::*;
+    match d {
+        DType::Complex64 => true,
+        DType::F32 | DType::F64 => match step {
+            Step::Unary(op, _) => !matches!(
+                op,
+                Abs | Sign | Negative | Square | Floor | Ceil | Round | Sqrt | Rsqrt | Reciprocal | LogicalNot
+            ),
+            Step::Binary(op, ..) => {
+                matches!(op, BinaryOp::Power | BinaryOp::LogAddExp | BinaryOp::ArcTan2 | BinaryOp::Remainder)
+            }
+            Step::Select(..) | Step::AsType(..) => false,
+        },
+        _ => false,
+    }
 }
 
 /// Whether every value's dtype has a C type here.
@@ -255,7 +272,7 @@ fn generate(p: &Program, arr: &[InputArrangement]) -> Result<Kernel> {
     let _ = writeln!(s, "__device__ __forceinline__ void compiled_element({}) {{", params.join(", "));
     s.push_str(
         "  // Bit-identical to the unfused kernels: each value keeps its own dtype, products round on\n  \
-         // their own, and every float value a later step reads passes cl_round, so no FMA spans two steps.\n",
+         // their own, and a float value a libdevice function made passes cl_round, so no FMA spans two steps.\n",
     );
     // The name holding value k as computed (outputs store it; consumers read `v<k>`).
     let mut raw: Vec<String> = (0..ni).map(|k| format!("v{k}")).collect();
@@ -263,7 +280,7 @@ fn generate(p: &Program, arr: &[InputArrangement]) -> Result<Kernel> {
         let k = ni + i;
         let expr = step_expr(p, step)?;
         let t = ctype(d);
-        if rounds(d) && read[k] {
+        if rounds(step, d) && read[k] {
             let _ = writeln!(s, "  const {t} x{k} = {expr};");
             let _ = writeln!(s, "  const {t} v{k} = cl_round(x{k});");
             raw.push(format!("x{k}"));
