@@ -231,6 +231,89 @@ pub fn generate_compiled_kernel(program: &Program, arrangement: &[InputArrangeme
     generate(program, arrangement).map(|k| k.source)
 }
 
+/// The pair type and its conversions of a half-precision program that runs two elements at a
+/// time (see [`pair_dtype`]): (pair, float pair to pair, pair to float pair, two halves to pair).
+fn pair_names(d: DType) -> (&'static str, &'static str, &'static str, &'static str) {
+    if d == DType::BF16 {
+        ("__nv_bfloat162", "__floats2bfloat162_rn", "__bfloat1622float2", "__halves2bfloat162")
+    } else {
+        ("__half2", "__floats2half2_rn", "__half22float2", "__halves2half2")
+    }
+}
+
+/// The half-precision dtype of a program that runs on pairs of elements: every value of one
+/// half dtype, and every step one whose half-precision kernel is "widen, compute in float32,
+/// round" (so the float32 functor on the widened pair, rounded two at a time by one packed
+/// conversion, gives the same bits). Rounding is what bounds such programs one at a time.
+fn pair_dtype(p: &Program) -> Option<DType> {
+    use UnaryOp::*;
+    let d = *p.inputs.first()?;
+    if !matches!(d, DType::BF16 | DType::F16) || p.inputs.iter().chain(p.steps.iter().map(|(_, t)| t)).any(|&t| t != d)
+    {
+        return None;
+    }
+    let ok = p.steps.iter().all(|&(step, _)| match step {
+        // Not rsqrt: its half-precision kernel takes the hardware approximation.
+        Step::Unary(op, _) => !matches!(op, Rsqrt | LogicalNot | BitwiseInvert | Conjugate),
+        Step::Binary(op, ..) => matches!(
+            op,
+            BinaryOp::Add
+                | BinaryOp::Subtract
+                | BinaryOp::Multiply
+                | BinaryOp::Divide
+                | BinaryOp::Maximum
+                | BinaryOp::Minimum
+                | BinaryOp::Power
+                | BinaryOp::LogAddExp
+                | BinaryOp::ArcTan2
+        ),
+        Step::Select(..) | Step::AsType(..) => false,
+    });
+    ok.then_some(d)
+}
+
+/// The element function of a [`pair_dtype`] program on pairs: each step's float32 functor on
+/// the widened pair, rounded by one packed conversion.
+fn pair_function(p: &Program, d: DType, used: &[usize], read: &[bool]) -> Result<String> {
+    let (pair, round, widen, _) = pair_names(d);
+    let ni = p.inputs.len();
+    let mut s = String::new();
+    let params: Vec<String> = used
+        .iter()
+        .map(|&k| format!("{pair} v{k}"))
+        .chain((0..p.outputs.len()).map(|j| format!("{pair}& o{j}")))
+        .collect();
+    let _ = writeln!(s, "__device__ __forceinline__ void compiled_pair({}) {{", params.join(", "));
+    for &k in used {
+        if read[k] {
+            let _ = writeln!(s, "  const float2 f{k} = {widen}(v{k});");
+        }
+    }
+    for (i, &(step, _)) in p.steps.iter().enumerate() {
+        let k = ni + i;
+        let lane = |l: &str| -> Result<String> {
+            Ok(match step {
+                Step::Unary(op, a) => {
+                    let f = unary::functor(op, d)
+                        .ok_or_else(|| unsupported(format!("no GPU kernel for {} on {d}", op.name())))?;
+                    format!("{f}()(f{a}.{l})")
+                }
+                Step::Binary(op, a, b) => format!("Bin_{}()(f{a}.{l}, f{b}.{l})", op.name()),
+                _ => return Err(unsupported("a pair step must be unary or binary".into())),
+            })
+        };
+        let _ = writeln!(s, "  const {pair} v{k} = {round}({}, {});", lane("x")?, lane("y")?);
+        if read[k] {
+            let _ = writeln!(s, "  const float2 f{k} = {widen}(v{k});");
+        }
+    }
+    for (j, &o) in p.outputs.iter().enumerate() {
+        let _ = writeln!(s, "  o{j} = v{o};");
+    }
+    s.push_str("}\n");
+    Ok(s)
+}
+
 fn generate(p: &Program, arr: &[InputArrangement]) -> Result<Kernel> {
     let ni = p.inputs.len();
     if arr.len() != ni {
@@ -293,6 +376,11 @@ fn generate(p: &Program, arr: &[InputArrangement]) -> Result<Kernel> {
         let _ = writeln!(s, "  o{j} = {};", raw[o]);
     }
     s.push_str("}\n");
+    // Half-precision programs of "widen, compute, round" steps also run two elements at a time.
+    let pairs = if strided == 0 { pair_dtype(p) } else { None };
+    if let Some(d) = pairs {
+        s.push_str(&pair_function(p, d, &used, &read)?);
+    }
 
     // The kernel's parameters: every input, every output, `n`, then `nvec` or the `Dims`. No
     // `__restrict__`: an output may be written into a donated input's buffer.
@@ -341,7 +429,37 @@ fn generate(p: &Program, arr: &[InputArrangement]) -> Result<Kernel> {
             let _ = writeln!(s, "    {t} r{j}[N];");
             args.push(format!("r{j}[j]"));
         }
-        let _ = writeln!(s, "#pragma unroll\n    for (int j = 0; j < N; ++j) compiled_element({});", args.join(", "));
+        match pairs.filter(|_| per_thread % 2 == 0) {
+            Some(d) => {
+                let (pair, _, _, halves) = pair_names(d);
+                let mut pair_args: Vec<String> = used
+                    .iter()
+                    .map(|&k| {
+                        if arr[k] == InputArrangement::Dense {
+                            format!("{halves}(a{k}[j], a{k}[j + 1])")
+                        } else {
+                            format!("{halves}(s{k}, s{k})")
+                        }
+                    })
+                    .collect();
+                pair_args.extend((0..out_types.len()).map(|j| format!("q{j}")));
+                let outs: Vec<String> = (0..out_types.len()).map(|j| format!("q{j}")).collect();
+                let _ = writeln!(s, "#pragma unroll\n    for (int j = 0; j < N; j += 2) {{");
+                let _ = writeln!(s, "      {pair} {};", outs.join(", "));
+                let _ = writeln!(s, "      compiled_pair({});", pair_args.join(", "));
+                for j in 0..out_types.len() {
+                    let _ = writeln!(s, "      r{j}[j] = q{j}.x;\n      r{j}[j + 1] = q{j}.y;");
+                }
+                s.push_str("    }\n");
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "#pragma unroll\n    for (int j = 0; j < N; ++j) compiled_element({});",
+                    args.join(", ")
+                );
+            }
+        }
         for (j, t) in out_types.iter().enumerate() {
             let _ = writeln!(s, "    cl_store<{t}, N>(out{j}, i, r{j});");
         }

@@ -165,6 +165,18 @@ fn compiled_programs_compile_for_hopper() {
         ],
         outputs: vec![8, 5],
     };
+    // Half-precision "widen, compute, round" steps only: run on pairs of elements.
+    let pairs = |d| Program {
+        inputs: vec![d, d],
+        steps: vec![
+            (Step::Binary(B::Multiply, 0, 1), d),
+            (Step::Unary(U::Tanh, 2), d),
+            (Step::Binary(B::Add, 3, 0), d),
+            (Step::Binary(B::Maximum, 4, 1), d),
+        ],
+        outputs: vec![5, 3],
+    };
+    let (pairs_bf16, pairs_f16) = (pairs(BF16), pairs(F16));
     let cases: Vec<(&Program, Vec<nuvec_cuda::InputArrangement>)> = vec![
         (&chain, vec![Dense, Dense, Dense]),
         (&chain, vec![Dense, Scalar, Strided]),
@@ -176,6 +188,8 @@ fn compiled_programs_compile_for_hopper() {
         (&scalar, vec![Scalar, Scalar]),
         (&wide, vec![Dense, Dense]),
         (&wide, vec![Strided, Dense]),
+        (&pairs_bf16, vec![Dense, Scalar]),
+        (&pairs_f16, vec![Dense, Dense]),
     ];
     let mut sources = Vec::new();
     for (program, arrangement) in &cases {
@@ -204,6 +218,13 @@ fn compiled_programs_compile_for_hopper() {
     }
     assert!(sources[2].1.contains("__fmul_rn(convert<float, __nv_bfloat16>(v0), v1)"), "{}", sources[2].1);
     assert!(!sources[4].1.contains("cl_round(x"), "{}", sources[4].1);
+    // Half-precision programs of such steps also run on pairs, rounded two at a time; with a
+    // cast or a widened pair (`half` above) they do not.
+    for (i, round) in [(10, "__floats2bfloat162_rn("), (11, "__floats2half2_rn(")] {
+        let src = &sources[i].1;
+        assert!(src.contains("compiled_pair(") && src.matches(round).count() == 4, "{src}");
+    }
+    assert!(!sources[2].1.contains("compiled_pair("), "{}", sources[2].1);
     assert!(sources[8].1.contains("__dmul_rn(v0, v0)"), "{}", sources[8].1);
     // A step no kernel covers is an error naming `compiled`, not a panic.
     let floor_int = Program { inputs: vec![I32], steps: vec![(Step::Unary(U::Floor, 0), I32)], outputs: vec![1] };

@@ -458,3 +458,28 @@ fn work_that_cannot_be_recorded_replays_op_by_op() {
         assert_same(&graphed(std::slice::from_ref(&x)).unwrap(), &f(&[x]).unwrap(), &format!("call {call}"));
     }
 }
+
+#[test]
+fn half_precision_chains_equal_eager_bit_for_bit() {
+    // Programs of "widen, compute in float32, round" steps, which the GPU runs two elements at
+    // a time: sizes with odd tails, weak scalars, several outputs.
+    let mut rng = Rng(17);
+    for dtype in [DType::BF16, DType::F16] {
+        for shape in [vec![1001], vec![64, 130], vec![3, 5, 7]] {
+            let (x, y) = (rng.array(&shape, dtype), rng.array(&shape, dtype));
+            let f = |a: &[Array]| {
+                let (x, y) = (&a[0], &a[1]);
+                let t = ((x * 1.5 + 0.5).tanh() * y - 0.25).exp() / 3.0;
+                let g = (x * 0.5) * (((x + x * x * x * 0.044715) * 0.7978846).tanh() + 1.0);
+                let m = mx::maximum(&t, y).sigmoid() + mx::minimum(x, y).abs().sqrt() - x.square();
+                Ok(vec![t, g, mx::logaddexp(&m, x).sin()])
+            };
+            let want = f(&[x.clone(), y.clone()]).unwrap();
+            let compiled = compile_flat(f);
+            for call in 0..2 {
+                let got = compiled(&[x.clone(), y.clone()]).unwrap();
+                assert_same(&got, &want, &format!("{dtype:?} {shape:?} call {call}"));
+            }
+        }
+    }
+}
