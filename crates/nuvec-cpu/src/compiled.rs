@@ -12,7 +12,7 @@ use nuvec_core::{Result, Shape};
 use crate::{binary, copy, internal, unary};
 
 /// Elements per chunk: a multiple of every SIMD width, large enough that per-chunk calls cost
-/// little (bench/results/2026-12-04-compile.md), small enough that a chunk's values stay cached.
+/// little (the compile record in bench/results), small enough that a chunk's values stay cached.
 const CHUNK: usize = 1 << 16;
 
 /// Runs `program` on `inputs` (all of the outputs' shape) into `outputs`.

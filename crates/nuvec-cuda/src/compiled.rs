@@ -161,9 +161,8 @@ fn steps_read_earlier_values(p: &Program) -> bool {
 
 /// How a program's kernel is launched: capped (grid-stride, fewer threads with more work each)
 /// when any step calls a libdevice function (not a square root or reciprocal), whatever its
-/// dtype, since a fused program does more work per element than one map (H200, ten float32
-/// steps with tanh and exp: 0.94 of the copy capped against 0.86 with a thread per vector;
-/// bench/results/2026-12-04-compile.md).
+/// dtype, since a fused program does more work per element than one map (the compile record
+/// in bench/results has the comparison).
 fn cost(p: &Program) -> Cost {
     use nuvec_core::primitive::UnaryOp::*;
     let heavy = p.steps.iter().any(|&(step, _)| match step {
@@ -394,9 +393,8 @@ fn generate(p: &Program, arr: &[InputArrangement]) -> Result<Kernel> {
         .filter(|&&k| arr[k] == InputArrangement::Scalar)
         .map(|&k| format!("  const {} s{k} = in{k}[0];\n", ctype(p.inputs[k])))
         .collect();
-    // No minimum of blocks per SM (unlike the light unfused maps): held to 32 registers, a
-    // ten-step float32 chain with exp/tanh/sigmoid spilled and ran 7% slower on the H200, and
-    // programs that fit ran as fast either way.
+    // No minimum of blocks per SM (unlike the light unfused maps): held to 32 registers, long
+    // programs with transcendental steps spill (the compile record in bench/results).
     let bounds = format!("__launch_bounds__({BLOCK}) ");
     let per_thread;
     if strided == 0 {
@@ -696,8 +694,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, compiled: &Compiled, inputs: Vec<Operand>, ou
     let cost = match plan.dims {
         Some(d) => {
             args.push(Arg::Dims(Box::new(d)));
-            // The capped grid: faster than a run per thread (H200, a row broadcast over 64M
-            // elements: 2.85 against 2.44 TB/s).
+            // The capped grid: faster than a run per thread for strided walks.
             Cost::Heavy
         }
         None => {
