@@ -186,18 +186,8 @@ pub(crate) fn scatter_jvp(
 /// A gather or scatter on batched inputs: the batch is one more axis on which the source and
 /// the indices agree, so the same primitive runs one axis further in.
 pub(crate) fn gather_scatter_vmap(prim: &Primitive, x: &[Array], mapped: &[bool]) -> Array {
-    let b = (0..x.len()).find(|&i| mapped[i]).map(|i| x[i].shape()[0]).unwrap_or(1);
-    let full: Vec<Array> = (0..x.len())
-        .map(|i| {
-            if mapped[i] {
-                x[i].clone()
-            } else {
-                let mut s = vec![b];
-                s.extend_from_slice(x[i].shape());
-                x[i].expand_dims(0).broadcast_to(s)
-            }
-        })
-        .collect();
+    let b = super::rules::batch_size(x, mapped);
+    let full: Vec<Array> = x.iter().zip(mapped).map(|(a, &m)| super::rules::batched(a, m, b)).collect();
     match prim {
         Primitive::GatherAxis { axis } => gather_axis(&full[0], &full[1], axis + 1),
         Primitive::ScatterAxis { axis, reduce } => scatter_axis(&full[0], &full[1], &full[2], axis + 1, *reduce),

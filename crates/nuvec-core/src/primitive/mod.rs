@@ -14,7 +14,7 @@ pub mod linalg;
 pub mod quantize;
 pub mod random;
 pub mod reduce;
-mod rules;
+pub(crate) mod rules;
 pub mod sort;
 pub mod view;
 

@@ -262,19 +262,7 @@ pub(crate) fn dequantize_jvp(p: &Primitive, x: &[Array], t: &[Option<Array>]) ->
 /// Both primitives act on the last axis only, so batching is the same primitive on inputs
 /// whose unmapped members are broadcast along the batch axis.
 pub(crate) fn quantize_vmap(p: &Primitive, x: &[Array], mapped: &[bool]) -> Vec<(Array, bool)> {
-    let b = (0..x.len()).find(|&i| mapped[i]).map(|i| x[i].shape()[0]).unwrap_or(1);
-    let full: Vec<Array> = x
-        .iter()
-        .zip(mapped)
-        .map(|(a, &m)| {
-            if m {
-                a.clone()
-            } else {
-                let mut s = vec![b];
-                s.extend_from_slice(a.shape());
-                a.expand_dims(0).broadcast_to(s)
-            }
-        })
-        .collect();
+    let b = super::rules::batch_size(x, mapped);
+    let full: Vec<Array> = x.iter().zip(mapped).map(|(a, &m)| super::rules::batched(a, m, b)).collect();
     Array::from_op_multi(p.name(), p.clone(), full).into_iter().map(|a| (a, true)).collect()
 }

@@ -13,6 +13,21 @@ use crate::primitive::view::{view_vjp, view_vmap, window_stop};
 use crate::primitive::{Primitive, gather, quantize, reduce, sort};
 
 /// Zeros like `x` in the dtype of `x` when a rule needs a tangent for a missing one.
+/// The batch size of a vmap rule's inputs: the first mapped input's axis 0 (1 when none is).
+pub(crate) fn batch_size(x: &[Array], mapped: &[bool]) -> i32 {
+    x.iter().zip(mapped).find(|(_, m)| **m).map_or(1, |(a, _)| a.shape()[0])
+}
+
+/// `x` batched on axis 0: itself when mapped, else broadcast along a batch axis of `b` (a view).
+pub(crate) fn batched(x: &Array, mapped: bool, b: i32) -> Array {
+    if mapped {
+        return x.clone();
+    }
+    let mut s = vec![b];
+    s.extend_from_slice(x.shape());
+    x.expand_dims(0).broadcast_to(s)
+}
+
 fn zero(x: &Array) -> Array {
     x.zeros_like()
 }
@@ -173,17 +188,9 @@ impl Primitive {
     pub(crate) fn vmap(&self, x: &[Array], mapped: &[bool], y: &[Array]) -> Vec<(Array, bool)> {
         // Unmapped inputs get a leading axis of size 1, so broadcasting lines them up.
         let lead = |i: usize| if mapped[i] { x[i].clone() } else { x[i].expand_dims(0) };
-        let b = (0..x.len()).find(|&i| mapped[i]).map(|i| x[i].shape()[0]).unwrap_or(1);
+        let b = batch_size(x, mapped);
         // A batched version of every input, materialised by broadcasting where unmapped.
-        let full = |i: usize| -> Array {
-            if mapped[i] {
-                x[i].clone()
-            } else {
-                let mut s = vec![b];
-                s.extend_from_slice(x[i].shape());
-                x[i].expand_dims(0).broadcast_to(s)
-            }
-        };
+        let full = |i: usize| batched(&x[i], mapped[i], b);
         let one = |a: Array| vec![(a, true)];
         match self {
             Primitive::Unary(op) => one(crate::ops::elementwise::unary(*op, &x[0])),

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use crate::array::Array;
 use crate::primitive::Primitive;
 use crate::primitive::compiled::{Compiled, Program, Step};
+use crate::primitive::rules::{batch_size, batched};
 use crate::storage::Spec;
-use crate::transforms::{AxesSpec, jvp_flat, vjp_flat, vmap_impl};
+use crate::transforms::{jvp_flat, vjp_flat};
 
 use super::graph::{Graph, GraphNode, Ref};
 
@@ -243,31 +244,11 @@ impl Compiled {
     }
 
     /// Batched: the unbatched inputs are broadcast along the batch axis (views), and the
-    /// program runs fused on the batched shape.
+    /// program runs fused on the batched shape. (A vmap rule runs only when some input is
+    /// mapped.)
     pub(crate) fn vmap(&self, x: &[Array], mapped: &[bool]) -> Vec<(Array, bool)> {
-        let Some(b) = x.iter().zip(mapped).find(|(_, m)| **m).map(|(a, _)| a.shape()[0]) else {
-            let axes = AxesSpec::PerLeaf(vec![None; x.len()]);
-            let op = self.clone();
-            let outs = vmap_impl(&move |xs: &[Array]| Ok(op.steps(xs)), x, &axes, &AxesSpec::All(Some(0)));
-            return outs
-                .unwrap_or_else(|e| vec![Array::from_error(e); self.0.outputs.len()])
-                .into_iter()
-                .map(|o| (o, true))
-                .collect();
-        };
-        let inputs: Vec<Array> = x
-            .iter()
-            .zip(mapped)
-            .map(|(a, &m)| {
-                if m {
-                    a.clone()
-                } else {
-                    let mut s = vec![b];
-                    s.extend_from_slice(a.shape());
-                    a.expand_dims(0).broadcast_to(s)
-                }
-            })
-            .collect();
+        let b = batch_size(x, mapped);
+        let inputs: Vec<Array> = x.iter().zip(mapped).map(|(a, &m)| batched(a, m, b)).collect();
         Array::from_op_multi("compiled", Primitive::Compiled(self.clone()), inputs)
             .into_iter()
             .map(|o| (o, true))
