@@ -523,12 +523,12 @@ fn generate(p: &Program, arr: &[InputArrangement]) -> Result<Kernel> {
 /// The kernel of `program` over `arrangement`, generated once per process (and written to
 /// `$NUVEC_COMPILE_DUMP/<name>.cu` when that is set).
 fn generated(program: &Program, arrangement: &[InputArrangement]) -> Result<Arc<Kernel>> {
-    type Cache = Mutex<HashMap<(Program, Vec<InputArrangement>), Arc<Kernel>>>;
+    // By program, then arrangement: a lookup borrows both (it runs on every evaluation), and the
+    // program is hashed, not printed (`digest` formats the whole program).
+    type Cache = Mutex<HashMap<Program, HashMap<Vec<InputArrangement>, Arc<Kernel>>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    // The program is hashed, not printed: `digest` formats the whole program.
-    let key = (program.clone(), arrangement.to_vec());
-    if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+    if let Some(k) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(program).and_then(|m| m.get(arrangement)) {
         return Ok(k.clone());
     }
     let k = Arc::new(generate(program, arrangement)?);
@@ -538,7 +538,8 @@ fn generated(program: &Program, arrangement: &[InputArrangement]) -> Result<Arc<
         let _ = std::fs::create_dir_all(&dir);
         let _ = std::fs::write(dir.join(format!("{}.cu", k.name)), &k.source);
     }
-    cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, k.clone());
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    cache.entry(program.clone()).or_default().insert(arrangement.to_vec(), k.clone());
     Ok(k)
 }
 

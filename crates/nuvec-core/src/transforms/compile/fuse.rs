@@ -118,8 +118,6 @@ pub(crate) fn fuse(graph: &mut Graph) {
     }
     // Rebuild in order: each region's fused node at its first node's place.
     let old = std::mem::take(&mut graph.nodes);
-    let specs: Vec<Vec<Spec>> =
-        old.iter().map(|g| g.inputs.iter().map(|r| spec_in(&graph.inputs, &old, r)).collect()).collect();
     // Old node -> (new node, which output of it, when the old node was fused).
     let mut moved: Vec<(usize, Option<usize>)> = vec![(usize::MAX, None); n];
     let fix = |r: &Ref, moved: &[(usize, Option<usize>)]| -> Ref {
@@ -139,7 +137,7 @@ pub(crate) fn fuse(graph: &mut Graph) {
             nodes.push(GraphNode { primitive: node.primitive.clone(), inputs, outputs: node.outputs.clone() });
         } else if region[i] == Some(i) {
             let group = &members[&i];
-            let (program, externals, outs) = build(&old, &specs, group, &used_outside);
+            let (program, externals, outs) = build(&old, &graph.inputs, group, &used_outside);
             let at = nodes.len();
             for (k, &m) in outs.iter().enumerate() {
                 moved[m] = (at, Some(k));
@@ -167,24 +165,25 @@ fn spec_in(inputs: &[Spec], nodes: &[GraphNode], r: &Ref) -> Spec {
 /// it returns.
 fn build(
     old: &[GraphNode],
-    specs: &[Vec<Spec>],
+    inputs: &[Spec],
     group: &[usize],
     used_outside: &[bool],
 ) -> (Program, Vec<Ref>, Vec<usize>) {
-    let inside = |r: &Ref| matches!(r, Ref::Node(j, _) if group.contains(j));
     // Values: the external inputs first, then one per member.
     let mut externals: Vec<Ref> = Vec::new();
     let mut input_dtypes = Vec::new();
+    let member: HashMap<usize, usize> = group.iter().enumerate().map(|(s, &m)| (m, s)).collect();
+    let inside = |r: &Ref| matches!(r, Ref::Node(j, _) if member.contains_key(j));
     for &m in group {
-        for (r, spec) in old[m].inputs.iter().zip(&specs[m]) {
+        for r in &old[m].inputs {
             if !inside(r) && !externals.contains(r) {
                 externals.push(r.clone());
-                input_dtypes.push(spec.dtype);
+                input_dtypes.push(spec_in(inputs, old, r).dtype);
             }
         }
     }
     let k = externals.len();
-    let value_of = |j: usize| k + group.iter().position(|&m| m == j).expect("a member");
+    let value_of = |j: usize| k + member[&j];
     let steps = group
         .iter()
         .map(|&m| {

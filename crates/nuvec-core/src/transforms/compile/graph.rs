@@ -71,8 +71,10 @@ impl Graph {
         for (j, (node, _)) in tape.nodes.iter().enumerate() {
             index.insert(Arc::as_ptr(node), j);
         }
+        let inputs: HashMap<*const crate::array::Inner, usize> =
+            tracers.iter().enumerate().map(|(i, t)| (Arc::as_ptr(&t.inner), i)).collect();
         let refer = |a: &Array| -> Ref {
-            if let Some(i) = tracers.iter().position(|t| t.is_same(a)) {
+            if let Some(&i) = inputs.get(&Arc::as_ptr(&a.inner)) {
                 return Ref::Input(i);
             }
             match a.node() {

@@ -93,44 +93,40 @@ impl Cache {
     }
 
     /// Runs the graph cached for `args`' signature, tracing `f` first on a miss. Also gives
-    /// the signature the graph was found under and the exact one.
+    /// the graph that ran (callers key what they keep per graph by it).
     fn call(
         &self,
         args: &[Array],
         f: &mut dyn FnMut(&[Array]) -> Result<Vec<Array>>,
-    ) -> Result<(Vec<Array>, Signature, Signature)> {
+    ) -> Result<(Vec<Array>, Arc<Graph>)> {
         if let Some(e) = args.iter().find_map(Array::error) {
             return Err(e);
         }
         let exact = signature(args, false);
-        let mut keys = vec![exact.clone()];
-        if self.options.shapeless {
-            keys.insert(0, signature(args, true));
-        }
-        for key in &keys {
+        let rank = self.options.shapeless.then(|| signature(args, true));
+        for key in rank.iter().chain([&exact]) {
             let graph = self.graphs.lock().unwrap_or_else(|e| e.into_inner()).get(key).cloned();
             if let Some(graph) = graph {
                 if let Some(outs) = self.graphed(&graph, &exact, args, key.1) {
-                    return Ok((outs, key.clone(), exact));
+                    return Ok((outs, graph));
                 }
                 let outs = graph.replay(args, key.1);
                 // A shapeless replay that does not fit the new shapes falls to an exact trace.
                 if !key.1 || outs.iter().all(|o| !o.is_failed()) {
-                    return Ok((outs, key.clone(), exact));
+                    return Ok((outs, graph));
                 }
             }
         }
         let graph = Arc::new(self.trace(args, f)?);
         let outs = graph.replay(args, false);
-        let key = keys.remove(0);
         let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
-        // A shapeless graph stays under the rank key only for the shapes it was traced on.
-        graphs.insert(key.clone(), graph.clone());
-        graphs.insert(exact.clone(), graph);
-        if self.options.cuda_graph {
-            self.captures_lock().insert(exact.clone(), capture::Capture::Warm { attempts: 0 });
+        // The rank key keeps the first graph traced for it; a retrace for shapes it does not
+        // fit is kept under their exact signature only.
+        if let Some(rank) = rank {
+            graphs.entry(rank).or_insert_with(|| graph.clone());
         }
-        Ok((outs, key, exact))
+        graphs.insert(exact, graph.clone());
+        Ok((outs, graph))
     }
 
     fn captures_lock(&self) -> std::sync::MutexGuard<'_, HashMap<Signature, capture::Capture>> {
@@ -255,7 +251,7 @@ where
         if direct() {
             return f(args);
         }
-        cache.call(args, &mut |x| f(x)).map(|(outs, ..)| outs)
+        cache.call(args, &mut |x| f(x)).map(|(outs, _)| outs)
     }
 }
 
@@ -371,15 +367,15 @@ where
     R: IntoResult<Ok = O>,
 {
     let cache = Cache::new(options);
-    // The output tree of each signature, with placeholder leaves.
-    let templates: Mutex<HashMap<Signature, O>> = Mutex::new(HashMap::new());
+    // The output tree of each traced graph (keyed by the graph), with placeholder leaves.
+    let templates: Mutex<HashMap<*const Graph, O>> = Mutex::new(HashMap::new());
     move |p: &P| {
         if direct() {
             return f(p).into_result();
         }
         let leaves = p.flatten();
         let mut traced: Option<O> = None;
-        let (outs, key, exact) = cache.call(&leaves, &mut |x| {
+        let (outs, graph) = cache.call(&leaves, &mut |x| {
             let out = f(&p.with_leaves(x.to_vec())).into_result()?;
             let flat = out.flatten();
             traced = Some(out.with_leaves(vec![Array::default(); flat.len()]));
@@ -387,10 +383,9 @@ where
         })?;
         let mut templates = templates.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = traced {
-            templates.insert(exact, t.with_leaves(t.flatten()));
-            templates.insert(key.clone(), t);
+            templates.insert(Arc::as_ptr(&graph), t);
         }
-        match templates.get(&key) {
+        match templates.get(&Arc::as_ptr(&graph)) {
             Some(t) => Ok(t.with_leaves(outs)),
             None => Err(crate::error::Error::InvalidArgument("compile: no output structure for this call".into())),
         }
