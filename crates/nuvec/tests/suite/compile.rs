@@ -4,28 +4,18 @@
 
 use std::cell::Cell;
 
+use crate::Rng;
 use nuvec::transforms::{
     CompileOptions, compile_flat, compile_flat_with, compiled_graph, grad_flat, jvp_flat, vjp_flat, vmap,
 };
 use nuvec::{Array, DType, Result, array, bf16, compile, f16, grad, ops as mx};
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
+/// This module's draws.
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
     fn float(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
     }
-    fn array(&mut self, shape: &[i32], dtype: DType) -> Array {
+    fn array_of(&mut self, shape: &[i32], dtype: DType) -> Array {
         let n: i32 = shape.iter().product();
         let v: Vec<f32> = (0..n).map(|_| self.float()).collect();
         let a = Array::from_slice(&v, shape);
@@ -113,7 +103,7 @@ fn compiled_equals_uncompiled_bit_for_bit() {
         let dtype = [DType::F32, DType::F32, DType::BF16, DType::F16, DType::I32][case as usize % 5];
         let shape: Vec<i32> = [vec![3, 37], vec![64, 130], vec![1000], vec![2, 3, 257]][rng.below(4)].clone();
         let last = *shape.last().unwrap();
-        let inputs = [rng.array(&shape, dtype), rng.array(&shape, dtype), rng.array(&[last], dtype)];
+        let inputs = [rng.array_of(&shape, dtype), rng.array_of(&shape, dtype), rng.array_of(&[last], dtype)];
         // The row vector joins the pool broadcast against the others.
         let f = program(case + 1, dtype);
         let g = move |x: &[Array]| f(&[x[0].clone(), x[1].clone(), &x[2] + x[0].zeros_like()]);
@@ -130,8 +120,9 @@ fn compiled_equals_uncompiled_bit_for_bit() {
 fn compiled_reads_views_in_any_layout() {
     // Transposed, strided, broadcast and offset inputs: the GPU kernel walks or copies them.
     let mut rng = Rng(13);
-    let (a, b, r) = (rng.array(&[64, 48], DType::F32), rng.array(&[48, 64], DType::F32), rng.array(&[64], DType::F32));
-    let big = rng.array(&[97, 64], DType::BF16);
+    let (a, b, r) =
+        (rng.array_of(&[64, 48], DType::F32), rng.array_of(&[48, 64], DType::F32), rng.array_of(&[64], DType::F32));
+    let big = rng.array_of(&[97, 64], DType::BF16);
     let f = |x: &[Array]| {
         let t = x[0].t();
         let strided = x[3].slice(&[1, 0], &[97, 64], &[2, 1]).astype(DType::F32);
@@ -149,7 +140,8 @@ fn compiled_reads_views_in_any_layout() {
 fn multiply_add_chains_round_each_step() {
     // a*b + c is two roundings unfused; a fused kernel must not contract it into one.
     let mut rng = Rng(7);
-    let (a, b, c) = (rng.array(&[4096], DType::F32), rng.array(&[4096], DType::F32), rng.array(&[4096], DType::F32));
+    let (a, b, c) =
+        (rng.array_of(&[4096], DType::F32), rng.array_of(&[4096], DType::F32), rng.array_of(&[4096], DType::F32));
     let f = |x: &[Array]| Ok(vec![&x[0] * &x[1] + &x[2], (&x[0] * &x[0]).square() - &x[1] * &x[2]]);
     let want = f(&[a.clone(), b.clone(), c.clone()]).unwrap();
     let got = compile_flat(f)(&[a, b, c]).unwrap();
@@ -267,8 +259,8 @@ fn traces_once_per_signature() {
 #[test]
 fn compiled_functions_compose_with_transforms() {
     let mut rng = Rng(11);
-    let x = rng.array(&[5, 6], DType::F32);
-    let y = rng.array(&[5, 6], DType::F32);
+    let x = rng.array_of(&[5, 6], DType::F32);
+    let y = rng.array_of(&[5, 6], DType::F32);
     let f = |x: &[Array]| -> Result<Vec<Array>> { Ok(vec![((&x[0] * &x[1]).tanh() + x[0].exp() * 0.5).square()]) };
     let loss = move |x: &[Array]| -> Result<Array> { Ok(f(x)?.remove(0).sum(..)) };
     let cf = compile_flat(f);
@@ -357,13 +349,13 @@ fn captured_state_is_read_and_replaced_on_every_call() {
     use std::{cell::RefCell, rc::Rc};
     // Three steps of gradient descent on w, the weights held outside the step's arguments.
     let mut rng = Rng(3);
-    let (x, target) = (rng.array(&[8, 4], DType::F32), rng.array(&[8], DType::F32));
+    let (x, target) = (rng.array_of(&[8, 4], DType::F32), rng.array_of(&[8], DType::F32));
     let loss = |w: &Array, x: &Array, t: &Array| (x.matmul(w) - t).square().mean(..);
     let step = |w: &Array, x: &Array, t: &Array| -> (Array, Array) {
         let g = grad(|w: &Array| loss(w, x, t))(w).unwrap();
         (w - g * 0.1, loss(w, x, t))
     };
-    let mut w_plain = rng.array(&[4], DType::F32);
+    let mut w_plain = rng.array_of(&[4], DType::F32);
     let w = Rc::new(RefCell::new(w_plain.clone()));
     let traces = Cell::new(0);
     let (get, set, body) = (w.clone(), w.clone(), w.clone());
@@ -395,10 +387,10 @@ fn decoder(seed: u64, d: i32) -> impl Fn(&[Array]) -> Result<Vec<Array>> + Clone
         .map(|_| {
             let s = 1.0 / (d as f32).sqrt();
             [
-                rng.array(&[d], DType::BF16) + 1.0,
-                rng.array(&[d, d], DType::BF16) * s,
-                rng.array(&[d, d], DType::BF16) * s,
-                rng.array(&[d, d], DType::BF16) * s,
+                rng.array_of(&[d], DType::BF16) + 1.0,
+                rng.array_of(&[d, d], DType::BF16) * s,
+                rng.array_of(&[d, d], DType::BF16) * s,
+                rng.array_of(&[d, d], DType::BF16) * s,
             ]
         })
         .collect();
@@ -423,13 +415,13 @@ fn cuda_graphs_record_once_then_replay_bit_for_bit() {
     let before = nuvec::transforms::cuda_graphs_recorded();
     let mut rng = Rng(9);
     for call in 0..5 {
-        let x = rng.array(&[1, 256], DType::BF16);
+        let x = rng.array_of(&[1, 256], DType::BF16);
         let want = f(std::slice::from_ref(&x)).unwrap();
         let got = graphed(std::slice::from_ref(&x)).unwrap();
         assert_same(&got, &want, &format!("call {call}"));
         // The results are the caller's: the next launch must not overwrite them.
         if call > 1 {
-            let again = graphed(&[rng.array(&[1, 256], DType::BF16)]).unwrap();
+            let again = graphed(&[rng.array_of(&[1, 256], DType::BF16)]).unwrap();
             nuvec::eval(&again).unwrap();
             assert_same(&got, &want, &format!("call {call}, after another launch"));
         }
@@ -437,7 +429,7 @@ fn cuda_graphs_record_once_then_replay_bit_for_bit() {
     // Recorded on the second call, launched ever since.
     assert!(nuvec::transforms::cuda_graphs_recorded() > before);
     // A second signature records its own graph.
-    let x = rng.array(&[3, 256], DType::BF16);
+    let x = rng.array_of(&[3, 256], DType::BF16);
     for _ in 0..3 {
         assert_same(&graphed(std::slice::from_ref(&x)).unwrap(), &f(std::slice::from_ref(&x)).unwrap(), "batch of 3");
     }
@@ -454,7 +446,7 @@ fn work_that_cannot_be_recorded_replays_op_by_op() {
     let graphed = compile_flat_with(f, CompileOptions { cuda_graph: true, ..Default::default() });
     let mut rng = Rng(4);
     for call in 0..4 {
-        let x = rng.array(&[4, 4], DType::F32);
+        let x = rng.array_of(&[4, 4], DType::F32);
         assert_same(&graphed(std::slice::from_ref(&x)).unwrap(), &f(&[x]).unwrap(), &format!("call {call}"));
     }
 }
@@ -466,7 +458,7 @@ fn half_precision_chains_equal_eager_bit_for_bit() {
     let mut rng = Rng(17);
     for dtype in [DType::BF16, DType::F16] {
         for shape in [vec![1001], vec![64, 130], vec![3, 5, 7]] {
-            let (x, y) = (rng.array(&shape, dtype), rng.array(&shape, dtype));
+            let (x, y) = (rng.array_of(&shape, dtype), rng.array_of(&shape, dtype));
             let f = |a: &[Array]| {
                 let (x, y) = (&a[0], &a[1]);
                 let t = ((x * 1.5 + 0.5).tanh() * y - 0.25).exp() / 3.0;

@@ -36,6 +36,28 @@ mod sort;
 mod transforms;
 mod transforms_ops;
 
+/// xorshift64*, seeded so failures reproduce. Modules add the draws they need in their own
+/// `impl Rng` blocks.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// A value in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    /// A value in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
 /// Says on the terminal that the calling test skipped and why. libtest captures `print!` and
 /// `eprint!` of passing tests but not writes to the stderr handle, so every run shows its skips
 /// (and `NUVEC_REQUIRE_GPU=1` / `NUVEC_REQUIRE_NVRTC=1` turn them into failures where they apply).

@@ -3,25 +3,12 @@
 //! `sort == take(argsort)`), error cases, and derivatives (finite differences in f64, vmap
 //! against a loop). Agreement with MLX itself is `mlx_sort.rs`.
 
+use crate::Rng;
 use nuvec::transforms::{jvp_flat, vjp_flat, vmap_flat};
 use nuvec::{Array, DType, ops};
 
-/// xorshift64*, so failures reproduce.
-struct Rng(u64);
-
+/// This module's draws.
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
     /// Values with many ties (small integers), some NaN when `nan`.
     fn values(&mut self, n: usize, nan: bool) -> Vec<f64> {
         (0..n).map(|_| if nan && self.below(8) == 0 { f64::NAN } else { self.below(9) as f64 - 4.0 }).collect()

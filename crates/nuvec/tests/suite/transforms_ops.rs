@@ -8,25 +8,12 @@
 //!
 //! Shapes are random (seeded, so failures reproduce), inputs stay inside each op's smooth domain.
 
+use crate::Rng;
 use nuvec::transforms::{jvp_flat, vjp_flat, vmap_flat};
 use nuvec::{Array, DType, ops};
 
-/// A small deterministic generator (xorshift64*), so failures reproduce.
-struct Rng(u64);
-
+/// This module's draws.
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
     fn dims(&mut self, rank: usize) -> Vec<i32> {
         (0..rank).map(|_| 1 + self.below(4) as i32).collect()
     }
