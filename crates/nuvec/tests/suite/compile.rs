@@ -13,7 +13,7 @@ use nuvec::{Array, DType, Result, array, bf16, compile, f16, grad, ops as mx};
 /// This module's draws.
 impl Rng {
     fn float(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+        (self.bits() >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
     }
     fn array_of(&mut self, shape: &[i32], dtype: DType) -> Array {
         let n: i32 = shape.iter().product();

@@ -32,7 +32,7 @@ impl Rng {
                     Domain::Positive => 0.5 + 1.5 * u,
                     Domain::Unit => 1.8 * u - 0.9,
                     Domain::AboveOne => 1.2 + 2.0 * u,
-                    Domain::AwayFromZero => (0.5 + 1.5 * u) * if self.next() & 1 == 0 { 1.0 } else { -1.0 },
+                    Domain::AwayFromZero => (0.5 + 1.5 * u) * if self.bits() & 1 == 0 { 1.0 } else { -1.0 },
                 }
             })
             .collect();
