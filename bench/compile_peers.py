@@ -55,7 +55,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_peers import L2_FLOOR, Timer, copy_ceiling_gbs, emit, log, random  # noqa: E402  (the core peers' timing)
+from gpu_peers import Timer, copy_ceiling_gbs, emit, log, random, rotation_copies, start  # noqa: E402  (the core peers' timing)
 
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 ADAM_STEP, ADAM_LR, ADAM_B1, ADAM_B2, ADAM_EPS = 10, 1e-3, 0.9, 0.999, 1e-8
@@ -158,23 +158,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
 
-    if not torch.cuda.is_available():
-        emit("# torch sees no CUDA device")
+    l2 = start(show_triton=True)
+    if l2 is None:
         return 0
     t0 = time.time()
-    props = torch.cuda.get_device_properties(0)
-    l2 = max(getattr(props, "L2_cache_size", 0), L2_FLOOR)
-    emit(f"# torch {torch.__version__} (CUDA {torch.version.cuda}), {props.name}, "
-         f"{props.multi_processor_count} SMs, L2 {getattr(props, 'L2_cache_size', 0) / 1e6:.1f} MB")
-    try:
-        import triton
-        emit(f"# triton {triton.__version__}")
-    except Exception as e:  # noqa: BLE001
-        emit(f"# triton: {type(e).__name__}")
     timer = Timer(args.batch_ms, args.batches, args.warmup)
 
     def copies(input_bytes):
-        return max(1, min(8, math.ceil(3 * l2 / max(1, input_bytes))))
+        return rotation_copies(l2, input_bytes)
 
     def left():
         return args.deadline - (time.time() - t0)

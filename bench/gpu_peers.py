@@ -50,6 +50,29 @@ def emit(line):
     print(line, flush=True)
 
 
+def start(show_triton=False):
+    """Prints the device banner the peers scripts begin with; returns the L2 size (at least
+    L2_FLOOR) that input rotation is planned from, or None when torch sees no CUDA device."""
+    if not torch.cuda.is_available():
+        emit("# torch sees no CUDA device")
+        return None
+    props = torch.cuda.get_device_properties(0)
+    emit(f"# torch {torch.__version__} (CUDA {torch.version.cuda}), {props.name}, "
+         f"{props.multi_processor_count} SMs, L2 {getattr(props, 'L2_cache_size', 0) / 1e6:.1f} MB")
+    if show_triton:
+        try:
+            import triton
+            emit(f"# triton {triton.__version__}")
+        except Exception as e:  # noqa: BLE001
+            emit(f"# triton: {type(e).__name__}")
+    return max(getattr(props, "L2_cache_size", 0), L2_FLOOR)
+
+
+def rotation_copies(l2, input_bytes):
+    """Copies of an input set to rotate through so that together they exceed 3x the L2."""
+    return max(1, min(8, math.ceil(3 * l2 / max(1, input_bytes))))
+
+
 class Timer:
     def __init__(self, batch_ms, batches, warmup):
         self.batch_ms = batch_ms
@@ -114,18 +137,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
 
-    if not torch.cuda.is_available():
-        emit("# torch sees no CUDA device")
+    l2 = start()
+    if l2 is None:
         return 0
     t0 = time.time()
-    props = torch.cuda.get_device_properties(0)
-    l2 = max(getattr(props, "L2_cache_size", 0), L2_FLOOR)
-    emit(f"# torch {torch.__version__} (CUDA {torch.version.cuda}), {props.name}, "
-         f"{props.multi_processor_count} SMs, L2 {getattr(props, 'L2_cache_size', 0) / 1e6:.1f} MB")
     timer = Timer(args.batch_ms, args.batches, args.warmup)
 
     def copies(input_bytes):
-        return max(1, min(8, math.ceil(3 * l2 / max(1, input_bytes))))
+        return rotation_copies(l2, input_bytes)
 
     def wanted(name):
         return args.only is None or args.only in name
