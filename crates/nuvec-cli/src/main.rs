@@ -1,0 +1,332 @@
+//! `nuvec`: generate text, chat and benchmark language models on nuvec (GPU when present,
+//! else CPU). With no `--model`, the default model (SmolLM2-135M-Instruct) is fetched once.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use nuvec::DType;
+use nuvec_lm::{
+    ChatTemplate, GenerateOptions, LoadOptions, Loaded, PromptCache, SamplerOptions, Stats, fetch, generate, load,
+};
+use serde_json::{Value, json};
+
+#[derive(Parser)]
+#[command(name = "nuvec", version, about = "Run language models on nuvec (NVIDIA GPUs and CPUs)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it, then print speeds and peak memory.
+    Generate(GenerateArgs),
+    /// Chat in a loop: each turn reuses the cache of the conversation so far.
+    Chat(ModelArgs),
+    /// Measure prefill and decode tokens/s, time to first token and peak memory.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// A GGUF file or a Hugging Face folder (default: SmolLM2-135M-Instruct, fetched once).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Activation and weight dtype: float32, float16 or bfloat16.
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Quantize float weights on load: BITS,GROUP (MLX's affine mode), e.g. 4,64.
+    #[arg(long)]
+    quantize: Option<String>,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature (0: greedy).
+    #[arg(long = "temp", default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling: keep tokens up to this probability mass.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: i32,
+    /// Drop tokens less likely than MIN_P times the most likely.
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Penalize tokens of the recent context (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Random seed: the same seed gives the same tokens.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// A system prompt for the chat template.
+    #[arg(long)]
+    system: Option<String>,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt ("-" reads standard input).
+    #[arg(long, short, default_value = "Hello! Who are you?")]
+    prompt: String,
+    /// Use the prompt as it is, without the chat template.
+    #[arg(long)]
+    ignore_chat_template: bool,
+    /// Stop when the text contains this (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt lengths to measure (random tokens).
+    #[arg(long, value_delimiter = ',', default_value = "128")]
+    prompt_tokens: Vec<usize>,
+    /// Tokens to generate after each prompt.
+    #[arg(long, default_value_t = 128)]
+    generation_tokens: usize,
+    /// Runs per prompt length (the best is kept).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => run_generate(a),
+        Command::Chat(a) => run_chat(a),
+        Command::Bench(a) => run_bench(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nuvec: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn load_model(a: &ModelArgs) -> Res<Loaded> {
+    let path = match &a.model {
+        Some(p) => p.clone(),
+        None => fetch::default_model(&mut |msg| eprintln!("nuvec: {msg}"))?,
+    };
+    let dtype = match a.dtype.as_deref() {
+        None => None,
+        Some("float32" | "f32") => Some(DType::F32),
+        Some("float16" | "f16") => Some(DType::F16),
+        Some("bfloat16" | "bf16") => Some(DType::BF16),
+        Some(other) => return Err(format!("--dtype {other}: use float32, float16 or bfloat16").into()),
+    };
+    let quantize = match a.quantize.as_deref() {
+        None => None,
+        Some(s) => {
+            let parts: Vec<&str> = s.split(',').collect();
+            let parse = |x: &str| x.trim().parse::<i32>().ok();
+            match parts.as_slice() {
+                [b, g] if parse(b).is_some() && parse(g).is_some() => Some((parse(g).unwrap(), parse(b).unwrap())),
+                _ => return Err(format!("--quantize {s}: give BITS,GROUP, e.g. 4,64").into()),
+            }
+        }
+    };
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("a fixed template"));
+    bar.set_message(format!("loading {}", display_name(&path)));
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let loaded = load(&path, &LoadOptions { dtype, quantize });
+    let loaded = loaded.and_then(|l| {
+        // Read every weight now, so that the first token's time is the model's.
+        let params: Vec<nuvec::Array> = l.model.parameters().into_values().collect();
+        nuvec::eval(&params)?;
+        Ok(l)
+    });
+    bar.finish_and_clear();
+    Ok(loaded?)
+}
+
+fn display_name(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
+}
+
+fn sampler(a: &ModelArgs) -> SamplerOptions {
+    SamplerOptions {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed,
+        ..Default::default()
+    }
+}
+
+/// The prompt text of `messages`: the chat template's rendering, or the last message as is
+/// when the model has none.
+fn render(m: &Loaded, messages: &[Value]) -> Res<String> {
+    let t = &m.tokenizer;
+    match &t.chat_template {
+        Some(source) => {
+            let bos = t.bos.as_ref().map(|b| b.1.clone()).unwrap_or_default();
+            let eos = t.eos.first().and_then(|&e| t.inner().id_to_token(e)).unwrap_or_default();
+            let template = ChatTemplate::new(source.clone(), bos, eos);
+            Ok(template.render(&Value::from(messages.to_vec()), None, true, None)?)
+        }
+        None => Ok(messages.last().and_then(|m| m["content"].as_str()).unwrap_or("").to_string()),
+    }
+}
+
+/// Token ids of a rendered prompt: a BOS is added unless the template already wrote it.
+fn encode(m: &Loaded, text: &str) -> Res<Vec<u32>> {
+    let has_bos = m.tokenizer.bos.as_ref().is_some_and(|(_, b)| text.starts_with(b.as_str()));
+    Ok(m.tokenizer.encode(text, !has_bos)?)
+}
+
+fn run_generate(a: GenerateArgs) -> Res<()> {
+    let m = load_model(&a.model)?;
+    let prompt = if a.prompt == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
+        s
+    } else {
+        a.prompt.clone()
+    };
+    let text = if a.ignore_chat_template {
+        prompt
+    } else {
+        let mut messages = Vec::new();
+        if let Some(s) = &a.model.system {
+            messages.push(json!({"role": "system", "content": s}));
+        }
+        messages.push(json!({"role": "user", "content": prompt}));
+        render(&m, &messages)?
+    };
+    let ids = encode(&m, &text)?;
+    let options =
+        GenerateOptions { max_tokens: a.model.max_tokens, sampler: sampler(&a.model), stop: a.stop, ..Default::default() };
+    let mut cache = PromptCache::new(m.model.as_ref());
+    println!("==========");
+    let stats = stream(&m, &mut cache, &ids, options)?;
+    println!("\n==========");
+    print_stats(&stats);
+    Ok(())
+}
+
+/// Streams a generation to standard output; its stats.
+fn stream(m: &Loaded, cache: &mut PromptCache, ids: &[u32], options: GenerateOptions) -> Res<Stats> {
+    let mut out = std::io::stdout().lock();
+    let mut generation = generate(m.model.as_ref(), &m.tokenizer, cache, ids, &m.eos, options)?;
+    for token in generation.by_ref() {
+        out.write_all(token?.text.as_bytes())?;
+        out.flush()?;
+    }
+    Ok(generation.stats)
+}
+
+fn print_stats(s: &Stats) {
+    println!("Prompt: {} tokens, {:.3} tokens-per-sec", s.prompt_tokens, s.prompt_tps());
+    println!("Generation: {} tokens, {:.3} tokens-per-sec", s.generation_tokens, s.generation_tps());
+    println!("Peak memory: {:.3} GB", s.peak_memory as f64 / 1e9);
+}
+
+fn run_chat(a: ModelArgs) -> Res<()> {
+    let m = load_model(&a)?;
+    let mut messages: Vec<Value> = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(json!({"role": "system", "content": s}));
+    }
+    let mut cache = PromptCache::new(m.model.as_ref());
+    eprintln!("nuvec chat: type a message; 'q' or an empty line at the end of input quits, 'r' resets.");
+    let stdin = std::io::stdin();
+    loop {
+        eprint!(">> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim() == "q" {
+            return Ok(());
+        }
+        if line.trim() == "r" {
+            messages.retain(|m| m["role"] == "system");
+            cache = PromptCache::new(m.model.as_ref());
+            continue;
+        }
+        messages.push(json!({"role": "user", "content": line.trim_end()}));
+        let ids = encode(&m, &render(&m, &messages)?)?;
+        let options = GenerateOptions { max_tokens: a.max_tokens, sampler: sampler(&a), ..Default::default() };
+        let mut reply = String::new();
+        {
+            let mut out = std::io::stdout().lock();
+            let mut generation = generate(m.model.as_ref(), &m.tokenizer, &mut cache, &ids, &m.eos, options)?;
+            for token in generation.by_ref() {
+                let t = token?;
+                reply.push_str(&t.text);
+                out.write_all(t.text.as_bytes())?;
+                out.flush()?;
+            }
+        }
+        println!();
+        messages.push(json!({"role": "assistant", "content": reply}));
+    }
+}
+
+fn run_bench(a: BenchArgs) -> Res<()> {
+    let m = load_model(&a.model)?;
+    let vocab = m.model.config().vocab_size as u32;
+    let device = if nuvec_lm::load::on_gpu() { "gpu" } else { "cpu" };
+    let mut rows = Vec::new();
+    println!("device {device}, model {}", display_name(&m.path));
+    println!("{:>8} {:>12} {:>12} {:>12} {:>10}", "prompt", "prefill t/s", "decode t/s", "TTFT ms", "peak GB");
+    for &n in &a.prompt_tokens {
+        // A fixed, model-independent token sequence (no EOS ends it: generation runs to the end).
+        let ids: Vec<u32> = (0..n as u64).map(|i| ((i * 2_654_435_761 + 7) % vocab as u64) as u32).collect();
+        let mut best: Option<(Stats, f64)> = None;
+        for _ in 0..a.repeats.max(1) {
+            let mut cache = PromptCache::new(m.model.as_ref());
+            let options = GenerateOptions {
+                max_tokens: a.generation_tokens.max(1),
+                sampler: sampler(&a.model),
+                ..Default::default()
+            };
+            let start = Instant::now();
+            let mut generation = generate(m.model.as_ref(), &m.tokenizer, &mut cache, &ids, &[], options)?;
+            for t in generation.by_ref() {
+                t?;
+            }
+            let total = start.elapsed().as_secs_f64();
+            let s = generation.stats;
+            if best.as_ref().is_none_or(|(b, _)| s.generation_tps() > b.generation_tps()) {
+                best = Some((s, total));
+            }
+        }
+        let (s, total) = best.expect("at least one run");
+        println!(
+            "{:>8} {:>12.1} {:>12.1} {:>12.1} {:>10.3}",
+            n,
+            s.prompt_tps(),
+            s.generation_tps(),
+            s.prompt_seconds * 1e3,
+            s.peak_memory as f64 / 1e9
+        );
+        rows.push(json!({
+            "prompt_tokens": n, "generation_tokens": s.generation_tokens,
+            "prefill_tokens_per_s": s.prompt_tps(), "decode_tokens_per_s": s.generation_tps(),
+            "ttft_s": s.prompt_seconds, "total_s": total, "peak_memory_bytes": s.peak_memory,
+        }));
+    }
+    if let Some(path) = &a.json {
+        let doc = json!({"device": device, "model": m.path.display().to_string(), "results": rows});
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,313 @@
+//! Generation: prefill in chunks, then one token per step, streamed as text. The next step's
+//! graph is built and started before the current token is read back (as mlx-lm), unless the
+//! penalties need each token on the host first.
+
+use std::time::Instant;
+
+use nuvec::{Array, DType};
+
+use crate::Result;
+use crate::cache::KvCache;
+use crate::models::LanguageModel;
+use crate::sample::{Sampled, Sampler, SamplerOptions};
+use crate::tokenizer::{Detokenizer, Tokenizer};
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// At most this many new tokens.
+    pub max_tokens: usize,
+    /// How tokens are chosen.
+    pub sampler: SamplerOptions,
+    /// The prompt is run this many tokens at a time.
+    pub prefill_step: usize,
+    /// Generation ends when the text contains one of these (left out of the text).
+    pub stop: Vec<String>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions { max_tokens: 256, sampler: SamplerOptions::default(), prefill_step: 2048, stop: Vec::new() }
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+/// One generated token.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    /// Its id.
+    pub token: u32,
+    /// The text that became certain with it (possibly empty; held back while a stop string
+    /// may be starting).
+    pub text: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely alternatives and their log-probabilities, when asked for.
+    pub top_logprobs: Vec<(u32, f32)>,
+    /// Set on the last token.
+    pub finish: Option<FinishReason>,
+}
+
+/// Speeds and sizes of a generation, as `mlx_lm.generate` reports them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    /// Prompt tokens run through the model (those a prompt cache held are not counted).
+    pub prompt_tokens: usize,
+    /// Seconds from the start to the first token.
+    pub prompt_seconds: f64,
+    /// Tokens generated.
+    pub generation_tokens: usize,
+    /// Seconds from the first token to the last.
+    pub generation_seconds: f64,
+    /// Peak bytes held by arrays on the device that ran the model.
+    pub peak_memory: usize,
+}
+
+impl Stats {
+    /// Prompt tokens per second.
+    pub fn prompt_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prompt_seconds.max(1e-9)
+    }
+
+    /// Generated tokens per second (the first token counts as the prompt's).
+    pub fn generation_tps(&self) -> f64 {
+        self.generation_tokens.saturating_sub(1) as f64 / self.generation_seconds.max(1e-9)
+    }
+}
+
+/// The caches of a conversation and the tokens they hold, so that the next prompt runs only
+/// past the prefix they share (mlx-lm's prompt cache).
+#[derive(Default)]
+pub struct PromptCache {
+    /// One cache per layer.
+    pub layers: Vec<KvCache>,
+    /// The tokens the caches hold.
+    pub tokens: Vec<u32>,
+}
+
+impl PromptCache {
+    /// Empty caches for `model`.
+    pub fn new(model: &dyn LanguageModel) -> PromptCache {
+        PromptCache { layers: model.new_cache(), tokens: Vec::new() }
+    }
+
+    /// Keeps the longest prefix of the held tokens that `prompt` starts with, short of the whole
+    /// prompt (its last token must run to give logits); returns the tokens still to run.
+    fn reuse<'p>(&mut self, prompt: &'p [u32]) -> &'p [u32] {
+        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        let drop = (self.tokens.len() - common) as i32;
+        for c in &mut self.layers {
+            c.trim(drop);
+        }
+        self.tokens.truncate(common);
+        &prompt[common..]
+    }
+}
+
+/// A streaming generation: an iterator of [`Generated`] tokens.
+pub struct Generation<'a> {
+    model: &'a dyn LanguageModel,
+    cache: &'a mut PromptCache,
+    sampler: Sampler,
+    detok: Detokenizer<'a>,
+    eos: Vec<u32>,
+    options: GenerateOptions,
+    prompt: Vec<u32>,
+    pending: Option<Sampled>,
+    generated: Vec<u32>,
+    text: String,
+    shown: usize,
+    done: bool,
+    start: Instant,
+    first: Option<Instant>,
+    /// The generation's speeds so far.
+    pub stats: Stats,
+}
+
+/// Generates from the token ids `prompt` (at least one), continuing `cache`; `eos` ends it.
+/// Errors (an empty prompt, one longer than the model's context, bad sampler options)
+/// come before the first token.
+pub fn generate<'a>(
+    model: &'a dyn LanguageModel,
+    tokenizer: &'a Tokenizer,
+    cache: &'a mut PromptCache,
+    prompt: &[u32],
+    eos: &[u32],
+    options: GenerateOptions,
+) -> Result<Generation<'a>> {
+    if prompt.is_empty() {
+        return Err(crate::Error::Config("generate: the prompt has no tokens".into()));
+    }
+    if let Some(context) = model.config().max_position_embeddings
+        && prompt.len() > context as usize
+    {
+        return Err(crate::Error::Config(format!(
+            "generate: the prompt has {} tokens, more than the model's context of {context}",
+            prompt.len()
+        )));
+    }
+    if cache.layers.is_empty() {
+        cache.layers = model.new_cache();
+    }
+    options.sampler.validate()?;
+    Ok(Generation {
+        model,
+        sampler: Sampler::new(options.sampler.clone()),
+        detok: tokenizer.stream(),
+        eos: eos.to_vec(),
+        prompt: prompt.to_vec(),
+        cache,
+        options,
+        pending: None,
+        generated: Vec::new(),
+        text: String::new(),
+        shown: 0,
+        done: false,
+        start: Instant::now(),
+        first: None,
+        stats: Stats::default(),
+    })
+}
+
+impl Generation<'_> {
+    /// Runs `tokens [1, L]` and samples the next token from the last position's logits.
+    fn step(&mut self, tokens: &Array) -> Sampled {
+        let logits = self.model.forward(tokens, &mut self.cache.layers);
+        let l = logits.shape()[1];
+        let last = logits.slice(&[0, l - 1, 0], &[1, l, logits.shape()[2]], &[1, 1, 1]).squeeze(1);
+        let history: Vec<u32> = self.cache.tokens.iter().chain(&self.generated).copied().collect();
+        self.sampler.sample(&last, &[&history])
+    }
+
+    /// Runs the prompt (all but its last token in chunks of `prefill_step`) and samples the
+    /// first token.
+    fn prefill(&mut self) -> Result<Sampled> {
+        let prompt = std::mem::take(&mut self.prompt);
+        let rest = self.cache.reuse(&prompt).to_vec();
+        self.stats.prompt_tokens = rest.len();
+        let (head, last) = rest.split_at(rest.len() - 1);
+        for chunk in head.chunks(self.options.prefill_step.max(1)) {
+            let ids: Vec<i32> = chunk.iter().map(|&t| t as i32).collect();
+            self.model.forward(&Array::from_slice(&ids, [1, ids.len() as i32]), &mut self.cache.layers);
+            let arrays: Vec<Array> = self.cache.layers.iter().flat_map(|c| c.arrays()).collect();
+            nuvec::eval(&arrays)?;
+        }
+        self.cache.tokens = prompt[..prompt.len() - 1].to_vec();
+        let sampled = self.step(&Array::from_slice(&[last[0] as i32], [1, 1]));
+        self.cache.tokens.push(last[0]);
+        Ok(sampled)
+    }
+
+    fn next_token(&mut self) -> Result<Generated> {
+        let current = match self.pending.take() {
+            Some(s) => s,
+            None => self.prefill()?,
+        };
+        // Start the next step before reading this one back, when it needs no host history.
+        let pipelined = !self.options.sampler.needs_history() && self.generated.len() + 1 < self.options.max_tokens;
+        if pipelined {
+            let next = self.step(&current.tokens.reshape([1, 1]));
+            nuvec::async_eval(&[next.tokens.clone(), next.logprobs.clone()])?;
+            self.pending = Some(next);
+        }
+        let token = current.tokens.item::<i32>()? as u32;
+        if self.first.is_none() {
+            let now = Instant::now();
+            self.first = Some(now);
+            self.stats.prompt_seconds = (now - self.start).as_secs_f64();
+        }
+        let logprob = current.logprobs.slice(&[0, token as i32], &[1, token as i32 + 1], &[1, 1]).item::<f32>()?;
+        let top_logprobs = match self.options.sampler.top_logprobs {
+            0 => Vec::new(),
+            k => {
+                let order = current.logprobs.argsort(-1);
+                let v = current.logprobs.shape()[1];
+                let k = (k as i32).min(v);
+                let best = order.slice(&[0, v - k], &[1, v], &[1, 1]);
+                let values: Vec<f32> = current.logprobs.take_along_axis(&best, -1).to_vec()?;
+                let ids: Vec<u32> = best.astype(DType::I32).to_vec::<i32>()?.into_iter().map(|i| i as u32).collect();
+                ids.into_iter().zip(values).rev().collect()
+            }
+        };
+        self.generated.push(token);
+        if !pipelined && !self.eos.contains(&token) && self.generated.len() < self.options.max_tokens {
+            self.pending = Some(self.step(&Array::from_slice(&[token as i32], [1, 1])));
+        }
+        let mut finish = None;
+        if self.eos.contains(&token) {
+            finish = Some(FinishReason::Stop);
+        } else {
+            self.text.push_str(&self.detok.push(token)?);
+            if self.generated.len() >= self.options.max_tokens {
+                finish = Some(FinishReason::Length);
+            }
+        }
+        if finish.is_some() {
+            self.text.push_str(&self.detok.finish()?);
+        }
+        // Stop strings: cut the text at the first one; hold back a tail that may begin one.
+        let mut visible = self.text.len();
+        if let Some(cut) = self.options.stop.iter().filter_map(|s| self.text.find(s.as_str())).min() {
+            visible = cut;
+            finish = Some(FinishReason::Stop);
+        } else if finish.is_none() {
+            for s in &self.options.stop {
+                for k in (1..s.len()).rev() {
+                    if s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
+                        visible = visible.min(self.text.len() - k);
+                    }
+                }
+            }
+        }
+        let visible = visible.max(self.shown);
+        let text = self.text[self.shown..visible].to_string();
+        self.shown = visible;
+        let now = Instant::now();
+        self.stats.generation_tokens = self.generated.len();
+        self.stats.generation_seconds = (now - self.first.unwrap_or(now)).as_secs_f64();
+        if finish.is_some() {
+            self.done = true;
+            self.pending = None;
+            // The caches hold the tokens that ran: the prompt and all generated but the last
+            // (or the last too, when a step started ahead of time ran it).
+            let held = self.cache.layers.first().map_or(0, |c| c.offset()) as usize;
+            self.cache.tokens.extend(&self.generated);
+            self.cache.tokens.truncate(held);
+            self.stats.peak_memory = peak_memory();
+        }
+        Ok(Generated { token, text, logprob, top_logprobs, finish })
+    }
+}
+
+impl Iterator for Generation<'_> {
+    type Item = Result<Generated>;
+
+    fn next(&mut self) -> Option<Result<Generated>> {
+        if self.done {
+            return None;
+        }
+        let out = self.next_token();
+        if out.is_err() {
+            self.done = true;
+        }
+        Some(out)
+    }
+}
+
+/// Peak bytes held by arrays on the default device since the process started.
+pub fn peak_memory() -> usize {
+    let device = nuvec::default_device();
+    if device.is_cpu() {
+        nuvec::memory::host_memory().peak
+    } else {
+        nuvec::cuda::memory(device.index).map(|m| m.peak).unwrap_or(0)
+    }
+}

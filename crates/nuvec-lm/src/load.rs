@@ -1,0 +1,201 @@
+//! Loading a model and its tokenizer: a Hugging Face folder (`config.json`, safetensors,
+//! sharded or not, mlx-community's affine-quantized weights included) or a GGUF file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use nuvec::io::{GgufFile, GgufValue};
+use nuvec::nn::{Params, QuantSpec, quantize_with};
+use nuvec::{Array, DType};
+use serde_json::Value;
+
+use crate::config::{ModelConfig, ids};
+use crate::models::{LanguageModel, build};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// How to load.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// The dtype of activations and float weights (`None`: the checkpoint's for safetensors;
+    /// for GGUF, `float16` on a GPU and `float32` on the CPU).
+    pub dtype: Option<DType>,
+    /// Quantize float weights on load: `(group_size, bits)`, MLX's affine mode.
+    pub quantize: Option<(i32, i32)>,
+}
+
+/// A model ready to generate: weights, tokenizer, and the tokens that end a reply.
+pub struct Loaded {
+    /// The model.
+    pub model: Box<dyn LanguageModel>,
+    /// Its tokenizer.
+    pub tokenizer: Tokenizer,
+    /// Tokens that end generation (the tokenizer's, `config.json`'s and
+    /// `generation_config.json`'s).
+    pub eos: Vec<u32>,
+    /// Where it came from.
+    pub path: PathBuf,
+}
+
+/// Loads the model at `path`: a `.gguf` file or a Hugging Face folder. Errors name the file
+/// and what is wrong (missing, unknown architecture, a weight of the wrong shape).
+pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded> {
+    if path.is_file() {
+        return load_gguf(path, options);
+    }
+    if !path.is_dir() {
+        return Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder")));
+    }
+    let config_path = path.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+    let config = ModelConfig::from_json(&text)?;
+    let weights = read_safetensors(path)?;
+    let tied = config.tie_word_embeddings.unwrap_or(false) || !weights.contains_key("lm_head.weight");
+    let mut model = build(&config, tied)?;
+    if let Some(q) = config.quantization {
+        // mlx-community: the layers with scales are quantized.
+        quantize_with(model.as_mut(), |layer, _| {
+            weights.contains_key(&format!("{layer}.scales")).then(|| QuantSpec::new(q.group_size, q.bits, "affine"))
+        })?;
+    }
+    model.load_weights(&weights, true).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
+    finish(model.as_mut(), options, None)?;
+    let tokenizer = Tokenizer::from_dir(path)?;
+    let mut eos = tokenizer.eos.clone();
+    eos.extend(config.eos_tokens());
+    if let Ok(t) = std::fs::read_to_string(path.join("generation_config.json"))
+        && let Ok(v) = serde_json::from_str::<Value>(&t)
+    {
+        eos.extend(ids(v.get("eos_token_id")));
+    }
+    eos.sort_unstable();
+    eos.dedup();
+    Ok(Loaded { model, tokenizer, eos, path: path.to_path_buf() })
+}
+
+/// The safetensors of a folder: the shards an index lists, or every `*.safetensors`.
+fn read_safetensors(dir: &Path) -> Result<Params> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        return nuvec::io::load_safetensors_index(&index).map_err(Error::from);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::Weights(format!("{}: no *.safetensors files", dir.display())));
+    }
+    let mut out = Params::new();
+    for f in files {
+        out.extend(nuvec::io::load_safetensors(&f)?);
+    }
+    Ok(out)
+}
+
+/// Casts and quantizes as `options` asks; `default_dtype` applies when `options` names none.
+fn finish(model: &mut dyn LanguageModel, options: &LoadOptions, default_dtype: Option<DType>) -> Result<()> {
+    if let Some(dtype) = options.dtype.or(default_dtype) {
+        model.set_dtype(dtype);
+    }
+    if let Some((group, bits)) = options.quantize {
+        quantize_with(model, |_, w| (w.dtype().is_float()).then(|| QuantSpec::new(group, bits, "affine")))?;
+    }
+    Ok(())
+}
+
+/// The Hugging Face name of a GGUF tensor of the Llama family.
+fn hf_name(gguf: &str) -> Option<String> {
+    let fixed = match gguf {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.to_string());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, name) = rest.split_once('.')?;
+    let (module, param) = name.rsplit_once('.')?;
+    let hf = match module {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{param}"))
+}
+
+/// Rows of a `[heads · D, ..]` projection in Hugging Face's order, from llama.cpp's, which
+/// interleaves each head's two halves for its RoPE.
+fn unpermute(x: &Array, heads: i32) -> Array {
+    let rows = x.shape()[0];
+    let d = rows / heads;
+    let order: Vec<i32> =
+        (0..rows).map(|r| (r / d) * d + (r % d % (d / 2)) * 2 + (r % d) / (d / 2)).collect();
+    x.take(&Array::from_slice(&order, [rows]), 0)
+}
+
+fn load_gguf(path: &Path, options: &LoadOptions) -> Result<Loaded> {
+    let file = GgufFile::open(path)?;
+    let meta: &BTreeMap<String, GgufValue> = file.metadata();
+    let config = ModelConfig::from_gguf(meta)?;
+    let permuted = config.model_type == "llama" || config.model_type == "mistral";
+    let mut weights = Params::new();
+    let mut bits: BTreeMap<String, i32> = BTreeMap::new();
+    for t in file.tensors() {
+        let Some(name) = hf_name(&t.name) else {
+            if t.name == "rope_freqs.weight" {
+                continue;
+            }
+            return Err(Error::Weights(format!("{}: tensor '{}' has no place in the model", path.display(), t.name)));
+        };
+        let heads = if name.contains("q_proj.") {
+            Some(config.num_attention_heads)
+        } else if name.contains("k_proj.") {
+            Some(config.kv_heads())
+        } else {
+            None
+        };
+        let fix = |x: Array| match heads {
+            Some(h) if permuted => unpermute(&x, h),
+            _ => x,
+        };
+        let layer = name.strip_suffix(".weight").unwrap_or(&name).to_string();
+        match file.affine(&t.name)? {
+            Some(q) => {
+                bits.insert(layer.clone(), q.bits);
+                weights.insert(format!("{layer}.scales"), fix(q.scales));
+                weights.insert(format!("{layer}.biases"), fix(q.biases));
+                weights.insert(name, fix(q.w));
+            }
+            None => {
+                weights.insert(name, fix(file.get(&t.name)?));
+            }
+        }
+    }
+    let tied = !weights.contains_key("lm_head.weight");
+    let mut model = build(&config, tied)?;
+    quantize_with(model.as_mut(), |layer, _| bits.get(layer).map(|&b| QuantSpec::new(32, b, "affine")))?;
+    model.load_weights(&weights, true).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
+    finish(model.as_mut(), options, Some(if on_gpu() { DType::F16 } else { DType::F32 }))?;
+    let tokenizer = Tokenizer::from_gguf(meta)?;
+    let eos = tokenizer.eos.clone();
+    Ok(Loaded { model, tokenizer, eos, path: path.to_path_buf() })
+}
+
+/// Whether arrays go to a GPU by default.
+pub fn on_gpu() -> bool {
+    !nuvec::default_device().is_cpu()
+}

@@ -1,0 +1,32 @@
+//! The architectures, one file per family (as mlx-lm's `models/`), behind one trait.
+
+pub mod llama;
+
+use nuvec::Array;
+use nuvec::nn::Module;
+
+use crate::cache::KvCache;
+use crate::config::ModelConfig;
+use crate::{Error, Result};
+
+/// A causal language model: tokens in, next-token logits out, with a cache per layer.
+pub trait LanguageModel: Module + Send {
+    /// The logits `[B, L, vocab]` of `tokens [B, L]` (`int32`), the positions after those
+    /// `caches` hold; the caches take the new keys and values.
+    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Array;
+
+    /// The hyper-parameters.
+    fn config(&self) -> &ModelConfig;
+
+    /// Empty caches, one per layer.
+    fn new_cache(&self) -> Vec<KvCache>;
+}
+
+/// A model of `config`'s architecture with placeholder weights (lazy zeros) to load into;
+/// `tied` leaves out the output projection.
+pub fn build(config: &ModelConfig, tied: bool) -> Result<Box<dyn LanguageModel>> {
+    match config.model_type.as_str() {
+        "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(llama::Llama::new(config, tied)?)),
+        other => Err(Error::Config(format!("model_type '{other}' is not supported"))),
+    }
+}

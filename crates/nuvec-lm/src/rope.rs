@@ -1,0 +1,136 @@
+//! Rotary position embeddings with the scalings of `config.json`'s `rope_scaling`: none
+//! (`default`), `linear`, `dynamic` (NTK, past the trained context), `llama3` and `yarn`, as
+//! Hugging Face's and mlx-lm's.
+
+use std::f32::consts::PI;
+
+use nuvec::{Array, DType, fast};
+
+use crate::config::ModelConfig;
+use crate::{Error, Result};
+
+/// How a model rotates its queries and keys.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    /// Features rotated (the head size).
+    pub dims: i32,
+    /// Adjacent pairs rotate together (GPT-J style) instead of the two halves.
+    pub traditional: bool,
+    base: f32,
+    /// Positions are multiplied by this (`1 / factor` for `linear`).
+    scale: f32,
+    /// Per-pair periods (`llama3`, `yarn`), in place of `base`.
+    freqs: Option<Array>,
+    /// The rotated features are multiplied by this (`yarn`'s attention factor).
+    mscale: f32,
+    /// `dynamic`: the scaling factor and the trained context.
+    dynamic: Option<(f32, i32)>,
+}
+
+impl Rope {
+    /// The rotation `config` describes; an error names an unknown scaling or a missing field.
+    pub fn from_config(config: &ModelConfig) -> Result<Rope> {
+        let dims = config.head_dim();
+        let base = config.rope_theta;
+        let mut rope = Rope { dims, traditional: false, base, scale: 1.0, freqs: None, mscale: 1.0, dynamic: None };
+        let Some(s) = &config.rope_scaling else { return Ok(rope) };
+        let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
+        let num = |key: &str, default: Option<f32>| -> Result<f32> {
+            match s.get(key).and_then(|v| v.as_f64()) {
+                Some(v) => Ok(v as f32),
+                None => default.ok_or_else(|| Error::Config(format!("rope_scaling '{kind}' needs '{key}'"))),
+            }
+        };
+        let half: Vec<f32> = (0..dims / 2).map(|i| base.powf(2.0 * i as f32 / dims as f32)).collect();
+        match kind {
+            "default" => {}
+            "linear" => rope.scale = 1.0 / num("factor", None)?,
+            "dynamic" => {
+                let trained = config.max_position_embeddings.unwrap_or(2048);
+                let trained = num("original_max_position_embeddings", Some(trained as f32))? as i32;
+                rope.dynamic = Some((num("factor", None)?, trained));
+            }
+            "llama3" => rope.freqs = Some(Array::from_slice(&llama3(&half, &num)?, [dims / 2])),
+            "yarn" => {
+                let (freqs, mscale) = yarn(&half, dims, base, &num)?;
+                rope.freqs = Some(Array::from_slice(&freqs, [dims / 2]));
+                rope.mscale = mscale;
+            }
+            other => {
+                return Err(Error::Config(format!(
+                    "rope_scaling type '{other}' is not supported (default, linear, dynamic, llama3, yarn are)"
+                )));
+            }
+        }
+        Ok(rope)
+    }
+
+    /// `x [B, H, L, D]` rotated for positions `offset..offset + L`.
+    pub fn apply(&self, x: &Array, offset: i32) -> Array {
+        let offset_array = Array::scalar(offset, DType::I32);
+        let x = if self.mscale != 1.0 { x * self.mscale } else { x.clone() };
+        let mut base = self.base;
+        if let Some((factor, trained)) = self.dynamic {
+            let len = offset + x.shape()[2];
+            if len > trained {
+                let ratio = factor * len as f32 / trained as f32 - (factor - 1.0);
+                base *= ratio.powf(self.dims as f32 / (self.dims as f32 - 2.0));
+            }
+        }
+        match &self.freqs {
+            Some(f) => fast::rope(&x, self.dims, self.traditional, None, self.scale, &offset_array, f),
+            None => fast::rope(&x, self.dims, self.traditional, Some(base), self.scale, &offset_array, None),
+        }
+    }
+}
+
+/// Llama 3's periods: long wavelengths stretched by `factor`, short ones kept, a smooth
+/// blend between.
+fn llama3(half: &[f32], num: &dyn Fn(&str, Option<f32>) -> Result<f32>) -> Result<Vec<f32>> {
+    let factor = num("factor", None)?;
+    let low = num("low_freq_factor", Some(1.0))?;
+    let high = num("high_freq_factor", Some(4.0))?;
+    let old = num("original_max_position_embeddings", Some(8192.0))?;
+    let (low_wavelen, high_wavelen) = (old / low, old / high);
+    Ok(half
+        .iter()
+        .map(|&f| {
+            let wavelen = 2.0 * PI * f;
+            if wavelen > low_wavelen {
+                f * factor
+            } else if wavelen > high_wavelen {
+                let smooth = (old / wavelen - low) / (high - low);
+                f / ((1.0 - smooth) / factor + smooth)
+            } else {
+                f
+            }
+        })
+        .collect())
+}
+
+/// YaRN's periods (interpolated below a band of wavelengths, extrapolated above it, ramped
+/// between) and its attention factor.
+fn yarn(half: &[f32], dims: i32, base: f32, num: &dyn Fn(&str, Option<f32>) -> Result<f32>) -> Result<(Vec<f32>, f32)> {
+    let factor = num("factor", None)?;
+    let trained = num("original_max_position_embeddings", Some(4096.0))?;
+    let (beta_fast, beta_slow) = (num("beta_fast", Some(32.0))?, num("beta_slow", Some(1.0))?);
+    let (mscale, mscale_all) = (num("mscale", Some(1.0))?, num("mscale_all_dim", Some(0.0))?);
+    let dim_of = |rotations: f32| dims as f32 * (trained / (rotations * 2.0 * PI)).ln() / (2.0 * base.ln());
+    let low = dim_of(beta_fast).floor().max(0.0);
+    let mut high = dim_of(beta_slow).ceil().min(dims as f32 - 1.0);
+    if high == low {
+        high += 0.001;
+    }
+    let get_mscale = |m: f32| if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 };
+    let freqs = half
+        .iter()
+        .enumerate()
+        .map(|(i, &extra)| {
+            let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+            let mask = 1.0 - ramp;
+            let inter = factor * extra;
+            inter * extra / (inter * mask + extra * (1.0 - mask))
+        })
+        .collect();
+    Ok((freqs, get_mscale(mscale) / get_mscale(mscale_all)))
+}
