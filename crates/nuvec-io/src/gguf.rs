@@ -153,6 +153,11 @@ impl GgufFile {
         Ok(GgufFile { path, map, version, metadata, tensors, data })
     }
 
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The format's version (2 or 3).
     pub fn version(&self) -> u32 {
         self.version

@@ -38,8 +38,9 @@ pub struct ModelConfig {
     /// RoPE's base.
     #[serde(default = "default_theta")]
     pub rope_theta: f32,
-    /// RoPE scaling: `{"type" or "rope_type": "linear" | "llama3" | "yarn" | ..., "factor": ..}`.
-    #[serde(default)]
+    /// RoPE scaling: `{"type" or "rope_type": "linear" | "llama3" | "yarn" | ..., "factor": ..}`
+    /// (transformers 5 writes it, with `rope_theta`, as `rope_parameters`).
+    #[serde(default, alias = "rope_parameters")]
     pub rope_scaling: Option<BTreeMap<String, serde_json::Value>>,
     /// The output projection is the embedding table.
     #[serde(default)]
@@ -84,8 +85,11 @@ fn default_theta() -> f32 {
 impl ModelConfig {
     /// Reads a `config.json` text; an error names what is missing or of the wrong type.
     pub fn from_json(text: &str) -> Result<ModelConfig> {
-        let config: ModelConfig =
+        let mut config: ModelConfig =
             serde_json::from_str(text).map_err(|e| Error::Config(format!("config.json: {e}")))?;
+        if let Some(theta) = config.rope_scaling.as_ref().and_then(|s| s.get("rope_theta")).and_then(|t| t.as_f64()) {
+            config.rope_theta = theta as f32;
+        }
         config.validate()?;
         Ok(config)
     }

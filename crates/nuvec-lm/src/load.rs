@@ -37,11 +37,35 @@ pub struct Loaded {
     pub path: PathBuf,
 }
 
-/// Loads the model at `path`: a `.gguf` file or a Hugging Face folder. Errors name the file
-/// and what is wrong (missing, unknown architecture, a weight of the wrong shape).
+/// Loads the model at `path`, a `.gguf` file or a Hugging Face folder, with its tokenizer.
+/// Errors name the file and what is wrong (missing, unknown architecture, a weight of the
+/// wrong shape).
 pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded> {
     if path.is_file() {
-        return load_gguf(path, options);
+        let file = GgufFile::open(path)?;
+        let model = model_from_gguf(&file, options)?;
+        let tokenizer = Tokenizer::from_gguf(file.metadata())?;
+        let eos = tokenizer.eos.clone();
+        return Ok(Loaded { model, tokenizer, eos, path: path.to_path_buf() });
+    }
+    let model = load_model(path, options)?;
+    let tokenizer = Tokenizer::from_dir(path)?;
+    let mut eos = tokenizer.eos.clone();
+    eos.extend(model.config().eos_tokens());
+    if let Ok(t) = std::fs::read_to_string(path.join("generation_config.json"))
+        && let Ok(v) = serde_json::from_str::<Value>(&t)
+    {
+        eos.extend(ids(v.get("eos_token_id")));
+    }
+    eos.sort_unstable();
+    eos.dedup();
+    Ok(Loaded { model, tokenizer, eos, path: path.to_path_buf() })
+}
+
+/// The model alone (no tokenizer) at `path`: a `.gguf` file or a Hugging Face folder.
+pub fn load_model(path: &Path, options: &LoadOptions) -> Result<Box<dyn LanguageModel>> {
+    if path.is_file() {
+        return model_from_gguf(&GgufFile::open(path)?, options);
     }
     if !path.is_dir() {
         return Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder")));
@@ -60,17 +84,7 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded> {
     }
     model.load_weights(&weights, true).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
     finish(model.as_mut(), options, None)?;
-    let tokenizer = Tokenizer::from_dir(path)?;
-    let mut eos = tokenizer.eos.clone();
-    eos.extend(config.eos_tokens());
-    if let Ok(t) = std::fs::read_to_string(path.join("generation_config.json"))
-        && let Ok(v) = serde_json::from_str::<Value>(&t)
-    {
-        eos.extend(ids(v.get("eos_token_id")));
-    }
-    eos.sort_unstable();
-    eos.dedup();
-    Ok(Loaded { model, tokenizer, eos, path: path.to_path_buf() })
+    Ok(model)
 }
 
 /// The safetensors of a folder: the shards an index lists, or every `*.safetensors`.
@@ -147,8 +161,8 @@ fn unpermute(x: &Array, heads: i32) -> Array {
     x.take(&Array::from_slice(&order, [rows]), 0)
 }
 
-fn load_gguf(path: &Path, options: &LoadOptions) -> Result<Loaded> {
-    let file = GgufFile::open(path)?;
+fn model_from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn LanguageModel>> {
+    let path = file.path();
     let meta: &BTreeMap<String, GgufValue> = file.metadata();
     let config = ModelConfig::from_gguf(meta)?;
     let permuted = config.model_type == "llama" || config.model_type == "mistral";
@@ -190,9 +204,7 @@ fn load_gguf(path: &Path, options: &LoadOptions) -> Result<Loaded> {
     quantize_with(model.as_mut(), |layer, _| bits.get(layer).map(|&b| QuantSpec::new(32, b, "affine")))?;
     model.load_weights(&weights, true).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
     finish(model.as_mut(), options, Some(if on_gpu() { DType::F16 } else { DType::F32 }))?;
-    let tokenizer = Tokenizer::from_gguf(meta)?;
-    let eos = tokenizer.eos.clone();
-    Ok(Loaded { model, tokenizer, eos, path: path.to_path_buf() })
+    Ok(model)
 }
 
 /// Whether arrays go to a GPU by default.

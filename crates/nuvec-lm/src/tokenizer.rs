@@ -29,6 +29,12 @@ fn tok_error(what: impl std::fmt::Display) -> Error {
 }
 
 impl Tokenizer {
+    /// A tokenizer from the text of a `tokenizer.json`, with no special tokens or template.
+    pub fn from_json(text: &str) -> Result<Tokenizer> {
+        let inner: tokenizers::Tokenizer = text.parse().map_err(tok_error)?;
+        Ok(Tokenizer { inner, bos: None, eos: Vec::new(), prepend_bos: false, chat_template: None })
+    }
+
     /// Reads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         let path = dir.join("tokenizer.json");

@@ -1,0 +1,210 @@
+//! Random-weight tiny models of each architecture, made and saved by Hugging Face
+//! transformers (scripts/lm-fixtures.py), against the logits and greedy tokens transformers
+//! recorded; caches and bad input.
+
+use std::path::{Path, PathBuf};
+
+use nuvec::{Array, DType};
+use nuvec_lm::{
+    GenerateOptions, KvCache, LanguageModel, LoadOptions, PromptCache, Tokenizer, generate, load, load_model,
+};
+use serde_json::Value;
+
+const ARCHS: [&str; 6] = ["llama", "llama_linear", "llama_yarn", "mistral", "qwen2", "qwen3"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny").join(name)
+}
+
+fn expected(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap()
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn model(name: &str) -> Box<dyn LanguageModel> {
+    load_model(&fixture(name), &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap()
+}
+
+fn tokens(ids: &[u32]) -> Array {
+    let v: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+    Array::from_slice(&v, [1, v.len() as i32])
+}
+
+/// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[test]
+fn logits_match_transformers() {
+    for name in ARCHS {
+        let e = expected(name);
+        let ids = u32s(&e["ids"]);
+        let want: Vec<f32> =
+            e["logits"].as_array().unwrap().iter().flat_map(|r| r.as_array().unwrap().iter()).map(|x| x.as_f64().unwrap() as f32).collect();
+        let m = model(name);
+        let mut cache = m.new_cache();
+        let got: Vec<f32> = m.forward(&tokens(&ids), &mut cache).to_vec().unwrap();
+        let d = rel_diff(&got, &want);
+        assert!(d < 1e-4, "{name}: logits differ from transformers' by {d} (relative)");
+    }
+}
+
+#[test]
+fn prefill_whole_equals_chunks_and_token_by_token() {
+    for name in ["llama", "qwen3"] {
+        let ids = u32s(&expected(name)["ids"]);
+        let m = model(name);
+        let last = |logits: Array| -> Vec<f32> {
+            let s = logits.shape().to_vec();
+            logits.slice(&[0, s[1] - 1, 0], &[1, s[1], s[2]], &[1, 1, 1]).to_vec().unwrap()
+        };
+        let mut whole = m.new_cache();
+        let a = last(m.forward(&tokens(&ids), &mut whole));
+        let mut chunked = m.new_cache();
+        let mut b = Vec::new();
+        for c in ids.chunks(5) {
+            b = last(m.forward(&tokens(c), &mut chunked));
+        }
+        let mut single = m.new_cache();
+        let mut c = Vec::new();
+        for &t in &ids {
+            c = last(m.forward(&tokens(&[t]), &mut single));
+        }
+        assert!(rel_diff(&b, &a) < 1e-5, "{name}: chunked prefill differs");
+        assert!(rel_diff(&c, &a) < 1e-5, "{name}: token-by-token differs");
+        assert_eq!(whole[0].offset(), ids.len() as i32);
+        assert_eq!(single[1].offset(), ids.len() as i32);
+    }
+}
+
+/// A word-level tokenizer of the tiny models' 128 ids ("t0" .. "t127").
+fn word_tokenizer() -> Tokenizer {
+    let vocab: serde_json::Map<String, Value> = (0..128).map(|i| (format!("t{i}"), Value::from(i))).collect();
+    let spec = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    Tokenizer::from_json(&spec.to_string()).unwrap()
+}
+
+#[test]
+fn greedy_generation_matches_transformers() {
+    let tok = word_tokenizer();
+    for name in ARCHS {
+        let e = expected(name);
+        let (ids, want) = (u32s(&e["ids"]), u32s(&e["greedy"]));
+        let m = model(name);
+        let mut cache = PromptCache::new(m.as_ref());
+        let options = GenerateOptions { max_tokens: want.len(), ..Default::default() };
+        let got: Vec<u32> =
+            generate(m.as_ref(), &tok, &mut cache, &ids, &[], options).unwrap().map(|t| t.unwrap().token).collect();
+        assert_eq!(got, want, "{name}: greedy tokens differ from transformers'");
+        // The cache holds the prompt and every generated token but the last.
+        assert_eq!(cache.tokens.len(), ids.len() + want.len() - 1);
+    }
+}
+
+#[test]
+fn prompt_cache_reuses_the_shared_prefix() {
+    let tok = word_tokenizer();
+    let m = model("llama");
+    let ids = u32s(&expected("llama")["ids"]);
+    let options = GenerateOptions { max_tokens: 4, ..Default::default() };
+    let mut cache = PromptCache::new(m.as_ref());
+    let first: Vec<u32> =
+        generate(m.as_ref(), &tok, &mut cache, &ids, &[], options.clone()).unwrap().map(|t| t.unwrap().token).collect();
+    // The next turn: the first prompt, its reply and more.
+    let mut next = ids.clone();
+    next.extend(&first);
+    next.extend([9, 10, 11]);
+    let mut g = generate(m.as_ref(), &tok, &mut cache, &next, &[], options.clone()).unwrap();
+    let reused: Vec<u32> = g.by_ref().map(|t| t.unwrap().token).collect();
+    assert_eq!(g.stats.prompt_tokens, 3 + 1, "only the new tokens (and the reply's last) run");
+    let mut fresh = PromptCache::new(m.as_ref());
+    let plain: Vec<u32> =
+        generate(m.as_ref(), &tok, &mut fresh, &next, &[], options).unwrap().map(|t| t.unwrap().token).collect();
+    assert_eq!(reused, plain);
+}
+
+#[test]
+fn seeded_sampling_repeats() {
+    let tok = word_tokenizer();
+    let m = model("qwen2");
+    let ids = u32s(&expected("qwen2")["ids"]);
+    let run = |seed| {
+        let mut options = GenerateOptions { max_tokens: 8, ..Default::default() };
+        options.sampler.temperature = 1.0;
+        options.sampler.top_p = 0.9;
+        options.sampler.top_k = 20;
+        options.sampler.seed = Some(seed);
+        let mut cache = PromptCache::new(m.as_ref());
+        generate(m.as_ref(), &tok, &mut cache, &ids, &[], options).unwrap().map(|t| t.unwrap().token).collect::<Vec<u32>>()
+    };
+    assert_eq!(run(7), run(7));
+    assert_ne!(run(7), run(8), "different seeds gave the same 8 tokens");
+}
+
+#[test]
+fn bad_input_gives_clear_errors() {
+    let err = |r: nuvec_lm::Result<Box<dyn LanguageModel>>| r.err().expect("an error").to_string();
+    let missing = err(load_model(Path::new("/nonexistent/model"), &LoadOptions::default()));
+    assert!(missing.contains("/nonexistent/model"), "{missing}");
+
+    let dir = std::env::temp_dir().join(format!("nuvec-lm-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(fixture("llama").join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(fixture("llama").join("config.json")).unwrap()).unwrap();
+    let write = |edit: &dyn Fn(&mut Value)| {
+        let mut c = config.clone();
+        edit(&mut c);
+        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+    };
+    write(&|c| c["model_type"] = "gpt9".into());
+    let unknown = err(load_model(&dir, &LoadOptions::default()));
+    assert!(unknown.contains("model_type 'gpt9' is not supported"), "{unknown}");
+    write(&|c| c["intermediate_size"] = 80.into());
+    let shape = err(load_model(&dir, &LoadOptions::default()));
+    assert!(shape.contains("mlp.gate_proj.weight") && shape.contains("[80, 64], given [96, 64]"), "{shape}");
+    write(&|c| c["num_attention_heads"] = 3.into());
+    let heads = err(load_model(&dir, &LoadOptions::default()));
+    assert!(heads.contains("not a multiple"), "{heads}");
+    let no_tokenizer = load(&fixture("llama"), &LoadOptions::default()).err().expect("no tokenizer.json").to_string();
+    assert!(no_tokenizer.contains("tokenizer.json"), "{no_tokenizer}");
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let m = model("llama");
+    let mut cache = PromptCache::new(m.as_ref());
+    let tok = word_tokenizer();
+    let long = vec![1u32; 300];
+    let e = generate(m.as_ref(), &tok, &mut cache, &long, &[], GenerateOptions::default()).err().unwrap().to_string();
+    assert!(e.contains("300 tokens") && e.contains("context of 256"), "{e}");
+    let e = generate(m.as_ref(), &tok, &mut cache, &[], &[], GenerateOptions::default()).err().unwrap().to_string();
+    assert!(e.contains("no tokens"), "{e}");
+    let mut options = GenerateOptions::default();
+    options.sampler.top_p = 0.0;
+    let e = generate(m.as_ref(), &tok, &mut cache, &[1], &[], options).err().unwrap().to_string();
+    assert!(e.contains("top_p"), "{e}");
+}
+
+#[test]
+fn cache_grows_past_its_step() {
+    let mut c = KvCache::new();
+    let k = Array::from_slice(&vec![1f32; 2 * 300 * 4], [1, 2, 300, 4]);
+    let (a, _) = c.update_and_fetch(&k, &k);
+    assert_eq!(a.shape(), &[1, 2, 300, 4]);
+    let one = Array::from_slice(&[2f32; 8], [1, 2, 1, 4]);
+    let (b, _) = c.update_and_fetch(&one, &one);
+    assert_eq!(b.shape(), &[1, 2, 301, 4]);
+    let v: Vec<f32> = b.to_vec().unwrap();
+    assert_eq!(v[300 * 4], 2.0);
+    assert_eq!(v[299 * 4], 1.0);
+    assert_eq!(c.trim(5), 5);
+    assert_eq!(c.offset(), 296);
+}

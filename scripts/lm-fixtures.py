@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Records the reference outputs nuvec-lm's tests compare against, with Hugging Face
+transformers (and PyTorch, float32, on the CPU or a GPU):
+
+  tiny/<arch>/      a random-weight model of each architecture: config.json, model.safetensors
+                    (float32), and expected.json: the logits of fixed token ids and the greedy
+                    continuation transformers' generate() gives
+  smollm2.json      SmolLM2-135M-Instruct's Q4_1 GGUF as transformers loads it (the `gguf`
+                    package dequantizes it): the token ids of fixed texts, the last position's
+                    largest logits and the greedy continuation
+
+Usage: python3 scripts/lm-fixtures.py OUT_DIR [--gguf PATH]   (no --gguf: tiny models only)
+"""
+import argparse
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+IDS = [[5, 17, 42, 99, 3, 64, 7, 120, 33, 8, 71, 2]]
+COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)
+ARCHS = {
+    "llama": dict(model_type="llama", rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 16}),
+    "llama_linear": dict(model_type="llama", rope_scaling={"rope_type": "linear", "factor": 2.0},
+                         tie_word_embeddings=True),
+    "llama_yarn": dict(model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                       "original_max_position_embeddings": 64}),
+    "mistral": dict(model_type="mistral", head_dim=32, sliding_window=None),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
+    "qwen3": dict(model_type="qwen3", head_dim=16),
+}
+
+
+def tiny(out):
+    for name, extra in ARCHS.items():
+        torch.manual_seed(0)
+        kw = dict(COMMON)
+        kw.update(extra)
+        config = AutoConfig.for_model(**kw)
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+        # Larger weights than the default init, so that the logits differ clearly.
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "norm" in n:
+                    p.copy_(1.0 + 0.1 * torch.randn_like(p))
+                else:
+                    p.normal_(0.0, 0.08)
+        d = os.path.join(out, "tiny", name)
+        os.makedirs(d, exist_ok=True)
+        config.save_pretrained(d)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, os.path.join(d, "model.safetensors"))
+        ids = torch.tensor(IDS)
+        with torch.no_grad():
+            logits = model(ids).logits[0]
+            gen = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                                 eos_token_id=None)
+        expected = {"ids": IDS[0], "logits": logits.tolist(),
+                    "greedy": gen[0, ids.shape[1]:].tolist(), "transformers": __import__("transformers").__version__}
+        with open(os.path.join(d, "expected.json"), "w") as f:
+            json.dump(expected, f)
+        print(name, "ok", tuple(logits.shape))
+
+
+TEXTS = ["The capital of France is", "Hello, world! 12345 + 678 = ?\n\tIndented  twice;  café, naïve 東京 🚀",
+         "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"]
+
+
+def smollm2(out, gguf):
+    d, f = os.path.split(gguf)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32).eval()
+    cases = []
+    for text in TEXTS:
+        ids = tok(text, add_special_tokens=False).input_ids
+        t = torch.tensor([ids])
+        with torch.no_grad():
+            last = model(t).logits[0, -1]
+            gen = model.generate(t, max_new_tokens=16, do_sample=False, pad_token_id=2, eos_token_id=None)
+        top = torch.topk(last, 20)
+        cases.append({"text": text, "ids": ids, "top_ids": top.indices.tolist(), "top_logits": top.values.tolist(),
+                      "greedy": gen[0, len(ids):].tolist()})
+        print(repr(text[:30]), len(ids), "tokens, greedy", cases[-1]["greedy"][:6])
+    with open(os.path.join(out, "smollm2.json"), "w") as fh:
+        json.dump({"gguf_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                   "transformers": __import__("transformers").__version__, "cases": cases}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--gguf")
+    a = ap.parse_args()
+    tiny(a.out)
+    if a.gguf:
+        smollm2(a.out, a.gguf)
