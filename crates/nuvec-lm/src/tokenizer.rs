@@ -39,8 +39,7 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         let path = dir.join("tokenizer.json");
         let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let inner: tokenizers::Tokenizer =
-            text.parse().map_err(|e| tok_error(format!("{}: {e}", path.display())))?;
+        let inner: tokenizers::Tokenizer = text.parse().map_err(|e| tok_error(format!("{}: {e}", path.display())))?;
         let config: Value = match std::fs::read_to_string(dir.join("tokenizer_config.json")) {
             Ok(t) => serde_json::from_str(&t).map_err(|e| tok_error(format!("tokenizer_config.json: {e}")))?,
             Err(_) => Value::Null,
@@ -77,9 +76,14 @@ impl Tokenizer {
         let get = |k: &str| meta.get(&format!("tokenizer.ggml.{k}"));
         let strings = |k: &str| -> Result<Vec<String>> {
             match get(k) {
-                Some(GgufValue::Array(a)) => {
-                    a.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(|| tok_error(format!("GGUF: tokenizer.ggml.{k} holds a non-string")))).collect()
-                }
+                Some(GgufValue::Array(a)) => a
+                    .iter()
+                    .map(|v| {
+                        v.as_str()
+                            .map(str::to_string)
+                            .ok_or_else(|| tok_error(format!("GGUF: tokenizer.ggml.{k} holds a non-string")))
+                    })
+                    .collect(),
                 _ => Err(tok_error(format!("GGUF: no tokenizer.ggml.{k}"))),
             }
         };
@@ -92,6 +96,8 @@ impl Tokenizer {
         }
         let pre = get("pre").and_then(GgufValue::as_str).unwrap_or("default");
         let pre_tokenizer = pre_tokenizer(pre)?;
+        // Llama 3 takes a word found whole in the vocabulary as it is (llama.cpp, tokenizer.json).
+        let ignore_merges = matches!(pre, "llama-bpe" | "llama3" | "llama-v3");
         let tokens = strings("tokens")?;
         let merges = strings("merges")?;
         let types: Vec<u64> = match get("token_type") {
@@ -121,7 +127,7 @@ impl Tokenizer {
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                       "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                      "ignore_merges": false, "vocab": vocab, "merges": merges}
+                      "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges}
         });
         let inner: tokenizers::Tokenizer =
             spec.to_string().parse().map_err(|e| tok_error(format!("GGUF tokenizer: {e}")))?;
@@ -180,10 +186,9 @@ impl Tokenizer {
 
 /// The `tokenizer.json` pre-tokenizer of llama.cpp's pre-tokenizer name.
 fn pre_tokenizer(pre: &str) -> Result<Value> {
-    let byte_level = |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": regex});
-    let split = |pattern: &str| {
-        json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false})
-    };
+    let byte_level =
+        |regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": regex});
+    let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
     const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     let steps = match pre {

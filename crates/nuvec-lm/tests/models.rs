@@ -45,8 +45,13 @@ fn logits_match_transformers() {
     for name in ARCHS {
         let e = expected(name);
         let ids = u32s(&e["ids"]);
-        let want: Vec<f32> =
-            e["logits"].as_array().unwrap().iter().flat_map(|r| r.as_array().unwrap().iter()).map(|x| x.as_f64().unwrap() as f32).collect();
+        let want: Vec<f32> = e["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r.as_array().unwrap().iter())
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
         let m = model(name);
         let mut cache = m.new_cache();
         let got: Vec<f32> = m.forward(&tokens(&ids), &mut cache).to_vec().unwrap();
@@ -145,7 +150,10 @@ fn seeded_sampling_repeats() {
         options.sampler.top_k = 20;
         options.sampler.seed = Some(seed);
         let mut cache = PromptCache::new(m.as_ref());
-        generate(m.as_ref(), &tok, &mut cache, &ids, &[], options).unwrap().map(|t| t.unwrap().token).collect::<Vec<u32>>()
+        generate(m.as_ref(), &tok, &mut cache, &ids, &[], options)
+            .unwrap()
+            .map(|t| t.unwrap().token)
+            .collect::<Vec<u32>>()
     };
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8), "different seeds gave the same 8 tokens");
@@ -160,7 +168,8 @@ fn bad_input_gives_clear_errors() {
     let dir = std::env::temp_dir().join(format!("nuvec-lm-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(fixture("llama").join("model.safetensors"), dir.join("model.safetensors")).unwrap();
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(fixture("llama").join("config.json")).unwrap()).unwrap();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("llama").join("config.json")).unwrap()).unwrap();
     let write = |edit: &dyn Fn(&mut Value)| {
         let mut c = config.clone();
         edit(&mut c);

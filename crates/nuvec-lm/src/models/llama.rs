@@ -8,10 +8,10 @@ use nuvec::{Array, DType, ops};
 use nuvec_nn::module;
 
 use super::LanguageModel;
+use crate::Result;
 use crate::cache::KvCache;
 use crate::config::ModelConfig;
 use crate::rope::Rope;
-use crate::Result;
 
 /// A placeholder weight: lazy zeros, never evaluated once the checkpoint's weights replace it.
 fn linear(input: i32, output: i32, bias: bool) -> Linear {

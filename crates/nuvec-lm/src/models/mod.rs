@@ -10,7 +10,7 @@ use crate::config::ModelConfig;
 use crate::{Error, Result};
 
 /// A causal language model: tokens in, next-token logits out, with a cache per layer.
-pub trait LanguageModel: Module + Send {
+pub trait LanguageModel: Module + Send + Sync {
     /// The logits `[B, L, vocab]` of `tokens [B, L]` (`int32`), the positions after those
     /// `caches` hold; the caches take the new keys and values.
     fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Array;
