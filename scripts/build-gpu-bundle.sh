@@ -13,6 +13,8 @@
 #                                    products, for scripts/gpu-quant.sh)
 #   .gpu/bench_compile[.xz]          stripped crates/nuvec/examples/bench_compile.rs (compile:
 #                                    eager against compiled, for scripts/gpu-compile.sh)
+#   .gpu/nuvec[.xz]                  stripped nuvec CLI (crates/nuvec-cli: `nuvec bench`, for
+#                                    scripts/gpu-lm.sh)
 #   .gpu/train_lm[.xz]               stripped crates/nuvec/examples/train_lm (with its text in
 #                                    .gpu/cache when this machine's cache has it: the device
 #                                    machine has no network)
@@ -33,10 +35,13 @@
 # Usage, from anywhere in the repository:
 #   scripts/build-gpu-bundle.sh [--plain]
 # Environment:
-#   GPU_TEST_PACKAGES  packages whose test binaries are bundled (default "nuvec nuvec-cuda nuvec-io nuvec-nn";
+#   GPU_TEST_PACKAGES  packages whose test binaries are bundled (default "nuvec nuvec-cuda nuvec-io nuvec-nn
+#                      nuvec-lm";
 #                      "all" for every package: nuvec-core and nuvec-cpu never use the GPU)
-#   GPU_TEST_SKIP      test targets left out (default "compile_kernels": NVRTC only, no GPU, CI
-#                      runs it, and its ~250 uncached serial compiles would take minutes there)
+#   GPU_TEST_SKIP      test targets left out (default "compile_kernels data": compile_kernels is
+#                      NVRTC only, no GPU, CI runs it, and its ~250 uncached serial compiles
+#                      would take minutes there; nuvec-lm's data fetches packages, and the
+#                      device machine has no network)
 #   GPU_SUITE_FILTERS  libtest filters for nuvec's one integration-test binary `suite`, e.g.
 #                      "gpu:: cuda_kernel:: mlx_" (default: none, the whole suite, which runs on
 #                      the GPU wherever it uses the default device)
@@ -59,8 +64,8 @@ for a in "$@"; do
         *) echo "build-gpu-bundle: unknown argument $a" >&2; exit 2 ;;
     esac
 done
-PACKAGES=${GPU_TEST_PACKAGES:-"nuvec nuvec-cuda nuvec-io nuvec-nn"}
-SKIP_TARGETS=${GPU_TEST_SKIP-compile_kernels}
+PACKAGES=${GPU_TEST_PACKAGES:-"nuvec nuvec-cuda nuvec-io nuvec-nn nuvec-lm"}
+SKIP_TARGETS=${GPU_TEST_SKIP-compile_kernels data}
 ARCH=${GPU_ARCH:-sm_90a}
 LIMIT=$((64 * 1024 * 1024))
 WORK=$ROOT/target/gpu-bundle
@@ -80,6 +85,7 @@ echo "== building examples $EXAMPLES and precompile_kernels"
 # shellcheck disable=SC2046
 cargo build --release -p nuvec $(printf -- '--example %s ' $EXAMPLES) \
     --example precompile_kernels --message-format=json >"$WORK/examples.json"
+cargo build --release -p nuvec-cli --bin nuvec --message-format=json >>"$WORK/examples.json"
 
 # name<TAB>crate dir (relative)<TAB>executable, for test targets and the two examples.
 python3 - "$WORK" "$ROOT" "$PACKAGES" "$SKIP_TARGETS" >"$WORK/artifacts.tsv" <<'EOF'
@@ -108,7 +114,7 @@ for m in artifacts(os.path.join(work, "tests.json")):
 for m in artifacts(os.path.join(work, "examples.json")):
     name = m["target"]["name"]
     if name in ("bench_gpu", "bench_fast", "bench_ops", "bench_train", "bench_load", "bench_quant", "bench_compile",
-                "train_lm", "precompile_kernels"):
+                "train_lm", "precompile_kernels", "nuvec"):
         print(f"{name}\t{os.path.relpath(os.path.dirname(m['manifest_path']), root)}\t{m['executable']}")
 EOF
 
@@ -147,7 +153,7 @@ while IFS=$'\t' read -r name dir exe why; do
             PRECOMPILE=$exe
             if [ "${GPU_BUNDLE_KCACHE:-1}" = 0 ]; then pack "$name" "$exe"; fi
             continue ;;
-        bench_gpu|bench_fast|bench_ops|bench_train|bench_load|bench_quant|bench_compile|train_lm) ;;
+        bench_gpu|bench_fast|bench_ops|bench_train|bench_load|bench_quant|bench_compile|train_lm|nuvec) ;;
         test-*)
             # Skip test binaries with no tests (a library without #[test]s).
             n=$("$exe" --list --format terse 2>/dev/null | grep -c ': test$' || true)

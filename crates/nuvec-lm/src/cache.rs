@@ -1,5 +1,5 @@
-//! Key-value caches: one per attention layer, holding the keys and values of every position
-//! seen so far.
+//! Key-value caches: one per attention layer, holding the keys and values of the positions
+//! attention can still see.
 
 use nuvec::{Array, ops};
 
@@ -7,73 +7,183 @@ use nuvec::{Array, ops};
 /// rarely (mlx-lm's step).
 pub const STEP: i32 = 256;
 
-/// A contiguous cache: `[B, H, capacity, D]` buffers grown by [`STEP`] positions, of which
-/// the first `offset` are filled (mlx-lm's `KVCache`).
+/// A layer's cache: `[B, H, capacity, D]` key and value buffers grown by [`STEP`] positions.
+///
+/// Contiguous ([`KvCache::new`], mlx-lm's `KVCache`): every position, in order. Rotating
+/// ([`KvCache::rotating`], mlx-lm's `RotatingKVCache`): at most `max_size` positions, the first
+/// `keep` of them kept forever and the rest overwritten oldest first; attention over it is
+/// windowed ([`KvCache::window`]).
 #[derive(Clone, Debug, Default)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: i32,
+    /// Rotating: the most positions held, and how many at the start are never overwritten.
+    max_size: Option<i32>,
+    keep: i32,
+    /// Rotating: the buffer slot the next position goes to.
+    idx: i32,
 }
 
 impl KvCache {
-    /// An empty cache.
+    /// An empty contiguous cache.
     pub fn new() -> KvCache {
         KvCache::default()
     }
 
-    /// Positions held.
+    /// An empty rotating cache of at most `max_size` positions, the first `keep` kept.
+    pub fn rotating(max_size: i32, keep: i32) -> KvCache {
+        KvCache { max_size: Some(max_size.max(1)), keep: keep.clamp(0, max_size.max(1) - 1), ..KvCache::default() }
+    }
+
+    /// Positions seen so far (the next position's index).
     pub fn offset(&self) -> i32 {
         self.offset
     }
 
-    /// Appends `keys [B, H, L, Dk]` and `values [B, H, L, Dv]` and returns every position's
-    /// keys and values so far (views of the buffers).
+    /// The attention window a rotating cache implies (each query sees at most this many keys).
+    pub fn window(&self) -> Option<i32> {
+        self.max_size
+    }
+
+    /// Appends `keys [B, H, L, Dk]` and `values [B, H, L, Dv]` and returns the keys and values
+    /// attention sees: every position so far, or for a rotating cache the window's (in time
+    /// order when `L > 1`; in buffer order, which attention of one query does not mind, when
+    /// `L = 1`).
     pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> (Array, Array) {
-        let prev = self.offset;
-        let len = keys.shape()[2];
-        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
-        if self.keys.is_none() || prev + len > capacity {
-            let grow = (len + STEP - 1) / STEP * STEP;
-            let more = |x: &Array| {
-                let s = x.shape();
-                ops::zeros([s[0], s[1], grow, s[3]], x.dtype())
-            };
-            let (k_more, v_more) = (more(keys), more(values));
-            let extend = |old: Option<&Array>, more: Array| match old {
-                Some(old) if prev > 0 => ops::concatenate(&[window(old, 0, prev), more], 2),
-                _ => more,
-            };
-            self.keys = Some(extend(self.keys.as_ref(), k_more));
-            self.values = Some(extend(self.values.as_ref(), v_more));
+        match self.max_size {
+            Some(max) if keys.shape()[2] == 1 => self.rotate_one(keys, values, max),
+            Some(max) => self.rotate_many(keys, values, max),
+            None => self.append(keys, values),
         }
+    }
+
+    fn append(&mut self, keys: &Array, values: &Array) -> (Array, Array) {
+        let (prev, len) = (self.offset, keys.shape()[2]);
+        self.reserve(keys, values, prev + len, i32::MAX);
         self.offset += len;
-        let end = self.offset;
-        let write = |buffer: &mut Option<Array>, new: &Array| {
-            let old = buffer.take().expect("the buffers exist after growing");
+        self.write(keys, values, prev);
+        self.fetch(self.offset)
+    }
+
+    /// Grows the buffers to hold `needed` positions (whole steps, at most `cap`), keeping the
+    /// first `offset` filled ones.
+    fn reserve(&mut self, keys: &Array, values: &Array, needed: i32, cap: i32) {
+        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        if self.keys.is_some() && needed <= capacity {
+            return;
+        }
+        let target = ((needed + STEP - 1) / STEP).saturating_mul(STEP).min(cap).max(needed.min(cap));
+        let held = self.offset.min(capacity);
+        let grow = |old: Option<&Array>, new: &Array| {
+            let s = new.shape();
+            let more = ops::zeros([s[0], s[1], target - held, s[3]], new.dtype());
+            match old {
+                Some(old) if held > 0 => ops::concatenate(&[window(old, 0, held), more], 2),
+                _ => more,
+            }
+        };
+        self.keys = Some(grow(self.keys.as_ref(), keys));
+        self.values = Some(grow(self.values.as_ref(), values));
+    }
+
+    /// Writes `keys` and `values` at buffer position `at`.
+    fn write(&mut self, keys: &Array, values: &Array, at: i32) {
+        let len = keys.shape()[2];
+        let put = |buffer: &mut Option<Array>, new: &Array| {
+            let old = buffer.take().expect("reserved before writing");
             let s = old.shape().to_vec();
             // The old buffer is dropped before evaluation, so the update happens in place.
-            *buffer = Some(old.slice_update(new, &[0, 0, prev, 0], &[s[0], s[1], end, s[3]], &[1, 1, 1, 1]));
+            *buffer = Some(old.slice_update(new, &[0, 0, at, 0], &[s[0], s[1], at + len, s[3]], &[1, 1, 1, 1]));
         };
-        write(&mut self.keys, keys);
-        write(&mut self.values, values);
-        let (k, v) = (self.keys.as_ref().expect("grown"), self.values.as_ref().expect("grown"));
+        put(&mut self.keys, keys);
+        put(&mut self.values, values);
+    }
+
+    fn fetch(&self, end: i32) -> (Array, Array) {
+        let (k, v) = (self.keys.as_ref().expect("written"), self.values.as_ref().expect("written"));
         (window(k, 0, end), window(v, 0, end))
     }
 
-    /// Drops the last `n` positions (a rejected speculative draft); returns how many went.
+    /// One position into a rotating cache: the next slot, wrapping past the kept ones.
+    fn rotate_one(&mut self, keys: &Array, values: &Array, max: i32) -> (Array, Array) {
+        // After a prefill the buffer, in time order, may hold more: keep its newest `max`.
+        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        if capacity > max {
+            let trim = |b: &mut Option<Array>| {
+                let old = b.take().expect("capacity > 0");
+                *b = Some(ops::concatenate(&[window(&old, 0, self.keep), window(&old, capacity - (max - self.keep), capacity)], 2));
+            };
+            trim(&mut self.keys);
+            trim(&mut self.values);
+            self.idx = max;
+        }
+        self.reserve(keys, values, (self.idx + 1).min(max), max);
+        if self.idx >= max {
+            self.idx = self.keep;
+        }
+        self.write(keys, values, self.idx);
+        self.idx += 1;
+        self.offset += 1;
+        self.fetch(self.offset.min(max))
+    }
+
+    /// Several positions into a rotating cache: the buffer in time order, trimmed to the
+    /// `max − 1` positions the first new query may see, then the new ones.
+    fn rotate_many(&mut self, keys: &Array, values: &Array, max: i32) -> (Array, Array) {
+        let len = keys.shape()[2];
+        let held = self.offset.min(self.keys.as_ref().map_or(0, |k| k.shape()[2]));
+        let ordered = |buffer: &Option<Array>| -> Option<Array> {
+            let b = buffer.as_ref()?;
+            if held == 0 {
+                return None;
+            }
+            let b = window(b, 0, held);
+            // Slots keep..idx hold the newest positions once the buffer has wrapped.
+            let b = if self.idx < held && self.idx > self.keep {
+                let parts = [window(&b, 0, self.keep), window(&b, self.idx, held), window(&b, self.keep, self.idx)];
+                ops::concatenate(&parts, 2)
+            } else {
+                b
+            };
+            let drop = (held - (max - 1)).max(0);
+            Some(if drop > 0 {
+                ops::concatenate(&[window(&b, 0, self.keep), window(&b, self.keep + drop, held)], 2)
+            } else {
+                b
+            })
+        };
+        let join = |old: Option<Array>, new: &Array| match old {
+            Some(o) => ops::concatenate(&[o, new.clone()], 2),
+            None => new.clone(),
+        };
+        let k = join(ordered(&self.keys), keys);
+        let v = join(ordered(&self.values), values);
+        self.idx = k.shape()[2];
+        self.offset += len;
+        self.keys = Some(k.clone());
+        self.values = Some(v.clone());
+        (k, v)
+    }
+
+    /// Drops the last `n` positions (a rejected speculative draft, a prompt that shares only a
+    /// prefix); returns how many went. A rotating cache holding fewer positions than it has
+    /// seen cannot (0).
     pub fn trim(&mut self, n: i32) -> i32 {
+        if self.max_size.is_some() && self.offset != self.idx {
+            return 0;
+        }
         let n = n.clamp(0, self.offset);
         self.offset -= n;
+        if self.max_size.is_some() {
+            self.idx -= n;
+        }
         n
     }
 
-    /// The filled keys and values (`None` while empty).
-    pub fn state(&self) -> Option<(Array, Array)> {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) if self.offset > 0 => Some((window(k, 0, self.offset), window(v, 0, self.offset))),
-            _ => None,
-        }
+    /// An empty cache of the same kind.
+    pub fn emptied(&self) -> KvCache {
+        KvCache { max_size: self.max_size, keep: self.keep, ..KvCache::default() }
     }
 
     /// The arrays the cache holds, to evaluate with a step's output.

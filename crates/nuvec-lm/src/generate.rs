@@ -99,13 +99,23 @@ impl PromptCache {
         PromptCache { layers: model.new_cache(), tokens: Vec::new() }
     }
 
+    /// Rotating caches of at most `max_kv_size` positions (the first 4 kept, as mlx-lm's
+    /// `--max-kv-size`): memory stays bounded and attention sees a sliding window.
+    pub fn rotating(model: &dyn LanguageModel, max_kv_size: i32) -> PromptCache {
+        let layers = (0..model.config().num_hidden_layers).map(|_| KvCache::rotating(max_kv_size, 4)).collect();
+        PromptCache { layers, tokens: Vec::new() }
+    }
+
     /// Keeps the longest prefix of the held tokens that `prompt` starts with, short of the whole
     /// prompt (its last token must run to give logits); returns the tokens still to run.
     fn reuse<'p>(&mut self, prompt: &'p [u32]) -> &'p [u32] {
         let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
         let drop = (self.tokens.len() - common) as i32;
-        for c in &mut self.layers {
-            c.trim(drop);
+        if self.layers.iter_mut().map(|c| c.trim(drop)).any(|n| n != drop) {
+            // A rotating cache past its window cannot go back: start over.
+            self.layers = self.layers.iter().map(KvCache::emptied).collect();
+            self.tokens.clear();
+            return prompt;
         }
         self.tokens.truncate(common);
         &prompt[common..]
@@ -117,7 +127,7 @@ pub struct Generation<'a> {
     model: &'a dyn LanguageModel,
     cache: &'a mut PromptCache,
     sampler: Sampler,
-    detok: Detokenizer<'a>,
+    detok: Option<Detokenizer<'a>>,
     eos: Vec<u32>,
     options: GenerateOptions,
     prompt: Vec<u32>,
@@ -133,11 +143,12 @@ pub struct Generation<'a> {
 }
 
 /// Generates from the token ids `prompt` (at least one), continuing `cache`; `eos` ends it.
+/// Without a `tokenizer` the tokens come without text (and stop strings are not looked for).
 /// Errors (an empty prompt, one longer than the model's context, bad sampler options)
 /// come before the first token.
 pub fn generate<'a>(
     model: &'a dyn LanguageModel,
-    tokenizer: &'a Tokenizer,
+    tokenizer: Option<&'a Tokenizer>,
     cache: &'a mut PromptCache,
     prompt: &[u32],
     eos: &[u32],
@@ -161,7 +172,7 @@ pub fn generate<'a>(
     Ok(Generation {
         model,
         sampler: Sampler::new(options.sampler.clone()),
-        detok: tokenizer.stream(),
+        detok: tokenizer.map(Tokenizer::stream),
         eos: eos.to_vec(),
         prompt: prompt.to_vec(),
         cache,
@@ -245,13 +256,17 @@ impl Generation<'_> {
         if self.eos.contains(&token) {
             finish = Some(FinishReason::Stop);
         } else {
-            self.text.push_str(&self.detok.push(token)?);
+            if let Some(d) = &mut self.detok {
+                self.text.push_str(&d.push(token)?);
+            }
             if self.generated.len() >= self.options.max_tokens {
                 finish = Some(FinishReason::Length);
             }
         }
-        if finish.is_some() {
-            self.text.push_str(&self.detok.finish()?);
+        if finish.is_some()
+            && let Some(d) = &mut self.detok
+        {
+            self.text.push_str(&d.finish()?);
         }
         // Stop strings: cut the text at the first one; hold back a tail that may begin one.
         let mut visible = self.text.len();

@@ -8,7 +8,7 @@
 //! let ids = m.tokenizer.encode("The capital of France is", true)?;
 //! let mut cache = PromptCache::new(m.model.as_ref());
 //! let options = GenerateOptions { max_tokens: 16, ..Default::default() };
-//! for token in generate(m.model.as_ref(), &m.tokenizer, &mut cache, &ids, &m.eos, options)? {
+//! for token in generate(m.model.as_ref(), Some(&m.tokenizer), &mut cache, &ids, &m.eos, options)? {
 //!     print!("{}", token?.text);
 //! }
 //! # Ok::<(), nuvec_lm::Error>(())
@@ -33,7 +33,7 @@ pub use cache::KvCache;
 pub use chat::ChatTemplate;
 pub use config::ModelConfig;
 pub use generate::{FinishReason, GenerateOptions, Generated, Generation, PromptCache, Stats, generate};
-pub use load::{LoadOptions, Loaded, load, load_model};
+pub use load::{LoadOptions, Loaded, load, load_model, random_model};
 pub use models::LanguageModel;
 pub use sample::{Sampler, SamplerOptions};
 pub use tokenizer::Tokenizer;

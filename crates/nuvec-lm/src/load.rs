@@ -87,6 +87,28 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<Box<dyn Language
     Ok(model)
 }
 
+/// A model of the architecture the `config.json` at `path` describes, with random weights
+/// (normal with standard deviation 0.02, norms at one) in `options.dtype` (default
+/// `bfloat16`), quantized as `options` asks: for benchmarks of real shapes without their files.
+pub fn random_model(path: &Path, options: &LoadOptions, seed: u64) -> Result<Box<dyn LanguageModel>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let config = ModelConfig::from_json(&text)?;
+    let mut model = build(&config, config.tie_word_embeddings.unwrap_or(false))?;
+    let dtype = options.dtype.unwrap_or(DType::BF16);
+    let mut key = nuvec::random::key(seed);
+    model.visit_mut("", &mut |name, p| {
+        p.value = if name.ends_with("norm.weight") {
+            nuvec::ops::ones(p.value.shape().to_vec(), dtype)
+        } else {
+            let (next, now) = nuvec::random::split2(&key);
+            key = next;
+            nuvec::random::normal(p.value.shape().to_vec(), dtype, 0.0, 0.02, Some(&now))
+        };
+    });
+    finish(model.as_mut(), &LoadOptions { dtype: None, ..options.clone() }, None)?;
+    Ok(model)
+}
+
 /// The safetensors of a folder: the shards an index lists, or every `*.safetensors`.
 fn read_safetensors(dir: &Path) -> Result<Params> {
     let index = dir.join("model.safetensors.index.json");

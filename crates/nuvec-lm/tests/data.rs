@@ -170,7 +170,7 @@ fn smollm2_matches_transformers() {
         let greedy: Vec<u32> = c["greedy"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let mut pc = PromptCache::new(m.model.as_ref());
         let options = GenerateOptions { max_tokens: greedy.len(), ..Default::default() };
-        let got: Vec<u32> = generate(m.model.as_ref(), &m.tokenizer, &mut pc, &ids, &[], options)
+        let got: Vec<u32> = generate(m.model.as_ref(), Some(&m.tokenizer), &mut pc, &ids, &[], options)
             .unwrap()
             .map(|t| t.unwrap().token)
             .collect();
@@ -189,7 +189,7 @@ fn streamed_text_equals_the_decoded_tokens() {
     options.sampler.seed = Some(3);
     let mut text = String::new();
     let mut tokens = Vec::new();
-    for t in generate(m.model.as_ref(), &m.tokenizer, &mut pc, &ids, &[], options).unwrap() {
+    for t in generate(m.model.as_ref(), Some(&m.tokenizer), &mut pc, &ids, &[], options).unwrap() {
         let t = t.unwrap();
         text.push_str(&t.text);
         tokens.push(t.token);

@@ -109,7 +109,7 @@ fn greedy_generation_matches_transformers() {
         let mut cache = PromptCache::new(m.as_ref());
         let options = GenerateOptions { max_tokens: want.len(), ..Default::default() };
         let got: Vec<u32> =
-            generate(m.as_ref(), &tok, &mut cache, &ids, &[], options).unwrap().map(|t| t.unwrap().token).collect();
+            generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options).unwrap().map(|t| t.unwrap().token).collect();
         assert_eq!(got, want, "{name}: greedy tokens differ from transformers'");
         // The cache holds the prompt and every generated token but the last.
         assert_eq!(cache.tokens.len(), ids.len() + want.len() - 1);
@@ -124,17 +124,17 @@ fn prompt_cache_reuses_the_shared_prefix() {
     let options = GenerateOptions { max_tokens: 4, ..Default::default() };
     let mut cache = PromptCache::new(m.as_ref());
     let first: Vec<u32> =
-        generate(m.as_ref(), &tok, &mut cache, &ids, &[], options.clone()).unwrap().map(|t| t.unwrap().token).collect();
+        generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options.clone()).unwrap().map(|t| t.unwrap().token).collect();
     // The next turn: the first prompt, its reply and more.
     let mut next = ids.clone();
     next.extend(&first);
     next.extend([9, 10, 11]);
-    let mut g = generate(m.as_ref(), &tok, &mut cache, &next, &[], options.clone()).unwrap();
+    let mut g = generate(m.as_ref(), Some(&tok), &mut cache, &next, &[], options.clone()).unwrap();
     let reused: Vec<u32> = g.by_ref().map(|t| t.unwrap().token).collect();
     assert_eq!(g.stats.prompt_tokens, 3 + 1, "only the new tokens (and the reply's last) run");
     let mut fresh = PromptCache::new(m.as_ref());
     let plain: Vec<u32> =
-        generate(m.as_ref(), &tok, &mut fresh, &next, &[], options).unwrap().map(|t| t.unwrap().token).collect();
+        generate(m.as_ref(), Some(&tok), &mut fresh, &next, &[], options).unwrap().map(|t| t.unwrap().token).collect();
     assert_eq!(reused, plain);
 }
 
@@ -150,7 +150,7 @@ fn seeded_sampling_repeats() {
         options.sampler.top_k = 20;
         options.sampler.seed = Some(seed);
         let mut cache = PromptCache::new(m.as_ref());
-        generate(m.as_ref(), &tok, &mut cache, &ids, &[], options)
+        generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options)
             .unwrap()
             .map(|t| t.unwrap().token)
             .collect::<Vec<u32>>()
@@ -192,13 +192,13 @@ fn bad_input_gives_clear_errors() {
     let mut cache = PromptCache::new(m.as_ref());
     let tok = word_tokenizer();
     let long = vec![1u32; 300];
-    let e = generate(m.as_ref(), &tok, &mut cache, &long, &[], GenerateOptions::default()).err().unwrap().to_string();
+    let e = generate(m.as_ref(), Some(&tok), &mut cache, &long, &[], GenerateOptions::default()).err().unwrap().to_string();
     assert!(e.contains("300 tokens") && e.contains("context of 256"), "{e}");
-    let e = generate(m.as_ref(), &tok, &mut cache, &[], &[], GenerateOptions::default()).err().unwrap().to_string();
+    let e = generate(m.as_ref(), Some(&tok), &mut cache, &[], &[], GenerateOptions::default()).err().unwrap().to_string();
     assert!(e.contains("no tokens"), "{e}");
     let mut options = GenerateOptions::default();
     options.sampler.top_p = 0.0;
-    let e = generate(m.as_ref(), &tok, &mut cache, &[1], &[], options).err().unwrap().to_string();
+    let e = generate(m.as_ref(), Some(&tok), &mut cache, &[1], &[], options).err().unwrap().to_string();
     assert!(e.contains("top_p"), "{e}");
 }
 
@@ -216,4 +216,46 @@ fn cache_grows_past_its_step() {
     assert_eq!(v[299 * 4], 1.0);
     assert_eq!(c.trim(5), 5);
     assert_eq!(c.offset(), 296);
+}
+
+#[test]
+fn rotating_cache_equals_windowed_attention() {
+    use nuvec::fast::{AttentionOptions, scaled_dot_product_attention as sdpa};
+    let window = 6;
+    let mut rot = KvCache::rotating(window, 0);
+    let mut cont = KvCache::new();
+    let mut key = nuvec::random::key(1);
+    let mut draw = |l: i32| {
+        let (next, now) = nuvec::random::split2(&key);
+        key = next;
+        nuvec::random::normal([1, 2, l, 8], DType::F32, 0.0, 1.0, Some(&now))
+    };
+    // Decode steps, a prefill chunk past the window, then decode again (wrapping the buffer).
+    for (step, l) in [1, 1, 1, 5, 1, 1, 1, 1, 1, 1, 1, 4, 1, 1].into_iter().enumerate() {
+        let (q, k, v) = (draw(l), draw(l), draw(l));
+        let (kr, vr) = rot.update_and_fetch(&k, &v);
+        let (kc, vc) = cont.update_and_fetch(&k, &v);
+        let windowed = AttentionOptions::causal().window(window);
+        let ro = if l > 1 { sdpa(&q, &kr, &vr, 0.3, &windowed) } else { sdpa(&q, &kr, &vr, 0.3, &Default::default()) };
+        let co = sdpa(&q, &kc, &vc, 0.3, &windowed);
+        let (a, b): (Vec<f32>, Vec<f32>) = (ro.to_vec().unwrap(), co.to_vec().unwrap());
+        assert!(rel_diff(&a, &b) < 1e-5, "step {step} (L = {l}): rotating differs from windowed attention");
+        assert!(kr.shape()[2] <= window + l - 1, "step {step}: the rotating cache holds {} keys", kr.shape()[2]);
+    }
+    assert_eq!(rot.offset(), cont.offset());
+    assert_eq!(rot.trim(1), 0, "a wrapped rotating cache cannot trim");
+}
+
+#[test]
+fn rotating_prompt_cache_generates_within_the_window() {
+    // While the window holds every position, rotating and contiguous caches agree.
+    let tok = word_tokenizer();
+    let m = model("llama");
+    let ids = u32s(&expected("llama")["ids"]);
+    let want = u32s(&expected("llama")["greedy"]);
+    let mut cache = PromptCache::rotating(m.as_ref(), 64);
+    let options = GenerateOptions { max_tokens: want.len(), ..Default::default() };
+    let got: Vec<u32> =
+        generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options).unwrap().map(|t| t.unwrap().token).collect();
+    assert_eq!(got, want);
 }

@@ -139,7 +139,11 @@ impl Llama {
         let k = self.rope.apply(&heads(&a.k_proj, hkv, &a.k_norm), offset);
         let v = heads(&a.v_proj, hkv, &None);
         let (k, v) = cache.update_and_fetch(&k, &v);
-        let options = if l > 1 { AttentionOptions::causal() } else { AttentionOptions::default() };
+        let options = match (l > 1, cache.window()) {
+            (true, Some(w)) => AttentionOptions::causal().window(w),
+            (true, None) => AttentionOptions::causal(),
+            (false, _) => AttentionOptions::default(),
+        };
         let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0 / (d as f32).sqrt(), &options);
         a.o_proj.forward(&o.transpose(&[0, 2, 1, 3]).reshape([b, l, hq * d]))
     }
