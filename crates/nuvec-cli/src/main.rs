@@ -66,6 +66,10 @@ struct ModelArgs {
     /// A system prompt for the chat template.
     #[arg(long)]
     system: Option<String>,
+    /// Keep at most this many positions in the KV cache (a rotating cache: attention then
+    /// sees a sliding window of them).
+    #[arg(long)]
+    max_kv_size: Option<i32>,
 }
 
 #[derive(Args)]
@@ -87,13 +91,22 @@ struct GenerateArgs {
 struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt lengths to measure (random tokens).
+    /// Random weights of the shapes a config.json gives, instead of a model's files.
+    #[arg(long)]
+    random: Option<PathBuf>,
+    /// Prompt lengths to measure (prefill and time to first token, batch 1).
     #[arg(long, value_delimiter = ',', default_value = "128")]
     prompt_tokens: Vec<usize>,
-    /// Tokens to generate after each prompt.
-    #[arg(long, default_value_t = 128)]
-    generation_tokens: usize,
-    /// Runs per prompt length (the best is kept).
+    /// Batch sizes of the decode measurement.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    batch: Vec<i32>,
+    /// Tokens in the cache when decode is timed.
+    #[arg(long, default_value_t = 512)]
+    context: usize,
+    /// Decode steps timed.
+    #[arg(long, default_value_t = 64)]
+    steps: usize,
+    /// Runs of each measurement (the best is kept).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     /// Write the results as JSON to this file.
@@ -124,24 +137,7 @@ fn load_model(a: &ModelArgs) -> Res<Loaded> {
         Some(p) => p.clone(),
         None => fetch::default_model(&mut |msg| eprintln!("nuvec: {msg}"))?,
     };
-    let dtype = match a.dtype.as_deref() {
-        None => None,
-        Some("float32" | "f32") => Some(DType::F32),
-        Some("float16" | "f16") => Some(DType::F16),
-        Some("bfloat16" | "bf16") => Some(DType::BF16),
-        Some(other) => return Err(format!("--dtype {other}: use float32, float16 or bfloat16").into()),
-    };
-    let quantize = match a.quantize.as_deref() {
-        None => None,
-        Some(s) => {
-            let parts: Vec<&str> = s.split(',').collect();
-            let parse = |x: &str| x.trim().parse::<i32>().ok();
-            match parts.as_slice() {
-                [b, g] if parse(b).is_some() && parse(g).is_some() => Some((parse(g).unwrap(), parse(b).unwrap())),
-                _ => return Err(format!("--quantize {s}: give BITS,GROUP, e.g. 4,64").into()),
-            }
-        }
-    };
+    let (dtype, quantize) = (parse_dtype(a)?, parse_quantize(a)?);
     let bar = ProgressBar::new_spinner();
     bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("a fixed template"));
     bar.set_message(format!("loading {}", display_name(&path)));
@@ -155,6 +151,26 @@ fn load_model(a: &ModelArgs) -> Res<Loaded> {
     });
     bar.finish_and_clear();
     Ok(loaded?)
+}
+
+fn parse_dtype(a: &ModelArgs) -> Res<Option<DType>> {
+    Ok(match a.dtype.as_deref() {
+        None => None,
+        Some("float32" | "f32") => Some(DType::F32),
+        Some("float16" | "f16") => Some(DType::F16),
+        Some("bfloat16" | "bf16") => Some(DType::BF16),
+        Some(other) => return Err(format!("--dtype {other}: use float32, float16 or bfloat16").into()),
+    })
+}
+
+/// `--quantize BITS,GROUP` as `(group, bits)`.
+fn parse_quantize(a: &ModelArgs) -> Res<Option<(i32, i32)>> {
+    let Some(s) = a.quantize.as_deref() else { return Ok(None) };
+    let parts: Vec<Option<i32>> = s.split(',').map(|x| x.trim().parse::<i32>().ok()).collect();
+    match parts.as_slice() {
+        [Some(bits), Some(group)] => Ok(Some((*group, *bits))),
+        _ => Err(format!("--quantize {s}: give BITS,GROUP, e.g. 4,64").into()),
+    }
 }
 
 fn display_name(path: &Path) -> String {
@@ -194,6 +210,13 @@ fn encode(m: &Loaded, text: &str) -> Res<Vec<u32>> {
     Ok(m.tokenizer.encode(text, !has_bos)?)
 }
 
+fn new_cache(m: &Loaded, a: &ModelArgs) -> PromptCache {
+    match a.max_kv_size {
+        Some(n) => PromptCache::rotating(m.model.as_ref(), n),
+        None => PromptCache::new(m.model.as_ref()),
+    }
+}
+
 fn run_generate(a: GenerateArgs) -> Res<()> {
     let m = load_model(&a.model)?;
     let prompt = if a.prompt == "-" {
@@ -214,9 +237,13 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
         render(&m, &messages)?
     };
     let ids = encode(&m, &text)?;
-    let options =
-        GenerateOptions { max_tokens: a.model.max_tokens, sampler: sampler(&a.model), stop: a.stop, ..Default::default() };
-    let mut cache = PromptCache::new(m.model.as_ref());
+    let options = GenerateOptions {
+        max_tokens: a.model.max_tokens,
+        sampler: sampler(&a.model),
+        stop: a.stop,
+        ..Default::default()
+    };
+    let mut cache = new_cache(&m, &a.model);
     println!("==========");
     let stats = stream(&m, &mut cache, &ids, options)?;
     println!("\n==========");
@@ -227,7 +254,7 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
 /// Streams a generation to standard output; its stats.
 fn stream(m: &Loaded, cache: &mut PromptCache, ids: &[u32], options: GenerateOptions) -> Res<Stats> {
     let mut out = std::io::stdout().lock();
-    let mut generation = generate(m.model.as_ref(), &m.tokenizer, cache, ids, &m.eos, options)?;
+    let mut generation = generate(m.model.as_ref(), Some(&m.tokenizer), cache, ids, &m.eos, options)?;
     for token in generation.by_ref() {
         out.write_all(token?.text.as_bytes())?;
         out.flush()?;
@@ -247,7 +274,7 @@ fn run_chat(a: ModelArgs) -> Res<()> {
     if let Some(s) = &a.system {
         messages.push(json!({"role": "system", "content": s}));
     }
-    let mut cache = PromptCache::new(m.model.as_ref());
+    let mut cache = new_cache(&m, &a);
     eprintln!("nuvec chat: type a message; 'q' or an empty line at the end of input quits, 'r' resets.");
     let stdin = std::io::stdin();
     loop {
@@ -258,7 +285,7 @@ fn run_chat(a: ModelArgs) -> Res<()> {
         }
         if line.trim() == "r" {
             messages.retain(|m| m["role"] == "system");
-            cache = PromptCache::new(m.model.as_ref());
+            cache = new_cache(&m, &a);
             continue;
         }
         messages.push(json!({"role": "user", "content": line.trim_end()}));
@@ -267,7 +294,7 @@ fn run_chat(a: ModelArgs) -> Res<()> {
         let mut reply = String::new();
         {
             let mut out = std::io::stdout().lock();
-            let mut generation = generate(m.model.as_ref(), &m.tokenizer, &mut cache, &ids, &m.eos, options)?;
+            let mut generation = generate(m.model.as_ref(), Some(&m.tokenizer), &mut cache, &ids, &m.eos, options)?;
             for token in generation.by_ref() {
                 let t = token?;
                 reply.push_str(&t.text);
@@ -281,52 +308,83 @@ fn run_chat(a: ModelArgs) -> Res<()> {
 }
 
 fn run_bench(a: BenchArgs) -> Res<()> {
-    let m = load_model(&a.model)?;
-    let vocab = m.model.config().vocab_size as u32;
+    let (model, name) = match &a.random {
+        Some(config) => {
+            let options = LoadOptions { dtype: parse_dtype(&a.model)?, quantize: parse_quantize(&a.model)? };
+            let m = nuvec_lm::random_model(config, &options, 0)?;
+            let params: Vec<nuvec::Array> = m.parameters().into_values().collect();
+            nuvec::eval(&params)?;
+            (m, format!("random weights, {}", display_name(config)))
+        }
+        None => {
+            let l = load_model(&a.model)?;
+            let name = display_name(&l.path);
+            (l.model, name)
+        }
+    };
+    let model = model.as_ref();
+    let vocab = model.config().vocab_size as u32;
     let device = if nuvec_lm::load::on_gpu() { "gpu" } else { "cpu" };
-    let mut rows = Vec::new();
-    println!("device {device}, model {}", display_name(&m.path));
-    println!("{:>8} {:>12} {:>12} {:>12} {:>10}", "prompt", "prefill t/s", "decode t/s", "TTFT ms", "peak GB");
+    let repeats = a.repeats.max(1);
+    // A fixed token sequence, the same for every model.
+    let ids = |n: usize| -> Vec<u32> { (0..n as u64).map(|i| ((i * 2_654_435_761 + 7) % vocab as u64) as u32).collect() };
+    println!("device {device}, model {name}, quantize {:?}", a.model.quantize);
+    let mut prefill = Vec::new();
+    println!("{:>8} {:>14} {:>10}", "prompt", "prefill tok/s", "TTFT ms");
     for &n in &a.prompt_tokens {
-        // A fixed, model-independent token sequence (no EOS ends it: generation runs to the end).
-        let ids: Vec<u32> = (0..n as u64).map(|i| ((i * 2_654_435_761 + 7) % vocab as u64) as u32).collect();
-        let mut best: Option<(Stats, f64)> = None;
-        for _ in 0..a.repeats.max(1) {
-            let mut cache = PromptCache::new(m.model.as_ref());
-            let options = GenerateOptions {
-                max_tokens: a.generation_tokens.max(1),
-                sampler: sampler(&a.model),
-                ..Default::default()
-            };
+        let mut best = f64::INFINITY;
+        for _ in 0..repeats {
+            let mut cache = PromptCache::new(model);
+            let options = GenerateOptions { max_tokens: 1, ..Default::default() };
             let start = Instant::now();
-            let mut generation = generate(m.model.as_ref(), &m.tokenizer, &mut cache, &ids, &[], options)?;
-            for t in generation.by_ref() {
+            for t in generate(model, None, &mut cache, &ids(n), &[], options)? {
                 t?;
             }
-            let total = start.elapsed().as_secs_f64();
-            let s = generation.stats;
-            if best.as_ref().is_none_or(|(b, _)| s.generation_tps() > b.generation_tps()) {
-                best = Some((s, total));
-            }
+            best = best.min(start.elapsed().as_secs_f64());
         }
-        let (s, total) = best.expect("at least one run");
-        println!(
-            "{:>8} {:>12.1} {:>12.1} {:>12.1} {:>10.3}",
-            n,
-            s.prompt_tps(),
-            s.generation_tps(),
-            s.prompt_seconds * 1e3,
-            s.peak_memory as f64 / 1e9
-        );
-        rows.push(json!({
-            "prompt_tokens": n, "generation_tokens": s.generation_tokens,
-            "prefill_tokens_per_s": s.prompt_tps(), "decode_tokens_per_s": s.generation_tps(),
-            "ttft_s": s.prompt_seconds, "total_s": total, "peak_memory_bytes": s.peak_memory,
-        }));
+        println!("{:>8} {:>14.1} {:>10.2}", n, n as f64 / best, best * 1e3);
+        prefill.push(json!({"prompt_tokens": n, "ttft_s": best, "prefill_tokens_per_s": n as f64 / best}));
     }
+    let mut decode = Vec::new();
+    println!("{:>8} {:>14} {:>10}", "batch", "decode tok/s", "ms/step");
+    for &b in &a.batch {
+        let mut best = f64::INFINITY;
+        for _ in 0..repeats {
+            best = best.min(decode_seconds(model, b, &ids(a.context.max(1)), a.steps.max(1))?);
+        }
+        let tps = b as f64 * a.steps as f64 / best;
+        println!("{:>8} {:>14.1} {:>10.3}", b, tps, best / a.steps as f64 * 1e3);
+        decode.push(json!({"batch": b, "context": a.context, "steps": a.steps, "decode_tokens_per_s": tps}));
+    }
+    let peak = nuvec_lm::generate::peak_memory();
+    println!("peak memory {:.3} GB", peak as f64 / 1e9);
     if let Some(path) = &a.json {
-        let doc = json!({"device": device, "model": m.path.display().to_string(), "results": rows});
+        let doc = json!({"device": device, "model": name, "quantize": a.model.quantize, "prefill": prefill,
+                         "decode": decode, "peak_memory_bytes": peak});
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())
+}
+
+/// Seconds for `steps` greedy decode steps of `batch` rows after a `prompt` prefill, each
+/// step started before the previous token is read (as generation runs).
+fn decode_seconds(model: &dyn nuvec_lm::LanguageModel, batch: i32, prompt: &[u32], steps: usize) -> Res<f64> {
+    let mut cache = model.new_cache();
+    let row: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+    let all: Vec<i32> = (0..batch).flat_map(|_| row.iter().copied()).collect();
+    let logits = model.forward(&nuvec::Array::from_slice(&all, [batch, row.len() as i32]), &mut cache);
+    let l = logits.shape()[1];
+    let mut next = logits.slice(&[0, l - 1, 0], &[batch, l, logits.shape()[2]], &[1, 1, 1]).argmax(-1);
+    nuvec::eval(&[next.clone()])?;
+    let start = Instant::now();
+    for _ in 0..steps {
+        let logits = model.forward(&next.astype(DType::I32), &mut cache);
+        let following = logits.argmax(-1);
+        nuvec::async_eval(&[following.clone()])?;
+        // Reading the previous step back is what a generator does each token.
+        next.eval()?;
+        next = following;
+    }
+    next.eval()?;
+    Ok(start.elapsed().as_secs_f64())
 }
