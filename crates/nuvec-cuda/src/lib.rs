@@ -188,7 +188,11 @@ impl Backend for CudaBackend {
     }
 
     fn eval(&self, stream: Stream, primitive: &Primitive, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
-        eval::eval(&gpu_of(stream.device)?, primitive, inputs, outputs)
+        let gpu = gpu_of(stream.device)?;
+        // Driver calls without a stream (a TMA descriptor's encoding) act on the thread's
+        // current context, and an evaluation may run on any thread (`async_eval`'s).
+        gpu.bind()?;
+        eval::eval(&gpu, primitive, inputs, outputs)
     }
 
     fn upload(&self, device: Device, host: &HostBuffer) -> Result<Storage> {

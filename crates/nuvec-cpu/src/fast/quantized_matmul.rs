@@ -8,6 +8,7 @@ use half::{bf16, f16};
 use nuvec_core::fast::QuantMatmulParams;
 use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
 use nuvec_core::{DType, Result};
+use nuvec_core::primitive::QuantMode;
 use rayon::prelude::*;
 
 use super::elems;
@@ -51,8 +52,15 @@ fn typed<T: Float<Acc = f32> + bytemuck::Pod>(
     let packed = Packed::<T>::new(p.mode, p.group_size as usize, p.bits as u32, &inputs[1..])?;
     let x: Vec<f32> = elems::<T>(&inputs[0])?.iter().map(|v| v.to_acc()).collect();
     let mut y = vec![0f32; m * n];
+    let gs = p.group_size as usize;
+    let fused = p.dtype == DType::F32 && p.mode == QuantMode::Affine && matches!(p.bits, 4 | 8) && gs % 8 == 0;
     if m > 0 && n > 0 && k > 0 {
-        if p.transpose && m <= DOT_ROWS {
+        if p.transpose && m <= DOT_ROWS && fused {
+            let words = elems::<u32>(&inputs[1])?;
+            let (scales, biases) = (elems::<f32>(&inputs[2])?, elems::<f32>(&inputs[3])?);
+            let w = Affine { words, scales, biases, bits: p.bits as usize, gs, k };
+            affine_dots(&w, &x, &mut y, m, n);
+        } else if p.transpose && m <= DOT_ROWS {
             dots(&packed, &x, &mut y, m, n, k, p.group_size as usize);
         } else {
             products(&packed, &x, &mut y, m, n, k, p);
@@ -94,6 +102,94 @@ fn dots<T: Float<Acc = f32>>(packed: &Packed<T>, x: &[f32], y: &mut [f32], m: us
             *o = yt[j * m + i];
         }
     }
+}
+
+/// A `float32` affine weight `[N, K]` of 4 or 8 bits: packed words, a scale and a bias per
+/// group of `gs`.
+struct Affine<'a> {
+    words: &'a [u32],
+    scales: &'a [f32],
+    biases: &'a [f32],
+    bits: usize,
+    gs: usize,
+    k: usize,
+}
+
+/// `y = x · wᵀ` for few rows of `x` without a dequantized row: each group contributes
+/// `scale · Σ q·x + bias · Σ x`, the integers unpacked in registers and the sums of `x` per
+/// group computed once. Rounding differs from `dequantize` then a product only in the order
+/// of the additions.
+fn affine_dots(w: &Affine, x: &[f32], y: &mut [f32], m: usize, n: usize) {
+    let (k, gs) = (w.k, w.gs);
+    let groups = k / gs;
+    let xsum: Vec<f32> = x.chunks(gs).map(|g| g.iter().sum()).collect();
+    let words_per_row = k * w.bits / 32;
+    let mut yt = vec![0f32; n * m];
+    yt.par_chunks_mut(DOT_BLOCK * m).enumerate().for_each(|(b, yt)| {
+        for (r, yt) in yt.chunks_mut(m).enumerate() {
+            let row = b * DOT_BLOCK + r;
+            let words = &w.words[row * words_per_row..(row + 1) * words_per_row];
+            let (s, bias) = (&w.scales[row * groups..(row + 1) * groups], &w.biases[row * groups..(row + 1) * groups]);
+            for (i, o) in yt.iter_mut().enumerate() {
+                let xi = &x[i * k..(i + 1) * k];
+                let xs = &xsum[i * groups..(i + 1) * groups];
+                *o = row_dot(w.bits, words, xi, s, bias, xs, gs);
+            }
+        }
+    });
+    for (i, y) in y.chunks_mut(n).enumerate() {
+        for (j, o) in y.iter_mut().enumerate() {
+            *o = yt[j * m + i];
+        }
+    }
+}
+
+/// One weight row's product with `x`, compiled for AVX2 and FMA when the CPU has them (the
+/// rayon task calls it, so the features must be on this function, not on a caller).
+fn row_dot(bits: usize, words: &[u32], x: &[f32], s: &[f32], b: &[f32], xs: &[f32], gs: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::map::has_x86_v3() {
+        // SAFETY: the features the function enables were detected on this CPU.
+        return unsafe { row_dot_v3(bits, words, x, s, b, xs, gs) };
+    }
+    match bits {
+        4 => affine_row::<4>(words, x, s, b, xs, gs),
+        _ => affine_row::<8>(words, x, s, b, xs, gs),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,fma,f16c")]
+unsafe fn row_dot_v3(bits: usize, words: &[u32], x: &[f32], s: &[f32], b: &[f32], xs: &[f32], gs: usize) -> f32 {
+    match bits {
+        4 => affine_row::<4>(words, x, s, b, xs, gs),
+        _ => affine_row::<8>(words, x, s, b, xs, gs),
+    }
+}
+
+/// Per group, eight lanes of `q·x`, eight elements at a time: one word of nibbles, or two
+/// of bytes.
+#[inline(always)]
+fn affine_row<const BITS: usize>(words: &[u32], x: &[f32], s: &[f32], b: &[f32], xs: &[f32], gs: usize) -> f32 {
+    const { assert!(BITS == 4 || BITS == 8) };
+    let words_per_8 = BITS / 4;
+    let mask = (1u32 << BITS) - 1;
+    // Scaled group sums stay in eight lanes; one horizontal sum per row.
+    let (mut acc, mut biased) = ([0f32; 8], 0f32);
+    for (g, (wg, xg)) in words.chunks_exact(gs * BITS / 32).zip(x.chunks_exact(gs)).enumerate() {
+        let mut lanes = [0f32; 8];
+        for (w, xe) in wg.chunks_exact(words_per_8).zip(xg.chunks_exact(8)) {
+            for l in 0..8 {
+                let word = w[l * BITS / 32];
+                lanes[l] += ((word >> ((l * BITS) % 32)) & mask) as f32 * xe[l];
+            }
+        }
+        for l in 0..8 {
+            acc[l] += s[g] * lanes[l];
+        }
+        biased += b[g] * xs[g];
+    }
+    acc.iter().sum::<f32>() + biased
 }
 
 /// `Σ a·b` in sixteen independent lanes the compiler keeps in vector registers (`mul_add`

@@ -47,6 +47,23 @@ fn async_eval_then_read() {
     assert!((y.item::<f32>().unwrap() - want).abs() / want < 1e-5);
 }
 
+/// Decode attention (bf16, head size 128: the tensor-map kernel on Hopper) evaluated by
+/// `async_eval`'s thread equals the same graph evaluated here: every driver call finds the
+/// GPU's context on whichever thread evaluates.
+#[test]
+fn async_eval_of_decode_attention() {
+    use nuvec::fast::{AttentionOptions, scaled_dot_product_attention as sdpa};
+    let draw = |shape: [i32; 4], seed: u64| {
+        nuvec::random::normal(shape, DType::BF16, 0.0, 1.0, Some(&nuvec::random::key(seed)))
+    };
+    let (q, k, v) = (draw([1, 32, 1, 128], 0), draw([1, 8, 300, 128], 1), draw([1, 8, 300, 128], 2));
+    let run = || sdpa(&q, &k, &v, 0.088, &AttentionOptions::default()).astype(DType::F32);
+    let background = run();
+    nuvec::async_eval(&background).unwrap();
+    let here: Vec<f32> = run().to_vec().unwrap();
+    assert_eq!(background.to_vec::<f32>().unwrap(), here);
+}
+
 #[test]
 fn shared_graph_evaluated_from_many_threads() {
     let x = ops::arange(0, 1 << 16, 1).astype(DType::F32);
