@@ -43,8 +43,13 @@ fn prepare(op: &'static str, a: &Array, b: &Array) -> Result<(Array, Array, Vec<
         s.push(y);
         s
     };
-    let a3 = a2.astype(dtype).broadcast_to(with(m, k));
-    let b3 = b2.astype(dtype).broadcast_to(with(k, n));
+    // A matrix on the right (a layer's weight): the left operand's batch axes fold into its
+    // rows, one product reading the matrix once instead of once per batch element.
+    let (a3, b3) = if rb == 2 && ra > 2 {
+        (a2.astype(dtype).reshape([-1, k]), b2.astype(dtype))
+    } else {
+        (a2.astype(dtype).broadcast_to(with(m, k)), b2.astype(dtype).broadcast_to(with(k, n)))
+    };
     let mut out: Vec<i32> = batch.to_vec();
     if a.ndim() > 1 {
         out.push(m);
