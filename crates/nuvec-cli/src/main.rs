@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use nuvec::DType;
+use nuvec_lm::generate::Draft;
 use nuvec_lm::{
     ChatTemplate, GenerateOptions, LoadOptions, Loaded, PromptCache, SamplerOptions, Stats, fetch, generate, load,
 };
@@ -85,6 +86,16 @@ struct GenerateArgs {
     /// Stop when the text contains this (repeatable).
     #[arg(long)]
     stop: Vec<String>,
+    /// Speculative decoding with this smaller model (same vocabulary) proposing tokens.
+    #[arg(long, conflicts_with = "prompt_lookup")]
+    draft_model: Option<PathBuf>,
+    /// Speculative decoding by prompt lookup: proposals follow the latest earlier occurrence of
+    /// the last N tokens.
+    #[arg(long, value_name = "N")]
+    prompt_lookup: Option<usize>,
+    /// Tokens proposed per speculative step.
+    #[arg(long, default_value_t = 3)]
+    num_draft: usize,
 }
 
 #[derive(Args)]
@@ -244,17 +255,36 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
         ..Default::default()
     };
     let mut cache = new_cache(&m, &a.model);
+    let draft_model = match &a.draft_model {
+        Some(p) => Some(nuvec_lm::load_model(p, &LoadOptions { dtype: parse_dtype(&a.model)?, quantize: None })?),
+        None => None,
+    };
+    let draft = match (&draft_model, a.prompt_lookup) {
+        (Some(d), _) => Some(Draft::model(d.as_ref())),
+        (None, Some(n)) => Some(Draft::PromptLookup { ngram: n }),
+        (None, None) => None,
+    };
     println!("==========");
-    let stats = stream(&m, &mut cache, &ids, options)?;
+    let stats = stream(&m, &mut cache, &ids, options, draft.map(|d| (d, a.num_draft)))?;
     println!("\n==========");
     print_stats(&stats);
     Ok(())
 }
 
-/// Streams a generation to standard output; its stats.
-fn stream(m: &Loaded, cache: &mut PromptCache, ids: &[u32], options: GenerateOptions) -> Res<Stats> {
+/// Streams a generation (speculative with a draft and its proposals per step) to standard
+/// output; its stats.
+fn stream(
+    m: &Loaded,
+    cache: &mut PromptCache,
+    ids: &[u32],
+    options: GenerateOptions,
+    draft: Option<(Draft<'_>, usize)>,
+) -> Res<Stats> {
     let mut out = std::io::stdout().lock();
     let mut generation = generate(m.model.as_ref(), Some(&m.tokenizer), cache, ids, &m.eos, options)?;
+    if let Some((d, k)) = draft {
+        generation = generation.speculative(d, k)?;
+    }
     for token in generation.by_ref() {
         out.write_all(token?.text.as_bytes())?;
         out.flush()?;
@@ -327,7 +357,8 @@ fn run_bench(a: BenchArgs) -> Res<()> {
     let device = if nuvec_lm::load::on_gpu() { "gpu" } else { "cpu" };
     let repeats = a.repeats.max(1);
     // A fixed token sequence, the same for every model.
-    let ids = |n: usize| -> Vec<u32> { (0..n as u64).map(|i| ((i * 2_654_435_761 + 7) % vocab as u64) as u32).collect() };
+    let ids =
+        |n: usize| -> Vec<u32> { (0..n as u64).map(|i| ((i * 2_654_435_761 + 7) % vocab as u64) as u32).collect() };
     println!("device {device}, model {name}, quantize {:?}", a.model.quantize);
     let mut prefill = Vec::new();
     println!("{:>8} {:>14} {:>10}", "prompt", "prefill tok/s", "TTFT ms");

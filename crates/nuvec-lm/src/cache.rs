@@ -112,7 +112,10 @@ impl KvCache {
         if capacity > max {
             let trim = |b: &mut Option<Array>| {
                 let old = b.take().expect("capacity > 0");
-                *b = Some(ops::concatenate(&[window(&old, 0, self.keep), window(&old, capacity - (max - self.keep), capacity)], 2));
+                *b = Some(ops::concatenate(
+                    &[window(&old, 0, self.keep), window(&old, capacity - (max - self.keep), capacity)],
+                    2,
+                ));
             };
             trim(&mut self.keys);
             trim(&mut self.values);

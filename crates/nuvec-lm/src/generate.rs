@@ -2,6 +2,7 @@
 //! graph is built and started before the current token is read back (as mlx-lm), unless the
 //! penalties need each token on the host first.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use nuvec::{Array, DType};
@@ -138,8 +139,42 @@ pub struct Generation<'a> {
     done: bool,
     start: Instant,
     first: Option<Instant>,
+    /// Speculative decoding: who proposes tokens, how many per step, and the tokens verified
+    /// but not yet handed out.
+    draft: Option<Draft<'a>>,
+    num_draft: usize,
+    queue: VecDeque<Sampled>,
     /// The generation's speeds so far.
     pub stats: Stats,
+}
+
+/// Who proposes tokens for speculative decoding ([`Generation::speculative`]). The model
+/// verifies a proposal of `k` tokens in one forward pass and keeps the longest prefix its own
+/// choices agree with, plus its own next token: greedy decoding gives exactly the plain
+/// greedy tokens, in fewer passes of the large model.
+pub enum Draft<'a> {
+    /// A smaller model of the same vocabulary, decoding greedily with caches of its own.
+    Model {
+        /// The draft model.
+        model: &'a dyn LanguageModel,
+        /// Its caches (empty ones to start: it runs the prompt itself).
+        cache: Vec<KvCache>,
+        /// Tokens of the sequence its caches hold.
+        fed: usize,
+    },
+    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the sequence's
+    /// last `ngram` tokens (no second model; it pays off when replies quote their prompt).
+    PromptLookup {
+        /// The length of the n-gram matched.
+        ngram: usize,
+    },
+}
+
+impl<'a> Draft<'a> {
+    /// A draft model, with empty caches.
+    pub fn model(model: &'a dyn LanguageModel) -> Draft<'a> {
+        Draft::Model { model, cache: model.new_cache(), fed: 0 }
+    }
 }
 
 /// Generates from the token ids `prompt` (at least one), continuing `cache`; `eos` ends it.
@@ -184,11 +219,103 @@ pub fn generate<'a>(
         done: false,
         start: Instant::now(),
         first: None,
+        draft: None,
+        num_draft: 0,
+        queue: VecDeque::new(),
         stats: Stats::default(),
     })
 }
 
-impl Generation<'_> {
+impl<'a> Generation<'a> {
+    /// Decodes speculatively: `draft` proposes `num_draft` tokens per step (at least 1), the
+    /// model verifies them in one pass. The penalties need each token before the next and
+    /// are refused; so are caches that cannot drop rejected tokens (rotating ones).
+    pub fn speculative(mut self, draft: Draft<'a>, num_draft: usize) -> Result<Self> {
+        if self.options.sampler.needs_history() {
+            return Err(crate::Error::Config(
+                "speculative decoding: the repetition, presence and frequency \
+                penalties are not supported"
+                    .into(),
+            ));
+        }
+        if self.cache.layers.iter().any(|c| c.window().is_some()) {
+            return Err(crate::Error::Config(
+                "speculative decoding needs caches that can drop tokens, \
+                not rotating ones"
+                    .into(),
+            ));
+        }
+        if let Draft::Model { model, .. } = &draft
+            && model.config().vocab_size != self.model.config().vocab_size
+        {
+            return Err(crate::Error::Config(format!(
+                "speculative decoding: the draft model's vocabulary ({}) differs from the model's ({})",
+                model.config().vocab_size,
+                self.model.config().vocab_size
+            )));
+        }
+        self.draft = Some(draft);
+        self.num_draft = num_draft.max(1);
+        Ok(self)
+    }
+
+    /// One speculative step: proposals, one verifying pass, the agreed tokens and the model's
+    /// next one queued; the caches keep only what was accepted.
+    fn speculate(&mut self) -> Result<()> {
+        let seq: Vec<u32> = self.cache.tokens.iter().chain(&self.generated).copied().collect();
+        let y = *seq.last().expect("a token was generated before speculating");
+        let k = self.num_draft.min(self.options.max_tokens.saturating_sub(self.generated.len())).max(1);
+        let proposals: Vec<u32> = match self.draft.as_mut().expect("speculating with a draft") {
+            Draft::Model { model, cache, fed } => {
+                let mut out = Vec::with_capacity(k);
+                let mut feed: Vec<u32> = seq[*fed..].to_vec();
+                for i in 0..k {
+                    let ids: Vec<i32> = feed.iter().map(|&t| t as i32).collect();
+                    let logits = model.forward(&Array::from_slice(&ids, [1, ids.len() as i32]), cache);
+                    let l = logits.shape()[1];
+                    let last = logits.slice(&[0, l - 1, 0], &[1, l, logits.shape()[2]], &[1, 1, 1]);
+                    let d = last.argmax(-1).reshape([-1]).astype(DType::I32).item::<i32>()? as u32;
+                    out.push(d);
+                    if i + 1 < k {
+                        feed = vec![d];
+                    }
+                }
+                *fed = seq.len() + k - 1;
+                out
+            }
+            Draft::PromptLookup { ngram } => lookup(&seq, *ngram, k),
+        };
+        // The model runs y and the proposals; position i's choice verifies proposal i.
+        let ids: Vec<i32> = std::iter::once(y).chain(proposals.iter().copied()).map(|t| t as i32).collect();
+        let n = ids.len() as i32;
+        let logits = self.model.forward(&Array::from_slice(&ids, [1, n]), &mut self.cache.layers);
+        let rows = logits.reshape([n, -1]);
+        let sampled = self.sampler.sample(&rows, &[]);
+        let chosen: Vec<i32> = sampled.tokens.to_vec()?;
+        let agreed = proposals.iter().zip(&chosen).take_while(|(d, t)| **d as i32 == **t).count();
+        for i in 0..=agreed as i32 {
+            let v = sampled.logprobs.shape()[1];
+            self.queue.push_back(Sampled {
+                tokens: sampled.tokens.slice(&[i], &[i + 1], &[1]),
+                logprobs: sampled.logprobs.slice(&[i, 0], &[i + 1, v], &[1, 1]),
+            });
+        }
+        // The model's caches keep y and the agreed proposals; the draft's what it saw of them.
+        let rejected = (proposals.len() - agreed) as i32;
+        for c in &mut self.cache.layers {
+            c.trim(rejected);
+        }
+        if let Some(Draft::Model { cache, fed, .. }) = &mut self.draft {
+            let keep = seq.len() + agreed.min(k - 1);
+            let drop = (*fed - keep) as i32;
+            for c in cache.iter_mut() {
+                c.trim(drop);
+            }
+            *fed = keep;
+        }
+        Ok(())
+    }
+
     /// Runs `tokens [1, L]` and samples the next token from the last position's logits.
     fn step(&mut self, tokens: &Array) -> Sampled {
         let logits = self.model.forward(tokens, &mut self.cache.layers);
@@ -218,12 +345,18 @@ impl Generation<'_> {
     }
 
     fn next_token(&mut self) -> Result<Generated> {
-        let current = match self.pending.take() {
-            Some(s) => s,
-            None => self.prefill()?,
+        let current = match (self.queue.pop_front(), self.pending.take()) {
+            (Some(s), _) | (None, Some(s)) => s,
+            (None, None) if self.first.is_none() => self.prefill()?,
+            (None, None) => {
+                self.speculate()?;
+                self.queue.pop_front().expect("a speculative step queues at least one token")
+            }
         };
         // Start the next step before reading this one back, when it needs no host history.
-        let pipelined = !self.options.sampler.needs_history() && self.generated.len() + 1 < self.options.max_tokens;
+        let pipelined = self.draft.is_none()
+            && !self.options.sampler.needs_history()
+            && self.generated.len() + 1 < self.options.max_tokens;
         if pipelined {
             let next = self.step(&current.tokens.reshape([1, 1]));
             nuvec::async_eval(&[next.tokens.clone(), next.logprobs.clone()])?;
@@ -249,7 +382,11 @@ impl Generation<'_> {
             }
         };
         self.generated.push(token);
-        if !pipelined && !self.eos.contains(&token) && self.generated.len() < self.options.max_tokens {
+        if !pipelined
+            && self.draft.is_none()
+            && !self.eos.contains(&token)
+            && self.generated.len() < self.options.max_tokens
+        {
             self.pending = Some(self.step(&Array::from_slice(&[token as i32], [1, 1])));
         }
         let mut finish = None;
@@ -296,6 +433,12 @@ impl Generation<'_> {
             let held = self.cache.layers.first().map_or(0, |c| c.offset()) as usize;
             self.cache.tokens.extend(&self.generated);
             self.cache.tokens.truncate(held);
+            // Verified tokens past the last one handed out leave the caches too.
+            let extra = (held - self.cache.tokens.len()) as i32;
+            for c in &mut self.cache.layers {
+                c.trim(extra);
+            }
+            self.queue.clear();
             self.stats.peak_memory = peak_memory();
         }
         Ok(Generated { token, text, logprob, top_logprobs, finish })
@@ -315,6 +458,21 @@ impl Iterator for Generation<'_> {
         }
         Some(out)
     }
+}
+
+/// Up to `k` tokens that followed the latest earlier occurrence of the last `ngram` tokens of
+/// `seq` (none when there is no such occurrence).
+fn lookup(seq: &[u32], ngram: usize, k: usize) -> Vec<u32> {
+    let n = ngram.max(1);
+    if seq.len() <= n {
+        return Vec::new();
+    }
+    let tail = &seq[seq.len() - n..];
+    (0..seq.len() - n)
+        .rev()
+        .find(|&i| &seq[i..i + n] == tail)
+        .map(|i| seq[i + n..].iter().take(k).copied().collect())
+        .unwrap_or_default()
 }
 
 /// Peak bytes held by arrays on the default device since the process started.

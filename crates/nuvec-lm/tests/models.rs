@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use nuvec::{Array, DType};
+use nuvec_lm::generate::Draft;
 use nuvec_lm::{
     GenerateOptions, KvCache, LanguageModel, LoadOptions, PromptCache, Tokenizer, generate, load, load_model,
 };
@@ -108,8 +109,10 @@ fn greedy_generation_matches_transformers() {
         let m = model(name);
         let mut cache = PromptCache::new(m.as_ref());
         let options = GenerateOptions { max_tokens: want.len(), ..Default::default() };
-        let got: Vec<u32> =
-            generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options).unwrap().map(|t| t.unwrap().token).collect();
+        let got: Vec<u32> = generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options)
+            .unwrap()
+            .map(|t| t.unwrap().token)
+            .collect();
         assert_eq!(got, want, "{name}: greedy tokens differ from transformers'");
         // The cache holds the prompt and every generated token but the last.
         assert_eq!(cache.tokens.len(), ids.len() + want.len() - 1);
@@ -123,8 +126,10 @@ fn prompt_cache_reuses_the_shared_prefix() {
     let ids = u32s(&expected("llama")["ids"]);
     let options = GenerateOptions { max_tokens: 4, ..Default::default() };
     let mut cache = PromptCache::new(m.as_ref());
-    let first: Vec<u32> =
-        generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options.clone()).unwrap().map(|t| t.unwrap().token).collect();
+    let first: Vec<u32> = generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options.clone())
+        .unwrap()
+        .map(|t| t.unwrap().token)
+        .collect();
     // The next turn: the first prompt, its reply and more.
     let mut next = ids.clone();
     next.extend(&first);
@@ -192,9 +197,11 @@ fn bad_input_gives_clear_errors() {
     let mut cache = PromptCache::new(m.as_ref());
     let tok = word_tokenizer();
     let long = vec![1u32; 300];
-    let e = generate(m.as_ref(), Some(&tok), &mut cache, &long, &[], GenerateOptions::default()).err().unwrap().to_string();
+    let e =
+        generate(m.as_ref(), Some(&tok), &mut cache, &long, &[], GenerateOptions::default()).err().unwrap().to_string();
     assert!(e.contains("300 tokens") && e.contains("context of 256"), "{e}");
-    let e = generate(m.as_ref(), Some(&tok), &mut cache, &[], &[], GenerateOptions::default()).err().unwrap().to_string();
+    let e =
+        generate(m.as_ref(), Some(&tok), &mut cache, &[], &[], GenerateOptions::default()).err().unwrap().to_string();
     assert!(e.contains("no tokens"), "{e}");
     let mut options = GenerateOptions::default();
     options.sampler.top_p = 0.0;
@@ -258,4 +265,45 @@ fn rotating_prompt_cache_generates_within_the_window() {
     let got: Vec<u32> =
         generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options).unwrap().map(|t| t.unwrap().token).collect();
     assert_eq!(got, want);
+}
+
+#[test]
+fn speculative_greedy_equals_plain_greedy() {
+    let tok = word_tokenizer();
+    let target = model("llama");
+    let draft_model = model("qwen2");
+    // A prompt that repeats itself, so that prompt lookup finds proposals too.
+    let mut ids = u32s(&expected("llama")["ids"]);
+    ids.extend(ids.clone());
+    let options = GenerateOptions { max_tokens: 20, ..Default::default() };
+    let mut plain_cache = PromptCache::new(target.as_ref());
+    let plain: Vec<u32> = generate(target.as_ref(), Some(&tok), &mut plain_cache, &ids, &[], options.clone())
+        .unwrap()
+        .map(|t| t.unwrap().token)
+        .collect();
+    // The model as its own draft: every proposal is accepted (the path of full agreement).
+    for (name, k) in [("draft model", 3), ("draft model", 1), ("itself", 3), ("itself", 5), ("prompt lookup", 4)] {
+        let draft = match name {
+            "draft model" => Draft::model(draft_model.as_ref()),
+            "itself" => Draft::model(target.as_ref()),
+            _ => Draft::PromptLookup { ngram: 2 },
+        };
+        let mut cache = PromptCache::new(target.as_ref());
+        let g = generate(target.as_ref(), Some(&tok), &mut cache, &ids, &[], options.clone()).unwrap();
+        let got: Vec<u32> = g.speculative(draft, k).unwrap().map(|t| t.unwrap().token).collect();
+        assert_eq!(got, plain, "{name}, {k} proposals per step");
+        assert_eq!(cache.tokens.len() as i32, cache.layers[0].offset(), "{name}: the cache holds its tokens");
+        // The last token is held too when it ran as an accepted proposal.
+        let all: Vec<u32> = ids.iter().chain(&plain).copied().collect();
+        assert!(all.starts_with(&cache.tokens) && cache.tokens.len() + 1 >= all.len(), "{name}");
+    }
+    // Refused: penalties, rotating caches.
+    let mut options = GenerateOptions::default();
+    options.sampler.repetition_penalty = 1.1;
+    let mut cache = PromptCache::new(target.as_ref());
+    let g = generate(target.as_ref(), Some(&tok), &mut cache, &ids, &[], options).unwrap();
+    assert!(g.speculative(Draft::PromptLookup { ngram: 2 }, 2).err().unwrap().to_string().contains("penalties"));
+    let mut rotating = PromptCache::rotating(target.as_ref(), 64);
+    let g = generate(target.as_ref(), Some(&tok), &mut rotating, &ids, &[], GenerateOptions::default()).unwrap();
+    assert!(g.speculative(Draft::PromptLookup { ngram: 2 }, 2).err().unwrap().to_string().contains("rotating"));
 }
