@@ -30,6 +30,17 @@ enum Command {
     Chat(ModelArgs),
     /// Measure prefill and decode tokens/s, time to first token and peak memory.
     Bench(BenchArgs),
+    /// Save a model (quantized with --quantize) as a folder in MLX's layout.
+    Convert(ConvertArgs),
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The folder to write (config.json, model.safetensors, tokenizer files).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args, Clone)]
@@ -131,6 +142,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => run_generate(a),
         Command::Chat(a) => run_chat(a),
         Command::Bench(a) => run_bench(a),
+        Command::Convert(a) => run_convert(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -296,6 +308,13 @@ fn print_stats(s: &Stats) {
     println!("Prompt: {} tokens, {:.3} tokens-per-sec", s.prompt_tokens, s.prompt_tps());
     println!("Generation: {} tokens, {:.3} tokens-per-sec", s.generation_tokens, s.generation_tps());
     println!("Peak memory: {:.3} GB", s.peak_memory as f64 / 1e9);
+}
+
+fn run_convert(a: ConvertArgs) -> Res<()> {
+    let mut m = load_model(&a.model)?;
+    nuvec_lm::save(m.model.as_mut(), &m.tokenizer, &a.out)?;
+    eprintln!("nuvec: wrote {}", a.out.display());
+    Ok(())
 }
 
 fn run_chat(a: ModelArgs) -> Res<()> {

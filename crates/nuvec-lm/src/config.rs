@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use nuvec::io::GgufValue;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
@@ -12,7 +12,7 @@ use crate::{Error, Result};
 pub const ARCHITECTURES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
 
 /// A decoder's hyper-parameters, as `config.json` names them.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct ModelConfig {
     /// `llama`, `mistral`, `qwen2` or `qwen3`.
     pub model_type: String,
@@ -25,10 +25,10 @@ pub struct ModelConfig {
     /// Query heads.
     pub num_attention_heads: i32,
     /// Key-value heads (`num_attention_heads` when absent).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_key_value_heads: Option<i32>,
     /// Features per head (`hidden_size / num_attention_heads` when absent).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<i32>,
     /// Tokens in the vocabulary.
     pub vocab_size: i32,
@@ -40,10 +40,10 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     /// RoPE scaling: `{"type" or "rope_type": "linear" | "llama3" | "yarn" | ..., "factor": ..}`
     /// (transformers 5 writes it, with `rope_theta`, as `rope_parameters`).
-    #[serde(default, alias = "rope_parameters")]
+    #[serde(default, alias = "rope_parameters", skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<BTreeMap<String, serde_json::Value>>,
     /// The output projection is the embedding table.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tie_word_embeddings: Option<bool>,
     /// Biases on the attention projections (Qwen2 has them on q, k and v whatever this says).
     #[serde(default)]
@@ -52,26 +52,42 @@ pub struct ModelConfig {
     #[serde(default)]
     pub mlp_bias: bool,
     /// The longest context the model was trained for.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_position_embeddings: Option<i32>,
     /// mlx-community's quantization of the weights: group size and bits.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantization: Option<QuantConfig>,
     /// The end-of-sequence token(s).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eos_token_id: Option<serde_json::Value>,
     /// The beginning-of-sequence token.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos_token_id: Option<serde_json::Value>,
 }
 
-/// MLX's affine quantization of a checkpoint (`"quantization": {"group_size": 64, "bits": 4}`).
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+/// MLX's affine quantization of a checkpoint: `"quantization": {"group_size": 64, "bits": 4}`,
+/// with an entry of its own for a layer quantized otherwise
+/// (`"model.embed_tokens": {"group_size": 32, "bits": 8}`), as mlx-lm writes it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 pub struct QuantConfig {
     /// Elements per group.
     pub group_size: i32,
     /// Bits per element.
     pub bits: i32,
+    /// Layers quantized with other parameters, by dotted path.
+    #[serde(flatten)]
+    pub layers: BTreeMap<String, serde_json::Value>,
+}
+
+impl QuantConfig {
+    /// `(group_size, bits)` of the layer at `path`.
+    pub fn of(&self, path: &str) -> (i32, i32) {
+        let own = self.layers.get(path).and_then(|v| {
+            let n = |k: &str| v.get(k).and_then(serde_json::Value::as_i64).map(|x| x as i32);
+            Some((n("group_size")?, n("bits")?))
+        });
+        own.unwrap_or((self.group_size, self.bits))
+    }
 }
 
 fn default_eps() -> f32 {

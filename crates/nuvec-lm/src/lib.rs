@@ -33,7 +33,7 @@ pub use cache::KvCache;
 pub use chat::ChatTemplate;
 pub use config::ModelConfig;
 pub use generate::{FinishReason, GenerateOptions, Generated, Generation, PromptCache, Stats, generate};
-pub use load::{LoadOptions, Loaded, load, load_model, random_model};
+pub use load::{LoadOptions, Loaded, load, load_model, random_model, save};
 pub use models::LanguageModel;
 pub use sample::{Sampler, SamplerOptions};
 pub use tokenizer::Tokenizer;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use nuvec::io::{GgufFile, GgufValue};
-use nuvec::nn::{Params, QuantSpec, quantize_with};
+use nuvec::nn::{Embedding, Linear, Params, QuantSpec, quantize_with};
 use nuvec::{Array, DType};
 use serde_json::Value;
 
@@ -76,10 +76,11 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<Box<dyn Language
     let weights = read_safetensors(path)?;
     let tied = config.tie_word_embeddings.unwrap_or(false) || !weights.contains_key("lm_head.weight");
     let mut model = build(&config, tied)?;
-    if let Some(q) = config.quantization {
+    if let Some(q) = &config.quantization {
         // mlx-community: the layers with scales are quantized.
         quantize_with(model.as_mut(), |layer, _| {
-            weights.contains_key(&format!("{layer}.scales")).then(|| QuantSpec::new(q.group_size, q.bits, "affine"))
+            let (group, bits) = q.of(layer);
+            weights.contains_key(&format!("{layer}.scales")).then(|| QuantSpec::new(group, bits, "affine"))
         })?;
     }
     model.load_weights(&weights, true).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
@@ -107,6 +108,65 @@ pub fn random_model(path: &Path, options: &LoadOptions, seed: u64) -> Result<Box
     });
     finish(model.as_mut(), &LoadOptions { dtype: None, ..options.clone() }, None)?;
     Ok(model)
+}
+
+/// Saves `model` and `tokenizer` as a Hugging Face folder in MLX's layout, as `mlx_lm.convert`
+/// writes it: `model.safetensors` (quantized layers as packed `weight`, `scales` and `biases`),
+/// `config.json` (with a `quantization` entry, per layer where layers differ),
+/// `tokenizer.json` and `tokenizer_config.json` (special tokens, chat template). [`load`]
+/// reads it back.
+pub fn save(model: &mut dyn LanguageModel, tokenizer: &Tokenizer, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut config = model.config().clone();
+    // Each quantized layer's group size and bits.
+    let mut layers: BTreeMap<String, (i32, i32)> = BTreeMap::new();
+    model.visit_layers_mut("", &mut |path, layer| {
+        let q = match (layer.downcast_ref::<Linear>(), layer.downcast_ref::<Embedding>()) {
+            (Some(l), _) => l.quantized.as_ref(),
+            (_, Some(e)) => e.quantized.as_ref(),
+            _ => None,
+        };
+        if let Some(q) = q {
+            layers.insert(path.to_string(), (q.group_size, q.bits));
+        }
+    });
+    config.quantization = most_common(&layers).map(|(group_size, bits)| {
+        let own = layers
+            .iter()
+            .filter(|(_, q)| **q != (group_size, bits))
+            .map(|(l, (g, b))| (l.clone(), serde_json::json!({"group_size": g, "bits": b})))
+            .collect();
+        crate::config::QuantConfig { group_size, bits, layers: own }
+    });
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))
+    };
+    let json = serde_json::to_string_pretty(&config).map_err(|e| Error::Config(e.to_string()))?;
+    write("config.json", json)?;
+    model.save_weights(&dir.join("model.safetensors"))?;
+    write("tokenizer.json", tokenizer.inner().to_string(true).map_err(|e| Error::Tokenizer(e.to_string()))?)?;
+    let name = |id: u32| tokenizer.inner().id_to_token(id);
+    let mut tc = serde_json::Map::new();
+    if let Some((_, bos)) = &tokenizer.bos {
+        tc.insert("bos_token".into(), bos.clone().into());
+    }
+    if let Some(eos) = tokenizer.eos.first().and_then(|&e| name(e)) {
+        tc.insert("eos_token".into(), eos.into());
+    }
+    if let Some(t) = &tokenizer.chat_template {
+        tc.insert("chat_template".into(), t.clone().into());
+    }
+    write("tokenizer_config.json", serde_json::to_string_pretty(&tc).map_err(|e| Error::Config(e.to_string()))?)
+}
+
+/// The `(group_size, bits)` most layers have.
+fn most_common(layers: &BTreeMap<String, (i32, i32)>) -> Option<(i32, i32)> {
+    let mut counts: BTreeMap<(i32, i32), usize> = BTreeMap::new();
+    for q in layers.values() {
+        *counts.entry(*q).or_default() += 1;
+    }
+    counts.into_iter().max_by_key(|(_, n)| *n).map(|(q, _)| q)
 }
 
 /// The safetensors of a folder: the shards an index lists, or every `*.safetensors`.

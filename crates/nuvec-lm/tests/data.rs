@@ -196,3 +196,22 @@ fn streamed_text_equals_the_decoded_tokens() {
     }
     assert_eq!(text, m.tokenizer.decode(&tokens).unwrap());
 }
+
+#[test]
+fn smollm2_saved_in_mlx_layout_loads_back() {
+    // The GGUF's mixed quantization (8-bit embedding, 4-bit layers, groups of 32) survives.
+    let path = fetch::default_model(&mut |m| eprintln!("{m}")).unwrap();
+    let mut m = load(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+    let dir = std::env::temp_dir().join(format!("nuvec-lm-smollm2-{}", std::process::id()));
+    nuvec_lm::save(m.model.as_mut(), &m.tokenizer, &dir).unwrap();
+    let back = load(&dir, &LoadOptions::default()).unwrap();
+    let text = "The capital of France is";
+    let ids = m.tokenizer.encode(text, false).unwrap();
+    assert_eq!(back.tokenizer.encode(text, false).unwrap(), ids);
+    assert_eq!(back.eos, m.eos);
+    let t = nuvec::Array::from_slice(&ids.iter().map(|&i| i as i32).collect::<Vec<_>>(), [1, ids.len() as i32]);
+    let a: Vec<f32> = m.model.forward(&t, &mut m.model.new_cache()).to_vec().unwrap();
+    let b: Vec<f32> = back.model.forward(&t, &mut back.model.new_cache()).to_vec().unwrap();
+    assert_eq!(a, b);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

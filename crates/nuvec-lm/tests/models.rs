@@ -307,3 +307,26 @@ fn speculative_greedy_equals_plain_greedy() {
     let g = generate(target.as_ref(), Some(&tok), &mut rotating, &ids, &[], GenerateOptions::default()).unwrap();
     assert!(g.speculative(Draft::PromptLookup { ngram: 2 }, 2).err().unwrap().to_string().contains("rotating"));
 }
+
+#[test]
+fn quantized_save_loads_back_identically() {
+    let options = LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 4)) };
+    let mut m = load_model(&fixture("qwen3"), &options).unwrap();
+    let dir = std::env::temp_dir().join(format!("nuvec-lm-save-{}", std::process::id()));
+    nuvec_lm::save(m.as_mut(), &word_tokenizer(), &dir).unwrap();
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization"], serde_json::json!({"group_size": 32, "bits": 4}));
+    let back = load(&dir, &LoadOptions::default()).unwrap();
+    let ids = tokens(&u32s(&expected("qwen3")["ids"]));
+    let a: Vec<f32> = m.forward(&ids, &mut m.new_cache()).to_vec().unwrap();
+    let b: Vec<f32> = back.model.forward(&ids, &mut back.model.new_cache()).to_vec().unwrap();
+    assert_eq!(a, b);
+    // Quantized on load, 8-bit weights stay close to the float model (4-bit ones of these
+    // random weights drift by about a third of the largest logit).
+    let want: Vec<f32> = model("qwen3").forward(&ids, &mut model("qwen3").new_cache()).to_vec().unwrap();
+    let q8 = load_model(&fixture("qwen3"), &LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 8)) }).unwrap();
+    let c: Vec<f32> = q8.forward(&ids, &mut q8.new_cache()).to_vec().unwrap();
+    assert!(rel_diff(&c, &want) < 0.03, "8-bit: {}", rel_diff(&c, &want));
+    assert!(rel_diff(&a, &want) > rel_diff(&c, &want), "4 bits are coarser than 8");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
