@@ -430,7 +430,7 @@ fn decode_seconds(model: &dyn nuvec_lm::LanguageModel, batch: i32, prompt: &[u32
     for _ in 0..steps {
         let logits = model.forward(&next.astype(DType::I32), &mut cache);
         let following = logits.argmax(-1);
-        nuvec::async_eval(&[following.clone()])?;
+        nuvec::async_eval(std::slice::from_ref(&following))?;
         // Reading the previous step back is what a generator does each token.
         next.eval()?;
         next = following;

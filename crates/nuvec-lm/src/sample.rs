@@ -61,10 +61,11 @@ impl SamplerOptions {
     /// Checks the ranges; an error names the option.
     pub fn validate(&self) -> crate::Result<()> {
         let bad = |what: String| Err(crate::Error::Config(format!("sampler: {what}")));
-        if !(self.temperature >= 0.0) {
+        // NaN fails these checks too.
+        if self.temperature.is_nan() || self.temperature < 0.0 {
             return bad(format!("temperature must be at least 0, got {}", self.temperature));
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+        if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
             return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
         }
         if !(0.0..1.0).contains(&self.min_p) {
@@ -73,7 +74,7 @@ impl SamplerOptions {
         if self.top_k < 0 {
             return bad(format!("top_k must be at least 0, got {}", self.top_k));
         }
-        if !(self.repetition_penalty > 0.0) {
+        if self.repetition_penalty.is_nan() || self.repetition_penalty <= 0.0 {
             return bad(format!("repetition_penalty must be positive, got {}", self.repetition_penalty));
         }
         Ok(())
@@ -116,7 +117,7 @@ impl Sampler {
             let ids: Vec<i32> = o.logit_bias.iter().map(|b| b.0 as i32).collect();
             let bias: Vec<f32> = o.logit_bias.iter().map(|b| b.1).collect();
             let ids = Array::from_slice(&ids, [1, ids.len() as i32]);
-            logits = logits.scatter_add_along_axis(&ids, &Array::from_slice(&bias, [1, bias.len() as i32]), -1);
+            logits = logits.scatter_add_along_axis(&ids, Array::from_slice(&bias, [1, bias.len() as i32]), -1);
         }
         if o.needs_history() {
             logits = self.penalize(&logits, history);
@@ -132,12 +133,12 @@ impl Sampler {
             }
             if o.min_p > 0.0 {
                 let threshold = &filtered.max_keepdims(-1) + o.min_p.ln();
-                filtered = ops::where_(&filtered.less(&threshold), f32::NEG_INFINITY, &filtered);
+                filtered = ops::where_(filtered.less(&threshold), f32::NEG_INFINITY, &filtered);
             }
             let vocab = filtered.shape()[filtered.ndim() - 1];
             if o.top_k > 0 && o.top_k < vocab {
                 let kth = filtered.topk(o.top_k, -1).min_keepdims(-1);
-                filtered = ops::where_(&filtered.less(&kth), f32::NEG_INFINITY, &filtered);
+                filtered = ops::where_(filtered.less(&kth), f32::NEG_INFINITY, &filtered);
             }
             let scaled = &filtered * (1.0 / o.temperature);
             let key = self.key.take().map(|k| {
@@ -171,7 +172,7 @@ impl Sampler {
                 let mut chosen = row.take_along_axis(&ids, -1);
                 if o.repetition_penalty != 1.0 {
                     let p = o.repetition_penalty;
-                    chosen = ops::where_(&chosen.less(0.0f32), &chosen * p, &chosen * (1.0 / p));
+                    chosen = ops::where_(chosen.less(0.0f32), &chosen * p, &chosen * (1.0 / p));
                 }
                 let minus = Array::from_slice(&n, [1, len]) * o.frequency_penalty + o.presence_penalty;
                 row.put_along_axis(&ids, &(&chosen - &minus), -1)
@@ -188,5 +189,5 @@ fn top_p(logprobs: &Array, p: f32) -> Array {
     let cumulative = sorted.cumsum(-1);
     // Back to vocabulary order: the running sum at each token's place in the sort.
     let at = ops::zeros_like(&cumulative).put_along_axis(&order, &cumulative, -1);
-    ops::where_(&at.greater(1.0 - p), logprobs, f32::NEG_INFINITY)
+    ops::where_(at.greater(1.0 - p), logprobs, f32::NEG_INFINITY)
 }

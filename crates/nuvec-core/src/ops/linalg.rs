@@ -45,7 +45,7 @@ fn prepare(op: &'static str, a: &Array, b: &Array) -> Result<(Array, Array, Vec<
     };
     // A matrix on the right (a layer's weight): the left operand's batch axes fold into its
     // rows, one product reading the matrix once instead of once per batch element.
-    let (a3, b3) = if rb == 2 && ra > 2 {
+    let (a3, b3) = if rb == 2 && ra > 2 && k > 0 {
         (a2.astype(dtype).reshape([-1, k]), b2.astype(dtype))
     } else {
         (a2.astype(dtype).broadcast_to(with(m, k)), b2.astype(dtype).broadcast_to(with(k, n)))

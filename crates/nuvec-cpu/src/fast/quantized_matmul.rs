@@ -6,9 +6,9 @@
 
 use half::{bf16, f16};
 use nuvec_core::fast::QuantMatmulParams;
+use nuvec_core::primitive::QuantMode;
 use nuvec_core::storage::{Data, HostBuffer, Operand, Output};
 use nuvec_core::{DType, Result};
-use nuvec_core::primitive::QuantMode;
 use rayon::prelude::*;
 
 use super::elems;
@@ -53,7 +53,7 @@ fn typed<T: Float<Acc = f32> + bytemuck::Pod>(
     let x: Vec<f32> = elems::<T>(&inputs[0])?.iter().map(|v| v.to_acc()).collect();
     let mut y = vec![0f32; m * n];
     let gs = p.group_size as usize;
-    let fused = p.dtype == DType::F32 && p.mode == QuantMode::Affine && matches!(p.bits, 4 | 8) && gs % 8 == 0;
+    let fused = p.dtype == DType::F32 && p.mode == QuantMode::Affine && matches!(p.bits, 4 | 8) && gs.is_multiple_of(8);
     if m > 0 && n > 0 && k > 0 {
         if p.transpose && m <= DOT_ROWS && fused {
             let words = elems::<u32>(&inputs[1])?;
