@@ -330,3 +330,39 @@ fn quantized_save_loads_back_identically() {
     assert!(rel_diff(&a, &want) > rel_diff(&c, &want), "4 bits are coarser than 8");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn logprobs_logit_bias_and_stop_strings() {
+    let tok = word_tokenizer();
+    let m = model("mistral");
+    let ids = u32s(&expected("mistral")["ids"]);
+    let mut options = GenerateOptions { max_tokens: 6, ..Default::default() };
+    options.sampler.top_logprobs = 3;
+    let mut cache = PromptCache::new(m.as_ref());
+    for t in generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options.clone()).unwrap() {
+        let t = t.unwrap();
+        assert_eq!(t.top_logprobs.len(), 3);
+        // Greedy: the token is the most likely one, with its log-probability.
+        assert_eq!(t.top_logprobs[0].0, t.token);
+        assert!((t.top_logprobs[0].1 - t.logprob).abs() < 1e-6 && t.logprob <= 0.0);
+        assert!(t.top_logprobs.windows(2).all(|w| w[0].1 >= w[1].1));
+        assert!(t.top_logprobs.iter().map(|a| a.1.exp()).sum::<f32>() <= 1.0 + 1e-5);
+    }
+    // A large bias makes a token the greedy choice.
+    options.sampler.logit_bias = vec![(77, 1000.0)];
+    let mut cache = PromptCache::new(m.as_ref());
+    let got: Vec<u32> = generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options.clone())
+        .unwrap()
+        .map(|t| t.unwrap().token)
+        .collect();
+    assert_eq!(got, vec![77; 6]);
+    // A stop string ends generation and stays out of the text ("t77 t77 ..." with the
+    // word tokenizer's decoder joining by spaces).
+    options.stop = vec!["t77 t77".into()];
+    let mut cache = PromptCache::new(m.as_ref());
+    let out: Vec<nuvec_lm::Generated> =
+        generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options).unwrap().map(|t| t.unwrap()).collect();
+    let text: String = out.iter().map(|t| t.text.as_str()).collect();
+    assert_eq!(out.last().unwrap().finish, Some(nuvec_lm::FinishReason::Stop));
+    assert!(out.len() < 6 && !text.contains("t77 t77"), "{} tokens, {text:?}", out.len());
+}
