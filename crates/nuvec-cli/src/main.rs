@@ -423,8 +423,7 @@ fn decode_seconds(model: &dyn nuvec_lm::LanguageModel, batch: i32, prompt: &[u32
     let row: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
     let all: Vec<i32> = (0..batch).flat_map(|_| row.iter().copied()).collect();
     let logits = model.forward(&nuvec::Array::from_slice(&all, [batch, row.len() as i32]), &mut cache);
-    let l = logits.shape()[1];
-    let mut next = logits.slice(&[0, l - 1, 0], &[batch, l, logits.shape()[2]], &[1, 1, 1]).argmax(-1);
+    let mut next = nuvec_lm::last_logits(&logits).argmax_keepdims(-1);
     nuvec::eval(&[next.clone()])?;
     let start = Instant::now();
     for _ in 0..steps {

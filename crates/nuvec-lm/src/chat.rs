@@ -235,7 +235,7 @@ mod tests {
 
     #[test]
     fn strftime_matches_known_dates() {
-        // 2024-02-29 13:05:09 UTC, a Thursday.
+        // A leap day's afternoon, a Thursday.
         assert_eq!(strftime("%d %B %Y %a %H:%M:%S", 1_709_211_909), "29 February 2024 Thu 13:05:09");
         assert_eq!(strftime("%Y-%m-%d %A %b %%", 0), "1970-01-01 Thursday Jan %");
     }

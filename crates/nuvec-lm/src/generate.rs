@@ -270,10 +270,7 @@ impl<'a> Generation<'a> {
                 let mut out = Vec::with_capacity(k);
                 let mut feed: Vec<u32> = seq[*fed..].to_vec();
                 for i in 0..k {
-                    let ids: Vec<i32> = feed.iter().map(|&t| t as i32).collect();
-                    let logits = model.forward(&Array::from_slice(&ids, [1, ids.len() as i32]), cache);
-                    let l = logits.shape()[1];
-                    let last = logits.slice(&[0, l - 1, 0], &[1, l, logits.shape()[2]], &[1, 1, 1]);
+                    let last = last_logits(&model.forward(&tokens(&feed), cache));
                     let d = last.argmax(-1).reshape([-1]).astype(DType::I32).item::<i32>()? as u32;
                     out.push(d);
                     if i + 1 < k {
@@ -286,10 +283,9 @@ impl<'a> Generation<'a> {
             Draft::PromptLookup { ngram } => lookup(&seq, *ngram, k),
         };
         // The model runs y and the proposals; position i's choice verifies proposal i.
-        let ids: Vec<i32> = std::iter::once(y).chain(proposals.iter().copied()).map(|t| t as i32).collect();
-        let n = ids.len() as i32;
-        let logits = self.model.forward(&Array::from_slice(&ids, [1, n]), &mut self.cache.layers);
-        let rows = logits.reshape([n, -1]);
+        let ids: Vec<u32> = std::iter::once(y).chain(proposals.iter().copied()).collect();
+        let logits = self.model.forward(&tokens(&ids), &mut self.cache.layers);
+        let rows = logits.reshape([ids.len() as i32, -1]);
         let sampled = self.sampler.sample(&rows, &[]);
         let chosen: Vec<i32> = sampled.tokens.to_vec()?;
         let agreed = proposals.iter().zip(&chosen).take_while(|(d, t)| **d as i32 == **t).count();
@@ -317,10 +313,8 @@ impl<'a> Generation<'a> {
     }
 
     /// Runs `tokens [1, L]` and samples the next token from the last position's logits.
-    fn step(&mut self, tokens: &Array) -> Sampled {
-        let logits = self.model.forward(tokens, &mut self.cache.layers);
-        let l = logits.shape()[1];
-        let last = logits.slice(&[0, l - 1, 0], &[1, l, logits.shape()[2]], &[1, 1, 1]).squeeze(1);
+    fn step(&mut self, ids: &Array) -> Sampled {
+        let last = last_logits(&self.model.forward(ids, &mut self.cache.layers));
         let history: Vec<u32> = self.cache.tokens.iter().chain(&self.generated).copied().collect();
         self.sampler.sample(&last, &[&history])
     }
@@ -333,13 +327,12 @@ impl<'a> Generation<'a> {
         self.stats.prompt_tokens = rest.len();
         let (head, last) = rest.split_at(rest.len() - 1);
         for chunk in head.chunks(self.options.prefill_step.max(1)) {
-            let ids: Vec<i32> = chunk.iter().map(|&t| t as i32).collect();
-            self.model.forward(&Array::from_slice(&ids, [1, ids.len() as i32]), &mut self.cache.layers);
+            self.model.forward(&tokens(chunk), &mut self.cache.layers);
             let arrays: Vec<Array> = self.cache.layers.iter().flat_map(|c| c.arrays()).collect();
             nuvec::eval(&arrays)?;
         }
         self.cache.tokens = prompt[..prompt.len() - 1].to_vec();
-        let sampled = self.step(&Array::from_slice(&[last[0] as i32], [1, 1]));
+        let sampled = self.step(&tokens(last));
         self.cache.tokens.push(last[0]);
         Ok(sampled)
     }
@@ -372,13 +365,15 @@ impl<'a> Generation<'a> {
         let top_logprobs = match self.options.sampler.top_logprobs {
             0 => Vec::new(),
             k => {
-                let order = current.logprobs.argsort(-1);
+                // The k best by a partition of the vocabulary, ordered here.
                 let v = current.logprobs.shape()[1];
                 let k = (k as i32).min(v);
-                let best = order.slice(&[0, v - k], &[1, v], &[1, 1]);
+                let best = (-&current.logprobs).argpartition(k - 1, -1).slice(&[0, 0], &[1, k], &[1, 1]);
                 let values: Vec<f32> = current.logprobs.take_along_axis(&best, -1).to_vec()?;
-                let ids: Vec<u32> = best.astype(DType::I32).to_vec::<i32>()?.into_iter().map(|i| i as u32).collect();
-                ids.into_iter().zip(values).rev().collect()
+                let ids = best.astype(DType::I32).to_vec::<i32>()?;
+                let mut top: Vec<(u32, f32)> = ids.into_iter().map(|i| i as u32).zip(values).collect();
+                top.sort_by(|a, b| b.1.total_cmp(&a.1));
+                top
             }
         };
         self.generated.push(token);
@@ -387,7 +382,7 @@ impl<'a> Generation<'a> {
             && !self.eos.contains(&token)
             && self.generated.len() < self.options.max_tokens
         {
-            self.pending = Some(self.step(&Array::from_slice(&[token as i32], [1, 1])));
+            self.pending = Some(self.step(&tokens(&[token])));
         }
         let mut finish = None;
         if self.eos.contains(&token) {
@@ -458,6 +453,18 @@ impl Iterator for Generation<'_> {
         }
         Some(out)
     }
+}
+
+/// Token ids as the `[1, L]` `int32` row a model takes.
+pub fn tokens(ids: &[u32]) -> Array {
+    let v: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+    Array::from_slice(&v, [1, v.len() as i32])
+}
+
+/// The last position's logits `[B, V]` of `logits [B, L, V]`.
+pub fn last_logits(logits: &Array) -> Array {
+    let s = logits.shape();
+    logits.slice(&[0, s[1] - 1, 0], &[s[0], s[1], s[2]], &[1, 1, 1]).squeeze(1)
 }
 
 /// Up to `k` tokens that followed the latest earlier occurrence of the last `ngram` tokens of

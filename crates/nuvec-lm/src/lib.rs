@@ -32,7 +32,9 @@ use std::path::Path;
 pub use cache::KvCache;
 pub use chat::ChatTemplate;
 pub use config::ModelConfig;
-pub use generate::{FinishReason, GenerateOptions, Generated, Generation, PromptCache, Stats, generate};
+pub use generate::{
+    FinishReason, GenerateOptions, Generated, Generation, PromptCache, Stats, generate, last_logits, tokens,
+};
 pub use load::{LoadOptions, Loaded, load, load_model, random_model, save};
 pub use models::LanguageModel;
 pub use sample::{Sampler, SamplerOptions};

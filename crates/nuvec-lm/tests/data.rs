@@ -10,7 +10,9 @@ use std::sync::OnceLock;
 
 use nuvec::DType;
 use nuvec_lm::fetch::{cached_download, npm_pack, pip_download};
-use nuvec_lm::{ChatTemplate, GenerateOptions, LoadOptions, PromptCache, Tokenizer, fetch, generate, load};
+use nuvec_lm::{
+    ChatTemplate, GenerateOptions, LoadOptions, PromptCache, Tokenizer, fetch, generate, last_logits, load, tokens,
+};
 use serde_json::Value;
 
 const SDIST: &str = "llama_cpp_python-0.3.36.tar.gz";
@@ -156,11 +158,7 @@ fn smollm2_matches_transformers() {
         let ids: Vec<u32> = c["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         assert_eq!(m.tokenizer.encode(text, false).unwrap(), ids, "token ids of {text:?}");
         let mut cache = m.model.new_cache();
-        let tokens =
-            nuvec::Array::from_slice(&ids.iter().map(|&i| i as i32).collect::<Vec<_>>(), [1, ids.len() as i32]);
-        let logits = m.model.forward(&tokens, &mut cache);
-        let l = ids.len() as i32;
-        let last: Vec<f32> = logits.slice(&[0, l - 1, 0], &[1, l, 49152], &[1, 1, 1]).to_vec().unwrap();
+        let last: Vec<f32> = last_logits(&m.model.forward(&tokens(&ids), &mut cache)).to_vec().unwrap();
         let top_ids = c["top_ids"].as_array().unwrap();
         let top_logits = c["top_logits"].as_array().unwrap();
         for (i, v) in top_ids.iter().zip(top_logits) {
@@ -209,7 +207,7 @@ fn smollm2_saved_in_mlx_layout_loads_back() {
     let ids = m.tokenizer.encode(text, false).unwrap();
     assert_eq!(back.tokenizer.encode(text, false).unwrap(), ids);
     assert_eq!(back.eos, m.eos);
-    let t = nuvec::Array::from_slice(&ids.iter().map(|&i| i as i32).collect::<Vec<_>>(), [1, ids.len() as i32]);
+    let t = tokens(&ids);
     let a: Vec<f32> = m.model.forward(&t, &mut m.model.new_cache()).to_vec().unwrap();
     let b: Vec<f32> = back.model.forward(&t, &mut back.model.new_cache()).to_vec().unwrap();
     assert_eq!(a, b);

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use nuvec::{Array, DType};
 use nuvec_lm::generate::Draft;
 use nuvec_lm::{
-    GenerateOptions, KvCache, LanguageModel, LoadOptions, PromptCache, Tokenizer, generate, load, load_model,
+    GenerateOptions, KvCache, LanguageModel, LoadOptions, PromptCache, Tokenizer, generate, last_logits, load,
+    load_model, tokens,
 };
 use serde_json::Value;
 
@@ -29,9 +30,9 @@ fn model(name: &str) -> Box<dyn LanguageModel> {
     load_model(&fixture(name), &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap()
 }
 
-fn tokens(ids: &[u32]) -> Array {
-    let v: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
-    Array::from_slice(&v, [1, v.len() as i32])
+/// The tokens `generate` gives (text through the word tokenizer, no EOS).
+fn generated(m: &dyn LanguageModel, cache: &mut PromptCache, ids: &[u32], options: GenerateOptions) -> Vec<u32> {
+    generate(m, Some(&word_tokenizer()), cache, ids, &[], options).unwrap().map(|t| t.unwrap().token).collect()
 }
 
 /// The largest difference between `a` and `b`, relative to `b`'s largest magnitude.
@@ -66,10 +67,7 @@ fn prefill_whole_equals_chunks_and_token_by_token() {
     for name in ["llama", "qwen3"] {
         let ids = u32s(&expected(name)["ids"]);
         let m = model(name);
-        let last = |logits: Array| -> Vec<f32> {
-            let s = logits.shape().to_vec();
-            logits.slice(&[0, s[1] - 1, 0], &[1, s[1], s[2]], &[1, 1, 1]).to_vec().unwrap()
-        };
+        let last = |logits: Array| -> Vec<f32> { last_logits(&logits).to_vec().unwrap() };
         let mut whole = m.new_cache();
         let a = last(m.forward(&tokens(&ids), &mut whole));
         let mut chunked = m.new_cache();
@@ -102,17 +100,13 @@ fn word_tokenizer() -> Tokenizer {
 
 #[test]
 fn greedy_generation_matches_transformers() {
-    let tok = word_tokenizer();
     for name in ARCHS {
         let e = expected(name);
         let (ids, want) = (u32s(&e["ids"]), u32s(&e["greedy"]));
         let m = model(name);
         let mut cache = PromptCache::new(m.as_ref());
         let options = GenerateOptions { max_tokens: want.len(), ..Default::default() };
-        let got: Vec<u32> = generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options)
-            .unwrap()
-            .map(|t| t.unwrap().token)
-            .collect();
+        let got: Vec<u32> = generated(m.as_ref(), &mut cache, &ids, options);
         assert_eq!(got, want, "{name}: greedy tokens differ from transformers'");
         // The cache holds the prompt and every generated token but the last.
         assert_eq!(cache.tokens.len(), ids.len() + want.len() - 1);
@@ -126,10 +120,7 @@ fn prompt_cache_reuses_the_shared_prefix() {
     let ids = u32s(&expected("llama")["ids"]);
     let options = GenerateOptions { max_tokens: 4, ..Default::default() };
     let mut cache = PromptCache::new(m.as_ref());
-    let first: Vec<u32> = generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options.clone())
-        .unwrap()
-        .map(|t| t.unwrap().token)
-        .collect();
+    let first: Vec<u32> = generated(m.as_ref(), &mut cache, &ids, options.clone());
     // The next turn: the first prompt, its reply and more.
     let mut next = ids.clone();
     next.extend(&first);
@@ -138,14 +129,12 @@ fn prompt_cache_reuses_the_shared_prefix() {
     let reused: Vec<u32> = g.by_ref().map(|t| t.unwrap().token).collect();
     assert_eq!(g.stats.prompt_tokens, 3 + 1, "only the new tokens (and the reply's last) run");
     let mut fresh = PromptCache::new(m.as_ref());
-    let plain: Vec<u32> =
-        generate(m.as_ref(), Some(&tok), &mut fresh, &next, &[], options).unwrap().map(|t| t.unwrap().token).collect();
+    let plain: Vec<u32> = generated(m.as_ref(), &mut fresh, &next, options);
     assert_eq!(reused, plain);
 }
 
 #[test]
 fn seeded_sampling_repeats() {
-    let tok = word_tokenizer();
     let m = model("qwen2");
     let ids = u32s(&expected("qwen2")["ids"]);
     let run = |seed| {
@@ -155,10 +144,7 @@ fn seeded_sampling_repeats() {
         options.sampler.top_k = 20;
         options.sampler.seed = Some(seed);
         let mut cache = PromptCache::new(m.as_ref());
-        generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options)
-            .unwrap()
-            .map(|t| t.unwrap().token)
-            .collect::<Vec<u32>>()
+        generated(m.as_ref(), &mut cache, &ids, options)
     };
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8), "different seeds gave the same 8 tokens");
@@ -256,14 +242,12 @@ fn rotating_cache_equals_windowed_attention() {
 #[test]
 fn rotating_prompt_cache_generates_within_the_window() {
     // While the window holds every position, rotating and contiguous caches agree.
-    let tok = word_tokenizer();
     let m = model("llama");
     let ids = u32s(&expected("llama")["ids"]);
     let want = u32s(&expected("llama")["greedy"]);
     let mut cache = PromptCache::rotating(m.as_ref(), 64);
     let options = GenerateOptions { max_tokens: want.len(), ..Default::default() };
-    let got: Vec<u32> =
-        generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options).unwrap().map(|t| t.unwrap().token).collect();
+    let got: Vec<u32> = generated(m.as_ref(), &mut cache, &ids, options);
     assert_eq!(got, want);
 }
 
@@ -277,10 +261,7 @@ fn speculative_greedy_equals_plain_greedy() {
     ids.extend(ids.clone());
     let options = GenerateOptions { max_tokens: 20, ..Default::default() };
     let mut plain_cache = PromptCache::new(target.as_ref());
-    let plain: Vec<u32> = generate(target.as_ref(), Some(&tok), &mut plain_cache, &ids, &[], options.clone())
-        .unwrap()
-        .map(|t| t.unwrap().token)
-        .collect();
+    let plain: Vec<u32> = generated(target.as_ref(), &mut plain_cache, &ids, options.clone());
     // The model as its own draft: every proposal is accepted (the path of full agreement).
     for (name, k) in [("draft model", 3), ("draft model", 1), ("itself", 3), ("itself", 5), ("prompt lookup", 4)] {
         let draft = match name {
@@ -351,10 +332,7 @@ fn logprobs_logit_bias_and_stop_strings() {
     // A large bias makes a token the greedy choice.
     options.sampler.logit_bias = vec![(77, 1000.0)];
     let mut cache = PromptCache::new(m.as_ref());
-    let got: Vec<u32> = generate(m.as_ref(), Some(&tok), &mut cache, &ids, &[], options.clone())
-        .unwrap()
-        .map(|t| t.unwrap().token)
-        .collect();
+    let got: Vec<u32> = generated(m.as_ref(), &mut cache, &ids, options.clone());
     assert_eq!(got, vec![77; 6]);
     // A stop string ends generation and stays out of the text ("t77 t77 ..." with the
     // word tokenizer's decoder joining by spaces).
