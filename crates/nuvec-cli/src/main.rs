@@ -82,6 +82,9 @@ struct ModelArgs {
     /// sees a sliding window of them).
     #[arg(long)]
     max_kv_size: Option<i32>,
+    /// Run each decode step op by op instead of as one recorded device graph (GPU only).
+    #[arg(long)]
+    no_graph: bool,
 }
 
 #[derive(Args)]
@@ -264,6 +267,7 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
         max_tokens: a.model.max_tokens,
         sampler: sampler(&a.model),
         stop: a.stop,
+        decode_graph: a.model.no_graph.then_some(false),
         ..Default::default()
     };
     let mut cache = new_cache(&m, &a.model);
@@ -339,7 +343,12 @@ fn run_chat(a: ModelArgs) -> Res<()> {
         }
         messages.push(json!({"role": "user", "content": line.trim_end()}));
         let ids = encode(&m, &render(&m, &messages)?)?;
-        let options = GenerateOptions { max_tokens: a.max_tokens, sampler: sampler(&a), ..Default::default() };
+        let options = GenerateOptions {
+            max_tokens: a.max_tokens,
+            sampler: sampler(&a),
+            decode_graph: a.no_graph.then_some(false),
+            ..Default::default()
+        };
         let mut reply = String::new();
         {
             let mut out = std::io::stdout().lock();
@@ -400,7 +409,8 @@ fn run_bench(a: BenchArgs) -> Res<()> {
     for &b in &a.batch {
         let mut best = f64::INFINITY;
         for _ in 0..repeats {
-            best = best.min(decode_seconds(model, b, &ids(a.context.max(1)), a.steps.max(1))?);
+            let graph = !a.model.no_graph;
+            best = best.min(decode_seconds(model, b, &ids(a.context.max(1)), a.steps.max(1), graph)?);
         }
         let tps = b as f64 * a.steps as f64 / best;
         println!("{:>8} {:>14.1} {:>10.3}", b, tps, best / a.steps as f64 * 1e3);
@@ -417,17 +427,39 @@ fn run_bench(a: BenchArgs) -> Res<()> {
 }
 
 /// Seconds for `steps` greedy decode steps of `batch` rows after a `prompt` prefill, each
-/// step started before the previous token is read (as generation runs).
-fn decode_seconds(model: &dyn nuvec_lm::LanguageModel, batch: i32, prompt: &[u32], steps: usize) -> Res<f64> {
+/// step started before the previous token is read (as generation runs); with `graph`, through
+/// the recorded decode step where the model allows it.
+fn decode_seconds(
+    model: &dyn nuvec_lm::LanguageModel,
+    batch: i32,
+    prompt: &[u32],
+    steps: usize,
+    graph: bool,
+) -> Res<f64> {
     let mut cache = model.new_cache();
     let row: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
     let all: Vec<i32> = (0..batch).flat_map(|_| row.iter().copied()).collect();
     let logits = model.forward(&nuvec::Array::from_slice(&all, [batch, row.len() as i32]), &mut cache);
     let mut next = nuvec_lm::last_logits(&logits).argmax_keepdims(-1);
     nuvec::eval(&[next.clone()])?;
+    let mut graph = match graph && model.device_positions() && nuvec_lm::load::on_gpu() {
+        true => Some(nuvec_lm::DecodeGraph::new(batch)?),
+        false => None,
+    };
+    // Two steps untimed: the recorded step is made on the second.
+    let mut step = |next: &nuvec::Array| -> Res<nuvec::Array> {
+        Ok(match &mut graph {
+            Some(g) => g.step(model, &mut cache, next)?,
+            None => model.forward(&next.astype(DType::I32), &mut cache),
+        })
+    };
+    for _ in 0..2 {
+        next = step(&next)?.argmax(-1);
+        next.eval()?;
+    }
     let start = Instant::now();
     for _ in 0..steps {
-        let logits = model.forward(&next.astype(DType::I32), &mut cache);
+        let logits = step(&next)?;
         let following = logits.argmax(-1);
         nuvec::async_eval(std::slice::from_ref(&following))?;
         // Reading the previous step back is what a generator does each token.

@@ -7,6 +7,17 @@ use nuvec::{Array, ops};
 /// rarely (mlx-lm's step).
 pub const STEP: i32 = 256;
 
+/// A step's positions held on the device, so that a recorded decode step
+/// ([`crate::graph::DecodeGraph`]) reads new ones in place: each row's first new position
+/// (`start [B]`, `int32`) and its number of keys once the step's are added (`lengths [B]`).
+#[derive(Clone, Debug)]
+pub struct Positions {
+    /// The first new position of each row.
+    pub start: Array,
+    /// Keys per row after the step.
+    pub lengths: Array,
+}
+
 /// A layer's cache: `[B, H, capacity, D]` key and value buffers grown by [`STEP`] positions.
 ///
 /// Contiguous ([`KvCache::new`], mlx-lm's `KVCache`): every position, in order. Rotating
@@ -167,6 +178,42 @@ impl KvCache {
         self.keys = Some(k.clone());
         self.values = Some(v.clone());
         (k, v)
+    }
+
+    /// Writes `keys [B, H, L, Dk]` and `values [B, H, L, Dv]` at the device-held positions
+    /// `at.start` and returns the whole buffers `[B, H, capacity, D]`, for attention bounded
+    /// by `at.lengths` ([`nuvec::fast::paged_attention`] with one block per row). The
+    /// capacity is a power of two (at least [`STEP`]) that grows, keeping what is held, only
+    /// when the host-side count says the positions will not fit; the write is in place when
+    /// nothing else holds the buffers. Contiguous caches only (not rotating ones).
+    pub fn update_at(&mut self, keys: &Array, values: &Array, at: &Positions) -> (Array, Array) {
+        let s = keys.shape().to_vec();
+        let (b, h, len) = (s[0], s[1], s[2]);
+        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        let needed = (self.offset + len).max(capacity).max(STEP);
+        let target = (needed as u32).next_power_of_two() as i32;
+        if target != capacity {
+            self.reserve(keys, values, target, target);
+        }
+        let mut idx = at.start.reshape([b, 1, 1, 1]);
+        if len > 1 {
+            idx = &idx + &ops::arange(0, len, 1).reshape([1, 1, len, 1]);
+        }
+        let put = |buffer: &mut Option<Array>, new: &Array| {
+            let old = buffer.take().expect("reserved before writing");
+            let idx = idx.broadcast_to([b, h, len, new.shape()[3]]);
+            // The old buffer is dropped before evaluation, so the write happens in place.
+            *buffer = Some(old.put_along_axis(&idx, new, 2));
+        };
+        put(&mut self.keys, keys);
+        put(&mut self.values, values);
+        self.offset += len;
+        (self.keys.clone().expect("written"), self.values.clone().expect("written"))
+    }
+
+    /// Counts `n` more positions as held (a recorded step wrote them on the device).
+    pub(crate) fn advance(&mut self, n: i32) {
+        self.offset += n;
     }
 
     /// Drops the last `n` positions (a rejected speculative draft, a prompt that shares only a

@@ -9,6 +9,7 @@ use nuvec::{Array, DType};
 
 use crate::Result;
 use crate::cache::KvCache;
+use crate::graph::DecodeGraph;
 use crate::models::LanguageModel;
 use crate::sample::{Sampled, Sampler, SamplerOptions};
 use crate::tokenizer::{Detokenizer, Tokenizer};
@@ -24,11 +25,22 @@ pub struct GenerateOptions {
     pub prefill_step: usize,
     /// Generation ends when the text contains one of these (left out of the text).
     pub stop: Vec<String>,
+    /// Decode steps with the positions on the device, recorded once as a device graph
+    /// ([`DecodeGraph`]): `None` on a GPU when the model and caches allow it, `Some(true)`
+    /// wherever they allow it (on the CPU the steps run eagerly, the same computation), and
+    /// `Some(false)` never.
+    pub decode_graph: Option<bool>,
 }
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { max_tokens: 256, sampler: SamplerOptions::default(), prefill_step: 2048, stop: Vec::new() }
+        GenerateOptions {
+            max_tokens: 256,
+            sampler: SamplerOptions::default(),
+            prefill_step: 2048,
+            stop: Vec::new(),
+            decode_graph: None,
+        }
     }
 }
 
@@ -92,19 +104,21 @@ pub struct PromptCache {
     pub layers: Vec<KvCache>,
     /// The tokens the caches hold.
     pub tokens: Vec<u32>,
+    /// The recorded decode step over these caches, once generation made one.
+    pub graph: Option<DecodeGraph>,
 }
 
 impl PromptCache {
     /// Empty caches for `model`.
     pub fn new(model: &dyn LanguageModel) -> PromptCache {
-        PromptCache { layers: model.new_cache(), tokens: Vec::new() }
+        PromptCache { layers: model.new_cache(), tokens: Vec::new(), graph: None }
     }
 
     /// Rotating caches of at most `max_kv_size` positions (the first 4 kept, as mlx-lm's
     /// `--max-kv-size`): memory stays bounded and attention sees a sliding window.
     pub fn rotating(model: &dyn LanguageModel, max_kv_size: i32) -> PromptCache {
         let layers = (0..model.config().num_hidden_layers).map(|_| KvCache::rotating(max_kv_size, 4)).collect();
-        PromptCache { layers, tokens: Vec::new() }
+        PromptCache { layers, tokens: Vec::new(), graph: None }
     }
 
     /// Keeps the longest prefix of the held tokens that `prompt` starts with, short of the whole
@@ -313,10 +327,28 @@ impl<'a> Generation<'a> {
     }
 
     /// Runs `tokens [1, L]` and samples the next token from the last position's logits.
-    fn step(&mut self, ids: &Array) -> Sampled {
-        let last = last_logits(&self.model.forward(ids, &mut self.cache.layers));
+    fn step(&mut self, ids: &Array) -> Result<Sampled> {
+        let logits = if ids.shape()[1] == 1 && self.graphed() {
+            let graph = match &mut self.cache.graph {
+                Some(g) => g,
+                slot => slot.insert(DecodeGraph::new(1)?),
+            };
+            graph.step(self.model, &mut self.cache.layers, ids)?
+        } else {
+            self.model.forward(ids, &mut self.cache.layers)
+        };
         let history: Vec<u32> = self.cache.tokens.iter().chain(&self.generated).copied().collect();
-        self.sampler.sample(&last, &[&history])
+        Ok(self.sampler.sample(&last_logits(&logits), &[&history]))
+    }
+
+    /// Whether single-token steps go through the [`DecodeGraph`].
+    fn graphed(&self) -> bool {
+        let allowed = self.model.device_positions() && self.cache.layers.iter().all(|c| c.window().is_none());
+        let wanted = match self.options.decode_graph {
+            Some(on) => on,
+            None => !nuvec::default_device().is_cpu() && std::env::var("NUVEC_LM_GRAPH").map_or(true, |v| v != "0"),
+        };
+        allowed && wanted
     }
 
     /// Runs the prompt (all but its last token in chunks of `prefill_step`) and samples the
@@ -332,7 +364,7 @@ impl<'a> Generation<'a> {
             nuvec::eval(&arrays)?;
         }
         self.cache.tokens = prompt[..prompt.len() - 1].to_vec();
-        let sampled = self.step(&tokens(last));
+        let sampled = self.step(&tokens(last))?;
         self.cache.tokens.push(last[0]);
         Ok(sampled)
     }
@@ -351,7 +383,7 @@ impl<'a> Generation<'a> {
             && !self.options.sampler.needs_history()
             && self.generated.len() + 1 < self.options.max_tokens;
         if pipelined {
-            let next = self.step(&current.tokens.reshape([1, 1]));
+            let next = self.step(&current.tokens.reshape([1, 1]))?;
             nuvec::async_eval(&[next.tokens.clone(), next.logprobs.clone()])?;
             self.pending = Some(next);
         }
@@ -382,7 +414,7 @@ impl<'a> Generation<'a> {
             && !self.eos.contains(&token)
             && self.generated.len() < self.options.max_tokens
         {
-            self.pending = Some(self.step(&tokens(&[token])));
+            self.pending = Some(self.step(&tokens(&[token]))?);
         }
         let mut finish = None;
         if self.eos.contains(&token) {

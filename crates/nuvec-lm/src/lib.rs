@@ -21,6 +21,7 @@ pub mod chat;
 pub mod config;
 pub mod fetch;
 pub mod generate;
+pub mod graph;
 pub mod load;
 pub mod models;
 pub mod rope;
@@ -29,12 +30,13 @@ pub mod tokenizer;
 
 use std::path::Path;
 
-pub use cache::KvCache;
+pub use cache::{KvCache, Positions};
 pub use chat::ChatTemplate;
 pub use config::ModelConfig;
 pub use generate::{
     FinishReason, GenerateOptions, Generated, Generation, PromptCache, Stats, generate, last_logits, tokens,
 };
+pub use graph::DecodeGraph;
 pub use load::{LoadOptions, Loaded, load, load_model, random_model, save};
 pub use models::LanguageModel;
 pub use sample::{Sampler, SamplerOptions};

@@ -67,8 +67,6 @@ impl Rope {
 
     /// `x [B, H, L, D]` rotated for positions `offset..offset + L`.
     pub fn apply(&self, x: &Array, offset: i32) -> Array {
-        let offset_array = Array::scalar(offset, DType::I32);
-        let x = if self.mscale != 1.0 { x * self.mscale } else { x.clone() };
         let mut base = self.base;
         if let Some((factor, trained)) = self.dynamic {
             let len = offset + x.shape()[2];
@@ -77,9 +75,30 @@ impl Rope {
                 base *= ratio.powf(self.dims as f32 / (self.dims as f32 - 2.0));
             }
         }
+        self.rotate(x, base, &Array::scalar(offset, DType::I32))
+    }
+
+    /// `x [B, H, L, D]` rotated for positions `start[b]..start[b] + L` of each row, `start [B]`
+    /// held on the device (`int32`). `dynamic` scaling depends on the length on the host and
+    /// gives a failed array here ([`Rope::device_positions`] says so beforehand).
+    pub fn apply_at(&self, x: &Array, start: &Array) -> Array {
+        if !self.device_positions() {
+            let why = "start: dynamic scaling needs the positions on the host, not on the device";
+            return Array::failed("rope", nuvec::OpErrorKind::InvalidArgument(why.into()));
+        }
+        self.rotate(x, self.base, start)
+    }
+
+    /// Whether [`Rope::apply_at`] works: every scaling but `dynamic`.
+    pub fn device_positions(&self) -> bool {
+        self.dynamic.is_none()
+    }
+
+    fn rotate(&self, x: &Array, base: f32, offset: &Array) -> Array {
+        let x = if self.mscale != 1.0 { x * self.mscale } else { x.clone() };
         match &self.freqs {
-            Some(f) => fast::rope(&x, self.dims, self.traditional, None, self.scale, &offset_array, f),
-            None => fast::rope(&x, self.dims, self.traditional, Some(base), self.scale, &offset_array, None),
+            Some(f) => fast::rope(&x, self.dims, self.traditional, None, self.scale, offset, f),
+            None => fast::rope(&x, self.dims, self.traditional, Some(base), self.scale, offset, None),
         }
     }
 }

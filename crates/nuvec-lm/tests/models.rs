@@ -211,6 +211,41 @@ fn cache_grows_past_its_step() {
     assert_eq!(c.offset(), 296);
 }
 
+/// Decode steps with the positions on the device (recorded as a graph on a GPU) give the
+/// logits of plain steps, also across the caches' growth past a power of two.
+#[test]
+fn device_position_steps_equal_plain_steps() {
+    for (name, prompt) in [("llama", 250), ("llama_yarn", 9), ("mistral", 9), ("qwen2", 9), ("qwen3", 9)] {
+        let m = model(name);
+        let ids: Vec<u32> = (0..prompt).map(|i| (i * 37 + 5) % 128).collect();
+        let (mut plain, mut at) = (m.new_cache(), m.new_cache());
+        let first = last_logits(&m.forward(&tokens(&ids), &mut plain));
+        let _ = m.forward(&tokens(&ids), &mut at);
+        let mut graph = nuvec_lm::DecodeGraph::new(1).unwrap();
+        let mut next = first.argmax_keepdims(-1).astype(DType::I32);
+        for step in 0..12 {
+            let want: Vec<f32> = last_logits(&m.forward(&next, &mut plain)).to_vec().unwrap();
+            let got: Vec<f32> = last_logits(&graph.step(m.as_ref(), &mut at, &next).unwrap()).to_vec().unwrap();
+            let d = rel_diff(&got, &want);
+            assert!(d < 1e-5, "{name}: step {step} differs by {d} (relative)");
+            assert_eq!(at[0].offset(), plain[0].offset());
+            next = Array::from_slice(&[argmax(&want) as i32], [1, 1]);
+        }
+        // On a GPU the step is recorded once the caches settle.
+        assert_eq!(graph.recorded(), !nuvec::default_device().is_cpu(), "{name}: recording");
+    }
+    // Greedy generation through the device-position steps gives the transformers tokens.
+    let e = expected("qwen3");
+    let (ids, want) = (u32s(&e["ids"]), u32s(&e["greedy"]));
+    let m = model("qwen3");
+    let options = GenerateOptions { max_tokens: want.len(), decode_graph: Some(true), ..Default::default() };
+    assert_eq!(generated(m.as_ref(), &mut PromptCache::new(m.as_ref()), &ids, options), want);
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter().enumerate().fold(0, |best, (i, x)| if *x > v[best] { i } else { best })
+}
+
 #[test]
 fn rotating_cache_equals_windowed_attention() {
     use nuvec::fast::{AttentionOptions, scaled_dot_product_attention as sdpa};

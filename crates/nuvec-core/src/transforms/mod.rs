@@ -17,8 +17,8 @@ use std::sync::Arc;
 pub use crate::primitive::custom::CustomFn;
 pub use crate::tree::{GradOutput, IntoResult, Tree};
 pub use compile::{
-    CompileOptions, compile, compile_enabled, compile_flat, compile_flat_with, compile_with, compile_with_state,
-    compiled_graph, cuda_graphs_recorded, disable_compile, enable_compile,
+    CompileOptions, DeviceGraph, compile, compile_enabled, compile_flat, compile_flat_with, compile_with,
+    compile_with_state, compiled_graph, cuda_graphs_recorded, disable_compile, enable_compile, write_into,
 };
 pub use custom::{CustomFunction, checkpoint, checkpoint_flat, custom_function, custom_function_flat};
 

@@ -9,7 +9,7 @@ use nuvec_nn::module;
 
 use super::LanguageModel;
 use crate::Result;
-use crate::cache::KvCache;
+use crate::cache::{KvCache, Positions};
 use crate::config::ModelConfig;
 use crate::rope::Rope;
 
@@ -122,7 +122,7 @@ impl Llama {
         })
     }
 
-    fn attention(&self, a: &Attention, x: &Array, cache: &mut KvCache) -> Array {
+    fn attention(&self, a: &Attention, x: &Array, cache: &mut KvCache, at: Option<&Positions>) -> Array {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let c = &self.config;
         let (d, hq, hkv) = (c.head_dim(), c.num_attention_heads, c.kv_heads());
@@ -134,26 +134,38 @@ impl Llama {
             };
             y.transpose(&[0, 2, 1, 3])
         };
-        let offset = cache.offset();
-        let q = self.rope.apply(&heads(&a.q_proj, hq, &a.q_norm), offset);
-        let k = self.rope.apply(&heads(&a.k_proj, hkv, &a.k_norm), offset);
-        let v = heads(&a.v_proj, hkv, &None);
-        let (k, v) = cache.update_and_fetch(&k, &v);
-        let options = match (l > 1, cache.window()) {
-            (true, Some(w)) => AttentionOptions::causal().window(w),
-            (true, None) => AttentionOptions::causal(),
-            (false, _) => AttentionOptions::default(),
+        let rope = |y: &Array| match at {
+            Some(at) => self.rope.apply_at(y, &at.start),
+            None => self.rope.apply(y, cache.offset()),
         };
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0 / (d as f32).sqrt(), &options);
+        let q = rope(&heads(&a.q_proj, hq, &a.q_norm));
+        let k = rope(&heads(&a.k_proj, hkv, &a.k_norm));
+        let v = heads(&a.v_proj, hkv, &None);
+        let scale = 1.0 / (d as f32).sqrt();
+        let o = match at {
+            // One block per row of the fixed-capacity buffers, bounded by the device lengths.
+            Some(at) => {
+                let (k, v) = cache.update_at(&k, &v, at);
+                let tables = ops::arange(0, b, 1).reshape([b, 1]);
+                fast::paged_attention(&q, &k, &v, &tables, &at.lengths, scale, &AttentionOptions::default())
+            }
+            None => {
+                let (k, v) = cache.update_and_fetch(&k, &v);
+                let options = match (l > 1, cache.window()) {
+                    (true, Some(w)) => AttentionOptions::causal().window(w),
+                    (true, None) => AttentionOptions::causal(),
+                    (false, _) => AttentionOptions::default(),
+                };
+                fast::scaled_dot_product_attention(&q, &k, &v, scale, &options)
+            }
+        };
         a.o_proj.forward(&o.transpose(&[0, 2, 1, 3]).reshape([b, l, hq * d]))
     }
-}
 
-impl LanguageModel for Llama {
-    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Array {
+    fn run(&self, tokens: &Array, caches: &mut [KvCache], at: Option<&Positions>) -> Array {
         let mut h = self.model.embed_tokens.forward(tokens);
         for (layer, cache) in self.model.layers.iter().zip(caches.iter_mut()) {
-            let r = self.attention(&layer.self_attn, &layer.input_layernorm.forward(&h), cache);
+            let r = self.attention(&layer.self_attn, &layer.input_layernorm.forward(&h), cache, at);
             h = &h + &r;
             let x = layer.post_attention_layernorm.forward(&h);
             let m = &layer.mlp;
@@ -165,6 +177,24 @@ impl LanguageModel for Llama {
             Some(head) => head.forward(&h),
             None => self.model.embed_tokens.as_linear(&h),
         }
+    }
+}
+
+impl LanguageModel for Llama {
+    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Array {
+        self.run(tokens, caches, None)
+    }
+
+    fn forward_at(&self, tokens: &Array, caches: &mut [KvCache], at: &Positions) -> Array {
+        if caches.iter().any(|c| c.window().is_some()) {
+            let why = "caches: positions on the device need contiguous caches, not rotating ones";
+            return Array::failed("forward_at", nuvec::OpErrorKind::InvalidArgument(why.into()));
+        }
+        self.run(tokens, caches, Some(at))
+    }
+
+    fn device_positions(&self) -> bool {
+        self.rope.device_positions()
     }
 
     fn config(&self) -> &ModelConfig {

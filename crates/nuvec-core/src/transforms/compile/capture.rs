@@ -85,21 +85,124 @@ pub(crate) fn record(graph: &Graph, args: &[Array], shapeless: bool, device: Dev
         .collect();
     eval_arrays(&consts)?;
     let inputs = args.iter().map(|a| fresh(backend, stream, a)).collect::<Result<Vec<_>>>()?;
-    let outputs = graph.replay(&inputs, shapeless);
-    backend.begin_capture(stream)?;
-    let ran = eval_arrays(&outputs);
-    // The recording always ends, also when evaluation failed inside it.
-    let exec = backend.end_capture(stream);
-    let exec = match (ran, exec) {
-        (Ok(()), Ok(exec)) => exec,
-        (Err(e), _) | (Ok(()), Err(e)) => return Err(e),
-    };
-    exec.launch(stream)?;
-    RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    log(|| format!("recorded a graph of {} operations for {} nodes", exec.len(), graph.nodes.len()));
-    let captured = Captured { exec, inputs, outputs };
+    let recorded = DeviceGraph::record_on(device, graph.replay(&inputs, shapeless))?;
+    log(|| format!("recorded a graph of {} operations for {} nodes", recorded.len(), graph.nodes.len()));
+    let captured = Captured { exec: recorded.exec, inputs, outputs: recorded.outputs };
     let results = results(&captured, graph, args, backend, stream)?;
     Ok((captured, results))
+}
+
+/// Device work recorded once and launched whole (a CUDA graph): the evaluation of some lazy
+/// arrays, replayed on every [`DeviceGraph::launch`] over the same memory. A launch costs a
+/// few microseconds of host time however many kernels it runs.
+///
+/// Every array the recorded work reads that was evaluated before recording is read where it
+/// lies on every launch, so new inputs are written into those arrays in place
+/// ([`write_into`]); the outputs are rewritten by every launch. An update whose input was
+/// handed over (the only reference dropped before recording) writes into that input's
+/// memory, so a buffer such as a key-value cache is updated in place on every launch.
+/// Host data must be on the device before recording (evaluate what reads it once first),
+/// and the work must not wait for the device.
+///
+/// ```no_run
+/// use nuvec::transforms::{DeviceGraph, write_into};
+/// use nuvec::{Array, DType, ops};
+/// let x = ops::zeros([4], DType::F32);
+/// nuvec::eval(&[x.clone()]).unwrap();
+/// // Records `2x + 1` over x's memory (on a GPU; the CPU records nothing and says so).
+/// let g = DeviceGraph::record(vec![&(&x * 2.0) + 1.0]).unwrap();
+/// write_into(&x, &ops::ones([4], DType::F32)).unwrap();
+/// g.launch().unwrap();
+/// assert_eq!(g.outputs()[0].to_vec::<f32>().unwrap(), vec![3.0; 4]);
+/// ```
+pub struct DeviceGraph {
+    exec: Arc<dyn GraphExec>,
+    device: Device,
+    outputs: Vec<Array>,
+}
+
+impl DeviceGraph {
+    /// Records the evaluation of `outputs` on the default stream's device and launches it
+    /// once, so the outputs hold this first launch's values. An error says why the work could
+    /// not be recorded (the CPU, a wait for the device inside); nothing is left recording.
+    pub fn record(outputs: Vec<Array>) -> Result<DeviceGraph> {
+        let device = default_stream().device;
+        if device.is_cpu() {
+            return Err(Error::Backend("DeviceGraph: the CPU records no graphs".into()));
+        }
+        DeviceGraph::record_on(device, outputs)
+    }
+
+    fn record_on(device: Device, outputs: Vec<Array>) -> Result<DeviceGraph> {
+        let backend = backend_for(device)?;
+        let stream = default_stream();
+        backend.begin_capture(stream)?;
+        let ran = eval_arrays(&outputs);
+        // The recording always ends, also when evaluation failed inside it.
+        let exec = backend.end_capture(stream);
+        let exec = match (ran, exec) {
+            (Ok(()), Ok(exec)) => exec,
+            (Err(e), _) | (Ok(()), Err(e)) => return Err(e),
+        };
+        exec.launch(stream)?;
+        RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(DeviceGraph { exec, device, outputs })
+    }
+
+    /// Queues the recorded work on the device's stream, after everything queued before.
+    pub fn launch(&self) -> Result<()> {
+        self.exec.launch(Stream { device: self.device, ..default_stream() })
+    }
+
+    /// The recorded arrays, holding the latest launch's values (until the next launch).
+    pub fn outputs(&self) -> &[Array] {
+        &self.outputs
+    }
+
+    /// The number of device operations recorded.
+    pub fn len(&self) -> usize {
+        self.exec.len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.exec.is_empty()
+    }
+}
+
+/// Writes the elements of `src` into the memory of `dst` (evaluated, row-major, on the same
+/// device, of the same dtype and size), queued after the work before: how a
+/// [`DeviceGraph`]'s inputs take new values. Views and other devices' arrays are refused.
+pub fn write_into(dst: &Array, src: &Array) -> Result<()> {
+    let device = dst.device();
+    let bad = |why: String| Err(Error::Backend(format!("write_into: {why}")));
+    if dst.dtype() != src.dtype() || dst.size() != src.size() {
+        return bad(format!(
+            "src ({} of {:?}) must match dst ({} of {:?}) in dtype and size",
+            src.dtype(),
+            src.shape(),
+            dst.dtype(),
+            dst.shape()
+        ));
+    }
+    if device.is_cpu() {
+        return bad("dst must be on a device with graphs".into());
+    }
+    eval_arrays(&[dst.clone(), src.clone()])?;
+    let dst_data = dst.data()?;
+    if !dst_data.layout.flags.row_contiguous || dst_data.storage.location() != device {
+        return bad("dst must be row-major in a device's memory (evaluated there)".into());
+    }
+    let backend = backend_for(device)?;
+    let stream = Stream { device, ..default_stream() };
+    let src = if src.data()?.layout.flags.row_contiguous { src.clone() } else { fresh(backend, stream, src)? };
+    let mut data = src.data()?;
+    // Host values (a new position, say) go to the device first.
+    if data.storage.location() != device {
+        data = crate::storage::Data { storage: data.storage.on_device(device)?, layout: data.layout };
+    }
+    let operand = Operand { shape: src.spec().shape, dtype: src.dtype(), data, donated: false };
+    backend.copy_into(stream, &operand, &dst_data)
 }
 
 /// Launches a recorded graph on `args`: refills its inputs, launches it, copies out.

@@ -21,7 +21,7 @@ use crate::error::Result;
 use crate::shape::Shape;
 
 use super::{IntoResult, Trace, Tree, tracer};
-pub use capture::cuda_graphs_recorded;
+pub use capture::{DeviceGraph, cuda_graphs_recorded, write_into};
 use graph::Graph;
 
 static DISABLED: AtomicBool = AtomicBool::new(false);

@@ -1,0 +1,169 @@
+//! The decode step recorded once as a device graph (a CUDA graph) and launched whole for every
+//! later token: a step of a large model is hundreds of kernels, and launching them one by one
+//! costs more host time than the device needs to run them.
+//!
+//! A recorded step reads fixed memory: the token ids and the positions are written into
+//! buffers of the step's own before each launch, the caches have a fixed capacity (a power of
+//! two) and are written in place at the device-held position, and attention is bounded by the
+//! device-held lengths ([`LanguageModel::forward_at`]). The first step at a capacity runs
+//! eagerly (it loads the kernels), the second records; a cache that grows, or buffers that
+//! moved, start over. Where nothing can be recorded (the CPU, a model or cache that needs host
+//! positions) steps run eagerly, with the same results.
+
+use nuvec::transforms::{DeviceGraph, write_into};
+use nuvec::{Array, DType};
+
+use crate::Result;
+use crate::cache::{KvCache, Positions};
+use crate::models::LanguageModel;
+
+/// A model's recorded decode step for one batch size (see the module docs).
+pub struct DecodeGraph {
+    batch: i32,
+    /// Fixed inputs on the device: token ids `[B, 1]` and positions `[2, B]` (starts, then
+    /// lengths); `None` on the CPU, where steps take fresh arrays.
+    inputs: Option<(Array, Array)>,
+    state: State,
+}
+
+enum State {
+    /// The next step runs eagerly, then the one after records.
+    Warm,
+    /// The next step records.
+    Record,
+    /// Recorded over the caches' buffers (their storages, to notice a move).
+    Ready { graph: DeviceGraph, buffers: Vec<usize> },
+    /// Not recordable: steps run eagerly. A graph whose caches were not updated in place is
+    /// kept, since arrays may still live in its memory.
+    Off { _graph: Option<DeviceGraph> },
+}
+
+/// The storages of the caches' buffers, as addresses.
+fn buffers(caches: &[KvCache]) -> Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for a in caches.iter().flat_map(KvCache::arrays) {
+        out.push(std::sync::Arc::as_ptr(&a.data()?.storage) as usize);
+    }
+    Ok(out)
+}
+
+fn log(message: impl FnOnce() -> String) {
+    if std::env::var("NUVEC_LM_LOG").is_ok_and(|v| v != "0") {
+        eprintln!("nuvec-lm: {}", message());
+    }
+}
+
+impl DecodeGraph {
+    /// A step for `batch` rows on the default device; nothing is recorded until the second
+    /// step.
+    pub fn new(batch: i32) -> Result<DecodeGraph> {
+        let device = nuvec::default_device();
+        let inputs = if device.is_cpu() {
+            None
+        } else {
+            let tokens = nuvec::ops::zeros([batch, 1], DType::I32);
+            let positions = nuvec::ops::zeros([2, batch], DType::I32);
+            nuvec::eval(&[tokens.clone(), positions.clone()])?;
+            Some((tokens, positions))
+        };
+        let state = if inputs.is_some() { State::Warm } else { State::Off { _graph: None } };
+        Ok(DecodeGraph { batch, inputs, state })
+    }
+
+    /// Whether the step is launched as a recorded graph.
+    pub fn recorded(&self) -> bool {
+        matches!(self.state, State::Ready { .. })
+    }
+
+    /// The logits `[B, 1, vocab]` of `tokens [B, 1]` at the caches' next position (every row
+    /// at the same one), the caches taking the new keys and values. The logits of a recorded
+    /// step live in its memory: read them (or evaluate what is computed from them) before the
+    /// next step.
+    pub fn step(&mut self, model: &dyn LanguageModel, caches: &mut [KvCache], tokens: &Array) -> Result<Array> {
+        let start = caches.first().map_or(0, KvCache::offset);
+        let b = self.batch;
+        let host: Vec<i32> = (0..b).map(|_| start).chain((0..b).map(|_| start + 1)).collect();
+        let host = Array::from_slice(&host, [2, b]);
+        let tokens = tokens.reshape([b, 1]).astype(DType::I32);
+        let Some((fixed_tokens, positions)) = &self.inputs else {
+            let at = Positions {
+                start: host.slice(&[0, 0], &[1, b], &[1, 1]).reshape([b]),
+                lengths: host.slice(&[1, 0], &[2, b], &[1, 1]).reshape([b]),
+            };
+            return Ok(model.forward_at(&tokens, caches, &at));
+        };
+        write_into(fixed_tokens, &tokens)?;
+        write_into(positions, &host)?;
+        let at = Positions {
+            start: positions.slice(&[0, 0], &[1, b], &[1, 1]).reshape([b]),
+            lengths: positions.slice(&[1, 0], &[2, b], &[1, 1]).reshape([b]),
+        };
+        // A cache about to grow moves its buffers: run eagerly and record afresh after.
+        let capacity = caches.iter().flat_map(KvCache::arrays).map(|a| a.shape()[2]).min().unwrap_or(0);
+        if start + 1 > capacity {
+            self.state = State::Warm;
+        }
+        if let State::Ready { graph, buffers: held } = &self.state {
+            if *held == buffers(caches)? {
+                graph.launch()?;
+                for c in caches.iter_mut() {
+                    c.advance(1);
+                }
+                return Ok(graph.outputs()[0].clone());
+            }
+            log(|| "the caches moved: recording the decode step again".into());
+            self.state = State::Warm;
+        }
+        match self.state {
+            State::Record => {
+                let before = buffers(caches)?;
+                let logits = model.forward_at(fixed_tokens, caches, &at);
+                match DeviceGraph::record(vec![logits]) {
+                    Ok(graph) => {
+                        let logits = graph.outputs()[0].clone();
+                        if buffers(caches)? == before {
+                            log(|| format!("recorded the decode step: {} operations", graph.len()));
+                            self.state = State::Ready { graph, buffers: before };
+                        } else {
+                            log(|| "the caches were not updated in place: decoding without a graph".into());
+                            self.state = State::Off { _graph: Some(graph) };
+                        }
+                        Ok(logits)
+                    }
+                    Err(e) => {
+                        // Nothing recorded ran, so caches updated in place still hold what they
+                        // held: run this step eagerly, and the rest.
+                        if buffers(caches)? != before {
+                            return Err(crate::Error::Array(e));
+                        }
+                        log(|| format!("cannot record the decode step ({e}): decoding without a graph"));
+                        for c in caches.iter_mut() {
+                            c.advance(-1);
+                        }
+                        self.state = State::Off { _graph: None };
+                        self.eager(model, caches, fixed_tokens, &at)
+                    }
+                }
+            }
+            State::Warm => {
+                self.state = State::Record;
+                self.eager(model, caches, fixed_tokens, &at)
+            }
+            _ => self.eager(model, caches, fixed_tokens, &at),
+        }
+    }
+
+    fn eager(
+        &self,
+        model: &dyn LanguageModel,
+        caches: &mut [KvCache],
+        tokens: &Array,
+        at: &Positions,
+    ) -> Result<Array> {
+        let logits = model.forward_at(tokens, caches, at);
+        let mut arrays = vec![logits.clone()];
+        arrays.extend(caches.iter().flat_map(KvCache::arrays));
+        nuvec::async_eval(&arrays)?;
+        Ok(logits)
+    }
+}
