@@ -7,7 +7,8 @@
 #   1. nuvec-lm's model tests (transformers' tiny models) with NUVEC_REQUIRE_GPU=1;
 #   2. `nuvec bench` on random weights of Llama-3-8B's shapes (bench/configs/llama-3-8b.json):
 #      bf16 prefill (time to first token) at GPU_LM_PROMPTS and decode at GPU_LM_BATCHES, then
-#      the same decode with 4-bit weights (MLX affine, groups of 64);
+#      batch-1 decode op by op (--no-graph), and the same decode with 4-bit weights (MLX affine,
+#      groups of 64);
 #   3. python3 bench/lm_peers.py: the copy ceiling, PyTorch eager and CUDA-graph decode, and
 #      PyTorch's prefill, in the same run;
 #   4. a summary: nuvec's rates beside the peers' and the ceiling.
@@ -50,6 +51,7 @@ bench() { # bench NAME ARGS...: nuvec bench on the random 8B, JSON to $OUT/NAME.
     sed -n '/^== nuvec bench '"$name"'/,$p' "$LOG" | tail -n +2 | grep -vE '^\s*$' | cut -c1-120
 }
 bench nuvec_bf16 --dtype bfloat16 --prompt-tokens "$PROMPTS" --batch "$BATCHES" --context 512 --steps 64 --repeats 2
+bench nuvec_bf16_nograph --dtype bfloat16 --no-graph --prompt-tokens 128 --batch 1 --context 512 --steps 64 --repeats 2
 bench nuvec_q4 --dtype bfloat16 --quantize 4,64 --prompt-tokens 2048 --batch 1,32 --context 512 --steps 64 --repeats 2
 
 if [ "${GPU_LM_SKIP_PEERS:-0}" = 1 ] || [ "$(left)" -lt 60 ]; then

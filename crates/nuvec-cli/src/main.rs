@@ -455,7 +455,7 @@ fn decode_seconds(
     };
     for _ in 0..2 {
         next = step(&next)?.argmax(-1);
-        next.eval()?;
+        next.astype(DType::I32).to_vec::<i32>()?;
     }
     let start = Instant::now();
     for _ in 0..steps {
@@ -463,9 +463,9 @@ fn decode_seconds(
         let following = logits.argmax(-1);
         nuvec::async_eval(std::slice::from_ref(&following))?;
         // Reading the previous step back is what a generator does each token.
-        next.eval()?;
+        next.astype(DType::I32).to_vec::<i32>()?;
         next = following;
     }
-    next.eval()?;
+    next.astype(DType::I32).to_vec::<i32>()?;
     Ok(start.elapsed().as_secs_f64())
 }

@@ -173,6 +173,19 @@ impl GpuBuffer {
         };
         Ok(GpuBuffer { ptr, size, gpu: gpu.clone(), pool })
     }
+
+    /// A buffer for host bytes about to be copied in. While this thread records a CUDA graph
+    /// the copy cannot be part of it (the host bytes may be gone by a launch), so it is made
+    /// now, into a block the recording keeps for the graph's life; the bool says so.
+    pub(crate) fn for_upload(gpu: &Arc<Gpu>, bytes: usize) -> Result<(GpuBuffer, bool)> {
+        match crate::graph::recording_pool(gpu.index) {
+            Some(pool) => {
+                let (ptr, size) = pool.alloc_kept(bytes)?;
+                Ok((GpuBuffer { ptr, size, gpu: gpu.clone(), pool: Some(pool) }, true))
+            }
+            None => Ok((GpuBuffer::new(gpu, bytes)?, false)),
+        }
+    }
 }
 
 impl Drop for GpuBuffer {

@@ -243,6 +243,18 @@ impl Gpu {
         }
     }
 
+    /// Copies host bytes to `dst` before returning, outside any recording (what a recorded
+    /// graph reads must be there before its first launch).
+    pub(crate) fn upload_now(&self, dst: sys::CUdeviceptr, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` holds at least `src.len()` bytes (a fresh block of the caller's); the
+        // copy is synchronous, so `src` outlives it.
+        unsafe { check(sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()), "cuMemcpyHtoD") }
+    }
+
     /// Copies device bytes to the host after all queued work.
     pub(crate) fn download(&self, src: sys::CUdeviceptr, dst: &mut [u8]) -> Result<()> {
         if dst.is_empty() {

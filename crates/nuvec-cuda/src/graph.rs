@@ -53,6 +53,9 @@ struct PoolState {
     free: BTreeMap<usize, Vec<sys::CUdeviceptr>>,
     /// Every block the pool took from the device's allocator.
     owned: Vec<(sys::CUdeviceptr, usize)>,
+    /// Blocks of values copied in while recording: never handed out again, since the graph
+    /// reads them on every launch.
+    kept: std::collections::HashSet<sys::CUdeviceptr>,
 }
 
 impl Pool {
@@ -75,9 +78,22 @@ impl Pool {
         Ok((ptr, size))
     }
 
+    /// A new block for a value copied in while recording, kept until the graph goes.
+    pub(crate) fn alloc_kept(&self, bytes: usize) -> Result<(sys::CUdeviceptr, usize)> {
+        let (ptr, size) = self.gpu.alloc.alloc(&self.gpu, bytes)?;
+        let mut state = self.lock();
+        state.owned.push((ptr, size));
+        state.kept.insert(ptr);
+        Ok((ptr, size))
+    }
+
     /// Takes a block back for the rest of the recording.
     pub(crate) fn free(&self, ptr: sys::CUdeviceptr, size: usize) {
-        self.lock().free.entry(size).or_default().push(ptr);
+        let mut state = self.lock();
+        if state.kept.contains(&ptr) {
+            return;
+        }
+        state.free.entry(size).or_default().push(ptr);
     }
 }
 

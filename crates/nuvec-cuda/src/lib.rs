@@ -197,8 +197,12 @@ impl Backend for CudaBackend {
 
     fn upload(&self, device: Device, host: &HostBuffer) -> Result<Storage> {
         let gpu = gpu_of(device)?;
-        let buf = GpuBuffer::new(&gpu, host.len())?;
-        gpu.upload(buf.ptr, host.bytes())?;
+        let (buf, recording) = GpuBuffer::for_upload(&gpu, host.len())?;
+        if recording {
+            gpu.upload_now(buf.ptr, host.bytes())?;
+        } else {
+            gpu.upload(buf.ptr, host.bytes())?;
+        }
         Ok(Storage::device(device, host.len(), Box::new(buf)))
     }
 

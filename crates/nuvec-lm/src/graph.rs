@@ -61,8 +61,9 @@ impl DecodeGraph {
         let inputs = if device.is_cpu() {
             None
         } else {
-            let tokens = nuvec::ops::zeros([batch, 1], DType::I32);
-            let positions = nuvec::ops::zeros([2, batch], DType::I32);
+            // Dense buffers of their own (zeros alone are a broadcast scalar).
+            let tokens = nuvec::ops::zeros([batch, 1], DType::I32).contiguous();
+            let positions = nuvec::ops::zeros([2, batch], DType::I32).contiguous();
             nuvec::eval(&[tokens.clone(), positions.clone()])?;
             Some((tokens, positions))
         };
