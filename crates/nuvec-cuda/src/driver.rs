@@ -187,12 +187,13 @@ impl Gpu {
             let want = n.next_power_of_two().max(1024);
             let (ptr, size) = self.alloc.alloc(self, want * 4)?;
             self.bind()?;
-            // SAFETY: `ptr` starts a fresh allocation of `want` u32s on this device; the memset
-            // is ordered on the stream before any kernel that receives the pointer.
-            unsafe { check(sys::cuMemsetD32Async(ptr, 0, want, self.stream()), "cuMemsetD32Async")? };
-            if c.1 > 0 {
-                self.alloc.free(self, c.0, c.2);
-            }
+            // SAFETY: `ptr` starts a fresh allocation of `want` u32s on this device. The memset
+            // is synchronous, so the counters are zero before any kernel, including one
+            // recorded now into a CUDA graph (an asynchronous memset would be recorded too,
+            // and other threads' kernels would find the counters unset).
+            unsafe { check(sys::cuMemsetD32_v2(ptr, 0, want), "cuMemsetD32")? };
+            self.finish_legacy()?;
+            // The old counters are kept: recorded graphs read them on every launch.
             *c = (ptr, want, size);
         }
         Ok(c.0)
@@ -252,7 +253,15 @@ impl Gpu {
         self.bind()?;
         // SAFETY: `dst` holds at least `src.len()` bytes (a fresh block of the caller's); the
         // copy is synchronous, so `src` outlives it.
-        unsafe { check(sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()), "cuMemcpyHtoD") }
+        unsafe { check(sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()), "cuMemcpyHtoD")? };
+        self.finish_legacy()
+    }
+
+    /// Waits for the work of the legacy default stream (synchronous copies and memsets may
+    /// return before the device has written); the device's own streams do not wait for it.
+    fn finish_legacy(&self) -> Result<()> {
+        // SAFETY: the null stream is the bound context's legacy stream.
+        unsafe { check(sys::cuStreamSynchronize(std::ptr::null_mut()), "cuStreamSynchronize") }
     }
 
     /// Copies device bytes to the host after all queued work.
