@@ -187,6 +187,7 @@ impl Gpu {
             let want = n.next_power_of_two().max(1024);
             let (ptr, size) = self.alloc.alloc(self, want * 4)?;
             self.bind()?;
+            self.finish_main()?;
             // SAFETY: `ptr` starts a fresh allocation of `want` u32s on this device. The memset
             // is synchronous, so the counters are zero before any kernel, including one
             // recorded now into a CUDA graph (an asynchronous memset would be recorded too,
@@ -251,10 +252,19 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
+        self.finish_main()?;
         // SAFETY: `dst` holds at least `src.len()` bytes (a fresh block of the caller's); the
         // copy is synchronous, so `src` outlives it.
         unsafe { check(sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len()), "cuMemcpyHtoD")? };
         self.finish_legacy()
+    }
+
+    /// Waits for the device's stream: a block fresh from the caching allocator may still be
+    /// read by work queued there before it was freed, so it is written out of stream order
+    /// only after that work.
+    fn finish_main(&self) -> Result<()> {
+        // SAFETY: the device's stream lives as long as `self`; it never records.
+        unsafe { check(sys::cuStreamSynchronize(self.main_stream), "cuStreamSynchronize") }
     }
 
     /// Waits for the work of the legacy default stream (synchronous copies and memsets may

@@ -233,7 +233,17 @@ fn device_position_steps_equal_plain_steps() {
             let want = f32s(m.forward(&next, &mut plain));
             let got = f32s(graph.step(m.as_ref(), &mut at, &next).unwrap());
             let d = rel_diff(&got, &want);
-            assert!(d < tolerance, "{name} {dtype}: step {step} differs by {d} (relative)");
+            // On failure, say whether the caches' keys or the attention over them differ.
+            let keys = |c: &KvCache| -> Vec<f32> {
+                let k = &c.arrays()[0];
+                let s = k.shape().to_vec();
+                k.slice(&[0, 0, 0, 0], &[s[0], s[1], c.offset(), s[3]], &[1, 1, 1, 1])
+                    .astype(DType::F32)
+                    .to_vec()
+                    .unwrap()
+            };
+            let layers: Vec<f32> = (0..plain.len()).map(|i| rel_diff(&keys(&at[i]), &keys(&plain[i]))).collect();
+            assert!(d < tolerance, "{name} {dtype}: step {step} differs by {d} (relative); keys by {layers:?}");
             assert_eq!(at[0].offset(), plain[0].offset());
             next = Array::from_slice(&[argmax(&want) as i32], [1, 1]);
         }
