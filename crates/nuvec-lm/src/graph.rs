@@ -119,7 +119,9 @@ impl DecodeGraph {
             State::Record => {
                 let before = buffers(caches)?;
                 let logits = model.forward_at(fixed_tokens, caches, &at);
-                match DeviceGraph::record(vec![logits]) {
+                // The caches are outputs too: every launch rewrites them in place.
+                let outputs = std::iter::once(logits).chain(caches.iter().flat_map(KvCache::arrays)).collect();
+                match DeviceGraph::record(outputs) {
                     Ok(graph) => {
                         let logits = graph.outputs()[0].clone();
                         if buffers(caches)? == before {

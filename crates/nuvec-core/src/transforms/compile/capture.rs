@@ -98,7 +98,8 @@ pub(crate) fn record(graph: &Graph, args: &[Array], shapeless: bool, device: Dev
 ///
 /// Every array the recorded work reads that was evaluated before recording is read where it
 /// lies on every launch, so new inputs are written into those arrays in place
-/// ([`write_into`]); the outputs are rewritten by every launch. An update whose input was
+/// ([`write_into`]); the outputs are rewritten by every launch (list among them what the work
+/// updates in place, so that host copies of it are dropped too). An update whose input was
 /// handed over (the only reference dropped before recording) writes into that input's
 /// memory, so a buffer such as a key-value cache is updated in place on every launch.
 /// Host data must be on the device before recording (evaluate what reads it once first),
@@ -151,6 +152,12 @@ impl DeviceGraph {
 
     /// Queues the recorded work on the device's stream, after everything queued before.
     pub fn launch(&self) -> Result<()> {
+        // Host copies read from the outputs before are stale once the launch rewrites them.
+        for o in &self.outputs {
+            if let crate::array::State::Ready(d) = &*o.inner.lock() {
+                d.storage.forget_mirrors();
+            }
+        }
         self.exec.launch(Stream { device: self.device, ..default_stream() })
     }
 
@@ -202,6 +209,7 @@ pub fn write_into(dst: &Array, src: &Array) -> Result<()> {
         data = crate::storage::Data { storage: data.storage.on_device(device)?, layout: data.layout };
     }
     let operand = Operand { shape: src.spec().shape, dtype: src.dtype(), data, donated: false };
+    dst_data.storage.forget_mirrors();
     backend.copy_into(stream, &operand, &dst_data)
 }
 
