@@ -199,6 +199,7 @@ fn finish(model: &mut dyn LanguageModel, options: &LoadOptions, default_dtype: O
     if let Some((group, bits)) = options.quantize {
         quantize_with(model, |_, w| (w.dtype().is_float()).then(|| QuantSpec::new(group, bits, "affine")))?;
     }
+    model.fuse_projections();
     Ok(())
 }
 

@@ -273,6 +273,11 @@ impl Array {
         Spec { shape: self.inner.shape.clone(), dtype: self.inner.dtype }
     }
 
+    /// Whether both handles name the same array (not merely equal values).
+    pub fn is(&self, other: &Array) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     /// Whether the array holds its values (evaluated or constant).
     pub fn is_evaluated(&self) -> bool {
         matches!(&*self.inner.lock(), State::Ready(_))

@@ -7,7 +7,7 @@ use nuvec::nn::{Embedding, Layer, Linear, Param, RmsNorm};
 use nuvec::{Array, DType, ops};
 use nuvec_nn::module;
 
-use super::LanguageModel;
+use super::{Fused, LanguageModel};
 use crate::Result;
 use crate::cache::{KvCache, Positions};
 use crate::config::ModelConfig;
@@ -36,6 +36,8 @@ pub struct Attention {
     pub q_norm: Option<RmsNorm>,
     /// Qwen3's per-head key norm.
     pub k_norm: Option<RmsNorm>,
+    /// The three projections joined ([`LanguageModel::fuse_projections`]).
+    pub qkv: Option<Fused>,
 }
 module!(Attention { q_proj, k_proj, v_proj, o_proj, q_norm, k_norm });
 
@@ -47,6 +49,8 @@ pub struct Mlp {
     pub up_proj: Linear,
     /// The down projection.
     pub down_proj: Linear,
+    /// The gate and up projections joined ([`LanguageModel::fuse_projections`]).
+    pub gate_up: Option<Fused>,
 }
 module!(Mlp { gate_proj, up_proj, down_proj });
 
@@ -102,11 +106,13 @@ impl Llama {
                     o_proj: linear(hq * d, h, config.attention_bias),
                     q_norm: qk_norm.then(|| norm(d)),
                     k_norm: qk_norm.then(|| norm(d)),
+                    qkv: None,
                 },
                 mlp: Mlp {
                     gate_proj: linear(h, config.intermediate_size, config.mlp_bias),
                     up_proj: linear(h, config.intermediate_size, config.mlp_bias),
                     down_proj: linear(config.intermediate_size, h, config.mlp_bias),
+                    gate_up: None,
                 },
                 input_layernorm: norm(h),
                 post_attention_layernorm: norm(h),
@@ -126,8 +132,15 @@ impl Llama {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let c = &self.config;
         let (d, hq, hkv) = (c.head_dim(), c.num_attention_heads, c.kv_heads());
-        let heads = |proj: &Linear, n: i32, norm: &Option<RmsNorm>| {
-            let y = proj.forward(x).reshape([b, l, n, d]);
+        // With the projections joined, one product gives every head: [B, L, Hq + 2·Hkv, D].
+        let joined = a.qkv.as_ref().and_then(|f| f.forward(x, &[&a.q_proj, &a.k_proj, &a.v_proj]));
+        let joined = joined.map(|y| y.reshape([b, l, hq + 2 * hkv, d]));
+        // Heads `first..first + n` of the joined product, else `proj`'s own.
+        let heads = |proj: &Linear, first: i32, n: i32, norm: &Option<RmsNorm>| {
+            let y = match &joined {
+                Some(y) => y.slice(&[0, 0, first, 0], &[b, l, first + n, d], &[1, 1, 1, 1]),
+                None => proj.forward(x).reshape([b, l, n, d]),
+            };
             let y = match norm {
                 Some(n) => n.forward(&y),
                 None => y,
@@ -138,9 +151,9 @@ impl Llama {
             Some(at) => self.rope.apply_at(y, &at.start),
             None => self.rope.apply(y, cache.offset()),
         };
-        let q = rope(&heads(&a.q_proj, hq, &a.q_norm));
-        let k = rope(&heads(&a.k_proj, hkv, &a.k_norm));
-        let v = heads(&a.v_proj, hkv, &None);
+        let q = rope(&heads(&a.q_proj, 0, hq, &a.q_norm));
+        let k = rope(&heads(&a.k_proj, hq, hkv, &a.k_norm));
+        let v = heads(&a.v_proj, hq + hkv, hkv, &None);
         let scale = 1.0 / (d as f32).sqrt();
         let o = match at {
             // One block per row of the fixed-capacity buffers, bounded by the device lengths.
@@ -169,7 +182,15 @@ impl Llama {
             h = &h + &r;
             let x = layer.post_attention_layernorm.forward(&h);
             let m = &layer.mlp;
-            let gated = fast::swiglu(&m.gate_proj.forward(&x), &m.up_proj.forward(&x));
+            let gated = match m.gate_up.as_ref().and_then(|f| f.forward(&x, &[&m.gate_proj, &m.up_proj])) {
+                Some(y) => {
+                    let s = y.shape().to_vec();
+                    let f = s[2] / 2;
+                    let half = |from: i32| y.slice(&[0, 0, from], &[s[0], s[1], from + f], &[1, 1, 1]);
+                    fast::swiglu(&half(0), &half(f))
+                }
+                None => fast::swiglu(&m.gate_proj.forward(&x), &m.up_proj.forward(&x)),
+            };
             h = &h + &m.down_proj.forward(&gated);
         }
         let h = self.model.norm.forward(&h);
@@ -195,6 +216,15 @@ impl LanguageModel for Llama {
 
     fn device_positions(&self) -> bool {
         self.rope.device_positions()
+    }
+
+    fn fuse_projections(&mut self) {
+        for layer in &mut self.model.layers {
+            let a = &mut layer.self_attn;
+            a.qkv = Fused::join(&mut [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj]);
+            let m = &mut layer.mlp;
+            m.gate_up = Fused::join(&mut [&mut m.gate_proj, &mut m.up_proj]);
+        }
     }
 
     fn config(&self) -> &ModelConfig {

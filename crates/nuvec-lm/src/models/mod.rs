@@ -2,8 +2,8 @@
 
 pub mod llama;
 
-use nuvec::Array;
-use nuvec::nn::Module;
+use nuvec::nn::{Layer, Linear, Module, Param, Quantized};
+use nuvec::{Array, ops};
 
 use crate::cache::{KvCache, Positions};
 use crate::config::ModelConfig;
@@ -29,6 +29,12 @@ pub trait LanguageModel: Module + Send + Sync {
         false
     }
 
+    /// Joins projections that read the same input (queries, keys and values; gate and up)
+    /// into one matrix each, so that a step reads them in one kernel; the layers keep row
+    /// views of it and their names, so saving and loading see no difference. Called once the
+    /// weights are final (loading does).
+    fn fuse_projections(&mut self) {}
+
     /// The hyper-parameters.
     fn config(&self) -> &ModelConfig;
 
@@ -42,5 +48,85 @@ pub fn build(config: &ModelConfig, tied: bool) -> Result<Box<dyn LanguageModel>>
     match config.model_type.as_str() {
         "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(llama::Llama::new(config, tied)?)),
         other => Err(Error::Config(format!("model_type '{other}' is not supported"))),
+    }
+}
+
+/// Projections of one input joined row-wise into one layer ([`LanguageModel::fuse_projections`]).
+pub struct Fused {
+    layer: Linear,
+    /// The parts' weights when joined (row views of the joined weight): a part replaced since
+    /// (new weights loaded) turns the joined layer off.
+    sources: Vec<Array>,
+}
+
+impl Fused {
+    /// Joins `parts` (same input size, dtype, bias and quantization), which become row views
+    /// of the joined arrays; `None` when they differ.
+    pub fn join(parts: &mut [&mut Linear]) -> Option<Fused> {
+        let first = &*parts[0];
+        let alike = |l: &Linear| {
+            let w = (&l.weight.value, &first.weight.value);
+            let quant = match (&l.quantized, &first.quantized) {
+                (None, None) => true,
+                (Some(a), Some(b)) => {
+                    (a.bits, a.group_size, &a.mode, a.biases.is_some())
+                        == (b.bits, b.group_size, &b.mode, b.biases.is_some())
+                }
+                _ => false,
+            };
+            quant
+                && w.0.dtype() == w.1.dtype()
+                && w.0.shape()[1..] == w.1.shape()[1..]
+                && l.bias.is_some() == first.bias.is_some()
+        };
+        if parts.len() < 2 || !parts.iter().all(|l| alike(l)) {
+            return None;
+        }
+        let join = |get: &dyn Fn(&Linear) -> Option<Array>| -> Option<Array> {
+            let arrays: Option<Vec<Array>> = parts.iter().map(|l| get(l)).collect();
+            arrays.map(|a| ops::concatenate(&a, 0))
+        };
+        let weight = join(&|l| Some(l.weight.value.clone()))?;
+        let bias = join(&|l| l.bias.as_ref().map(|b| b.value.clone()));
+        let scales = join(&|l| l.quantized.as_ref().map(|q| q.scales.value.clone()));
+        let biases = join(&|l| l.quantized.as_ref().and_then(|q| q.biases.as_ref()).map(|b| b.value.clone()));
+        let frozen = first.weight.frozen;
+        let quantized = first.quantized.as_ref().map(|q| Quantized {
+            scales: Param { value: scales.clone().expect("quantized parts have scales"), frozen: true },
+            biases: biases.clone().map(|b| Param { value: b, frozen: true }),
+            ..q.clone()
+        });
+        let mut start = 0;
+        let mut sources = Vec::new();
+        for l in parts.iter_mut() {
+            let end = start + l.weight.value.shape()[0];
+            let rows = |a: &Array| {
+                let s = a.shape();
+                let (mut lo, mut hi) = (vec![0; s.len()], s.to_vec());
+                (lo[0], hi[0]) = (start, end);
+                a.slice(&lo, &hi, &vec![1; s.len()])
+            };
+            l.weight.value = rows(&weight);
+            if let (Some(b), Some(all)) = (&mut l.bias, &bias) {
+                b.value = rows(all);
+            }
+            if let Some(q) = &mut l.quantized {
+                q.scales.value = rows(scales.as_ref().expect("quantized parts have scales"));
+                if let (Some(b), Some(all)) = (&mut q.biases, &biases) {
+                    b.value = rows(all);
+                }
+            }
+            sources.push(l.weight.value.clone());
+            start = end;
+        }
+        let layer = Linear { weight: Param { value: weight, frozen }, bias: bias.map(Param::new), quantized };
+        Some(Fused { layer, sources })
+    }
+
+    /// The joined product of `x`, or `None` when one of `parts` was replaced since joining.
+    pub fn forward(&self, x: &Array, parts: &[&Linear]) -> Option<Array> {
+        let same =
+            parts.len() == self.sources.len() && parts.iter().zip(&self.sources).all(|(l, s)| l.weight.value.is(s));
+        same.then(|| self.layer.forward(x))
     }
 }
