@@ -16,6 +16,17 @@ pub struct Positions {
     pub start: Array,
     /// Keys per row after the step.
     pub lengths: Array,
+    /// The block table of attention over [`KvCache::update_at`]'s buffers: row `b` reads
+    /// block `b` (`[B, 1]`, `int32`), made once per step for every layer.
+    pub tables: Array,
+}
+
+impl Positions {
+    /// The positions `start [B]` and `lengths [B]` (`int32`, on the device).
+    pub fn new(start: Array, lengths: Array) -> Positions {
+        let b = start.shape().first().copied().unwrap_or(1);
+        Positions { start, lengths, tables: ops::arange(0, b, 1).astype(nuvec::DType::I32).reshape([b, 1]) }
+    }
 }
 
 /// A layer's cache: `[B, H, capacity, D]` key and value buffers grown by [`STEP`] positions.

@@ -151,16 +151,21 @@ impl Llama {
             Some(at) => self.rope.apply_at(y, &at.start),
             None => self.rope.apply(y, cache.offset()),
         };
-        let q = rope(&heads(&a.q_proj, 0, hq, &a.q_norm));
-        let k = rope(&heads(&a.k_proj, hq, hkv, &a.k_norm));
+        let (q, k) = if joined.is_some() && a.q_norm.is_none() && a.k_norm.is_none() {
+            // The query and key heads sit together in the joined product: one rotation.
+            let qk = rope(&heads(&a.q_proj, 0, hq + hkv, &None));
+            let part = |first: i32, n: i32| qk.slice(&[0, first, 0, 0], &[b, first + n, l, d], &[1, 1, 1, 1]);
+            (part(0, hq), part(hq, hkv))
+        } else {
+            (rope(&heads(&a.q_proj, 0, hq, &a.q_norm)), rope(&heads(&a.k_proj, hq, hkv, &a.k_norm)))
+        };
         let v = heads(&a.v_proj, hq + hkv, hkv, &None);
         let scale = 1.0 / (d as f32).sqrt();
         let o = match at {
             // One block per row of the fixed-capacity buffers, bounded by the device lengths.
             Some(at) => {
                 let (k, v) = cache.update_at(&k, &v, at);
-                let tables = ops::arange(0, b, 1).reshape([b, 1]);
-                fast::paged_attention(&q, &k, &v, &tables, &at.lengths, scale, &AttentionOptions::default())
+                fast::paged_attention(&q, &k, &v, &at.tables, &at.lengths, scale, &AttentionOptions::default())
             }
             None => {
                 let (k, v) = cache.update_and_fetch(&k, &v);
