@@ -51,6 +51,9 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 pub fn default_model(progress: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     let dir = cache_dir().join("models");
     let path = dir.join(DEFAULT_MODEL);
+    // One fetch at a time in this process: the others wait for it and find the file.
+    static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = FETCHING.lock().unwrap_or_else(|e| e.into_inner());
     // Checked by sha256 when fetched; afterwards its size tells a whole file from a cut one.
     if std::fs::metadata(&path).is_ok_and(|m| m.len() == MODEL_BYTES) {
         return Ok(path);
