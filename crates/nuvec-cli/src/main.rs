@@ -91,9 +91,10 @@ struct ModelArgs {
 struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// The prompt ("-" reads standard input).
+    /// The prompt ("-" reads standard input); several (repeated) are generated together as a
+    /// batch.
     #[arg(long, short, default_value = "Hello! Who are you?")]
-    prompt: String,
+    prompt: Vec<String>,
     /// Use the prompt as it is, without the chat template.
     #[arg(long)]
     ignore_chat_template: bool,
@@ -245,24 +246,27 @@ fn new_cache(m: &Loaded, a: &ModelArgs) -> PromptCache {
 
 fn run_generate(a: GenerateArgs) -> Res<()> {
     let m = load_model(&a.model)?;
-    let prompt = if a.prompt == "-" {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
-        s
-    } else {
-        a.prompt.clone()
-    };
-    let text = if a.ignore_chat_template {
-        prompt
-    } else {
-        let mut messages = Vec::new();
-        if let Some(s) = &a.model.system {
-            messages.push(json!({"role": "system", "content": s}));
-        }
-        messages.push(json!({"role": "user", "content": prompt}));
-        render(&m, &messages)?
-    };
-    let ids = encode(&m, &text)?;
+    let mut ids = Vec::new();
+    for prompt in &a.prompt {
+        let prompt = if prompt == "-" {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
+            s
+        } else {
+            prompt.clone()
+        };
+        let text = if a.ignore_chat_template {
+            prompt
+        } else {
+            let mut messages = Vec::new();
+            if let Some(s) = &a.model.system {
+                messages.push(json!({"role": "system", "content": s}));
+            }
+            messages.push(json!({"role": "user", "content": prompt}));
+            render(&m, &messages)?
+        };
+        ids.push(encode(&m, &text)?);
+    }
     let options = GenerateOptions {
         max_tokens: a.model.max_tokens,
         sampler: sampler(&a.model),
@@ -270,6 +274,24 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
         decode_graph: a.model.no_graph.then_some(false),
         ..Default::default()
     };
+    if ids.len() > 1 {
+        let start = Instant::now();
+        let outputs = nuvec_lm::generate_batch(m.model.as_ref(), Some(&m.tokenizer), &ids, &m.eos, &options)?;
+        let seconds = start.elapsed().as_secs_f64();
+        for (i, o) in outputs.iter().enumerate() {
+            println!("========== {i}\n{}", o.text);
+        }
+        let tokens: usize = outputs.iter().map(|o| o.tokens.len()).sum();
+        println!("==========");
+        println!(
+            "Batch: {} prompts, {tokens} tokens generated, {:.3} tokens-per-sec",
+            ids.len(),
+            tokens as f64 / seconds
+        );
+        println!("Peak memory: {:.3} GB", nuvec_lm::generate::peak_memory() as f64 / 1e9);
+        return Ok(());
+    }
+    let ids = ids.remove(0);
     let mut cache = new_cache(&m, &a.model);
     let draft_model = match &a.draft_model {
         Some(p) => Some(nuvec_lm::load_model(p, &LoadOptions { dtype: parse_dtype(&a.model)?, quantize: None })?),

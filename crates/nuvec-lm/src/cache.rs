@@ -222,6 +222,31 @@ impl KvCache {
         (self.keys.clone().expect("written"), self.values.clone().expect("written"))
     }
 
+    /// One cache of `rows.len()` rows from contiguous caches of one row each, their buffers
+    /// padded to the largest capacity: for decoding several sequences together through
+    /// [`KvCache::update_at`], whose positions say where each row's next key goes (each row
+    /// keeps its own length; the result counts the longest).
+    pub fn stack(rows: &[KvCache]) -> KvCache {
+        let capacity = rows.iter().filter_map(|c| c.keys.as_ref()).map(|k| k.shape()[2]).max().unwrap_or(0);
+        let pad = |b: &Array| {
+            let s = b.shape();
+            match capacity - s[2] {
+                0 => b.clone(),
+                more => ops::concatenate(&[b.clone(), ops::zeros([s[0], s[1], more, s[3]], b.dtype())], 2),
+            }
+        };
+        let join = |get: &dyn Fn(&KvCache) -> Option<&Array>| -> Option<Array> {
+            let parts: Option<Vec<Array>> = rows.iter().map(|c| get(c).map(pad)).collect();
+            parts.map(|p| ops::concatenate(&p, 0))
+        };
+        KvCache {
+            keys: join(&|c| c.keys.as_ref()),
+            values: join(&|c| c.values.as_ref()),
+            offset: rows.iter().map(|c| c.offset).max().unwrap_or(0),
+            ..KvCache::default()
+        }
+    }
+
     /// Counts `n` more positions as held (a recorded step wrote them on the device).
     pub(crate) fn advance(&mut self, n: i32) {
         self.offset += n;

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use nuvec::{Array, DType};
+use nuvec::{Array, DType, ops};
 
 use crate::Result;
 use crate::cache::KvCache;
@@ -485,6 +485,117 @@ impl Iterator for Generation<'_> {
         }
         Some(out)
     }
+}
+
+/// One sequence of a [`generate_batch`].
+#[derive(Clone, Debug)]
+pub struct BatchOutput {
+    /// The generated tokens (an end-of-sequence token included, when one ended it).
+    pub tokens: Vec<u32>,
+    /// Their text (empty without a tokenizer), cut at the first stop string.
+    pub text: String,
+    /// Why it ended.
+    pub finish: FinishReason,
+}
+
+/// Generates from several prompts at once, as mlx-lm's `batch_generate`: each prompt is
+/// prefilled on its own, then every step decodes one token of all the sequences together
+/// (each at its own position; on a GPU as one recorded graph). A sequence ends at an `eos`
+/// token, a stop string or `options.max_tokens`; the results come in the prompts' order.
+/// Greedy decoding gives each sequence the tokens [`generate`] gives it alone. The
+/// penalties use each sequence's own tokens. Errors as [`generate`]'s, and for a model whose
+/// positions cannot live on the device (`dynamic` RoPE scaling).
+pub fn generate_batch(
+    model: &dyn LanguageModel,
+    tokenizer: Option<&Tokenizer>,
+    prompts: &[Vec<u32>],
+    eos: &[u32],
+    options: &GenerateOptions,
+) -> Result<Vec<BatchOutput>> {
+    let config = |m: String| crate::Error::Config(format!("generate_batch: {m}"));
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        return Err(config("every prompt needs a token, and there must be one".into()));
+    }
+    let context = model.config().max_position_embeddings;
+    if let Some((i, p)) = prompts.iter().enumerate().find(|(_, p)| context.is_some_and(|c| p.len() > c as usize)) {
+        return Err(config(format!("prompt {i} has {} tokens, more than the model's context", p.len())));
+    }
+    if !model.device_positions() {
+        return Err(config(
+            "the model's RoPE scaling needs host positions (dynamic); generate one prompt at a time".into(),
+        ));
+    }
+    options.sampler.validate()?;
+    let b = prompts.len();
+    let mut sampler = Sampler::new(options.sampler.clone());
+    // Each prompt alone (its own length), then its caches become one row of the batch's.
+    let mut rows = Vec::with_capacity(b);
+    let mut firsts = Vec::with_capacity(b);
+    for p in prompts {
+        let mut cache = model.new_cache();
+        let (head, last) = p.split_at(p.len() - 1);
+        for chunk in head.chunks(options.prefill_step.max(1)) {
+            model.forward(&tokens(chunk), &mut cache);
+            let arrays: Vec<Array> = cache.iter().flat_map(|c| c.arrays()).collect();
+            nuvec::eval(&arrays)?;
+        }
+        firsts.push(last_logits(&model.forward(&tokens(last), &mut cache)));
+        rows.push(cache);
+    }
+    let mut caches: Vec<KvCache> = (0..model.config().num_hidden_layers as usize)
+        .map(|l| KvCache::stack(&rows.iter().map(|r| r[l].clone()).collect::<Vec<_>>()))
+        .collect();
+    drop(rows);
+    let mut graph = DecodeGraph::new(b as i32)?;
+    let mut starts: Vec<i32> = prompts.iter().map(|p| p.len() as i32).collect();
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); b];
+    let mut finish: Vec<Option<FinishReason>> = vec![None; b];
+    let history = |out: &[Vec<u32>]| -> Vec<Vec<u32>> {
+        prompts.iter().zip(out).map(|(p, o)| p.iter().chain(o).copied().collect()).collect()
+    };
+    let past = history(&out);
+    let refs: Vec<&[u32]> = past.iter().map(Vec::as_slice).collect();
+    let mut sampled = sampler.sample(&ops::concatenate(&firsts, 0), &refs);
+    loop {
+        let ids: Vec<i32> = sampled.tokens.reshape([-1]).to_vec()?;
+        for (r, &t) in ids.iter().enumerate() {
+            if finish[r].is_some() {
+                continue;
+            }
+            out[r].push(t as u32);
+            if eos.contains(&(t as u32)) {
+                finish[r] = Some(FinishReason::Stop);
+            } else if out[r].len() >= options.max_tokens {
+                finish[r] = Some(FinishReason::Length);
+            }
+        }
+        if finish.iter().all(Option::is_some) {
+            break;
+        }
+        // Finished rows run on (their tokens are dropped) so that the step keeps its shape.
+        let logits = graph.step_rows(model, &mut caches, &Array::from_slice(&ids, [b as i32, 1]), &starts)?;
+        for s in &mut starts {
+            *s += 1;
+        }
+        let past = history(&out);
+        let refs: Vec<&[u32]> = past.iter().map(Vec::as_slice).collect();
+        sampled = sampler.sample(&last_logits(&logits), &refs);
+    }
+    out.into_iter()
+        .zip(finish)
+        .map(|(tokens, finish)| {
+            let mut finish = finish.unwrap_or(FinishReason::Length);
+            let mut text = match tokenizer {
+                Some(t) => t.decode(&tokens)?,
+                None => String::new(),
+            };
+            if let Some(cut) = options.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+                text.truncate(cut);
+                finish = FinishReason::Stop;
+            }
+            Ok(BatchOutput { tokens, text, finish })
+        })
+        .collect()
 }
 
 /// Token ids as the `[1, L]` `int32` row a model takes.

@@ -82,8 +82,27 @@ impl DecodeGraph {
     /// next step.
     pub fn step(&mut self, model: &dyn LanguageModel, caches: &mut [KvCache], tokens: &Array) -> Result<Array> {
         let start = caches.first().map_or(0, KvCache::offset);
+        self.step_rows(model, caches, tokens, &vec![start; self.batch as usize])
+    }
+
+    /// [`DecodeGraph::step`] with each row at its own position `starts[b]` (sequences of
+    /// different lengths in caches made by [`KvCache::stack`]).
+    pub fn step_rows(
+        &mut self,
+        model: &dyn LanguageModel,
+        caches: &mut [KvCache],
+        tokens: &Array,
+        starts: &[i32],
+    ) -> Result<Array> {
         let b = self.batch;
-        let host: Vec<i32> = (0..b).map(|_| start).chain((0..b).map(|_| start + 1)).collect();
+        if starts.len() != b as usize {
+            return Err(crate::Error::Config(format!(
+                "DecodeGraph: {} positions for a step of {b} rows",
+                starts.len()
+            )));
+        }
+        let start = starts.iter().copied().max().unwrap_or(0);
+        let host: Vec<i32> = starts.iter().copied().chain(starts.iter().map(|s| s + 1)).collect();
         let host = Array::from_slice(&host, [2, b]);
         let tokens = tokens.reshape([b, 1]).astype(DType::I32);
         let Some((fixed_tokens, positions)) = &self.inputs else {

@@ -34,7 +34,8 @@ pub use cache::{KvCache, Positions};
 pub use chat::ChatTemplate;
 pub use config::ModelConfig;
 pub use generate::{
-    FinishReason, GenerateOptions, Generated, Generation, PromptCache, Stats, generate, last_logits, tokens,
+    BatchOutput, FinishReason, GenerateOptions, Generated, Generation, PromptCache, Stats, generate, generate_batch,
+    last_logits, tokens,
 };
 pub use graph::DecodeGraph;
 pub use load::{LoadOptions, Loaded, load, load_model, random_model, save};

@@ -258,6 +258,33 @@ fn device_position_steps_equal_plain_steps() {
     assert_eq!(generated(m.as_ref(), &mut PromptCache::new(m.as_ref()), &ids, options), want);
 }
 
+/// Several prompts of different lengths decoded together give each the tokens it gets alone.
+#[test]
+fn batched_generation_equals_one_by_one() {
+    for name in ["llama", "qwen3"] {
+        let m = model(name);
+        let base = u32s(&expected(name)["ids"]);
+        let prompts: Vec<Vec<u32>> =
+            vec![base.clone(), base[..3].to_vec(), (0..40).map(|i| (i * 11 + 3) % 128).collect()];
+        let options = GenerateOptions { max_tokens: 10, ..Default::default() };
+        let batch = nuvec_lm::generate_batch(m.as_ref(), Some(&word_tokenizer()), &prompts, &[], &options).unwrap();
+        for (p, got) in prompts.iter().zip(&batch) {
+            let alone = generated(m.as_ref(), &mut PromptCache::new(m.as_ref()), p, options.clone());
+            assert_eq!(got.tokens, alone, "{name}: a batched sequence differs from decoding it alone");
+            assert_eq!(got.text, word_tokenizer().decode(&alone).unwrap());
+        }
+        // An end-of-sequence token ends its row only.
+        let stop = batch[1].tokens[2];
+        let end = batch[1].tokens.iter().position(|&t| t == stop).unwrap();
+        let ended = nuvec_lm::generate_batch(m.as_ref(), None, &prompts, &[stop], &options).unwrap();
+        assert_eq!(ended[1].tokens, batch[1].tokens[..=end].to_vec());
+        assert_eq!(ended[1].finish, nuvec_lm::FinishReason::Stop);
+    }
+    let m = model("llama");
+    let err = nuvec_lm::generate_batch(m.as_ref(), None, &[vec![1], vec![]], &[], &GenerateOptions::default());
+    assert!(err.unwrap_err().to_string().contains("every prompt"));
+}
+
 fn argmax(v: &[f32]) -> usize {
     v.iter().enumerate().fold(0, |best, (i, x)| if *x > v[best] { i } else { best })
 }
