@@ -492,7 +492,8 @@ impl Iterator for Generation<'_> {
 pub struct BatchOutput {
     /// The generated tokens (an end-of-sequence token included, when one ended it).
     pub tokens: Vec<u32>,
-    /// Their text (empty without a tokenizer), cut at the first stop string.
+    /// Their text (empty without a tokenizer; the end-of-sequence token left out), cut at the
+    /// first stop string.
     pub text: String,
     /// Why it ended.
     pub finish: FinishReason,
@@ -585,8 +586,10 @@ pub fn generate_batch(
         .zip(finish)
         .map(|(tokens, finish)| {
             let mut finish = finish.unwrap_or(FinishReason::Length);
+            // The end-of-sequence token stays out of the text, as in streaming.
+            let shown = if finish == FinishReason::Stop { &tokens[..tokens.len() - 1] } else { &tokens[..] };
             let mut text = match tokenizer {
-                Some(t) => t.decode(&tokens)?,
+                Some(t) => t.decode(shown)?,
                 None => String::new(),
             };
             if let Some(cut) = options.stop.iter().filter_map(|s| text.find(s.as_str())).min() {

@@ -279,6 +279,9 @@ fn batched_generation_equals_one_by_one() {
         let ended = nuvec_lm::generate_batch(m.as_ref(), None, &prompts, &[stop], &options).unwrap();
         assert_eq!(ended[1].tokens, batch[1].tokens[..=end].to_vec());
         assert_eq!(ended[1].finish, nuvec_lm::FinishReason::Stop);
+        let tok = word_tokenizer();
+        let ended = nuvec_lm::generate_batch(m.as_ref(), Some(&tok), &prompts, &[stop], &options).unwrap();
+        assert_eq!(ended[1].text, tok.decode(&batch[1].tokens[..end]).unwrap(), "the EOS token stays out of the text");
     }
     let m = model("llama");
     let err = nuvec_lm::generate_batch(m.as_ref(), None, &[vec![1], vec![]], &[], &GenerateOptions::default());
