@@ -82,6 +82,12 @@ struct ModelArgs {
     /// sees a sliding window of them).
     #[arg(long)]
     max_kv_size: Option<i32>,
+    /// Keep the KV cache quantized to this many bits (mlx-lm's --kv-bits; 8 or 4 typically).
+    #[arg(long, conflicts_with = "max_kv_size")]
+    kv_bits: Option<i32>,
+    /// The group size of the quantized KV cache (it must divide the head size).
+    #[arg(long, default_value_t = 64)]
+    kv_group_size: i32,
     /// Run each decode step op by op instead of as one recorded device graph (GPU only).
     #[arg(long)]
     no_graph: bool,
@@ -238,9 +244,10 @@ fn encode(m: &Loaded, text: &str) -> Res<Vec<u32>> {
 }
 
 fn new_cache(m: &Loaded, a: &ModelArgs) -> PromptCache {
-    match a.max_kv_size {
-        Some(n) => PromptCache::rotating(m.model.as_ref(), n),
-        None => PromptCache::new(m.model.as_ref()),
+    match (a.max_kv_size, a.kv_bits) {
+        (Some(n), _) => PromptCache::rotating(m.model.as_ref(), n),
+        (None, Some(bits)) => PromptCache::quantized(m.model.as_ref(), a.kv_group_size, bits),
+        (None, None) => PromptCache::new(m.model.as_ref()),
     }
 }
 

@@ -45,6 +45,10 @@ pub struct KvCache {
     keep: i32,
     /// Rotating: the buffer slot the next position goes to.
     idx: i32,
+    /// Quantized: the group size and bits, and the packed keys' and values' weights, scales
+    /// and biases (six buffers, grown as `keys` would be).
+    quantized: Option<(i32, i32)>,
+    packed: Vec<Array>,
 }
 
 impl KvCache {
@@ -56,6 +60,19 @@ impl KvCache {
     /// An empty rotating cache of at most `max_size` positions, the first `keep` kept.
     pub fn rotating(max_size: i32, keep: i32) -> KvCache {
         KvCache { max_size: Some(max_size.max(1)), keep: keep.clamp(0, max_size.max(1) - 1), ..KvCache::default() }
+    }
+
+    /// An empty cache that keeps keys and values quantized (MLX's affine mode, `bits` bits in
+    /// groups of `group_size` along the head dimension, which must divide it), as mlx-lm's
+    /// `QuantizedKVCache`: about `16 / bits` times less memory for bf16 models, the keys and
+    /// values dequantized when attention reads them.
+    pub fn quantized(group_size: i32, bits: i32) -> KvCache {
+        KvCache { quantized: Some((group_size, bits)), ..KvCache::default() }
+    }
+
+    /// The group size and bits of a quantized cache.
+    pub fn quantization(&self) -> Option<(i32, i32)> {
+        self.quantized
     }
 
     /// Positions seen so far (the next position's index).
@@ -73,11 +90,57 @@ impl KvCache {
     /// order when `L > 1`; in buffer order, which attention of one query does not mind, when
     /// `L = 1`).
     pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> (Array, Array) {
-        match self.max_size {
-            Some(max) if keys.shape()[2] == 1 => self.rotate_one(keys, values, max),
-            Some(max) => self.rotate_many(keys, values, max),
-            None => self.append(keys, values),
+        match (self.max_size, self.quantized) {
+            (_, Some((group, bits))) => self.append_quantized(keys, values, group, bits),
+            (Some(max), None) if keys.shape()[2] == 1 => self.rotate_one(keys, values, max),
+            (Some(max), None) => self.rotate_many(keys, values, max),
+            (None, None) => self.append(keys, values),
         }
+    }
+
+    /// Appends to a quantized cache: the new positions packed, written into the six buffers
+    /// (grown by [`STEP`] positions), and every position so far dequantized in `keys`' dtype.
+    fn append_quantized(&mut self, keys: &Array, values: &Array, group: i32, bits: i32) -> (Array, Array) {
+        let (prev, len) = (self.offset, keys.shape()[2]);
+        let pack = |x: &Array| -> Vec<Array> {
+            let (q, scales, biases) = ops::quantize(x, group, bits, "affine");
+            vec![q, scales, biases.unwrap_or_default()]
+        };
+        let new: Vec<Array> = pack(keys).into_iter().chain(pack(values)).collect();
+        // Bad parameters (a group that does not divide the heads) fail the step, not the cache.
+        if let Some(bad) = new.iter().find(|a| a.is_failed()) {
+            return (bad.clone(), bad.clone());
+        }
+        let capacity = self.packed.first().map_or(0, |a| a.shape()[2]);
+        if self.packed.is_empty() || prev + len > capacity {
+            let target = (prev + len + STEP - 1) / STEP * STEP;
+            let held = prev.min(capacity);
+            self.packed = new
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let s = n.shape();
+                    let more = ops::zeros([s[0], s[1], target - held, s[3]], n.dtype());
+                    match self.packed.get(i) {
+                        Some(old) if held > 0 => ops::concatenate(&[window(old, 0, held), more], 2),
+                        _ => more,
+                    }
+                })
+                .collect();
+        }
+        for (buffer, n) in self.packed.iter_mut().zip(&new) {
+            let old = std::mem::take(buffer);
+            let s = old.shape().to_vec();
+            // The old buffer is dropped before evaluation, so the write happens in place.
+            *buffer = old.slice_update(n, &[0, 0, prev, 0], &[s[0], s[1], prev + len, s[3]], &[1, 1, 1, 1]);
+        }
+        self.offset += len;
+        let end = self.offset;
+        let read = |p: &[Array]| {
+            let [q, scales, biases] = [0, 1, 2].map(|i| window(&p[i], 0, end));
+            ops::dequantize(&q, &scales, Some(&biases), group, bits, "affine", keys.dtype())
+        };
+        (read(&self.packed[..3]), read(&self.packed[3..]))
     }
 
     fn append(&mut self, keys: &Array, values: &Array) -> (Array, Array) {
@@ -269,12 +332,12 @@ impl KvCache {
 
     /// An empty cache of the same kind.
     pub fn emptied(&self) -> KvCache {
-        KvCache { max_size: self.max_size, keep: self.keep, ..KvCache::default() }
+        KvCache { max_size: self.max_size, keep: self.keep, quantized: self.quantized, ..KvCache::default() }
     }
 
     /// The arrays the cache holds, to evaluate with a step's output.
     pub fn arrays(&self) -> Vec<Array> {
-        self.keys.iter().chain(self.values.iter()).cloned().collect()
+        self.keys.iter().chain(self.values.iter()).chain(&self.packed).cloned().collect()
     }
 }
 

@@ -121,6 +121,13 @@ impl PromptCache {
         PromptCache { layers, tokens: Vec::new(), graph: None }
     }
 
+    /// Caches that keep keys and values quantized ([`KvCache::quantized`], mlx-lm's
+    /// `--kv-bits` and `--kv-group-size`).
+    pub fn quantized(model: &dyn LanguageModel, group_size: i32, bits: i32) -> PromptCache {
+        let layers = (0..model.config().num_hidden_layers).map(|_| KvCache::quantized(group_size, bits)).collect();
+        PromptCache { layers, tokens: Vec::new(), graph: None }
+    }
+
     /// Keeps the longest prefix of the held tokens that `prompt` starts with, short of the whole
     /// prompt (its last token must run to give logits); returns the tokens still to run.
     fn reuse<'p>(&mut self, prompt: &'p [u32]) -> &'p [u32] {
@@ -328,6 +335,8 @@ impl<'a> Generation<'a> {
 
     /// Runs `tokens [1, L]` and samples the next token from the last position's logits.
     fn step(&mut self, ids: &Array) -> Result<Sampled> {
+        // The previous step failed: its error, before anything reads the shape.
+        ids.clone().check()?;
         let logits = if ids.shape()[1] == 1 && self.graphed() {
             let graph = match &mut self.cache.graph {
                 Some(g) => g,
@@ -343,7 +352,8 @@ impl<'a> Generation<'a> {
 
     /// Whether single-token steps go through the [`DecodeGraph`].
     fn graphed(&self) -> bool {
-        let allowed = self.model.device_positions() && self.cache.layers.iter().all(|c| c.window().is_none());
+        let contiguous = |c: &KvCache| c.window().is_none() && c.quantization().is_none();
+        let allowed = self.model.device_positions() && self.cache.layers.iter().all(contiguous);
         let wanted = match self.options.decode_graph {
             Some(on) => on,
             None => !nuvec::default_device().is_cpu() && std::env::var("NUVEC_LM_GRAPH").map_or(true, |v| v != "0"),
@@ -607,9 +617,13 @@ pub fn tokens(ids: &[u32]) -> Array {
     Array::from_slice(&v, [1, v.len() as i32])
 }
 
-/// The last position's logits `[B, V]` of `logits [B, L, V]`.
+/// The last position's logits `[B, V]` of `logits [B, L, V]` (a failed array, which has no
+/// such shape, comes back as it is, carrying its error).
 pub fn last_logits(logits: &Array) -> Array {
     let s = logits.shape();
+    if s.len() != 3 {
+        return logits.clone();
+    }
     logits.slice(&[0, s[1] - 1, 0], &[s[0], s[1], s[2]], &[1, 1, 1]).squeeze(1)
 }
 

@@ -288,6 +288,51 @@ fn batched_generation_equals_one_by_one() {
     assert!(err.unwrap_err().to_string().contains("every prompt"));
 }
 
+/// A quantized cache (8 and 4 bits) gives the logits of the contiguous one within its
+/// precision, in prefill and decoding, and trims as it does.
+#[test]
+fn quantized_cache_equals_contiguous_within_precision() {
+    // The tiny fixtures' heads of 16 are below the smallest group: a random model of heads of 64.
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("llama").join("config.json")).unwrap()).unwrap();
+    config["hidden_size"] = Value::from(128);
+    config["num_attention_heads"] = Value::from(2);
+    config["num_key_value_heads"] = Value::from(1);
+    config["head_dim"] = Value::from(64);
+    let dir = std::env::temp_dir().join(format!("nuvec-kvq-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let m = nuvec_lm::random_model(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None }, 7).unwrap();
+    let ids: Vec<u32> = (0..300).map(|i| (i * 13 + 1) % 128).collect();
+    for (bits, tolerance) in [(8, 0.02), (4, 0.25)] {
+        let mut plain = m.new_cache();
+        let mut packed: Vec<KvCache> = (0..plain.len()).map(|_| KvCache::quantized(64, bits)).collect();
+        let f32s = |l: Array| -> Vec<f32> { last_logits(&l).to_vec().unwrap() };
+        let want = f32s(m.forward(&tokens(&ids), &mut plain));
+        let got = f32s(m.forward(&tokens(&ids), &mut packed));
+        let d = rel_diff(&got, &want);
+        assert!(d > 0.0 && d < tolerance, "{bits} bits: prefill differs by {d}");
+        for &t in &[5u32, 77, 3] {
+            let d = rel_diff(&f32s(m.forward(&tokens(&[t]), &mut packed)), &f32s(m.forward(&tokens(&[t]), &mut plain)));
+            assert!(d < tolerance, "{bits} bits: a decode step differs by {d}");
+        }
+        assert_eq!(packed[0].offset(), 303);
+        assert_eq!(packed[0].trim(3), 3);
+        assert_eq!(plain[0].trim(3), 3);
+        let d = rel_diff(&f32s(m.forward(&tokens(&[9]), &mut packed)), &f32s(m.forward(&tokens(&[9]), &mut plain)));
+        assert!(d < tolerance, "{bits} bits: after a trim, differs by {d}");
+    }
+    // Generation through a quantized prompt cache; a group that does not divide the heads fails.
+    let mut cache = PromptCache::quantized(m.as_ref(), 64, 8);
+    let options = GenerateOptions { max_tokens: 4, ..Default::default() };
+    assert_eq!(generated(m.as_ref(), &mut cache, &ids[..20], options.clone()).len(), 4);
+    let mut bad = PromptCache::quantized(m.as_ref(), 128, 8);
+    let err = generate(m.as_ref(), None, &mut bad, &ids[..20], &[], options).unwrap().next().unwrap();
+    assert!(err.unwrap_err().to_string().contains("group"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn argmax(v: &[f32]) -> usize {
     v.iter().enumerate().fold(0, |best, (i, x)| if *x > v[best] { i } else { best })
 }

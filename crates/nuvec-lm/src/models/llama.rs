@@ -185,6 +185,10 @@ impl Llama {
         for (layer, cache) in self.model.layers.iter().zip(caches.iter_mut()) {
             let r = self.attention(&layer.self_attn, &layer.input_layernorm.forward(&h), cache, at);
             h = &h + &r;
+            // A failed step (bad cache parameters, say) carries its error out, not on.
+            if h.is_failed() {
+                return h;
+            }
             let x = layer.post_attention_layernorm.forward(&h);
             let m = &layer.mlp;
             let gated = match m.gate_up.as_ref().and_then(|f| f.forward(&x, &[&m.gate_proj, &m.up_proj])) {
@@ -212,8 +216,8 @@ impl LanguageModel for Llama {
     }
 
     fn forward_at(&self, tokens: &Array, caches: &mut [KvCache], at: &Positions) -> Array {
-        if caches.iter().any(|c| c.window().is_some()) {
-            let why = "caches: positions on the device need contiguous caches, not rotating ones";
+        if caches.iter().any(|c| c.window().is_some() || c.quantization().is_some()) {
+            let why = "caches: positions on the device need contiguous caches, not rotating or quantized ones";
             return Array::failed("forward_at", nuvec::OpErrorKind::InvalidArgument(why.into()));
         }
         self.run(tokens, caches, Some(at))
