@@ -58,6 +58,19 @@ impl GgufValue {
         }
     }
 
+    /// The value as a float, when it is a number.
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            GgufValue::F32(v) => Some(v as f64),
+            GgufValue::F64(v) => Some(v),
+            GgufValue::I8(v) => Some(v as f64),
+            GgufValue::I16(v) => Some(v as f64),
+            GgufValue::I32(v) => Some(v as f64),
+            GgufValue::I64(v) => Some(v as f64),
+            _ => self.as_u64().map(|v| v as f64),
+        }
+    }
+
     /// The value as a string, when it is one.
     pub fn as_str(&self) -> Option<&str> {
         match self {

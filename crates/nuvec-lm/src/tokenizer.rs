@@ -88,18 +88,13 @@ impl Tokenizer {
             }
         };
         let model = get("model").and_then(GgufValue::as_str).unwrap_or("");
-        if model != "gpt2" {
+        if model != "gpt2" && model != "llama" {
             return Err(tok_error(format!(
-                "GGUF tokenizer model '{model}' is not supported (byte-level BPE, 'gpt2', is); \
-                 give the model's tokenizer.json instead"
+                "GGUF tokenizer model '{model}' is not supported (byte-level BPE, 'gpt2', and \
+                 SentencePiece BPE, 'llama', are); give the model's tokenizer.json instead"
             )));
         }
-        let pre = get("pre").and_then(GgufValue::as_str).unwrap_or("default");
-        let pre_tokenizer = pre_tokenizer(pre)?;
-        // Llama 3 takes a word found whole in the vocabulary as it is (llama.cpp, tokenizer.json).
-        let ignore_merges = matches!(pre, "llama-bpe" | "llama3" | "llama-v3");
         let tokens = strings("tokens")?;
-        let merges = strings("merges")?;
         let types: Vec<u64> = match get("token_type") {
             Some(GgufValue::Array(a)) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
             _ => vec![1; tokens.len()],
@@ -116,22 +111,35 @@ impl Tokenizer {
                        "normalized": false, "special": types[i] == 3})
             })
             .collect();
-        let spec = json!({
-            "version": "1.0",
-            "truncation": null,
-            "padding": null,
-            "added_tokens": added,
-            "normalizer": null,
-            "pre_tokenizer": pre_tokenizer,
-            "post_processor": null,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                      "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges}
-        });
+        let spec = if model == "llama" {
+            let scores: Vec<f32> = match get("scores") {
+                Some(GgufValue::Array(a)) => a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
+                _ => vec![0.0; tokens.len()],
+            };
+            let space_prefix = !matches!(get("add_space_prefix"), Some(GgufValue::Bool(false)));
+            let unk = id_of(get("unknown_token_id")).and_then(|i| tokens.get(i as usize)).cloned();
+            sentencepiece_spec(&tokens, &scores, vocab, added, space_prefix, unk)
+        } else {
+            let pre = get("pre").and_then(GgufValue::as_str).unwrap_or("default");
+            // Llama 3 takes a word found whole in the vocabulary as it is (llama.cpp, tokenizer.json).
+            let ignore_merges = matches!(pre, "llama-bpe" | "llama3" | "llama-v3");
+            json!({
+                "version": "1.0",
+                "truncation": null,
+                "padding": null,
+                "added_tokens": added,
+                "normalizer": null,
+                "pre_tokenizer": pre_tokenizer(pre)?,
+                "post_processor": null,
+                "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+                "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                          "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                          "ignore_merges": ignore_merges, "vocab": vocab, "merges": strings("merges")?}
+            })
+        };
         let inner: tokenizers::Tokenizer =
             spec.to_string().parse().map_err(|e| tok_error(format!("GGUF tokenizer: {e}")))?;
-        let id = |k: &str| get(k).and_then(GgufValue::as_u64).map(|v| v as u32);
+        let id = |k: &str| id_of(get(k));
         let bos = id("bos_token_id").and_then(|i| Some((i, tokens.get(i as usize)?.clone())));
         let add_bos = matches!(get("add_bos_token"), Some(GgufValue::Bool(true)));
         Ok(Tokenizer {
@@ -184,6 +192,69 @@ impl Tokenizer {
     }
 }
 
+/// A token id stored in GGUF metadata.
+fn id_of(v: Option<&GgufValue>) -> Option<u32> {
+    v.and_then(GgufValue::as_u64).map(|v| v as u32)
+}
+
+/// A SentencePiece BPE vocabulary (llama.cpp's `llama` tokenizer model) as transformers'
+/// fast Llama tokenizer builds it: a space prefix and `▁` for spaces, byte fallback, and the
+/// merges derived from the pieces' scores (every split of a piece into two pieces, the merge
+/// of a higher-scored piece first; ties in vocabulary order), as `SentencePieceExtractor`.
+fn sentencepiece_spec(
+    tokens: &[String],
+    scores: &[f32],
+    vocab: serde_json::Map<String, Value>,
+    added: Vec<Value>,
+    space_prefix: bool,
+    unk: Option<String>,
+) -> Value {
+    let index: std::collections::HashMap<&str, usize> =
+        tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let mut merges: Vec<(f32, &str, &str)> = Vec::new();
+    for (i, piece) in tokens.iter().enumerate() {
+        let mut local: Vec<(usize, usize, &str, &str)> = piece
+            .char_indices()
+            .skip(1)
+            .filter_map(|(k, _)| {
+                let (l, r) = piece.split_at(k);
+                Some((*index.get(l)?, *index.get(r)?, l, r))
+            })
+            .collect();
+        local.sort();
+        let score = scores.get(i).copied().unwrap_or(0.0);
+        merges.extend(local.into_iter().map(|(_, _, l, r)| (score, l, r)));
+    }
+    // Stable: equal scores keep the order above.
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let merges: Vec<Value> = merges.into_iter().map(|(_, l, r)| json!([l, r])).collect();
+    let mut normalizers = Vec::new();
+    if space_prefix {
+        normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+    }
+    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    if space_prefix {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": null,
+        "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                  "ignore_merges": false, "vocab": vocab, "merges": merges}
+    })
+}
 /// The `tokenizer.json` pre-tokenizer of llama.cpp's pre-tokenizer name.
 fn pre_tokenizer(pre: &str) -> Result<Value> {
     let byte_level =
