@@ -219,10 +219,7 @@ pub(crate) fn run(captured: &Captured, graph: &Graph, args: &[Array], device: De
     let stream = default_stream();
     eval_arrays(args)?;
     for (a, fixed) in args.iter().zip(&captured.inputs) {
-        let dense = a.data()?.layout.flags.row_contiguous;
-        let src = if dense { a.clone() } else { fresh(backend, stream, a)? };
-        let operand = Operand { shape: src.spec().shape, dtype: src.dtype(), data: src.data()?, donated: false };
-        backend.copy_into(stream, &operand, &fixed.data()?)?;
+        write_into(fixed, a)?;
     }
     captured.exec.launch(stream)?;
     results(captured, graph, args, backend, stream)
