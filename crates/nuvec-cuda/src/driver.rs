@@ -103,9 +103,9 @@ pub(crate) struct Gpu {
     pub(crate) alloc: Allocator,
     pub(crate) modules: Modules,
     pub(crate) blas: Mutex<Option<crate::matmul::Blas>>,
-    /// Zeroed `u32` counters (pointer, count, allocated bytes) that kernels use to elect the last block of a
+    /// Zeroed `u32` counters (pointer, count) that kernels use to elect the last block of a
     /// group and leave at zero again; grown on demand.
-    counters: Mutex<(sys::CUdeviceptr, usize, usize)>,
+    counters: Mutex<(sys::CUdeviceptr, usize)>,
 }
 
 // SAFETY: the context and stream handles are plain driver handles that the driver allows to be
@@ -174,7 +174,7 @@ impl Gpu {
                 modules: Modules::new(crate::compile::arch_for(info.compute_capability)),
                 info,
                 blas: Mutex::new(None),
-                counters: Mutex::new((0, 0, 0)),
+                counters: Mutex::new((0, 0)),
             })
         }
     }
@@ -185,7 +185,7 @@ impl Gpu {
         let mut c = self.counters.lock().unwrap_or_else(|e| e.into_inner());
         if c.1 < n {
             let want = n.next_power_of_two().max(1024);
-            let (ptr, size) = self.alloc.alloc(self, want * 4)?;
+            let (ptr, _) = self.alloc.alloc(self, want * 4)?;
             self.bind()?;
             self.finish_main()?;
             // SAFETY: `ptr` starts a fresh allocation of `want` u32s on this device. The memset
@@ -195,7 +195,7 @@ impl Gpu {
             unsafe { check(sys::cuMemsetD32_v2(ptr, 0, want), "cuMemsetD32")? };
             self.finish_legacy()?;
             // The old counters are kept: recorded graphs read them on every launch.
-            *c = (ptr, want, size);
+            *c = (ptr, want);
         }
         Ok(c.0)
     }
