@@ -123,11 +123,7 @@ impl ModelConfig {
                 .and_then(|v| i32::try_from(v).ok())
                 .ok_or_else(|| Error::Config(format!("GGUF: no integer {arch}.{key}")))
         };
-        let float = |key: &str| match meta.get(&format!("{arch}.{key}")) {
-            Some(GgufValue::F32(v)) => Some(*v),
-            Some(GgufValue::F64(v)) => Some(*v as f32),
-            _ => None,
-        };
+        let float = |key: &str| meta.get(&format!("{arch}.{key}")).and_then(GgufValue::as_f64).map(|v| v as f32);
         let heads = int("attention.head_count")?;
         let hidden = int("embedding_length")?;
         let vocab = match int("vocab_size") {
