@@ -115,24 +115,10 @@ impl KvCache {
         if self.packed.is_empty() || prev + len > capacity {
             let target = (prev + len + STEP - 1) / STEP * STEP;
             let held = prev.min(capacity);
-            self.packed = new
-                .iter()
-                .enumerate()
-                .map(|(i, n)| {
-                    let s = n.shape();
-                    let more = ops::zeros([s[0], s[1], target - held, s[3]], n.dtype());
-                    match self.packed.get(i) {
-                        Some(old) if held > 0 => ops::concatenate(&[window(old, 0, held), more], 2),
-                        _ => more,
-                    }
-                })
-                .collect();
+            self.packed = new.iter().enumerate().map(|(i, n)| grown(self.packed.get(i), n, held, target)).collect();
         }
         for (buffer, n) in self.packed.iter_mut().zip(&new) {
-            let old = std::mem::take(buffer);
-            let s = old.shape().to_vec();
-            // The old buffer is dropped before evaluation, so the write happens in place.
-            *buffer = old.slice_update(n, &[0, 0, prev, 0], &[s[0], s[1], prev + len, s[3]], &[1, 1, 1, 1]);
+            *buffer = written(std::mem::take(buffer), n, prev);
         }
         self.offset += len;
         let end = self.offset;
@@ -160,26 +146,14 @@ impl KvCache {
         }
         let target = ((needed + STEP - 1) / STEP).saturating_mul(STEP).min(cap).max(needed.min(cap));
         let held = self.offset.min(capacity);
-        let grow = |old: Option<&Array>, new: &Array| {
-            let s = new.shape();
-            let more = ops::zeros([s[0], s[1], target - held, s[3]], new.dtype());
-            match old {
-                Some(old) if held > 0 => ops::concatenate(&[window(old, 0, held), more], 2),
-                _ => more,
-            }
-        };
-        self.keys = Some(grow(self.keys.as_ref(), keys));
-        self.values = Some(grow(self.values.as_ref(), values));
+        self.keys = Some(grown(self.keys.as_ref(), keys, held, target));
+        self.values = Some(grown(self.values.as_ref(), values, held, target));
     }
 
     /// Writes `keys` and `values` at buffer position `at`.
     fn write(&mut self, keys: &Array, values: &Array, at: i32) {
-        let len = keys.shape()[2];
         let put = |buffer: &mut Option<Array>, new: &Array| {
-            let old = buffer.take().expect("reserved before writing");
-            let s = old.shape().to_vec();
-            // The old buffer is dropped before evaluation, so the update happens in place.
-            *buffer = Some(old.slice_update(new, &[0, 0, at, 0], &[s[0], s[1], at + len, s[3]], &[1, 1, 1, 1]));
+            *buffer = Some(written(buffer.take().expect("reserved before writing"), new, at));
         };
         put(&mut self.keys, keys);
         put(&mut self.values, values);
@@ -291,12 +265,9 @@ impl KvCache {
     /// keeps its own length; the result counts the longest).
     pub fn stack(rows: &[KvCache]) -> KvCache {
         let capacity = rows.iter().filter_map(|c| c.keys.as_ref()).map(|k| k.shape()[2]).max().unwrap_or(0);
-        let pad = |b: &Array| {
-            let s = b.shape();
-            match capacity - s[2] {
-                0 => b.clone(),
-                more => ops::concatenate(&[b.clone(), ops::zeros([s[0], s[1], more, s[3]], b.dtype())], 2),
-            }
+        let pad = |b: &Array| match b.shape()[2] {
+            held if held == capacity => b.clone(),
+            held => grown(Some(b), b, held, capacity),
         };
         let join = |get: &dyn Fn(&KvCache) -> Option<&Array>| -> Option<Array> {
             let parts: Option<Vec<Array>> = rows.iter().map(|c| get(c).map(pad)).collect();
@@ -339,6 +310,25 @@ impl KvCache {
     pub fn arrays(&self) -> Vec<Array> {
         self.keys.iter().chain(self.values.iter()).chain(&self.packed).cloned().collect()
     }
+}
+
+/// A `[B, H, target, D]` buffer shaped as `like` otherwise: the first `held` positions of
+/// `old`, then zeros.
+fn grown(old: Option<&Array>, like: &Array, held: i32, target: i32) -> Array {
+    let s = like.shape();
+    let more = ops::zeros([s[0], s[1], target - held, s[3]], like.dtype());
+    match old {
+        Some(old) if held > 0 => ops::concatenate(&[window(old, 0, held), more], 2),
+        _ => more,
+    }
+}
+
+/// `buffer` with `new [B, H, L, D]` written at positions `at..at + L`; in place when the
+/// caller handed over its only reference (it is dropped before evaluation).
+fn written(buffer: Array, new: &Array, at: i32) -> Array {
+    let s = buffer.shape().to_vec();
+    let len = new.shape()[2];
+    buffer.slice_update(new, &[0, 0, at, 0], &[s[0], s[1], at + len, s[3]], &[1, 1, 1, 1])
 }
 
 /// Positions `start..end` of a `[B, H, L, D]` buffer.
