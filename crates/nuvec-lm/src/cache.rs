@@ -27,6 +27,13 @@ impl Positions {
         let b = start.shape().first().copied().unwrap_or(1);
         Positions { start, lengths, tables: ops::arange(0, b, 1).astype(nuvec::DType::I32).reshape([b, 1]) }
     }
+
+    /// The positions of `[2, B]` rows: the starts, then the lengths (views, no copy).
+    pub fn rows(both: &Array) -> Positions {
+        let b = both.shape()[1];
+        let row = |i: i32| both.slice(&[i, 0], &[i + 1, b], &[1, 1]).reshape([b]);
+        Positions::new(row(0), row(1))
+    }
 }
 
 /// A layer's cache: `[B, H, capacity, D]` key and value buffers grown by [`STEP`] positions.

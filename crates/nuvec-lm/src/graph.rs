@@ -106,18 +106,11 @@ impl DecodeGraph {
         let host = Array::from_slice(&host, [2, b]);
         let tokens = tokens.reshape([b, 1]).astype(DType::I32);
         let Some((fixed_tokens, positions)) = &self.inputs else {
-            let at = Positions::new(
-                host.slice(&[0, 0], &[1, b], &[1, 1]).reshape([b]),
-                host.slice(&[1, 0], &[2, b], &[1, 1]).reshape([b]),
-            );
-            return Ok(model.forward_at(&tokens, caches, &at));
+            return Ok(model.forward_at(&tokens, caches, &Positions::rows(&host)));
         };
         write_into(fixed_tokens, &tokens)?;
         write_into(positions, &host)?;
-        let at = Positions::new(
-            positions.slice(&[0, 0], &[1, b], &[1, 1]).reshape([b]),
-            positions.slice(&[1, 0], &[2, b], &[1, 1]).reshape([b]),
-        );
+        let at = Positions::rows(positions);
         // A cache about to grow moves its buffers: run eagerly and record afresh after.
         let capacity = caches.iter().flat_map(KvCache::arrays).map(|a| a.shape()[2]).min().unwrap_or(0);
         if start + 1 > capacity {
