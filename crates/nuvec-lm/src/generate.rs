@@ -165,8 +165,34 @@ pub struct Generation<'a> {
     draft: Option<Draft<'a>>,
     num_draft: usize,
     queue: VecDeque<Sampled>,
+    /// Single-token steps go through the [`DecodeGraph`] (decided once, see [`graphed`]).
+    graphed: bool,
     /// The generation's speeds so far.
     pub stats: Stats,
+}
+
+/// Whether single-token steps over `layers` go through the [`DecodeGraph`]: the model and
+/// contiguous caches allow it, and `decode_graph` (by default: a GPU, unless
+/// `NUVEC_LM_GRAPH=0`) asks for it.
+fn graphed(model: &dyn LanguageModel, layers: &[KvCache], decode_graph: Option<bool>) -> bool {
+    let contiguous = |c: &KvCache| c.window().is_none() && c.quantization().is_none();
+    let allowed = model.device_positions() && layers.iter().all(contiguous);
+    let wanted = match decode_graph {
+        Some(on) => on,
+        None => !nuvec::default_device().is_cpu() && std::env::var("NUVEC_LM_GRAPH").map_or(true, |v| v != "0"),
+    };
+    allowed && wanted
+}
+
+/// Runs `ids` through `model` in chunks of `step` tokens, evaluating the caches after each
+/// (a prompt, or all of it but the token whose logits are wanted).
+fn run_chunks(model: &dyn LanguageModel, caches: &mut [KvCache], ids: &[u32], step: usize) -> Result<()> {
+    for chunk in ids.chunks(step.max(1)) {
+        model.forward(&tokens(chunk), caches);
+        let arrays: Vec<Array> = caches.iter().flat_map(|c| c.arrays()).collect();
+        nuvec::eval(&arrays)?;
+    }
+    Ok(())
 }
 
 /// Who proposes tokens for speculative decoding ([`Generation::speculative`]). The model
@@ -226,6 +252,7 @@ pub fn generate<'a>(
     }
     options.sampler.validate()?;
     Ok(Generation {
+        graphed: graphed(model, &cache.layers, options.decode_graph),
         model,
         sampler: Sampler::new(options.sampler.clone()),
         detok: tokenizer.map(Tokenizer::stream),
@@ -337,7 +364,7 @@ impl<'a> Generation<'a> {
     fn step(&mut self, ids: &Array) -> Result<Sampled> {
         // The previous step failed: its error, before anything reads the shape.
         ids.clone().check()?;
-        let logits = if ids.shape()[1] == 1 && self.graphed() {
+        let logits = if ids.shape()[1] == 1 && self.graphed {
             let graph = match &mut self.cache.graph {
                 Some(g) => g,
                 slot => slot.insert(DecodeGraph::new(1)?),
@@ -346,19 +373,12 @@ impl<'a> Generation<'a> {
         } else {
             self.model.forward(ids, &mut self.cache.layers)
         };
-        let history: Vec<u32> = self.cache.tokens.iter().chain(&self.generated).copied().collect();
-        Ok(self.sampler.sample(&last_logits(&logits), &[&history]))
-    }
-
-    /// Whether single-token steps go through the [`DecodeGraph`].
-    fn graphed(&self) -> bool {
-        let contiguous = |c: &KvCache| c.window().is_none() && c.quantization().is_none();
-        let allowed = self.model.device_positions() && self.cache.layers.iter().all(contiguous);
-        let wanted = match self.options.decode_graph {
-            Some(on) => on,
-            None => !nuvec::default_device().is_cpu() && std::env::var("NUVEC_LM_GRAPH").map_or(true, |v| v != "0"),
+        // The sequence so far, for the penalties only.
+        let history: Vec<u32> = match self.options.sampler.needs_history() {
+            true => self.cache.tokens.iter().chain(&self.generated).copied().collect(),
+            false => Vec::new(),
         };
-        allowed && wanted
+        Ok(self.sampler.sample(&last_logits(&logits), &[&history]))
     }
 
     /// Runs the prompt (all but its last token in chunks of `prefill_step`) and samples the
@@ -368,11 +388,7 @@ impl<'a> Generation<'a> {
         let rest = self.cache.reuse(&prompt).to_vec();
         self.stats.prompt_tokens = rest.len();
         let (head, last) = rest.split_at(rest.len() - 1);
-        for chunk in head.chunks(self.options.prefill_step.max(1)) {
-            self.model.forward(&tokens(chunk), &mut self.cache.layers);
-            let arrays: Vec<Array> = self.cache.layers.iter().flat_map(|c| c.arrays()).collect();
-            nuvec::eval(&arrays)?;
-        }
+        run_chunks(self.model, &mut self.cache.layers, head, self.options.prefill_step)?;
         self.cache.tokens = prompt[..prompt.len() - 1].to_vec();
         let sampled = self.step(&tokens(last))?;
         self.cache.tokens.push(last[0]);
@@ -545,11 +561,7 @@ pub fn generate_batch(
     for p in prompts {
         let mut cache = model.new_cache();
         let (head, last) = p.split_at(p.len() - 1);
-        for chunk in head.chunks(options.prefill_step.max(1)) {
-            model.forward(&tokens(chunk), &mut cache);
-            let arrays: Vec<Array> = cache.iter().flat_map(|c| c.arrays()).collect();
-            nuvec::eval(&arrays)?;
-        }
+        run_chunks(model, &mut cache, head, options.prefill_step)?;
         firsts.push(last_logits(&model.forward(&tokens(last), &mut cache)));
         rows.push(cache);
     }
@@ -561,12 +573,16 @@ pub fn generate_batch(
     let mut starts: Vec<i32> = prompts.iter().map(|p| p.len() as i32).collect();
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); b];
     let mut finish: Vec<Option<FinishReason>> = vec![None; b];
-    let history = |out: &[Vec<u32>]| -> Vec<Vec<u32>> {
-        prompts.iter().zip(out).map(|(p, o)| p.iter().chain(o).copied().collect()).collect()
+    // Each row's tokens so far go to the sampler only for the penalties.
+    let mut sample = |logits: &Array, out: &[Vec<u32>]| {
+        let past: Vec<Vec<u32>> = match options.sampler.needs_history() {
+            true => prompts.iter().zip(out).map(|(p, o)| p.iter().chain(o).copied().collect()).collect(),
+            false => Vec::new(),
+        };
+        let refs: Vec<&[u32]> = past.iter().map(Vec::as_slice).collect();
+        sampler.sample(logits, &refs)
     };
-    let past = history(&out);
-    let refs: Vec<&[u32]> = past.iter().map(Vec::as_slice).collect();
-    let mut sampled = sampler.sample(&ops::concatenate(&firsts, 0), &refs);
+    let mut sampled = sample(&ops::concatenate(&firsts, 0), &out);
     loop {
         let ids: Vec<i32> = sampled.tokens.reshape([-1]).to_vec()?;
         for (r, &t) in ids.iter().enumerate() {
@@ -588,9 +604,7 @@ pub fn generate_batch(
         for s in &mut starts {
             *s += 1;
         }
-        let past = history(&out);
-        let refs: Vec<&[u32]> = past.iter().map(Vec::as_slice).collect();
-        sampled = sampler.sample(&last_logits(&logits), &refs);
+        sampled = sample(&last_logits(&logits), &out);
     }
     out.into_iter()
         .zip(finish)
