@@ -9,7 +9,8 @@ transformers (and PyTorch, float32, on the CPU or a GPU):
                     package dequantizes it): the token ids of fixed texts, the last position's
                     largest logits and the greedy continuation
 
-Usage: python3 scripts/lm-fixtures.py OUT_DIR [--gguf PATH]   (no --gguf: tiny models only)
+Usage: python3 scripts/lm-fixtures.py OUT_DIR [--gguf PATH] [--only ARCH...]
+       (no --gguf: tiny models only)
 """
 import argparse
 import json
@@ -34,27 +35,67 @@ ARCHS = {
     "mistral": dict(model_type="mistral", head_dim=32, sliding_window=None),
     "qwen2": dict(model_type="qwen2", tie_word_embeddings=True),
     "qwen3": dict(model_type="qwen3", head_dim=16),
+    # One dense layer (mlp_only_layers) beside a sparse one.
+    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=16, num_experts=8, num_experts_per_tok=2,
+                      moe_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1]),
+    # Sliding layers of 4 keys around a full one, per-type RoPE, soft-capped logits (the score
+    # cap is in the config, and transformers' Gemma 3 leaves it unused).
+    "gemma3": dict(model_type="gemma3_text", head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+                   num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                   hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                   tie_word_embeddings=True, rms_norm_eps=1e-6,
+                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
 }
 
 
-def tiny(out):
+def hub_layout(state):
+    """Per-expert tensors, as checkpoints on the Hub hold them, where transformers keeps the
+    experts stacked ([E, 2I, H] gate and up; [E, H, I] down)."""
+    out = {}
+    for k, v in state.items():
+        if k.endswith("experts.gate_up_proj"):
+            base, half = k[: -len("gate_up_proj")], v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = v[e, :half].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = v[e, half:].contiguous()
+        elif k.endswith("experts.down_proj"):
+            base = k[: -len("down_proj")]
+            for e in range(v.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = v[e].contiguous()
+        else:
+            out[k] = v
+    return out
+
+
+def tiny(out, only=None):
     for name, extra in ARCHS.items():
+        if only and name not in only:
+            continue
         torch.manual_seed(0)
         kw = dict(COMMON)
         kw.update(extra)
-        config = AutoConfig.for_model(**kw)
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32).eval()
+        if "rope_parameters" in extra:
+            kw.pop("rope_theta")
+        try:
+            config = AutoConfig.for_model(**kw)
+        except Exception as e:  # one architecture's failure leaves the others' fixtures
+            print(name, "FAILED", repr(e))
+            continue
+        # Eager attention: the reference implementation.
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager").eval()
         # Larger weights than the default init, so that the logits differ clearly.
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if "norm" in n:
-                    p.copy_(1.0 + 0.1 * torch.randn_like(p))
+                    # Gemma's norms scale by 1 + weight.
+                    p.copy_((0.0 if "gemma" in name else 1.0) + 0.1 * torch.randn_like(p))
                 else:
                     p.normal_(0.0, 0.08)
         d = os.path.join(out, "tiny", name)
         os.makedirs(d, exist_ok=True)
         config.save_pretrained(d)
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        state = hub_layout({k: v.contiguous() for k, v in model.state_dict().items()})
         if config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         save_file(state, os.path.join(d, "model.safetensors"))
@@ -67,7 +108,7 @@ def tiny(out):
                     "greedy": gen[0, ids.shape[1]:].tolist(), "transformers": __import__("transformers").__version__}
         with open(os.path.join(d, "expected.json"), "w") as f:
             json.dump(expected, f)
-        print(name, "ok", tuple(logits.shape))
+        print(name, "ok", tuple(logits.shape), sorted({k.split(".", 3)[-1] for k in state})[:40])
 
 
 TEXTS = ["The capital of France is", "Hello, world! 12345 + 678 = ?\n\tIndented  twice;  café, naïve 東京 🚀",
@@ -101,7 +142,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--gguf")
+    ap.add_argument("--only", nargs="*", help="these tiny architectures alone")
     a = ap.parse_args()
-    tiny(a.out)
+    tiny(a.out, a.only)
     if a.gguf:
         smollm2(a.out, a.gguf)

@@ -8,13 +8,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Error, Result};
 
-/// The architectures this crate builds (`model_type` in `config.json`).
-pub const ARCHITECTURES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
+/// The architectures this crate builds (`model_type` in `config.json`; `gemma3` is the
+/// text part of Gemma 3's multimodal checkpoints).
+pub const ARCHITECTURES: [&str; 7] = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gemma3"];
 
 /// A decoder's hyper-parameters, as `config.json` names them.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct ModelConfig {
-    /// `llama`, `mistral`, `qwen2` or `qwen3`.
+    /// One of [`ARCHITECTURES`].
     pub model_type: String,
     /// Features of the residual stream.
     pub hidden_size: i32,
@@ -63,6 +64,49 @@ pub struct ModelConfig {
     /// The beginning-of-sequence token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos_token_id: Option<serde_json::Value>,
+    /// The MLP's activation (`silu` when absent; Gemma's `gelu_pytorch_tanh`).
+    #[serde(default, alias = "hidden_act", skip_serializing_if = "Option::is_none")]
+    pub hidden_activation: Option<String>,
+    /// Mixture of experts: experts per layer (`num_local_experts` in transformers 5).
+    #[serde(default, alias = "num_local_experts", skip_serializing_if = "Option::is_none")]
+    pub num_experts: Option<i32>,
+    /// Mixture of experts: experts each token is routed to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts_per_tok: Option<i32>,
+    /// Mixture of experts: features of each expert's hidden layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_intermediate_size: Option<i32>,
+    /// Mixture of experts: the chosen experts' weights are renormalized to sum to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_topk_prob: Option<bool>,
+    /// Mixture of experts: every this many layers is sparse (1 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_sparse_step: Option<i32>,
+    /// Mixture of experts: layers that keep a dense MLP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_only_layers: Option<Vec<i32>>,
+    /// Gemma: `full_attention` or `sliding_attention` per layer (else from the pattern).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
+    /// Gemma: every this many layers is a full-attention one, the others slide (6 when absent).
+    #[serde(default, alias = "_sliding_window_pattern", skip_serializing_if = "Option::is_none")]
+    pub sliding_window_pattern: Option<i32>,
+    /// Keys a sliding-window layer attends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<i32>,
+    /// Gemma: the attention scale is `query_pre_attn_scalar^-1/2` (`head_dim` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_pre_attn_scalar: Option<f32>,
+    /// Gemma 2's cap on attention scores (Gemma 3's configs carry it; its models leave it
+    /// unused, as transformers' and mlx-lm's do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_logit_softcapping: Option<f32>,
+    /// Gemma: logits become `cap · tanh(logit / cap)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_logit_softcapping: Option<f32>,
+    /// Gemma 3 before transformers 5: RoPE's base in the sliding layers (10000 when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_local_base_freq: Option<f32>,
 }
 
 /// MLX's affine quantization of a checkpoint: `"quantization": {"group_size": 64, "bits": 4}`,
@@ -101,8 +145,21 @@ fn default_theta() -> f32 {
 impl ModelConfig {
     /// Reads a `config.json` text; an error names what is missing or of the wrong type.
     pub fn from_json(text: &str) -> Result<ModelConfig> {
-        let mut config: ModelConfig =
+        let mut value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| Error::Config(format!("config.json: {e}")))?;
+        // A multimodal Gemma 3: the language model's facts sit in `text_config`.
+        if value.get("model_type").and_then(|t| t.as_str()) == Some("gemma3")
+            && let Some(serde_json::Value::Object(text_config)) = value.get("text_config").cloned()
+            && let Some(top) = value.as_object_mut()
+        {
+            top.extend(text_config);
+            top.insert("model_type".into(), "gemma3".into());
+        }
+        let mut config: ModelConfig =
+            serde_json::from_value(value).map_err(|e| Error::Config(format!("config.json: {e}")))?;
+        if config.model_type == "gemma3" {
+            config.model_type = "gemma3_text".into();
+        }
         if let Some(theta) = config.rope_scaling.as_ref().and_then(|s| s.get("rope_theta")).and_then(|t| t.as_f64()) {
             config.rope_theta = theta as f32;
         }
@@ -162,6 +219,7 @@ impl ModelConfig {
             quantization: None,
             eos_token_id: None,
             bos_token_id: None,
+            ..Default::default()
         };
         config.validate()?;
         Ok(config)
@@ -195,10 +253,56 @@ impl ModelConfig {
                 self.kv_heads()
             )));
         }
+        if self.model_type == "qwen3_moe" {
+            let experts = self.num_experts.unwrap_or(0);
+            let k = self.num_experts_per_tok.unwrap_or(0);
+            if experts <= 0 || k <= 0 || k > experts || self.moe_intermediate_size.unwrap_or(0) <= 0 {
+                return Err(Error::Config(format!(
+                    "qwen3_moe needs num_experts > 0, 0 < num_experts_per_tok <= num_experts and \
+                     moe_intermediate_size > 0, got {experts}, {k} and {:?}",
+                    self.moe_intermediate_size
+                )));
+            }
+        }
+        if self.model_type == "gemma3_text" && self.sliding_window.is_some_and(|w| w <= 0) {
+            return Err(Error::Config(format!("sliding_window must be positive, got {:?}", self.sliding_window)));
+        }
         if self.head_dim() % 2 != 0 {
             return Err(Error::Config(format!("head_dim {} must be even for RoPE", self.head_dim())));
         }
         Ok(())
+    }
+
+    /// RoPE's base and scaling for the layers of `kind` (`full_attention` or
+    /// `sliding_attention`): transformers 5 writes them per kind in `rope_parameters`; before,
+    /// Gemma 3's sliding layers had `rope_local_base_freq` and no scaling.
+    pub fn rope_parameters(&self, kind: &str) -> (f32, Option<BTreeMap<String, serde_json::Value>>) {
+        if let Some(serde_json::Value::Object(own)) = self.rope_scaling.as_ref().and_then(|s| s.get(kind)) {
+            let theta = own.get("rope_theta").and_then(|t| t.as_f64()).map_or(self.rope_theta, |t| t as f32);
+            return (theta, Some(own.clone().into_iter().collect()));
+        }
+        match kind {
+            "sliding_attention" if self.model_type == "gemma3_text" => {
+                (self.rope_local_base_freq.unwrap_or(10000.0), None)
+            }
+            _ => (self.rope_theta, self.rope_scaling.clone()),
+        }
+    }
+
+    /// Whether layer `i` attends a sliding window (`layer_types`, else Gemma's pattern).
+    pub fn is_sliding(&self, i: i32) -> bool {
+        match &self.layer_types {
+            Some(types) => types.get(i as usize).is_some_and(|t| t == "sliding_attention"),
+            None => (i + 1) % self.sliding_window_pattern.unwrap_or(6).max(1) != 0,
+        }
+    }
+
+    /// Whether layer `i` routes tokens to experts (a mixture-of-experts model's sparse layers).
+    pub fn is_sparse(&self, i: i32) -> bool {
+        let step = self.decoder_sparse_step.unwrap_or(1).max(1);
+        self.num_experts.unwrap_or(0) > 0
+            && !self.mlp_only_layers.as_ref().is_some_and(|l| l.contains(&i))
+            && (i + 1) % step == 0
     }
 
     /// Key-value heads.

@@ -549,7 +549,9 @@ pub fn generate_batch(
     }
     if !model.device_positions() {
         return Err(config(
-            "the model's RoPE scaling needs host positions (dynamic); generate one prompt at a time".into(),
+            "this model needs host positions (dynamic RoPE scaling, sliding-window layers); \
+             generate one prompt at a time"
+                .into(),
         ));
     }
     options.sampler.validate()?;

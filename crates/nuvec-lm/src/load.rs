@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use nuvec::io::{GgufFile, GgufValue};
-use nuvec::nn::{Embedding, Linear, Params, QuantSpec, quantize_with};
+use nuvec::nn::{Embedding, Linear, Params, QuantSpec};
 use nuvec::{Array, DType};
 use serde_json::Value;
 
 use crate::config::{ModelConfig, ids};
-use crate::models::{LanguageModel, build};
+use crate::models::switch::SwitchLinear;
+use crate::models::{LanguageModel, build, quantize};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
@@ -73,12 +74,12 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<Box<dyn Language
     let config_path = path.join("config.json");
     let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
     let config = ModelConfig::from_json(&text)?;
-    let weights = read_safetensors(path)?;
+    let weights = crate::models::sanitize(&config, read_safetensors(path)?)?;
     let tied = config.tie_word_embeddings.unwrap_or(false) || !weights.contains_key("lm_head.weight");
     let mut model = build(&config, tied)?;
     if let Some(q) = &config.quantization {
         // mlx-community: the layers with scales are quantized.
-        quantize_with(model.as_mut(), |layer, _| {
+        quantize(model.as_mut(), |layer, _| {
             let (group, bits) = q.of(layer);
             weights.contains_key(&format!("{layer}.scales")).then(|| QuantSpec::new(group, bits, "affine"))
         })?;
@@ -121,10 +122,12 @@ pub fn save(model: &mut dyn LanguageModel, tokenizer: &Tokenizer, dir: &Path) ->
     // Each quantized layer's group size and bits.
     let mut layers: BTreeMap<String, (i32, i32)> = BTreeMap::new();
     model.visit_layers_mut("", &mut |path, layer| {
-        let q = match (layer.downcast_ref::<Linear>(), layer.downcast_ref::<Embedding>()) {
-            (Some(l), _) => l.quantized.as_ref(),
-            (_, Some(e)) => e.quantized.as_ref(),
-            _ => None,
+        let q = if let Some(l) = layer.downcast_ref::<Linear>() {
+            l.quantized.as_ref()
+        } else if let Some(e) = layer.downcast_ref::<Embedding>() {
+            e.quantized.as_ref()
+        } else {
+            layer.downcast_ref::<SwitchLinear>().and_then(|s| s.quantized.as_ref())
         };
         if let Some(q) = q {
             layers.insert(path.to_string(), (q.group_size, q.bits));
@@ -197,7 +200,9 @@ fn finish(model: &mut dyn LanguageModel, options: &LoadOptions, default_dtype: O
         model.set_dtype(dtype);
     }
     if let Some((group, bits)) = options.quantize {
-        quantize_with(model, |_, w| (w.dtype().is_float()).then(|| QuantSpec::new(group, bits, "affine")))?;
+        // Layers whose rows do not split into groups stay in floating point, as mlx-lm's.
+        let fits = |w: &Array| w.dtype().is_float() && w.shape().last().is_some_and(|&n| n % group == 0);
+        quantize(model, |_, w| fits(w).then(|| QuantSpec::new(group, bits, "affine")))?;
     }
     model.fuse_projections();
     Ok(())
@@ -283,7 +288,7 @@ fn model_from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn Lan
     }
     let tied = !weights.contains_key("lm_head.weight");
     let mut model = build(&config, tied)?;
-    quantize_with(model.as_mut(), |layer, _| bits.get(layer).map(|&b| QuantSpec::new(32, b, "affine")))?;
+    quantize(model.as_mut(), |layer, _| bits.get(layer).map(|&b| QuantSpec::new(32, b, "affine")))?;
     model.load_weights(&weights, true).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
     finish(model.as_mut(), options, Some(if on_gpu() { DType::F16 } else { DType::F32 }))?;
     Ok(model)

@@ -30,10 +30,16 @@ pub struct Rope {
 impl Rope {
     /// The rotation `config` describes; an error names an unknown scaling or a missing field.
     pub fn from_config(config: &ModelConfig) -> Result<Rope> {
+        Rope::for_layers(config, "full_attention")
+    }
+
+    /// The rotation of `config`'s layers of `kind` (`full_attention` or `sliding_attention`,
+    /// which may differ: [`ModelConfig::rope_parameters`]).
+    pub fn for_layers(config: &ModelConfig, kind: &str) -> Result<Rope> {
         let dims = config.head_dim();
-        let base = config.rope_theta;
+        let (base, scaling) = config.rope_parameters(kind);
         let mut rope = Rope { dims, traditional: false, base, scale: 1.0, freqs: None, mscale: 1.0, dynamic: None };
-        let Some(s) = &config.rope_scaling else { return Ok(rope) };
+        let Some(s) = &scaling else { return Ok(rope) };
         let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
         let num = |key: &str, default: Option<f32>| -> Result<f32> {
             match s.get(key).and_then(|v| v.as_f64()) {

@@ -12,7 +12,7 @@ use nuvec_lm::{
 };
 use serde_json::Value;
 
-const ARCHS: [&str; 6] = ["llama", "llama_linear", "llama_yarn", "mistral", "qwen2", "qwen3"];
+const ARCHS: [&str; 8] = ["llama", "llama_linear", "llama_yarn", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3"];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny").join(name)
@@ -64,7 +64,8 @@ fn logits_match_transformers() {
 
 #[test]
 fn prefill_whole_equals_chunks_and_token_by_token() {
-    for name in ["llama", "qwen3"] {
+    // Gemma 3's sliding layers (4 keys) hold rotating caches.
+    for name in ["llama", "qwen3", "qwen3_moe", "gemma3"] {
         let ids = u32s(&expected(name)["ids"]);
         let m = model(name);
         let last = |logits: Array| -> Vec<f32> { last_logits(&logits).to_vec().unwrap() };
@@ -85,6 +86,30 @@ fn prefill_whole_equals_chunks_and_token_by_token() {
         assert_eq!(whole[0].offset(), ids.len() as i32);
         assert_eq!(single[1].offset(), ids.len() as i32);
     }
+}
+
+/// A multimodal Gemma 3 checkpoint (`text_config`, the language model under
+/// `model.language_model.`, a vision tower beside it) loads as its language model.
+#[test]
+fn gemma3_multimodal_checkpoint_loads_its_language_model() {
+    let dir = std::env::temp_dir().join(format!("nuvec-lm-gemma3-mm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("gemma3").join("config.json")).unwrap()).unwrap();
+    let config = serde_json::json!({"model_type": "gemma3", "text_config": text, "vision_config": {"hidden_size": 8}});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut weights = nuvec::io::load_safetensors(fixture("gemma3").join("model.safetensors")).unwrap();
+    weights = weights.into_iter().map(|(k, v)| (k.replacen("model.", "model.language_model.", 1), v)).collect();
+    weights.insert("model.vision_tower.patch.weight".into(), nuvec::ops::zeros([2, 2], DType::F32));
+    let list: Vec<(&str, &Array)> = weights.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    nuvec::io::save_safetensors(dir.join("model.safetensors"), &list, None).unwrap();
+    let m = load_model(&dir, &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+    assert_eq!(m.config().model_type, "gemma3_text");
+    let ids = tokens(&u32s(&expected("gemma3")["ids"]));
+    let a: Vec<f32> = m.forward(&ids, &mut m.new_cache()).to_vec().unwrap();
+    let b: Vec<f32> = model("gemma3").forward(&ids, &mut model("gemma3").new_cache()).to_vec().unwrap();
+    assert_eq!(a, b);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A word-level tokenizer of the tiny models' 128 ids ("t0" .. "t127").
@@ -175,6 +200,12 @@ fn bad_input_gives_clear_errors() {
     write(&|c| c["num_attention_heads"] = 3.into());
     let heads = err(load_model(&dir, &LoadOptions::default()));
     assert!(heads.contains("not a multiple"), "{heads}");
+    write(&|c| c["model_type"] = "qwen3_moe".into());
+    let experts = err(load_model(&dir, &LoadOptions::default()));
+    assert!(experts.contains("num_experts"), "{experts}");
+    write(&|c| c["hidden_act"] = "relu2".into());
+    let act = err(load_model(&dir, &LoadOptions::default()));
+    assert!(act.contains("hidden_activation 'relu2'"), "{act}");
     let no_tokenizer = load(&fixture("llama"), &LoadOptions::default()).err().expect("no tokenizer.json").to_string();
     assert!(no_tokenizer.contains("tokenizer.json"), "{no_tokenizer}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -217,8 +248,13 @@ fn cache_grows_past_its_step() {
 #[test]
 fn device_position_steps_equal_plain_steps() {
     let cases = [("llama", 250, DType::F32), ("llama_yarn", 9, DType::F32), ("mistral", 9, DType::F32)];
-    let more =
-        [("qwen2", 9, DType::F32), ("qwen3", 9, DType::F32), ("llama", 250, DType::BF16), ("qwen3", 9, DType::BF16)];
+    let more = [
+        ("qwen2", 9, DType::F32),
+        ("qwen3", 9, DType::F32),
+        ("qwen3_moe", 9, DType::F32),
+        ("llama", 250, DType::BF16),
+        ("qwen3", 9, DType::BF16),
+    ];
     for (name, prompt, dtype) in cases.into_iter().chain(more) {
         let m = load_model(&fixture(name), &LoadOptions { dtype: Some(dtype), quantize: None }).unwrap();
         let tolerance = if dtype == DType::F32 { 1e-5 } else { 3e-2 };
@@ -261,7 +297,7 @@ fn device_position_steps_equal_plain_steps() {
 /// Several prompts of different lengths decoded together give each the tokens it gets alone.
 #[test]
 fn batched_generation_equals_one_by_one() {
-    for name in ["llama", "qwen3"] {
+    for name in ["llama", "qwen3", "qwen3_moe"] {
         let m = model(name);
         let base = u32s(&expected(name)["ids"]);
         let prompts: Vec<Vec<u32>> =
@@ -286,6 +322,10 @@ fn batched_generation_equals_one_by_one() {
     let m = model("llama");
     let err = nuvec_lm::generate_batch(m.as_ref(), None, &[vec![1], vec![]], &[], &GenerateOptions::default());
     assert!(err.unwrap_err().to_string().contains("every prompt"));
+    // Sliding-window layers keep their positions on the host: one prompt at a time.
+    let m = model("gemma3");
+    let err = nuvec_lm::generate_batch(m.as_ref(), None, &[vec![1], vec![2]], &[], &GenerateOptions::default());
+    assert!(err.unwrap_err().to_string().contains("sliding-window"));
 }
 
 /// A quantized cache (8 and 4 bits) gives the logits of the contiguous one within its
@@ -417,24 +457,49 @@ fn speculative_greedy_equals_plain_greedy() {
 
 #[test]
 fn quantized_save_loads_back_identically() {
-    let options = LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 4)) };
-    let mut m = load_model(&fixture("qwen3"), &options).unwrap();
-    let dir = std::env::temp_dir().join(format!("nuvec-lm-save-{}", std::process::id()));
-    nuvec_lm::save(m.as_mut(), &word_tokenizer(), &dir).unwrap();
-    let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    assert_eq!(config["quantization"], serde_json::json!({"group_size": 32, "bits": 4}));
+    // Qwen3-MoE's experts of 48 features stay in floating point (48 is no multiple of 32).
+    for name in ["qwen3", "qwen3_moe"] {
+        let options = LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 4)) };
+        let mut m = load_model(&fixture(name), &options).unwrap();
+        let dir = std::env::temp_dir().join(format!("nuvec-lm-save-{name}-{}", std::process::id()));
+        nuvec_lm::save(m.as_mut(), &word_tokenizer(), &dir).unwrap();
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        assert_eq!(config["quantization"], serde_json::json!({"group_size": 32, "bits": 4}));
+        let back = load(&dir, &LoadOptions::default()).unwrap();
+        let ids = tokens(&u32s(&expected(name)["ids"]));
+        let a: Vec<f32> = m.forward(&ids, &mut m.new_cache()).to_vec().unwrap();
+        let b: Vec<f32> = back.model.forward(&ids, &mut back.model.new_cache()).to_vec().unwrap();
+        assert_eq!(a, b, "{name}");
+        // Quantized on load, 8-bit weights stay close to the float model (4-bit ones of these
+        // random weights drift by about a third of the largest logit).
+        let want: Vec<f32> = model(name).forward(&ids, &mut model(name).new_cache()).to_vec().unwrap();
+        let q8 = load_model(&fixture(name), &LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 8)) }).unwrap();
+        let c: Vec<f32> = q8.forward(&ids, &mut q8.new_cache()).to_vec().unwrap();
+        assert!(rel_diff(&c, &want) < 0.03, "{name} 8-bit: {}", rel_diff(&c, &want));
+        assert!(rel_diff(&a, &want) > rel_diff(&c, &want), "{name}: 4 bits are coarser than 8");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    // Experts whose features split into groups are quantized too (gather_qmm), and saved so:
+    // a random model of experts of 64 features.
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("qwen3_moe").join("config.json")).unwrap()).unwrap();
+    config["moe_intermediate_size"] = Value::from(64);
+    let dir = std::env::temp_dir().join(format!("nuvec-lm-moe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let float = LoadOptions { dtype: Some(DType::F32), quantize: None };
+    let want = nuvec_lm::random_model(&dir.join("config.json"), &float, 3).unwrap();
+    let q8 = LoadOptions { quantize: Some((32, 8)), ..float };
+    let mut q = nuvec_lm::random_model(&dir.join("config.json"), &q8, 3).unwrap();
+    assert!(q.parameters().contains_key("model.layers.0.mlp.switch_mlp.down_proj.scales"));
+    let ids = tokens(&u32s(&expected("qwen3_moe")["ids"]));
+    let a: Vec<f32> = want.forward(&ids, &mut want.new_cache()).to_vec().unwrap();
+    let b: Vec<f32> = q.forward(&ids, &mut q.new_cache()).to_vec().unwrap();
+    assert!(rel_diff(&b, &a) < 0.03, "8-bit experts: {}", rel_diff(&b, &a));
+    nuvec_lm::save(q.as_mut(), &word_tokenizer(), &dir).unwrap();
     let back = load(&dir, &LoadOptions::default()).unwrap();
-    let ids = tokens(&u32s(&expected("qwen3")["ids"]));
-    let a: Vec<f32> = m.forward(&ids, &mut m.new_cache()).to_vec().unwrap();
-    let b: Vec<f32> = back.model.forward(&ids, &mut back.model.new_cache()).to_vec().unwrap();
-    assert_eq!(a, b);
-    // Quantized on load, 8-bit weights stay close to the float model (4-bit ones of these
-    // random weights drift by about a third of the largest logit).
-    let want: Vec<f32> = model("qwen3").forward(&ids, &mut model("qwen3").new_cache()).to_vec().unwrap();
-    let q8 = load_model(&fixture("qwen3"), &LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 8)) }).unwrap();
-    let c: Vec<f32> = q8.forward(&ids, &mut q8.new_cache()).to_vec().unwrap();
-    assert!(rel_diff(&c, &want) < 0.03, "8-bit: {}", rel_diff(&c, &want));
-    assert!(rel_diff(&a, &want) > rel_diff(&c, &want), "4 bits are coarser than 8");
+    let c: Vec<f32> = back.model.forward(&ids, &mut back.model.new_cache()).to_vec().unwrap();
+    assert_eq!(b, c, "quantized experts saved and loaded back");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

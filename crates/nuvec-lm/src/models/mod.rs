@@ -1,8 +1,12 @@
-//! The architectures, one file per family (as mlx-lm's `models/`), behind one trait.
+//! The architectures, one file per family (as mlx-lm's `models/`), behind one trait; the
+//! blocks they share in `layers` and the mixture-of-experts layers in `switch`.
 
+pub mod gemma3;
+pub mod layers;
 pub mod llama;
+pub mod switch;
 
-use nuvec::nn::{Layer, Linear, Module, Param, Quantized};
+use nuvec::nn::{Layer, Linear, Module, Param, Params, QuantSpec, Quantized, quantize_with};
 use nuvec::{Array, ops};
 
 use crate::cache::{KvCache, Positions};
@@ -46,9 +50,31 @@ pub trait LanguageModel: Module + Send + Sync {
 /// `tied` leaves out the output projection.
 pub fn build(config: &ModelConfig, tied: bool) -> Result<Box<dyn LanguageModel>> {
     match config.model_type.as_str() {
-        "llama" | "mistral" | "qwen2" | "qwen3" => Ok(Box::new(llama::Llama::new(config, tied)?)),
+        "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" => Ok(Box::new(llama::Llama::new(config, tied)?)),
+        "gemma3_text" => Ok(Box::new(gemma3::Gemma3::new(config, tied)?)),
         other => Err(Error::Config(format!("model_type '{other}' is not supported"))),
     }
+}
+
+/// A checkpoint's weights under the names `config`'s architecture holds them (mlx-lm's
+/// `sanitize`): experts stacked ([`switch::stack_experts`]); a multimodal Gemma 3's language
+/// model alone, under `model.`.
+pub fn sanitize(config: &ModelConfig, weights: Params) -> Result<Params> {
+    match config.model_type.as_str() {
+        "qwen3_moe" => switch::stack_experts(weights),
+        "gemma3_text" => Ok(gemma3::language_model(weights)),
+        _ => Ok(weights),
+    }
+}
+
+/// Quantizes the layers of `model` (linear, embedding and expert stacks) for which
+/// `predicate(path, weight)` gives a spec, as [`quantize_with`].
+pub fn quantize(
+    model: &mut dyn LanguageModel,
+    mut predicate: impl FnMut(&str, &Array) -> Option<QuantSpec>,
+) -> Result<()> {
+    quantize_with(model, &mut predicate)?;
+    switch::quantize_experts(model, &mut predicate)
 }
 
 /// Projections of one input joined row-wise into one layer ([`LanguageModel::fuse_projections`]).

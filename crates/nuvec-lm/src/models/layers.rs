@@ -1,0 +1,274 @@
+//! The blocks the architectures share (mlx-lm's `models/base.py`): the RMS norm, attention
+//! with grouped key-value heads, and the gated MLP. Parameter names are Hugging Face's.
+
+use nuvec::fast::{self, AttentionOptions};
+use nuvec::nn::{Layer, Linear, Param};
+use nuvec::{Array, DType, ops};
+use nuvec_nn::module;
+
+use super::Fused;
+use crate::cache::{KvCache, Positions};
+use crate::config::ModelConfig;
+use crate::rope::Rope;
+use crate::{Error, Result};
+
+/// A placeholder weight: lazy zeros, never evaluated once the checkpoint's weights replace it.
+pub fn linear(input: i32, output: i32, bias: bool) -> Linear {
+    Linear {
+        weight: Param::new(ops::zeros([output, input], DType::F32)),
+        bias: bias.then(|| Param::new(ops::zeros([output], DType::F32))),
+        quantized: None,
+    }
+}
+
+/// Root-mean-square normalisation over the last axis, scaled by `weight`, or by
+/// `1 + weight` when `shifted` (Gemma's checkpoints store the scale's offset from one).
+#[derive(Clone, Debug)]
+pub struct Norm {
+    /// `[dims]`.
+    pub weight: Param,
+    /// Added to the mean square.
+    pub eps: f32,
+    /// The scale is `1 + weight`.
+    pub shifted: bool,
+}
+module!(Norm { weight });
+
+impl Norm {
+    /// Over `dims` features, with the identity scale.
+    pub fn new(dims: i32, eps: f32, shifted: bool) -> Norm {
+        let init = if shifted { ops::zeros([dims], DType::F32) } else { ops::ones([dims], DType::F32) };
+        Norm { weight: Param::new(init), eps, shifted }
+    }
+
+    /// `x` normalised.
+    pub fn forward(&self, x: &Array) -> Array {
+        if self.shifted {
+            fast::rms_norm(x, &(&*self.weight + 1.0f32), self.eps)
+        } else {
+            fast::rms_norm(x, &*self.weight, self.eps)
+        }
+    }
+}
+
+/// The shape and arithmetic of one layer's attention.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionSpec {
+    /// Query heads.
+    pub heads: i32,
+    /// Key-value heads.
+    pub kv_heads: i32,
+    /// Features per head.
+    pub head_dim: i32,
+    /// Scores are `scale · q·k`.
+    pub scale: f32,
+    /// Each query attends at most this many keys (a sliding-window layer).
+    pub window: Option<i32>,
+}
+
+impl AttentionSpec {
+    /// `config`'s heads, scaled by `1/√head_dim`, no window.
+    pub fn of(config: &ModelConfig) -> AttentionSpec {
+        let d = config.head_dim();
+        AttentionSpec {
+            heads: config.num_attention_heads,
+            kv_heads: config.kv_heads(),
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: None,
+        }
+    }
+}
+
+/// Self-attention with grouped key-value heads.
+pub struct Attention {
+    /// Queries.
+    pub q_proj: Linear,
+    /// Keys.
+    pub k_proj: Linear,
+    /// Values.
+    pub v_proj: Linear,
+    /// Output.
+    pub o_proj: Linear,
+    /// A norm on each query head (Qwen3, Gemma 3).
+    pub q_norm: Option<Norm>,
+    /// A norm on each key head.
+    pub k_norm: Option<Norm>,
+    /// The three projections joined ([`super::LanguageModel::fuse_projections`]).
+    pub qkv: Option<Fused>,
+}
+module!(Attention { q_proj, k_proj, v_proj, o_proj, q_norm, k_norm });
+
+impl Attention {
+    /// Placeholder projections of `config`'s shape; `qkv_bias` on queries, keys and values,
+    /// `attention_bias` on the output too; `head_norms`: a norm per query and key head,
+    /// shifted as Gemma's or not.
+    pub fn new(config: &ModelConfig, qkv_bias: bool, head_norms: Option<bool>) -> Attention {
+        let (h, d) = (config.hidden_size, config.head_dim());
+        let (hq, hkv) = (config.num_attention_heads, config.kv_heads());
+        let norm = |shifted| Norm::new(d, config.rms_norm_eps, shifted);
+        Attention {
+            q_proj: linear(h, hq * d, qkv_bias),
+            k_proj: linear(h, hkv * d, qkv_bias),
+            v_proj: linear(h, hkv * d, qkv_bias),
+            o_proj: linear(hq * d, h, config.attention_bias),
+            q_norm: head_norms.map(norm),
+            k_norm: head_norms.map(norm),
+            qkv: None,
+        }
+    }
+
+    /// Joins the query, key and value projections.
+    pub fn fuse(&mut self) {
+        self.qkv = Fused::join(&mut [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj]);
+    }
+
+    /// Attention of `x [B, L, hidden]` over `cache` and itself, positions from the cache's
+    /// count or, with `at`, from the device ([`KvCache::update_at`]; no window then).
+    pub fn forward(
+        &self,
+        x: &Array,
+        cache: &mut KvCache,
+        at: Option<&Positions>,
+        rope: &Rope,
+        spec: &AttentionSpec,
+    ) -> Array {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let (d, hq, hkv) = (spec.head_dim, spec.heads, spec.kv_heads);
+        // With the projections joined, one product gives every head: [B, L, Hq + 2·Hkv, D].
+        let joined = self.qkv.as_ref().and_then(|f| f.forward(x, &[&self.q_proj, &self.k_proj, &self.v_proj]));
+        let joined = joined.map(|y| y.reshape([b, l, hq + 2 * hkv, d]));
+        // Heads `first..first + n` of the joined product, else `proj`'s own.
+        let heads = |proj: &Linear, first: i32, n: i32, norm: &Option<Norm>| {
+            let y = match &joined {
+                Some(y) => y.slice(&[0, 0, first, 0], &[b, l, first + n, d], &[1, 1, 1, 1]),
+                None => proj.forward(x).reshape([b, l, n, d]),
+            };
+            let y = match norm {
+                Some(n) => n.forward(&y),
+                None => y,
+            };
+            y.transpose(&[0, 2, 1, 3])
+        };
+        let rotate = |y: &Array| match at {
+            Some(at) => rope.apply_at(y, &at.start),
+            None => rope.apply(y, cache.offset()),
+        };
+        let (q, k) = if joined.is_some() && self.q_norm.is_none() && self.k_norm.is_none() {
+            // The query and key heads sit together in the joined product: one rotation.
+            let qk = rotate(&heads(&self.q_proj, 0, hq + hkv, &None));
+            let part = |first: i32, n: i32| qk.slice(&[0, first, 0, 0], &[b, first + n, l, d], &[1, 1, 1, 1]);
+            (part(0, hq), part(hq, hkv))
+        } else {
+            (rotate(&heads(&self.q_proj, 0, hq, &self.q_norm)), rotate(&heads(&self.k_proj, hq, hkv, &self.k_norm)))
+        };
+        let v = heads(&self.v_proj, hq + hkv, hkv, &None);
+        let o = match at {
+            // One block per row of the fixed-capacity buffers, bounded by the device lengths.
+            Some(at) if spec.window.is_none() => {
+                let (k, v) = cache.update_at(&k, &v, at);
+                fast::paged_attention(&q, &k, &v, &at.tables, &at.lengths, spec.scale, &AttentionOptions::default())
+            }
+            Some(_) => {
+                let why = "at: positions on the device need attention without a window";
+                return Array::failed("attention", nuvec::OpErrorKind::InvalidArgument(why.into()));
+            }
+            None => {
+                let (k, v) = cache.update_and_fetch(&k, &v);
+                // The layer's own window holds whatever the cache keeps; a rotating cache's
+                // window applies to the queries of a prompt (one query sees its whole buffer).
+                let window = spec.window.or(cache.window().filter(|_| l > 1));
+                let options = match (l > 1, window) {
+                    (_, Some(w)) => AttentionOptions::causal().window(w),
+                    (true, None) => AttentionOptions::causal(),
+                    (false, None) => AttentionOptions::default(),
+                };
+                fast::scaled_dot_product_attention(&q, &k, &v, spec.scale, &options)
+            }
+        };
+        self.o_proj.forward(&o.transpose(&[0, 2, 1, 3]).reshape([b, l, hq * d]))
+    }
+}
+
+/// The MLP's activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `x σ(x)`: `silu` (the default).
+    Silu,
+    /// GELU's tanh approximation: `gelu_pytorch_tanh` (Gemma).
+    GeluTanh,
+    /// GELU: `gelu`.
+    Gelu,
+}
+
+impl Activation {
+    /// `config`'s `hidden_activation` (or `hidden_act`); an error names an unknown one.
+    pub fn of(config: &ModelConfig) -> Result<Activation> {
+        match config.hidden_activation.as_deref().unwrap_or("silu") {
+            "silu" | "swish" => Ok(Activation::Silu),
+            "gelu_pytorch_tanh" | "gelu_new" | "gelu_approx" => Ok(Activation::GeluTanh),
+            "gelu" => Ok(Activation::Gelu),
+            other => Err(Error::Config(format!(
+                "hidden_activation '{other}' is not supported (silu, gelu, gelu_pytorch_tanh are)"
+            ))),
+        }
+    }
+
+    /// `act(gate) · up`.
+    pub fn gated(self, gate: &Array, up: &Array) -> Array {
+        match self {
+            Activation::Silu => fast::swiglu(gate, up),
+            Activation::GeluTanh => &nuvec::nn::gelu_approx(gate) * up,
+            Activation::Gelu => &nuvec::nn::gelu(gate) * up,
+        }
+    }
+}
+
+/// The gated MLP: `down(act(gate(x)) · up(x))`.
+pub struct Mlp {
+    /// The gate.
+    pub gate_proj: Linear,
+    /// The up projection.
+    pub up_proj: Linear,
+    /// The down projection.
+    pub down_proj: Linear,
+    /// The gate and up projections joined ([`super::LanguageModel::fuse_projections`]).
+    pub gate_up: Option<Fused>,
+}
+module!(Mlp { gate_proj, up_proj, down_proj });
+
+impl Mlp {
+    /// Placeholder projections from `hidden` to `inner` features and back.
+    pub fn new(hidden: i32, inner: i32, bias: bool) -> Mlp {
+        Mlp {
+            gate_proj: linear(hidden, inner, bias),
+            up_proj: linear(hidden, inner, bias),
+            down_proj: linear(inner, hidden, bias),
+            gate_up: None,
+        }
+    }
+
+    /// Joins the gate and up projections.
+    pub fn fuse(&mut self) {
+        self.gate_up = Fused::join(&mut [&mut self.gate_proj, &mut self.up_proj]);
+    }
+
+    /// The MLP of `x [.., hidden]`.
+    pub fn forward(&self, x: &Array, act: Activation) -> Array {
+        let gated = match self.gate_up.as_ref().and_then(|f| f.forward(x, &[&self.gate_proj, &self.up_proj])) {
+            Some(y) => {
+                let s = y.shape().to_vec();
+                let r = s.len();
+                let f = s[r - 1] / 2;
+                let half = |from: i32| {
+                    let (mut lo, mut hi) = (vec![0; r], s.clone());
+                    (lo[r - 1], hi[r - 1]) = (from, from + f);
+                    y.slice(&lo, &hi, &vec![1; r])
+                };
+                act.gated(&half(0), &half(f))
+            }
+            None => act.gated(&self.gate_proj.forward(x), &self.up_proj.forward(x)),
+        };
+        self.down_proj.forward(&gated)
+    }
+}
