@@ -252,6 +252,16 @@ fn new_cache(m: &Loaded, a: &ModelArgs) -> PromptCache {
 }
 
 fn run_generate(a: GenerateArgs) -> Res<()> {
+    // What a batch cannot do is refused, not ignored.
+    let unsupported = [
+        ("--max-kv-size", a.model.max_kv_size.is_some()),
+        ("--kv-bits", a.model.kv_bits.is_some()),
+        ("--draft-model", a.draft_model.is_some()),
+        ("--prompt-lookup", a.prompt_lookup.is_some()),
+    ];
+    if let (n @ 2.., Some((flag, _))) = (a.prompt.len(), unsupported.iter().find(|(_, given)| *given)) {
+        return Err(format!("{flag} works with one --prompt, not with a batch of {n}").into());
+    }
     let m = load_model(&a.model)?;
     let mut ids = Vec::new();
     for prompt in &a.prompt {

@@ -1,0 +1,28 @@
+//! The `nuvec` binary's answers to bad command lines: an error naming the problem, exit code
+//! 1, before any model is loaded.
+
+use std::process::Command;
+
+fn nuvec(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nuvec")).args(args).output().expect("nuvec runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_batch_refuses_what_it_cannot_do() {
+    for flag in [&["--kv-bits", "8"][..], &["--max-kv-size", "64"], &["--prompt-lookup", "2"], &["--draft-model", "d"]]
+    {
+        let mut args = vec!["generate", "--model", "/nonexistent", "--prompt", "a", "--prompt", "b"];
+        args.extend_from_slice(flag);
+        let (code, err) = nuvec(&args);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(&format!("{} works with one --prompt, not with a batch of 2", flag[0])), "{err}");
+    }
+}
+
+#[test]
+fn a_missing_model_is_named() {
+    let (code, err) = nuvec(&["generate", "--model", "/nonexistent/model", "--prompt", "a"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("/nonexistent/model"), "{err}");
+}
