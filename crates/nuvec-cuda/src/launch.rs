@@ -132,7 +132,24 @@ pub(crate) fn allow_shared(gpu: &Gpu, function: sys::CUfunction, bytes: u32) -> 
     }
 }
 
-/// Launches `function` on the device's stream.
+/// The kernels that begin with `nv_dependent_launch()` (`Family::dependent_launch`), by
+/// address: `launch` starts them as programmatic dependents.
+static DEPENDENT: std::sync::RwLock<Vec<usize>> = std::sync::RwLock::new(Vec::new());
+
+/// Marks `function` as one whose body waits for the kernel before it first thing.
+pub(crate) fn mark_dependent(function: sys::CUfunction) {
+    let key = function as usize;
+    if !DEPENDENT.read().unwrap_or_else(|e| e.into_inner()).contains(&key) {
+        let mut known = DEPENDENT.write().unwrap_or_else(|e| e.into_inner());
+        if !known.contains(&key) {
+            known.push(key);
+            known.sort_unstable();
+        }
+    }
+}
+
+/// Launches `function` on the device's stream; a kernel `mark_dependent` marked, as a
+/// programmatic dependent of the previous kernel where the device has that.
 pub(crate) fn launch(
     gpu: &Gpu,
     function: sys::CUfunction,
@@ -143,6 +160,16 @@ pub(crate) fn launch(
 ) -> Result<()> {
     gpu.bind()?;
     let mut ptrs: Vec<*mut c_void> = args.iter_mut().map(Arg::as_ptr).collect();
+    let marked = DEPENDENT.read().unwrap_or_else(|e| e.into_inner()).binary_search(&(function as usize)).is_ok();
+    if let Some(attr) = dependent_attr(gpu).filter(|_| marked) {
+        let mut attrs = [attr];
+        let mut cfg = config(gpu, grid.0, (block.0, block.1), &mut attrs);
+        (cfg.gridDimY, cfg.gridDimZ, cfg.blockDimZ, cfg.sharedMemBytes) = (grid.1, grid.2, block.2, shared);
+        // SAFETY: as below; `cfg` points at `attrs`, alive across the call.
+        return unsafe {
+            check(sys::cuLaunchKernelEx(&cfg, function, ptrs.as_mut_ptr(), std::ptr::null_mut()), "cuLaunchKernelEx")
+        };
+    }
     // SAFETY: `function` comes from a module loaded in this context; `ptrs` points at argument
     // values in `args`, which outlive the call (the driver copies them at launch); the argument
     // list matches the kernel's `extern "C"` signature (generated together in `kernels.rs`), and

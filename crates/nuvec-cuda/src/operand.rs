@@ -94,9 +94,14 @@ pub(crate) fn dense_output(gpu: &Arc<Gpu>, src: &Operand, out: &mut Output) -> R
     Ok(ptr)
 }
 
-/// The kernel `name` of module `family` (compiled on first use).
+/// The kernel `name` of module `family` (compiled on first use); a kernel of a family whose
+/// kernels wait for the one before them is marked so that `launch` starts it early.
 pub(crate) fn kernel(gpu: &Gpu, family: Family, name: &str) -> Result<CUfunction> {
-    gpu.modules.get(gpu, &family.key(), || family.source(), &[])?.function(name)
+    let f = gpu.modules.get(gpu, &family.key(), || family.source(), &[])?.function(name)?;
+    if family.dependent_launch() {
+        crate::launch::mark_dependent(f);
+    }
+    Ok(f)
 }
 
 /// Launches an element-wise kernel over `n` items with the standard grid (at most 32 blocks per
