@@ -44,25 +44,6 @@ template <int P> __device__ __forceinline__ float warp_sum_scatter(float (&a)[P]
   return a[0];
 }
 
-// The start of the rows of W a gemv_rows block takes first, asked of L2 before the block waits
-// for the kernel before it (nv_dependent_launch): in a decode step W is a weight no kernel
-// writes, and its stream from memory is then under way when the wait ends. A prefetch is only a
-// hint, so a W the kernel before does write is still read correctly after the wait. The first
-// 2 KiB of each row: enough to cover the wait for every block resident at once, not so much
-// that the prefetched lines evict each other from L2.
-template <typename T, int M>
-__device__ __forceinline__ void nv_early_gemv_rows(const T* w, u64 n, u64 k, u64 ldw) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int CM = 8 / M > 2 ? 8 / M : 2, C = NV_GEMV_ROW_LOADS < CM ? NV_GEMV_ROW_LOADS : CM;
-  const u64 c0 = (u64)blockIdx.x * C, bytes = k * sizeof(T) < 2048 ? k * sizeof(T) : 2048;
-  for (int c = 0; c < C && c0 + c < n; ++c) {
-    const char* row = (const char*)(w + (c0 + c) * ldw);
-    for (u64 at = (u64)threadIdx.x * 128; at < bytes; at += (u64)blockDim.x * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(row + at));
-  }
-#endif
-}
-
 // gemv_rows: a block takes C adjacent outputs (rows of W) at a time, C·M ≤ 16, and splits K over
 // all its threads, each reading all C rows: C × U loads in flight per thread, each x vector read
 // once for C rows, and a block done in a round trip or two to memory. (A warp per output took

@@ -197,12 +197,11 @@ impl Source {
     }
 }
 
-/// A kernel definition line with `nv_dependent_launch();` as the first statement of its body
-/// (a kernel that places it itself, after `nv_early_` calls that read only what no kernel
-/// before it writes, is left as it is); other lines unchanged.
+/// A kernel definition line with `nv_dependent_launch();` as the first statement of its body;
+/// other lines unchanged.
 fn dependent(line: &str) -> String {
     match line.find(") { ") {
-        Some(at) if line.starts_with("extern \"C\" __global__") && !line.contains("nv_dependent_launch") => {
+        Some(at) if line.starts_with("extern \"C\" __global__") => {
             format!("{}) {{ nv_dependent_launch(); {}", &line[..at], &line[at + 4..])
         }
         _ => line.to_string(),
@@ -266,11 +265,7 @@ mod tests {
             assert_eq!(source.matches("__global__").count(), kernels.len(), "{}", family.key());
             count += kernels.len();
             for k in kernels {
-                let mut body = &k[k.find(") { ").expect("a kernel body") + 4..];
-                // Early statements, if any, are `nv_early_` calls (weights asked of L2).
-                while body.starts_with("nv_early_") {
-                    body = &body[body.find("; ").expect("a statement") + 2..];
-                }
+                let body = &k[k.find(") { ").expect("a kernel body") + 4..];
                 assert!(body.starts_with("nv_dependent_launch(); "), "{k}");
             }
         }

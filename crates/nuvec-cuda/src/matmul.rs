@@ -38,7 +38,7 @@ pub(crate) fn source(d: DType) -> String {
     }
     for m in 1..=8 {
         s.kernel(format!(
-            "gemv_rows_{m}(const {t}* x, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {{ nv_early_gemv_rows<{t}, {m}>(w, n, k, ldw); nv_dependent_launch(); gemv_rows<{t}, {m}>(x, w, out, n, k, ldx, ldw, ldo); }}"
+            "gemv_rows_{m}(const {t}* x, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {{ gemv_rows<{t}, {m}>(x, w, out, n, k, ldx, ldw, ldo); }}"
         ));
         s.kernel(format!(
             "__launch_bounds__(NV_GEMV_COL_BLOCK) gemv_cols_{m}(const {t}* x, const {t}* b, float* partials, unsigned* counters, {t}* out, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices) {{ gemv_cols<{t}, {m}>(x, b, partials, counters, out, n, k, ldx, ldb, ldo, slices); }}"
