@@ -88,6 +88,10 @@ struct ModelArgs {
     /// The group size of the quantized KV cache (it must divide the head size).
     #[arg(long, default_value_t = 64)]
     kv_group_size: i32,
+    /// Keep the KV cache paged: blocks of this many positions (a power of two) in a pool that
+    /// grows by blocks.
+    #[arg(long, conflicts_with_all = ["max_kv_size", "kv_bits"])]
+    kv_block_size: Option<i32>,
     /// Run each decode step op by op instead of as one recorded device graph (GPU only).
     #[arg(long)]
     no_graph: bool,
@@ -244,10 +248,11 @@ fn encode(m: &Loaded, text: &str) -> Res<Vec<u32>> {
 }
 
 fn new_cache(m: &Loaded, a: &ModelArgs) -> PromptCache {
-    match (a.max_kv_size, a.kv_bits) {
-        (Some(n), _) => PromptCache::rotating(m.model.as_ref(), n),
-        (None, Some(bits)) => PromptCache::quantized(m.model.as_ref(), a.kv_group_size, bits),
-        (None, None) => PromptCache::new(m.model.as_ref()),
+    match (a.max_kv_size, a.kv_bits, a.kv_block_size) {
+        (Some(n), ..) => PromptCache::rotating(m.model.as_ref(), n),
+        (None, Some(bits), _) => PromptCache::quantized(m.model.as_ref(), a.kv_group_size, bits),
+        (None, None, Some(bs)) => PromptCache::paged(m.model.as_ref(), bs),
+        (None, None, None) => PromptCache::new(m.model.as_ref()),
     }
 }
 
@@ -256,6 +261,7 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
     let unsupported = [
         ("--max-kv-size", a.model.max_kv_size.is_some()),
         ("--kv-bits", a.model.kv_bits.is_some()),
+        ("--kv-block-size", a.model.kv_block_size.is_some()),
         ("--draft-model", a.draft_model.is_some()),
         ("--prompt-lookup", a.prompt_lookup.is_some()),
     ];

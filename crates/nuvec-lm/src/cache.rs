@@ -41,7 +41,8 @@ impl Positions {
 /// Contiguous ([`KvCache::new`], mlx-lm's `KVCache`): every position, in order. Rotating
 /// ([`KvCache::rotating`], mlx-lm's `RotatingKVCache`): at most `max_size` positions, the first
 /// `keep` of them kept forever and the rest overwritten oldest first; attention over it is
-/// windowed ([`KvCache::window`]).
+/// windowed ([`KvCache::window`]). Paged ([`KvCache::paged`]): positions in blocks of a pool
+/// that grows by whole blocks, read through a block table by `paged_attention`.
 #[derive(Clone, Debug, Default)]
 pub struct KvCache {
     keys: Option<Array>,
@@ -56,6 +57,19 @@ pub struct KvCache {
     /// and biases (six buffers, grown as `keys` would be).
     quantized: Option<(i32, i32)>,
     packed: Vec<Array>,
+    /// Paged: `keys` and `values` are the pools `[blocks, H, block_size, D]`.
+    pages: Option<Pages>,
+}
+
+/// A paged cache's bookkeeping: the block size, each row's blocks in position order, the
+/// pool's blocks no row holds (highest first, so the lowest is taken next), and the rows'
+/// block table on the device (`[B, pool blocks]`, `int32`; unused entries 0).
+#[derive(Clone, Debug)]
+struct Pages {
+    block_size: i32,
+    rows: Vec<Vec<i32>>,
+    free: Vec<i32>,
+    table: Option<Array>,
 }
 
 impl KvCache {
@@ -77,6 +91,27 @@ impl KvCache {
         KvCache { quantized: Some((group_size, bits)), ..KvCache::default() }
     }
 
+    /// An empty paged cache: keys and values in blocks of `block_size` positions (a power of
+    /// two) of one pool per layer, the pool doubling when its free blocks run out, each row's
+    /// blocks listed in a block table; attention reads it with
+    /// [`nuvec::fast::paged_attention`]. Writes go straight into the pool
+    /// ([`nuvec::fast::paged_write`]), so decoding records as a graph as over contiguous
+    /// caches.
+    pub fn paged(block_size: i32) -> KvCache {
+        let pages = Pages { block_size: block_size.max(1), rows: Vec::new(), free: Vec::new(), table: None };
+        KvCache { pages: Some(pages), ..KvCache::default() }
+    }
+
+    /// The block size of a paged cache.
+    pub fn block_size(&self) -> Option<i32> {
+        self.pages.as_ref().map(|p| p.block_size)
+    }
+
+    /// A paged cache's block table on the device (`[B, pool blocks]`), once it holds keys.
+    pub fn page_table(&self) -> Option<&Array> {
+        self.pages.as_ref().and_then(|p| p.table.as_ref())
+    }
+
     /// The group size and bits of a quantized cache.
     pub fn quantization(&self) -> Option<(i32, i32)> {
         self.quantized
@@ -95,8 +130,14 @@ impl KvCache {
     /// Appends `keys [B, H, L, Dk]` and `values [B, H, L, Dv]` and returns the keys and values
     /// attention sees: every position so far, or for a rotating cache the window's (in time
     /// order when `L > 1`; in buffer order, which attention of one query does not mind, when
-    /// `L = 1`).
+    /// `L = 1`). A paged cache returns its pools (attention reads them through
+    /// [`KvCache::page_table`]).
     pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> (Array, Array) {
+        if self.pages.is_some() {
+            // Every row at the host-held position: the pools (attention reads them paged).
+            let start = Array::from_slice(&vec![self.offset; keys.shape()[0] as usize], [keys.shape()[0]]);
+            return self.write_pages(keys, values, &start);
+        }
         match (self.max_size, self.quantized) {
             (_, Some((group, bits))) => self.append_quantized(keys, values, group, bits),
             (Some(max), None) if keys.shape()[2] == 1 => self.rotate_one(keys, values, max),
@@ -242,6 +283,9 @@ impl KvCache {
     /// when the host-side count says the positions will not fit; the write is in place when
     /// nothing else holds the buffers. Contiguous caches only (not rotating ones).
     pub fn update_at(&mut self, keys: &Array, values: &Array, at: &Positions) -> (Array, Array) {
+        if self.pages.is_some() {
+            return self.write_pages(keys, values, &at.start);
+        }
         let s = keys.shape().to_vec();
         let (b, h, len) = (s[0], s[1], s[2]);
         let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
@@ -266,11 +310,124 @@ impl KvCache {
         (self.keys.clone().expect("written"), self.values.clone().expect("written"))
     }
 
+    /// Writes `keys [B, H, L, Dk]` and `values [B, H, L, Dv]` of a paged cache at the positions
+    /// `start[b]..start[b] + L` (on the device) through its block table, taking blocks first;
+    /// returns the pools.
+    fn write_pages(&mut self, keys: &Array, values: &Array, start: &Array) -> (Array, Array) {
+        let (b, len) = (keys.shape()[0], keys.shape()[2]);
+        if let Err(e) = self.take_blocks(b, self.offset + len, Some((keys, values))) {
+            let failed = Array::from_error(e);
+            return (failed.clone(), failed);
+        }
+        let pages = self.pages.as_ref().expect("paged");
+        let (bs, table) = (pages.block_size, pages.table.clone().expect("taken blocks"));
+        let pos = &start.reshape([b, 1]).astype(nuvec::DType::I32) + &ops::arange(0, len, 1).reshape([1, len]);
+        let blocks = table.take_along_axis(&pos.floor_divide(bs), 1);
+        let slots = (&(&blocks * bs) + &pos.remainder(bs)).reshape([b * len]);
+        let put = |pool: &mut Option<Array>, new: &Array| {
+            let rows = new.transpose(&[0, 2, 1, 3]).reshape([b * len, new.shape()[1], new.shape()[3]]);
+            // The old pool is dropped before evaluation, so the write happens in place.
+            *pool = Some(nuvec::fast::paged_write(&pool.take().expect("taken blocks"), &rows, &slots));
+        };
+        put(&mut self.keys, keys);
+        put(&mut self.values, values);
+        self.offset += len;
+        (self.keys.clone().expect("written"), self.values.clone().expect("written"))
+    }
+
+    /// Gives each of `b` rows of a paged cache the blocks of `positions` positions, the pool
+    /// growing (doubling) when too few are free, and refreshes the block table on the device
+    /// (in place while the pool keeps its size). A new pool takes its heads and dtypes from
+    /// `like` (keys and values); without them only an existing pool grows. Returns whether the
+    /// pool or the table moved (a recorded step must record again).
+    fn take_blocks(&mut self, b: i32, positions: i32, like: Option<(&Array, &Array)>) -> nuvec::Result<bool> {
+        let Some(pages) = self.pages.as_mut() else { return Ok(false) };
+        let bs = pages.block_size;
+        let need = ((positions + bs - 1) / bs) as usize;
+        if pages.rows.len() < b as usize {
+            pages.rows.resize(b as usize, Vec::new());
+        }
+        let rows = &mut pages.rows[..b as usize];
+        let missing: usize = rows.iter().map(|r| need.saturating_sub(r.len())).sum();
+        let held = self.keys.as_ref().map_or(0, |k| k.shape()[0]);
+        let mut moved = false;
+        if missing > pages.free.len() {
+            let like = match (&self.keys, &self.values, like) {
+                (Some(k), Some(v), _) => (k.clone(), v.clone()),
+                (_, _, Some((k, v))) => (k.clone(), v.clone()),
+                _ => return Ok(true),
+            };
+            let wanted = held as usize + missing - pages.free.len();
+            let target = (wanted.next_power_of_two().max(2 * held as usize).max(4)) as i32;
+            let grow = |pool: Option<&Array>, like: &Array| {
+                let s = like.shape();
+                let more = ops::zeros([target - held, s[1], bs, s[3]], like.dtype());
+                match pool {
+                    Some(p) => ops::concatenate(&[p.clone(), more], 0),
+                    None => more,
+                }
+            };
+            self.keys = Some(grow(self.keys.as_ref(), &like.0));
+            self.values = Some(grow(self.values.as_ref(), &like.1));
+            pages.free = (held..target).rev().chain(pages.free.iter().copied()).collect();
+            moved = true;
+        }
+        let rows = &mut pages.rows[..b as usize];
+        for r in rows.iter_mut() {
+            while r.len() < need {
+                r.push(pages.free.pop().expect("blocks were made free"));
+            }
+        }
+        let n = self.keys.as_ref().map_or(0, |k| k.shape()[0]);
+        let same_shape = pages.table.as_ref().is_some_and(|t| t.shape() == [b, n]);
+        if missing == 0 && same_shape {
+            return Ok(moved);
+        }
+        let mut host = vec![0i32; (b * n) as usize];
+        for (i, r) in rows.iter().enumerate() {
+            host[i * n as usize..][..r.len()].copy_from_slice(r);
+        }
+        let host = Array::from_slice(&host, [b, n]);
+        if nuvec::default_device().is_cpu() {
+            // Nothing records there: a fresh table.
+            pages.table = Some(host);
+            return Ok(true);
+        }
+        if !same_shape {
+            // A dense buffer of its own, which later refreshes rewrite in place.
+            let table = ops::zeros([b, n], nuvec::DType::I32).contiguous();
+            nuvec::eval(std::slice::from_ref(&table))?;
+            pages.table = Some(table);
+            moved = true;
+        }
+        nuvec::transforms::write_into(pages.table.as_ref().expect("made above"), &host)?;
+        Ok(moved)
+    }
+
+    /// Before a recorded step writes positions `< positions` of `b` rows: a paged cache takes
+    /// the blocks they need. Whether its buffers moved (the step must record again).
+    pub(crate) fn prepare(&mut self, b: i32, positions: i32) -> nuvec::Result<bool> {
+        self.take_blocks(b, positions, None)
+    }
+
+    /// Positions a recorded step can write without the cache growing: a contiguous cache's
+    /// capacity; unbounded for a paged one, whose blocks [`KvCache::prepare`] takes.
+    pub(crate) fn capacity(&self) -> i32 {
+        match (&self.pages, &self.keys) {
+            (Some(_), _) => i32::MAX,
+            (None, Some(k)) => k.shape()[2],
+            (None, None) => 0,
+        }
+    }
+
     /// One cache of `rows.len()` rows from contiguous caches of one row each, their buffers
     /// padded to the largest capacity: for decoding several sequences together through
     /// [`KvCache::update_at`], whose positions say where each row's next key goes (each row
     /// keeps its own length; the result counts the longest).
     pub fn stack(rows: &[KvCache]) -> KvCache {
+        if let Some(bs) = rows.first().and_then(KvCache::block_size) {
+            return KvCache::stack_pages(rows, bs);
+        }
         let capacity = rows.iter().filter_map(|c| c.keys.as_ref()).map(|k| k.shape()[2]).max().unwrap_or(0);
         let pad = |b: &Array| match b.shape()[2] {
             held if held == capacity => b.clone(),
@@ -284,6 +441,35 @@ impl KvCache {
             keys: join(&|c| c.keys.as_ref()),
             values: join(&|c| c.values.as_ref()),
             offset: rows.iter().map(|c| c.offset).max().unwrap_or(0),
+            ..KvCache::default()
+        }
+    }
+
+    /// [`KvCache::stack`] of paged caches: their pools one after the other, each row's blocks
+    /// renumbered into the joined pool (the table is made again when next needed).
+    fn stack_pages(rows: &[KvCache], bs: i32) -> KvCache {
+        let mut pages = Pages { block_size: bs, rows: Vec::new(), free: Vec::new(), table: None };
+        let mut base = 0;
+        for c in rows {
+            let p = c.pages.as_ref().filter(|p| p.block_size == bs);
+            pages.rows.extend(
+                p.map_or(vec![Vec::new()], |p| p.rows.clone())
+                    .into_iter()
+                    .map(|r| r.into_iter().map(|id| id + base).collect::<Vec<i32>>()),
+            );
+            pages.free.extend(p.map_or(Vec::new(), |p| p.free.iter().map(|id| id + base).collect()));
+            base += c.keys.as_ref().map_or(0, |k| k.shape()[0]);
+        }
+        pages.free.sort_unstable_by(|a, b| b.cmp(a));
+        let join = |get: &dyn Fn(&KvCache) -> Option<&Array>| -> Option<Array> {
+            let parts: Vec<Array> = rows.iter().filter_map(|c| get(c).cloned()).collect();
+            (!parts.is_empty()).then(|| ops::concatenate(&parts, 0))
+        };
+        KvCache {
+            keys: join(&|c| c.keys.as_ref()),
+            values: join(&|c| c.values.as_ref()),
+            offset: rows.iter().map(|c| c.offset).max().unwrap_or(0),
+            pages: Some(pages),
             ..KvCache::default()
         }
     }
@@ -310,7 +496,12 @@ impl KvCache {
 
     /// An empty cache of the same kind.
     pub fn emptied(&self) -> KvCache {
-        KvCache { max_size: self.max_size, keep: self.keep, quantized: self.quantized, ..KvCache::default() }
+        match self.block_size() {
+            Some(bs) => KvCache::paged(bs),
+            None => {
+                KvCache { max_size: self.max_size, keep: self.keep, quantized: self.quantized, ..KvCache::default() }
+            }
+        }
     }
 
     /// The arrays the cache holds, to evaluate with a step's output.

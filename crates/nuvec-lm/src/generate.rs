@@ -128,6 +128,14 @@ impl PromptCache {
         PromptCache { layers, tokens: Vec::new(), graph: None }
     }
 
+    /// Paged caches ([`KvCache::paged`]) of blocks of `block_size` positions (a power of
+    /// two): the pools grow by blocks, and decoding records as a graph as over contiguous
+    /// caches. Every layer is paged, sliding-window ones too (attention applies the window).
+    pub fn paged(model: &dyn LanguageModel, block_size: i32) -> PromptCache {
+        let layers = (0..model.config().num_hidden_layers).map(|_| KvCache::paged(block_size)).collect();
+        PromptCache { layers, tokens: Vec::new(), graph: None }
+    }
+
     /// Keeps the longest prefix of the held tokens that `prompt` starts with, short of the whole
     /// prompt (its last token must run to give logits); returns the tokens still to run.
     fn reuse<'p>(&mut self, prompt: &'p [u32]) -> &'p [u32] {
@@ -172,7 +180,7 @@ pub struct Generation<'a> {
 }
 
 /// Whether single-token steps over `layers` go through the [`DecodeGraph`]: the model and
-/// contiguous caches allow it, and `decode_graph` (by default: a GPU, unless
+/// contiguous or paged caches allow it, and `decode_graph` (by default: a GPU, unless
 /// `NUVEC_LM_GRAPH=0`) asks for it.
 fn graphed(model: &dyn LanguageModel, layers: &[KvCache], decode_graph: Option<bool>) -> bool {
     let contiguous = |c: &KvCache| c.window().is_none() && c.quantization().is_none();
@@ -549,9 +557,7 @@ pub fn generate_batch(
     }
     if !model.device_positions() {
         return Err(config(
-            "this model needs host positions (dynamic RoPE scaling, sliding-window layers); \
-             generate one prompt at a time"
-                .into(),
+            "the model's RoPE scaling needs host positions (dynamic); generate one prompt at a time".into(),
         ));
     }
     options.sampler.validate()?;
@@ -561,7 +567,10 @@ pub fn generate_batch(
     let mut rows = Vec::with_capacity(b);
     let mut firsts = Vec::with_capacity(b);
     for p in prompts {
-        let mut cache = model.new_cache();
+        // Contiguous in place of rotating caches: sliding-window layers apply their window in
+        // attention, and positions on the device need caches that keep every position.
+        let mut cache: Vec<KvCache> =
+            model.new_cache().into_iter().map(|c| if c.window().is_some() { KvCache::new() } else { c }).collect();
         let (head, last) = p.split_at(p.len() - 1);
         run_chunks(model, &mut cache, head, options.prefill_step)?;
         firsts.push(last_logits(&model.forward(&tokens(last), &mut cache)));

@@ -4,8 +4,9 @@
 //!
 //! A recorded step reads fixed memory: the token ids and the positions are written into
 //! buffers of the step's own before each launch, the caches have a fixed capacity (a power of
-//! two) and are written in place at the device-held position, and attention is bounded by the
-//! device-held lengths ([`LanguageModel::forward_at`]). The first step at a capacity runs
+//! two, or a pool of blocks whose table is refreshed in place) and are written in place at the
+//! device-held position, and attention is bounded by the device-held lengths
+//! ([`LanguageModel::forward_at`]). The first step at a capacity runs
 //! eagerly (it loads the kernels), the second records; a cache that grows, or buffers that
 //! moved, start over. Where nothing can be recorded (the CPU, a model or cache that needs host
 //! positions) steps run eagerly, with the same results.
@@ -38,10 +39,10 @@ enum State {
     Off { _graph: Option<DeviceGraph> },
 }
 
-/// The storages of the caches' buffers, as addresses.
+/// The storages of the caches' buffers (and block tables), as addresses.
 fn buffers(caches: &[KvCache]) -> Result<Vec<usize>> {
     let mut out = Vec::new();
-    for a in caches.iter().flat_map(KvCache::arrays) {
+    for a in caches.iter().flat_map(|c| c.arrays().into_iter().chain(c.page_table().cloned())) {
         out.push(std::sync::Arc::as_ptr(&a.data()?.storage) as usize);
     }
     Ok(out)
@@ -111,9 +112,14 @@ impl DecodeGraph {
         write_into(fixed_tokens, &tokens)?;
         write_into(positions, &host)?;
         let at = Positions::rows(positions);
-        // A cache about to grow moves its buffers: run eagerly and record afresh after.
-        let capacity = caches.iter().flat_map(KvCache::arrays).map(|a| a.shape()[2]).min().unwrap_or(0);
-        if start + 1 > capacity {
+        // Paged caches take the step's blocks. A cache about to grow, or a pool or block
+        // table that moved, moves buffers: run eagerly and record afresh after.
+        let mut moved = false;
+        for c in caches.iter_mut() {
+            moved |= c.prepare(b, start + 1)?;
+        }
+        let capacity = caches.iter().map(KvCache::capacity).min().unwrap_or(0);
+        if moved || start + 1 > capacity {
             self.state = State::Warm;
         }
         if let State::Ready { graph, buffers: held } = &self.state {

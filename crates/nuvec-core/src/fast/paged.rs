@@ -196,15 +196,18 @@ pub fn paged_write(cache: &Array, new: &Array, slots: &Array) -> Array {
         );
     }
     let (blocks, h, bs, d) = (cs[0], cs[1], cs[2], cs[3]);
-    let rows = blocks as i64 * bs as i64;
-    // One row per position: [blocks · block_size, H, D]; a slot outside is sent past the end,
-    // where the scatter ignores it.
-    let flat = cache.transpose(&[0, 2, 1, 3]).reshape([blocks * bs, h, d]);
-    let s = slots.astype(DType::I64);
+    let (t, rows) = (ns[0], blocks as i64 * bs as i64);
+    // The cache viewed as one row per (block, head, position) — a view, no copy, so a donated
+    // cache is written in place — and each slot's row for every head; a slot outside goes
+    // past the end, where `put_along_axis` ignores it.
+    let s = slots.astype(DType::I64).reshape([t, 1]);
     let inside = s.greater_equal(0).logical_and(s.less(rows));
-    let idx = ops::where_(&inside, &s, rows).astype(DType::I32);
-    let updates = new.astype(cache.dtype()).reshape([ns[0], 1, h, d]);
-    ops::scatter(&flat, &[idx], &updates, &[0]).reshape([blocks, bs, h, d]).transpose(&[0, 2, 1, 3])
+    let heads = ops::arange(0, h, 1).astype(DType::I64).reshape([1, h]);
+    let row = &(&(&(&s.floor_divide(bs as i64) * h as i64) + &heads) * bs as i64) + &s.remainder(bs as i64);
+    let row = ops::where_(&inside, &row, rows * h as i64).reshape([t * h, 1]);
+    let flat = cache.reshape([blocks * h * bs, d]);
+    let updates = new.astype(cache.dtype()).reshape([t * h, d]);
+    flat.put_along_axis(&row, &updates, 0).reshape([blocks, h, bs, d])
 }
 
 /// Causal attention of a ragged batch of new tokens over a paged cache that already holds

@@ -12,7 +12,7 @@ use nuvec_nn::module;
 use super::LanguageModel;
 use super::layers::{Activation, Attention, AttentionSpec, Mlp, Norm, linear};
 use crate::Result;
-use crate::cache::KvCache;
+use crate::cache::{KvCache, Positions};
 use crate::config::ModelConfig;
 use crate::rope::Rope;
 
@@ -102,15 +102,15 @@ impl Gemma3 {
     }
 }
 
-impl LanguageModel for Gemma3 {
-    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Array {
+impl Gemma3 {
+    fn run(&self, tokens: &Array, caches: &mut [KvCache], at: Option<&Positions>) -> Array {
         let embedded = self.model.embed_tokens.forward(tokens);
         let mut h = &embedded * (self.config.hidden_size as f32).sqrt();
         let layers = self.model.layers.iter().zip(&self.specs);
         for ((layer, spec), cache) in layers.zip(caches.iter_mut()) {
             let rope = &self.ropes[spec.window.is_some() as usize];
             let x = layer.input_layernorm.forward(&h);
-            let a = layer.self_attn.forward(&x, cache, None, rope, spec);
+            let a = layer.self_attn.forward(&x, cache, at, rope, spec);
             h = &h + &layer.post_attention_layernorm.forward(&a);
             if h.is_failed() {
                 return h;
@@ -127,6 +127,26 @@ impl LanguageModel for Gemma3 {
             Some(cap) => &(&logits / cap).tanh() * cap,
             None => logits,
         }
+    }
+}
+
+impl LanguageModel for Gemma3 {
+    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Array {
+        self.run(tokens, caches, None)
+    }
+
+    /// Over contiguous or paged caches (the sliding layers' window applied by attention), not
+    /// the rotating ones [`LanguageModel::new_cache`] gives: [`crate::PromptCache::paged`].
+    fn forward_at(&self, tokens: &Array, caches: &mut [KvCache], at: &Positions) -> Array {
+        if caches.iter().any(|c| c.window().is_some() || c.quantization().is_some()) {
+            let why = "caches: positions on the device need contiguous or paged caches, not rotating or quantized ones";
+            return Array::failed("forward_at", nuvec::OpErrorKind::InvalidArgument(why.into()));
+        }
+        self.run(tokens, caches, Some(at))
+    }
+
+    fn device_positions(&self) -> bool {
+        self.ropes.iter().all(Rope::device_positions)
     }
 
     fn fuse_projections(&mut self) {

@@ -124,7 +124,7 @@ impl Attention {
     }
 
     /// Attention of `x [B, L, hidden]` over `cache` and itself, positions from the cache's
-    /// count or, with `at`, from the device ([`KvCache::update_at`]; no window then).
+    /// count or, with `at`, from the device ([`KvCache::update_at`]).
     pub fn forward(
         &self,
         x: &Array,
@@ -163,15 +163,20 @@ impl Attention {
             (rotate(&heads(&self.q_proj, 0, hq, &self.q_norm)), rotate(&heads(&self.k_proj, hq, hkv, &self.k_norm)))
         };
         let v = heads(&self.v_proj, hq + hkv, hkv, &None);
+        // Attention over positions written at device-held starts: `paged_attention`, over a
+        // paged cache's blocks or one block per row of a contiguous cache.
+        let paged = |cache: &mut KvCache, at: &Positions| {
+            let (k, v) = cache.update_at(&k, &v, at);
+            let tables = cache.page_table().unwrap_or(&at.tables).clone();
+            let options = spec.window.map_or_else(AttentionOptions::default, |w| AttentionOptions::default().window(w));
+            fast::paged_attention(&q, &k, &v, &tables, &at.lengths, spec.scale, &options)
+        };
         let o = match at {
-            // One block per row of the fixed-capacity buffers, bounded by the device lengths.
-            Some(at) if spec.window.is_none() => {
-                let (k, v) = cache.update_at(&k, &v, at);
-                fast::paged_attention(&q, &k, &v, &at.tables, &at.lengths, spec.scale, &AttentionOptions::default())
-            }
-            Some(_) => {
-                let why = "at: positions on the device need attention without a window";
-                return Array::failed("attention", nuvec::OpErrorKind::InvalidArgument(why.into()));
+            Some(at) => paged(cache, at),
+            None if cache.block_size().is_some() => {
+                let (start, end) = (cache.offset(), cache.offset() + l);
+                let rows = |n: i32| Array::from_slice(&vec![n; b as usize], [b]);
+                paged(cache, &Positions::new(rows(start), rows(end)))
             }
             None => {
                 let (k, v) = cache.update_and_fetch(&k, &v);

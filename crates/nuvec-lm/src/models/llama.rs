@@ -151,7 +151,7 @@ impl LanguageModel for Llama {
 
     fn forward_at(&self, tokens: &Array, caches: &mut [KvCache], at: &Positions) -> Array {
         if caches.iter().any(|c| c.window().is_some() || c.quantization().is_some()) {
-            let why = "caches: positions on the device need contiguous caches, not rotating or quantized ones";
+            let why = "caches: positions on the device need contiguous or paged caches, not rotating or quantized ones";
             return Array::failed("forward_at", nuvec::OpErrorKind::InvalidArgument(why.into()));
         }
         self.run(tokens, caches, Some(at))
