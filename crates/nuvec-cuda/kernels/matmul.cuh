@@ -44,7 +44,8 @@ template <int P> __device__ __forceinline__ float warp_sum_scatter(float (&a)[P]
   return a[0];
 }
 
-// gemv_rows: a block takes C adjacent outputs (rows of W) at a time, C·M ≤ 16, and splits K over
+// gemv_rows: a block takes C adjacent outputs (rows of W) at a time (plus beta · add, when
+// add is given: addmm's c), C·M ≤ 16, and splits K over
 // all its threads, each reading all C rows: C × U loads in flight per thread, each x vector read
 // once for C rows, and a block done in a round trip or two to memory. (A warp per output took
 // eight round trips at K = 4096, 2 loads at a time, and the last wave's blocks left the GPU
@@ -53,7 +54,7 @@ template <int P> __device__ __forceinline__ float warp_sum_scatter(float (&a)[P]
 // block); blockDim must be a multiple of 32.
 template <typename T, int M>
 __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
-                                          u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {
+                                          u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo, const T* add, float beta) {
   const int V = 16 / sizeof(T);
   const int CM = 8 / M > 2 ? 8 / M : 2, C = NV_GEMV_ROW_LOADS < CM ? NV_GEMV_ROW_LOADS : CM;
   const int U = NV_GEMV_ROW_LOADS / C > 0 ? NV_GEMV_ROW_LOADS / C : 1;
@@ -126,6 +127,8 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
       float s = 0.0f;
       for (int q = 0; q < nw; ++q) s += red[q][r];
       u64 col = c0 + r / M;
+      // addmm: beta · add joins the sum before its one rounding (add is [M, n] row-major).
+      if (add != nullptr && col < n) s += beta * widen(add[(r % M) * ldo + col]);
       if (col < n) out[(r % M) * ldo + col] = narrow<T>((typename Acc<T>::type)s);
     }
     __syncthreads();  // red is written again by the next group

@@ -38,7 +38,7 @@ pub(crate) fn source(d: DType) -> String {
     }
     for m in 1..=8 {
         s.kernel(format!(
-            "gemv_rows_{m}(const {t}* x, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {{ gemv_rows<{t}, {m}>(x, w, out, n, k, ldx, ldw, ldo); }}"
+            "gemv_rows_{m}(const {t}* x, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo, const {t}* add, float beta) {{ gemv_rows<{t}, {m}>(x, w, out, n, k, ldx, ldw, ldo, add, beta); }}"
         ));
         s.kernel(format!(
             "__launch_bounds__(NV_GEMV_COL_BLOCK) gemv_cols_{m}(const {t}* x, const {t}* b, float* partials, unsigned* counters, {t}* out, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices) {{ gemv_cols<{t}, {m}>(x, b, partials, counters, out, n, k, ldx, ldb, ldo, slices); }}"
@@ -241,8 +241,26 @@ pub(crate) fn matmul(
     if dtype.is_integer() {
         return matmul_int(gpu, a, b, out);
     }
-    // The destination starts as `c` when there is one.
+    // Few rows against W^T: the GEMV, adding a row-major `c` as it writes (a residual added
+    // to a decode step's projection costs no kernel of its own).
     let with_c = c.is_some() && beta != 0.0;
+    let c_dense = c.as_ref().filter(|c| c.shape == out.shape && c.data.layout.flags.row_contiguous);
+    if with_c
+        && let Some(cd) = c_dense
+        && batch == 1
+        && m <= 8
+        && k > 0
+        && n > 0
+        && matches!(dtype, DType::F16 | DType::BF16 | DType::F32)
+        && alpha == 1.0
+    {
+        let add = (ptr_of(cd)?, beta);
+        let op_ptr = alloc_out(gpu, out)?;
+        if let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k, Some(add))? {
+            return Ok(done);
+        }
+    }
+    // The destination starts as `c` when there is one.
     let op_ptr = match c {
         Some(c) if beta != 0.0 => {
             copy(gpu, c, out)?;
@@ -278,7 +296,7 @@ pub(crate) fn matmul(
         && m <= 8
         && matches!(dtype, DType::F16 | DType::BF16 | DType::F32)
         && alpha == 1.0
-        && let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k)?
+        && let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k, None)?
     {
         return Ok(done);
     }
@@ -358,8 +376,20 @@ const GEMV_COL_THREADS: u64 = 8;
 /// Threads of a `gemv_cols` block (NV_GEMV_COL_BLOCK in matmul.cuh, its launch bound).
 const GEMV_COL_BLOCK: u32 = 256;
 
-/// The GEMV kernels, when the layout suits them; `None` leaves the product to cuBLASLt.
-fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u64) -> Result<Option<()>> {
+/// The GEMV kernels, when the layout suits them; `None` leaves the product to cuBLASLt. With
+/// `add` (a row-major `[m, n]` buffer and its factor), `gemv_rows` adds it as it writes;
+/// `gemv_cols` has no such epilogue and leaves those products to cuBLASLt.
+#[allow(clippy::too_many_arguments)]
+fn gemv(
+    gpu: &Arc<Gpu>,
+    a: &Operand,
+    b: &Operand,
+    out: u64,
+    m: u64,
+    n: u64,
+    k: u64,
+    add: Option<(u64, f32)>,
+) -> Result<Option<()>> {
     let ra = a.shape.len();
     let (sa0, sa1) = (a.data.layout.strides[ra - 2], a.data.layout.strides[ra - 1]);
     let (sb0, sb1) = (b.data.layout.strides[ra - 2], b.data.layout.strides[ra - 1]);
@@ -385,9 +415,14 @@ fn gemv(gpu: &Arc<Gpu>, a: &Operand, b: &Operand, out: u64, m: u64, n: u64, k: u
             Arg::U64(ldx),
             Arg::U64(sb1 as u64),
             Arg::U64(n),
+            Arg::Ptr(add.map_or(0, |(p, _)| p)),
+            Arg::F32(add.map_or(0.0, |(_, beta)| beta)),
         ];
         launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
         return Ok(Some(()));
+    }
+    if add.is_some() {
+        return Ok(None);
     }
     if sb1 == 1 && sb0 as u64 >= n && wp % 16 == 0 && (sb0 as u64).is_multiple_of(v) {
         // B [K, N] row-major: a block per tile of columns and slice of K (matmul.cuh). Slices: about

@@ -110,13 +110,13 @@ impl Gemma3 {
         for ((layer, spec), cache) in layers.zip(caches.iter_mut()) {
             let rope = &self.ropes[spec.window.is_some() as usize];
             let x = layer.input_layernorm.forward(&h);
-            let a = layer.self_attn.forward(&x, cache, at, rope, spec);
+            let a = layer.self_attn.forward(&x, cache, at, rope, spec, None);
             h = &h + &layer.post_attention_layernorm.forward(&a);
             if h.is_failed() {
                 return h;
             }
             let x = layer.pre_feedforward_layernorm.forward(&h);
-            h = &h + &layer.post_feedforward_layernorm.forward(&layer.mlp.forward(&x, self.act));
+            h = &h + &layer.post_feedforward_layernorm.forward(&layer.mlp.forward(&x, self.act, None));
         }
         let h = self.model.norm.forward(&h);
         let logits = match &self.lm_head {

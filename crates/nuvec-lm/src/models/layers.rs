@@ -21,6 +21,15 @@ pub fn linear(input: i32, output: i32, bias: bool) -> Linear {
     }
 }
 
+/// `residual + layer(x)`: one product (`addmm`, whose few-row GPU kernel adds the residual as
+/// it writes) for a float weight without bias, else the layer and an addition.
+pub fn plus_linear(residual: &Array, layer: &Linear, x: &Array) -> Array {
+    match (&layer.quantized, &layer.bias) {
+        (None, None) => ops::addmm(residual, x, &layer.weight.t(), 1.0, 1.0),
+        _ => residual + &layer.forward(x),
+    }
+}
+
 /// Root-mean-square normalisation over the last axis, scaled by `weight`, or by
 /// `1 + weight` when `shifted` (Gemma's checkpoints store the scale's offset from one).
 #[derive(Clone, Debug)]
@@ -124,7 +133,8 @@ impl Attention {
     }
 
     /// Attention of `x [B, L, hidden]` over `cache` and itself, positions from the cache's
-    /// count or, with `at`, from the device ([`KvCache::update_at`]).
+    /// count or, with `at`, from the device ([`KvCache::update_at`]); with `residual`, added
+    /// to the output projection ([`plus_linear`]).
     pub fn forward(
         &self,
         x: &Array,
@@ -132,6 +142,7 @@ impl Attention {
         at: Option<&Positions>,
         rope: &Rope,
         spec: &AttentionSpec,
+        residual: Option<&Array>,
     ) -> Array {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (d, hq, hkv) = (spec.head_dim, spec.heads, spec.kv_heads);
@@ -191,7 +202,11 @@ impl Attention {
                 fast::scaled_dot_product_attention(&q, &k, &v, spec.scale, &options)
             }
         };
-        self.o_proj.forward(&o.transpose(&[0, 2, 1, 3]).reshape([b, l, hq * d]))
+        let o = o.transpose(&[0, 2, 1, 3]).reshape([b, l, hq * d]);
+        match residual {
+            Some(r) => plus_linear(r, &self.o_proj, &o),
+            None => self.o_proj.forward(&o),
+        }
     }
 }
 
@@ -258,8 +273,9 @@ impl Mlp {
         self.gate_up = Fused::join(&mut [&mut self.gate_proj, &mut self.up_proj]);
     }
 
-    /// The MLP of `x [.., hidden]`.
-    pub fn forward(&self, x: &Array, act: Activation) -> Array {
+    /// The MLP of `x [.., hidden]`; with `residual`, added to the down projection
+    /// ([`plus_linear`]).
+    pub fn forward(&self, x: &Array, act: Activation, residual: Option<&Array>) -> Array {
         let gated = match self.gate_up.as_ref().and_then(|f| f.forward(x, &[&self.gate_proj, &self.up_proj])) {
             Some(y) => {
                 let s = y.shape().to_vec();
@@ -274,6 +290,9 @@ impl Mlp {
             }
             None => act.gated(&self.gate_proj.forward(x), &self.up_proj.forward(x)),
         };
-        self.down_proj.forward(&gated)
+        match residual {
+            Some(r) => plus_linear(r, &self.down_proj, &gated),
+            None => self.down_proj.forward(&gated),
+        }
     }
 }

@@ -124,17 +124,16 @@ impl Llama {
         let mut h = self.model.embed_tokens.forward(tokens);
         for (layer, cache) in self.model.layers.iter().zip(caches.iter_mut()) {
             let x = layer.input_layernorm.forward(&h);
-            h = &h + &layer.self_attn.forward(&x, cache, at, &self.rope, &self.spec);
+            h = layer.self_attn.forward(&x, cache, at, &self.rope, &self.spec, Some(&h));
             // A failed step (bad cache parameters, say) carries its error out, not on.
             if h.is_failed() {
                 return h;
             }
             let x = layer.post_attention_layernorm.forward(&h);
-            let y = match &layer.mlp {
-                FeedForward::Dense(m) => m.forward(&x, self.act),
-                FeedForward::Sparse(m) => m.forward(&x),
+            h = match &layer.mlp {
+                FeedForward::Dense(m) => m.forward(&x, self.act, Some(&h)),
+                FeedForward::Sparse(m) => &h + &m.forward(&x),
             };
-            h = &h + &y;
         }
         let h = self.model.norm.forward(&h);
         match &self.lm_head {
