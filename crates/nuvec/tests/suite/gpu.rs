@@ -405,6 +405,18 @@ fn products_agree() {
                 both(&format!("x @ W^T {dtype} m={m} k={k} n={n}"), &[x.clone(), w.clone()], |v| {
                     v[0].matmul(&v[1].t())
                 });
+                if dtype.is_float() {
+                    // addmm with a dense c of the product's shape: the GEMV adds it as it writes
+                    // (a residual); a broadcast c takes the copy and cuBLASLt.
+                    let c = values(&[m, n], dtype, 0.7);
+                    both(&format!("c + x @ W^T {dtype} m={m} k={k} n={n}"), &[x.clone(), w.clone(), c], |v| {
+                        ops::addmm(&v[2], &v[0], &v[1].t(), 1.0, 0.5)
+                    });
+                    let bias = values(&[n], dtype, 0.3);
+                    both(&format!("bias + x @ W^T {dtype} m={m} k={k} n={n}"), &[x.clone(), w.clone(), bias], |v| {
+                        ops::addmm(&v[2], &v[0], &v[1].t(), 1.0, 1.0)
+                    });
+                }
                 let w2 = values(&[k, n], dtype, 0.9) * 0.25;
                 both(&format!("x @ W {dtype} m={m} k={k} n={n}"), &[x, w2.clone()], |v| v[0].matmul(&v[1]));
                 // x a view one element into wider rows: its rows are not 16-byte aligned, so
