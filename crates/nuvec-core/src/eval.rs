@@ -37,41 +37,13 @@ pub fn async_eval<T: Leaves + ?Sized>(tree: &T) -> Result<()> {
     if let Some(e) = leaves.iter().find_map(|a| a.error()) {
         return Err(e);
     }
-    async_thread()?
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .send(leaves)
-        .map_err(|_| Error::Backend("the evaluation thread has stopped".into()))
-}
-
-/// The one thread `async_eval` hands its work to, in order. It is the first worker of a
-/// thread pool of its own, so the parallel loops of the operations it runs start on it and
-/// share out from there: from any other thread, each loop is handed to a pool's thread and
-/// back, two thread switches per operation, which dominated small operations (decoding a
-/// small model on the CPU). Nothing but the chunks of those loops runs on that pool, so a
-/// worker waiting in a loop never picks up an evaluation.
-fn async_thread() -> Result<&'static std::sync::Mutex<std::sync::mpsc::Sender<Vec<Array>>>> {
-    static SENDER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Vec<Array>>>> =
-        std::sync::OnceLock::new();
-    if let Some(s) = SENDER.get() {
-        return Ok(s);
-    }
-    let (tx, rx) = std::sync::mpsc::channel::<Vec<Array>>();
     std::thread::Builder::new()
         .name("nuvec-async-eval".into())
         .spawn(move || {
-            // Without a pool of its own (it could not be built) loops go to the global pool.
-            let pool = rayon::ThreadPoolBuilder::new().use_current_thread().build().ok();
-            for leaves in rx {
-                match &pool {
-                    Some(p) => p.install(|| eval_arrays(&leaves)).ok(),
-                    None => eval_arrays(&leaves).ok(),
-                };
-            }
+            let _ = eval_arrays(&leaves);
         })
         .map_err(|e| Error::Backend(format!("cannot start an evaluation thread: {e}")))?;
-    // A racing caller may have set it first: its thread is used, this one ends unused.
-    Ok(SENDER.get_or_init(|| std::sync::Mutex::new(tx)))
+    Ok(())
 }
 
 /// Evaluates `outputs` and everything they depend on.
