@@ -37,13 +37,44 @@ pub fn async_eval<T: Leaves + ?Sized>(tree: &T) -> Result<()> {
     if let Some(e) = leaves.iter().find_map(|a| a.error()) {
         return Err(e);
     }
+    let idle = IDLE.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    let leader = match idle {
+        Some(l) => l,
+        None => new_leader()?,
+    };
+    leader.send(leaves).map_err(|_| Error::Backend("an evaluation thread has stopped".into()))
+}
+
+/// Evaluation threads waiting for work, each the first worker of a rayon pool of its own.
+/// `async_eval` hands its work to an idle one (or starts one), so evaluations start at once,
+/// as on threads of their own, and never queue behind another caller's. The parallel loops
+/// of the operations a leader runs start on it and share out from there: from a thread
+/// outside a pool, each loop is handed to rayon's global pool and back, two thread switches
+/// per operation, which dominated small operations (decoding a small model on the CPU). A
+/// pool runs nothing but its leader's loop chunks, so a worker waiting in a loop never picks
+/// up a whole evaluation (which could block on a node another evaluation holds).
+static IDLE: std::sync::Mutex<Vec<std::sync::mpsc::Sender<Vec<Array>>>> = std::sync::Mutex::new(Vec::new());
+
+fn new_leader() -> Result<std::sync::mpsc::Sender<Vec<Array>>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<Array>>();
+    let me = tx.clone();
     std::thread::Builder::new()
         .name("nuvec-async-eval".into())
         .spawn(move || {
-            let _ = eval_arrays(&leaves);
+            // Without a pool of its own (it could not be built) loops go to the global pool.
+            let pool = rayon::ThreadPoolBuilder::new().use_current_thread().build().ok();
+            for leaves in rx {
+                match &pool {
+                    Some(p) => p.install(|| eval_arrays(&leaves)).ok(),
+                    None => eval_arrays(&leaves).ok(),
+                };
+                // The work's arrays go before the leader is offered again.
+                drop(leaves);
+                IDLE.lock().unwrap_or_else(|e| e.into_inner()).push(me.clone());
+            }
         })
         .map_err(|e| Error::Backend(format!("cannot start an evaluation thread: {e}")))?;
-    Ok(())
+    Ok(tx)
 }
 
 /// Evaluates `outputs` and everything they depend on.
