@@ -411,6 +411,14 @@ fn run_chat(a: ModelArgs) -> Res<()> {
 }
 
 fn run_bench(a: BenchArgs) -> Res<()> {
+    // The bench measures contiguous caches, or paged ones with --kv-block-size.
+    if let Some((flag, _)) =
+        [("--max-kv-size", a.model.max_kv_size.is_some()), ("--kv-bits", a.model.kv_bits.is_some())]
+            .into_iter()
+            .find(|(_, given)| *given)
+    {
+        return Err(format!("bench: {flag} is not measured (--kv-block-size is)").into());
+    }
     let (model, name) = match &a.random {
         Some(config) => {
             let options = LoadOptions { dtype: parse_dtype(&a.model)?, quantize: parse_quantize(&a.model)? };
@@ -455,7 +463,8 @@ fn run_bench(a: BenchArgs) -> Res<()> {
         let mut best = f64::INFINITY;
         for _ in 0..repeats {
             let graph = !a.model.no_graph;
-            best = best.min(decode_seconds(model, b, &ids(a.context.max(1)), a.steps.max(1), graph)?);
+            let context = ids(a.context.max(1));
+            best = best.min(decode_seconds(model, b, &context, a.steps.max(1), graph, a.model.kv_block_size)?);
         }
         let tps = b as f64 * a.steps as f64 / best;
         println!("{:>8} {:>14.1} {:>10.3}", b, tps, best / a.steps as f64 * 1e3);
@@ -473,15 +482,20 @@ fn run_bench(a: BenchArgs) -> Res<()> {
 
 /// Seconds for `steps` greedy decode steps of `batch` rows after a `prompt` prefill, each
 /// step started before the previous token is read (as generation runs); with `graph`, through
-/// the recorded decode step where the model allows it.
+/// the recorded decode step where the model allows it; paged caches of blocks of `block`
+/// positions, if given.
 fn decode_seconds(
     model: &dyn nuvec_lm::LanguageModel,
     batch: i32,
     prompt: &[u32],
     steps: usize,
     graph: bool,
+    block: Option<i32>,
 ) -> Res<f64> {
-    let mut cache = model.new_cache();
+    let mut cache = match block {
+        Some(bs) => PromptCache::paged(model, bs).layers,
+        None => model.new_cache(),
+    };
     let row: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
     let all: Vec<i32> = (0..batch).flat_map(|_| row.iter().copied()).collect();
     let logits = model.forward(&nuvec::Array::from_slice(&all, [batch, row.len() as i32]), &mut cache);

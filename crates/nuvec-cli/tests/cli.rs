@@ -26,3 +26,12 @@ fn a_missing_model_is_named() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("/nonexistent/model"), "{err}");
 }
+
+#[test]
+fn bench_refuses_caches_it_does_not_measure() {
+    for flag in ["--kv-bits", "--max-kv-size"] {
+        let (code, err) = nuvec(&["bench", "--model", "/nonexistent", flag, "8"]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(&format!("bench: {flag} is not measured")), "{err}");
+    }
+}
