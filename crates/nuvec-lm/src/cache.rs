@@ -281,8 +281,14 @@ impl KvCache {
     /// by `at.lengths` ([`nuvec::fast::paged_attention`] with one block per row). The
     /// capacity is a power of two (at least [`STEP`]) that grows, keeping what is held, only
     /// when the host-side count says the positions will not fit; the write is in place when
-    /// nothing else holds the buffers. Contiguous caches only (not rotating ones).
+    /// nothing else holds the buffers. A paged cache writes through its block table instead.
+    /// Rotating and quantized caches keep their positions on the host: failed arrays.
     pub fn update_at(&mut self, keys: &Array, values: &Array, at: &Positions) -> (Array, Array) {
+        if self.max_size.is_some() || self.quantized.is_some() {
+            let why = "positions on the device need contiguous or paged caches, not rotating or quantized ones";
+            let failed = Array::failed("KvCache::update_at", nuvec::OpErrorKind::InvalidArgument(why.into()));
+            return (failed.clone(), failed);
+        }
         if self.pages.is_some() {
             return self.write_pages(keys, values, &at.start);
         }

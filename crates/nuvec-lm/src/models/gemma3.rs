@@ -5,12 +5,12 @@
 //! so (`attn_logit_softcapping` is left unused, as transformers and mlx-lm leave it for
 //! Gemma 3). Parameter names are Hugging Face's.
 
-use nuvec::nn::{Embedding, Layer, Linear, Param, Params};
-use nuvec::{Array, DType, ops};
+use nuvec::Array;
+use nuvec::nn::{Embedding, Layer, Linear, Params};
 use nuvec_nn::module;
 
 use super::LanguageModel;
-use super::layers::{Activation, Attention, AttentionSpec, Mlp, Norm, linear};
+use super::layers::{Activation, Attention, AttentionSpec, Mlp, Norm, embedding, linear, logits};
 use crate::Result;
 use crate::cache::{KvCache, Positions};
 use crate::config::ModelConfig;
@@ -89,10 +89,8 @@ impl Gemma3 {
                 ..AttentionSpec::of(config)
             })
             .collect();
-        let embed_tokens =
-            Embedding { weight: Param::new(ops::zeros([config.vocab_size, h], DType::F32)), quantized: None };
         Ok(Gemma3 {
-            model: Decoder { embed_tokens, layers, norm: norm() },
+            model: Decoder { embed_tokens: embedding(config.vocab_size, h), layers, norm: norm() },
             lm_head: (!tied).then(|| linear(h, config.vocab_size, false)),
             config: config.clone(),
             ropes: [Rope::for_layers(config, "full_attention")?, Rope::for_layers(config, "sliding_attention")?],
@@ -118,11 +116,7 @@ impl Gemma3 {
             let x = layer.pre_feedforward_layernorm.forward(&h);
             h = &h + &layer.post_feedforward_layernorm.forward(&layer.mlp.forward(&x, self.act, None));
         }
-        let h = self.model.norm.forward(&h);
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.model.embed_tokens.as_linear(&h),
-        };
+        let logits = logits(&self.model.norm.forward(&h), &self.model.embed_tokens, &self.lm_head);
         match self.config.final_logit_softcapping {
             Some(cap) => &(&logits / cap).tanh() * cap,
             None => logits,
@@ -138,10 +132,6 @@ impl LanguageModel for Gemma3 {
     /// Over contiguous or paged caches (the sliding layers' window applied by attention), not
     /// the rotating ones [`LanguageModel::new_cache`] gives: [`crate::PromptCache::paged`].
     fn forward_at(&self, tokens: &Array, caches: &mut [KvCache], at: &Positions) -> Array {
-        if caches.iter().any(|c| c.window().is_some() || c.quantization().is_some()) {
-            let why = "caches: positions on the device need contiguous or paged caches, not rotating or quantized ones";
-            return Array::failed("forward_at", nuvec::OpErrorKind::InvalidArgument(why.into()));
-        }
         self.run(tokens, caches, Some(at))
     }
 

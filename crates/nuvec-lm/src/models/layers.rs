@@ -2,7 +2,7 @@
 //! with grouped key-value heads, and the gated MLP. Parameter names are Hugging Face's.
 
 use nuvec::fast::{self, AttentionOptions};
-use nuvec::nn::{Layer, Linear, Param};
+use nuvec::nn::{Embedding, Layer, Linear, Param};
 use nuvec::{Array, DType, ops};
 use nuvec_nn::module;
 
@@ -18,6 +18,20 @@ pub fn linear(input: i32, output: i32, bias: bool) -> Linear {
         weight: Param::new(ops::zeros([output, input], DType::F32)),
         bias: bias.then(|| Param::new(ops::zeros([output], DType::F32))),
         quantized: None,
+    }
+}
+
+/// A placeholder table of `vocab` embeddings of `hidden` features (lazy zeros).
+pub fn embedding(vocab: i32, hidden: i32) -> Embedding {
+    Embedding { weight: Param::new(ops::zeros([vocab, hidden], DType::F32)), quantized: None }
+}
+
+/// The logits of the final hidden states `h`: the output projection, or the embedding table
+/// when they are tied.
+pub fn logits(h: &Array, embed_tokens: &Embedding, lm_head: &Option<Linear>) -> Array {
+    match lm_head {
+        Some(head) => head.forward(h),
+        None => embed_tokens.as_linear(h),
     }
 }
 

@@ -5,12 +5,12 @@
 
 use std::any::Any;
 
+use nuvec::Array;
 use nuvec::nn::{Embedding, Layer, Linear, Module, Param};
-use nuvec::{Array, DType, ops};
 use nuvec_nn::module;
 
 use super::LanguageModel;
-use super::layers::{Activation, Attention, AttentionSpec, Mlp, Norm, linear};
+use super::layers::{Activation, Attention, AttentionSpec, Mlp, Norm, embedding, linear, logits};
 use super::switch::SparseMoe;
 use crate::Result;
 use crate::cache::{KvCache, Positions};
@@ -108,10 +108,8 @@ impl Llama {
                 post_attention_layernorm: norm(),
             })
             .collect();
-        let embed_tokens =
-            Embedding { weight: Param::new(ops::zeros([config.vocab_size, h], DType::F32)), quantized: None };
         Ok(Llama {
-            model: Decoder { embed_tokens, layers, norm: norm() },
+            model: Decoder { embed_tokens: embedding(config.vocab_size, h), layers, norm: norm() },
             lm_head: (!tied).then(|| linear(h, config.vocab_size, false)),
             config: config.clone(),
             rope: Rope::from_config(config)?,
@@ -135,11 +133,7 @@ impl Llama {
                 FeedForward::Sparse(m) => &h + &m.forward(&x),
             };
         }
-        let h = self.model.norm.forward(&h);
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.model.embed_tokens.as_linear(&h),
-        }
+        logits(&self.model.norm.forward(&h), &self.model.embed_tokens, &self.lm_head)
     }
 }
 
@@ -149,10 +143,6 @@ impl LanguageModel for Llama {
     }
 
     fn forward_at(&self, tokens: &Array, caches: &mut [KvCache], at: &Positions) -> Array {
-        if caches.iter().any(|c| c.window().is_some() || c.quantization().is_some()) {
-            let why = "caches: positions on the device need contiguous or paged caches, not rotating or quantized ones";
-            return Array::failed("forward_at", nuvec::OpErrorKind::InvalidArgument(why.into()));
-        }
         self.run(tokens, caches, Some(at))
     }
 

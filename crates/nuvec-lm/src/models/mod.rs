@@ -22,7 +22,8 @@ pub trait LanguageModel: Module + Send + Sync {
     /// [`LanguageModel::forward`] with the positions held on the device (`at`), written into
     /// fixed-capacity caches ([`KvCache::update_at`]): the form a recorded decode step
     /// replays. The caches' host-side counts still advance. A model that cannot gives a
-    /// failed array; [`LanguageModel::device_positions`] says so beforehand.
+    /// failed array ([`LanguageModel::device_positions`] says so beforehand), and so do
+    /// rotating or quantized caches.
     fn forward_at(&self, tokens: &Array, caches: &mut [KvCache], at: &Positions) -> Array {
         let _ = (tokens, caches, at);
         Array::failed("forward_at", nuvec::OpErrorKind::InvalidArgument("this model needs host positions".into()))

@@ -7,33 +7,39 @@ use std::collections::BTreeMap;
 
 use nuvec::nn::{Layer, Linear, Module, Param, Params, QuantSpec, Quantized};
 use nuvec::{Array, DType, ops};
-use nuvec_nn::{join, module};
+use nuvec_nn::module;
 
 use super::layers::{Activation, linear};
 use crate::{Error, Result};
 
 /// `x Wₑᵀ` for expert `e` of a stack `weight [E, out, in]` picked per token (MLX's
-/// `SwitchLinear`; `QuantizedSwitchLinear` once [`SwitchLinear::to_quantized`]).
+/// `SwitchLinear`; `QuantizedSwitchLinear` once [`SwitchLinear::to_quantized`]): a [`Linear`]
+/// whose weight (and bias `[E, out]`, scales and biases) stack the experts, under the same
+/// parameter names.
 #[derive(Clone, Debug)]
-pub struct SwitchLinear {
-    /// `[experts, out, in]`, or packed when quantized.
-    pub weight: Param,
-    /// `[experts, out]`, if any.
-    pub bias: Option<Param>,
-    /// The quantization groups, when the weights are quantized.
-    pub quantized: Option<Quantized>,
+pub struct SwitchLinear(pub Linear);
+
+impl std::ops::Deref for SwitchLinear {
+    type Target = Linear;
+    fn deref(&self) -> &Linear {
+        &self.0
+    }
 }
 
+impl std::ops::DerefMut for SwitchLinear {
+    fn deref_mut(&mut self) -> &mut Linear {
+        &mut self.0
+    }
+}
+
+/// The parameters are the inner layer's; the layer itself is found as a `SwitchLinear`, so
+/// that quantizing a model leaves it to [`quantize_experts`].
 impl Module for SwitchLinear {
     fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
-        self.weight.visit(&join(prefix, "weight"), f);
-        self.quantized.visit(prefix, f);
-        self.bias.visit(&join(prefix, "bias"), f);
+        self.0.visit(prefix, f)
     }
     fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
-        self.weight.visit_mut(&join(prefix, "weight"), f);
-        self.quantized.visit_mut(prefix, f);
-        self.bias.visit_mut(&join(prefix, "bias"), f);
+        self.0.visit_mut(prefix, f)
     }
     fn visit_layers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut dyn Any)) {
         f(prefix, self)
@@ -44,7 +50,7 @@ impl SwitchLinear {
     /// Placeholder weights of `experts` experts from `input` to `output` features.
     pub fn new(experts: i32, input: i32, output: i32) -> SwitchLinear {
         let weight = Param::new(ops::zeros([experts, output, input], DType::F32));
-        SwitchLinear { weight, bias: None, quantized: None }
+        SwitchLinear(Linear { weight, bias: None, quantized: None })
     }
 
     /// `x [.., 1, in]` through the experts `indices [.., k]` (broadcast against `x`'s
@@ -93,7 +99,7 @@ impl SwitchLinear {
             mode: spec.mode.clone(),
         };
         let bias = self.bias.as_ref().map(|b| frozen(b.value.clone()));
-        Ok(SwitchLinear { weight: frozen(w), bias, quantized: Some(quantized) })
+        Ok(SwitchLinear(Linear { weight: frozen(w), bias, quantized: Some(quantized) }))
     }
 }
 
