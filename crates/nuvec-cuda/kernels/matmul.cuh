@@ -44,6 +44,16 @@ template <int P> __device__ __forceinline__ float warp_sum_scatter(float (&a)[P]
   return a[0];
 }
 
+// What gemv_rows does to x as it loads it (fast::rms_norm_matmul, fast::swiglu_matmul):
+//  - PRO_NONE reads x;
+//  - PRO_RMS_NORM multiplies x by the norm's weight x2 and scales each sum by its row's
+//    rsqrt(mean(x²) + eps) as it writes (a block reads whole rows of x anyway, so the statistic
+//    costs it no load);
+//  - PRO_SWIGLU reads silu(x) · x2, rounded to T as fast::swiglu writes it.
+#define PRO_NONE 0
+#define PRO_RMS_NORM 1
+#define PRO_SWIGLU 2
+
 // gemv_rows: a block takes C adjacent outputs (rows of W) at a time (plus beta · add, when
 // add is given: addmm's c), C·M ≤ 16, and splits K over
 // all its threads, each reading all C rows: C × U loads in flight per thread, each x vector read
@@ -51,14 +61,17 @@ template <int P> __device__ __forceinline__ float warp_sum_scatter(float (&a)[P]
 // eight round trips at K = 4096, 2 loads at a time, and the last wave's blocks left the GPU
 // idle.) Sums fold within warps (warp_sum_scatter), then across warps in shared memory. Any
 // grid covers the outputs (matmul.rs launches a warp's worth of threads per output, 256 per
-// block); blockDim must be a multiple of 32.
-template <typename T, int M>
-__device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ out,
-                                          u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo, const T* add, float beta) {
+// block); blockDim must be a multiple of 32. x2 is PRO's second operand, its rows ldx2 apart
+// (0: one vector for every row).
+template <typename T, int M, int PRO>
+__device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __restrict__ x2, u64 ldx2, float eps,
+                                          const T* __restrict__ w, T* __restrict__ out, u64 n, u64 k, u64 ldx,
+                                          u64 ldw, u64 ldo, const T* add, float beta) {
   const int V = 16 / sizeof(T);
   const int CM = 8 / M > 2 ? 8 / M : 2, C = NV_GEMV_ROW_LOADS < CM ? NV_GEMV_ROW_LOADS : CM;
   const int U = NV_GEMV_ROW_LOADS / C > 0 ? NV_GEMV_ROW_LOADS / C : 1;
-  const int R = C * M, P = R <= 8 ? 8 : 16;
+  // Sums per block: C·M products, and with the norm each row's sum of squares.
+  const int R = C * M, S = PRO == PRO_RMS_NORM ? M : 0, P = R + S <= 8 ? 8 : (R + S <= 16 ? 16 : 32);
   __shared__ float red[32][P];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const u64 th = blockDim.x, kv = k / V;
@@ -67,11 +80,24 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
     const T* wr[C];
 #pragma unroll
     for (int c = 0; c < C; ++c) wr[c] = w + (c0 + c < n ? c0 + c : n - 1) * ldw;
-    float acc[C][M];
+    float acc[C][M], ss[M];
 #pragma unroll
-    for (int c = 0; c < C; ++c)
+    for (int m = 0; m < M; ++m) {
+      ss[m] = 0.0f;
 #pragma unroll
-      for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
+      for (int c = 0; c < C; ++c) acc[c][m] = 0.0f;
+    }
+    // Element e of row m's operand as PRO makes it.
+    auto operand = [&](int m, float v, T v2) -> float {
+      if constexpr (PRO == PRO_RMS_NORM) {
+        ss[m] += v * v;
+        return v * widen(v2);
+      } else if constexpr (PRO == PRO_SWIGLU) {
+        return widen(narrow<T>(silu_fast<T>(v) * widen(v2)));
+      } else {
+        return v;
+      }
+    };
     // W travels as 32-bit words: as elements, 2-byte types took a register each to cross the
     // loop's branch.
     typedef Vec<u32, 4> Raw;
@@ -80,11 +106,15 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
       memcpy(wv, raw, sizeof(wv));
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        Vec<T, V> xv = reinterpret_cast<const Vec<T, V>*>(x + m * ldx)[j];
+        Vec<T, V> xv = reinterpret_cast<const Vec<T, V>*>(x + m * ldx)[j], x2v;
+        if constexpr (PRO != PRO_NONE) x2v = reinterpret_cast<const Vec<T, V>*>(x2 + m * ldx2)[j];
+        float xf[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) xf[e] = operand(m, widen(xv.v[e]), PRO != PRO_NONE ? x2v.v[e] : xv.v[e]);
 #pragma unroll
         for (int c = 0; c < C; ++c)
 #pragma unroll
-          for (int e = 0; e < V; ++e) acc[c][m] += widen(wv[c].v[e]) * widen(xv.v[e]);
+          for (int e = 0; e < V; ++e) acc[c][m] += widen(wv[c].v[e]) * xf[e];
       }
     };
     // Loads are issued at the end of an iteration, across the loop's branch from their use:
@@ -113,19 +143,24 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
     for (u64 e = kv * V + threadIdx.x; e < k; e += th)
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        float xe = widen(x[m * ldx + e]);
+        float xe = operand(m, widen(x[m * ldx + e]), PRO != PRO_NONE ? x2[m * ldx2 + e] : x[m * ldx + e]);
 #pragma unroll
         for (int c = 0; c < C; ++c) acc[c][m] += widen(wr[c][e]) * xe;
       }
     float a[P];
 #pragma unroll
-    for (int r = 0; r < P; ++r) a[r] = r < R ? acc[r / M][r % M] : 0.0f;
+    for (int r = 0; r < P; ++r) a[r] = r < R ? acc[r / M][r % M] : (r < R + S ? ss[(r - R) % M] : 0.0f);
     float v = warp_sum_scatter<P>(a, lane);
     if (lane % (32 / P) == 0) red[warp][lane / (32 / P)] = v;
     __syncthreads();
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
       float s = 0.0f;
       for (int q = 0; q < nw; ++q) s += red[q][r];
+      if constexpr (PRO == PRO_RMS_NORM) {
+        float sq = 0.0f;
+        for (int q = 0; q < nw; ++q) sq += red[q][R + r % M];
+        s *= rsqrtf(sq / (float)k + eps);
+      }
       u64 col = c0 + r / M;
       // addmm: beta · add joins the sum before its one rounding (add is [M, n] row-major).
       if (add != nullptr && col < n) s += beta * widen(add[(r % M) * ldo + col]);

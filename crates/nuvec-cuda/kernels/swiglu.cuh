@@ -3,18 +3,6 @@
 #pragma once
 #include "norm.cuh"
 
-// x·sigmoid(x) for SwiGLU. Results rounded to a 2-byte type take the hardware exponential and
-// division (ex2.approx, rcp.approx: relative error a few 1e-6 at most, far below the rounding to
-// bf16 or f16, and faster; see bench/results/); f32 and f64 keep the precise ones.
-template <typename T> __device__ __forceinline__ typename Acc<T>::type silu_fast(typename Acc<T>::type v) {
-  typedef typename Acc<T>::type A;
-  if constexpr (sizeof(T) == 2) {
-    return __fdividef(v, 1.0f + __expf(-v));
-  } else {
-    return v / ((A)1 + exp(-v));
-  }
-}
-
 // ---- SwiGLU: silu(gate) · up in f32, rounded once.
 template <typename T>
 __device__ __forceinline__ void swiglu_elems(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,

@@ -9,8 +9,9 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::cublaslt::sys as lt;
+use nuvec_core::fast::FastOp;
 use nuvec_core::shape::row_major_strides;
-use nuvec_core::storage::{Operand, Output};
+use nuvec_core::storage::{Data, Layout, Operand, Output};
 use nuvec_core::{DType, Error, Result};
 
 use crate::copy::copy;
@@ -25,8 +26,9 @@ pub(crate) fn has_kernels(d: DType) -> bool {
     matches!(d, DType::F16 | DType::BF16 | DType::F32) || d.is_integer()
 }
 
-/// The module of `d`: `gemv_rows_{m}` and `gemv_cols_{m}` for 1 to 8 rows (floats), or
-/// `matmul_int` (integers).
+/// The module of `d`: `gemv_rows_{m}` (with the prologues `gemv_rows_rms_norm_{m}` and
+/// `gemv_rows_swiglu_{m}`) and `gemv_cols_{m}` for 1 to 8 rows (floats), or `matmul_int`
+/// (integers).
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["matmul.cuh"]);
     let t = ctype(d);
@@ -37,9 +39,13 @@ pub(crate) fn source(d: DType) -> String {
         return s.finish();
     }
     for m in 1..=8 {
-        s.kernel(format!(
-            "gemv_rows_{m}(const {t}* x, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo, const {t}* add, float beta) {{ gemv_rows<{t}, {m}>(x, w, out, n, k, ldx, ldw, ldo, add, beta); }}"
-        ));
+        for (name, pro) in
+            [("gemv_rows", "PRO_NONE"), ("gemv_rows_rms_norm", "PRO_RMS_NORM"), ("gemv_rows_swiglu", "PRO_SWIGLU")]
+        {
+            s.kernel(format!(
+                "{name}_{m}(const {t}* x, const {t}* x2, u64 ldx2, float eps, const {t}* w, {t}* out, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo, const {t}* add, float beta) {{ gemv_rows<{t}, {m}, {pro}>(x, x2, ldx2, eps, w, out, n, k, ldx, ldw, ldo, add, beta); }}"
+            ));
+        }
         s.kernel(format!(
             "__launch_bounds__(NV_GEMV_COL_BLOCK) gemv_cols_{m}(const {t}* x, const {t}* b, float* partials, unsigned* counters, {t}* out, u64 n, u64 k, u64 ldx, u64 ldb, u64 ldo, u64 slices) {{ gemv_cols<{t}, {m}>(x, b, partials, counters, out, n, k, ldx, ldb, ldo, slices); }}"
         ));
@@ -256,7 +262,7 @@ pub(crate) fn matmul(
     {
         let add = (ptr_of(cd)?, beta);
         let op_ptr = alloc_out(gpu, out)?;
-        if let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k, Some(add))? {
+        if let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k, Some(add), Prologue::None)? {
             return Ok(done);
         }
     }
@@ -296,7 +302,7 @@ pub(crate) fn matmul(
         && m <= 8
         && matches!(dtype, DType::F16 | DType::BF16 | DType::F32)
         && alpha == 1.0
-        && let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k, None)?
+        && let Some(done) = gemv(gpu, &a, &b, op_ptr, m, n, k, None, Prologue::None)?
     {
         return Ok(done);
     }
@@ -371,6 +377,85 @@ fn ptr_of_out(out: &Output) -> Result<u64> {
     ptr_of(&op)
 }
 
+/// What the GEMV applies to its left operand as it loads it (`PRO_*` in matmul.cuh).
+#[derive(Clone, Copy)]
+enum Prologue {
+    /// The operand as it is.
+    None,
+    /// An RMS norm over each row, with this weight (`K` elements) and epsilon.
+    RmsNorm { weight: u64, eps: f32 },
+    /// SwiGLU: the operand is the gate, `up` the first up row, the next ones `ld` apart.
+    SwiGlu { up: u64, ld: u64 },
+}
+
+/// `fast::rms_norm_matmul` (inputs `[x, weight, b]`) or `fast::swiglu_matmul` (`[gate, up, b,
+/// c?]`) for the few rows `fast::supports` admits. With `b` a transposed row-major weight the
+/// GEMV applies the norm or the activation as it loads the rows (no kernel and no round trip of
+/// its own); otherwise the fused operation's kernel writes the operand and the product follows.
+pub(crate) fn fused(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {
+    let mut it = inputs.into_iter();
+    let mut next = || it.next().ok_or_else(|| internal(format!("{} is missing an input", op.name())));
+    let (x, x2, b) = (next()?, next()?, next()?);
+    let c = if matches!(op, FastOp::SwiGluMatmul { add: true }) { Some(next()?) } else { None };
+    let (k, n) = (b.shape[0] as u64, b.shape[1] as u64);
+    let m = (x.size() as u64).checked_div(k).unwrap_or(0);
+    let op_ptr = alloc_out(gpu, out)?;
+    if m * n == 0 {
+        return Ok(());
+    }
+    let rows = |o: &Operand| {
+        as_rows(o).map_or_else(
+            || as_rows(&row_major(gpu, o.clone())?).ok_or_else(|| internal("row-major operand has no rows")),
+            Ok,
+        )
+    };
+    let (x, x2) = match op {
+        FastOp::SwiGluMatmul { .. } => (rows(&x)?, rows(&x2)?),
+        _ => (rows(&x)?, row_major(gpu, x2)?),
+    };
+    let pro = match op {
+        FastOp::RmsNormMatmul { eps } => Prologue::RmsNorm { weight: ptr_of(&x2)?, eps: *eps },
+        _ => Prologue::SwiGlu { up: ptr_of(&x2)?, ld: x2.data.layout.strides[0] as u64 },
+    };
+    // c has the output's shape: row-major, its rows are the output's.
+    let c = c.map(|c| rows(&row_major(gpu, c)?)).transpose()?;
+    let add = c.as_ref().map(|c| ptr_of(c).map(|p| (p, 1.0))).transpose()?;
+    if k > 0 && gemv(gpu, &x, &b, op_ptr, m, n, k, add, pro)?.is_some() {
+        return Ok(());
+    }
+    // The operand through its own kernel, then the product.
+    let unfused = match op {
+        FastOp::RmsNormMatmul { eps } => FastOp::RmsNorm { eps: *eps, weighted: true },
+        _ => FastOp::SwiGlu,
+    };
+    let mut y = Output { shape: x.shape.clone(), dtype: x.dtype, data: None };
+    crate::fast::eval(gpu, &unfused, vec![x, x2], std::slice::from_mut(&mut y))?;
+    let y =
+        Operand { shape: y.shape, dtype: y.dtype, data: y.data.ok_or_else(|| internal("no operand"))?, donated: true };
+    let mut product = Output { shape: [m as i32, n as i32].into_iter().collect(), dtype: out.dtype, data: None };
+    matmul(gpu, y, b, c, 1.0, 1.0, &mut product)?;
+    out.data =
+        Some(Data { layout: Layout::row_major(&out.shape), ..product.data.ok_or_else(|| internal("no product"))? });
+    Ok(())
+}
+
+/// The operand as a 2-D view `[rows, last axis]`, when its leading axes collapse to one stride
+/// and its last axis is dense.
+fn as_rows(op: &Operand) -> Option<Operand> {
+    let r = op.shape.len();
+    let last = *op.shape.last()?;
+    let s = &op.data.layout.strides;
+    let rows: i32 = op.shape[..r - 1].iter().product();
+    let lead = Dims::new(&op.shape[..r - 1], &[&s[..r - 1]]).ok()?;
+    if (s[r - 1] != 1 && last > 1) || lead.ndim > 1 {
+        return None;
+    }
+    let ld = if rows > 1 { lead.strides[0][0] as isize } else { last as isize };
+    let shape: nuvec_core::shape::Shape = [rows, last].into_iter().collect();
+    let layout = Layout::new(&shape, [ld, 1].into_iter().collect(), op.data.layout.offset);
+    Some(Operand { shape, dtype: op.dtype, data: Data { layout, ..op.data.clone() }, donated: false })
+}
+
 /// Column threads of a `gemv_cols` block (NV_GEMV_CT in matmul.cuh).
 const GEMV_COL_THREADS: u64 = 8;
 /// Threads of a `gemv_cols` block (NV_GEMV_COL_BLOCK in matmul.cuh, its launch bound).
@@ -389,6 +474,7 @@ fn gemv(
     n: u64,
     k: u64,
     add: Option<(u64, f32)>,
+    pro: Prologue,
 ) -> Result<Option<()>> {
     let ra = a.shape.len();
     let (sa0, sa1) = (a.data.layout.strides[ra - 2], a.data.layout.strides[ra - 1]);
@@ -401,13 +487,22 @@ fn gemv(
     let ldx = if m > 1 { sa0 as u64 } else { k };
     let family = Family::Matmul(a.dtype);
     let x_aligned = xp % 16 == 0 && (m == 1 || ldx % v == 0);
-    if sb0 == 1 && sb1 as u64 >= k && x_aligned && wp % 16 == 0 && (sb1 as u64).is_multiple_of(v) {
+    let (name, x2, ldx2, eps) = match pro {
+        Prologue::None => ("gemv_rows", 0, 0, 0.0),
+        Prologue::RmsNorm { weight, eps } => ("gemv_rows_rms_norm", weight, 0, eps),
+        Prologue::SwiGlu { up, ld } => ("gemv_rows_swiglu", up, if m > 1 { ld } else { k }, 0.0),
+    };
+    let x2_aligned = x2 % 16 == 0 && ldx2 % v == 0;
+    if sb0 == 1 && sb1 as u64 >= k && x_aligned && x2_aligned && wp % 16 == 0 && (sb1 as u64).is_multiple_of(v) {
         // B = W^T with W [N, K] row-major: a warp's worth of threads per output column (matmul.cuh
         // groups adjacent outputs in a block and splits K across it).
-        let f = kernel(gpu, family, &format!("gemv_rows_{m}"))?;
+        let f = kernel(gpu, family, &format!("{name}_{m}"))?;
         let grid = n.div_ceil((BLOCK / 32) as u64).min(65535 * 32) as u32;
         let args = vec![
             Arg::Ptr(xp),
+            Arg::Ptr(x2),
+            Arg::U64(ldx2),
+            Arg::F32(eps),
             Arg::Ptr(wp),
             Arg::Ptr(out),
             Arg::U64(n),
@@ -421,7 +516,7 @@ fn gemv(
         launch(gpu, f, (grid, 1, 1), (BLOCK, 1, 1), 0, args)?;
         return Ok(Some(()));
     }
-    if add.is_some() {
+    if add.is_some() || !matches!(pro, Prologue::None) {
         return Ok(None);
     }
     if sb1 == 1 && sb0 as u64 >= n && wp % 16 == 0 && (sb0 as u64).is_multiple_of(v) {

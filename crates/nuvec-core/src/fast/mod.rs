@@ -9,6 +9,7 @@ mod adam;
 mod attention;
 pub mod cuda_kernel;
 mod glu_loss;
+mod matmul;
 mod norm;
 mod paged;
 mod plan;
@@ -22,6 +23,7 @@ pub use adam::adam_step;
 pub use attention::{AttentionMask, AttentionOptions, scaled_dot_product_attention};
 pub use cuda_kernel::{CudaKernel, KernelConfig, TemplateArg};
 pub use glu_loss::{cross_entropy, swiglu};
+pub use matmul::{rms_norm_matmul, swiglu_matmul};
 pub use norm::{add_rms_norm, layer_norm, rms_norm};
 pub use paged::{paged_attention, paged_prefill, paged_write};
 pub use plan::{AttentionPlan, VECTOR_MAX_QUERIES, paged_blocks, plan_attention, vector_blocks};
@@ -79,6 +81,12 @@ impl FastOp {
             FastOp::AdamStep(p) => adam::composition(p, inputs),
             FastOp::QuantizedMatmul(p) => vec![crate::ops::quantize::quantized_matmul_composition(p, inputs)],
             FastOp::PagedAttention(p) => vec![paged::composition(p, inputs)],
+            FastOp::RmsNormMatmul { eps } => {
+                vec![matmul::rms_norm_matmul_composition(*eps, &inputs[0], &inputs[1], &inputs[2])]
+            }
+            FastOp::SwiGluMatmul { add } => {
+                vec![matmul::swiglu_matmul_composition(&inputs[0], &inputs[1], &inputs[2], opt(3, *add))]
+            }
         }
     }
 
@@ -93,7 +101,10 @@ impl FastOp {
             FastOp::SwiGluVjp => Some(3),
             FastOp::Rope(_) => Some(1).filter(|_| n >= 2),
             // Rows of x against one weight.
-            FastOp::QuantizedMatmul(_) => Some(1),
+            FastOp::QuantizedMatmul(_) | FastOp::RmsNormMatmul { .. } => Some(1),
+            FastOp::SwiGluMatmul { add: false } => Some(2),
+            // c is batched like the rows but comes after the weight.
+            FastOp::SwiGluMatmul { add: true } => None,
             // Element-wise: every input is batched alike.
             FastOp::AdamStep(_) => Some(4),
             // The weight and bias cotangents sum over rows, the batch included.

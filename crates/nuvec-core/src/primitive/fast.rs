@@ -93,6 +93,18 @@ pub enum FastOp {
     /// block_tables, lengths, sinks?]` (tables and lengths `int32`), output `[B, Hq, L, Dv]`
     /// in `q`'s dtype.
     PagedAttention(PagedParams),
+    /// [`rms_norm_matmul`](crate::fast::rms_norm_matmul): inputs `[x, weight, b]` (`b`
+    /// 2-D), output `rms_norm(x, weight) @ b`.
+    RmsNormMatmul {
+        /// Added to the mean square.
+        eps: f32,
+    },
+    /// [`swiglu_matmul`](crate::fast::swiglu_matmul): inputs `[gate, up, b, c?]` (`b` 2-D),
+    /// output `swiglu(gate, up) @ b`, plus `c` (of the output's shape) when `add`.
+    SwiGluMatmul {
+        /// Whether `c` is the last input.
+        add: bool,
+    },
 }
 
 /// The parameters of a recorded [`FastOp::PagedAttention`].
@@ -210,6 +222,8 @@ impl FastOp {
             FastOp::AdamStep(_) => "adam_step",
             FastOp::QuantizedMatmul(_) => "quantized_matmul",
             FastOp::PagedAttention(_) => "paged_attention",
+            FastOp::RmsNormMatmul { .. } => "rms_norm_matmul",
+            FastOp::SwiGluMatmul { .. } => "swiglu_matmul",
         }
     }
 
@@ -237,6 +251,8 @@ impl FastOp {
             FastOp::AdamStep(_) => adam_specs(inputs),
             FastOp::QuantizedMatmul(p) => quantized_matmul_specs(p, inputs),
             FastOp::PagedAttention(p) => paged_specs(p, inputs),
+            FastOp::RmsNormMatmul { .. } => prologue_matmul_specs(self, inputs),
+            FastOp::SwiGluMatmul { .. } => prologue_matmul_specs(self, inputs),
         }
     }
 }
@@ -544,6 +560,47 @@ fn cross_entropy_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
 /// `float32`, or `float64` for `float64` logits.
 pub(crate) fn loss_dtype(logits: DType) -> DType {
     if logits == DType::F64 { DType::F64 } else { DType::F32 }
+}
+
+// ---- products with a prologue ---------------------------------------------------------------
+
+/// `rms_norm_matmul`'s `[x, weight, b]` or `swiglu_matmul`'s `[gate, up, b, c?]`: the product
+/// of `x`'s (the gate's) rows `[.., K]` with `b [K, N]`, in the inputs' promoted dtype.
+fn prologue_matmul_specs(op: &FastOp, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let name = op.name();
+    let add = matches!(op, FastOp::SwiGluMatmul { add: true });
+    if inputs.len() != 3 + add as usize {
+        let what = if name == "rms_norm_matmul" { "x, weight and b" } else { "gate, up, b and c when adding" };
+        return Err(invalid(format!("{name}: takes {what}, got {} inputs", inputs.len())));
+    }
+    let (x, second, b) = (&inputs[0], &inputs[1], &inputs[2]);
+    let Some(&k) = x.shape.last() else {
+        return Err(invalid(format!("{name}: the rows need at least one axis, got a scalar")));
+    };
+    if b.shape.len() != 2 || b.shape[0] != k {
+        return Err(invalid(format!("{name}: b must be [{k}, N] for rows of {k}, got shape {:?}", b.shape.as_slice())));
+    }
+    let second_ok = if name == "rms_norm_matmul" { second.shape.as_slice() == [k] } else { second.shape == x.shape };
+    if !second_ok {
+        let (what, want) = if name == "rms_norm_matmul" { ("weight", vec![k]) } else { ("up", x.shape.to_vec()) };
+        return Err(invalid(format!("{name}: {what} must have shape {want:?}, got {:?}", second.shape.as_slice())));
+    }
+    let mut shape = x.shape.clone();
+    *shape.last_mut().expect("checked above") = b.shape[1];
+    if let Some(c) = inputs.get(3)
+        && c.shape != shape
+    {
+        return Err(invalid(format!(
+            "{name}: c must have the product's shape {:?}, got {:?}",
+            shape.as_slice(),
+            c.shape.as_slice()
+        )));
+    }
+    let dtype = inputs.iter().map(|s| s.dtype).reduce(promote_types).expect("three inputs or more");
+    if !dtype.is_float() {
+        return Err(invalid(format!("{name}: needs floating inputs, got {dtype:?}")));
+    }
+    Ok(vec![Spec { shape, dtype }])
 }
 
 // ---- attention ------------------------------------------------------------------------------

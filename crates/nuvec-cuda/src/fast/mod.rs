@@ -1,6 +1,7 @@
 //! The fused operations of `nuvec::fast` with kernels of their own, one file each as in the CPU
 //! backend: softmax and log-sum-exp, the norms, RoPE, SwiGLU, cross entropy, attention, and
-//! products of few rows with quantized weights, paged attention. Which cases they cover is [`supports`] (the rest run as their compositions); [`eval`] makes the inputs
+//! products of few rows with quantized weights, paged attention, and the products whose
+//! operand a norm or SwiGLU makes (the GEMV of `matmul.rs` applies them as it loads). Which cases they cover is [`supports`] (the rest run as their compositions); [`eval`] makes the inputs
 //! row-major, allocates the outputs and hands the rows to the operation's file. Every kernel
 //! here is launched with `launch_dependent`.
 
@@ -51,6 +52,14 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
         FastOp::AttentionVjp(p) => attention::supports_vjp(p, inputs),
         FastOp::QuantizedMatmul(p) => quantized_matmul::supports(p, inputs),
         FastOp::PagedAttention(p) => attention::supports_paged(p, inputs),
+        FastOp::RmsNormMatmul { .. } | FastOp::SwiGluMatmul { .. } => {
+            // The GEMV's few rows (matmul.rs); more rows gain nothing from a prologue.
+            let k = inputs[2].shape.first().copied().unwrap_or(0).max(1) as usize;
+            same(inputs)
+                && d != DType::F64
+                && inputs[2].shape.len() == 2
+                && inputs[0].shape.iter().map(|&d| d.max(0) as usize).product::<usize>() / k <= 8
+        }
         _ => false,
     }
 }
@@ -79,6 +88,10 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
         FastOp::QuantizedMatmul(p) => {
             let out = outputs.first_mut().ok_or_else(|| internal("quantized_matmul without an output"))?;
             return quantized_matmul::eval(gpu, p, inputs, out);
+        }
+        FastOp::RmsNormMatmul { .. } | FastOp::SwiGluMatmul { .. } => {
+            let out = outputs.first_mut().ok_or_else(|| internal(format!("{} without an output", op.name())))?;
+            return crate::matmul::fused(gpu, op, inputs, out);
         }
         _ => {}
     }

@@ -10,7 +10,7 @@ use nuvec::nn::{Embedding, Layer, Linear, Params};
 use nuvec_nn::module;
 
 use super::LanguageModel;
-use super::layers::{Activation, Attention, AttentionSpec, Mlp, Norm, embedding, linear, logits};
+use super::layers::{Activation, Attention, AttentionSpec, Input, Mlp, Norm, embedding, linear, logits};
 use crate::Result;
 use crate::cache::{KvCache, Positions};
 use crate::config::ModelConfig;
@@ -107,14 +107,13 @@ impl Gemma3 {
         let layers = self.model.layers.iter().zip(&self.specs);
         for ((layer, spec), cache) in layers.zip(caches.iter_mut()) {
             let rope = &self.ropes[spec.window.is_some() as usize];
-            let x = layer.input_layernorm.forward(&h);
-            let a = layer.self_attn.forward(&x, cache, at, rope, spec, None);
+            let a = layer.self_attn.forward(Input::normed(&h, &layer.input_layernorm), cache, at, rope, spec, None);
             h = &h + &layer.post_attention_layernorm.forward(&a);
             if h.is_failed() {
                 return h;
             }
-            let x = layer.pre_feedforward_layernorm.forward(&h);
-            h = &h + &layer.post_feedforward_layernorm.forward(&layer.mlp.forward(&x, self.act, None));
+            let m = layer.mlp.forward(Input::normed(&h, &layer.pre_feedforward_layernorm), self.act, None);
+            h = &h + &layer.post_feedforward_layernorm.forward(&m);
         }
         let logits = logits(&self.model.norm.forward(&h), &self.model.embed_tokens, &self.lm_head);
         match self.config.final_logit_softcapping {

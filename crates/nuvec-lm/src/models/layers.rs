@@ -66,10 +66,43 @@ impl Norm {
 
     /// `x` normalised.
     pub fn forward(&self, x: &Array) -> Array {
-        if self.shifted {
-            fast::rms_norm(x, &(&*self.weight + 1.0f32), self.eps)
-        } else {
-            fast::rms_norm(x, &*self.weight, self.eps)
+        fast::rms_norm(x, &self.scale(), self.eps)
+    }
+
+    /// The scale the normalised rows are multiplied by.
+    pub fn scale(&self) -> Array {
+        if self.shifted { &*self.weight + 1.0f32 } else { self.weight.value.clone() }
+    }
+}
+
+/// What a layer's first projections read: `x`, or `x` through an RMS norm, which a float
+/// projection without bias takes in its product ([`fast::rms_norm_matmul`]: on the GPU the
+/// product's kernel normalises the rows as it reads them, so the norm costs no kernel).
+#[derive(Clone, Copy)]
+pub struct Input<'a> {
+    /// The rows.
+    pub x: &'a Array,
+    /// The norm before the projections.
+    pub norm: Option<&'a Norm>,
+}
+
+impl<'a> Input<'a> {
+    /// `x` through `norm`.
+    pub fn normed(x: &'a Array, norm: &'a Norm) -> Input<'a> {
+        Input { x, norm: Some(norm) }
+    }
+
+    /// The rows the projections read (normalised).
+    pub fn rows(&self) -> Array {
+        self.norm.map_or_else(|| self.x.clone(), |n| n.forward(self.x))
+    }
+
+    /// `layer` of the (normalised) rows: the norm in the product when `layer` has a float
+    /// weight and no bias.
+    pub fn project(&self, layer: &Linear) -> Array {
+        match (self.norm, &layer.quantized, &layer.bias) {
+            (Some(n), None, None) => fast::rms_norm_matmul(self.x, &n.scale(), n.eps, &layer.weight.t()),
+            _ => layer.forward(&self.rows()),
         }
     }
 }
@@ -146,28 +179,29 @@ impl Attention {
         self.qkv = Fused::join(&mut [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj]);
     }
 
-    /// Attention of `x [B, L, hidden]` over `cache` and itself, positions from the cache's
+    /// Attention of `input [B, L, hidden]` over `cache` and itself, positions from the cache's
     /// count or, with `at`, from the device ([`KvCache::update_at`]); with `residual`, added
     /// to the output projection ([`plus_linear`]).
     pub fn forward(
         &self,
-        x: &Array,
+        input: Input,
         cache: &mut KvCache,
         at: Option<&Positions>,
         rope: &Rope,
         spec: &AttentionSpec,
         residual: Option<&Array>,
     ) -> Array {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let (b, l) = (input.x.shape()[0], input.x.shape()[1]);
         let (d, hq, hkv) = (spec.head_dim, spec.heads, spec.kv_heads);
         // With the projections joined, one product gives every head: [B, L, Hq + 2·Hkv, D].
-        let joined = self.qkv.as_ref().and_then(|f| f.forward(x, &[&self.q_proj, &self.k_proj, &self.v_proj]));
+        let joined = self.qkv.as_ref().and_then(|f| f.project(input, &[&self.q_proj, &self.k_proj, &self.v_proj]));
         let joined = joined.map(|y| y.reshape([b, l, hq + 2 * hkv, d]));
+        let x = if joined.is_none() { input.rows() } else { input.x.clone() };
         // Heads `first..first + n` of the joined product, else `proj`'s own.
         let heads = |proj: &Linear, first: i32, n: i32, norm: &Option<Norm>| {
             let y = match &joined {
                 Some(y) => y.slice(&[0, 0, first, 0], &[b, l, first + n, d], &[1, 1, 1, 1]),
-                None => proj.forward(x).reshape([b, l, n, d]),
+                None => proj.forward(&x).reshape([b, l, n, d]),
             };
             let y = match norm {
                 Some(n) => n.forward(&y),
@@ -287,10 +321,11 @@ impl Mlp {
         self.gate_up = Fused::join(&mut [&mut self.gate_proj, &mut self.up_proj]);
     }
 
-    /// The MLP of `x [.., hidden]`; with `residual`, added to the down projection
-    /// ([`plus_linear`]).
-    pub fn forward(&self, x: &Array, act: Activation, residual: Option<&Array>) -> Array {
-        let gated = match self.gate_up.as_ref().and_then(|f| f.forward(x, &[&self.gate_proj, &self.up_proj])) {
+    /// The MLP of `input [.., hidden]`; with `residual`, added to the down projection
+    /// ([`plus_linear`]). SwiGLU with a float down projection without bias is one product
+    /// ([`fast::swiglu_matmul`]: on the GPU its kernel applies the activation as it reads).
+    pub fn forward(&self, input: Input, act: Activation, residual: Option<&Array>) -> Array {
+        let (gate, up) = match self.gate_up.as_ref().and_then(|f| f.project(input, &[&self.gate_proj, &self.up_proj])) {
             Some(y) => {
                 let s = y.shape().to_vec();
                 let r = s.len();
@@ -300,13 +335,21 @@ impl Mlp {
                     (lo[r - 1], hi[r - 1]) = (from, from + f);
                     y.slice(&lo, &hi, &vec![1; r])
                 };
-                act.gated(&half(0), &half(f))
+                (half(0), half(f))
             }
-            None => act.gated(&self.gate_proj.forward(x), &self.up_proj.forward(x)),
+            None => {
+                let x = input.rows();
+                (self.gate_proj.forward(&x), self.up_proj.forward(&x))
+            }
         };
+        let down = &self.down_proj;
+        if act == Activation::Silu && down.quantized.is_none() && down.bias.is_none() {
+            return fast::swiglu_matmul(&gate, &up, &down.weight.t(), residual);
+        }
+        let gated = act.gated(&gate, &up);
         match residual {
-            Some(r) => plus_linear(r, &self.down_proj, &gated),
-            None => self.down_proj.forward(&gated),
+            Some(r) => plus_linear(r, down, &gated),
+            None => down.forward(&gated),
         }
     }
 }

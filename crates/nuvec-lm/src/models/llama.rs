@@ -10,7 +10,7 @@ use nuvec::nn::{Embedding, Layer, Linear, Module, Param};
 use nuvec_nn::module;
 
 use super::LanguageModel;
-use super::layers::{Activation, Attention, AttentionSpec, Mlp, Norm, embedding, linear, logits};
+use super::layers::{Activation, Attention, AttentionSpec, Input, Mlp, Norm, embedding, linear, logits};
 use super::switch::SparseMoe;
 use crate::Result;
 use crate::cache::{KvCache, Positions};
@@ -121,16 +121,16 @@ impl Llama {
     fn run(&self, tokens: &Array, caches: &mut [KvCache], at: Option<&Positions>) -> Array {
         let mut h = self.model.embed_tokens.forward(tokens);
         for (layer, cache) in self.model.layers.iter().zip(caches.iter_mut()) {
-            let x = layer.input_layernorm.forward(&h);
-            h = layer.self_attn.forward(&x, cache, at, &self.rope, &self.spec, Some(&h));
+            let x = Input::normed(&h, &layer.input_layernorm);
+            h = layer.self_attn.forward(x, cache, at, &self.rope, &self.spec, Some(&h));
             // A failed step (bad cache parameters, say) carries its error out, not on.
             if h.is_failed() {
                 return h;
             }
-            let x = layer.post_attention_layernorm.forward(&h);
+            let x = Input::normed(&h, &layer.post_attention_layernorm);
             h = match &layer.mlp {
-                FeedForward::Dense(m) => m.forward(&x, self.act, Some(&h)),
-                FeedForward::Sparse(m) => &h + &m.forward(&x),
+                FeedForward::Dense(m) => m.forward(x, self.act, Some(&h)),
+                FeedForward::Sparse(m) => &h + &m.forward(&x.rows()),
             };
         }
         logits(&self.model.norm.forward(&h), &self.model.embed_tokens, &self.lm_head)

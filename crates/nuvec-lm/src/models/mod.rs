@@ -6,7 +6,7 @@ pub mod layers;
 pub mod llama;
 pub mod switch;
 
-use nuvec::nn::{Layer, Linear, Module, Param, Params, QuantSpec, Quantized, quantize_with};
+use nuvec::nn::{Linear, Module, Param, Params, QuantSpec, Quantized, quantize_with};
 use nuvec::{Array, ops};
 
 use crate::cache::{KvCache, Positions};
@@ -150,10 +150,10 @@ impl Fused {
         Some(Fused { layer, sources })
     }
 
-    /// The joined product of `x`, or `None` when one of `parts` was replaced since joining.
-    pub fn forward(&self, x: &Array, parts: &[&Linear]) -> Option<Array> {
+    /// The joined product of `input`, or `None` when one of `parts` was replaced since joining.
+    pub fn project(&self, input: layers::Input, parts: &[&Linear]) -> Option<Array> {
         let same =
             parts.len() == self.sources.len() && parts.iter().zip(&self.sources).all(|(l, s)| l.weight.value.is(s));
-        same.then(|| self.layer.forward(x))
+        same.then(|| input.project(&self.layer))
     }
 }

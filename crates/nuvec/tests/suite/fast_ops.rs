@@ -278,6 +278,95 @@ fn swiglu_and_cross_entropy_match_float64() {
     }
 }
 
+/// `rms_norm_matmul` and `swiglu_matmul` against float64: 1 to 9 rows (the GPU's GEMV takes up
+/// to 8 with its prologue), lengths with and without a tail of fewer than 8, leading axes,
+/// gate and up as the halves of one joined product (strided rows), with and without `c`, and
+/// `b` transposed (the GPU's fused path) or row-major (its fallback); derivatives against the
+/// composition's.
+#[test]
+fn products_with_a_prologue_match_float64() {
+    let mut rng = Rng(29);
+    for &(lead, k, n) in &[(&[1][..], 256, 384), (&[3, 1][..], 1000, 72), (&[8][..], 300, 40), (&[9][..], 64, 24)] {
+        let rows: i32 = lead.iter().product();
+        let shape = |last: i32| [lead, &[last]].concat();
+        let (xv, wv, bv) = (
+            rng.values((rows * k) as usize, -2.0, 2.0),
+            rng.values(k as usize, 0.5, 1.5),
+            rng.values((k * n) as usize, -0.5, 0.5),
+        );
+        let (jv, cv) = (rng.values((rows * 2 * k) as usize, -3.0, 3.0), rng.values((rows * n) as usize, -1.0, 1.0));
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let x = Array::from_slice(&xv, shape(k).as_slice()).astype(dtype);
+            let w = Array::from_slice(&wv, [k]).astype(dtype);
+            // b as the transposed weight [n, k] (a Linear's), and as a row-major [k, n].
+            let wt = Array::from_slice(&bv, [n, k]).astype(dtype);
+            let joined = Array::from_slice(&jv, shape(2 * k).as_slice()).astype(dtype);
+            let c = Array::from_slice(&cv, shape(n).as_slice()).astype(dtype);
+            let r = lead.len() as i32;
+            let half = |from: i32| {
+                let (mut lo, mut hi) = (vec![0; lead.len() + 1], shape(2 * k));
+                (lo[r as usize], hi[r as usize]) = (from, from + k);
+                joined.slice(&lo, &hi, &vec![1; lead.len() + 1])
+            };
+            let (gate, up) = (half(0), half(k));
+            let (xr, wr, btr) = (f64s(&x), f64s(&w), f64s(&wt));
+            let (gr, ur, cr) = (f64s(&gate), f64s(&up), f64s(&c));
+            // y[i, j] = Σ_l a[i, l] · bt[j, l], and Σ_l |a[i, l] · bt[j, l]|, which bounds the
+            // error of a sum whose terms cancel.
+            let product = |a: &[f64]| -> (Vec<f64>, Vec<f64>) {
+                let dot = |f: fn(f64) -> f64| -> Vec<f64> {
+                    a.chunks(k as usize)
+                        .flat_map(|row| {
+                            btr.chunks(k as usize).map(move |col| row.iter().zip(col).map(|(p, q)| f(p * q)).sum())
+                        })
+                        .collect()
+                };
+                (dot(|v| v), dot(f64::abs))
+            };
+            let close = |what: &str, got: &Array, (want, size): &(Vec<f64>, Vec<f64>)| {
+                let tol = 4.0 * epsilon(dtype) + epsilon(DType::F32) * (16.0 + (k as f64).sqrt());
+                for (i, ((g, w), m)) in f64s(got).iter().zip(want).zip(size).enumerate() {
+                    assert!((g - w).abs() <= tol * (1.0 + m), "{what}: element {i}: {g} vs {w} (terms' size {m})");
+                }
+            };
+            let normed = rms_ref(&xr, k as usize, Some(&wr), EPS5);
+            let gated: Vec<f64> = gr.iter().zip(&ur).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
+            let (want_norm, want_gated) = (product(&normed), product(&gated));
+            let want_add = (want_gated.0.iter().zip(&cr).map(|(y, c)| y + c).collect(), want_gated.1.clone());
+            for (layout, b) in [("W^T", wt.t()), ("row-major", wt.t().copy())] {
+                let what = |op: &str| format!("{op} {lead:?}x{k} -> {n} {dtype:?} b {layout}");
+                let y = fast::rms_norm_matmul(&x, &w, 1e-5, &b);
+                assert_eq!((y.shape(), y.dtype()), (shape(n).as_slice(), dtype), "{}", what("rms_norm_matmul"));
+                close(&what("rms_norm_matmul"), &y, &want_norm);
+                close(&what("swiglu_matmul"), &fast::swiglu_matmul(&gate, &up, &b, None), &want_gated);
+                close(&what("swiglu_matmul + c"), &fast::swiglu_matmul(&gate, &up, &b, Some(&c)), &want_add);
+            }
+        }
+        // Derivatives (float32) are the composition's.
+        let x = Array::from_slice(&xv, shape(k).as_slice()).astype(DType::F32);
+        let w = Array::from_slice(&wv, [k]).astype(DType::F32);
+        let b = Array::from_slice(&bv, [n, k]).astype(DType::F32).t();
+        let g = Array::from_slice(&cv, shape(n).as_slice()).astype(DType::F32);
+        let inputs = [x.clone(), w.clone(), b.clone()];
+        let (_, fused) =
+            vjp_flat(|a| Ok(vec![fast::rms_norm_matmul(&a[0], &a[1], 1e-5, &a[2])]), &inputs, &[g.clone()]).unwrap();
+        let (_, comp) =
+            vjp_flat(|a| Ok(vec![fast::rms_norm(&a[0], &a[1], 1e-5).matmul(&a[2])]), &inputs, &[g.clone()]).unwrap();
+        for (i, (f, c)) in fused.iter().zip(&comp).enumerate() {
+            close(&format!("rms_norm_matmul cotangent {i}"), &f64s(f), &f64s(c), DType::F32, k * n);
+        }
+        let inputs = [x.clone(), x.sin(), b.clone(), g.clone()];
+        let (_, fused) =
+            vjp_flat(|a| Ok(vec![fast::swiglu_matmul(&a[0], &a[1], &a[2], Some(&a[3]))]), &inputs, &[g.clone()])
+                .unwrap();
+        let (_, comp) =
+            vjp_flat(|a| Ok(vec![&a[3] + &fast::swiglu(&a[0], &a[1]).matmul(&a[2])]), &inputs, &[g]).unwrap();
+        for (i, (f, c)) in fused.iter().zip(&comp).enumerate() {
+            close(&format!("swiglu_matmul cotangent {i}"), &f64s(f), &f64s(c), DType::F32, k * n);
+        }
+    }
+}
+
 /// The loss and the logits' gradient evaluated together against float64: the cotangent
 /// computed, pending, and depending on the loss; ignored and out-of-range targets.
 #[test]
@@ -550,6 +639,14 @@ fn bad_arguments_fail_naming_them() {
     assert!(msg(&fast::rope(&x, 4, false, Some(1e4), 1.0, &Array::from(0.5f32), None)).contains("offset"));
     assert!(msg(&fast::rope(&x.reshape([6, 4]), 4, false, Some(1e4), 1.0, &off, None)).contains("3-D"));
     assert!(msg(&fast::swiglu(&x, &w3)).contains("up"));
+    let (w4, b45) = (Array::from_slice(&[1.0f32; 4], [4]), Array::from_slice(&[1.0f32; 20], [4, 5]));
+    assert!(msg(&fast::rms_norm_matmul(&x, &w3, 1e-5, &b45)).contains("rms_norm_matmul: weight"));
+    assert!(msg(&fast::rms_norm_matmul(&x, &w4, 1e-5, &b45.t())).contains("b must be [4, N]"));
+    assert!(msg(&fast::swiglu_matmul(&x, &x.reshape([6, 4]), &b45, None)).contains("swiglu_matmul: up"));
+    assert!(msg(&fast::swiglu_matmul(&x, &x, &b45, Some(&w4))).contains("swiglu_matmul: c"));
+    let ints = |shape: &[i32]| Array::from_slice(&vec![1i32; shape.iter().product::<i32>() as usize], shape);
+    let y = fast::rms_norm_matmul(&ints(&[2, 4]), &ints(&[4]), 1e-5, &ints(&[4, 5]));
+    assert!(msg(&y).contains("floating"));
     assert!(msg(&fast::cross_entropy(&x, &Array::from_slice(&[0i32; 3], [3]))).contains("targets"));
     assert!(msg(&fast::cross_entropy(&x, &Array::from_slice(&[0.0f32; 6], [2, 3]))).contains("targets"));
     // Out-of-range targets give NaN, never a read outside the row.

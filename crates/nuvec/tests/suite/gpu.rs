@@ -813,6 +813,10 @@ fn fast_ops_have_gpu_kernels() {
         let (qx, qw, qs) = (spec(&[8, 4096], d), spec(&[1024, 512], DType::U32), spec(&[1024, 64], d));
         let mut cases = cases;
         cases.push((FastOp::QuantizedMatmul(qmm), vec![qx, qw, qs.clone(), qs]));
+        // Decoding's products whose operand a norm or SwiGLU makes (8 rows at most).
+        let (rows, b, c) = (spec(&[8, 1, 4096], d), spec(&[4096, 1024], d), spec(&[8, 1, 1024], d));
+        cases.push((FastOp::RmsNormMatmul { eps: 1e-5 }, vec![rows.clone(), w.clone(), b.clone()]));
+        cases.push((FastOp::SwiGluMatmul { add: true }, vec![rows.clone(), rows, b, c]));
         // Paged decode in half precision: 4 sequences, 8 query heads over 2 key-value heads.
         if d.is_half() {
             let paged = nuvec::fast::PagedParams { scale: 0.1, window: None, sinks: false, blocks: 4 };
