@@ -37,7 +37,7 @@ template <typename T> __global__ void sm_block(const T* x, T* o, u64 r, u64 l) {
 template <typename T> __global__ void sm_warp(const T* x, T* o, u64 r, u64 l) { softmax_rows_warp<T>(x, o, r, l); }
 template <typename T, int M>
 __global__ void grows(const T* x, const T* w, T* o, u64 n, u64 k, u64 ldx, u64 ldw, u64 ldo) {
-  gemv_rows<T, M>(x, w, o, n, k, ldx, ldw, ldo);
+  gemv_rows<T, M, PRO_NONE>(x, nullptr, 0, 0.0f, w, o, n, k, ldx, ldw, ldo, nullptr, 0.0f);
 }
 template <typename T> __global__ void __launch_bounds__(NV_GEMV_COL_BLOCK) gcols(const T* x, const T* b, float* p, unsigned* c, T* o, u64 n, u64 k, u64 s) { gemv_cols<T, 1>(x, b, p, c, o, n, k, k, n, n, s); }
 

@@ -170,9 +170,13 @@ impl Family {
 pub(crate) struct Source(String);
 
 impl Source {
-    /// A source including the `kernels/` headers `headers`.
+    /// A source including the `kernels/` headers `headers`, after the definitions of
+    /// `NUVEC_KERNEL_DEFINES` (`NAME=VALUE,...`: the headers' `#ifndef` tuning parameters, such
+    /// as `NV_GEMV_ROW_LOADS=16`, set for an experiment without a rebuild).
     pub(crate) fn new(headers: &[&str]) -> Source {
-        Source(headers.iter().map(|h| format!("#include \"{h}\"\n")).collect())
+        let defines = std::env::var("NUVEC_KERNEL_DEFINES").unwrap_or_default();
+        let defines = defines.split(',').filter_map(|d| d.split_once('=')).map(|(k, v)| format!("#define {k} {v}\n"));
+        Source(defines.chain(headers.iter().map(|h| format!("#include \"{h}\"\n"))).collect())
     }
 
     /// Adds the kernel `signature_and_body` (what follows `extern "C" __global__ void `).
