@@ -101,13 +101,24 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
     // W travels as 32-bit words: as elements, 2-byte types took a register each to cross the
     // loop's branch.
     typedef Vec<u32, 4> Raw;
-    auto step = [&](const Raw(&raw)[C], u64 j) {
+    // A prologue's operands (SwiGLU's come from L2) are loaded with W, in flight together, for
+    // one or two rows (more would spill); plain x is read where it is used (L1 keeps it).
+    constexpr bool XPRE = PRO != PRO_NONE && M <= 2;
+    constexpr int XU = XPRE ? U : 1, XM = XPRE ? M : 1;
+    Raw xr[XU][XM], x2r[XU][XM];
+    auto step = [&](const Raw(&raw)[C], int u, u64 j) {
       Vec<T, V> wv[C];
       memcpy(wv, raw, sizeof(wv));
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        Vec<T, V> xv = reinterpret_cast<const Vec<T, V>*>(x + m * ldx)[j], x2v;
-        if constexpr (PRO != PRO_NONE) x2v = reinterpret_cast<const Vec<T, V>*>(x2 + m * ldx2)[j];
+        Vec<T, V> xv, x2v;
+        if constexpr (XPRE) {
+          memcpy(&xv, &xr[u][m], sizeof(xv));
+          memcpy(&x2v, &x2r[u][m], sizeof(x2v));
+        } else {
+          xv = reinterpret_cast<const Vec<T, V>*>(x + m * ldx)[j];
+          if constexpr (PRO != PRO_NONE) x2v = reinterpret_cast<const Vec<T, V>*>(x2 + m * ldx2)[j];
+        }
         float xf[V];
 #pragma unroll
         for (int e = 0; e < V; ++e) xf[e] = operand(m, widen(xv.v[e]), PRO != PRO_NONE ? x2v.v[e] : xv.v[e]);
@@ -129,6 +140,13 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
         u64 i = j + u * th < kv ? j + u * th : kv - 1;
 #pragma unroll
         for (int c = 0; c < C; ++c) wv[u][c] = reinterpret_cast<const Raw*>(wr[c])[i];
+        if constexpr (XPRE) {
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            xr[u][m] = reinterpret_cast<const Raw*>(x + m * ldx)[i];
+            x2r[u][m] = reinterpret_cast<const Raw*>(x2 + m * ldx2)[i];
+          }
+        }
       }
     };
     u64 j = threadIdx.x;
@@ -136,7 +154,7 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
     while (j < kv) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (j + u * th < kv) step(wv[u], j + u * th);
+        if (j + u * th < kv) step(wv[u], u, j + u * th);
       j += U * th;
       if (j < kv) load(j);
     }
