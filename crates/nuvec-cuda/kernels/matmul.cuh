@@ -17,6 +17,11 @@
 #ifndef NV_GEMV_ROW_LOADS
 #define NV_GEMV_ROW_LOADS 8
 #endif
+// One row (decoding one sequence): twice as many, a whole 4096-long row's share in one round
+// trip (see bench/results/).
+#ifndef NV_GEMV_ROW_LOADS_1
+#define NV_GEMV_ROW_LOADS_1 16
+#endif
 #ifndef NV_GEMV_COL_LOADS
 #define NV_GEMV_COL_LOADS 8
 #endif
@@ -68,8 +73,9 @@ __device__ __forceinline__ void gemv_rows(const T* __restrict__ x, const T* __re
                                           const T* __restrict__ w, T* __restrict__ out, u64 n, u64 k, u64 ldx,
                                           u64 ldw, u64 ldo, const T* add, float beta) {
   const int V = 16 / sizeof(T);
-  const int CM = 8 / M > 2 ? 8 / M : 2, C = NV_GEMV_ROW_LOADS < CM ? NV_GEMV_ROW_LOADS : CM;
-  const int U = NV_GEMV_ROW_LOADS / C > 0 ? NV_GEMV_ROW_LOADS / C : 1;
+  const int L = M == 1 ? NV_GEMV_ROW_LOADS_1 : NV_GEMV_ROW_LOADS;
+  const int CM = 8 / M > 2 ? 8 / M : 2, C = L < CM ? L : CM;
+  const int U = L / C > 0 ? L / C : 1;
   // Sums per block: C·M products, and with the norm each row's sum of squares.
   const int R = C * M, S = PRO == PRO_RMS_NORM ? M : 0, P = R + S <= 8 ? 8 : (R + S <= 16 ? 16 : 32);
   __shared__ float red[32][P];

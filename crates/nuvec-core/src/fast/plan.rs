@@ -63,9 +63,20 @@ pub fn paged_blocks(heads: i64, lk: i32, block_size: i32) -> i32 {
 
 /// Partitions so that `heads` rows make about `target` blocks, each of at least 256 keys, at
 /// most 128.
+/// The fewest keys a partition takes: `NUVEC_ATTENTION_MIN_KEYS` (a tuning knob, a multiple
+/// of 64), else `VECTOR_MIN_KEYS_PER_BLOCK`.
+fn min_keys_per_block() -> i32 {
+    static KEYS: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| {
+        let knob = std::env::var("NUVEC_ATTENTION_MIN_KEYS").ok().and_then(|v| v.parse::<i32>().ok());
+        knob.filter(|&k| k >= 64 && k % 64 == 0).unwrap_or(VECTOR_MIN_KEYS_PER_BLOCK)
+    })
+}
+
 fn spread(target: i64, heads: i64, lk: i32) -> i32 {
     let want = (target / heads.max(1)).min(VECTOR_MAX_PARTITIONS);
-    let most = (lk.max(1) + VECTOR_MIN_KEYS_PER_BLOCK - 1) / VECTOR_MIN_KEYS_PER_BLOCK;
+    let least = min_keys_per_block();
+    let most = (lk.max(1) + least - 1) / least;
     want.clamp(1, most as i64) as i32
 }
 
