@@ -425,16 +425,21 @@ fn products_with_a_prologue_match_float64() {
         let g = Array::from_slice(&cv, shape(n).as_slice()).astype(DType::F32);
         let inputs = [x.clone(), w.clone(), b.clone()];
         let (_, fused) =
-            vjp_flat(|a| Ok(vec![fast::rms_norm_matmul(&a[0], &a[1], 1e-5, &a[2])]), &inputs, &[g.clone()]).unwrap();
+            vjp_flat(|a| Ok(vec![fast::rms_norm_matmul(&a[0], &a[1], 1e-5, &a[2])]), &inputs, std::slice::from_ref(&g))
+                .unwrap();
         let (_, comp) =
-            vjp_flat(|a| Ok(vec![fast::rms_norm(&a[0], &a[1], 1e-5).matmul(&a[2])]), &inputs, &[g.clone()]).unwrap();
+            vjp_flat(|a| Ok(vec![fast::rms_norm(&a[0], &a[1], 1e-5).matmul(&a[2])]), &inputs, std::slice::from_ref(&g))
+                .unwrap();
         for (i, (f, c)) in fused.iter().zip(&comp).enumerate() {
             close(&format!("rms_norm_matmul cotangent {i}"), &f64s(f), &f64s(c), DType::F32, k * n);
         }
         let inputs = [x.clone(), x.sin(), b.clone(), g.clone()];
-        let (_, fused) =
-            vjp_flat(|a| Ok(vec![fast::swiglu_matmul(&a[0], &a[1], &a[2], Some(&a[3]))]), &inputs, &[g.clone()])
-                .unwrap();
+        let (_, fused) = vjp_flat(
+            |a| Ok(vec![fast::swiglu_matmul(&a[0], &a[1], &a[2], Some(&a[3]))]),
+            &inputs,
+            std::slice::from_ref(&g),
+        )
+        .unwrap();
         let (_, comp) =
             vjp_flat(|a| Ok(vec![&a[3] + &fast::swiglu(&a[0], &a[1]).matmul(&a[2])]), &inputs, &[g]).unwrap();
         for (i, (f, c)) in fused.iter().zip(&comp).enumerate() {
