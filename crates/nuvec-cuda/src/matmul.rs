@@ -398,10 +398,17 @@ pub(crate) fn fused(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, out: &mut
     let (x, x2, b) = (next()?, next()?, next()?);
     let c = if matches!(op, FastOp::SwiGluMatmul { add: true }) { Some(next()?) } else { None };
     let (k, n) = (b.shape[0] as u64, b.shape[1] as u64);
-    let m = (x.size() as u64).checked_div(k).unwrap_or(0);
+    let m = (out.size() as u64).checked_div(n).unwrap_or(0);
     let op_ptr = alloc_out(gpu, out)?;
     if m * n == 0 {
         return Ok(());
+    }
+    if k == 0 {
+        // An empty sum: the product is zeros, plus c.
+        return match c {
+            Some(c) => copy(gpu, c, out),
+            None => gpu.zero(op_ptr, out.size() * out.dtype.size()),
+        };
     }
     let rows = |o: &Operand| {
         as_rows(o).map_or_else(
@@ -420,7 +427,7 @@ pub(crate) fn fused(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, out: &mut
     // c has the output's shape: row-major, its rows are the output's.
     let c = c.map(|c| rows(&row_major(gpu, c)?)).transpose()?;
     let add = c.as_ref().map(|c| ptr_of(c).map(|p| (p, 1.0))).transpose()?;
-    if k > 0 && gemv(gpu, &x, &b, op_ptr, m, n, k, add, pro)?.is_some() {
+    if gemv(gpu, &x, &b, op_ptr, m, n, k, add, pro)?.is_some() {
         return Ok(());
     }
     // The operand through its own kernel, then the product.
