@@ -153,8 +153,8 @@ fn row_dot(bits: usize, words: &[u32], x: &[f32], s: &[f32], b: &[f32], xs: &[f3
         return unsafe { row_dot_v3(bits, words, x, s, b, xs, gs) };
     }
     match bits {
-        4 => affine_row::<4>(words, x, s, b, xs, gs),
-        _ => affine_row::<8>(words, x, s, b, xs, gs),
+        4 => affine_row::<4, false>(words, x, s, b, xs, gs),
+        _ => affine_row::<8, false>(words, x, s, b, xs, gs),
     }
 }
 
@@ -162,30 +162,51 @@ fn row_dot(bits: usize, words: &[u32], x: &[f32], s: &[f32], b: &[f32], xs: &[f3
 #[target_feature(enable = "avx,avx2,fma,f16c")]
 unsafe fn row_dot_v3(bits: usize, words: &[u32], x: &[f32], s: &[f32], b: &[f32], xs: &[f32], gs: usize) -> f32 {
     match bits {
-        4 => affine_row::<4>(words, x, s, b, xs, gs),
-        _ => affine_row::<8>(words, x, s, b, xs, gs),
+        4 => affine_row::<4, true>(words, x, s, b, xs, gs),
+        _ => affine_row::<8, true>(words, x, s, b, xs, gs),
     }
 }
 
 /// Per group, eight lanes of `q·x`, eight elements at a time: one word of nibbles, or two
-/// of bytes.
+/// of bytes; `FMA` where the caller's target has fused multiply-adds.
 #[inline(always)]
-fn affine_row<const BITS: usize>(words: &[u32], x: &[f32], s: &[f32], b: &[f32], xs: &[f32], gs: usize) -> f32 {
+fn affine_row<const BITS: usize, const FMA: bool>(
+    words: &[u32],
+    x: &[f32],
+    s: &[f32],
+    b: &[f32],
+    xs: &[f32],
+    gs: usize,
+) -> f32 {
     const { assert!(BITS == 4 || BITS == 8) };
     let words_per_8 = BITS / 4;
     let mask = (1u32 << BITS) - 1;
+    let lanes_of = |w: &[u32], xe: &[f32], lanes: &mut [f32; 8]| {
+        for l in 0..8 {
+            let word = w[l * BITS / 32];
+            let q = ((word >> ((l * BITS) % 32)) & mask) as f32;
+            // `mul_add` is one instruction only where the caller enabled FMA (a call otherwise).
+            lanes[l] = if FMA { q.mul_add(xe[l], lanes[l]) } else { lanes[l] + q * xe[l] };
+        }
+    };
     // Scaled group sums stay in eight lanes; one horizontal sum per row.
     let (mut acc, mut biased) = ([0f32; 8], 0f32);
     for (g, (wg, xg)) in words.chunks_exact(gs * BITS / 32).zip(x.chunks_exact(gs)).enumerate() {
-        let mut lanes = [0f32; 8];
-        for (w, xe) in wg.chunks_exact(words_per_8).zip(xg.chunks_exact(8)) {
-            for l in 0..8 {
-                let word = w[l * BITS / 32];
-                lanes[l] += ((word >> ((l * BITS) % 32)) & mask) as f32 * xe[l];
+        // Four sums of eight lanes, one per run of eight elements in 32: consecutive runs do not
+        // wait for each other's additions (one sum made each wait a full add latency).
+        let mut lanes = [[0f32; 8]; 4];
+        let (w32, x32) = (wg.chunks_exact(4 * words_per_8), xg.chunks_exact(32));
+        let (w_rest, x_rest) = (w32.remainder(), x32.remainder());
+        for (w, xe) in w32.zip(x32) {
+            for (u, lanes) in lanes.iter_mut().enumerate() {
+                lanes_of(&w[u * words_per_8..], &xe[u * 8..], lanes);
             }
         }
+        for (w, xe) in w_rest.chunks_exact(words_per_8).zip(x_rest.chunks_exact(8)) {
+            lanes_of(w, xe, &mut lanes[0]);
+        }
         for l in 0..8 {
-            acc[l] += s[g] * lanes[l];
+            acc[l] += s[g] * ((lanes[0][l] + lanes[1][l]) + (lanes[2][l] + lanes[3][l]));
         }
         biased += b[g] * xs[g];
     }
