@@ -399,16 +399,20 @@ pub(crate) fn fused(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, out: &mut
     let c = if matches!(op, FastOp::SwiGluMatmul { add: true }) { Some(next()?) } else { None };
     let (k, n) = (b.shape[0] as u64, b.shape[1] as u64);
     let m = (out.size() as u64).checked_div(n).unwrap_or(0);
+    if k == 0
+        && m * n > 0
+        && let Some(c) = &c
+    {
+        // An empty sum: the product is c.
+        return copy(gpu, c.clone(), out);
+    }
     let op_ptr = alloc_out(gpu, out)?;
     if m * n == 0 {
         return Ok(());
     }
     if k == 0 {
-        // An empty sum: the product is zeros, plus c.
-        return match c {
-            Some(c) => copy(gpu, c, out),
-            None => gpu.zero(op_ptr, out.size() * out.dtype.size()),
-        };
+        // An empty sum and no c: zeros.
+        return gpu.zero(op_ptr, out.size() * out.dtype.size());
     }
     let rows = |o: &Operand| {
         as_rows(o).map_or_else(

@@ -567,10 +567,10 @@ pub(crate) fn loss_dtype(logits: DType) -> DType {
 /// `rms_norm_matmul`'s `[x, weight, b]` or `swiglu_matmul`'s `[gate, up, b, c?]`: the product
 /// of `x`'s (the gate's) rows `[.., K]` with `b [K, N]`, in the inputs' promoted dtype.
 fn prologue_matmul_specs(op: &FastOp, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    let name = op.name();
+    let (name, norm) = (op.name(), matches!(op, FastOp::RmsNormMatmul { .. }));
     let add = matches!(op, FastOp::SwiGluMatmul { add: true });
     if inputs.len() != 3 + add as usize {
-        let what = if name == "rms_norm_matmul" { "x, weight and b" } else { "gate, up, b and c when adding" };
+        let what = if norm { "x, weight and b" } else { "gate, up, b and c when adding" };
         return Err(invalid(format!("{name}: takes {what}, got {} inputs", inputs.len())));
     }
     let (x, second, b) = (&inputs[0], &inputs[1], &inputs[2]);
@@ -580,9 +580,9 @@ fn prologue_matmul_specs(op: &FastOp, inputs: &[Spec]) -> Result<Vec<Spec>, OpEr
     if b.shape.len() != 2 || b.shape[0] != k {
         return Err(invalid(format!("{name}: b must be [{k}, N] for rows of {k}, got shape {:?}", b.shape.as_slice())));
     }
-    let second_ok = if name == "rms_norm_matmul" { second.shape.as_slice() == [k] } else { second.shape == x.shape };
+    let second_ok = if norm { second.shape.as_slice() == [k] } else { second.shape == x.shape };
     if !second_ok {
-        let (what, want) = if name == "rms_norm_matmul" { ("weight", vec![k]) } else { ("up", x.shape.to_vec()) };
+        let (what, want) = if norm { ("weight", vec![k]) } else { ("up", x.shape.to_vec()) };
         return Err(invalid(format!("{name}: {what} must have shape {want:?}, got {:?}", second.shape.as_slice())));
     }
     let mut shape = x.shape.clone();

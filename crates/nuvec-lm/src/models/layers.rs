@@ -196,12 +196,13 @@ impl Attention {
         // With the projections joined, one product gives every head: [B, L, Hq + 2·Hkv, D].
         let joined = self.qkv.as_ref().and_then(|f| f.project(input, &[&self.q_proj, &self.k_proj, &self.v_proj]));
         let joined = joined.map(|y| y.reshape([b, l, hq + 2 * hkv, d]));
-        let x = if joined.is_none() { input.rows() } else { input.x.clone() };
+        // Without the joined product, each projection reads the (normalised) rows.
+        let rows = joined.is_none().then(|| input.rows());
         // Heads `first..first + n` of the joined product, else `proj`'s own.
         let heads = |proj: &Linear, first: i32, n: i32, norm: &Option<Norm>| {
             let y = match &joined {
                 Some(y) => y.slice(&[0, 0, first, 0], &[b, l, first + n, d], &[1, 1, 1, 1]),
-                None => proj.forward(&x).reshape([b, l, n, d]),
+                None => proj.forward(rows.as_ref().unwrap_or(input.x)).reshape([b, l, n, d]),
             };
             let y = match norm {
                 Some(n) => n.forward(&y),
