@@ -13,6 +13,7 @@ mod fast;
 mod gather;
 mod map;
 mod matmul;
+mod pool;
 pub mod quantize;
 mod random;
 mod reduce;

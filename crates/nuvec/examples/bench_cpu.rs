@@ -206,6 +206,33 @@ fn run() {
                 Box::new(move || fast::scaled_dot_product_attention(&q, &k, &v, 0.088, &AttentionOptions::default()))
             }),
         ),
+        (
+            "qmv_f32_b4_g32_1x4096x16384",
+            Box::new(|| {
+                let (x, w) = (random(&[1, 4096], -1.0, 1.0, 30), random(&[16384, 4096], -1.0, 1.0, 31));
+                let (q, s, b) = nuvec::ops::quantize(&w, 32, 4, "affine");
+                nuvec::eval(&(&q, &s, b.as_ref().unwrap())).expect("inputs evaluate");
+                Box::new(move || nuvec::ops::quantized_matmul(&x, &q, &s, b.as_ref(), true, 32, 4, "affine"))
+            }),
+        ),
+        (
+            "qmv_f32_b8_g32_1x576x49152",
+            Box::new(|| {
+                let (x, w) = (random(&[1, 576], -1.0, 1.0, 32), random(&[49152, 576], -1.0, 1.0, 33));
+                let (q, s, b) = nuvec::ops::quantize(&w, 32, 8, "affine");
+                nuvec::eval(&(&q, &s, b.as_ref().unwrap())).expect("inputs evaluate");
+                Box::new(move || nuvec::ops::quantized_matmul(&x, &q, &s, b.as_ref(), true, 32, 8, "affine"))
+            }),
+        ),
+        (
+            "qmv_f32_b4_g32_1x576x576",
+            Box::new(|| {
+                let (x, w) = (random(&[1, 576], -1.0, 1.0, 34), random(&[576, 576], -1.0, 1.0, 35));
+                let (q, s, b) = nuvec::ops::quantize(&w, 32, 4, "affine");
+                nuvec::eval(&(&q, &s, b.as_ref().unwrap())).expect("inputs evaluate");
+                Box::new(move || nuvec::ops::quantized_matmul(&x, &q, &s, b.as_ref(), true, 32, 4, "affine"))
+            }),
+        ),
     ];
 
     for (name, setup) in cases {
