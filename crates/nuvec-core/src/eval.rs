@@ -2,7 +2,9 @@
 //! freeing intermediates after their last consumer and donating buffers no one else holds.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Condvar, Mutex};
 
 use crate::array::{Array, Node, State};
 use crate::backend::backend_for;
@@ -78,18 +80,53 @@ fn new_leader() -> Result<std::sync::mpsc::Sender<Vec<Array>>> {
 }
 
 /// Evaluates `outputs` and everything they depend on.
+///
+/// The nodes it will run are claimed for this thread first; a node another thread's
+/// evaluation claimed is waited for, not walked into. Without claims, an evaluation that
+/// needs the result of one in flight (the next decode step, reading the previous token)
+/// walked the same nodes in the same order and contended for every one of them.
 pub(crate) fn eval_arrays(outputs: &[Array]) -> Result<()> {
-    let order = schedule(outputs);
-    let mut joint = joint_runs(&order);
+    let me = thread_tag();
+    let mut order = schedule(outputs, me);
+    for step in order.iter_mut() {
+        if let Step::Run(a) = step
+            && let Some(n) = pending_node(a)
+        {
+            // Claimed by another since the walk: both run it, under its lock.
+            let _ = n.claim.fetch_update(SeqCst, SeqCst, |c| (c & !WAITED == 0).then_some(c | me));
+        }
+    }
+    let mut joint = joint_runs(order.iter().filter_map(|s| match s {
+        Step::Run(a) => Some(a),
+        Step::Wait(_) => None,
+    }));
     // Consume the order as we go: once a node has run, only its consumers hold its outputs,
     // so an intermediate is freed right after its last consumer.
-    for array in order {
-        if !joint.is_empty()
-            && let Some((grad, rule)) = pending_node(&array).and_then(|n| joint.remove(&Arc::as_ptr(&n)))
-        {
-            run_joint(&array, &grad, &rule);
+    let mut steps = order.into_iter();
+    while let Some(step) = steps.next() {
+        let done = match step {
+            Step::Wait(array) => wait_for(&array, me),
+            Step::Run(array) => {
+                if !joint.is_empty()
+                    && let Some((grad, rule)) = pending_node(&array).and_then(|n| joint.remove(&Arc::as_ptr(&n)))
+                {
+                    run_joint(&array, &grad, &rule);
+                }
+                run(&array)
+            }
+        };
+        if let Err(e) = done {
+            // What this evaluation will not run, others may.
+            for step in steps {
+                if let Step::Run(a) = step
+                    && let Some(n) = pending_node(&a)
+                {
+                    let _ = n.claim.fetch_update(SeqCst, SeqCst, |c| (c & !WAITED == me).then_some(0));
+                }
+            }
+            notify_settled();
+            return Err(e);
         }
-        run(&array)?;
     }
     match outputs.iter().find_map(|a| a.error()) {
         Some(e) => Err(e),
@@ -97,16 +134,66 @@ pub(crate) fn eval_arrays(outputs: &[Array]) -> Result<()> {
     }
 }
 
-/// Pending arrays in dependency order (inputs first), one per node.
-fn schedule(outputs: &[Array]) -> Vec<Array> {
+/// A step of an evaluation: a node to run, or one another evaluation runs.
+enum Step {
+    Run(Array),
+    Wait(Array),
+}
+
+/// This thread's tag in claims (never 0).
+fn thread_tag() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! { static TAG: u64 = NEXT.fetch_add(1, SeqCst); }
+    TAG.with(|t| *t)
+}
+
+/// The bit of a claim that says another thread waits for the node.
+const WAITED: u64 = 1 << 63;
+
+/// Where threads wait for another evaluation's nodes.
+static SETTLED: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+
+/// Wakes the threads waiting for nodes, after one they wait for settled (or was given up).
+fn notify_settled() {
+    let _g = SETTLED.0.lock().unwrap_or_else(|e| e.into_inner());
+    SETTLED.1.notify_all();
+}
+
+/// Waits until another thread's evaluation has run `array`'s node; evaluates it here when
+/// that evaluation gave it up.
+fn wait_for(array: &Array, me: u64) -> Result<()> {
+    loop {
+        let Some(node) = pending_node(array) else {
+            return array.error().map_or(Ok(()), Err);
+        };
+        let owner = node.claim.fetch_or(WAITED, SeqCst) & !WAITED;
+        if owner == 0 || owner == me {
+            return eval_arrays(std::slice::from_ref(array));
+        }
+        let guard = SETTLED.0.lock().unwrap_or_else(|e| e.into_inner());
+        if pending_node(array).is_some() && node.claim.load(SeqCst) & !WAITED == owner {
+            // The timeout only guards against a missed wake-up.
+            let _ = SETTLED.1.wait_timeout(guard, std::time::Duration::from_millis(5));
+        }
+    }
+}
+
+/// Pending arrays in dependency order (inputs first), one per node: those whose node another
+/// thread's evaluation claimed as waits, their inputs not walked.
+fn schedule(outputs: &[Array], me: u64) -> Vec<Step> {
     let mut order = Vec::new();
     let mut seen: HashSet<*const Node> = HashSet::new();
+    let others = |n: &Node| ![0, me].contains(&(n.claim.load(SeqCst) & !WAITED));
     // Iterative post-order walk: graphs can be deeper than the thread's stack.
     let mut stack: Vec<(Array, Option<Arc<Node>>, usize)> = Vec::new();
     for out in outputs {
         let node = pending_node(out);
         if let Some(n) = &node {
             if !seen.insert(Arc::as_ptr(n)) {
+                continue;
+            }
+            if others(n) {
+                order.push(Step::Wait(out.clone()));
                 continue;
             }
         } else {
@@ -121,10 +208,14 @@ fn schedule(outputs: &[Array]) -> Vec<Array> {
                 if let Some(n) = pending_node(&input)
                     && seen.insert(Arc::as_ptr(&n))
                 {
-                    stack.push((input, Some(n), 0));
+                    if others(&n) {
+                        order.push(Step::Wait(input));
+                    } else {
+                        stack.push((input, Some(n), 0));
+                    }
                 }
             } else {
-                order.push(array.clone());
+                order.push(Step::Run(array.clone()));
                 stack.pop();
             }
         }
@@ -191,11 +282,17 @@ fn settle(node: &Arc<Node>, array: &Array, result: Result<Vec<Data>>) -> Result<
                     }
                 }
             }
+            if node.claim.load(SeqCst) & WAITED != 0 {
+                notify_settled();
+            }
             Ok(())
         }
         Err(e) => {
             for s in &siblings {
                 *s.inner.lock() = State::Failed(e.clone());
+            }
+            if node.claim.load(SeqCst) & WAITED != 0 {
+                notify_settled();
             }
             Err(e)
         }
@@ -249,7 +346,7 @@ fn gather(inputs: &[Array], primitive: &Primitive, stream: Stream) -> Result<Vec
 
 /// The pending forwards of `order` whose output a pending derivative in `order` consumes and
 /// can be run with, by node: the derivative's array and the joint rule.
-fn joint_runs(order: &[Array]) -> HashMap<*const Node, (Array, Joint)> {
+fn joint_runs<'a>(order: impl Iterator<Item = &'a Array>) -> HashMap<*const Node, (Array, Joint)> {
     let mut pairs = HashMap::new();
     for array in order {
         let (node, rule) = match &*array.inner.lock() {
@@ -292,12 +389,19 @@ fn run_joint(out: &Array, grad: &Array, rule: &Joint) {
     if !backend.supports(&op, &in_specs, &out_specs) {
         return;
     }
-    let before = schedule(&inputs);
-    if before.iter().any(|a| pending_node(a).is_some_and(|n| Arc::ptr_eq(&n, &forward))) {
+    let before = schedule(&inputs, thread_tag());
+    let array = |s: &Step| match s {
+        Step::Run(a) | Step::Wait(a) => a.clone(),
+    };
+    if before.iter().any(|s| pending_node(&array(s)).is_some_and(|n| Arc::ptr_eq(&n, &forward))) {
         return;
     }
-    for a in before {
-        if run(&a).is_err() {
+    for step in before {
+        let done = match &step {
+            Step::Run(a) => run(a),
+            Step::Wait(a) => wait_for(a, thread_tag()),
+        };
+        if done.is_err() {
             return;
         }
     }

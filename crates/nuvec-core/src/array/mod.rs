@@ -69,6 +69,9 @@ pub(crate) struct Node {
     pub(crate) siblings: OnceLock<Vec<Weak<Inner>>>,
     /// Held while the node runs, so concurrent evaluations run it once.
     pub(crate) run: Mutex<()>,
+    /// The thread whose evaluation will run the node (0: none yet). Another evaluation that
+    /// needs it waits for it instead of walking its inputs too.
+    pub(crate) claim: std::sync::atomic::AtomicU64,
 }
 
 // Dropping the last handle of a long unevaluated chain would otherwise recurse once per node
@@ -171,6 +174,7 @@ impl Array {
             outputs: outputs.into_iter().collect(),
             siblings: OnceLock::new(),
             run: Mutex::new(()),
+            claim: std::sync::atomic::AtomicU64::new(0),
         });
         let stream = default_stream();
         let tracer = crate::transforms::tracing();

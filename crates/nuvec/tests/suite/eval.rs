@@ -47,6 +47,41 @@ fn async_eval_then_read() {
     assert!((y.item::<f32>().unwrap() - want).abs() / want < 1e-5);
 }
 
+/// Evaluations started one after another, each needing the one before (as decode steps
+/// are), give what one evaluation of the whole chain gives; a failure in one is reported by
+/// those that wait for it, which do not hang.
+#[test]
+fn chained_async_evaluations_wait_for_each_other() {
+    let chain = |x: &Array, background: bool| {
+        let mut steps = Vec::new();
+        let mut x = x.clone();
+        for _ in 0..40 {
+            for _ in 0..20 {
+                x = (&x * 0.999).sin() + 0.001;
+            }
+            if background {
+                nuvec::async_eval(&x).unwrap();
+            }
+            steps.push(x.clone());
+        }
+        steps
+    };
+    let x = ops::arange(0, 4096, 1).astype(DType::F32) * 1e-3;
+    let background = chain(&x, true);
+    let here = chain(&x, false);
+    nuvec::eval(&here).unwrap();
+    for (i, (b, h)) in background.iter().zip(&here).enumerate() {
+        assert_eq!(b.to_vec::<f32>().unwrap(), h.to_vec::<f32>().unwrap(), "step {i}");
+    }
+    if !nuvec::graph::is_available(Device::gpu(0)) {
+        // Nodes on a device without a backend fail when they run.
+        let failing = with_stream(Device::gpu(0), || chain(&(array![1.0f32, 2.0] * 2.0), true));
+        for s in &failing {
+            assert!(matches!(s.eval(), Err(Error::UnsupportedDevice(_))), "{:?}", s.eval());
+        }
+    }
+}
+
 /// Decode attention (bf16, head size 128: the tensor-map kernel on Hopper) evaluated by
 /// `async_eval`'s thread equals the same graph evaluated here: every driver call finds the
 /// GPU's context on whichever thread evaluates.
