@@ -17,12 +17,13 @@ const SPIN: Duration = Duration::from_millis(2);
 /// Calls `f(i)` for every `i` in `0..n`, in parallel on the calling thread and the helpers.
 pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
     let pool = pool();
-    let owner = match pool.owner.try_lock() {
-        Ok(guard) if n > 1 && pool.helpers > 0 => guard,
-        _ => {
-            use rayon::prelude::*;
-            return (0..n).into_par_iter().for_each(f);
-        }
+    if n <= 1 || pool.helpers == 0 {
+        // Nothing to share: rayon would hand even this to its pool and back.
+        return (0..n).for_each(f);
+    }
+    let Ok(owner) = pool.owner.try_lock() else {
+        use rayon::prelude::*;
+        return (0..n).into_par_iter().for_each(f);
     };
     let parts = pool.helpers + 1;
     let next = (0..parts).map(|p| AtomicUsize::new(n * p / parts)).collect();

@@ -67,7 +67,11 @@ fn typed<T: Float<Acc = f32> + bytemuck::Pod>(
         }
     }
     let mut buf = HostBuffer::uninit(m * n * size_of::<T>())?;
-    buf.as_mut_slice::<T>().iter_mut().zip(y.iter()).for_each(|(o, &v)| *o = T::from_acc(v));
+    // In parallel only when large (prefill): a decode step's few outputs stay on this thread.
+    crate::strided::par_chunks(buf.as_mut_slice::<T>(), crate::strided::GRAIN, &|i, o| {
+        let y = &y[i * crate::strided::GRAIN..];
+        o.iter_mut().zip(y).for_each(|(o, &v)| *o = T::from_acc(v));
+    });
     out.data = Some(Data::from_host_buffer(&out.shape, buf));
     Ok(())
 }
