@@ -34,17 +34,27 @@ pub fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) {
         pool.wake.notify_all();
     }
     job.work(0);
-    while job.done.load(SeqCst) < n {
-        std::hint::spin_loop();
-    }
+    wait_until(|| job.done.load(SeqCst) >= n);
     // Helpers that took the job's address have finished with it once none is active.
     pool.job.store(std::ptr::null_mut(), SeqCst);
-    while pool.active.load(SeqCst) > 0 {
-        std::hint::spin_loop();
-    }
+    wait_until(|| pool.active.load(SeqCst) == 0);
     drop(owner);
     if job.panicked.load(SeqCst) {
-        panic!("a parallel loop's body panicked on a helper thread");
+        panic!("a parallel loop's body panicked");
+    }
+}
+
+/// Spins until `done()`, giving the core away now and then: a helper that was preempted
+/// mid-loop may need it.
+fn wait_until(done: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while !done() {
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(4096) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
 
