@@ -76,7 +76,7 @@ impl Backend for CpuBackend {
         match primitive {
             Primitive::Fast(op) => {
                 // `fast::supports` checks the dtypes: floats, and the integer targets and offsets.
-                nuvec_core::fast::fused_enabled() && fast::supports(op, inputs)
+                nuvec_core::fast::fused_enabled_for(op) && fast::supports(op, inputs)
             }
             p => !p.is_view() && !matches!(p, Primitive::Custom(_) | Primitive::CustomKernel(_)),
         }

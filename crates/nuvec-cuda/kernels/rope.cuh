@@ -52,37 +52,69 @@ __device__ __forceinline__ void rope_sincos(float a, float* s, float* c) {
 // TRAD: traditional pairs; FREQS: inverse frequencies 1/freqs[i] (else from log2_base). Both
 // fixed at compile time, like R32 below: as run-time arguments they slow the kernel down
 // (bench/cuda/tune_launch.cu `rope`; see bench/results/).
+// One row's chunks from threadIdx.x on: pairs rotated at the position pos() (called after the
+// chunk's loads are issued: computed before them, it delays them), features from dims on copied
+// from p to q.
+template <typename T, int W, bool VEC, bool TRAD, bool FREQS, typename Pos>
+__device__ __forceinline__ void rope_row(const T* __restrict__ p, T* __restrict__ q, const float* __restrict__ freqs,
+                                         float step, float sign, u64 len, u64 dims, Pos pos_of) {
+  typedef typename Acc<T>::type A;
+  u64 half = dims / 2;
+  u64 rot_chunks = (TRAD ? dims : half) / W;
+  u64 chunks = rot_chunks + (len - dims + W - 1) / W;
+  for (u64 c = threadIdx.x; c < chunks; c += blockDim.x) {
+    if (c >= rot_chunks) {
+      u64 e = dims + (c - rot_chunks) * W, avail = len - e;
+      Vec<T, W> v;
+      rope_ld<T, W, VEC>(p + e, v, avail);
+      rope_st<T, W, VEC>(q + e, v, avail);
+      continue;
+    }
+    // The chunk's pairs: W of them (W / 2 when traditional), frequency indices from i0.
+    u64 i0 = TRAD ? c * W / 2 : c * W;
+    u64 ea = TRAD ? c * W : i0, eb = ea + half;
+    Vec<T, W> va, vb;
+    rope_ld<T, W, VEC>(p + ea, va, W);
+    if constexpr (!TRAD) rope_ld<T, W, VEC>(p + eb, vb, W);
+    float pos = pos_of();
+    if constexpr (TRAD) {
+#pragma unroll
+      for (int k = 0; k < W / 2; ++k) {
+        float inv = FREQS ? 1.0f / freqs[i0 + k] : exp2f(-(float)(i0 + k) * step), sn, cs;
+        rope_sincos(pos * inv, &sn, &cs);
+        sn *= sign;
+        A x1 = widen(va.v[2 * k]), x2 = widen(va.v[2 * k + 1]);
+        va.v[2 * k] = narrow<T>(x1 * cs - x2 * sn);
+        va.v[2 * k + 1] = narrow<T>(x1 * sn + x2 * cs);
+      }
+      rope_st<T, W, VEC>(q + ea, va, W);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) {
+        float inv = FREQS ? 1.0f / freqs[i0 + k] : exp2f(-(float)(i0 + k) * step), sn, cs;
+        rope_sincos(pos * inv, &sn, &cs);
+        sn *= sign;
+        A x1 = widen(va.v[k]), x2 = widen(vb.v[k]);
+        va.v[k] = narrow<T>(x1 * cs - x2 * sn);
+        vb.v[k] = narrow<T>(x1 * sn + x2 * cs);
+      }
+      rope_st<T, W, VEC>(q + ea, va, W);
+      rope_st<T, W, VEC>(q + eb, vb, W);
+    }
+  }
+}
+
 template <typename T, int W, bool VEC, bool R32, bool TRAD, bool FREQS>
 __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict__ out, const i32* __restrict__ offset,
                                           int offset_per_batch, const float* __restrict__ freqs, float log2_base,
                                           float scale, float sign, u64 rows, u64 len, u64 dims, u64 seq,
                                           u64 per_batch) {
-  typedef typename Acc<T>::type A;
-  u64 half = dims / 2;
-  u64 rot_chunks = (TRAD ? dims : half) / W;
-  u64 chunks = rot_chunks + (len - dims + W - 1) / W;
-  float step = log2_base / (float)half;
+  float step = log2_base / (float)(dims / 2);
   for (u64 row = (u64)blockIdx.x * blockDim.y + threadIdx.y; row < rows; row += (u64)gridDim.x * blockDim.y) {
-    const T* p = x + row * len;
-    T* q = out + row * len;
-    for (u64 c = threadIdx.x; c < chunks; c += blockDim.x) {
-      if (c >= rot_chunks) {
-        u64 e = dims + (c - rot_chunks) * W, avail = len - e;
-        Vec<T, W> v;
-        rope_ld<T, W, VEC>(p + e, v, avail);
-        rope_st<T, W, VEC>(q + e, v, avail);
-        continue;
-      }
-      // The chunk's pairs: W of them (W / 2 when traditional), frequency indices from i0.
-      u64 i0 = TRAD ? c * W / 2 : c * W;
-      u64 ea = TRAD ? c * W : i0, eb = ea + half;
-      Vec<T, W> va, vb;
-      rope_ld<T, W, VEC>(p + ea, va, W);
-      if constexpr (!TRAD) rope_ld<T, W, VEC>(p + eb, vb, W);
-      // The row's position, after the chunk's loads are issued (computed before them, it
-      // delays them). R32: rows < 2^32, in 32-bit arithmetic (a 64-bit division by a run-time
-      // divisor is a long routine; both forms in one kernel behind a branch are slower too; see
-      // bench/results/).
+    // The row's position. R32: rows < 2^32, in 32-bit arithmetic (a 64-bit division by a
+    // run-time divisor is a long routine; both forms in one kernel behind a branch are slower
+    // too; see bench/results/).
+    auto pos = [&]() {
       u64 t, b = 0;
       if constexpr (R32) {
         t = (u32)row % (u32)seq;
@@ -91,31 +123,38 @@ __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict
         t = row % seq;
         if (offset_per_batch) b = row / per_batch;
       }
-      float pos = ((float)offset[b] + (float)t) * scale;
-      if constexpr (TRAD) {
-#pragma unroll
-        for (int k = 0; k < W / 2; ++k) {
-          float inv = FREQS ? 1.0f / freqs[i0 + k] : exp2f(-(float)(i0 + k) * step), sn, cs;
-          rope_sincos(pos * inv, &sn, &cs);
-          sn *= sign;
-          A x1 = widen(va.v[2 * k]), x2 = widen(va.v[2 * k + 1]);
-          va.v[2 * k] = narrow<T>(x1 * cs - x2 * sn);
-          va.v[2 * k + 1] = narrow<T>(x1 * sn + x2 * cs);
-        }
-        rope_st<T, W, VEC>(q + ea, va, W);
-      } else {
-#pragma unroll
-        for (int k = 0; k < W; ++k) {
-          float inv = FREQS ? 1.0f / freqs[i0 + k] : exp2f(-(float)(i0 + k) * step), sn, cs;
-          rope_sincos(pos * inv, &sn, &cs);
-          sn *= sign;
-          A x1 = widen(va.v[k]), x2 = widen(vb.v[k]);
-          va.v[k] = narrow<T>(x1 * cs - x2 * sn);
-          vb.v[k] = narrow<T>(x1 * sn + x2 * cs);
-        }
-        rope_st<T, W, VEC>(q + ea, va, W);
-        rope_st<T, W, VEC>(q + eb, vb, W);
-      }
+      return ((float)offset[b] + (float)t) * scale;
+    };
+    rope_row<T, W, VEC, TRAD, FREQS>(x + row * len, out + row * len, freqs, step, sign, len, dims, pos);
+  }
+}
+
+// A decoding step's RoPE and cache writes (fast::rope_kv_write): qkv [B, L, HQ + 2·HKV, D]
+// row-major, one row per head and position; query rows rotate into q [B, HQ, L, D], key rows
+// rotate into k_cache [B, HKV, S, D] at position start[b] + l, value rows copy into v_cache
+// there. Rows whose position falls outside the cache are dropped. Threads as in rope_rows.
+template <typename T, int W, bool VEC, bool TRAD, bool FREQS>
+__device__ __forceinline__ void rope_kv_write(const T* __restrict__ qkv, T* __restrict__ q, T* __restrict__ kc,
+                                              T* __restrict__ vc, const i32* __restrict__ start,
+                                              const float* __restrict__ freqs, float log2_base, float scale, u32 rows,
+                                              u32 seq, u32 hq, u32 hkv, u32 d, u32 dims, u32 cap) {
+  float step = log2_base / (float)(dims / 2);
+  const u32 heads = hq + 2 * hkv;
+  for (u32 row = blockIdx.x * blockDim.y + threadIdx.y; row < rows; row += gridDim.x * blockDim.y) {
+    u32 h = row % heads, bl = row / heads, l = bl % seq, b = bl / seq;
+    i64 at = (i64)start[b] + l;
+    const T* p = qkv + (u64)row * d;
+    if (h >= hq && (at < 0 || at >= (i64)cap)) continue;
+    auto pos = [&]() { return (float)at * scale; };
+    if (h < hq) {
+      rope_row<T, W, VEC, TRAD, FREQS>(p, q + ((u64)(b * hq + h) * seq + l) * d, freqs, step, 1.0f, d, dims, pos);
+    } else if (h < hq + hkv) {
+      T* dst = kc + ((u64)(b * hkv + h - hq) * cap + at) * d;
+      rope_row<T, W, VEC, TRAD, FREQS>(p, dst, freqs, step, 1.0f, d, dims, pos);
+    } else {
+      // No rotation: every chunk is a copy (dims 0).
+      T* dst = vc + ((u64)(b * hkv + h - hq - hkv) * cap + at) * d;
+      rope_row<T, W, VEC, TRAD, FREQS>(p, dst, freqs, step, 1.0f, d, 0, pos);
     }
   }
 }

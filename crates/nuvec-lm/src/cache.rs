@@ -316,6 +316,42 @@ impl KvCache {
         (self.keys.clone().expect("written"), self.values.clone().expect("written"))
     }
 
+    /// [`KvCache::update_at`] for a joined projection `qkv [B, L, Hq + 2·Hkv, D]` whose query
+    /// and key heads `rope` rotates in the same operation as the writes
+    /// ([`Rope::kv_write`](crate::rope::Rope::kv_write)): the rotated queries `[B, Hq, L, D]`
+    /// and the caches; `None` (nothing written) for a paged, rotating or quantized cache or a
+    /// rotation that operation does not do.
+    pub fn rope_update_at(
+        &mut self,
+        qkv: &Array,
+        q_heads: i32,
+        rope: &crate::rope::Rope,
+        at: &Positions,
+    ) -> Option<(Array, Array, Array)> {
+        if self.pages.is_some() || self.max_size.is_some() || self.quantized.is_some() {
+            return None;
+        }
+        let s = qkv.shape().to_vec();
+        let (b, len, kv, d) = (s[0], s[1], (s[2] - q_heads) / 2, s[3]);
+        // Shapes and dtype of the new keys and values, for growing the buffers.
+        let like = ops::zeros([b, kv, len, d], qkv.dtype());
+        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        let needed = (self.offset + len).max(capacity).max(STEP);
+        let target = (needed as u32).next_power_of_two() as i32;
+        if target != capacity {
+            self.reserve(&like, &like, target, target);
+        }
+        // The old buffers are dropped before evaluation, so the writes happen in place.
+        let (k, v) = (self.keys.take().expect("reserved"), self.values.take().expect("reserved"));
+        let Some((q, k, v)) = rope.kv_write(qkv, q_heads, &k, &v, &at.start) else {
+            (self.keys, self.values) = (Some(k), Some(v));
+            return None;
+        };
+        (self.keys, self.values) = (Some(k.clone()), Some(v.clone()));
+        self.offset += len;
+        Some((q, k, v))
+    }
+
     /// Writes `keys [B, H, L, Dk]` and `values [B, H, L, Dv]` of a paged cache at the positions
     /// `start[b]..start[b] + L` (on the device) through its block table, taking blocks first;
     /// returns the pools.

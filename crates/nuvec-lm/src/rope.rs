@@ -95,6 +95,28 @@ impl Rope {
         self.rotate(x, self.base, start)
     }
 
+    /// The query heads of `qkv [B, L, Hq + 2·Hkv, D]` rotated at positions `start[b] + l`, and
+    /// `k_cache` and `v_cache` with the rotated keys and the values written there
+    /// ([`fast::rope_kv_write`]); `None` when this rotation is not that operation's (`yarn`'s
+    /// attention factor, `dynamic` scaling).
+    pub fn kv_write(
+        &self,
+        qkv: &Array,
+        q_heads: i32,
+        k_cache: &Array,
+        v_cache: &Array,
+        start: &Array,
+    ) -> Option<(Array, Array, Array)> {
+        if self.mscale != 1.0 || !self.device_positions() {
+            return None;
+        }
+        let base = self.freqs.is_none().then_some(self.base);
+        let write = |f| {
+            fast::rope_kv_write(qkv, q_heads, k_cache, v_cache, start, self.dims, self.traditional, base, self.scale, f)
+        };
+        Some(write(self.freqs.as_ref()))
+    }
+
     /// Whether [`Rope::apply_at`] works: every scaling but `dynamic`.
     pub fn device_positions(&self) -> bool {
         self.dynamic.is_none()

@@ -3,7 +3,7 @@
 //! fallback, and what defines derivatives and batching.
 //!
 //! `NUVEC_FUSED=0` makes every backend decline fast primitives, so they all run as their
-//! compositions.
+//! compositions; `NUVEC_UNFUSED=name,...` declines the ones named.
 
 mod adam;
 mod attention;
@@ -27,7 +27,7 @@ pub use matmul::{rms_norm_matmul, swiglu_matmul};
 pub use norm::{add_rms_norm, layer_norm, rms_norm};
 pub use paged::{paged_attention, paged_prefill, paged_write};
 pub use plan::{AttentionPlan, VECTOR_MAX_QUERIES, paged_blocks, plan_attention, vector_blocks};
-pub use rope::rope;
+pub use rope::{rope, rope_kv_write};
 
 use crate::array::Array;
 use crate::error::{Error, OpErrorKind};
@@ -87,6 +87,7 @@ impl FastOp {
             FastOp::SwiGluMatmul { add } => {
                 vec![matmul::swiglu_matmul_composition(&inputs[0], &inputs[1], &inputs[2], opt(3, *add))]
             }
+            FastOp::RopeKvWrite { rope, q_heads } => rope::kv_write_composition(rope, *q_heads, inputs),
         }
     }
 
@@ -105,6 +106,7 @@ impl FastOp {
             FastOp::SwiGluMatmul { add: false } => Some(2),
             // c is batched like the rows but comes after the weight.
             FastOp::SwiGluMatmul { add: true } => None,
+            FastOp::RopeKvWrite { .. } => None,
             // Element-wise: every input is batched alike.
             FastOp::AdamStep(_) => Some(4),
             // The weight and bias cotangents sum over rows, the batch included.
@@ -268,4 +270,16 @@ impl FastOp {
 pub fn fused_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ENABLED.get_or_init(|| std::env::var("NUVEC_FUSED").map(|v| v != "0").unwrap_or(true))
+}
+
+/// Whether `op` may run as a fused kernel: [`fused_enabled`], and `NUVEC_UNFUSED` (operation
+/// names separated by commas, `rope_kv_write,swiglu_matmul` say) does not name it, so that one
+/// fusion can be measured against its composition.
+pub fn fused_enabled_for(op: &FastOp) -> bool {
+    static UNFUSED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let unfused = UNFUSED.get_or_init(|| {
+        let v = std::env::var("NUVEC_UNFUSED").unwrap_or_default();
+        v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+    });
+    fused_enabled() && !unfused.iter().any(|n| n == op.name())
 }

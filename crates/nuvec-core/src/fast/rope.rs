@@ -114,3 +114,77 @@ pub fn rope<'a>(
     let p = RopeParams { dims, traditional, base, scale, forward: true };
     super::record(FastOp::Rope(p), inputs, 1).remove(0)
 }
+
+/// `rope_kv_write`'s composition: the rotation of the query and key heads, the writes.
+pub(super) fn kv_write_composition(p: &RopeParams, q_heads: i32, inputs: &[Array]) -> Vec<Array> {
+    let (qkv, k_cache, v_cache, start) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+    let s = qkv.shape();
+    let (b, l, h, d) = (s[0], s[1], s[2], s[3]);
+    let kv = (h - q_heads) / 2;
+    let heads =
+        |from: i32, n: i32| qkv.slice(&[0, 0, from, 0], &[b, l, from + n, d], &[1, 1, 1, 1]).transpose(&[0, 2, 1, 3]);
+    let rotated = match inputs.get(4) {
+        Some(f) => rope(&heads(0, q_heads + kv), p.dims, p.traditional, None, p.scale, start, f),
+        None => rope(&heads(0, q_heads + kv), p.dims, p.traditional, p.base, p.scale, start, None),
+    };
+    let part = |from: i32, n: i32| rotated.slice(&[0, from, 0, 0], &[b, from + n, l, d], &[1, 1, 1, 1]);
+    let at = &start.reshape([b, 1, 1, 1]) + &crate::ops::arange(0, l, 1).reshape([1, 1, l, 1]);
+    let at = at.broadcast_to([b, kv, l, d]);
+    let k = k_cache.put_along_axis(&at, &part(q_heads, kv), 2);
+    let v = v_cache.put_along_axis(&at, &heads(q_heads + kv, kv), 2);
+    vec![part(0, q_heads), k, v]
+}
+
+/// A decoding step's RoPE and cache writes in one operation: `qkv [B, L, Hq + 2·Hkv, D]` holds
+/// the query, key and value heads of `L` new positions (a joined projection's output); the
+/// query and key heads are rotated at positions `start[b] + l` (as [`rope`] with a per-row
+/// offset), the keys and values written into `k_cache` and `v_cache` (`[B, Hkv, S, D]`) at
+/// those positions. Returns the rotated queries `[B, Hq, L, D]` and the updated caches, written
+/// in place when the caches' buffers are not otherwise referenced. `base` or `freqs` as in
+/// [`rope`]. Positions must lie inside the caches.
+///
+/// ```
+/// use nuvec::{Array, DType, fast, ops};
+/// let qkv = ops::arange(0, 16, 1).astype(DType::F32).reshape([1, 1, 4, 4]); // 2 query heads
+/// let cache = ops::zeros([1, 1, 3, 4], DType::F32);
+/// let start = Array::from_slice(&[2], [1]);
+/// let (q, k, v) = fast::rope_kv_write(&qkv, 2, &cache, &cache, &start, 4, false, Some(1e4), 1.0, None);
+/// let want = fast::rope(&qkv.slice(&[0, 0, 0, 0], &[1, 1, 2, 4], &[1; 4]).transpose(&[0, 2, 1, 3]), 4, false, Some(1e4), 1.0, &start, None);
+/// assert_eq!(q.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+/// assert_eq!(&v.to_vec::<f32>().unwrap()[8..], &[12.0, 13.0, 14.0, 15.0]);
+/// assert_eq!(&k.to_vec::<f32>().unwrap()[..8], &[0.0; 8]);
+/// ```
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn rope_kv_write<'a>(
+    qkv: &Array,
+    q_heads: i32,
+    k_cache: &Array,
+    v_cache: &Array,
+    start: &Array,
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    freqs: impl Into<Option<&'a Array>>,
+) -> (Array, Array, Array) {
+    let freqs = freqs.into();
+    if base.is_some() == freqs.is_some() {
+        let f = Array::failed(
+            "rope_kv_write",
+            invalid("rope_kv_write: exactly one of base and freqs must be given".into()),
+        );
+        return (f.clone(), f.clone(), f);
+    }
+    let start = if start.dtype().is_integer() && start.dtype() != DType::I32 {
+        start.astype(DType::I32)
+    } else {
+        start.clone()
+    };
+    let mut inputs = vec![qkv.clone(), k_cache.clone(), v_cache.clone(), start];
+    inputs.extend(freqs.map(|f| if f.dtype().is_float() { f.astype(DType::F32) } else { f.clone() }));
+    let rope = RopeParams { dims, traditional, base, scale, forward: true };
+    let mut out = super::record(FastOp::RopeKvWrite { rope, q_heads }, inputs, 3).into_iter();
+    let mut next = || out.next().expect("three outputs");
+    (next(), next(), next())
+}

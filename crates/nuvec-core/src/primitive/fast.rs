@@ -105,6 +105,14 @@ pub enum FastOp {
         /// Whether `c` is the last input.
         add: bool,
     },
+    /// [`rope_kv_write`](crate::fast::rope_kv_write): inputs `[qkv, k_cache, v_cache, start,
+    /// freqs?]`, outputs `[q, k_cache', v_cache']`.
+    RopeKvWrite {
+        /// The rotation (`forward` always).
+        rope: RopeParams,
+        /// Query heads: the first of `qkv`'s heads; the rest are keys, then values, as many each.
+        q_heads: i32,
+    },
 }
 
 /// The parameters of a recorded [`FastOp::PagedAttention`].
@@ -224,6 +232,7 @@ impl FastOp {
             FastOp::PagedAttention(_) => "paged_attention",
             FastOp::RmsNormMatmul { .. } => "rms_norm_matmul",
             FastOp::SwiGluMatmul { .. } => "swiglu_matmul",
+            FastOp::RopeKvWrite { .. } => "rope_kv_write",
         }
     }
 
@@ -253,6 +262,7 @@ impl FastOp {
             FastOp::PagedAttention(p) => paged_specs(p, inputs),
             FastOp::RmsNormMatmul { .. } => prologue_matmul_specs(self, inputs),
             FastOp::SwiGluMatmul { .. } => prologue_matmul_specs(self, inputs),
+            FastOp::RopeKvWrite { rope, q_heads } => rope_kv_write_specs(rope, *q_heads, inputs),
         }
     }
 }
@@ -461,6 +471,57 @@ pub struct RopeParams {
     pub scale: f32,
     /// The rotation (`true`) or its inverse.
     pub forward: bool,
+}
+
+fn rope_kv_write_specs(p: &RopeParams, q_heads: i32, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    const NAME: &str = "rope_kv_write";
+    let n = 4 + p.base.is_none() as usize;
+    if inputs.len() != n {
+        return Err(invalid(format!("{NAME}: takes qkv, the two caches, start and (without base) freqs")));
+    }
+    let (qkv, kc, vc, start) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+    let [b, l, h, d] = qkv.shape.as_slice() else {
+        return Err(invalid(format!("{NAME}: qkv must be [B, L, heads, D], got {:?}", qkv.shape.as_slice())));
+    };
+    let kv = (h - q_heads) / 2;
+    if q_heads < 1 || kv < 1 || q_heads + 2 * kv != *h {
+        return Err(invalid(format!(
+            "{NAME}: qkv's {h} heads must be {q_heads} query heads and as many key as value heads"
+        )));
+    }
+    if !qkv.dtype.is_float() {
+        return Err(invalid(format!("{NAME}: qkv must be floating, got {:?}", qkv.dtype)));
+    }
+    for (what, c) in [("k_cache", kc), ("v_cache", vc)] {
+        let ok = c.shape.len() == 4 && c.shape[0] == *b && c.shape[1] == kv && c.shape[3] == *d && c.shape[2] >= 1;
+        if !ok || c.dtype != qkv.dtype {
+            return Err(invalid(format!(
+                "{NAME}: {what} must be [{b}, {kv}, S, {d}] of {:?}, got {:?} of {:?}",
+                qkv.dtype,
+                c.shape.as_slice(),
+                c.dtype
+            )));
+        }
+    }
+    if !start.dtype.is_integer() || start.shape.as_slice() != [*b] {
+        return Err(invalid(format!(
+            "{NAME}: start must be integers of shape [{b}], got {:?}",
+            start.shape.as_slice()
+        )));
+    }
+    let mut specs = rope_specs(
+        p,
+        &[Spec { shape: [*b, q_heads + kv, *l, *d].into_iter().collect(), dtype: qkv.dtype }, start.clone()]
+            .into_iter()
+            .chain(inputs.get(4).cloned())
+            .collect::<Vec<_>>(),
+    )
+    .map_err(|e| match e {
+        OpErrorKind::InvalidArgument(m) => invalid(m.replacen("rope:", &format!("{NAME}:"), 1)),
+        e => e,
+    })?;
+    specs[0].shape[1] = q_heads;
+    Ok(vec![specs.remove(0), kc.clone(), vc.clone()])
 }
 
 fn rope_specs(p: &RopeParams, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {

@@ -25,7 +25,7 @@ use crate::operand::{alloc_out, internal, ptr_of, row_major};
 
 /// Whether a fused kernel covers `op` on these inputs (`d`: the dtype of the first input).
 pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
-    if !(nuvec_core::fast::fused_enabled() && d.is_float()) {
+    if !(nuvec_core::fast::fused_enabled_for(op) && d.is_float()) {
         return false;
     }
     if matches!(op, FastOp::Softmax | FastOp::LogSumExp) {
@@ -52,6 +52,14 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
         FastOp::AttentionVjp(p) => attention::supports_vjp(p, inputs),
         FastOp::QuantizedMatmul(p) => quantized_matmul::supports(p, inputs),
         FastOp::PagedAttention(p) => attention::supports_paged(p, inputs),
+        FastOp::RopeKvWrite { .. } => {
+            let rows: i64 = inputs[0].shape.iter().map(|&d| d as i64).product();
+            let cache: i64 = inputs[1].shape.iter().map(|&d| d as i64).product();
+            same(&inputs[..3])
+                && inputs[3].dtype == DType::I32
+                && inputs.get(4).is_none_or(|f| f.dtype == DType::F32)
+                && rows.max(cache) < i32::MAX as i64
+        }
         FastOp::RmsNormMatmul { .. } | FastOp::SwiGluMatmul { .. } => {
             // The GEMV's few rows (matmul.rs); more rows gain nothing from a prologue.
             let k = inputs[2].shape.first().copied().unwrap_or(0).max(1) as usize;
@@ -93,6 +101,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             let out = outputs.first_mut().ok_or_else(|| internal(format!("{} without an output", op.name())))?;
             return crate::matmul::fused(gpu, op, inputs, out);
         }
+        FastOp::RopeKvWrite { rope: p, q_heads } => return rope::kv_write(gpu, p, *q_heads, inputs, outputs),
         _ => {}
     }
     let inputs: Vec<Operand> = inputs.into_iter().map(|x| row_major(gpu, x)).collect::<Result<_>>()?;

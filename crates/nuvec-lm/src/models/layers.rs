@@ -196,6 +196,16 @@ impl Attention {
         // With the projections joined, one product gives every head: [B, L, Hq + 2·Hkv, D].
         let joined = self.qkv.as_ref().and_then(|f| f.project(input, &[&self.q_proj, &self.k_proj, &self.v_proj]));
         let joined = joined.map(|y| y.reshape([b, l, hq + 2 * hkv, d]));
+        // Decoding at device positions into a contiguous cache: the rotation and the writes
+        // are one operation.
+        if let (Some(y), Some(at), None, None) = (&joined, at, &self.q_norm, &self.k_norm)
+            && let Some((q, k, v)) = cache.rope_update_at(y, hq, rope, at)
+        {
+            let tables = cache.page_table().unwrap_or(&at.tables).clone();
+            let options = spec.window.map_or_else(AttentionOptions::default, |w| AttentionOptions::default().window(w));
+            let o = fast::paged_attention(&q, &k, &v, &tables, &at.lengths, spec.scale, &options);
+            return self.output(&o, b, l, hq * d, residual);
+        }
         // Without the joined product, each projection reads the (normalised) rows.
         let rows = joined.is_none().then(|| input.rows());
         // Heads `first..first + n` of the joined product, else `proj`'s own.
@@ -251,7 +261,12 @@ impl Attention {
                 fast::scaled_dot_product_attention(&q, &k, &v, spec.scale, &options)
             }
         };
-        let o = o.transpose(&[0, 2, 1, 3]).reshape([b, l, hq * d]);
+        self.output(&o, b, l, hq * d, residual)
+    }
+
+    /// The output projection of the heads `o [B, Hq, L, D]` (plus `residual`).
+    fn output(&self, o: &Array, b: i32, l: i32, features: i32, residual: Option<&Array>) -> Array {
+        let o = o.transpose(&[0, 2, 1, 3]).reshape([b, l, features]);
         match residual {
             Some(r) => plus_linear(r, &self.o_proj, &o),
             None => self.o_proj.forward(&o),

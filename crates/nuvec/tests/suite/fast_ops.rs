@@ -278,6 +278,82 @@ fn swiglu_and_cross_entropy_match_float64() {
     }
 }
 
+/// `rope_kv_write` against `rope` and writes done here: one and three new positions, whole and
+/// partial rotations, halves and interleaved pairs, `base` and `freqs`, every float dtype but
+/// float64; the caches' other rows unchanged.
+#[test]
+fn rope_kv_write_matches_rope_and_the_writes() {
+    let mut rng = Rng(31);
+    let (b, hq, kv, d, cap) = (2, 4, 2, 64, 16);
+    let start = [5i32, 9];
+    for l in [1, 3] {
+        for dims in [64, 32] {
+            for traditional in [false, true] {
+                for with_freqs in [false, true] {
+                    for dtype in [DType::F32, DType::BF16, DType::F16] {
+                        let what = format!(
+                            "rope_kv_write L={l} dims={dims} traditional={traditional} freqs={with_freqs} {dtype:?}"
+                        );
+                        let h = hq + 2 * kv;
+                        let qkv = Array::from_slice(&rng.values((b * l * h * d) as usize, -2.0, 2.0), [b, l, h, d])
+                            .astype(dtype);
+                        let mut cache = |seed: f64| {
+                            Array::from_slice(
+                                &rng.values((b * kv * cap * d) as usize, seed - 1.0, seed),
+                                [b, kv, cap, d],
+                            )
+                            .astype(dtype)
+                        };
+                        let (kc, vc) = (cache(0.0), cache(5.0));
+                        let starts = Array::from_slice(&start, [b]);
+                        let freqs = Array::from_slice(&rng.values((dims / 2) as usize, 1.0, 100.0), [dims / 2])
+                            .astype(DType::F32);
+                        let (base, f) = if with_freqs { (None, Some(&freqs)) } else { (Some(1e4), None) };
+                        let (q, k, v) =
+                            fast::rope_kv_write(&qkv, hq, &kc, &vc, &starts, dims, traditional, base, 1.0, f);
+                        let heads = |from: i32, n: i32| {
+                            qkv.slice(&[0, 0, from, 0], &[b, l, from + n, d], &[1, 1, 1, 1]).transpose(&[0, 2, 1, 3])
+                        };
+                        let rotated = fast::rope(&heads(0, hq + kv), dims, traditional, base, 1.0, &starts, f);
+                        let want_q = rotated.slice(&[0, 0, 0, 0], &[b, hq, l, d], &[1, 1, 1, 1]);
+                        close(&format!("{what}: q"), &f64s(&q), &f64s(&want_q), dtype, 1);
+                        // The caches: rows start[b] + t replaced by the new keys (rotated) and values.
+                        for (name, got, old, new) in [
+                            ("k_cache", &k, &kc, rotated.slice(&[0, hq, 0, 0], &[b, hq + kv, l, d], &[1, 1, 1, 1])),
+                            ("v_cache", &v, &vc, heads(hq + kv, kv)),
+                        ] {
+                            let (mut want, new) = (f64s(old), f64s(&new));
+                            for (bi, hi, t) in
+                                (0..b).flat_map(|bi| (0..kv).flat_map(move |hi| (0..l).map(move |t| (bi, hi, t))))
+                            {
+                                let row = (((bi * kv + hi) * cap + start[bi as usize] + t) * d) as usize;
+                                let src = (((bi * kv + hi) * l + t) * d) as usize;
+                                want[row..row + d as usize].copy_from_slice(&new[src..src + d as usize]);
+                            }
+                            close(&format!("{what}: {name}"), &f64s(got), &want, dtype, 1);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Bad arguments are named.
+    let x = Array::from_slice(&[0.0f32; 64], [1, 1, 4, 16]);
+    let c = Array::from_slice(&[0.0f32; 64], [1, 1, 4, 16]);
+    let s = Array::from_slice(&[0i32], [1]);
+    let msg = |(q, _, _): (Array, Array, Array)| q.check().expect_err("must fail").to_string();
+    assert!(msg(fast::rope_kv_write(&x, 3, &c, &c, &s, 16, false, Some(1e4), 1.0, None)).contains("heads"));
+    assert!(
+        msg(fast::rope_kv_write(&x, 2, &c.reshape([1, 1, 2, 32]), &c, &s, 16, false, Some(1e4), 1.0, None))
+            .contains("k_cache")
+    );
+    assert!(msg(fast::rope_kv_write(&x, 2, &c, &c, &s, 15, false, Some(1e4), 1.0, None)).contains("dims"));
+    assert!(
+        msg(fast::rope_kv_write(&x, 2, &c, &c, &Array::from_slice(&[0i32, 1], [2]), 16, false, Some(1e4), 1.0, None))
+            .contains("start")
+    );
+}
+
 /// `rms_norm_matmul` and `swiglu_matmul` against float64: 1 to 9 rows (the GPU's GEMV takes up
 /// to 8 with its prologue), lengths with and without a tail of fewer than 8, leading axes,
 /// gate and up as the halves of one joined product (strided rows), with and without `c`, and

@@ -817,6 +817,10 @@ fn fast_ops_have_gpu_kernels() {
         let (rows, b, c) = (spec(&[8, 1, 4096], d), spec(&[4096, 1024], d), spec(&[8, 1, 1024], d));
         cases.push((FastOp::RmsNormMatmul { eps: 1e-5 }, vec![rows.clone(), w.clone(), b.clone()]));
         cases.push((FastOp::SwiGluMatmul { add: true }, vec![rows.clone(), rows, b, c]));
+        // A decode step's rotation and cache writes (Llama-3-8B's heads).
+        let cache = spec(&[1, 8, 1024, 128], d);
+        let inputs = vec![spec(&[1, 1, 48, 128], d), cache.clone(), cache, spec(&[1], DType::I32)];
+        cases.push((FastOp::RopeKvWrite { rope, q_heads: 32 }, inputs));
         // Paged decode in half precision: 4 sequences, 8 query heads over 2 key-value heads.
         if d.is_half() {
             let paged = nuvec::fast::PagedParams { scale: 0.1, window: None, sinks: false, blocks: 4 };
