@@ -130,8 +130,8 @@ pub(super) fn kv_write_composition(p: &RopeParams, q_heads: i32, inputs: &[Array
     let part = |from: i32, n: i32| rotated.slice(&[0, from, 0, 0], &[b, from + n, l, d], &[1, 1, 1, 1]);
     let at = &start.reshape([b, 1, 1, 1]) + &crate::ops::arange(0, l, 1).reshape([1, 1, l, 1]);
     let at = at.broadcast_to([b, kv, l, d]);
-    let k = k_cache.put_along_axis(&at, &part(q_heads, kv), 2);
-    let v = v_cache.put_along_axis(&at, &heads(q_heads + kv, kv), 2);
+    let k = k_cache.put_along_axis(&at, part(q_heads, kv), 2);
+    let v = v_cache.put_along_axis(&at, heads(q_heads + kv, kv), 2);
     vec![part(0, q_heads), k, v]
 }
 
