@@ -121,7 +121,29 @@ fn gemm_batched<T: Elem + 'static>(
         }
         return Ok(());
     }
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && m * n * k >= SGEMM_MIN && sgemm::available() {
+    let is_f32 = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
+    let strides = ([sa[r - 2], sa[r - 1]], [sb[r - 2], sb[r - 1]]);
+    if is_f32 && m <= FEW_ROWS && FewRows::form(strides.0, strides.1).is_some() {
+        // SAFETY: T is f32 (checked above), so the casts keep the element type and length.
+        let f = |s: &[T]| unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) };
+        // SAFETY: as above, for the destination, borrowed mutably once.
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut f32, dst.len()) };
+        let beta = read_dst.then(|| dst_scale.to_f64() as f32);
+        let p = FewRows {
+            a: f(xs),
+            b: f(ys),
+            m,
+            n,
+            k,
+            sa: strides.0,
+            sb: strides.1,
+            alpha: product_scale.to_f64() as f32,
+            beta,
+        };
+        p.run(dst, &batch);
+        return Ok(());
+    }
+    if is_f32 && m * n * k >= SGEMM_MIN && sgemm::available() {
         let beta = read_dst.then(|| dst_scale.to_f64() as f32);
         let alpha = product_scale.to_f64() as f32;
         for (chunk, &[oa, ob, _]) in dst.chunks_mut(m * n).zip(&batch) {
@@ -147,6 +169,104 @@ fn gemm_batched<T: Elem + 'static>(
         dst.par_chunks_mut(m * n).zip(batch.par_iter()).for_each(|(chunk, &off)| run(chunk, off, Parallelism::None));
     }
     Ok(())
+}
+
+/// Rows of `a` at most that take [`FewRows`].
+const FEW_ROWS: usize = 8;
+
+/// `f32` products of few rows (a decoding step's attention over its cache), without the packing
+/// that a general product starts with and that costs more than such a product: each output is a
+/// dot product of a row of `a` with a column of `b` laid out along `k` (`q·kᵀ`), or each output
+/// row sums rows of `b` (`p·v`). `sa`: `a`'s strides (row, k); `sb`: `b`'s (k, column).
+struct FewRows<'a> {
+    a: &'a [f32],
+    b: &'a [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    sa: [isize; 2],
+    sb: [isize; 2],
+    alpha: f32,
+    beta: Option<f32>,
+}
+
+/// How [`FewRows`] reads `b`.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    /// Columns of `b` and rows of `a` are contiguous: dot products.
+    Dots,
+    /// Rows of `b` are contiguous: sums of scaled rows.
+    Rows,
+}
+
+impl FewRows<'_> {
+    /// The form for these strides, if either fits (non-negative strides only).
+    fn form(sa: [isize; 2], sb: [isize; 2]) -> Option<Form> {
+        if sa.iter().chain(&sb).any(|&s| s < 0) {
+            None
+        } else if sb[0] == 1 && sa[1] == 1 {
+            Some(Form::Dots)
+        } else if sb[1] == 1 {
+            Some(Form::Rows)
+        } else {
+            None
+        }
+    }
+
+    /// Every batch (`[a, b, _]` offsets) into its `m × n` block of `dst`, in parallel when
+    /// there is enough work to share.
+    fn run(&self, dst: &mut [f32], batch: &[[isize; 3]]) {
+        let block = self.m * self.n;
+        let one = |i: usize, out: &mut [f32]| self.product(batch[i][0] as usize, batch[i][1] as usize, out);
+        if batch.len() > 1 && block * self.k * batch.len() >= 1 << 16 {
+            crate::pool::for_each_chunk(dst, block, &one);
+        } else {
+            dst.chunks_mut(block).enumerate().for_each(|(i, out)| one(i, out));
+        }
+    }
+
+    fn product(&self, oa: usize, ob: usize, out: &mut [f32]) {
+        let (k, n) = (self.k, self.n);
+        let [ra, ka] = self.sa.map(|s| s as usize);
+        let [kb, cb] = self.sb.map(|s| s as usize);
+        let scaled = |o: &mut f32, v: f32| *o = self.alpha * v + self.beta.map_or(0.0, |b| b * *o);
+        match Self::form(self.sa, self.sb) {
+            Some(Form::Dots) => {
+                for (i, row) in out.chunks_mut(n).enumerate() {
+                    let x = &self.a[oa + i * ra..][..k];
+                    for (j, o) in row.iter_mut().enumerate() {
+                        scaled(o, dot(x, &self.b[ob + j * cb..][..k]));
+                    }
+                }
+            }
+            _ => {
+                let mut acc = vec![0f32; n];
+                for (i, row) in out.chunks_mut(n).enumerate() {
+                    acc.fill(0.0);
+                    for kk in 0..k {
+                        let (x, y) = (self.a[oa + i * ra + kk * ka], &self.b[ob + kk * kb..][..n]);
+                        acc.iter_mut().zip(y).for_each(|(a, &y)| *a += x * y);
+                    }
+                    row.iter_mut().zip(&acc).for_each(|(o, &v)| scaled(o, v));
+                }
+            }
+        }
+    }
+}
+
+/// `Σ a·b` in sixteen independent lanes the compiler keeps in vector registers.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut lanes = [0f32; L];
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (u, v) in ca.zip(cb) {
+        for l in 0..L {
+            lanes[l] += u[l] * v[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// `C = A·B` (or `C += A·B` with `accumulate`) in `f32` for A `[m, k]` and B `[k, n]` given by
@@ -248,4 +368,54 @@ fn naive<T: Num>(a: &Operand, b: &Operand, dst: &mut [T], out_shape: &[i32]) -> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both forms of [`FewRows`], with and without `beta`, against float64 loops over the same
+    /// strides (a transposed cache's columns, a cache's rows, a broadcast batch).
+    #[test]
+    fn few_rows_match_float64() {
+        let mut seed = 11u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 33) as f32 / u32::MAX as f32 - 0.25) * 4.0
+        };
+        for (m, n, k) in [(1, 1, 1), (1, 37, 64), (3, 200, 64), (8, 19, 33), (2, 64, 130)] {
+            let a: Vec<f32> = (0..2 * m * k + 5).map(|_| next()).collect();
+            let b: Vec<f32> = (0..2 * n * k + 3).map(|_| next()).collect();
+            // Column j of b at j·k (dots), or row kk of b at kk·n (rows); a's rows at i·k.
+            for (sb, form) in [([1, k as isize], Form::Dots), ([n as isize, 1], Form::Rows)] {
+                let sa = [k as isize, 1];
+                assert!(FewRows::form(sa, sb).is_some_and(|f| f == form || (n == 1 && k == 1)));
+                for beta in [None, Some(0.5f32)] {
+                    let batch = [[0, 0, 0], [(m * k) as isize, 0, 0], [3, (n * k) as isize, 0]];
+                    let init: Vec<f32> = (0..batch.len() * m * n).map(|_| next()).collect();
+                    let mut dst = init.clone();
+                    FewRows { a: &a, b: &b, m, n, k, sa, sb, alpha: 0.75, beta }.run(&mut dst, &batch);
+                    for (bi, &[oa, ob, _]) in batch.iter().enumerate() {
+                        for i in 0..m {
+                            for j in 0..n {
+                                let at = |v: &[f32], o: isize, s: [isize; 2], r: usize, c: usize| {
+                                    v[(o + r as isize * s[0] + c as isize * s[1]) as usize] as f64
+                                };
+                                let sum: f64 = (0..k).map(|kk| at(&a, oa, sa, i, kk) * at(&b, ob, sb, kk, j)).sum();
+                                let o = bi * m * n + i * n + j;
+                                let want = 0.75 * sum + beta.map_or(0.0, |b| b as f64 * init[o] as f64);
+                                let tol =
+                                    1e-5 * (1.0 + (0..k).map(|kk| at(&a, oa, sa, i, kk).abs() * 4.0).sum::<f64>());
+                                assert!(
+                                    (dst[o] as f64 - want).abs() <= tol,
+                                    "{m}x{n}x{k} {bi} ({i},{j}): {} vs {want}",
+                                    dst[o]
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
