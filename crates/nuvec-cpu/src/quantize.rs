@@ -286,6 +286,12 @@ impl<'a, T: Float> Packed<'a, T> {
         Ok(Packed { mode, gs, bits, words: dense::<u32>(&x[0])?, scales })
     }
 
+    /// Affine weights from the packed words of row-major `w` and scales and biases in `T`.
+    pub(crate) fn affine(gs: usize, bits: u32, w: &'a Operand, scales: &'a [T], biases: &'a [T]) -> Result<Self> {
+        let scales = Scales::Affine(scales, biases);
+        Ok(Packed { mode: QuantMode::Affine, gs, bits, words: dense::<u32>(w)?, scales })
+    }
+
     /// Group `i`'s values, as the dequantization rounds them to `T`, handed to `put(j, v)`.
     #[inline(always)]
     pub(crate) fn group(&self, i: usize, mut put: impl FnMut(usize, T)) {

@@ -118,6 +118,25 @@ impl Embedding {
         Quantized::times_transposed(x, &self.weight, &self.quantized)
     }
 
+    /// The vectors of `ids` in `dtype`: a quantized table's rows dequantized in it (scales and
+    /// biases kept narrower than the activations, say a GGUF's `float16` beside `float32`,
+    /// give the rows a `float32` table of the same values would), a float table's cast.
+    ///
+    /// ```
+    /// # use nuvec as _;
+    /// use nuvec::{Array, DType};
+    /// use nuvec_nn::Embedding;
+    /// let table = Embedding::new(10, 64, None).to_quantized(32, 8, "affine").unwrap();
+    /// let rows = table.forward_in(&Array::from_slice(&[3, 1], [2]), DType::F16);
+    /// assert_eq!((rows.shape(), rows.dtype()), (&[2, 64][..], DType::F16));
+    /// ```
+    pub fn forward_in(&self, ids: &Array, dtype: DType) -> Array {
+        match &self.quantized {
+            Some(q) => q.rows(&self.weight, ids, Some(dtype)),
+            None => self.weight.take(ids, 0).astype(dtype),
+        }
+    }
+
     /// The table quantized, as [`Linear::to_quantized`].
     pub fn to_quantized(
         &self,
@@ -148,7 +167,7 @@ impl Module for Embedding {
 impl Layer for Embedding {
     fn forward(&self, ids: &Array) -> Array {
         match &self.quantized {
-            Some(q) => q.rows(&self.weight, ids),
+            Some(q) => q.rows(&self.weight, ids, None),
             None => self.weight.take(ids, 0),
         }
     }

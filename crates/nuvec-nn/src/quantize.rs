@@ -5,7 +5,7 @@
 
 use std::any::Any;
 
-use nuvec_core::{Array, Error, Result, ops};
+use nuvec_core::{Array, DType, Error, Result, ops};
 
 use crate::layers::{Embedding, Linear};
 use crate::module::{Module, Param, join};
@@ -93,18 +93,23 @@ impl Quantized {
     }
 
     /// The rows `ids` of the packed table `w`, dequantized: `[..ids, dims]` in the scales'
-    /// dtype (affine) or bfloat16 (the FP modes), as MLX's `QuantizedEmbedding`.
-    pub(crate) fn rows(&self, w: &Array, ids: &Array) -> Array {
+    /// dtype (affine) or bfloat16 (the FP modes), as MLX's `QuantizedEmbedding`; or in `dtype`,
+    /// affine scales and biases cast to it first.
+    pub(crate) fn rows(&self, w: &Array, ids: &Array, dtype: Option<DType>) -> Array {
         let flat = ids.flatten(0, -1);
-        let biases = self.biases.as_ref().map(|b| b.take(&flat, 0));
+        let cast = |a: Array| match dtype {
+            Some(d) if self.biases.is_some() => a.astype(d),
+            _ => a,
+        };
+        let biases = self.biases.as_ref().map(|b| cast(b.take(&flat, 0)));
         let rows = ops::dequantize(
             &w.take(&flat, 0),
-            &self.scales.take(&flat, 0),
+            &cast(self.scales.take(&flat, 0)),
             biases.as_ref(),
             self.group_size,
             self.bits,
             &self.mode,
-            None,
+            dtype,
         );
         let mut shape = ids.shape().to_vec();
         shape.push(-1);

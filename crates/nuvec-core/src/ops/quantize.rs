@@ -241,12 +241,17 @@ pub fn quantized_matmul(
     }
 }
 
-/// `quantized_matmul` as ordinary operations: the weight dequantized to the product's dtype,
-/// then a product. Inputs `[x, w, scales, biases?]`, checked by the operation.
+/// `quantized_matmul` as ordinary operations: the weight dequantized in the product's dtype
+/// (affine scales and biases cast to it first, as MLX's), then a product. Inputs `[x, w,
+/// scales, biases?]`, checked by the operation.
 pub(crate) fn quantized_matmul_composition(p: &QuantMatmulParams, inputs: &[Array]) -> Array {
     let (x, w, scales, biases) = (&inputs[0], &inputs[1], &inputs[2], inputs.get(3));
     let mode = p.mode.to_string();
-    let deq = dequantize(w, scales, biases, p.group_size, p.bits, &mode, p.dtype);
+    let (scales, biases) = match biases {
+        Some(b) => (scales.astype(p.dtype), Some(b.astype(p.dtype))),
+        None => (scales.clone(), None),
+    };
+    let deq = dequantize(w, &scales, biases.as_ref(), p.group_size, p.bits, &mode, p.dtype);
     let wt = if p.transpose { deq.swapaxes(-1, -2) } else { deq };
     x.astype(p.dtype).matmul(&wt)
 }

@@ -42,9 +42,12 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
         FastOp::CrossEntropyWithGrad => is(1, DType::I32) && is(2, acc) && per_row(2),
         FastOp::Rope(_) => is(1, DType::I32) && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
         FastOp::AdamStep(_) => inputs.iter().all(|s| s.dtype == d),
-        // x, and for affine the scales and biases, in the product's dtype.
+        // x in the product's dtype; for affine the scales and biases too, or for `float32`
+        // products both in a half dtype (converted as the kernels read them).
         FastOp::QuantizedMatmul(p) => {
-            quantized_matmul::supports(p.dtype) && d == p.dtype && (!p.mode.has_biases() || (is(2, d) && is(3, d)))
+            let half = |h: DType| d == DType::F32 && matches!(h, DType::F16 | DType::BF16) && is(2, h) && is(3, h);
+            let affine = || (is(2, d) && is(3, d)) || inputs.get(2).is_some_and(|s| half(s.dtype));
+            quantized_matmul::supports(p.dtype) && d == p.dtype && (!p.mode.has_biases() || affine())
         }
         _ => false,
     }

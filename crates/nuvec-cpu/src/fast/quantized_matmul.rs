@@ -49,21 +49,31 @@ fn typed<T: Float<Acc = f32> + bytemuck::Pod>(
     let (k, n) = p.inner_outer(w_shape);
     let (k, n) = (k as usize, n as usize);
     let m = out.size().checked_div(n).unwrap_or(0);
-    let packed = Packed::<T>::new(p.mode, p.group_size as usize, p.bits as u32, &inputs[1..])?;
     let x: Vec<f32> = elems::<T>(&inputs[0])?.iter().map(|v| v.to_acc()).collect();
     let mut y = vec![0f32; m * n];
     let gs = p.group_size as usize;
-    let fused = p.dtype == DType::F32 && p.mode == QuantMode::Affine && matches!(p.bits, 4 | 8) && gs.is_multiple_of(8);
+    let affine = p.mode == QuantMode::Affine;
+    let fused = p.dtype == DType::F32 && affine && matches!(p.bits, 4 | 8) && gs.is_multiple_of(8);
     if m > 0 && n > 0 && k > 0 {
         if p.transpose && m <= DOT_ROWS && fused {
             let words = elems::<u32>(&inputs[1])?;
-            let (scales, biases) = (elems::<f32>(&inputs[2])?, elems::<f32>(&inputs[3])?);
+            let (scales, biases) = (Groups::of(&inputs[2])?, Groups::of(&inputs[3])?);
             let w = Affine { words, scales, biases, bits: p.bits as usize, gs, k };
             affine_dots(&w, &x, &mut y, m, n);
-        } else if p.transpose && m <= DOT_ROWS {
-            dots(&packed, &x, &mut y, m, n, k, p.group_size as usize);
         } else {
-            products(&packed, &x, &mut y, m, n, k, p);
+            // Scales and biases in another dtype than the product's are converted first.
+            let converted;
+            let packed = if affine && inputs[2].dtype != p.dtype {
+                converted = (in_dtype::<T>(&inputs[2])?, in_dtype::<T>(&inputs[3])?);
+                Packed::affine(gs, p.bits as u32, &inputs[1], &converted.0, &converted.1)?
+            } else {
+                Packed::<T>::new(p.mode, gs, p.bits as u32, &inputs[1..])?
+            };
+            if p.transpose && m <= DOT_ROWS {
+                dots(&packed, &x, &mut y, m, n, k, gs);
+            } else {
+                products(&packed, &x, &mut y, m, n, k, p);
+            }
         }
     }
     let mut buf = HostBuffer::uninit(m * n * size_of::<T>())?;
@@ -108,15 +118,84 @@ fn dots<T: Float<Acc = f32>>(packed: &Packed<T>, x: &[f32], y: &mut [f32], m: us
     }
 }
 
-/// A `float32` affine weight `[N, K]` of 4 or 8 bits: packed words, a scale and a bias per
-/// group of `gs`.
+/// The elements of a floating operand in `T`.
+fn in_dtype<T: Float<Acc = f32>>(x: &Operand) -> Result<Vec<T>> {
+    let from = |v: f32| T::from_acc(v);
+    Ok(match x.dtype {
+        DType::F32 => elems::<f32>(x)?.iter().map(|&v| from(v)).collect(),
+        DType::F16 => elems::<f16>(x)?.iter().map(|v| from(v.to_f32())).collect(),
+        DType::BF16 => elems::<bf16>(x)?.iter().map(|v| from(v.to_f32())).collect(),
+        d => return Err(unsupported(d)),
+    })
+}
+
+/// An affine weight `[N, K]` of 4 or 8 bits for `float32` products: packed words, a scale and a
+/// bias per group of `gs`.
 struct Affine<'a> {
     words: &'a [u32],
-    scales: &'a [f32],
-    biases: &'a [f32],
+    scales: Groups<'a>,
+    biases: Groups<'a>,
     bits: usize,
     gs: usize,
     k: usize,
+}
+
+/// Per-group scales or biases as the row kernels read them: `float32` in place, or a half
+/// dtype (a GGUF's `float16`: half the bytes to read) converted a row at a time.
+#[derive(Clone, Copy)]
+enum Groups<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    Bf16(&'a [bf16]),
+}
+
+impl<'a> Groups<'a> {
+    fn of(x: &'a Operand) -> Result<Self> {
+        Ok(match x.dtype {
+            DType::F32 => Groups::F32(elems(x)?),
+            DType::F16 => Groups::F16(elems(x)?),
+            DType::BF16 => Groups::Bf16(elems(x)?),
+            d => return Err(unsupported(d)),
+        })
+    }
+
+    /// Where group `i` lies (perhaps past the end), for prefetching.
+    fn at(self, i: usize) -> *const u8 {
+        match self {
+            Groups::F32(s) => s.as_ptr().wrapping_add(i).cast(),
+            Groups::F16(s) => s.as_ptr().wrapping_add(i).cast(),
+            Groups::Bf16(s) => s.as_ptr().wrapping_add(i).cast(),
+        }
+    }
+
+    /// Groups `range` in `float32`: borrowed, or converted into `buf` with `isa`'s instructions.
+    fn get<'b>(self, range: std::ops::Range<usize>, buf: &'b mut Vec<f32>, isa: Isa) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        let bits: &[u16] = match self {
+            Groups::F32(s) => return &s[range],
+            Groups::F16(s) => bytemuck::cast_slice(&s[range]),
+            Groups::Bf16(s) => bytemuck::cast_slice(&s[range]),
+        };
+        let bf16 = matches!(self, Groups::Bf16(_));
+        buf.resize(bits.len(), 0.0);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `for_groups` picked an `isa` whose features this CPU has (F16C with AVX2).
+        unsafe {
+            match isa {
+                Isa::Avx512 => return simd::widen_avx512(bits, bf16, buf),
+                Isa::Avx2 => return simd::widen_avx2(bits, bf16, buf),
+                Isa::Scalar => {}
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = isa;
+        for (o, &h) in buf.iter_mut().zip(bits) {
+            *o = if bf16 { bf16::from_bits(h).to_f32() } else { f16::from_bits(h).to_f32() };
+        }
+        buf
+    }
 }
 
 /// `y = x · wᵀ` for few rows of `x` without a dequantized row: each group contributes
@@ -131,31 +210,43 @@ fn affine_dots(w: &Affine, x: &[f32], y: &mut [f32], m: usize, n: usize) {
     let xs = isa.arrange(w.bits, x);
     let bytes_per_row = k * w.bits / 8;
     let bytes: &[u8] = bytemuck::cast_slice(w.words);
-    let row = |r: usize, i: usize| {
-        let (s, bias) = (&w.scales[r * groups..(r + 1) * groups], &w.biases[r * groups..(r + 1) * groups]);
+    // Row `r`'s product with row `i` of x, from the row's scales and biases.
+    let row = |r: usize, i: usize, s: &[f32], bias: &[f32]| {
         let q = &bytes[r * bytes_per_row..(r + 1) * bytes_per_row];
         for a in [w.scales, w.biases] {
-            let p = a.as_ptr().wrapping_add((r + PREFETCH_ROWS) * groups);
-            prefetch(p.cast());
-            prefetch(p.wrapping_add(groups - 1).cast());
+            let ahead = (r + PREFETCH_ROWS) * groups;
+            prefetch(a.at(ahead));
+            prefetch(a.at(ahead + groups - 1));
         }
         isa.row(w.bits, q, &xs[i * k..(i + 1) * k], s, gs, bias, &xsum[i * groups..(i + 1) * groups])
     };
-    if m == 1 {
-        crate::pool::for_each_chunk(y, DOT_BLOCK, &|b, y| {
-            for (r, o) in y.iter_mut().enumerate() {
-                *o = row(b * DOT_BLOCK + r, 0);
+    // A task's rows `r0..r0 + rows`, their scales and biases converted at once where needed
+    // (a row's few are too few to convert alone).
+    thread_local! {
+        static BUFS: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
+    }
+    let block = |r0: usize, rows: usize, out: &mut RowFn| {
+        BUFS.with_borrow_mut(|[sb, bb]| {
+            let span = r0 * groups..(r0 + rows) * groups;
+            let (s, b) = (w.scales.get(span.clone(), sb, isa), w.biases.get(span, bb, isa));
+            for (j, (s, b)) in s.chunks_exact(groups).zip(b.chunks_exact(groups)).enumerate() {
+                out(r0 + j, s, b);
             }
+        })
+    };
+    if m == 1 {
+        crate::pool::for_each_chunk(y, DOT_BLOCK, &|c, y| {
+            block(c * DOT_BLOCK, y.len(), &mut |r, s, b| y[r - c * DOT_BLOCK] = row(r, 0, s, b));
         });
         return;
     }
     let mut yt = vec![0f32; n * m];
-    crate::pool::for_each_chunk(&mut yt, DOT_BLOCK * m, &|b, yt| {
-        for (r, yt) in yt.chunks_mut(m).enumerate() {
-            for (i, o) in yt.iter_mut().enumerate() {
-                *o = row(b * DOT_BLOCK + r, i);
+    crate::pool::for_each_chunk(&mut yt, DOT_BLOCK * m, &|c, yt| {
+        block(c * DOT_BLOCK, yt.len() / m, &mut |r, s, b| {
+            for (i, o) in yt[(r - c * DOT_BLOCK) * m..][..m].iter_mut().enumerate() {
+                *o = row(r, i, s, b);
             }
-        }
+        });
     });
     for (i, y) in y.chunks_mut(n).enumerate() {
         for (j, o) in y.iter_mut().enumerate() {
@@ -164,11 +255,15 @@ fn affine_dots(w: &Affine, x: &[f32], y: &mut [f32], m: usize, n: usize) {
     }
 }
 
+/// What a task does with one of its rows: its index, scales and biases.
+type RowFn<'a> = dyn FnMut(usize, &[f32], &[f32]) + 'a;
+
 /// How far ahead of its reads a row product asks for the packed weight: the hardware's
 /// prefetchers alone leave the products waiting on memory, and stop at page boundaries.
 const PREFETCH_BYTES: usize = 3072;
-/// How many rows ahead the scales and biases are asked for.
-const PREFETCH_ROWS: usize = 8;
+/// How many rows ahead the scales and biases are asked for: a task's worth, since a task
+/// converts its rows' at once.
+const PREFETCH_ROWS: usize = DOT_BLOCK;
 
 /// Asks for the cache line at `p`, which may lie past the end of its allocation.
 #[inline(always)]
@@ -334,6 +429,52 @@ mod simd {
         _mm512_reduce_add_ps(_mm512_add_ps(even, odd))
     }
 
+    /// `f16` (or, with `bf16`, `bf16`) bit patterns as `f32` into `out`, sixteen at a time.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn widen_avx512<'b>(bits: &[u16], bf16: bool, out: &'b mut [f32]) -> &'b [f32] {
+        let one = |h: __m256i| match bf16 {
+            true => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h))),
+            false => _mm512_cvtph_ps(h),
+        };
+        let (whole, rest) = (bits.chunks_exact(16), bits.chunks_exact(16).remainder());
+        for (h, o) in whole.zip(out.chunks_exact_mut(16)) {
+            // SAFETY: both chunks hold sixteen elements.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), one(_mm256_loadu_si256(h.as_ptr().cast()))) };
+        }
+        if !rest.is_empty() {
+            let (mut h, mut o) = ([0u16; 16], [0f32; 16]);
+            h[..rest.len()].copy_from_slice(rest);
+            // SAFETY: local arrays of sixteen elements.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), one(_mm256_loadu_si256(h.as_ptr().cast()))) };
+            let at = bits.len() - rest.len();
+            out[at..].copy_from_slice(&o[..rest.len()]);
+        }
+        out
+    }
+
+    /// [`widen_avx512`] eight at a time.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn widen_avx2<'b>(bits: &[u16], bf16: bool, out: &'b mut [f32]) -> &'b [f32] {
+        let one = |h: __m128i| match bf16 {
+            true => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h))),
+            false => _mm256_cvtph_ps(h),
+        };
+        let (whole, rest) = (bits.chunks_exact(8), bits.chunks_exact(8).remainder());
+        for (h, o) in whole.zip(out.chunks_exact_mut(8)) {
+            // SAFETY: both chunks hold eight elements.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), one(_mm_loadu_si128(h.as_ptr().cast()))) };
+        }
+        if !rest.is_empty() {
+            let (mut h, mut o) = ([0u16; 8], [0f32; 8]);
+            h[..rest.len()].copy_from_slice(rest);
+            // SAFETY: local arrays of eight elements.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), one(_mm_loadu_si128(h.as_ptr().cast()))) };
+            let at = bits.len() - rest.len();
+            out[at..].copy_from_slice(&o[..rest.len()]);
+        }
+        out
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn row_avx2<const BITS: usize>(
         q: &[u8],
@@ -491,6 +632,26 @@ fn products<T: Float<Acc = f32>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Half-precision scales widened by every kernel this CPU has, against `half`'s conversion,
+    /// over lengths on both sides of a vector.
+    #[test]
+    fn groups_widen_exactly() {
+        let values: Vec<f32> = (0..40).map(|i| (i as f32 - 17.5) * 0.37).chain([0.0, -0.0, 6e-8, 65504.0]).collect();
+        let f16s: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+        let bf16s: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| i <= Isa::detected()) {
+            for len in [0, 1, 7, 8, 9, 15, 16, 17, 33, values.len()] {
+                let mut buf = Vec::new();
+                let got = Groups::F16(&f16s).get(0..len, &mut buf, isa).to_vec();
+                let want: Vec<f32> = f16s[..len].iter().map(|h| h.to_f32()).collect();
+                assert_eq!(got, want, "{isa:?} f16 len {len}");
+                let got = Groups::Bf16(&bf16s).get(0..len, &mut buf, isa).to_vec();
+                let want: Vec<f32> = bf16s[..len].iter().map(|h| h.to_f32()).collect();
+                assert_eq!(got, want, "{isa:?} bf16 len {len}");
+            }
+        }
+    }
 
     /// Every kernel this CPU has against float64, whichever `for_groups` would pick: the
     /// suite's products reach only the widest.

@@ -6,7 +6,7 @@
 //! Gemma 3). Parameter names are Hugging Face's.
 
 use nuvec::Array;
-use nuvec::nn::{Embedding, Layer, Linear, Params};
+use nuvec::nn::{Embedding, Linear, Params};
 use nuvec_nn::module;
 
 use super::LanguageModel;
@@ -102,7 +102,8 @@ impl Gemma3 {
 
 impl Gemma3 {
     fn run(&self, tokens: &Array, caches: &mut [KvCache], at: Option<&Positions>) -> Array {
-        let embedded = self.model.embed_tokens.forward(tokens);
+        // In the model's dtype (its norms'): a GGUF's tables keep float16 scales.
+        let embedded = self.model.embed_tokens.forward_in(tokens, self.model.norm.weight.dtype());
         let mut h = &embedded * (self.config.hidden_size as f32).sqrt();
         let layers = self.model.layers.iter().zip(&self.specs);
         for ((layer, spec), cache) in layers.zip(caches.iter_mut()) {

@@ -6,7 +6,7 @@
 use std::any::Any;
 
 use nuvec::Array;
-use nuvec::nn::{Embedding, Layer, Linear, Module, Param};
+use nuvec::nn::{Embedding, Linear, Module, Param};
 use nuvec_nn::module;
 
 use super::LanguageModel;
@@ -119,7 +119,8 @@ impl Llama {
     }
 
     fn run(&self, tokens: &Array, caches: &mut [KvCache], at: Option<&Positions>) -> Array {
-        let mut h = self.model.embed_tokens.forward(tokens);
+        // In the model's dtype (its norms'): a GGUF's tables keep float16 scales.
+        let mut h = self.model.embed_tokens.forward_in(tokens, self.model.norm.weight.dtype());
         for (layer, cache) in self.model.layers.iter().zip(caches.iter_mut()) {
             let x = Input::normed(&h, &layer.input_layernorm);
             h = layer.self_attn.forward(x, cache, at, &self.rope, &self.spec, Some(&h));

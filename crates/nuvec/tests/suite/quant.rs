@@ -238,6 +238,56 @@ fn quantized_matmul_matches_float64_and_its_composition() {
     }
 }
 
+/// `float32` rows against scales and biases kept in a half dtype (as a GGUF stores them): a
+/// `float32` product of the weight dequantized in `float32`, on the CPU's kernel.
+#[test]
+fn quantized_matmul_of_float32_rows_takes_half_scales() {
+    use nuvec::fast::{FastOp, QuantMatmulParams};
+    use nuvec::graph::{Primitive, Spec, backend_for};
+    let cpu = backend_for(nuvec::Device::cpu()).unwrap();
+    for half in [DType::F16, DType::BF16] {
+        for (bits, gs) in [(4, 32), (8, 32), (4, 64), (3, 32)] {
+            for transpose in [true, false] {
+                for m in [1, 5, 17] {
+                    let what = format!("{half} scales, bits {bits} group {gs} transpose {transpose} m {m}");
+                    let (n, k) = if transpose { (48, 256) } else { (256, 48) };
+                    let w = weights(&if transpose { [n, k] } else { [k, n] }, 0.7) * 0.2;
+                    let (q, s, b) = ops::quantize(&w, gs, bits, "affine");
+                    let (s, b) = (s.astype(half), b.unwrap().astype(half));
+                    let x = weights(&[m, k], 1.3);
+                    let y = ops::quantized_matmul(&x, &q, &s, Some(&b), transpose, gs, bits, "affine");
+                    assert_eq!(y.dtype(), DType::F32, "{what}");
+                    let p = QuantMatmulParams {
+                        mode: "affine".parse().unwrap(),
+                        group_size: gs,
+                        bits,
+                        transpose,
+                        dtype: DType::F32,
+                    };
+                    let inputs = [x.clone(), q.clone(), s.clone(), b.clone()];
+                    let specs: Vec<Spec> = inputs.iter().map(Array::spec).collect();
+                    let fused = Primitive::Fast(FastOp::QuantizedMatmul(p));
+                    assert!(cpu.supports(&fused, &specs, &[]), "{what}: CPU kernel");
+                    let composed = FastOp::QuantizedMatmul(p).composition(&inputs).remove(0);
+                    let (s64, b64) = (s.astype(DType::F64), b.astype(DType::F64));
+                    let deq = ops::dequantize(&q, &s64, Some(&b64), gs, bits, "affine", None);
+                    let deq = if transpose { deq.t() } else { deq };
+                    let x64 = x.astype(DType::F64);
+                    let (want, bound) = (x64.matmul(&deq), x64.abs().matmul(&deq.abs()));
+                    within(&format!("{what} against float64"), &y.astype(DType::F64), &want, &bound, 1e-5);
+                    within(
+                        &format!("{what} against the composition"),
+                        &y.astype(DType::F64),
+                        &composed.astype(DType::F64),
+                        &bound,
+                        2e-5,
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn quantized_matmul_batches_rows_and_keeps_vmap_fused() {
     let w = weights(&[48, 128], 0.4);
