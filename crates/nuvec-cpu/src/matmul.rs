@@ -217,7 +217,9 @@ impl FewRows<'_> {
     /// there is enough work to share.
     fn run(&self, dst: &mut [f32], batch: &[[isize; 3]]) {
         let block = self.m * self.n;
-        let one = |i: usize, out: &mut [f32]| self.product(batch[i][0] as usize, batch[i][1] as usize, out);
+        let one = |i: usize, out: &mut [f32]| {
+            crate::map::simd(few_rows_product, (self, batch[i][0] as usize, batch[i][1] as usize, out))
+        };
         if batch.len() > 1 && block * self.k * batch.len() >= 1 << 16 {
             crate::pool::for_each_chunk(dst, block, &one);
         } else {
@@ -225,6 +227,7 @@ impl FewRows<'_> {
         }
     }
 
+    #[inline(always)]
     fn product(&self, oa: usize, ob: usize, out: &mut [f32]) {
         let (k, n) = (self.k, self.n);
         let [ra, ka] = self.sa.map(|s| s as usize);
@@ -254,7 +257,14 @@ impl FewRows<'_> {
     }
 }
 
-/// `Σ a·b` in sixteen independent lanes the compiler keeps in vector registers.
+/// One batch of a [`FewRows`] product, compiled for the widest vectors (`map::simd`).
+#[inline(always)]
+fn few_rows_product((p, oa, ob, out): (&FewRows, usize, usize, &mut [f32])) {
+    p.product(oa, ob, out)
+}
+
+/// `Σ a·b` in sixteen independent lanes the compiler keeps in vector registers, summed as a
+/// tree (a vector's halves, then theirs) rather than lane by lane.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     const L: usize = 16;
@@ -266,7 +276,14 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             lanes[l] += u[l] * v[l];
         }
     }
-    lanes.iter().sum::<f32>() + tail
+    let mut w = L;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            lanes[l] += lanes[l + w];
+        }
+    }
+    lanes[0] + tail
 }
 
 /// `C = A·B` (or `C += A·B` with `accumulate`) in `f32` for A `[m, k]` and B `[k, n]` given by
