@@ -141,7 +141,7 @@ struct Affine<'a> {
 }
 
 /// Per-group scales or biases as the row kernels read them: `float32` in place, or a half
-/// dtype (a GGUF's `float16`: half the bytes to read) converted a row at a time.
+/// dtype (a GGUF's `float16`: half the bytes to read) converted a task's rows at a time.
 #[derive(Clone, Copy)]
 enum Groups<'a> {
     F32(&'a [f32]),
