@@ -384,7 +384,7 @@ mod simd {
     ) -> f32 {
         let runs = gs * BITS / 128;
         let (q, x) = (q.as_ptr(), x.as_ptr());
-        let low = _mm512_set1_epi32(0xF);
+        let lut = _mm512_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0);
         // Group `g`'s `Σ q·x` in sixteen lanes.
         let group = |g: usize| {
             let mut acc = _mm512_setzero_ps();
@@ -397,9 +397,12 @@ mod simd {
                 unsafe {
                     let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.add(r * 16).cast()));
                     if BITS == 4 {
-                        let (even, odd) = (_mm512_and_si512(v, low), _mm512_srli_epi32::<4>(v));
-                        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(even), _mm512_loadu_ps(x.add(r * 32)), acc);
-                        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(odd), _mm512_loadu_ps(x.add(r * 32 + 16)), acc);
+                        // The nibbles as indices into a table of 0..16 (a permute reads an
+                        // index's low four bits): fewer µops than masking and converting.
+                        let (even, odd) =
+                            (_mm512_permutexvar_ps(v, lut), _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), lut));
+                        acc = _mm512_fmadd_ps(even, _mm512_loadu_ps(x.add(r * 32)), acc);
+                        acc = _mm512_fmadd_ps(odd, _mm512_loadu_ps(x.add(r * 32 + 16)), acc);
                     } else {
                         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_loadu_ps(x.add(r * 16)), acc);
                     }
