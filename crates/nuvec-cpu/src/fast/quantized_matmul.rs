@@ -211,40 +211,59 @@ fn affine_dots(w: &Affine, x: &[f32], y: &mut [f32], m: usize, n: usize) {
     let bytes_per_row = k * w.bits / 8;
     let bytes: &[u8] = bytemuck::cast_slice(w.words);
     // Row `r`'s product with row `i` of x, from the row's scales and biases.
-    let row = |r: usize, i: usize, s: &[f32], bias: &[f32]| {
-        let q = &bytes[r * bytes_per_row..(r + 1) * bytes_per_row];
+    let prefetch_ahead = |r: usize| {
         for a in [w.scales, w.biases] {
             let ahead = (r + PREFETCH_ROWS) * groups;
             prefetch(a.at(ahead));
             prefetch(a.at(ahead + groups - 1));
         }
-        isa.row(w.bits, q, &xs[i * k..(i + 1) * k], s, gs, bias, &xsum[i * groups..(i + 1) * groups])
+    };
+    let q = |r: usize| &bytes[r * bytes_per_row..(r + 1) * bytes_per_row];
+    let row = |r: usize, i: usize, s: &[f32], bias: &[f32]| {
+        prefetch_ahead(r);
+        isa.row(w.bits, q(r), &xs[i * k..(i + 1) * k], s, gs, bias, &xsum[i * groups..(i + 1) * groups])
     };
     // A task's rows `r0..r0 + rows`, their scales and biases converted at once where needed
     // (a row's few are too few to convert alone).
     thread_local! {
         static BUFS: std::cell::RefCell<[Vec<f32>; 2]> = const { std::cell::RefCell::new([Vec::new(), Vec::new()]) };
     }
-    let block = |r0: usize, rows: usize, out: &mut RowFn| {
+    let block = |r0: usize, rows: usize, out: &mut TaskFn| {
         BUFS.with_borrow_mut(|[sb, bb]| {
             let span = r0 * groups..(r0 + rows) * groups;
-            let (s, b) = (w.scales.get(span.clone(), sb, isa), w.biases.get(span, bb, isa));
-            for (j, (s, b)) in s.chunks_exact(groups).zip(b.chunks_exact(groups)).enumerate() {
-                out(r0 + j, s, b);
-            }
+            out(w.scales.get(span.clone(), sb, isa), w.biases.get(span, bb, isa))
         })
     };
     if m == 1 {
+        // Rows in pairs (sharing the loads of x), then the odd one.
         crate::pool::for_each_chunk(y, DOT_BLOCK, &|c, y| {
-            block(c * DOT_BLOCK, y.len(), &mut |r, s, b| y[r - c * DOT_BLOCK] = row(r, 0, s, b));
+            let r0 = c * DOT_BLOCK;
+            block(r0, y.len(), &mut |s, b| {
+                let (s, b) = (|j: usize| &s[j * groups..][..groups], |j: usize| &b[j * groups..][..groups]);
+                let pairs = y.len() / 2;
+                for j in (0..2 * pairs).step_by(2) {
+                    let r = r0 + j;
+                    prefetch_ahead(r);
+                    prefetch_ahead(r + 1);
+                    let two = isa.rows2(w.bits, [q(r), q(r + 1)], &xs, [s(j), s(j + 1)], gs, [b(j), b(j + 1)], &xsum);
+                    y[j..j + 2].copy_from_slice(&two);
+                }
+                if y.len() % 2 == 1 {
+                    let j = y.len() - 1;
+                    y[j] = row(r0 + j, 0, s(j), b(j));
+                }
+            });
         });
         return;
     }
     let mut yt = vec![0f32; n * m];
     crate::pool::for_each_chunk(&mut yt, DOT_BLOCK * m, &|c, yt| {
-        block(c * DOT_BLOCK, yt.len() / m, &mut |r, s, b| {
-            for (i, o) in yt[(r - c * DOT_BLOCK) * m..][..m].iter_mut().enumerate() {
-                *o = row(r, i, s, b);
+        block(c * DOT_BLOCK, yt.len() / m, &mut |s, b| {
+            let rows = s.chunks_exact(groups).zip(b.chunks_exact(groups));
+            for (j, ((s, b), yt)) in rows.zip(yt.chunks_mut(m)).enumerate() {
+                for (i, o) in yt.iter_mut().enumerate() {
+                    *o = row(c * DOT_BLOCK + j, i, s, b);
+                }
             }
         });
     });
@@ -255,8 +274,8 @@ fn affine_dots(w: &Affine, x: &[f32], y: &mut [f32], m: usize, n: usize) {
     }
 }
 
-/// What a task does with one of its rows: its index, scales and biases.
-type RowFn<'a> = dyn FnMut(usize, &[f32], &[f32]) + 'a;
+/// What a task does with its rows' scales and biases.
+type TaskFn<'a> = dyn FnMut(&[f32], &[f32]) + 'a;
 
 /// How far ahead of its reads a row product asks for the packed weight: the hardware's
 /// prefetchers alone leave the products waiting on memory, and stop at page boundaries.
@@ -340,6 +359,30 @@ impl Isa {
         out
     }
 
+    /// [`Isa::row`] of two weight rows at once: AVX-512 loads `x` once for both.
+    #[allow(clippy::too_many_arguments)]
+    fn rows2(
+        self,
+        bits: usize,
+        q: [&[u8]; 2],
+        x: &[f32],
+        s: [&[f32]; 2],
+        gs: usize,
+        b: [&[f32]; 2],
+        xs: &[f32],
+    ) -> [f32; 2] {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as `row`'s, for each of the two rows.
+        unsafe {
+            match (self, bits) {
+                (Isa::Avx512, 4) => return simd::row_avx512::<4, 2>(q, x, s, gs, b, xs),
+                (Isa::Avx512, _) => return simd::row_avx512::<8, 2>(q, x, s, gs, b, xs),
+                _ => {}
+            }
+        }
+        [0, 1].map(|i| self.row(bits, q[i], x, s[i], gs, b[i], xs))
+    }
+
     /// `Σ_g s[g] · Σ q·x + b[g] · xs[g]` over one weight row's packed bytes `q`, `x` as
     /// `arrange` laid it out and `xs`, the sums of `x` per group.
     #[allow(clippy::too_many_arguments)]
@@ -350,8 +393,8 @@ impl Isa {
         // every group; `q` holds `x.len()` elements of `bits`, and `s` a scale per group.
         unsafe {
             match (self, bits) {
-                (Isa::Avx512, 4) => return simd::row_avx512::<4>(q, x, s, gs, b, xs),
-                (Isa::Avx512, _) => return simd::row_avx512::<8>(q, x, s, gs, b, xs),
+                (Isa::Avx512, 4) => return simd::row_avx512::<4, 1>([q], x, [s], gs, [b], xs)[0],
+                (Isa::Avx512, _) => return simd::row_avx512::<8, 1>([q], x, [s], gs, [b], xs)[0],
                 (Isa::Avx2, 4) => return simd::row_avx2::<4>(q, x, s, gs, b, xs),
                 (Isa::Avx2, _) => return simd::row_avx2::<8>(q, x, s, gs, b, xs),
                 _ => {}
@@ -373,63 +416,80 @@ impl Isa {
 mod simd {
     use std::arch::x86_64::*;
 
+    /// `R` rows at once, which share each load of `x`.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn row_avx512<const BITS: usize>(
-        q: &[u8],
+    pub(super) unsafe fn row_avx512<const BITS: usize, const R: usize>(
+        q: [&[u8]; R],
         x: &[f32],
-        s: &[f32],
+        s: [&[f32]; R],
         gs: usize,
-        b: &[f32],
+        b: [&[f32]; R],
         xs: &[f32],
-    ) -> f32 {
+    ) -> [f32; R] {
         let runs = gs * BITS / 128;
-        let (q, x) = (q.as_ptr(), x.as_ptr());
+        let (q, x) = (q.map(<[u8]>::as_ptr), x.as_ptr());
         let lut = _mm512_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0);
-        // Group `g`'s `Σ q·x` in sixteen lanes.
+        // Group `g`'s `Σ q·x` of each row in sixteen lanes.
         let group = |g: usize| {
-            let mut acc = _mm512_setzero_ps();
+            let mut acc = [_mm512_setzero_ps(); R];
             for r in g * runs..(g + 1) * runs {
                 if r % 4 == 0 {
-                    super::prefetch(q.wrapping_add(r * 16 + super::PREFETCH_BYTES));
+                    for q in q {
+                        super::prefetch(q.wrapping_add(r * 16 + super::PREFETCH_BYTES));
+                    }
                 }
-                // SAFETY: run `r` of 16 bytes and its 16 · 8 / BITS elements of `x` lie inside
-                // the row (the caller's contract).
+                // SAFETY: run `r` of 16 bytes of each row and its 16 · 8 / BITS elements of `x`
+                // lie inside the rows (the caller's contract).
                 unsafe {
-                    let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.add(r * 16).cast()));
                     if BITS == 4 {
-                        // The nibbles as indices into a table of 0..16 (a permute reads an
-                        // index's low four bits): fewer µops than masking and converting.
-                        let (even, odd) =
-                            (_mm512_permutexvar_ps(v, lut), _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), lut));
-                        acc = _mm512_fmadd_ps(even, _mm512_loadu_ps(x.add(r * 32)), acc);
-                        acc = _mm512_fmadd_ps(odd, _mm512_loadu_ps(x.add(r * 32 + 16)), acc);
+                        let (xe, xo) = (_mm512_loadu_ps(x.add(r * 32)), _mm512_loadu_ps(x.add(r * 32 + 16)));
+                        for (acc, q) in acc.iter_mut().zip(q) {
+                            let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.add(r * 16).cast()));
+                            // The nibbles as indices into a table of 0..16 (a permute reads an
+                            // index's low four bits): fewer µops than masking and converting.
+                            let even = _mm512_permutexvar_ps(v, lut);
+                            let odd = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), lut);
+                            *acc = _mm512_fmadd_ps(odd, xo, _mm512_fmadd_ps(even, xe, *acc));
+                        }
                     } else {
-                        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_loadu_ps(x.add(r * 16)), acc);
+                        let xv = _mm512_loadu_ps(x.add(r * 16));
+                        for (acc, q) in acc.iter_mut().zip(q) {
+                            let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.add(r * 16).cast()));
+                            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), xv, *acc);
+                        }
                     }
                 }
             }
             acc
         };
-        let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let pairs = s.len() / 2;
-        for g in 0..pairs {
-            even = _mm512_fmadd_ps(group(2 * g), _mm512_set1_ps(s[2 * g]), even);
-            odd = _mm512_fmadd_ps(group(2 * g + 1), _mm512_set1_ps(s[2 * g + 1]), odd);
+        let (mut even, mut odd) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+        let groups = s[0].len();
+        for g in 0..groups / 2 {
+            let (ge, go) = (group(2 * g), group(2 * g + 1));
+            for i in 0..R {
+                even[i] = _mm512_fmadd_ps(ge[i], _mm512_set1_ps(s[i][2 * g]), even[i]);
+                odd[i] = _mm512_fmadd_ps(go[i], _mm512_set1_ps(s[i][2 * g + 1]), odd[i]);
+            }
         }
-        if s.len() % 2 == 1 {
-            even = _mm512_fmadd_ps(group(2 * pairs), _mm512_set1_ps(s[2 * pairs]), even);
+        if groups % 2 == 1 {
+            let ge = group(groups - 1);
+            for i in 0..R {
+                even[i] = _mm512_fmadd_ps(ge[i], _mm512_set1_ps(s[i][groups - 1]), even[i]);
+            }
         }
         // The biases' share, sixteen groups at a time.
-        let len = b.len().min(xs.len());
+        let len = groups.min(xs.len());
         for g in (0..len).step_by(16) {
             let mask = (u32::MAX >> (32 - 16.min(len - g))) as u16;
-            // SAFETY: the mask covers groups `g..len` only.
-            let (bv, xv) = unsafe {
-                (_mm512_maskz_loadu_ps(mask, b.as_ptr().add(g)), _mm512_maskz_loadu_ps(mask, xs.as_ptr().add(g)))
-            };
-            odd = _mm512_fmadd_ps(bv, xv, odd);
+            // SAFETY: the mask covers groups `g..len` only, which every row has.
+            let xv = unsafe { _mm512_maskz_loadu_ps(mask, xs.as_ptr().add(g)) };
+            for i in 0..R {
+                // SAFETY: as above.
+                let bv = unsafe { _mm512_maskz_loadu_ps(mask, b[i].as_ptr().add(g)) };
+                odd[i] = _mm512_fmadd_ps(bv, xv, odd[i]);
+            }
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(even, odd))
+        std::array::from_fn(|i| _mm512_reduce_add_ps(_mm512_add_ps(even[i], odd[i])))
     }
 
     /// `f16` (or, with `bf16`, `bf16`) bit patterns as `f32` into `out`, sixteen at a time.
@@ -635,6 +695,31 @@ fn products<T: Float<Acc = f32>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two rows at once give each row's single-row result, bit for bit.
+    #[test]
+    fn row_pairs_equal_single_rows() {
+        let mut seed = 3u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| i <= Isa::detected()) {
+            for (bits, gs, groups) in [(4, 32, 18), (4, 64, 5), (8, 32, 19), (8, 128, 2)] {
+                let k = gs * groups;
+                let q: Vec<u8> = (0..2 * k * bits / 8).map(|_| next() as u8).collect();
+                let x: Vec<f32> = (0..k).map(|_| next() as f32 / u32::MAX as f32 - 0.5).collect();
+                let s: Vec<f32> = (0..2 * groups).map(|_| next() as f32 / u32::MAX as f32).collect();
+                let b: Vec<f32> = (0..2 * groups).map(|_| next() as f32 / u32::MAX as f32 - 0.5).collect();
+                let xs: Vec<f32> = x.chunks(gs).map(|g| g.iter().sum()).collect();
+                let x = isa.arrange(bits, &x);
+                let (qr, sr, br) = (q.split_at(k * bits / 8), s.split_at(groups), b.split_at(groups));
+                let two = isa.rows2(bits, [qr.0, qr.1], &x, [sr.0, sr.1], gs, [br.0, br.1], &xs);
+                let one = [isa.row(bits, qr.0, &x, sr.0, gs, br.0, &xs), isa.row(bits, qr.1, &x, sr.1, gs, br.1, &xs)];
+                assert_eq!(two, one, "{isa:?} bits {bits} group {gs}");
+            }
+        }
+    }
 
     /// Half-precision scales widened by every kernel this CPU has, against `half`'s conversion,
     /// over lengths on both sides of a vector.
