@@ -123,7 +123,7 @@ fn gemm_batched<T: Elem + 'static>(
     }
     let is_f32 = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
     let strides = ([sa[r - 2], sa[r - 1]], [sb[r - 2], sb[r - 1]]);
-    if is_f32 && m <= FEW_ROWS && FewRows::form(strides.0, strides.1).is_some() {
+    if let Some(form) = FewRows::form(strides.0, strides.1).filter(|_| is_f32 && m <= FEW_ROWS) {
         // SAFETY: T is f32 (checked above), so the casts keep the element type and length.
         let f = |s: &[T]| unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) };
         // SAFETY: as above, for the destination, borrowed mutably once.
@@ -137,6 +137,7 @@ fn gemm_batched<T: Elem + 'static>(
             k,
             sa: strides.0,
             sb: strides.1,
+            form,
             alpha: product_scale.to_f64() as f32,
             beta,
         };
@@ -186,6 +187,8 @@ struct FewRows<'a> {
     k: usize,
     sa: [isize; 2],
     sb: [isize; 2],
+    /// How `b` is read, from the strides ([`FewRows::form`]).
+    form: Form,
     alpha: f32,
     beta: Option<f32>,
 }
@@ -233,8 +236,8 @@ impl FewRows<'_> {
         let [ra, ka] = self.sa.map(|s| s as usize);
         let [kb, cb] = self.sb.map(|s| s as usize);
         let scaled = |o: &mut f32, v: f32| *o = self.alpha * v + self.beta.map_or(0.0, |b| b * *o);
-        match Self::form(self.sa, self.sb) {
-            Some(Form::Dots) => {
+        match self.form {
+            Form::Dots => {
                 for (i, row) in out.chunks_mut(n).enumerate() {
                     let x = &self.a[oa + i * ra..][..k];
                     for (j, o) in row.iter_mut().enumerate() {
@@ -242,7 +245,7 @@ impl FewRows<'_> {
                     }
                 }
             }
-            _ => {
+            Form::Rows => {
                 let mut acc = vec![0f32; n];
                 for (i, row) in out.chunks_mut(n).enumerate() {
                     acc.fill(0.0);
@@ -411,7 +414,7 @@ mod tests {
                     let batch = [[0, 0, 0], [(m * k) as isize, 0, 0], [3, (n * k) as isize, 0]];
                     let init: Vec<f32> = (0..batch.len() * m * n).map(|_| next()).collect();
                     let mut dst = init.clone();
-                    FewRows { a: &a, b: &b, m, n, k, sa, sb, alpha: 0.75, beta }.run(&mut dst, &batch);
+                    FewRows { a: &a, b: &b, m, n, k, sa, sb, form, alpha: 0.75, beta }.run(&mut dst, &batch);
                     for (bi, &[oa, ob, _]) in batch.iter().enumerate() {
                         for i in 0..m {
                             for j in 0..n {
