@@ -66,12 +66,11 @@ fn new_leader() -> Result<std::sync::mpsc::Sender<Vec<Array>>> {
             // Without a pool of its own (it could not be built) loops go to the global pool.
             let pool = rayon::ThreadPoolBuilder::new().use_current_thread().build().ok();
             for leaves in rx {
+                // Errors stay in the arrays, for the caller's next read to report.
                 match &pool {
-                    Some(p) => p.install(|| eval_arrays(&leaves)).ok(),
-                    None => eval_arrays(&leaves).ok(),
+                    Some(p) => p.install(|| evaluate(leaves)).ok(),
+                    None => evaluate(leaves).ok(),
                 };
-                // The work's arrays go before the leader is offered again.
-                drop(leaves);
                 IDLE.lock().unwrap_or_else(|e| e.into_inner()).push(me.clone());
             }
         })
@@ -86,6 +85,24 @@ fn new_leader() -> Result<std::sync::mpsc::Sender<Vec<Array>>> {
 /// needs the result of one in flight (the next decode step, reading the previous token)
 /// walked the same nodes in the same order and contended for every one of them.
 pub(crate) fn eval_arrays(outputs: &[Array]) -> Result<()> {
+    run_order(plan(outputs))?;
+    match outputs.iter().find_map(|a| a.error()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// [`eval_arrays`] of arrays no one else needs held: each is let go once its node has run
+/// (the order holds it until then). A caller that replaces an array with an update of it (a
+/// key-value cache) then holds the only reference, so the update can write in place.
+fn evaluate(outputs: Vec<Array>) -> Result<()> {
+    let order = plan(&outputs);
+    drop(outputs);
+    run_order(order)
+}
+
+/// The steps of evaluating `outputs`, with the nodes to run claimed for this thread.
+fn plan(outputs: &[Array]) -> Vec<Step> {
     let me = thread_tag();
     let mut order = schedule(outputs, me);
     for step in order.iter_mut() {
@@ -96,6 +113,12 @@ pub(crate) fn eval_arrays(outputs: &[Array]) -> Result<()> {
             let _ = n.claim.fetch_update(SeqCst, SeqCst, |c| (c & !WAITED == 0).then_some(c | me));
         }
     }
+    order
+}
+
+/// Runs the steps of [`plan`], letting each array go once its node has run.
+fn run_order(order: Vec<Step>) -> Result<()> {
+    let me = thread_tag();
     let mut joint = joint_runs(order.iter().filter_map(|s| match s {
         Step::Run(a) => Some(a),
         Step::Wait(_) => None,
@@ -128,10 +151,7 @@ pub(crate) fn eval_arrays(outputs: &[Array]) -> Result<()> {
             return Err(e);
         }
     }
-    match outputs.iter().find_map(|a| a.error()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    Ok(())
 }
 
 /// A step of an evaluation: a node to run, or one another evaluation runs.
@@ -439,7 +459,10 @@ pub(crate) fn dispatch(
     let in_specs: Vec<Spec> = inputs.iter().map(|o| Spec { shape: o.shape.clone(), dtype: o.dtype }).collect();
     let out_specs: Vec<Spec> = outputs.iter().map(|o| Spec { shape: o.shape.clone(), dtype: o.dtype }).collect();
     if backend.supports(primitive, &in_specs, &out_specs) {
-        return backend.eval(stream, primitive, inputs, outputs).map_err(|e| e.in_op(primitive.name()));
+        crate::transforms::compile::note_reads(&inputs);
+        backend.eval(stream, primitive, inputs, outputs).map_err(|e| e.in_op(primitive.name()))?;
+        crate::transforms::compile::note_writes(outputs);
+        return Ok(());
     }
     if let Some(compose) = composition_of(primitive) {
         return eval_composition(stream, compose, inputs, outputs);

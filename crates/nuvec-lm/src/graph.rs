@@ -25,7 +25,14 @@ pub struct DecodeGraph {
     /// lengths); `None` on the CPU, where steps take fresh arrays.
     inputs: Option<(Array, Array)>,
     state: State,
+    /// Recordings whose caches were not updated in place (the next records again, up to
+    /// [`RECORDINGS`]).
+    misses: u8,
 }
+
+/// Recordings tried before steps run eagerly for good: a cache update is done in place only
+/// when nothing else holds the cache's old buffer at that moment.
+const RECORDINGS: u8 = 3;
 
 enum State {
     /// The next step runs eagerly, then the one after records.
@@ -34,9 +41,8 @@ enum State {
     Record,
     /// Recorded over the caches' buffers (their storages, to notice a move).
     Ready { graph: DeviceGraph, buffers: Vec<usize> },
-    /// Not recordable: steps run eagerly. A graph whose caches were not updated in place is
-    /// kept, since arrays may still live in its memory.
-    Off { _graph: Option<DeviceGraph> },
+    /// Not recordable: steps run eagerly.
+    Off,
 }
 
 /// The storages of the caches' buffers (and block tables), as addresses.
@@ -68,8 +74,8 @@ impl DecodeGraph {
             nuvec::eval(&[tokens.clone(), positions.clone()])?;
             Some((tokens, positions))
         };
-        let state = if inputs.is_some() { State::Warm } else { State::Off { _graph: None } };
-        Ok(DecodeGraph { batch, inputs, state })
+        let state = if inputs.is_some() { State::Warm } else { State::Off };
+        Ok(DecodeGraph { batch, inputs, state, misses: 0 })
     }
 
     /// Whether the step is launched as a recorded graph.
@@ -146,8 +152,11 @@ impl DecodeGraph {
                             log(|| format!("recorded the decode step: {} operations", graph.len()));
                             self.state = State::Ready { graph, buffers: before };
                         } else {
-                            log(|| "the caches were not updated in place: decoding without a graph".into());
-                            self.state = State::Off { _graph: Some(graph) };
+                            // The launch ran this step; its arrays keep the memory they live in.
+                            self.misses += 1;
+                            let again = self.misses < RECORDINGS;
+                            log(|| format!("the caches were not updated in place (recording again: {again})"));
+                            self.state = if again { State::Warm } else { State::Off };
                         }
                         Ok(logits)
                     }
@@ -161,7 +170,7 @@ impl DecodeGraph {
                         for c in caches.iter_mut() {
                             c.advance(-1);
                         }
-                        self.state = State::Off { _graph: None };
+                        self.state = State::Off;
                         self.eager(model, caches, fixed_tokens, &at)
                     }
                 }

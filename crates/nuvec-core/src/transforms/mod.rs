@@ -7,7 +7,7 @@
 //! vjp. Arrays recorded while a transform traces keep their graph even when evaluated, so a
 //! function may evaluate intermediate results.
 
-mod compile;
+pub(crate) mod compile;
 mod custom;
 
 use std::cell::{Cell, RefCell};

@@ -435,6 +435,32 @@ fn cuda_graphs_record_once_then_replay_bit_for_bit() {
     }
 }
 
+/// A recorded graph reads, on every launch, an array evaluated before recording that no one
+/// holds afterwards: the graph keeps its memory, so arrays made later cannot take it.
+#[test]
+fn device_graphs_keep_the_memory_they_read() {
+    if !crate::gpu::gpu() {
+        return;
+    }
+    let n = 1 << 16;
+    let y = mx::ones([n], DType::F32) + 1.0;
+    nuvec::eval(&[y.clone()]).unwrap();
+    // Only the sum's node holds `y` now; it is let go while recording.
+    let total = y.sum(..);
+    drop(y);
+    let g = nuvec::transforms::DeviceGraph::record(vec![total]).unwrap();
+    // Arrays of y's size made now would reuse its memory had the graph let it go.
+    let others: Vec<Array> = (0..4).map(|i| mx::full_dtype([n], 7 + i, DType::F32)).collect();
+    nuvec::eval(&others).unwrap();
+    for launch in 0..3 {
+        g.launch().unwrap();
+        assert_eq!(g.outputs()[0].item::<f32>().unwrap(), 2.0 * n as f32, "launch {launch}");
+    }
+    for (i, o) in others.iter().enumerate() {
+        assert_eq!(o.to_vec::<f32>().unwrap(), vec![7.0 + i as f32; n as usize]);
+    }
+}
+
 #[test]
 fn work_that_cannot_be_recorded_replays_op_by_op() {
     // (On a CPU nothing records; the results must still be the function's.)

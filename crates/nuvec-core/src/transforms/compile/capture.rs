@@ -14,7 +14,7 @@ use crate::device::{Device, Stream, default_stream};
 use crate::error::{Error, Result};
 use crate::eval::eval_arrays;
 use crate::primitive::Primitive;
-use crate::storage::{Operand, Output};
+use crate::storage::{Operand, Output, Storage};
 
 use super::graph::{Graph, Ref};
 
@@ -33,6 +33,7 @@ pub(crate) struct Captured {
     exec: Arc<dyn GraphExec>,
     inputs: Vec<Array>,
     outputs: Vec<Array>,
+    _reads: Vec<Arc<Storage>>,
 }
 
 static RECORDED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -87,7 +88,7 @@ pub(crate) fn record(graph: &Graph, args: &[Array], shapeless: bool, device: Dev
     let inputs = args.iter().map(|a| fresh(backend, stream, a)).collect::<Result<Vec<_>>>()?;
     let recorded = DeviceGraph::record_on(device, graph.replay(&inputs, shapeless))?;
     log(|| format!("recorded a graph of {} operations for {} nodes", recorded.len(), graph.nodes.len()));
-    let captured = Captured { exec: recorded.exec, inputs, outputs: recorded.outputs };
+    let captured = Captured { exec: recorded.exec, inputs, outputs: recorded.outputs, _reads: recorded.reads };
     let results = results(&captured, graph, args, backend, stream)?;
     Ok((captured, results))
 }
@@ -120,6 +121,47 @@ pub struct DeviceGraph {
     exec: Arc<dyn GraphExec>,
     device: Device,
     outputs: Vec<Array>,
+    /// The memory the work reads that was there before recording (see [`Reads`]).
+    reads: Vec<Arc<Storage>>,
+}
+
+/// What a recording on this thread reads that it did not write: the graph holds it for its
+/// life, since every launch reads it where it lay. Otherwise an array evaluated before
+/// recording and dropped during it (a key-value cache's old buffer, when the update could not
+/// be done in place) goes back to the allocator, and another thread's work may reuse its
+/// memory before a launch reads it.
+struct Reads {
+    /// Storages the recording's operations wrote, by address.
+    made: std::collections::HashSet<usize>,
+    kept: Vec<Arc<Storage>>,
+}
+
+thread_local! {
+    static READS: std::cell::RefCell<Option<Reads>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Before an operation runs on a device: keeps the storages of `inputs` that this thread's
+/// recording (if any) did not write.
+pub(crate) fn note_reads(inputs: &[Operand]) {
+    READS.with(|r| {
+        if let Some(r) = r.borrow_mut().as_mut() {
+            for o in inputs {
+                let id = Arc::as_ptr(&o.data.storage) as usize;
+                if r.made.insert(id) {
+                    r.kept.push(o.data.storage.clone());
+                }
+            }
+        }
+    })
+}
+
+/// After an operation ran on a device: the storages it wrote belong to this thread's recording.
+pub(crate) fn note_writes(outputs: &[Output]) {
+    READS.with(|r| {
+        if let Some(r) = r.borrow_mut().as_mut() {
+            r.made.extend(outputs.iter().filter_map(|o| o.data.as_ref()).map(|d| Arc::as_ptr(&d.storage) as usize));
+        }
+    })
 }
 
 impl DeviceGraph {
@@ -138,7 +180,9 @@ impl DeviceGraph {
         let backend = backend_for(device)?;
         let stream = default_stream();
         backend.begin_capture(stream)?;
+        READS.with(|r| *r.borrow_mut() = Some(Reads { made: Default::default(), kept: Vec::new() }));
         let ran = eval_arrays(&outputs);
+        let reads = READS.with(|r| r.borrow_mut().take()).map_or_else(Vec::new, |r| r.kept);
         // The recording always ends, also when evaluation failed inside it.
         let exec = backend.end_capture(stream);
         let exec = match (ran, exec) {
@@ -147,7 +191,7 @@ impl DeviceGraph {
         };
         exec.launch(stream)?;
         RECORDED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(DeviceGraph { exec, device, outputs })
+        Ok(DeviceGraph { exec, device, outputs, reads })
     }
 
     /// Queues the recorded work on the device's stream, after everything queued before.

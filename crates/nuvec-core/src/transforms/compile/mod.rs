@@ -22,6 +22,7 @@ use crate::shape::Shape;
 
 use super::{IntoResult, Trace, Tree, tracer};
 pub use capture::{DeviceGraph, cuda_graphs_recorded, write_into};
+pub(crate) use capture::{note_reads, note_writes};
 use graph::Graph;
 
 static DISABLED: AtomicBool = AtomicBool::new(false);
