@@ -85,10 +85,11 @@ fn spread(target: i64, heads: i64, lk: i32) -> i32 {
 /// the dtype, the options and the device's backend; allocates nothing.
 ///
 /// - Up to 8 queries, on a GPU with a vector kernel for them: [`AttentionKernel::Vector`], in
-///   one pass, or in two with the keys split when the rows alone would not fill the GPU.
+///   one pass, or in two with the keys split when the rows alone would not fill the GPU. On
+///   the CPU (`float32`, no mask array or sinks): [`AttentionKernel::Vector`] in one pass.
 /// - More queries, on a GPU with a tiled kernel for the head size and dtype:
 ///   [`AttentionKernel::Tiled`].
-/// - Otherwise (the CPU, other head sizes or dtypes): the composition — all rows at once
+/// - Otherwise (other head sizes, dtypes or options): the composition — all rows at once
 ///   ([`AttentionKernel::Composed`]), or in blocks of rows ([`AttentionKernel::ComposedBlocks`])
 ///   when its scores would pass `max_score_bytes` (the most rows under the cap) or when more
 ///   than 512 causal queries would compute scores they mask (blocks of 512 rows, each reading
@@ -148,12 +149,16 @@ pub fn plan_attention(
     }
 
     let device = default_stream().device;
-    if device.kind == DeviceKind::Gpu && lq > 0 && lk > 0 {
+    let gpu = device.kind == DeviceKind::Gpu;
+    // The CPU's kernel covers a few query rows (decoding) in one pass.
+    if lq > 0 && lk > 0 && (gpu || lq <= VECTOR_MAX_QUERIES) {
         let mut inputs: Vec<Spec> =
             [q, k, v].iter().map(|s| Spec { shape: s.iter().copied().collect(), dtype }).collect();
         inputs.extend(mask.map(|(s, d)| Spec { shape: s.iter().copied().collect(), dtype: d }));
         inputs.extend(sinks.map(|(s, d)| Spec { shape: s.iter().copied().collect(), dtype: d }));
-        let candidate = if lq <= VECTOR_MAX_QUERIES {
+        let candidate = if !gpu {
+            AttentionKernel::Vector { passes: 1, blocks: 1 }
+        } else if lq <= VECTOR_MAX_QUERIES {
             let blocks = vector_blocks(b as i64 * k[1] as i64, options.window.map_or(lk, |w| w.min(lk)));
             AttentionKernel::Vector { passes: if blocks > 1 { 2 } else { 1 }, blocks }
         } else {

@@ -1,11 +1,12 @@
 //! Fused CPU kernels of fast operations, one module per family: softmax and log-sum-exp in
 //! `softmax`, the row norms in `norm`, RoPE in `rope`, SwiGLU in `swiglu`, cross entropy (loss,
 //! derivative, both at once) in `cross_entropy`, one Adam update in `adam`, products with
-//! quantized weights in `quantized_matmul`. Here: which ops and dtypes have a kernel, the
+//! quantized weights in `quantized_matmul`, attention for a few query rows in `attention`. Here: which ops and dtypes have a kernel, the
 //! dispatch, and the row helpers they share. What they do not cover runs as the operations'
 //! compositions.
 
 mod adam;
+mod attention;
 mod cross_entropy;
 mod norm;
 mod quantized_matmul;
@@ -14,7 +15,7 @@ mod softmax;
 mod swiglu;
 
 use num_traits::{Float as _, Zero};
-use nuvec_core::fast::FastOp;
+use nuvec_core::fast::{AttentionKernel, FastOp};
 use nuvec_core::storage::{HostBuffer, Operand, Output, Spec};
 use nuvec_core::{DType, Result};
 
@@ -42,6 +43,9 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
         FastOp::CrossEntropyWithGrad => is(1, DType::I32) && is(2, acc) && per_row(2),
         FastOp::Rope(_) => is(1, DType::I32) && inputs.get(2).is_none_or(|f| f.dtype == DType::F32),
         FastOp::AdamStep(_) => inputs.iter().all(|s| s.dtype == d),
+        FastOp::Attention(p) => {
+            matches!(p.kernel, AttentionKernel::Vector { .. }) && inputs.len() == 3 && attention::supports(p, d)
+        }
         // x in the product's dtype; for affine the scales and biases too, or for `float32`
         // products both in a half dtype (converted as the kernels read them).
         FastOp::QuantizedMatmul(p) => {
@@ -55,6 +59,10 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
 
 /// Runs `op` fused on row-major copies of its inputs (the inputs themselves when dense).
 pub fn eval(op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    if let FastOp::Attention(p) = op {
+        // Keys and values are read in place (a cache's buffer, sliced).
+        return attention::eval(p, inputs, outputs);
+    }
     let inputs: Vec<Operand> = inputs.into_iter().map(copy::row_major).collect::<Result<_>>()?;
     if inputs.is_empty() {
         return Err(internal("fast op without input"));
@@ -147,7 +155,7 @@ pub(crate) fn exp_sum_store<T: Float, U>(x: &[T], m: T::Acc, o: &mut [U], store:
 pub(crate) mod testing {
     use nuvec_core::DType;
     use nuvec_core::backend::Backend;
-    use nuvec_core::fast::FastOp;
+    use nuvec_core::fast::{AttentionKernel, FastOp};
     use nuvec_core::primitive::Primitive;
     use nuvec_core::storage::{Data, HostBuffer, Operand, Output, Spec};
 

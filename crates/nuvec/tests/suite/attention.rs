@@ -311,16 +311,25 @@ fn the_planner_routes_and_caps_the_composition() {
         (p.kernel, p.max_intermediate_bytes, p.capped),
         (AttentionKernel::ComposedBlocks { rows: 10 }, 10 * row, true)
     );
-    // 2 to 8 causal queries: one row per block (the serial rule); 1 query or 9: all at once.
-    for (lq, want) in [(1, AttentionKernel::Composed), (2, AttentionKernel::ComposedBlocks { rows: 1 })] {
-        assert_eq!(plan(&[2, 8, lq, 32], &k, &AttentionOptions::causal()).kernel, want);
+    // Up to 8 queries in float32 without a mask array: the CPU's kernel, in one pass.
+    let vector = AttentionKernel::Vector { passes: 1, blocks: 1 };
+    for lq in [1, 2, 8] {
+        let p = plan(&[2, 8, lq, 32], &k, &AttentionOptions::causal());
+        assert_eq!((p.kernel, p.max_intermediate_bytes), (vector, 0));
     }
-    assert_eq!(
-        plan(&[2, 8, 8, 32], &k, &AttentionOptions::causal()).kernel,
-        AttentionKernel::ComposedBlocks { rows: 1 }
-    );
+    assert_eq!(plan(&[2, 8, 4, 32], &k, &AttentionOptions::default()).kernel, vector);
+    // Otherwise (bf16 here) 2 to 8 causal queries: one row per block (the serial rule); 1 query
+    // or 9: all at once.
+    let half = |q: &[i32], opts: &AttentionOptions| plan_attention(q, &k, &k, DType::BF16, opts).unwrap().kernel;
+    for (lq, want) in [(1, AttentionKernel::Composed), (2, AttentionKernel::ComposedBlocks { rows: 1 })] {
+        assert_eq!(half(&[2, 8, lq, 32], &AttentionOptions::causal()), want);
+    }
+    assert_eq!(half(&[2, 8, 8, 32], &AttentionOptions::causal()), AttentionKernel::ComposedBlocks { rows: 1 });
+    let mask = nuvec::ops::ones([4, 100], DType::Bool);
+    let p = plan_attention(&[2, 8, 4, 32], &k, &k, DType::F32, &AttentionOptions::default().mask(&mask)).unwrap();
+    assert_eq!(p.kernel, AttentionKernel::Composed);
     assert_eq!(plan(&[2, 8, 9, 32], &k, &AttentionOptions::causal()).kernel, AttentionKernel::Composed);
-    assert_eq!(plan(&[2, 8, 4, 32], &k, &AttentionOptions::default()).kernel, AttentionKernel::Composed);
+    assert_eq!(half(&[2, 8, 4, 32], &AttentionOptions::default()), AttentionKernel::Composed);
     // More than 512 causal queries: blocks of 512 rows, uncapped; a tighter cap wins.
     let long = [1, 8, 2048, 32];
     let lk = [1, 4, 2048, 32];

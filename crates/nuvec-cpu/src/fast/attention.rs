@@ -1,0 +1,152 @@
+//! Fused CPU kernel of attention for a few query rows (`FastOp::Attention` planned as
+//! `AttentionKernel::Vector`: decoding, speculative verification), `float32`.
+//!
+//! Per query row it computes what the composition in `nuvec_core::fast::attention` computes:
+//! the scaled query (`q · scale`, in `f32`), its products with the keys the row may attend
+//! (the causal bound `j ≤ i + Lk − Lq`, and the window), a softmax over them (max subtracted,
+//! the backend's exponential), and the probabilities' sum of the values; a row with no key gets
+//! zeros. Keys and values are read where they lie (a cache's buffer, sliced to its length),
+//! each head's rows `stride` apart, so a decoding step copies nothing. The composition is about
+//! ten operations per layer, each a pass of its own; here one task per query head does it all.
+
+use nuvec_core::Result;
+use nuvec_core::fast::AttentionParams;
+use nuvec_core::storage::{Data, Operand, Output};
+
+use super::{buffer, exp_sum_store, row_max};
+use crate::map::simd;
+use crate::{copy, host_slice, internal};
+
+/// Whether the kernel covers an attention of these parameters on inputs of `dtype`: `float32`,
+/// without a mask array, sinks or the log-sum-exp output.
+pub(crate) fn supports(p: &AttentionParams, dtype: nuvec_core::DType) -> bool {
+    dtype == nuvec_core::DType::F32 && p.mask.is_none() && !p.sinks && !p.lse
+}
+
+/// A `[B, H, L, D]` operand read in place: the element `(b, h, l, d)` lies at
+/// `base + b·sb + h·sh + l·sl + d`.
+struct Heads<'a> {
+    data: &'a [f32],
+    base: usize,
+    sb: usize,
+    sh: usize,
+    sl: usize,
+}
+
+impl<'a> Heads<'a> {
+    /// `x`'s elements where its last axis is contiguous and no stride is negative.
+    fn of(x: &'a Operand) -> Result<Heads<'a>> {
+        let s = &x.data.layout.strides;
+        if x.shape.len() != 4 || s.len() != 4 || (s[3] != 1 && x.shape[3] > 1) || s.iter().any(|&v| v < 0) {
+            return Err(internal("attention: an operand that is not [B, H, L, D] with contiguous rows"));
+        }
+        let data = host_slice::<f32>(x)?;
+        Ok(Heads { data, base: x.data.layout.offset, sb: s[0] as usize, sh: s[1] as usize, sl: s[2] as usize })
+    }
+
+    /// Row `l` of head `h` of batch row `b`, `d` long.
+    #[inline(always)]
+    fn row(&self, b: usize, h: usize, l: usize, d: usize) -> &'a [f32] {
+        let at = self.base + b * self.sb + h * self.sh + l * self.sl;
+        &self.data[at..at + d]
+    }
+}
+
+/// Runs the attention on `[q, k, v]` (`supports` accepted them).
+pub(crate) fn eval(p: &AttentionParams, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    let [q, k, v] = <[Operand; 3]>::try_from(inputs).map_err(|_| internal("attention takes q, k and v"))?;
+    let out = outputs.first_mut().ok_or_else(|| internal("attention without output"))?;
+    // Strided keys and values are read in place; anything else is copied once.
+    let in_place = |x: Operand| if Heads::of(&x).is_ok() { Ok(x) } else { copy::row_major(x) };
+    let (q, k, v) = (in_place(q)?, in_place(k)?, in_place(v)?);
+    let (qh, kh, vh) = (Heads::of(&q)?, Heads::of(&k)?, Heads::of(&v)?);
+    let [b, hq, lq, d] = [0, 1, 2, 3].map(|i| q.shape[i].max(0) as usize);
+    let [hkv, lk, dv] = [k.shape[1].max(0) as usize, k.shape[2].max(0) as usize, v.shape[3].max(0) as usize];
+    if hkv == 0 || !hq.is_multiple_of(hkv) || out.size() != b * hq * lq * dv {
+        return Err(internal("attention: shapes the planner would not have accepted"));
+    }
+    let mut y = buffer::<f32>(out)?;
+    let task = lq * dv;
+    if task > 0 {
+        let shape = Shape { group: hq / hkv, lq, lk, d, dv, scale: p.scale, causal: p.causal, window: p.window };
+        // On the backend's loop threads, as the products around it (rayon's would have to be
+        // woken, and would contend with those spinning).
+        crate::pool::for_each_chunk(y.as_mut_slice::<f32>(), task, &|i, o| {
+            simd(head, (&shape, &qh, &kh, &vh, i / hq, i % hq, o));
+        });
+    }
+    out.data = Some(Data::from_host_buffer(&out.shape, y));
+    Ok(())
+}
+
+/// The sizes and options every head shares.
+struct Shape {
+    group: usize,
+    lq: usize,
+    lk: usize,
+    d: usize,
+    dv: usize,
+    scale: f32,
+    causal: bool,
+    window: Option<i32>,
+}
+
+/// Query head `h` of batch row `b`: its `lq` rows into `o` (`lq · dv`).
+#[inline(always)]
+fn head((s, q, k, v, b, h, o): (&Shape, &Heads, &Heads, &Heads, usize, usize, &mut [f32])) {
+    let kvh = h / s.group;
+    let off = s.lk as i64 - s.lq as i64;
+    let mut qs = vec![0.0f32; s.d];
+    let mut scores = Vec::with_capacity(s.lk);
+    let mut probs = vec![0.0f32; s.lk];
+    for (i, out) in o.chunks_exact_mut(s.dv).enumerate() {
+        // Keys `lo..hi` of row i: up to its position, from its window's first.
+        let (lo, hi) = if s.causal {
+            let hi = (i as i64 + off + 1).clamp(0, s.lk as i64);
+            let lo = s.window.map_or(0, |w| (i as i64 + off - w as i64 + 1).clamp(0, hi));
+            (lo as usize, hi as usize)
+        } else {
+            (0, s.lk)
+        };
+        out.fill(0.0);
+        if lo >= hi {
+            continue;
+        }
+        for (a, &x) in qs.iter_mut().zip(q.row(b, h, i, s.d)) {
+            *a = x * s.scale;
+        }
+        scores.clear();
+        scores.extend((lo..hi).map(|j| dot(&qs, k.row(b, kvh, j, s.d))));
+        // The softmax's exponentials and sum in independent lanes (vectorised).
+        let e = &mut probs[..hi - lo];
+        let sum = exp_sum_store::<f32, f32>(&scores, row_max::<f32>(&scores), e, |v| v);
+        for (j, &e) in (lo..hi).zip(e.iter()) {
+            let p = e / sum;
+            for (a, &x) in out.iter_mut().zip(v.row(b, kvh, j, s.dv)) {
+                *a += p * x;
+            }
+        }
+    }
+}
+
+/// `Σ a·b` in sixteen lanes (vector registers under `simd`), summed as a tree.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut lanes = [0.0f32; L];
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..L {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    let mut w = L;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            lanes[l] += lanes[l + w];
+        }
+    }
+    lanes[0] + tail
+}
