@@ -155,7 +155,7 @@ pub(crate) fn exp_sum_store<T: Float, U>(x: &[T], m: T::Acc, o: &mut [U], store:
 pub(crate) mod testing {
     use nuvec_core::DType;
     use nuvec_core::backend::Backend;
-    use nuvec_core::fast::{AttentionKernel, FastOp};
+    use nuvec_core::fast::FastOp;
     use nuvec_core::primitive::Primitive;
     use nuvec_core::storage::{Data, HostBuffer, Operand, Output, Spec};
 
