@@ -115,8 +115,11 @@ fn head((s, q, k, v, b, h, o): (&Shape, &Heads, &Heads, &Heads, usize, usize, &m
         for (a, &x) in qs.iter_mut().zip(q.row(b, h, i, s.d)) {
             *a = x * s.scale;
         }
+        // Loops, not closures, so that `simd`'s target features reach them.
         scores.clear();
-        scores.extend((lo..hi).map(|j| dot(&qs, k.row(b, kvh, j, s.d))));
+        for j in lo..hi {
+            scores.push(dot(&qs, k.row(b, kvh, j, s.d)));
+        }
         // The softmax's exponentials and sum in independent lanes (vectorised).
         let e = &mut probs[..hi - lo];
         let sum = exp_sum_store::<f32, f32>(&scores, row_max::<f32>(&scores), e, |v| v);
