@@ -14,7 +14,6 @@ use nuvec_core::fast::AttentionParams;
 use nuvec_core::storage::{Data, Operand, Output};
 
 use super::{buffer, exp_sum_store, row_max};
-use crate::map::simd;
 use crate::{copy, host_slice, internal};
 
 /// Whether the kernel covers an attention of these parameters on inputs of `dtype`: `float32`,
@@ -72,7 +71,7 @@ pub(crate) fn eval(p: &AttentionParams, inputs: Vec<Operand>, outputs: &mut [Out
         // On the backend's loop threads, as the products around it (rayon's would have to be
         // woken, and would contend with those spinning).
         crate::pool::for_each_chunk(y.as_mut_slice::<f32>(), task, &|i, o| {
-            simd(head, (&shape, &qh, &kh, &vh, i / hq, i % hq, o));
+            head_simd((&shape, &qh, &kh, &vh, i / hq, i % hq, o));
         });
     }
     out.data = Some(Data::from_host_buffer(&out.shape, y));
@@ -91,9 +90,28 @@ struct Shape {
     window: Option<i32>,
 }
 
+type HeadArgs<'a, 'b> = (&'a Shape, &'a Heads<'b>, &'a Heads<'b>, &'a Heads<'b>, usize, usize, &'a mut [f32]);
+
+/// [`head`] compiled for AVX2 and FMA where the CPU has them. (Through `map::simd` the kernel
+/// was compiled for the baseline target: SSE only.)
+fn head_simd(args: HeadArgs) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::map::has_x86_v3() {
+        // SAFETY: the features were detected on this CPU.
+        return unsafe { head_v3(args) };
+    }
+    head(args)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,avx2,fma,f16c")]
+unsafe fn head_v3(args: HeadArgs) {
+    head(args)
+}
+
 /// Query head `h` of batch row `b`: its `lq` rows into `o` (`lq · dv`).
 #[inline(always)]
-fn head((s, q, k, v, b, h, o): (&Shape, &Heads, &Heads, &Heads, usize, usize, &mut [f32])) {
+fn head((s, q, k, v, b, h, o): HeadArgs) {
     let kvh = h / s.group;
     let off = s.lk as i64 - s.lq as i64;
     let mut qs = vec![0.0f32; s.d];
