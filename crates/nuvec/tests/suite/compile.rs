@@ -444,7 +444,7 @@ fn device_graphs_keep_the_memory_they_read() {
     }
     let n = 1 << 16;
     let y = mx::ones([n], DType::F32) + 1.0;
-    nuvec::eval(&[y.clone()]).unwrap();
+    nuvec::eval(std::slice::from_ref(&y)).unwrap();
     // Only the sum's node holds `y` now; it is let go while recording.
     let total = y.sum(..);
     drop(y);
