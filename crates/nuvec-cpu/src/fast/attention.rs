@@ -92,8 +92,8 @@ struct Shape {
 
 type HeadArgs<'a, 'b> = (&'a Shape, &'a Heads<'b>, &'a Heads<'b>, &'a Heads<'b>, usize, usize, &'a mut [f32]);
 
-/// [`head`] compiled for AVX2 and FMA where the CPU has them. (Through `map::simd` the kernel
-/// was compiled for the baseline target: SSE only.)
+/// [`head`] compiled for AVX2 and FMA where the CPU has them (`map::simd` left this kernel on
+/// the baseline target).
 fn head_simd(args: HeadArgs) {
     #[cfg(target_arch = "x86_64")]
     if crate::map::has_x86_v3() {
