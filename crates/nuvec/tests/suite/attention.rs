@@ -286,14 +286,14 @@ fn plan(q: &[i32], k: &[i32], opts: &AttentionOptions) -> AttentionPlan {
     plan_attention(q, k, k, DType::F32, opts).unwrap()
 }
 
-/// Whether the default device composes attention (the CPU).
-fn composing() -> bool {
+/// Whether the default device is the CPU (which composes attention beyond its few-row kernel).
+fn on_cpu() -> bool {
     default_device().kind == nuvec::DeviceKind::Cpu
 }
 
 #[test]
 fn the_planner_routes_and_caps_the_composition() {
-    if !composing() {
+    if !on_cpu() {
         return;
     }
     let q = [2, 8, 64, 32];
@@ -370,7 +370,7 @@ fn the_planner_routes_and_caps_the_composition() {
 
 /// Whether the default device is a GPU of compute capability 9.0 (the warpgroup MMA kernels).
 fn hopper() -> bool {
-    !composing() && nuvec::cuda::device_info(0).is_ok_and(|i| i.compute_capability == (9, 0))
+    !on_cpu() && nuvec::cuda::device_info(0).is_ok_and(|i| i.compute_capability == (9, 0))
 }
 
 #[test]
@@ -573,7 +573,7 @@ fn backward_child() {
 /// derivative does; and it holds no score-sized intermediate.
 #[test]
 fn gpu_fused_backward_matches_the_composition() {
-    if composing() {
+    if on_cpu() {
         crate::skipped("attention backward kernel: no GPU is the default device");
         return;
     }
@@ -634,7 +634,7 @@ fn gpu_fused_backward_matches_the_composition() {
 /// with the CPU's composition.
 #[test]
 fn gpu_kernels_follow_the_plan_and_agree_with_the_composition() {
-    if composing() {
+    if on_cpu() {
         crate::skipped("attention kernels: no GPU is the default device");
         return;
     }
