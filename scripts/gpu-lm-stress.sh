@@ -12,6 +12,7 @@
 # log goes to $OUT (default target/gpu-lm-stress)/fail-<proc>-<run>.txt.
 set -u
 cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
 . scripts/gpu-env.sh
 gpu_unpack >/dev/null 2>&1
 gpu_link_build_root
