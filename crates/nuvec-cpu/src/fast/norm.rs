@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use super::{buffer, elems, lane_sum, rows_per_task};
 use crate::elem::{AccFloat, Float};
-use crate::map::simd;
+use crate::map::simd_kernel;
 use crate::{for_float, internal};
 
 fn acc_of<A: AccFloat>(v: f64) -> A {
@@ -48,7 +48,7 @@ fn eval_typed<T: Float>(op: &FastOp, inputs: &[Operand], outputs: &mut [Output])
                 .par_chunks_mut(per)
                 .zip(y.as_mut_slice::<T>().par_chunks_mut(per))
                 .zip(xs.par_chunks(per).zip(r.par_chunks(per)))
-                .for_each(|((h, y), (x, r))| simd(add_rms_chunk, (x, r, w, h, y, len, eps)));
+                .for_each(|((h, y), (x, r))| add_rms_simd((x, r, w, h, y, len, eps)));
             outputs[0].data = Some(Data::from_host_buffer(&outputs[0].shape, h));
             outputs[1].data = Some(Data::from_host_buffer(&outputs[1].shape, y));
         }
@@ -61,7 +61,7 @@ fn eval_typed<T: Float>(op: &FastOp, inputs: &[Operand], outputs: &mut [Output])
             y.as_mut_slice::<T>()
                 .par_chunks_mut(per)
                 .zip(xs.par_chunks(per))
-                .for_each(|(y, x)| simd(layer_norm_chunk, (x, w, b, y, len, eps)));
+                .for_each(|(y, x)| layer_norm_simd((x, w, b, y, len, eps)));
             outputs[0].data = Some(Data::from_host_buffer(&outputs[0].shape, y));
         }
         _ => return Err(internal(format!("no fused CPU kernel for {}", op.name()))),
@@ -74,8 +74,12 @@ fn rms_rows<T: Float>(x: &[T], w: Option<&[T]>, y: &mut [T], len: usize, eps: T:
         return;
     }
     let per = rows_per_task(len) * len;
-    y.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(y, x)| simd(rms_chunk, (x, w, y, len, eps)));
+    y.par_chunks_mut(per).zip(x.par_chunks(per)).for_each(|(y, x)| rms_simd((x, w, y, len, eps)));
 }
+
+simd_kernel!(rms_simd => rms_chunk<T: Float>((&[T], Option<&[T]>, &mut [T], usize, T::Acc)));
+simd_kernel!(add_rms_simd => add_rms_chunk<T: Float>((&[T], &[T], Option<&[T]>, &mut [T], &mut [T], usize, T::Acc)));
+simd_kernel!(layer_norm_simd => layer_norm_chunk<T: Float>((&[T], Option<&[T]>, Option<&[T]>, &mut [T], usize, T::Acc)));
 
 /// `y = round(x·n)·w` (or `round(x·n)`), each product rounded to `T`, for one row.
 #[inline(always)]

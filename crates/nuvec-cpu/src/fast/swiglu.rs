@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::{buffer, elems};
 use crate::elem::{AccFloat, Float};
-use crate::map::simd;
+use crate::map::simd_kernel;
 use crate::strided::GRAIN;
 use crate::{for_float, internal};
 
@@ -28,10 +28,12 @@ fn swiglu<T: Float>(inputs: &[Operand], outputs: &mut [Output]) -> Result<()> {
     y.as_mut_slice::<T>()
         .par_chunks_mut(GRAIN)
         .zip(xs.par_chunks(GRAIN).zip(up.par_chunks(GRAIN)))
-        .for_each(|(y, (g, u))| simd(swiglu_chunk, (g, u, y)));
+        .for_each(|(y, (g, u))| swiglu_simd((g, u, y)));
     out.data = Some(Data::from_host_buffer(&out.shape, y));
     Ok(())
 }
+
+simd_kernel!(swiglu_simd => swiglu_chunk<T: Float>((&[T], &[T], &mut [T])));
 
 /// `silu(g)·u = g·sigmoid(g)·u` in the accumulator type, rounded once.
 #[inline(always)]
