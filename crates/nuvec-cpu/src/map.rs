@@ -93,9 +93,25 @@ pub fn simd<A, R>(kernel: impl FnOnce(A) -> R, args: A) -> R {
 
 /// Defines `$simd(args)`: `$kernel(args)` compiled with `x86_v3`'s features where the CPU has
 /// them. The kernel is called directly inside a `#[target_feature]` function; through
-/// [`simd`]'s generic `FnOnce` some kernels (the row norms, SwiGLU) stayed on the baseline
-/// target (SSE).
+/// [`simd`]'s generic `FnOnce` some kernels (attention's, the RMS norm) stayed on the
+/// baseline target (SSE).
 macro_rules! simd_kernel {
+    ($simd:ident => $kernel:ident($args:ty)) => {
+        fn $simd(args: $args) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx,avx2,fma,f16c")]
+                unsafe fn v3(args: $args) {
+                    $kernel(args)
+                }
+                if $crate::map::has_x86_v3() {
+                    // SAFETY: the features were detected on this CPU.
+                    return unsafe { v3(args) };
+                }
+            }
+            $kernel(args)
+        }
+    };
     ($simd:ident => $kernel:ident<$t:ident: $bound:path>($args:ty)) => {
         #[allow(clippy::type_complexity)]
         fn $simd<$t: $bound>(args: $args) {

@@ -269,7 +269,7 @@ fn few_rows_product((p, oa, ob, out): (&FewRows, usize, usize, &mut [f32])) {
 /// `Σ a·b` in sixteen independent lanes the compiler keeps in vector registers, summed as a
 /// tree (a vector's halves, then theirs) rather than lane by lane.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     const L: usize = 16;
     let mut lanes = [0f32; L];
     let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));

@@ -14,6 +14,8 @@ use nuvec_core::fast::AttentionParams;
 use nuvec_core::storage::{Data, Operand, Output};
 
 use super::{buffer, exp_sum_store, row_max};
+use crate::map::simd_kernel;
+use crate::matmul::dot;
 use crate::{copy, host_slice, internal};
 
 /// Whether the kernel covers an attention of these parameters on inputs of `dtype`: `float32`,
@@ -92,22 +94,7 @@ struct Shape {
 
 type HeadArgs<'a, 'b> = (&'a Shape, &'a Heads<'b>, &'a Heads<'b>, &'a Heads<'b>, usize, usize, &'a mut [f32]);
 
-/// [`head`] compiled for AVX2 and FMA where the CPU has them (`map::simd` left this kernel on
-/// the baseline target).
-fn head_simd(args: HeadArgs) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::map::has_x86_v3() {
-        // SAFETY: the features were detected on this CPU.
-        return unsafe { head_v3(args) };
-    }
-    head(args)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,avx2,fma,f16c")]
-unsafe fn head_v3(args: HeadArgs) {
-    head(args)
-}
+simd_kernel!(head_simd => head(HeadArgs));
 
 /// Query head `h` of batch row `b`: its `lq` rows into `o` (`lq · dv`).
 #[inline(always)]
@@ -148,26 +135,4 @@ fn head((s, q, k, v, b, h, o): HeadArgs) {
             }
         }
     }
-}
-
-/// `Σ a·b` in sixteen lanes (vector registers under `simd`), summed as a tree.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const L: usize = 16;
-    let mut lanes = [0.0f32; L];
-    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..L {
-            lanes[l] += x[l] * y[l];
-        }
-    }
-    let mut w = L;
-    while w > 1 {
-        w /= 2;
-        for l in 0..w {
-            lanes[l] += lanes[l + w];
-        }
-    }
-    lanes[0] + tail
 }
