@@ -87,20 +87,24 @@ pub struct GgufTensor {
     pub name: String,
     /// Its shape, outermost first (GGUF lists dimensions innermost first).
     pub shape: Vec<i32>,
-    /// ggml's type number (0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K,
-    /// 30 BF16, ...).
+    /// ggml's type number (0 F32, 1 F16, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 8 Q8_0, 10 Q2_K,
+    /// 11 Q3_K, 12 Q4_K, 13 Q5_K, 14 Q6_K, 30 BF16, ...).
     pub ggml_type: u32,
     /// Where its bytes start, from the start of the data section.
     pub offset: u64,
 }
 
 /// ggml element types this reader knows: (number, name, elements per block, bytes per block).
-const TYPES: [(u32, &str, usize, usize); 9] = [
+const TYPES: [(u32, &str, usize, usize); 13] = [
     (0, "F32", 1, 4),
     (1, "F16", 1, 2),
     (2, "Q4_0", 32, 18),
     (3, "Q4_1", 32, 20),
+    (6, "Q5_0", 32, 22),
+    (7, "Q5_1", 32, 24),
     (8, "Q8_0", 32, 34),
+    (10, "Q2_K", 256, 84),
+    (11, "Q3_K", 256, 110),
     (12, "Q4_K", 256, 144),
     (13, "Q5_K", 256, 176),
     (14, "Q6_K", 256, 210),
@@ -188,12 +192,12 @@ impl GgufFile {
 
     /// Tensor `name`: F32, F16 and BF16 as they are, quantized types dequantized to float32.
     pub fn get(&self, name: &str) -> Result<Array> {
-        let (t, src, n, _) = self.bytes(name)?;
+        let (t, src, n, block_bytes) = self.bytes(name)?;
         let array = match t.ggml_type {
             0 => Array::from_raw_bytes(src, t.shape.clone(), DType::F32),
             1 => Array::from_raw_bytes(src, t.shape.clone(), DType::F16),
             30 => Array::from_raw_bytes(src, t.shape.clone(), DType::BF16),
-            ty => Array::from_slice(&dequantize(ty, src, n), t.shape.clone()),
+            ty => Array::from_slice(&dequantize(ty, src, n, block_bytes), t.shape.clone()),
         };
         match array.error() {
             Some(e) => Err(self.error(name, e)),
@@ -233,56 +237,134 @@ impl GgufFile {
 
     /// Tensor `name` kept quantized, in MLX's affine format (groups of 32, as
     /// `ops::dequantize(&w, &scales, Some(&biases), 32, bits, "affine", ..)` reads it), when its
-    /// blocks map to it: Q4_0 and Q4_1 (4 bits) and Q8_0 (8 bits); `None` for other types.
-    pub fn affine(&self, name: &str) -> Result<Option<GgufAffine>> {
+    /// blocks are groups of 32 levels with a scale and an offset: Q4_0, Q4_1, Q4_K (4 bits),
+    /// Q5_0, Q5_1, Q5_K (5 bits) and Q8_0 (8 bits); `None` for other types (Q6_K, Q2_K and
+    /// Q3_K scale groups of 16).
+    ///
+    /// The levels are packed at the narrowest of `widths` that holds them, or at the type's
+    /// own width when `widths` is empty or none does: a backend with fast products at some
+    /// widths only reads wider levels of the same values. K-quants' scales and offsets
+    /// (products of a block's float16 scale and a 6-bit one) are rounded to float16; so are
+    /// those of a block whose float16 product overflows, which gives `None`.
+    pub fn affine(&self, name: &str, widths: &[i32]) -> Result<Option<GgufAffine>> {
         let (t, src, _, block_bytes) = self.bytes(name)?;
-        let bits = match t.ggml_type {
-            2 | 3 => 4,
-            8 => 8,
-            _ => return Ok(None),
+        let Some(own) = affine_bits(t.ggml_type) else {
+            return Ok(None);
         };
+        let bits = widths.iter().copied().filter(|&b| b >= own && [4, 5, 6, 8].contains(&b)).min().unwrap_or(own);
         let Some((&cols, rows)) = t.shape.split_last() else {
             return Err(self.error(name, "a 0-d tensor is not blocks"));
         };
         if cols % 32 != 0 {
             return Err(self.error(name, format!("its last dimension {cols} is not whole blocks of 32")));
         }
-        let (mut words, mut scales, mut biases) = (Vec::new(), Vec::new(), Vec::new());
+        let mut levels = Vec::with_capacity(src.len() / block_bytes * 256);
+        let (mut scales, mut biases) = (Vec::new(), Vec::new());
         for b in src.chunks_exact(block_bytes) {
-            let d = f16::from_le_bytes([b[0], b[1]]);
-            scales.push(d);
-            // MLX packs element j of a word at bits `bits * j`, words in element order.
-            match t.ggml_type {
-                8 => {
-                    biases.push(f16::from_f32(-128.0 * d.to_f32()));
-                    let q: Vec<u32> = b[2..].iter().map(|&v| (v as i8 as i32 + 128) as u32).collect();
-                    words
-                        .extend(q.chunks_exact(4).map(|c| c.iter().enumerate().fold(0, |w, (j, &v)| w | v << (8 * j))));
-                }
-                ty => {
-                    let q = if ty == 2 { &b[2..] } else { &b[4..] };
-                    biases.push(if ty == 2 {
-                        f16::from_f32(-8.0 * d.to_f32())
-                    } else {
-                        f16::from_le_bytes([b[2], b[3]])
-                    });
-                    // Elements 0..16 are the low nibbles, 16..32 the high ones.
-                    let nib: Vec<u32> =
-                        q.iter().map(|&v| (v & 0xF) as u32).chain(q.iter().map(|&v| (v >> 4) as u32)).collect();
-                    words.extend(
-                        nib.chunks_exact(8).map(|c| c.iter().enumerate().fold(0, |w, (j, &v)| w | v << (4 * j))),
-                    );
-                }
-            }
+            block_levels(t.ggml_type, b, &mut levels, &mut |s, o| {
+                scales.push(f16::from_f32(s));
+                biases.push(f16::from_f32(o));
+            });
+        }
+        if scales.iter().chain(&biases).any(|v| !v.is_finite()) {
+            return Ok(None);
         }
         let shape = |last: i32| rows.iter().copied().chain([last]).collect::<Vec<i32>>();
         Ok(Some(GgufAffine {
-            w: Array::from_slice(&words, shape(cols * bits / 32)),
+            w: Array::from_slice(&pack(&levels, bits), shape(cols * bits / 32)),
             scales: Array::from_slice(&scales, shape(cols / 32)),
             biases: Array::from_slice(&biases, shape(cols / 32)),
             bits,
         }))
     }
+}
+
+/// Bits of the levels of a ggml type whose blocks are groups of 32 with a scale and an offset.
+fn affine_bits(ty: u32) -> Option<i32> {
+    match ty {
+        2 | 3 | 12 => Some(4),
+        6 | 7 | 13 => Some(5),
+        8 => Some(8),
+        _ => None,
+    }
+}
+
+/// One block of type `ty` (of [`affine_bits`]) as unsigned levels in element order, appended
+/// to `levels`, and each group of 32's scale and offset (`x = level · scale + offset`), handed
+/// to `group`.
+fn block_levels(ty: u32, b: &[u8], levels: &mut Vec<u8>, group: &mut dyn FnMut(f32, f32)) {
+    // Elements 0..16 of a 32-group of nibbles are the low halves, 16..32 the high ones.
+    let nibbles = |q: &[u8], levels: &mut Vec<u8>| {
+        levels.extend(q.iter().map(|&v| v & 0xF));
+        levels.extend(q.iter().map(|&v| v >> 4));
+    };
+    // Q5_0/Q5_1: bit i of the 32-bit word `qh` is element i's fifth bit.
+    let fifth = |qh: &[u8], levels: &mut Vec<u8>| {
+        let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+        let at = levels.len() - 32;
+        for (i, l) in levels[at..].iter_mut().enumerate() {
+            *l |= (((qh >> i) & 1) as u8) << 4;
+        }
+    };
+    match ty {
+        2 => {
+            let d = half(b);
+            group(d, -8.0 * d);
+            nibbles(&b[2..18], levels);
+        }
+        3 => {
+            group(half(b), half(&b[2..]));
+            nibbles(&b[4..20], levels);
+        }
+        6 => {
+            let d = half(b);
+            group(d, -16.0 * d);
+            nibbles(&b[6..22], levels);
+            fifth(&b[2..6], levels);
+        }
+        7 => {
+            group(half(b), half(&b[2..]));
+            nibbles(&b[8..24], levels);
+            fifth(&b[4..8], levels);
+        }
+        8 => {
+            let d = half(b);
+            group(d, -128.0 * d);
+            levels.extend(b[2..34].iter().map(|&v| (v as i8 as i16 + 128) as u8));
+        }
+        // Q4_K/Q5_K: 8 groups of 32 with 6-bit scales and minimums (`x = d·s·q − dmin·m`);
+        // runs of 32 bytes hold group 2r in their low nibbles and 2r + 1 in their high ones.
+        12 | 13 => {
+            let (d, dmin, sc) = (half(b), half(&b[2..]), &b[4..16]);
+            let (qh, q) = if ty == 13 { (Some(&b[16..48]), &b[48..]) } else { (None, &b[16..]) };
+            for (r, qs) in q.chunks_exact(32).enumerate() {
+                for (half_, shift) in [(0, 0), (1, 4)] {
+                    let (s, m) = scale_min(2 * r + half_, sc);
+                    group(d * s, -dmin * m);
+                    let high = |l: usize| qh.map_or(0, |h| ((h[l] >> (2 * r + half_)) & 1) << 4);
+                    levels.extend(qs.iter().enumerate().map(|(l, &v)| ((v >> shift) & 0xF) | high(l)));
+                }
+            }
+        }
+        _ => unreachable!("block_levels of ggml type {ty}, which has no affine form"),
+    }
+}
+
+/// `levels` packed as MLX packs them: one little-endian bit stream of `bits`-bit values,
+/// element `j` at bit `bits · j`, read as 32-bit words.
+fn pack(levels: &[u8], bits: i32) -> Vec<u32> {
+    let mut words = Vec::with_capacity(levels.len() * bits as usize / 32);
+    let (mut acc, mut filled) = (0u64, 0);
+    for &l in levels {
+        acc |= (l as u64) << filled;
+        filled += bits;
+        if filled >= 32 {
+            words.push(acc as u32);
+            acc >>= 32;
+            filled -= 32;
+        }
+    }
+    words
 }
 
 /// A GGUF tensor kept quantized in MLX's affine format: `w` (`uint32`, `[.., K * bits / 32]`),
@@ -294,7 +376,7 @@ pub struct GgufAffine {
     pub scales: Array,
     /// Each group's bias.
     pub biases: Array,
-    /// Bits per value: 4 or 8.
+    /// Bits per value: 4, 5, 6 or 8.
     pub bits: i32,
 }
 
@@ -376,54 +458,78 @@ fn scale_min(j: usize, q: &[u8]) -> (f32, f32) {
     (sc as f32, m as f32)
 }
 
-/// The `n` values of ggml blocks of type `ty` (a type of [`TYPES`] other than F32/F16/BF16).
-fn dequantize(ty: u32, src: &[u8], n: usize) -> Vec<f32> {
+/// Q3_K's 16 6-bit scales (before subtracting 32) from their 12 packed bytes: low nibbles
+/// in bytes 0..8, high pairs in bytes 8..12.
+fn q3k_scales(b: &[u8]) -> [u8; 16] {
+    let word = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+    let (a0, a1, hi) = (word(0), word(1), word(2));
+    let (low, pair) = (0x0F0F_0F0Fu32, 0x0303_0303u32);
+    let words = [
+        (a0 & low) | ((hi & pair) << 4),
+        (a1 & low) | (((hi >> 2) & pair) << 4),
+        ((a0 >> 4) & low) | (((hi >> 4) & pair) << 4),
+        ((a1 >> 4) & low) | (((hi >> 6) & pair) << 4),
+    ];
+    let mut out = [0; 16];
+    for (o, w) in out.chunks_exact_mut(4).zip(words) {
+        o.copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
+/// The `n` values of ggml blocks of type `ty` (a type of [`TYPES`] other than F32/F16/BF16),
+/// `block_bytes` each, computed as ggml's reference dequantization computes them.
+fn dequantize(ty: u32, src: &[u8], n: usize, block_bytes: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(n);
+    if affine_bits(ty).is_some() {
+        let (mut levels, mut groups) = (Vec::with_capacity(256), Vec::with_capacity(8));
+        for b in src.chunks_exact(block_bytes) {
+            levels.clear();
+            groups.clear();
+            block_levels(ty, b, &mut levels, &mut |s, o| groups.push((s, o)));
+            for (&(s, o), l) in groups.iter().zip(levels.chunks_exact(32)) {
+                out.extend(l.iter().map(|&v| v as f32 * s + o));
+            }
+        }
+        return out;
+    }
     match ty {
-        // Q4_0: d, 32 nibbles (low halves first), x = (q - 8) d.
-        2 => src.chunks_exact(18).for_each(|b| {
-            let (d, q) = (half(&b[..2]), &b[2..]);
-            out.extend(q.iter().map(|&v| ((v & 0xF) as f32 - 8.0) * d));
-            out.extend(q.iter().map(|&v| ((v >> 4) as f32 - 8.0) * d));
-        }),
-        // Q4_1: d, m, 32 nibbles, x = q d + m.
-        3 => src.chunks_exact(20).for_each(|b| {
-            let (d, m, q) = (half(&b[..2]), half(&b[2..4]), &b[4..]);
-            out.extend(q.iter().map(|&v| (v & 0xF) as f32 * d + m));
-            out.extend(q.iter().map(|&v| (v >> 4) as f32 * d + m));
-        }),
-        // Q8_0: d, 32 signed bytes, x = q d.
-        8 => src.chunks_exact(34).for_each(|b| {
-            let d = half(&b[..2]);
-            out.extend(b[2..].iter().map(|&v| v as i8 as f32 * d));
-        }),
-        // Q4_K: d, dmin, 8 6-bit scale/min pairs, 256 nibbles in 4 runs of 32 bytes.
-        12 => src.chunks_exact(144).for_each(|b| {
-            let (d, dmin, sc, q) = (half(&b[..2]), half(&b[2..4]), &b[4..16], &b[16..]);
-            for (r, qs) in q.chunks_exact(32).enumerate() {
-                let ((s1, m1), (s2, m2)) = (scale_min(2 * r, sc), scale_min(2 * r + 1, sc));
-                out.extend(qs.iter().map(|&v| d * s1 * (v & 0xF) as f32 - dmin * m1));
-                out.extend(qs.iter().map(|&v| d * s2 * (v >> 4) as f32 - dmin * m2));
+        // Q2_K: 16 scale/min nibble pairs, 64 bytes of 2-bit values, d, dmin; each 32-byte
+        // half holds 4 shifts × 2 runs of 16.
+        10 => src.chunks_exact(84).for_each(|b| {
+            let (sc, q, d, dmin) = (&b[..16], &b[16..80], half(&b[80..]), half(&b[82..]));
+            let mut is = 0;
+            for q in q.chunks_exact(32) {
+                for shift in [0, 2, 4, 6] {
+                    for run in q.chunks_exact(16) {
+                        let (dl, ml) = (d * (sc[is] & 0xF) as f32, dmin * (sc[is] >> 4) as f32);
+                        is += 1;
+                        out.extend(run.iter().map(|&v| dl * ((v >> shift) & 3) as f32 - ml));
+                    }
+                }
             }
         }),
-        // Q5_K: Q4_K's layout with a fifth bit per value in 32 bytes of high bits.
-        13 => src.chunks_exact(176).for_each(|b| {
-            let (d, dmin, sc, qh, q) = (half(&b[..2]), half(&b[2..4]), &b[4..16], &b[16..48], &b[48..]);
-            for (r, qs) in q.chunks_exact(32).enumerate() {
-                let ((s1, m1), (s2, m2)) = (scale_min(2 * r, sc), scale_min(2 * r + 1, sc));
-                let (u1, u2) = (1u8 << (2 * r), 2u8 << (2 * r));
-                out.extend(
-                    qs.iter()
-                        .zip(qh)
-                        .map(|(&v, &h)| d * s1 * ((v & 0xF) + if h & u1 != 0 { 16 } else { 0 }) as f32 - dmin * m1),
-                );
-                out.extend(
-                    qs.iter()
-                        .zip(qh)
-                        .map(|(&v, &h)| d * s2 * ((v >> 4) + if h & u2 != 0 { 16 } else { 0 }) as f32 - dmin * m2),
-                );
-            }
-        }),
+        // Q3_K: 32 bytes of high bits, 64 of 2-bit values, 12 of packed 6-bit scales, d; the
+        // value is (2 low bits) − 4 where its high bit is clear.
+        11 => {
+            src.chunks_exact(110).for_each(|b| {
+                let (hm, q, d) = (&b[..32], &b[32..96], half(&b[108..]));
+                let sc = q3k_scales(&b[96..108]);
+                let (mut is, mut m) = (0, 1u8);
+                for q in q.chunks_exact(32) {
+                    for shift in [0, 2, 4, 6] {
+                        for (run, hm) in q.chunks_exact(16).zip(hm.chunks_exact(16)) {
+                            let dl = d * (sc[is] as i32 - 32) as f32;
+                            is += 1;
+                            out.extend(run.iter().zip(hm).map(|(&v, &h)| {
+                                dl * (((v >> shift) & 3) as i32 - if h & m != 0 { 0 } else { 4 }) as f32
+                            }));
+                        }
+                        m <<= 1;
+                    }
+                }
+            })
+        }
         // Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 signed scales, d.
         14 => src.chunks_exact(210).for_each(|b| {
             let (ql, qh, sc, d) = (&b[..128], &b[128..192], &b[192..208], half(&b[208..]));

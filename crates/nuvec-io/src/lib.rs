@@ -7,8 +7,9 @@
 //! - NumPy's `.npy` ([`load_npy`], [`save_npy`]) and `.npz` ([`load_npz`], [`save_npz`],
 //!   stored or deflated).
 //! - GGUF, llama.cpp's format ([`GgufFile`], [`load_gguf`]): metadata and tensors; F32, F16
-//!   and BF16 as they are, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K dequantized to float32, or
-//!   Q4_0/Q4_1/Q8_0 kept quantized in MLX's affine format ([`GgufFile::affine`]).
+//!   and BF16 as they are, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K … Q6_K dequantized to
+//!   float32, or, where the blocks are groups of 32 (all but Q2_K, Q3_K and Q6_K), kept
+//!   quantized in MLX's affine format ([`GgufFile::affine`]).
 //! - [`load`] picks the format by the file's name.
 //!
 //! Arrays load on the host; the first operation on another device moves them. A corrupt or

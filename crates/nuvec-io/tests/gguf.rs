@@ -41,7 +41,7 @@ fn ggml_blocks_dequantize_as_the_gguf_package_does() {
     assert_eq!(m["general.architecture"].as_str(), Some("test"));
 
     let want = nuvec_io::load_npz(data("blocks.npz")).unwrap();
-    assert_eq!(want.len(), 6);
+    assert_eq!(want.len(), 10);
     for (name, w) in &want {
         close(&file.get(name).unwrap(), w, name);
     }
@@ -53,7 +53,7 @@ fn ggml_blocks_dequantize_as_the_gguf_package_does() {
         close(&got, &a, name);
     }
     let (all, meta) = nuvec_io::load_gguf(data("blocks.gguf")).unwrap();
-    assert_eq!((all.len(), meta.len()), (9, file.metadata().len()));
+    assert_eq!((all.len(), meta.len()), (13, file.metadata().len()));
 }
 
 #[test]
@@ -132,24 +132,36 @@ for n in sys.argv[2:]:
     }
 }
 
-/// Q4_0, Q4_1 and Q8_0 tensors kept quantized in MLX's affine format dequantize (by
-/// `ops::dequantize`) to the values of the float32 reading.
+/// Tensors whose blocks are groups of 32 kept quantized in MLX's affine format, at their own
+/// width and widened, dequantize (by `ops::dequantize`) to the values of the float32 reading.
 #[test]
 fn ggml_blocks_map_to_mlx_affine() {
     let file = GgufFile::open(data("blocks.gguf")).unwrap();
-    for (name, bits) in [("q4_0", 4), ("q4_1", 4), ("q8_0", 8)] {
-        let q = file.affine(name).unwrap().unwrap();
-        assert_eq!(q.bits, bits);
-        // float32 scales and biases, so that the products are float32's.
-        let (scales, biases) = (q.scales.astype(DType::F32), q.biases.astype(DType::F32));
-        let back = nuvec_core::ops::dequantize(&q.w, &scales, Some(&biases), 32, bits, "affine", DType::F32);
-        let want = file.get(name).unwrap();
-        let (g, w) = (back.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
-        assert_eq!(back.shape(), want.shape());
-        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-            // The biases are float16 (-8 d and -128 d are exact there); the rest is rounding.
-            assert!((a - b).abs() <= 2e-6 * b.abs().max(1.0), "{name}[{i}]: {a} against {b}");
+    let cases = [("q4_0", 4), ("q4_1", 4), ("q8_0", 8), ("q5_0", 5), ("q5_1", 5), ("q4_k", 4), ("q5_k", 5)];
+    for (name, own) in cases {
+        for (widths, bits) in [(&[][..], own), (&[4, 8][..], if own == 4 { 4 } else { 8 }), (&[6][..], own.max(6))] {
+            let what = format!("{name} in {widths:?}");
+            let q = file.affine(name, widths).unwrap().unwrap();
+            assert_eq!(q.bits, bits, "{what}");
+            // float32 scales and biases, so that the products are float32's.
+            let (scales, biases) = (q.scales.astype(DType::F32), q.biases.astype(DType::F32));
+            let back = nuvec_core::ops::dequantize(&q.w, &scales, Some(&biases), 32, bits, "affine", DType::F32);
+            let want = file.get(name).unwrap();
+            let (g, w) = (back.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+            assert_eq!(back.shape(), want.shape(), "{what}");
+            for (i, (group, wg)) in g.chunks(32).zip(w.chunks(32)).enumerate() {
+                // The scales and biases are float16: exact for the 32-blocks, rounded for the
+                // K-quants' products of two scales.
+                let k = name.ends_with("_k");
+                let top = wg.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let tol = if k { 1.5e-3 * top } else { 2e-6 * top.max(1.0) };
+                for (a, b) in group.iter().zip(wg) {
+                    assert!((a - b).abs() <= tol, "{what} group {i}: {a} against {b}");
+                }
+            }
         }
     }
-    assert!(file.affine("q4_k").unwrap().is_none());
+    for name in ["q6_k", "q2_k", "q3_k", "f32"] {
+        assert!(file.affine(name, &[]).unwrap().is_none(), "{name}");
+    }
 }

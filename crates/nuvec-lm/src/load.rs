@@ -276,6 +276,8 @@ fn model_from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn Lan
     let permuted = config.model_type == "llama" || config.model_type == "mistral";
     let mut weights = Params::new();
     let mut bits: BTreeMap<String, i32> = BTreeMap::new();
+    // The CPU's fused quantized products read 4 and 8 bits: 5-bit blocks are widened to 8.
+    let widths: &[i32] = if on_gpu() { &[] } else { &[4, 8] };
     for t in file.tensors() {
         let Some(name) = hf_name(&t.name) else {
             if t.name == "rope_freqs.weight" {
@@ -295,12 +297,21 @@ fn model_from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn Lan
             _ => x,
         };
         let layer = name.strip_suffix(".weight").unwrap_or(&name).to_string();
-        match file.affine(&t.name)? {
-            Some(q) => {
-                bits.insert(layer.clone(), q.bits);
-                weights.insert(format!("{layer}.scales"), fix(q.scales));
-                weights.insert(format!("{layer}.biases"), fix(q.biases));
-                weights.insert(name, fix(q.w));
+        let float = matches!(t.ggml_type, 0 | 1 | 30);
+        let mut keep = |w: Array, scales: Array, biases: Array, b: i32| {
+            bits.insert(layer.clone(), b);
+            weights.insert(format!("{layer}.scales"), fix(scales));
+            weights.insert(format!("{layer}.biases"), fix(biases));
+            weights.insert(name.clone(), fix(w));
+        };
+        match file.affine(&t.name, widths)? {
+            Some(q) => keep(q.w, q.scales, q.biases, q.bits),
+            // Scales per 16 values (Q6_K, Q3_K, Q2_K) have no affine form: requantized to 8
+            // bits in groups of 32, within a 255th of a group's range of the file's values.
+            None if !float && t.shape.last().is_some_and(|&k| k % 32 == 0) => {
+                let (w, scales, biases) = nuvec::ops::quantize(&file.get(&t.name)?, 32, 8, "affine");
+                let biases = biases.expect("affine quantization has biases");
+                keep(w, scales.astype(DType::F16), biases.astype(DType::F16), 8);
             }
             None => {
                 weights.insert(name, fix(file.get(&t.name)?));

@@ -30,6 +30,10 @@ for name, qt, rows, cols, scales in [
     ("q4_k", Q.Q4_K, 2, 256, [0, 2]),
     ("q5_k", Q.Q5_K, 1, 512, [0, 2]),
     ("q6_k", Q.Q6_K, 2, 256, [208]),
+    ("q5_0", Q.Q5_0, 2, 64, [0]),
+    ("q5_1", Q.Q5_1, 2, 64, [0, 2]),
+    ("q2_k", Q.Q2_K, 2, 256, [80, 82]),
+    ("q3_k", Q.Q3_K, 2, 256, [108]),
 ]:
     block, size = gguf.GGML_QUANT_SIZES[qt]
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
