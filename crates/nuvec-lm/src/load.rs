@@ -272,7 +272,12 @@ fn unpermute(x: &Array, heads: i32) -> Array {
 fn model_from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn LanguageModel>> {
     let path = file.path();
     let meta: &BTreeMap<String, GgufValue> = file.metadata();
-    let config = ModelConfig::from_gguf(meta)?;
+    let mut config = ModelConfig::from_gguf(meta)?;
+    // Llama 3.x files carry their RoPE scaling as per-pair factors, not as metadata.
+    if file.tensors().iter().any(|t| t.name == "rope_freqs.weight") {
+        let factors: Vec<f32> = file.get("rope_freqs.weight")?.astype(DType::F32).to_vec()?;
+        config.rope_scaling = Some(crate::rope::llama3_from_factors(&factors, config.rope_theta, config.head_dim())?);
+    }
     let permuted = config.model_type == "llama" || config.model_type == "mistral";
     let mut weights = Params::new();
     let mut bits: BTreeMap<String, i32> = BTreeMap::new();

@@ -2,7 +2,10 @@
 //! (`default`), `linear`, `dynamic` (NTK, past the trained context), `llama3` and `yarn`, as
 //! Hugging Face's and mlx-lm's.
 
+use std::collections::BTreeMap;
 use std::f32::consts::PI;
+
+use serde_json::Value;
 
 use nuvec::{Array, DType, fast};
 
@@ -155,6 +158,58 @@ fn llama3(half: &[f32], num: &dyn Fn(&str, Option<f32>) -> Result<f32>) -> Resul
         .collect())
 }
 
+/// The `llama3` `rope_scaling` whose periods are `base`'s stretched by `factors` (a GGUF's
+/// `rope_freqs.weight`, one per pair of `dims`): Llama 3.1's and 3.2's parameters when they
+/// give those periods, else the ones fitted to them; an error when no `llama3` scaling does.
+pub fn llama3_from_factors(factors: &[f32], base: f32, dims: i32) -> Result<BTreeMap<String, Value>> {
+    let half: Vec<f32> = (0..dims / 2).map(|i| base.powf(2.0 * i as f32 / dims as f32)).collect();
+    let bad = || {
+        Error::Config(format!(
+            "rope_freqs.weight ({} values) is not a llama3 RoPE scaling of {dims} features",
+            factors.len()
+        ))
+    };
+    if factors.len() != half.len() || factors.iter().any(|f| !(f.is_finite() && *f >= 1.0)) {
+        return Err(bad());
+    }
+    let factor = factors.iter().fold(1f32, |m, &f| m.max(f));
+    let scaling = |low: f32, high: f32, old: f32| {
+        let mut m = BTreeMap::new();
+        m.insert("rope_type".to_string(), Value::from("llama3"));
+        m.insert("factor".to_string(), Value::from(factor));
+        m.insert("low_freq_factor".to_string(), Value::from(low));
+        m.insert("high_freq_factor".to_string(), Value::from(high));
+        m.insert("original_max_position_embeddings".to_string(), Value::from(old));
+        m
+    };
+    let fits = |m: &BTreeMap<String, Value>| {
+        let num = |key: &str, _: Option<f32>| Ok(m[key].as_f64().unwrap_or(0.0) as f32);
+        llama3(&half, &num)
+            .is_ok_and(|p| p.iter().zip(&half).zip(factors).all(|((p, h), f)| (p / h - f).abs() <= 1e-3 * f))
+    };
+    let known = scaling(1.0, 4.0, 8192.0);
+    if fits(&known) {
+        return Ok(known);
+    }
+    // Between the two wavelengths the blend weight is old / wavelen − low over high − low,
+    // a line in 1 / wavelen: two blended pairs give it, up to a common scale of the three.
+    let blend: Vec<(f32, f32)> = factors
+        .iter()
+        .zip(&half)
+        .filter(|(f, _)| **f > 1.0 + 1e-4 && **f < factor * (1.0 - 1e-4))
+        .map(|(f, h)| (1.0 / (2.0 * PI * h), (1.0 / f - 1.0 / factor) / (1.0 - 1.0 / factor)))
+        .collect();
+    let (Some(&(x0, s0)), Some(&(x1, s1))) = (blend.first(), blend.last()) else { return Err(bad()) };
+    if x0 == x1 {
+        return Err(bad());
+    }
+    // s = a·x − b with a = old / (high − low), b = low / (high − low): take high − low = 1.
+    let a = (s1 - s0) / (x1 - x0);
+    let b = a * x0 - s0;
+    let fitted = scaling(b, 1.0 + b, a);
+    if fits(&fitted) { Ok(fitted) } else { Err(bad()) }
+}
+
 /// YaRN's periods (interpolated below a band of wavelengths, extrapolated above it, ramped
 /// between) and its attention factor.
 fn yarn(half: &[f32], dims: i32, base: f32, num: &dyn Fn(&str, Option<f32>) -> Result<f32>) -> Result<(Vec<f32>, f32)> {
@@ -180,4 +235,41 @@ fn yarn(half: &[f32], dims: i32, base: f32, num: &dyn Fn(&str, Option<f32>) -> R
         })
         .collect();
     Ok((freqs, get_mscale(mscale) / get_mscale(mscale_all)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// llama.cpp's `rope_freqs.weight` for a `llama3` scaling: the periods' stretch per pair.
+    fn factors(base: f32, dims: i32, factor: f32, low: f32, high: f32, old: f32) -> Vec<f32> {
+        let half: Vec<f32> = (0..dims / 2).map(|i| base.powf(2.0 * i as f32 / dims as f32)).collect();
+        let p = [("factor", factor), ("low_freq_factor", low), ("high_freq_factor", high)];
+        let num = |key: &str, _: Option<f32>| Ok(p.iter().find(|(k, _)| *k == key).map_or(old, |(_, v)| *v));
+        llama3(&half, &num).unwrap().iter().zip(&half).map(|(p, h)| p / h).collect()
+    }
+
+    #[test]
+    fn llama3_scaling_is_recovered_from_its_factors() {
+        // Llama 3.2's parameters come back as they are.
+        let s = llama3_from_factors(&factors(500000.0, 64, 32.0, 1.0, 4.0, 8192.0), 500000.0, 64).unwrap();
+        let get = |s: &BTreeMap<String, Value>, k: &str| s[k].as_f64().unwrap() as f32;
+        assert_eq!(get(&s, "factor"), 32.0);
+        assert_eq!((get(&s, "low_freq_factor"), get(&s, "high_freq_factor")), (1.0, 4.0));
+        assert_eq!(get(&s, "original_max_position_embeddings"), 8192.0);
+        // Others are fitted: the same periods, with high − low = 1.
+        let want = factors(10000.0, 128, 8.0, 2.0, 6.0, 2048.0);
+        let s = llama3_from_factors(&want, 10000.0, 128).unwrap();
+        let (low, high, old) =
+            (get(&s, "low_freq_factor"), get(&s, "high_freq_factor"), get(&s, "original_max_position_embeddings"));
+        assert!((low - 0.5).abs() < 1e-3 && (high - 1.5).abs() < 1e-3 && (old - 512.0).abs() < 0.5, "{s:?}");
+        let got = factors(10000.0, 128, 8.0, low, high, old);
+        assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-3 * b));
+        // Factors no llama3 scaling gives are an error.
+        let mut odd = want.clone();
+        odd[3] = 2.0;
+        let e = llama3_from_factors(&odd, 10000.0, 128).unwrap_err().to_string();
+        assert!(e.contains("rope_freqs.weight"), "{e}");
+        assert!(llama3_from_factors(&want[..10], 10000.0, 128).is_err());
+    }
 }

@@ -1,7 +1,8 @@
 //! A tiny random Llama written as a GGUF file with every ggml block type llama.cpp's
 //! quantizations use (Q4_0 … Q8_0, Q2_K … Q6_K), loaded quantized, against the same model
 //! written with float32 tensors holding the file's dequantized values (the reading the
-//! nuvec-io tests check against the gguf package).
+//! nuvec-io tests check against the gguf package); Llama 3's RoPE factors read back as its
+//! `llama3` scaling.
 
 use std::path::{Path, PathBuf};
 
@@ -157,6 +158,16 @@ fn every_block_type_loads_quantized_as_its_float_reading() {
     tensors.push(quant(&mut rng, "token_embd.weight".into(), 12, VOCAB, HIDDEN));
     tensors.push(quant(&mut rng, "output.weight".into(), 14, VOCAB, HIDDEN));
     tensors.push(norm("output_norm.weight".into(), HIDDEN));
+    // Llama 3.2's RoPE scaling as llama.cpp's converter writes it: each pair's period stretch.
+    let factors: Vec<f32> = (0..32)
+        .map(|i| {
+            let wavelen = 2.0 * std::f32::consts::PI * 10000f32.powf(i as f32 / 32.0);
+            let smooth = ((8192.0 / wavelen - 1.0) / 3.0).clamp(0.0, 1.0);
+            1.0 / ((1.0 - smooth) / 32.0 + smooth)
+        })
+        .collect();
+    let bytes = factors.iter().flat_map(|f| f.to_le_bytes()).collect();
+    tensors.push(Tensor { name: "rope_freqs.weight".into(), shape: vec![32], ty: 0, bytes });
     let meta = [
         ("general.architecture", Meta::Str("llama")),
         ("llama.block_count", Meta::U32(2)),
@@ -191,6 +202,10 @@ fn every_block_type_loads_quantized_as_its_float_reading() {
     let mut scales = 0;
     q.visit_mut("", &mut |name, _| scales += name.ends_with(".scales") as usize);
     assert_eq!(scales, 2 * 7 + 2, "every projection and both embeddings stay quantized");
+    let scaling = q.config().rope_scaling.clone().unwrap();
+    let num = |k: &str| scaling[k].as_f64().unwrap();
+    assert_eq!(scaling["rope_type"], "llama3");
+    assert_eq!([num("factor"), num("low_freq_factor"), num("high_freq_factor")], [32.0, 1.0, 4.0]);
 
     let ids: Vec<u32> = (0..12).map(|i| (i * 37 % VOCAB) as u32).collect();
     let logits = |m: &dyn nuvec_lm::LanguageModel| -> Vec<f32> {
