@@ -198,16 +198,34 @@ impl ModelConfig {
             let mut m = BTreeMap::new();
             m.insert("type".to_string(), serde_json::Value::from(kind.clone()));
             m.insert("factor".to_string(), serde_json::Value::from(factor));
+            // llama.cpp's names of YaRN's parameters, as its converter writes them.
+            for (key, name) in [
+                ("rope.scaling.original_context_length", "original_max_position_embeddings"),
+                ("rope.scaling.yarn_beta_fast", "beta_fast"),
+                ("rope.scaling.yarn_beta_slow", "beta_slow"),
+                ("rope.scaling.yarn_attn_factor", "attention_factor"),
+            ] {
+                if let Some(v) = float(key) {
+                    m.insert(name.to_string(), serde_json::Value::from(v));
+                }
+            }
             rope_scaling = Some(m);
         }
-        let config = ModelConfig {
-            model_type: arch.clone(),
+        // llama.cpp's architecture names for Hugging Face's model types that differ.
+        let model_type = match arch.as_str() {
+            "qwen3moe" => "qwen3_moe",
+            "gemma3" => "gemma3_text",
+            a => a,
+        };
+        let head_dim = int("attention.key_length").ok();
+        let mut config = ModelConfig {
+            model_type: model_type.to_string(),
             hidden_size: hidden,
             num_hidden_layers: int("block_count")?,
             intermediate_size: int("feed_forward_length")?,
             num_attention_heads: heads,
             num_key_value_heads: int("attention.head_count_kv").ok(),
-            head_dim: int("attention.key_length").ok(),
+            head_dim,
             vocab_size: vocab,
             rms_norm_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
             rope_theta: float("rope.freq_base").unwrap_or(10000.0),
@@ -221,6 +239,37 @@ impl ModelConfig {
             bos_token_id: None,
             ..Default::default()
         };
+        if model_type == "qwen3_moe" {
+            config.num_experts = Some(int("expert_count")?);
+            config.num_experts_per_tok = Some(int("expert_used_count")?);
+            config.moe_intermediate_size = Some(int("expert_feed_forward_length")?);
+            // llama.cpp's Qwen3-MoE always renormalizes the chosen experts' weights.
+            config.norm_topk_prob = Some(true);
+        }
+        if model_type == "gemma3_text" {
+            config.hidden_activation = Some("gelu_pytorch_tanh".into());
+            config.sliding_window = int("attention.sliding_window").ok();
+            config.rope_local_base_freq = float("rope.freq_base_swa");
+            config.final_logit_softcapping = float("final_logit_softcapping");
+            // The pattern is an array of per-layer flags (sliding: true) or a period.
+            match meta.get(&format!("{arch}.attention.sliding_window_pattern")) {
+                Some(GgufValue::Array(flags)) => {
+                    let kind = |f: &GgufValue| {
+                        if *f == GgufValue::Bool(true) { "sliding_attention" } else { "full_attention" }
+                    };
+                    config.layer_types = Some(flags.iter().map(|f| kind(f).to_string()).collect());
+                }
+                Some(v) => config.sliding_window_pattern = v.as_u64().and_then(|p| i32::try_from(p).ok()),
+                None => {}
+            }
+            // An explicit attention scale, else llama.cpp's rule: 1/√head_dim, and
+            // 1/√(hidden / heads) for the 62-layer (27B) model.
+            config.query_pre_attn_scalar = match float("attention.scale") {
+                Some(scale) if scale > 0.0 => Some(1.0 / (scale * scale)),
+                _ if config.num_hidden_layers == 62 => Some((hidden / heads) as f32),
+                _ => Some(config.head_dim() as f32),
+            };
+        }
         config.validate()?;
         Ok(config)
     }

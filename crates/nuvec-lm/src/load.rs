@@ -229,8 +229,9 @@ fn finish_quantized(model: &mut dyn LanguageModel, options: &LoadOptions) -> Res
     Ok(())
 }
 
-/// The Hugging Face name of a GGUF tensor of the Llama family.
-fn hf_name(gguf: &str) -> Option<String> {
+/// The Hugging Face name of a GGUF tensor of a model of `model_type` (llama.cpp's converter's
+/// names, inverted).
+fn hf_name(gguf: &str, model_type: &str) -> Option<String> {
     let fixed = match gguf {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -243,9 +244,14 @@ fn hf_name(gguf: &str) -> Option<String> {
     let rest = gguf.strip_prefix("blk.")?;
     let (layer, name) = rest.split_once('.')?;
     let (module, param) = name.rsplit_once('.')?;
+    let gemma = model_type == "gemma3_text";
     let hf = match module {
         "attn_norm" => "input_layernorm",
+        // Gemma's norm before the MLP; Llama's only norm after attention.
+        "ffn_norm" if gemma => "pre_feedforward_layernorm",
         "ffn_norm" => "post_attention_layernorm",
+        "post_attention_norm" => "post_attention_layernorm",
+        "post_ffw_norm" => "post_feedforward_layernorm",
         "attn_q" => "self_attn.q_proj",
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
@@ -255,6 +261,11 @@ fn hf_name(gguf: &str) -> Option<String> {
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
+        // Experts stacked as `switch.rs` holds them, and their router.
+        "ffn_gate_inp" => "mlp.gate",
+        "ffn_gate_exps" => "mlp.switch_mlp.gate_proj",
+        "ffn_up_exps" => "mlp.switch_mlp.up_proj",
+        "ffn_down_exps" => "mlp.switch_mlp.down_proj",
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{hf}.{param}"))
@@ -278,13 +289,20 @@ fn model_from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn Lan
         let factors: Vec<f32> = file.get("rope_freqs.weight")?.astype(DType::F32).to_vec()?;
         config.rope_scaling = Some(crate::rope::llama3_from_factors(&factors, config.rope_theta, config.head_dim())?);
     }
+    if config.model_type == "qwen3_moe" {
+        // Layers without stacked experts keep a dense MLP.
+        let sparse = |i: i32| file.tensors().iter().any(|t| t.name == format!("blk.{i}.ffn_gate_exps.weight"));
+        config.mlp_only_layers = Some((0..config.num_hidden_layers).filter(|&i| !sparse(i)).collect());
+    }
     let permuted = config.model_type == "llama" || config.model_type == "mistral";
+    // llama.cpp's converter stores Gemma's norms with the 1 of their `1 + weight` added.
+    let shifted = config.model_type == "gemma3_text";
     let mut weights = Params::new();
     let mut bits: BTreeMap<String, i32> = BTreeMap::new();
     // The CPU's fused quantized products read 4 and 8 bits: 5-bit blocks are widened to 8.
     let widths: &[i32] = if on_gpu() { &[] } else { &[4, 8] };
     for t in file.tensors() {
-        let Some(name) = hf_name(&t.name) else {
+        let Some(name) = hf_name(&t.name, &config.model_type) else {
             if t.name == "rope_freqs.weight" {
                 continue;
             }
@@ -317,6 +335,9 @@ fn model_from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn Lan
                 let (w, scales, biases) = nuvec::ops::quantize(&file.get(&t.name)?, 32, 8, "affine");
                 let biases = biases.expect("affine quantization has biases");
                 keep(w, scales.astype(DType::F16), biases.astype(DType::F16), 8);
+            }
+            None if shifted && t.name.ends_with("norm.weight") => {
+                weights.insert(name, fix(file.get(&t.name)?.astype(DType::F32) - 1.0));
             }
             None => {
                 weights.insert(name, fix(file.get(&t.name)?));

@@ -193,20 +193,31 @@ pub fn llama3_from_factors(factors: &[f32], base: f32, dims: i32) -> Result<BTre
     }
     // Between the two wavelengths the blend weight is old / wavelen − low over high − low,
     // a line in 1 / wavelen: two blended pairs give it, up to a common scale of the three.
+    // With fewer, low and high keep Llama 3's ratio (1 and 4) and old is what fits.
+    let wavelen = |h: &f32| 2.0 * PI * h;
     let blend: Vec<(f32, f32)> = factors
         .iter()
         .zip(&half)
         .filter(|(f, _)| **f > 1.0 + 1e-4 && **f < factor * (1.0 - 1e-4))
-        .map(|(f, h)| (1.0 / (2.0 * PI * h), (1.0 / f - 1.0 / factor) / (1.0 - 1.0 / factor)))
+        .map(|(f, h)| (1.0 / wavelen(h), (1.0 / f - 1.0 / factor) / (1.0 - 1.0 / factor)))
         .collect();
-    let (Some(&(x0, s0)), Some(&(x1, s1))) = (blend.first(), blend.last()) else { return Err(bad()) };
-    if x0 == x1 {
-        return Err(bad());
-    }
-    // s = a·x − b with a = old / (high − low), b = low / (high − low): take high − low = 1.
-    let a = (s1 - s0) / (x1 - x0);
-    let b = a * x0 - s0;
-    let fitted = scaling(b, 1.0 + b, a);
+    let fitted = match blend[..] {
+        [(x0, s0), .., (x1, s1)] if x0 != x1 => {
+            // s = a·x − b with a = old / (high − low), b = low / (high − low): high − low = 1.
+            let a = (s1 - s0) / (x1 - x0);
+            let b = a * x0 - s0;
+            scaling(b, 1.0 + b, a)
+        }
+        [(x0, s0)] => scaling(1.0, 4.0, (3.0 * s0 + 1.0) / x0),
+        _ => {
+            // No blended pair: old / 4 above the last kept wavelength, old below the first
+            // stretched one.
+            let kept = factors.iter().zip(&half).filter(|(f, _)| **f <= 1.0 + 1e-4).map(|(_, h)| wavelen(h));
+            let stretched = factors.iter().zip(&half).filter(|(f, _)| **f > 1.0 + 1e-4).map(|(_, h)| wavelen(h));
+            let (lo, hi) = (4.0 * kept.fold(0f32, f32::max), stretched.fold(f32::INFINITY, f32::min));
+            scaling(1.0, 4.0, if hi.is_finite() && lo > 0.0 { (lo * hi).sqrt() } else { lo.max(1.0) })
+        }
+    };
     if fits(&fitted) { Ok(fitted) } else { Err(bad()) }
 }
 
@@ -265,6 +276,15 @@ mod tests {
         assert!((low - 0.5).abs() < 1e-3 && (high - 1.5).abs() < 1e-3 && (old - 512.0).abs() < 0.5, "{s:?}");
         let got = factors(10000.0, 128, 8.0, low, high, old);
         assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-3 * b));
+        // One blended pair, and none: parameters that give the same periods.
+        for old in [16.0, 4.0] {
+            let want = factors(10000.0, 16, 8.0, 1.0, 4.0, old);
+            let s = llama3_from_factors(&want, 10000.0, 16).unwrap();
+            let (low, high, old) =
+                (get(&s, "low_freq_factor"), get(&s, "high_freq_factor"), get(&s, "original_max_position_embeddings"));
+            let got = factors(10000.0, 16, 8.0, low, high, old);
+            assert!(got.iter().zip(&want).all(|(a, b)| (a - b).abs() <= 1e-3 * b), "{got:?} against {want:?}");
+        }
         // Factors no llama3 scaling gives are an error.
         let mut odd = want.clone();
         odd[3] = 2.0;
