@@ -516,6 +516,38 @@ impl KvCache {
         }
     }
 
+    /// Rows `rows` of a cache of several rows, in that order, counting `offset` positions
+    /// (the longest kept row's length): a batch that sequences leave ([`KvCache::stack`] joins
+    /// them). A paged cache's blocks held by the rows left out go back to its free blocks.
+    pub fn select(&self, rows: &[i32], offset: i32) -> KvCache {
+        if let Some(p) = &self.pages {
+            let mut pages = Pages { block_size: p.block_size, rows: Vec::new(), free: p.free.clone(), table: None };
+            pages.rows = rows.iter().filter_map(|&r| p.rows.get(r as usize).cloned()).collect();
+            for (i, held) in p.rows.iter().enumerate() {
+                if !rows.contains(&(i as i32)) {
+                    pages.free.extend(held);
+                }
+            }
+            pages.free.sort_unstable_by(|a, b| b.cmp(a));
+            return KvCache {
+                keys: self.keys.clone(),
+                values: self.values.clone(),
+                offset,
+                pages: Some(pages),
+                ..KvCache::default()
+            };
+        }
+        let index = Array::from_slice(rows, [rows.len() as i32]);
+        let take = |a: &Array| a.take(&index, 0);
+        KvCache {
+            keys: self.keys.as_ref().map(take),
+            values: self.values.as_ref().map(take),
+            packed: self.packed.iter().map(take).collect(),
+            offset,
+            ..self.clone()
+        }
+    }
+
     /// Counts `n` more positions as held (a recorded step wrote them on the device).
     pub(crate) fn advance(&mut self, n: i32) {
         self.offset += n;

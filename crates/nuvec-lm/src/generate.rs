@@ -157,14 +157,12 @@ pub struct Generation<'a> {
     model: &'a dyn LanguageModel,
     cache: &'a mut PromptCache,
     sampler: Sampler,
-    detok: Option<Detokenizer<'a>>,
+    text: TextStream<'a>,
     eos: Vec<u32>,
     options: GenerateOptions,
     prompt: Vec<u32>,
     pending: Option<Sampled>,
     generated: Vec<u32>,
-    text: String,
-    shown: usize,
     done: bool,
     start: Instant,
     first: Option<Instant>,
@@ -194,7 +192,7 @@ fn graphed(model: &dyn LanguageModel, layers: &[KvCache], decode_graph: Option<b
 
 /// Runs `ids` through `model` in chunks of `step` tokens, evaluating the caches after each
 /// (a prompt, or all of it but the token whose logits are wanted).
-fn run_chunks(model: &dyn LanguageModel, caches: &mut [KvCache], ids: &[u32], step: usize) -> Result<()> {
+pub(crate) fn run_chunks(model: &dyn LanguageModel, caches: &mut [KvCache], ids: &[u32], step: usize) -> Result<()> {
     for chunk in ids.chunks(step.max(1)) {
         model.forward(&tokens(chunk), caches);
         let arrays: Vec<Array> = caches.iter().flat_map(|c| c.arrays()).collect();
@@ -263,15 +261,13 @@ pub fn generate<'a>(
         graphed: graphed(model, &cache.layers, options.decode_graph),
         model,
         sampler: Sampler::new(options.sampler.clone()),
-        detok: tokenizer.map(Tokenizer::stream),
+        text: TextStream::new(tokenizer, &options.stop),
         eos: eos.to_vec(),
         prompt: prompt.to_vec(),
         cache,
         options,
         pending: None,
         generated: Vec::new(),
-        text: String::new(),
-        shown: 0,
         done: false,
         start: Instant::now(),
         first: None,
@@ -427,21 +423,7 @@ impl<'a> Generation<'a> {
             self.first = Some(now);
             self.stats.prompt_seconds = (now - self.start).as_secs_f64();
         }
-        let logprob = current.logprobs.slice(&[0, token as i32], &[1, token as i32 + 1], &[1, 1]).item::<f32>()?;
-        let top_logprobs = match self.options.sampler.top_logprobs {
-            0 => Vec::new(),
-            k => {
-                // The k best by a partition of the vocabulary, ordered here.
-                let v = current.logprobs.shape()[1];
-                let k = (k as i32).min(v);
-                let best = (-&current.logprobs).argpartition(k - 1, -1).slice(&[0, 0], &[1, k], &[1, 1]);
-                let values: Vec<f32> = current.logprobs.take_along_axis(&best, -1).to_vec()?;
-                let ids = best.astype(DType::I32).to_vec::<i32>()?;
-                let mut top: Vec<(u32, f32)> = ids.into_iter().map(|i| i as u32).zip(values).collect();
-                top.sort_by(|a, b| b.1.total_cmp(&a.1));
-                top
-            }
-        };
+        let (logprob, top_logprobs) = chosen(&current.logprobs, token, self.options.sampler.top_logprobs)?;
         self.generated.push(token);
         if !pipelined
             && self.draft.is_none()
@@ -450,39 +432,8 @@ impl<'a> Generation<'a> {
         {
             self.pending = Some(self.step(&tokens(&[token]))?);
         }
-        let mut finish = None;
-        if self.eos.contains(&token) {
-            finish = Some(FinishReason::Stop);
-        } else {
-            if let Some(d) = &mut self.detok {
-                self.text.push_str(&d.push(token)?);
-            }
-            if self.generated.len() >= self.options.max_tokens {
-                finish = Some(FinishReason::Length);
-            }
-        }
-        if finish.is_some()
-            && let Some(d) = &mut self.detok
-        {
-            self.text.push_str(&d.finish()?);
-        }
-        // Stop strings: cut the text at the first one; hold back a tail that may begin one.
-        let mut visible = self.text.len();
-        if let Some(cut) = self.options.stop.iter().filter_map(|s| self.text.find(s.as_str())).min() {
-            visible = cut;
-            finish = Some(FinishReason::Stop);
-        } else if finish.is_none() {
-            for s in &self.options.stop {
-                for k in (1..s.len()).rev() {
-                    if s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
-                        visible = visible.min(self.text.len() - k);
-                    }
-                }
-            }
-        }
-        let visible = visible.max(self.shown);
-        let text = self.text[self.shown..visible].to_string();
-        self.shown = visible;
+        let (text, finish) =
+            self.text.push(token, self.eos.contains(&token), self.generated.len() >= self.options.max_tokens)?;
         let now = Instant::now();
         self.stats.generation_tokens = self.generated.len();
         self.stats.generation_seconds = (now - self.first.unwrap_or(now)).as_secs_f64();
@@ -504,6 +455,78 @@ impl<'a> Generation<'a> {
         }
         Ok(Generated { token, text, logprob, top_logprobs, finish })
     }
+}
+
+/// A generation's text as its tokens come: each token's share of it, held back while the end
+/// of the text may be the start of a stop string, and cut at the first stop string.
+pub(crate) struct TextStream<'a> {
+    detok: Option<Detokenizer<'a>>,
+    stop: Vec<String>,
+    text: String,
+    shown: usize,
+}
+
+impl<'a> TextStream<'a> {
+    pub(crate) fn new(tokenizer: Option<&'a Tokenizer>, stop: &[String]) -> TextStream<'a> {
+        TextStream { detok: tokenizer.map(Tokenizer::stream), stop: stop.to_vec(), text: String::new(), shown: 0 }
+    }
+
+    /// The text `token` makes certain and, when generation ends with it, why: `eos` (it is an
+    /// end-of-sequence token, whose text is left out), `at_max` (the most tokens), or a stop
+    /// string.
+    pub(crate) fn push(&mut self, token: u32, eos: bool, at_max: bool) -> Result<(String, Option<FinishReason>)> {
+        let mut finish = None;
+        if eos {
+            finish = Some(FinishReason::Stop);
+        } else {
+            if let Some(d) = &mut self.detok {
+                self.text.push_str(&d.push(token)?);
+            }
+            if at_max {
+                finish = Some(FinishReason::Length);
+            }
+        }
+        if finish.is_some()
+            && let Some(d) = &mut self.detok
+        {
+            self.text.push_str(&d.finish()?);
+        }
+        // Stop strings: cut the text at the first one; hold back a tail that may begin one.
+        let mut visible = self.text.len();
+        if let Some(cut) = self.stop.iter().filter_map(|s| self.text.find(s.as_str())).min() {
+            visible = cut;
+            finish = Some(FinishReason::Stop);
+        } else if finish.is_none() {
+            for s in &self.stop {
+                for k in (1..s.len()).rev() {
+                    if s.is_char_boundary(k) && self.text.ends_with(&s[..k]) {
+                        visible = visible.min(self.text.len() - k);
+                    }
+                }
+            }
+        }
+        let visible = visible.max(self.shown);
+        let text = self.text[self.shown..visible].to_string();
+        self.shown = visible;
+        Ok((text, finish))
+    }
+}
+
+/// The log-probability of `token` in `logprobs [1, V]` and, for `k > 0`, the `k` most likely
+/// tokens with theirs, most likely first.
+pub(crate) fn chosen(logprobs: &Array, token: u32, k: usize) -> Result<(f32, Vec<(u32, f32)>)> {
+    let logprob = logprobs.slice(&[0, token as i32], &[1, token as i32 + 1], &[1, 1]).item::<f32>()?;
+    if k == 0 {
+        return Ok((logprob, Vec::new()));
+    }
+    // The k best by a partition of the vocabulary, ordered here.
+    let k = (k as i32).min(logprobs.shape()[1]);
+    let best = (-logprobs).argpartition(k - 1, -1).slice(&[0, 0], &[1, k], &[1, 1]);
+    let values: Vec<f32> = logprobs.take_along_axis(&best, -1).to_vec()?;
+    let ids = best.astype(DType::I32).to_vec::<i32>()?;
+    let mut top: Vec<(u32, f32)> = ids.into_iter().map(|i| i as u32).zip(values).collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    Ok((logprob, top))
 }
 
 impl Iterator for Generation<'_> {

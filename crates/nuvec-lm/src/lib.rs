@@ -20,6 +20,7 @@
 pub mod cache;
 pub mod chat;
 pub mod config;
+pub mod engine;
 pub mod fetch;
 pub mod generate;
 pub mod graph;

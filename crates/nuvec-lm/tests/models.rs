@@ -569,3 +569,78 @@ fn logprobs_logit_bias_and_stop_strings() {
     assert_eq!(out.last().unwrap().finish, Some(nuvec_lm::FinishReason::Stop));
     assert!(out.len() < 6 && !text.contains("t77 t77"), "{} tokens, {text:?}", out.len());
 }
+
+/// Continuous batching: requests joining a running batch at different steps, with their own
+/// lengths, limits and stop strings, each get the tokens and text of decoding them alone; a
+/// cancelled request leaves the batch and the others go on; bad requests are refused.
+#[test]
+fn engine_requests_equal_decoding_alone() {
+    use nuvec_lm::engine::{Engine, Request};
+    let tok = word_tokenizer();
+    for name in ["llama", "qwen3", "qwen3_moe", "gemma3"] {
+        let m = model(name);
+        let base = u32s(&expected(name)["ids"]);
+        let prompts: Vec<Vec<u32>> = vec![
+            base.clone(),
+            base[..3].to_vec(),
+            (0..40).map(|i| (i * 11 + 3) % 128).collect(),
+            (0..9).map(|i| (i * 7 + 1) % 128).collect(),
+            base[1..].to_vec(),
+        ];
+        let options = |i: usize| GenerateOptions { max_tokens: 4 + 3 * i, ..Default::default() };
+        let alone: Vec<Vec<u32>> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| generated(m.as_ref(), &mut PromptCache::new(m.as_ref()), p, options(i)))
+            .collect();
+        // A stop string made of request 2's third token ends it there.
+        let stop = tok.decode(&alone[2][2..3]).unwrap();
+        let mut engine = Engine::new(m.as_ref(), Some(&tok), &[], 3);
+        let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+        let mut text = vec![String::new(); prompts.len()];
+        let mut finished = vec![None; prompts.len()];
+        let mut step = 0;
+        loop {
+            // Requests come in over the first steps; the batch holds at most three.
+            if let Some(prompt) = prompts.get(step) {
+                let mut o = options(step);
+                if step == 2 {
+                    o.stop = vec![stop.clone()];
+                }
+                engine.add(step as u64, Request { prompt: prompt.clone(), options: o }).unwrap();
+            }
+            if step == 6 {
+                assert!(engine.cancel(4), "request 4 is waiting or running");
+            }
+            if engine.is_idle() {
+                break;
+            }
+            for (id, event) in engine.step() {
+                let e = event.unwrap();
+                let i = id as usize;
+                assert!(finished[i].is_none(), "{name}: request {i} went on after it finished");
+                got[i].push(e.token);
+                text[i].push_str(&e.text);
+                finished[i] = e.finish;
+            }
+            step += 1;
+            assert!(step < 100, "{name}: the engine did not finish");
+        }
+        for i in [0, 1, 3] {
+            assert_eq!(got[i], alone[i], "{name}: request {i} differs from decoding it alone");
+            assert_eq!(text[i], tok.decode(&alone[i]).unwrap(), "{name}: request {i}'s text");
+            assert_eq!(finished[i], Some(nuvec_lm::FinishReason::Length));
+        }
+        assert_eq!(got[2], alone[2][..3].to_vec(), "{name}: the stop string ends request 2 at its token");
+        assert_eq!(text[2], tok.decode(&alone[2][..2]).unwrap() + " ", "{name}: text up to the stop string");
+        assert_eq!(finished[2], Some(nuvec_lm::FinishReason::Stop));
+        assert!(finished[4].is_none() && got[4].len() < alone[4].len(), "{name}: the cancelled request stopped");
+    }
+    let m = model("llama");
+    let mut engine = Engine::new(m.as_ref(), None, &[], 2);
+    let empty = engine.add(1, Request { prompt: vec![], options: GenerateOptions::default() });
+    assert!(empty.unwrap_err().to_string().contains("no tokens"));
+    let long = engine.add(2, Request { prompt: vec![1; 1000], options: GenerateOptions::default() });
+    assert!(long.unwrap_err().to_string().contains("context"));
+    assert!(engine.is_idle());
+}

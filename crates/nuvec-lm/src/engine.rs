@@ -1,0 +1,279 @@
+//! Continuous batching, as servers run a model: requests join a running batch after their
+//! prompt is prefilled and leave it when they end, and every step decodes one token of each
+//! request in the batch together (each at its own position, with its own sampler, stop
+//! strings and limits).
+//!
+//! ```no_run
+//! use nuvec_lm::engine::{Engine, Request};
+//! use nuvec_lm::{GenerateOptions, load};
+//! let m = load(std::path::Path::new("SmolLM2-135M-Instruct.Q4_1.gguf"), &Default::default())?;
+//! let mut engine = Engine::new(m.model.as_ref(), Some(&m.tokenizer), &m.eos, 8);
+//! for (id, text) in ["The capital of France is", "Two plus two is"].iter().enumerate() {
+//!     let prompt = m.tokenizer.encode(text, true)?;
+//!     engine.add(id as u64, Request { prompt, options: GenerateOptions { max_tokens: 16, ..Default::default() } })?;
+//! }
+//! while !engine.is_idle() {
+//!     for (id, event) in engine.step() {
+//!         print!("[{id}] {}", event?.text);
+//!     }
+//! }
+//! # Ok::<(), nuvec_lm::Error>(())
+//! ```
+
+use std::collections::VecDeque;
+
+use nuvec::Array;
+
+use crate::cache::KvCache;
+use crate::generate::{GenerateOptions, Generated, TextStream, chosen, last_logits, run_chunks, tokens};
+use crate::graph::DecodeGraph;
+use crate::models::LanguageModel;
+use crate::sample::{Sampled, Sampler};
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// A request: its prompt's tokens and how to generate (`max_tokens`, the sampler, stop
+/// strings, the prefill chunk).
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The prompt's token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// How to generate.
+    pub options: GenerateOptions,
+}
+
+/// A request in the running batch.
+struct Sequence<'a> {
+    id: u64,
+    prompt: Vec<u32>,
+    options: GenerateOptions,
+    sampler: Sampler,
+    text: TextStream<'a>,
+    generated: Vec<u32>,
+    /// Positions its rows of the batch's caches hold.
+    length: i32,
+}
+
+/// A continuous batch over one model (see the module docs). Requests are taken in the order
+/// they were added, at most `max_batch` running at once.
+pub struct Engine<'a> {
+    model: &'a dyn LanguageModel,
+    tokenizer: Option<&'a Tokenizer>,
+    eos: Vec<u32>,
+    max_batch: usize,
+    waiting: VecDeque<(u64, Request)>,
+    running: Vec<Sequence<'a>>,
+    /// The running sequences' caches, one row each in `running`'s order.
+    caches: Vec<KvCache>,
+    graph: Option<DecodeGraph>,
+}
+
+impl<'a> Engine<'a> {
+    /// An engine with nothing to do, for `model` (and `tokenizer`, for the text and stop
+    /// strings), generation ending at any of `eos`.
+    pub fn new(model: &'a dyn LanguageModel, tokenizer: Option<&'a Tokenizer>, eos: &[u32], max_batch: usize) -> Self {
+        Engine {
+            model,
+            tokenizer,
+            eos: eos.to_vec(),
+            max_batch: max_batch.max(1),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            caches: Vec::new(),
+            graph: None,
+        }
+    }
+
+    /// Queues request `id`; an error says why it cannot run (no tokens, longer than the
+    /// model's context, a sampler option out of range, a model that needs host positions).
+    pub fn add(&mut self, id: u64, request: Request) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(format!("request {id}: {m}")));
+        if request.prompt.is_empty() {
+            return bad("the prompt has no tokens".into());
+        }
+        if let Some(context) = self.model.config().max_position_embeddings
+            && request.prompt.len() > context as usize
+        {
+            return bad(format!(
+                "the prompt has {} tokens, more than the model's context of {context}",
+                request.prompt.len()
+            ));
+        }
+        if !self.model.device_positions() {
+            return bad("the model's RoPE scaling needs host positions (dynamic): it cannot be batched".into());
+        }
+        request.options.sampler.validate()?;
+        self.waiting.push_back((id, request));
+        Ok(())
+    }
+
+    /// Drops request `id`, waiting or running (a client that went away); whether it was there.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        if let Some(i) = self.waiting.iter().position(|(w, _)| *w == id) {
+            self.waiting.remove(i);
+            return true;
+        }
+        match self.running.iter().position(|s| s.id == id) {
+            Some(i) => {
+                self.leave(&[i]);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether no request is waiting or running.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Requests running and waiting.
+    pub fn load(&self) -> (usize, usize) {
+        (self.running.len(), self.waiting.len())
+    }
+
+    /// One step: waiting requests join while there is room (their prompts prefilled, their
+    /// first tokens chosen), then the batch decodes one token of every other running request.
+    /// Each event is a request's next token or the error that ended it; a request's last
+    /// token has `finish` set, and it has left the batch.
+    pub fn step(&mut self) -> Vec<(u64, Result<Generated>)> {
+        let mut events = Vec::new();
+        // Decode the batch as it stood, then let new requests in (their first token is their
+        // prefill's).
+        if !self.running.is_empty() {
+            match self.decode() {
+                Ok(tokens) => self.hand_out(tokens, &mut events),
+                Err(e) => {
+                    // The batch's state is unknown: every running request ends with the error.
+                    let message = e.to_string();
+                    for s in self.running.drain(..) {
+                        events.push((s.id, Err(Error::Config(message.clone()))));
+                    }
+                    self.caches.clear();
+                    self.graph = None;
+                }
+            }
+        }
+        while self.running.len() < self.max_batch {
+            let Some((id, request)) = self.waiting.pop_front() else { break };
+            match self.join(id, request) {
+                Ok(Some(event)) => events.push((id, Ok(event))),
+                Ok(None) => {}
+                Err(e) => events.push((id, Err(e))),
+            }
+        }
+        events
+    }
+
+    /// Prefills request `id` on caches of its own and chooses its first token; unless that
+    /// token ends it, its caches become the batch's last row. The first token's event.
+    fn join(&mut self, id: u64, request: Request) -> Result<Option<Generated>> {
+        let Request { prompt, options } = request;
+        // Contiguous in place of rotating caches: sliding-window layers apply their window in
+        // attention, and a batch's rows need caches that keep every position.
+        let mut caches: Vec<KvCache> = self
+            .model
+            .new_cache()
+            .into_iter()
+            .map(|c| if c.window().is_some() || c.quantization().is_some() { KvCache::new() } else { c })
+            .collect();
+        let (head, last) = prompt.split_at(prompt.len() - 1);
+        run_chunks(self.model, &mut caches, head, options.prefill_step)?;
+        let logits = last_logits(&self.model.forward(&tokens(last), &mut caches));
+        let mut sequence = Sequence {
+            id,
+            sampler: Sampler::new(options.sampler.clone()),
+            text: TextStream::new(self.tokenizer, &options.stop),
+            generated: Vec::new(),
+            length: prompt.len() as i32,
+            prompt,
+            options,
+        };
+        let sampled = choose(&mut sequence, &logits);
+        let event = emit(&mut sequence, &sampled, &self.eos)?;
+        if event.finish.is_some() {
+            return Ok(Some(event));
+        }
+        self.caches = match self.caches.is_empty() {
+            true => caches,
+            false => self.caches.iter().zip(&caches).map(|(b, c)| KvCache::stack(&[b.clone(), c.clone()])).collect(),
+        };
+        self.running.push(sequence);
+        self.graph = None;
+        Ok(Some(event))
+    }
+
+    /// One token of every running request, chosen (in `running`'s order).
+    fn decode(&mut self) -> Result<Vec<Sampled>> {
+        let b = self.running.len() as i32;
+        let ids: Vec<i32> = self.running.iter().map(|s| *s.generated.last().unwrap_or(&0) as i32).collect();
+        let starts: Vec<i32> = self.running.iter().map(|s| s.length).collect();
+        if self.graph.is_none() {
+            self.graph = Some(DecodeGraph::new(b)?);
+        }
+        let graph = self.graph.as_mut().expect("made above");
+        let logits =
+            last_logits(&graph.step_rows(self.model, &mut self.caches, &Array::from_slice(&ids, [b, 1]), &starts)?);
+        let mut sampled = Vec::with_capacity(self.running.len());
+        for (r, s) in self.running.iter_mut().enumerate() {
+            s.length += 1;
+            let row = logits.slice(&[r as i32, 0], &[r as i32 + 1, logits.shape()[1]], &[1, 1]);
+            sampled.push(choose(s, &row));
+        }
+        let lazy: Vec<Array> = sampled.iter().flat_map(|s| [s.tokens.clone(), s.logprobs.clone()]).collect();
+        nuvec::eval(&lazy)?;
+        Ok(sampled)
+    }
+
+    /// Each running request's event from its sampled token; those that ended leave.
+    fn hand_out(&mut self, sampled: Vec<Sampled>, events: &mut Vec<(u64, Result<Generated>)>) {
+        let mut ended = Vec::new();
+        for (i, (s, t)) in self.running.iter_mut().zip(&sampled).enumerate() {
+            let event = emit(s, t, &self.eos);
+            if event.as_ref().map_or(true, |e| e.finish.is_some()) {
+                ended.push(i);
+            }
+            events.push((s.id, event));
+        }
+        self.leave(&ended);
+    }
+
+    /// Running requests `ended` (indices) leave the batch, and their rows the caches.
+    fn leave(&mut self, ended: &[usize]) {
+        if ended.is_empty() {
+            return;
+        }
+        let keep: Vec<usize> = (0..self.running.len()).filter(|i| !ended.contains(i)).collect();
+        let longest = keep.iter().map(|&i| self.running[i].length).max().unwrap_or(0);
+        let rows: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+        self.caches = match keep.is_empty() {
+            true => Vec::new(),
+            false => self.caches.iter().map(|c| c.select(&rows, longest)).collect(),
+        };
+        let mut i = 0;
+        self.running.retain(|_| {
+            i += 1;
+            !ended.contains(&(i - 1))
+        });
+        self.graph = None;
+    }
+}
+
+/// The next token of `s` from `logits [1, V]` (its own sampler and history).
+fn choose(s: &mut Sequence, logits: &Array) -> Sampled {
+    let history: Vec<u32> = match s.options.sampler.needs_history() {
+        true => s.prompt.iter().chain(&s.generated).copied().collect(),
+        false => Vec::new(),
+    };
+    s.sampler.sample(logits, &[&history])
+}
+
+/// The event of `s`'s sampled token, which joins its tokens.
+fn emit(s: &mut Sequence, sampled: &Sampled, eos: &[u32]) -> Result<Generated> {
+    let token = sampled.tokens.reshape([-1]).to_vec::<i32>()?.first().copied().unwrap_or(0) as u32;
+    let (logprob, top_logprobs) = chosen(&sampled.logprobs, token, s.options.sampler.top_logprobs)?;
+    s.generated.push(token);
+    let at_max = s.generated.len() >= s.options.max_tokens;
+    let (text, finish) = s.text.push(token, eos.contains(&token), at_max)?;
+    Ok(Generated { token, text, logprob, top_logprobs, finish })
+}
