@@ -10,9 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use nuvec::DType;
 use nuvec_lm::generate::Draft;
-use nuvec_lm::{
-    ChatTemplate, GenerateOptions, LoadOptions, Loaded, PromptCache, SamplerOptions, Stats, fetch, generate, load,
-};
+use nuvec_lm::{GenerateOptions, LoadOptions, Loaded, PromptCache, SamplerOptions, Stats, fetch, generate, load};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -32,6 +30,38 @@ enum Command {
     Bench(BenchArgs),
     /// Save a model (quantized with --quantize) as a folder in MLX's layout.
     Convert(ConvertArgs),
+    /// Serve the model over HTTP with OpenAI's API (chat and text completions, streamed).
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    load: LoadArgs,
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// The port to listen on.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The model's id in requests and /v1/models (default: its file or folder name).
+    #[arg(long)]
+    model_id: Option<String>,
+    /// Requests decoding together at most.
+    #[arg(long, default_value_t = 16)]
+    max_batch: usize,
+    /// Requests waiting at most (more are answered 429).
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Tokens generated when a request does not say.
+    #[arg(long, default_value_t = 512)]
+    max_tokens: usize,
+    /// The sampling temperature when a request does not say.
+    #[arg(long = "temp", default_value_t = 0.0)]
+    temperature: f32,
+    /// Requests must carry "Authorization: Bearer KEY" (also from NUVEC_API_KEY).
+    #[arg(long, env = "NUVEC_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 #[derive(Args)]
@@ -44,7 +74,7 @@ struct ConvertArgs {
 }
 
 #[derive(Args, Clone)]
-struct ModelArgs {
+struct LoadArgs {
     /// A GGUF file or a Hugging Face folder (default: SmolLM2-135M-Instruct, fetched once).
     #[arg(long)]
     model: Option<PathBuf>,
@@ -54,6 +84,12 @@ struct ModelArgs {
     /// Quantize float weights on load: BITS,GROUP (MLX's affine mode), e.g. 4,64.
     #[arg(long)]
     quantize: Option<String>,
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    #[command(flatten)]
+    load: LoadArgs,
     /// Tokens to generate at most.
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
@@ -157,6 +193,7 @@ fn main() -> ExitCode {
         Command::Chat(a) => run_chat(a),
         Command::Bench(a) => run_bench(a),
         Command::Convert(a) => run_convert(a),
+        Command::Serve(a) => run_serve(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -169,7 +206,7 @@ fn main() -> ExitCode {
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn load_model(a: &ModelArgs) -> Res<Loaded> {
+fn load_model(a: &LoadArgs) -> Res<Loaded> {
     let path = match &a.model {
         Some(p) => p.clone(),
         None => fetch::default_model(&mut |msg| eprintln!("nuvec: {msg}"))?,
@@ -190,7 +227,7 @@ fn load_model(a: &ModelArgs) -> Res<Loaded> {
     Ok(loaded?)
 }
 
-fn parse_dtype(a: &ModelArgs) -> Res<Option<DType>> {
+fn parse_dtype(a: &LoadArgs) -> Res<Option<DType>> {
     Ok(match a.dtype.as_deref() {
         None => None,
         Some("float32" | "f32") => Some(DType::F32),
@@ -201,7 +238,7 @@ fn parse_dtype(a: &ModelArgs) -> Res<Option<DType>> {
 }
 
 /// `--quantize BITS,GROUP` as `(group, bits)`.
-fn parse_quantize(a: &ModelArgs) -> Res<Option<(i32, i32)>> {
+fn parse_quantize(a: &LoadArgs) -> Res<Option<(i32, i32)>> {
     let Some(s) = a.quantize.as_deref() else { return Ok(None) };
     let parts: Vec<Option<i32>> = s.split(',').map(|x| x.trim().parse::<i32>().ok()).collect();
     match parts.as_slice() {
@@ -226,25 +263,14 @@ fn sampler(a: &ModelArgs) -> SamplerOptions {
     }
 }
 
-/// The prompt text of `messages`: the chat template's rendering, or the last message as is
-/// when the model has none.
+/// The prompt text of `messages` ([`nuvec_lm::Tokenizer::chat_prompt`]).
 fn render(m: &Loaded, messages: &[Value]) -> Res<String> {
-    let t = &m.tokenizer;
-    match &t.chat_template {
-        Some(source) => {
-            let bos = t.bos.as_ref().map(|b| b.1.clone()).unwrap_or_default();
-            let eos = t.eos.first().and_then(|&e| t.inner().id_to_token(e)).unwrap_or_default();
-            let template = ChatTemplate::new(source.clone(), bos, eos);
-            Ok(template.render(&Value::from(messages.to_vec()), None, true, None)?)
-        }
-        None => Ok(messages.last().and_then(|m| m["content"].as_str()).unwrap_or("").to_string()),
-    }
+    Ok(m.tokenizer.chat_prompt(&Value::from(messages.to_vec()), None)?)
 }
 
-/// Token ids of a rendered prompt: a BOS is added unless the template already wrote it.
+/// Token ids of a rendered prompt ([`nuvec_lm::Tokenizer::encode_prompt`]).
 fn encode(m: &Loaded, text: &str) -> Res<Vec<u32>> {
-    let has_bos = m.tokenizer.bos.as_ref().is_some_and(|(_, b)| text.starts_with(b.as_str()));
-    Ok(m.tokenizer.encode(text, !has_bos)?)
+    Ok(m.tokenizer.encode_prompt(text)?)
 }
 
 fn new_cache(m: &Loaded, a: &ModelArgs) -> PromptCache {
@@ -268,7 +294,7 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
     if let (n @ 2.., Some((flag, _))) = (a.prompt.len(), unsupported.iter().find(|(_, given)| *given)) {
         return Err(format!("{flag} works with one --prompt, not with a batch of {n}").into());
     }
-    let m = load_model(&a.model)?;
+    let m = load_model(&a.model.load)?;
     let mut ids = Vec::new();
     for prompt in &a.prompt {
         let prompt = if prompt == "-" {
@@ -317,7 +343,7 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
     let ids = ids.remove(0);
     let mut cache = new_cache(&m, &a.model);
     let draft_model = match &a.draft_model {
-        Some(p) => Some(nuvec_lm::load_model(p, &LoadOptions { dtype: parse_dtype(&a.model)?, quantize: None })?),
+        Some(p) => Some(nuvec_lm::load_model(p, &LoadOptions { dtype: parse_dtype(&a.model.load)?, quantize: None })?),
         None => None,
     };
     let draft = match (&draft_model, a.prompt_lookup) {
@@ -360,14 +386,14 @@ fn print_stats(s: &Stats) {
 }
 
 fn run_convert(a: ConvertArgs) -> Res<()> {
-    let mut m = load_model(&a.model)?;
+    let mut m = load_model(&a.model.load)?;
     nuvec_lm::save(m.model.as_mut(), &m.tokenizer, &a.out)?;
     eprintln!("nuvec: wrote {}", a.out.display());
     Ok(())
 }
 
 fn run_chat(a: ModelArgs) -> Res<()> {
-    let m = load_model(&a)?;
+    let m = load_model(&a.load)?;
     let mut messages: Vec<Value> = Vec::new();
     if let Some(s) = &a.system {
         messages.push(json!({"role": "system", "content": s}));
@@ -421,14 +447,14 @@ fn run_bench(a: BenchArgs) -> Res<()> {
     }
     let (model, name) = match &a.random {
         Some(config) => {
-            let options = LoadOptions { dtype: parse_dtype(&a.model)?, quantize: parse_quantize(&a.model)? };
+            let options = LoadOptions { dtype: parse_dtype(&a.model.load)?, quantize: parse_quantize(&a.model.load)? };
             let m = nuvec_lm::random_model(config, &options, 0)?;
             let params: Vec<nuvec::Array> = m.parameters().into_values().collect();
             nuvec::eval(&params)?;
             (m, format!("random weights, {}", display_name(config)))
         }
         None => {
-            let l = load_model(&a.model)?;
+            let l = load_model(&a.model.load)?;
             let name = display_name(&l.path);
             (l.model, name)
         }
@@ -440,7 +466,7 @@ fn run_bench(a: BenchArgs) -> Res<()> {
     // A fixed token sequence, the same for every model.
     let ids =
         |n: usize| -> Vec<u32> { (0..n as u64).map(|i| ((i * 2_654_435_761 + 7) % vocab as u64) as u32).collect() };
-    println!("device {device}, model {name}, quantize {:?}", a.model.quantize);
+    println!("device {device}, model {name}, quantize {:?}", a.model.load.quantize);
     let mut prefill = Vec::new();
     println!("{:>8} {:>14} {:>10}", "prompt", "prefill tok/s", "TTFT ms");
     for &n in &a.prompt_tokens {
@@ -473,7 +499,7 @@ fn run_bench(a: BenchArgs) -> Res<()> {
     let peak = nuvec_lm::generate::peak_memory();
     println!("peak memory {:.3} GB", peak as f64 / 1e9);
     if let Some(path) = &a.json {
-        let doc = json!({"device": device, "model": name, "quantize": a.model.quantize, "prefill": prefill,
+        let doc = json!({"device": device, "model": name, "quantize": a.model.load.quantize, "prefill": prefill,
                          "decode": decode, "peak_memory_bytes": peak});
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
     }
@@ -527,4 +553,22 @@ fn decode_seconds(
     }
     next.astype(DType::I32).to_vec::<i32>()?;
     Ok(start.elapsed().as_secs_f64())
+}
+
+fn run_serve(a: ServeArgs) -> Res<()> {
+    let m = load_model(&a.load)?;
+    let options = nuvec_serve::ServeOptions {
+        host: a.host,
+        port: a.port,
+        model_id: a.model_id,
+        max_batch: a.max_batch,
+        max_queue: a.max_queue,
+        default_max_tokens: a.max_tokens,
+        default_temperature: a.temperature,
+        api_key: a.api_key,
+        ..Default::default()
+    };
+    let server = nuvec_serve::Server::start(m, options)?;
+    eprintln!("nuvec: serving on http://{} (OpenAI API under /v1; Ctrl-C stops)", server.addr());
+    Ok(server.wait()?)
 }

@@ -190,6 +190,30 @@ impl Tokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+
+    /// The prompt text of `messages` (a JSON list of `{"role", "content", ..}`) and `tools`:
+    /// the chat template's rendering, ending with the assistant's header, or the last
+    /// message's content as is when the model has no template.
+    pub fn chat_prompt(&self, messages: &Value, tools: Option<&Value>) -> Result<String> {
+        match &self.chat_template {
+            Some(source) => {
+                let bos = self.bos.as_ref().map(|b| b.1.clone()).unwrap_or_default();
+                let eos = self.eos.first().and_then(|&e| self.inner.id_to_token(e)).unwrap_or_default();
+                crate::ChatTemplate::new(source.clone(), bos, eos).render(messages, tools, true, None)
+            }
+            None => {
+                let last = messages.as_array().and_then(|m| m.last());
+                Ok(last.and_then(|m| m["content"].as_str()).unwrap_or("").to_string())
+            }
+        }
+    }
+
+    /// The ids of a prompt's text: a BOS is added unless the text (a rendered template)
+    /// already starts with it.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let has_bos = self.bos.as_ref().is_some_and(|(_, b)| text.starts_with(b.as_str()));
+        self.encode(text, !has_bos)
+    }
 }
 
 /// A token id stored in GGUF metadata.

@@ -1,0 +1,472 @@
+//! `nuvec serve`: an OpenAI-compatible HTTP server for a nuvec-lm model, as `mlx_lm.server`,
+//! vLLM and llama.cpp's server are.
+//!
+//! - `POST /v1/chat/completions` and `POST /v1/completions`, streamed as server-sent events
+//!   (ending in `data: [DONE]`, with `stream_options.include_usage`) or whole; `max_tokens`
+//!   / `max_completion_tokens`, `stop`, `temperature`, `top_p`, `top_k`, `min_p`, the
+//!   penalties, `logit_bias`, `seed`, `n`, `logprobs` / `top_logprobs` in OpenAI's shapes. A
+//!   parameter the server does not support is a 400 naming it.
+//! - `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
+//! - Requests run as one continuous batch on a thread of the model's own
+//!   ([`nuvec_lm::engine::Engine`]): each joins the running batch once its prompt is
+//!   prefilled and leaves when it ends or its client goes away.
+//! - `--api-key` is checked in constant time; a full queue is a 429, a body over the limit a
+//!   413; shutdown (Ctrl-C) lets running requests finish.
+//!
+//! ```no_run
+//! let loaded = nuvec_lm::load(std::path::Path::new("model.gguf"), &Default::default())?;
+//! let server = nuvec_serve::Server::start(loaded, nuvec_serve::ServeOptions::default())?;
+//! println!("serving on http://{}", server.addr());
+//! server.wait()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod openai;
+mod worker;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use nuvec_lm::engine::Request;
+use nuvec_lm::generate::Generated;
+use nuvec_lm::{Loaded, Tokenizer};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+pub use openai::{ApiError, Endpoint, Limits, Parsed, parse};
+use worker::{Event, Job, Worker};
+
+/// How to serve.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// The address to listen on.
+    pub host: String,
+    /// The port (0: any free one).
+    pub port: u16,
+    /// The model's id in requests and `/v1/models` (by default its file or folder name).
+    pub model_id: Option<String>,
+    /// Requests decoding together at most.
+    pub max_batch: usize,
+    /// Requests waiting at most; more are answered 429.
+    pub max_queue: usize,
+    /// Choices one request may ask for at most (`n`).
+    pub max_n: usize,
+    /// Tokens generated when a request does not say.
+    pub default_max_tokens: usize,
+    /// The sampling temperature when a request does not say.
+    pub default_temperature: f32,
+    /// Request bodies larger than this many bytes are answered 413.
+    pub max_body: usize,
+    /// Requests must carry `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            model_id: None,
+            max_batch: 16,
+            max_queue: 256,
+            max_n: 16,
+            default_max_tokens: 512,
+            default_temperature: 0.0,
+            max_body: 4 << 20,
+            api_key: None,
+        }
+    }
+}
+
+struct App {
+    worker: Worker,
+    tokenizer: Arc<Tokenizer>,
+    limits: Limits,
+    api_key: Option<String>,
+    max_queue: usize,
+    created: u64,
+    ids: AtomicU64,
+}
+
+/// A running server (see the crate docs).
+pub struct Server {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Server {
+    /// Loads nothing: serves `loaded` on `options.host:options.port` from threads of its own
+    /// (the HTTP runtime, and the engine thread that owns the model), and returns once it
+    /// listens.
+    pub fn start(loaded: Loaded, options: ServeOptions) -> std::io::Result<Server> {
+        let listener = std::net::TcpListener::bind((options.host.as_str(), options.port))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let app = app(loaded, &options)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new().name("nuvec-serve".into()).spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                let shutdown = async move {
+                    tokio::select! {
+                        _ = stopped => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                };
+                axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+            })
+        })?;
+        Ok(Server { addr, stop: Some(stop), thread: Some(thread) })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Blocks until the server stops (Ctrl-C, or [`Server::stop`] elsewhere).
+    pub fn wait(mut self) -> std::io::Result<()> {
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(std::io::Error::other("the server thread panicked")),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops taking connections, lets running requests finish, and waits for that.
+    pub fn stop(mut self) -> std::io::Result<()> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.wait()
+    }
+}
+
+/// The router over `loaded`.
+fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
+    let Loaded { model, tokenizer, eos, path } = loaded;
+    let id = options
+        .model_id
+        .clone()
+        .unwrap_or_else(|| path.file_name().map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned()));
+    let limits = Limits {
+        model_names: vec![id, path.display().to_string()],
+        default_max_tokens: options.default_max_tokens,
+        max_prompt: model.config().max_position_embeddings.map(|c| c as usize),
+        max_n: options.max_n,
+        default_temperature: options.default_temperature,
+    };
+    let tokenizer = Arc::new(tokenizer);
+    let worker = Worker::spawn(model, tokenizer.clone(), eos, options.max_batch)?;
+    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let state = Arc::new(App {
+        worker,
+        tokenizer,
+        limits,
+        api_key: options.api_key.clone(),
+        max_queue: options.max_queue,
+        created,
+        ids: AtomicU64::new(0),
+    });
+    Ok(Router::new()
+        .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route(
+            "/v1/chat/completions",
+            post(|s: State<Arc<App>>, h: HeaderMap, b: Bytes| complete(s, h, b, Endpoint::Chat)),
+        )
+        .route(
+            "/v1/completions",
+            post(|s: State<Arc<App>>, h: HeaderMap, b: Bytes| complete(s, h, b, Endpoint::Completion)),
+        )
+        .fallback(|| async {
+            error(&ApiError {
+                status: 404,
+                kind: "invalid_request_error",
+                message: "no such route".into(),
+                param: None,
+                code: None,
+            })
+        })
+        .layer(DefaultBodyLimit::max(options.max_body))
+        .with_state(state))
+}
+
+fn error(e: &ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, axum::Json(e.body())).into_response()
+}
+
+fn server_error(message: impl Into<String>) -> ApiError {
+    ApiError { status: 500, kind: "server_error", message: message.into(), param: None, code: None }
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    let id = &app.limits.model_names[0];
+    axum::Json(
+        json!({"object": "list", "data": [{"id": id, "object": "model", "created": app.created, "owned_by": "nuvec"}]}),
+    )
+    .into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let m = &app.worker.metrics;
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut text = String::new();
+    for (name, kind, help, value) in [
+        ("nuvec_requests_total", "counter", "Requests accepted.", get(&m.requests)),
+        ("nuvec_requests_failed_total", "counter", "Requests that ended in an error.", get(&m.failed)),
+        ("nuvec_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", get(&m.prompt_tokens)),
+        ("nuvec_generation_tokens_total", "counter", "Tokens generated.", get(&m.generated_tokens)),
+        ("nuvec_requests_running", "gauge", "Requests in the decoding batch.", get(&m.running)),
+        ("nuvec_requests_waiting", "gauge", "Requests waiting to join the batch.", get(&m.waiting)),
+        (
+            "nuvec_time_to_first_token_microseconds_sum",
+            "counter",
+            "Time to first token, summed.",
+            get(&m.first_token_us),
+        ),
+        ("nuvec_time_to_first_token_microseconds_count", "counter", "First tokens timed.", get(&m.first_tokens)),
+    ] {
+        text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// Whether `headers` carry the API key, compared in constant time.
+fn authorized(app: &App, headers: &HeaderMap) -> bool {
+    let Some(key) = &app.api_key else { return true };
+    let given =
+        headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let Some(given) = given else { return false };
+    let (a, b) = (given.as_bytes(), key.as_bytes());
+    let diff = a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y));
+    diff == 0 && a.len() == b.len()
+}
+
+async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, endpoint: Endpoint) -> Response {
+    let arrived = Instant::now();
+    if !authorized(&app, &headers) {
+        return error(&ApiError {
+            status: 401,
+            kind: "invalid_request_error",
+            message: "a valid API key is needed (Authorization: Bearer <key>)".into(),
+            param: None,
+            code: Some("invalid_api_key"),
+        });
+    }
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error(&ApiError::invalid("body", format!("the body is not valid JSON: {e}"))),
+    };
+    let parsed = match parse(&body, endpoint, &app.tokenizer, &app.limits) {
+        Ok(p) => p,
+        Err(e) => return error(&e),
+    };
+    let metrics = &app.worker.metrics;
+    if metrics.waiting.load(Ordering::Relaxed) as usize + parsed.n > app.max_queue {
+        return error(&ApiError {
+            status: 429,
+            kind: "rate_limit_error",
+            message: format!("the server's queue is full ({} requests): try again later", app.max_queue),
+            param: None,
+            code: None,
+        });
+    }
+    let mut receivers = Vec::with_capacity(parsed.n);
+    for i in 0..parsed.n {
+        let mut options = parsed.options.clone();
+        options.sampler.seed = options.sampler.seed.map(|s| s.wrapping_add(i as u64));
+        let (tx, rx) = mpsc::unbounded_channel();
+        if !app.worker.submit(Job { request: Request { prompt: parsed.prompt.clone(), options }, events: tx }) {
+            return error(&server_error("the engine has stopped"));
+        }
+        receivers.push(rx);
+    }
+    metrics.requests.fetch_add(1, Ordering::Relaxed);
+    metrics.prompt_tokens.fetch_add(parsed.prompt.len() as u64, Ordering::Relaxed);
+    let id = format!(
+        "{}-{:x}{:04x}",
+        if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" },
+        app.created,
+        app.ids.fetch_add(1, Ordering::Relaxed)
+    );
+    let reply = Reply {
+        app: app.clone(),
+        id,
+        endpoint,
+        prompt_tokens: parsed.prompt.len(),
+        logprobs: parsed.logprobs,
+        arrived,
+    };
+    if parsed.stream { reply.stream(receivers, parsed.include_usage) } else { reply.whole(receivers).await }
+}
+
+/// What the answer to one request needs.
+struct Reply {
+    app: Arc<App>,
+    id: String,
+    endpoint: Endpoint,
+    prompt_tokens: usize,
+    logprobs: Option<usize>,
+    arrived: Instant,
+}
+
+impl Reply {
+    fn created(&self) -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    }
+
+    fn model(&self) -> &str {
+        &self.app.limits.model_names[0]
+    }
+
+    fn first_token(&self) {
+        let m = &self.app.worker.metrics;
+        m.first_token_us.fetch_add(self.arrived.elapsed().as_micros() as u64, Ordering::Relaxed);
+        m.first_tokens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn usage(&self, completion: usize) -> Value {
+        json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion, "total_tokens": self.prompt_tokens + completion})
+    }
+
+    /// Waits for every choice and answers with the whole completion.
+    async fn whole(self, receivers: Vec<mpsc::UnboundedReceiver<Event>>) -> Response {
+        let mut choices = Vec::with_capacity(receivers.len());
+        let mut completion = 0;
+        for (index, mut rx) in receivers.into_iter().enumerate() {
+            let mut tokens: Vec<Generated> = Vec::new();
+            let finish = loop {
+                match rx.recv().await {
+                    Some(Ok(g)) => {
+                        if tokens.is_empty() && index == 0 {
+                            self.first_token();
+                        }
+                        let finish = g.finish;
+                        tokens.push(g);
+                        if let Some(f) = finish {
+                            break f;
+                        }
+                    }
+                    Some(Err(e)) => return error(&server_error(e)),
+                    None => return error(&server_error("the engine stopped during the request")),
+                }
+            };
+            completion += tokens.len();
+            let text: String = tokens.iter().map(|g| g.text.as_str()).collect();
+            let t = &self.app.tokenizer;
+            choices.push(match self.endpoint {
+                Endpoint::Chat => json!({
+                    "index": index,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": self.logprobs.map(|_| json!({"content": tokens.iter().map(|g| openai::chat_logprob(t, g)).collect::<Vec<_>>()})),
+                    "finish_reason": openai::finish_name(finish),
+                }),
+                Endpoint::Completion => json!({
+                    "index": index,
+                    "text": text,
+                    "logprobs": self.logprobs.map(|_| openai::completion_logprobs(t, &tokens, 0)),
+                    "finish_reason": openai::finish_name(finish),
+                }),
+            });
+        }
+        let object = if self.endpoint == Endpoint::Chat { "chat.completion" } else { "text_completion" };
+        axum::Json(json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created(),
+            "model": self.model(),
+            "choices": choices,
+            "usage": self.usage(completion),
+        }))
+        .into_response()
+    }
+
+    /// Answers with server-sent events: a chunk per token of each choice, the usage when
+    /// asked, then `[DONE]`.
+    fn stream(self, receivers: Vec<mpsc::UnboundedReceiver<Event>>, include_usage: bool) -> Response {
+        let (out, events) = mpsc::unbounded_channel::<String>();
+        let n = receivers.len();
+        let merged = futures_util::stream::select_all(receivers.into_iter().enumerate().map(|(i, rx)| {
+            futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })
+                .map(move |e| (i, e))
+                .boxed()
+        }));
+        tokio::spawn(async move {
+            let mut merged = merged;
+            let (mut started, mut finished, mut completion) = (vec![false; n], 0, 0);
+            let created = self.created();
+            let object = if self.endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
+            let chunk = |choices: Value, usage: Option<Value>| {
+                let mut c = json!({"id": self.id, "object": object, "created": created, "model": self.model(), "choices": choices});
+                if let Some(u) = usage {
+                    c["usage"] = u;
+                }
+                c.to_string()
+            };
+            while let Some((i, event)) = merged.next().await {
+                let g = match event {
+                    Ok(g) => g,
+                    Err(e) => {
+                        let _ = out.send(json!({"error": {"message": e, "type": "server_error"}}).to_string());
+                        return;
+                    }
+                };
+                completion += 1;
+                let t = &self.app.tokenizer;
+                let finish = g.finish.map(openai::finish_name);
+                let choice = match self.endpoint {
+                    Endpoint::Chat => {
+                        let mut delta = json!({"content": g.text});
+                        if !started[i] {
+                            delta["role"] = "assistant".into();
+                        }
+                        let lp = self.logprobs.map(|_| json!({"content": [openai::chat_logprob(t, &g)]}));
+                        json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish})
+                    }
+                    Endpoint::Completion => {
+                        let lp = self.logprobs.map(|_| openai::completion_logprobs(t, std::slice::from_ref(&g), 0));
+                        json!({"index": i, "text": g.text, "logprobs": lp, "finish_reason": finish})
+                    }
+                };
+                if !started.iter().any(|&s| s) {
+                    self.first_token();
+                }
+                started[i] = true;
+                if out.send(chunk(json!([choice]), None)).is_err() {
+                    // The client went away: dropping the receivers cancels its requests.
+                    return;
+                }
+                if g.finish.is_some() {
+                    finished += 1;
+                    if finished == n {
+                        break;
+                    }
+                }
+            }
+            if include_usage {
+                let _ = out.send(chunk(json!([]), Some(self.usage(completion))));
+            }
+            let _ = out.send("[DONE]".into());
+        });
+        let stream = futures_util::stream::unfold(events, |mut events| async move {
+            events.recv().await.map(|data| (Ok::<_, Infallible>(SseEvent::default().data(data)), events))
+        });
+        Sse::new(stream).into_response()
+    }
+}

@@ -1,0 +1,407 @@
+//! OpenAI's request and response shapes: a request body checked key by key (a key this server
+//! does not support is an error naming it, never ignored) into what the engine runs, and the
+//! JSON of completions, chunks, log-probabilities and errors.
+
+use serde_json::{Map, Value, json};
+
+use nuvec_lm::generate::{FinishReason, GenerateOptions, Generated};
+use nuvec_lm::{SamplerOptions, Tokenizer};
+
+/// An error answered to the client: HTTP status, OpenAI's `type`, the message and the
+/// parameter it is about.
+#[derive(Debug)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: u16,
+    /// OpenAI's error type (`invalid_request_error`, ...).
+    pub kind: &'static str,
+    /// What went wrong.
+    pub message: String,
+    /// The request parameter at fault.
+    pub param: Option<String>,
+    /// OpenAI's error code (`model_not_found`, ...).
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// A 400 about `param`.
+    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 400,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: Some(param.to_string()),
+            code: None,
+        }
+    }
+
+    /// OpenAI's error body.
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+/// Which endpoint a body is for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Completion,
+}
+
+/// A checked request: the prompt's ids and how to generate each of its `n` choices.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The prompt's token ids.
+    pub prompt: Vec<u32>,
+    /// How to generate (each choice's seed is the request's plus its index).
+    pub options: GenerateOptions,
+    /// Choices to generate.
+    pub n: usize,
+    /// Stream chunks as server-sent events.
+    pub stream: bool,
+    /// Stream a last chunk with the usage.
+    pub include_usage: bool,
+    /// Report log-probabilities (with this many alternatives).
+    pub logprobs: Option<usize>,
+}
+
+/// Server-wide limits and defaults a request is checked against.
+pub struct Limits {
+    /// The served model's names (its id; the path it was loaded from).
+    pub model_names: Vec<String>,
+    /// Tokens generated when the request does not say (mlx-lm's server: 512).
+    pub default_max_tokens: usize,
+    /// The longest prompt, in tokens (the model's context).
+    pub max_prompt: Option<usize>,
+    /// The most choices one request may ask for.
+    pub max_n: usize,
+    /// The sampling temperature when the request does not say (mlx-lm's server: 0).
+    pub default_temperature: f32,
+}
+
+const COMMON: [&str; 18] = [
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "repetition_context_size",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "user",
+];
+const CHAT_ONLY: [&str; 4] = ["messages", "max_completion_tokens", "top_logprobs", "metadata"];
+const COMPLETION_ONLY: [&str; 4] = ["prompt", "echo", "best_of", "suffix"];
+
+/// Checks `body` (a JSON object) for `endpoint` and makes its prompt with `tokenizer`.
+pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &Limits) -> Result<Parsed, ApiError> {
+    let Value::Object(o) = body else {
+        return Err(ApiError::invalid("body", "the request body must be a JSON object"));
+    };
+    let own: &[&str] = match endpoint {
+        Endpoint::Chat => &CHAT_ONLY,
+        Endpoint::Completion => &COMPLETION_ONLY,
+    };
+    if let Some(k) = o.keys().find(|k| !COMMON.contains(&k.as_str()) && !own.contains(&k.as_str())) {
+        let why = match k.as_str() {
+            "tools" | "tool_choice" | "functions" | "function_call" | "parallel_tool_calls" => {
+                "tool calls are not supported by this server yet"
+            }
+            "response_format" => "structured output (response_format) is not supported by this server yet",
+            _ => "this server does not support it",
+        };
+        return Err(ApiError::invalid(k, format!("unsupported parameter '{k}': {why}")));
+    }
+    if let Some(m) = o.get("model") {
+        let name = m.as_str().ok_or_else(|| ApiError::invalid("model", "'model' must be a string"))?;
+        if !limits.model_names.iter().any(|n| n == name) {
+            return Err(ApiError {
+                status: 404,
+                kind: "invalid_request_error",
+                message: format!("the model '{name}' does not exist (this server serves '{}')", limits.model_names[0]),
+                param: Some("model".into()),
+                code: Some("model_not_found"),
+            });
+        }
+    }
+    let prompt = match endpoint {
+        Endpoint::Chat => chat_prompt(o, tokenizer)?,
+        Endpoint::Completion => completion_prompt(o, tokenizer)?,
+    };
+    if let Some(max) = limits.max_prompt
+        && prompt.len() > max
+    {
+        return Err(ApiError::invalid(
+            if endpoint == Endpoint::Chat { "messages" } else { "prompt" },
+            format!("the prompt has {} tokens, more than the model's context of {max}", prompt.len()),
+        ));
+    }
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt has no tokens"));
+    }
+    for (key, only) in [("echo", Value::Bool(false)), ("best_of", Value::from(1)), ("suffix", Value::Null)] {
+        if let Some(v) = o.get(key)
+            && *v != only
+        {
+            return Err(ApiError::invalid(key, format!("'{key}' is not supported (only {only})")));
+        }
+    }
+
+    let max_tokens = match (o.get("max_completion_tokens"), o.get("max_tokens")) {
+        (Some(v), _) => count(v, "max_completion_tokens", 1)?,
+        (None, Some(v)) => count(v, "max_tokens", 1)?,
+        (None, None) => None,
+    }
+    .unwrap_or(limits.default_max_tokens);
+    let n = count_or(o, "n", 1, 1)?;
+    if n > limits.max_n {
+        return Err(ApiError::invalid("n", format!("'n' must be at most {}", limits.max_n)));
+    }
+    let stream = flag(o, "stream")?;
+    let include_usage = match o.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(so)) => {
+            if !stream {
+                return Err(ApiError::invalid("stream_options", "'stream_options' needs 'stream': true"));
+            }
+            if let Some(k) = so.keys().find(|k| *k != "include_usage") {
+                return Err(ApiError::invalid("stream_options", format!("unsupported stream option '{k}'")));
+            }
+            flag(so, "include_usage")?
+        }
+        Some(_) => return Err(ApiError::invalid("stream_options", "'stream_options' must be an object")),
+    };
+    let logprobs = match endpoint {
+        Endpoint::Chat => match flag(o, "logprobs")? {
+            true => Some(count_or(o, "top_logprobs", 0, 0)?),
+            false if o.get("top_logprobs").is_some_and(|v| !v.is_null()) => {
+                return Err(ApiError::invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true"));
+            }
+            false => None,
+        },
+        Endpoint::Completion => count(o.get("logprobs").unwrap_or(&Value::Null), "logprobs", 0)?,
+    };
+    if logprobs.is_some_and(|k| k > 20) {
+        return Err(ApiError::invalid(
+            if endpoint == Endpoint::Chat { "top_logprobs" } else { "logprobs" },
+            "at most 20 alternatives",
+        ));
+    }
+
+    let float = |key: &str, default: f32, lo: f32, hi: f32| -> Result<f32, ApiError> {
+        match o.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => match v.as_f64() {
+                Some(x) if (lo as f64..=hi as f64).contains(&x) => Ok(x as f32),
+                Some(x) => Err(ApiError::invalid(key, format!("'{key}' must be in [{lo}, {hi}], got {x}"))),
+                None => Err(ApiError::invalid(key, format!("'{key}' must be a number"))),
+            },
+        }
+    };
+    let sampler = SamplerOptions {
+        temperature: float("temperature", limits.default_temperature, 0.0, 2.0)?,
+        top_p: float("top_p", 1.0, 0.0, 1.0)?,
+        top_k: count_or(o, "top_k", 0, 0)? as i32,
+        min_p: float("min_p", 0.0, 0.0, 1.0)?,
+        repetition_penalty: float("repetition_penalty", 1.0, 0.0, 10.0)?,
+        penalty_context: count_or(o, "repetition_context_size", 20, 1)?,
+        presence_penalty: float("presence_penalty", 0.0, -2.0, 2.0)?,
+        frequency_penalty: float("frequency_penalty", 0.0, -2.0, 2.0)?,
+        logit_bias: logit_bias(o, tokenizer)?,
+        seed: match o.get("seed") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_i64().ok_or_else(|| ApiError::invalid("seed", "'seed' must be an integer"))? as u64),
+        },
+        top_logprobs: logprobs.unwrap_or(0),
+    };
+    sampler.validate().map_err(|e| ApiError::invalid("sampling", e.to_string()))?;
+    let stop = match o.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= 4 => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<String>>>()
+            .ok_or_else(|| ApiError::invalid("stop", "'stop' must be a string or a list of strings"))?,
+        Some(_) => return Err(ApiError::invalid("stop", "'stop' must be a string or a list of up to 4 strings")),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "a stop string is empty"));
+    }
+    let options = GenerateOptions { max_tokens, sampler, stop, ..Default::default() };
+    Ok(Parsed { prompt, options, n, stream, include_usage, logprobs })
+}
+
+/// A non-negative integer at least `min`, or `None` for null.
+fn count(v: &Value, key: &str, min: u64) -> Result<Option<usize>, ApiError> {
+    match v {
+        Value::Null => Ok(None),
+        _ => match v.as_u64() {
+            Some(x) if x >= min => Ok(Some(x as usize)),
+            _ => Err(ApiError::invalid(key, format!("'{key}' must be an integer of at least {min}"))),
+        },
+    }
+}
+
+fn count_or(o: &Map<String, Value>, key: &str, default: usize, min: u64) -> Result<usize, ApiError> {
+    Ok(count(o.get(key).unwrap_or(&Value::Null), key, min)?.unwrap_or(default))
+}
+
+fn flag(o: &Map<String, Value>, key: &str) -> Result<bool, ApiError> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(key, format!("'{key}' must be a boolean"))),
+    }
+}
+
+/// `logit_bias`: token ids (as strings) to biases in [-100, 100].
+fn logit_bias(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| ApiError::invalid("logit_bias", m);
+    match o.get("logit_bias") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| {
+                let id: u32 = k.parse().map_err(|_| bad(format!("'{k}' is not a token id")))?;
+                if id as usize >= tokenizer.vocab_size() {
+                    return Err(bad(format!("token {id} is not in the vocabulary")));
+                }
+                match v.as_f64() {
+                    Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                    _ => Err(bad(format!("the bias of token {id} must be a number in [-100, 100]"))),
+                }
+            })
+            .collect(),
+        Some(_) => Err(bad("'logit_bias' must be an object of token ids to biases".into())),
+    }
+}
+
+/// A chat request's prompt: its messages (text content, or lists of text parts) through the
+/// chat template.
+fn chat_prompt(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    let bad = |m: String| ApiError::invalid("messages", m);
+    let Some(Value::Array(messages)) = o.get("messages") else {
+        return Err(bad("'messages' must be a list of messages".into()));
+    };
+    if messages.is_empty() {
+        return Err(bad("'messages' is empty".into()));
+    }
+    let mut plain = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let Value::Object(m) = m else { return Err(bad(format!("message {i} is not an object"))) };
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some(r @ ("system" | "developer" | "user" | "assistant")) => {
+                if r == "developer" {
+                    "system"
+                } else {
+                    r
+                }
+            }
+            Some(r) => return Err(bad(format!("message {i}: role '{r}' is not supported"))),
+            None => return Err(bad(format!("message {i} has no role"))),
+        };
+        if let Some(k) = m.keys().find(|k| !["role", "content", "name"].contains(&k.as_str())) {
+            return Err(bad(format!("message {i}: '{k}' is not supported")));
+        }
+        let content = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(t)) => text.push_str(t),
+                        (kind, _) => {
+                            return Err(bad(format!(
+                                "message {i}: content part of type {} is not supported (text only)",
+                                kind.unwrap_or("none")
+                            )));
+                        }
+                    }
+                }
+                text
+            }
+            Some(Value::Null) | None => String::new(),
+            Some(_) => return Err(bad(format!("message {i}: 'content' must be a string or a list of parts"))),
+        };
+        plain.push(json!({"role": role, "content": content}));
+    }
+    let text = tokenizer.chat_prompt(&Value::Array(plain), None).map_err(|e| bad(format!("chat template: {e}")))?;
+    tokenizer.encode_prompt(&text).map_err(|e| bad(e.to_string()))
+}
+
+/// A completion request's prompt: a string, or token ids.
+fn completion_prompt(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+    let bad = |m: &str| ApiError::invalid("prompt", m);
+    match o.get("prompt") {
+        Some(Value::String(s)) => tokenizer.encode_prompt(s).map_err(|e| bad(&e.to_string())),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            tokenizer.encode_prompt(a[0].as_str().unwrap_or("")).map_err(|e| bad(&e.to_string()))
+        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => {
+            let ids: Vec<u32> = a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect();
+            match ids.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
+                Some(id) => Err(ApiError::invalid("prompt", format!("token {id} is not in the vocabulary"))),
+                None => Ok(ids),
+            }
+        }
+        Some(Value::Array(_)) => Err(bad("a list of several prompts is not supported: send one request each")),
+        _ => Err(bad("'prompt' must be a string or a list of token ids")),
+    }
+}
+
+/// OpenAI's name of a finish reason.
+pub fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+/// A token's text and its bytes, as log-probabilities report them.
+fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let text = tokenizer.decode(&[id]).unwrap_or_default();
+    let bytes = text.as_bytes().to_vec();
+    (text, bytes)
+}
+
+/// One token's entry of a chat choice's `logprobs.content`.
+pub fn chat_logprob(tokenizer: &Tokenizer, g: &Generated) -> Value {
+    let entry = |id: u32, lp: f32| {
+        let (token, bytes) = token_text(tokenizer, id);
+        json!({"token": token, "logprob": lp, "bytes": bytes})
+    };
+    let mut e = entry(g.token, g.logprob);
+    e["top_logprobs"] = Value::Array(g.top_logprobs.iter().map(|&(id, lp)| entry(id, lp)).collect());
+    e
+}
+
+/// A completion choice's `logprobs` of its tokens, its text starting at `offset`.
+pub fn completion_logprobs(tokenizer: &Tokenizer, tokens: &[Generated], offset: usize) -> Value {
+    let (mut texts, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    let mut at = offset;
+    for g in tokens {
+        let (text, _) = token_text(tokenizer, g.token);
+        offsets.push(at);
+        at += g.text.len();
+        texts.push(Value::from(text));
+        lps.push(Value::from(g.logprob));
+        let mut top = Map::new();
+        for &(id, lp) in &g.top_logprobs {
+            top.insert(token_text(tokenizer, id).0, Value::from(lp));
+        }
+        tops.push(Value::Object(top));
+    }
+    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}

@@ -1,0 +1,128 @@
+//! The engine thread: the model runs on a thread of its own, which takes requests from the
+//! HTTP handlers, runs them as one continuous batch ([`nuvec_lm::engine::Engine`]) and sends
+//! each request its tokens as they come.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nuvec_lm::engine::{Engine, Request};
+use nuvec_lm::generate::Generated;
+use nuvec_lm::{LanguageModel, Tokenizer};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// A request's next token, or why it ended without one.
+pub(crate) type Event = Result<Generated, String>;
+
+/// A request for the engine and where its events go.
+pub(crate) struct Job {
+    pub request: Request,
+    pub events: UnboundedSender<Event>,
+}
+
+/// Counters the engine and the handlers keep (served at `/metrics`).
+#[derive(Default)]
+pub(crate) struct Metrics {
+    pub requests: AtomicU64,
+    pub failed: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub running: AtomicU64,
+    pub waiting: AtomicU64,
+    /// Microseconds from each request's arrival to its first token, summed, and the count.
+    pub first_token_us: AtomicU64,
+    pub first_tokens: AtomicU64,
+}
+
+/// The handle the handlers hold: requests go in through it.
+pub(crate) struct Worker {
+    jobs: std::sync::Mutex<std::sync::mpsc::Sender<Job>>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Worker {
+    /// Starts the engine thread over `model`, at most `max_batch` requests decoding at once.
+    pub fn spawn(
+        model: Box<dyn LanguageModel>,
+        tokenizer: Arc<Tokenizer>,
+        eos: Vec<u32>,
+        max_batch: usize,
+    ) -> std::io::Result<Worker> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let metrics = Arc::new(Metrics::default());
+        let m = metrics.clone();
+        std::thread::Builder::new()
+            .name("nuvec-engine".into())
+            .spawn(move || run(model.as_ref(), &tokenizer, &eos, max_batch, &rx, &m))?;
+        Ok(Worker { jobs: std::sync::Mutex::new(tx), metrics })
+    }
+
+    /// Hands `job` to the engine; false when the engine thread is gone.
+    pub fn submit(&self, job: Job) -> bool {
+        self.metrics.waiting.fetch_add(1, Ordering::Relaxed);
+        let sent = self.jobs.lock().map(|tx| tx.send(job).is_ok()).unwrap_or(false);
+        if !sent {
+            self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+        sent
+    }
+}
+
+fn run(
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    eos: &[u32],
+    max_batch: usize,
+    rx: &std::sync::mpsc::Receiver<Job>,
+    metrics: &Metrics,
+) {
+    let mut engine = Engine::new(model, Some(tokenizer), eos, max_batch);
+    let mut senders: HashMap<u64, UnboundedSender<Event>> = HashMap::new();
+    let mut next = 0u64;
+    loop {
+        // Idle, wait for work; busy, take what has come and go on.
+        let first = match engine.is_idle() {
+            true => match rx.recv() {
+                Ok(job) => Some(job),
+                Err(_) => return,
+            },
+            false => None,
+        };
+        for job in first.into_iter().chain(rx.try_iter()) {
+            let id = next;
+            next += 1;
+            match engine.add(id, job.request) {
+                Ok(()) => {
+                    senders.insert(id, job.events);
+                }
+                Err(e) => {
+                    metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    let _ = job.events.send(Err(e.to_string()));
+                }
+            }
+        }
+        // Requests whose clients went away leave the batch.
+        let gone: Vec<u64> = senders.iter().filter(|(_, s)| s.is_closed()).map(|(id, _)| *id).collect();
+        for id in gone {
+            engine.cancel(id);
+            senders.remove(&id);
+        }
+        for (id, event) in engine.step() {
+            let last = event.as_ref().map_or(true, |g| g.finish.is_some());
+            match &event {
+                Ok(_) => metrics.generated_tokens.fetch_add(1, Ordering::Relaxed),
+                Err(_) => metrics.failed.fetch_add(1, Ordering::Relaxed),
+            };
+            let delivered = senders.get(&id).is_some_and(|s| s.send(event.map_err(|e| e.to_string())).is_ok());
+            if !delivered {
+                engine.cancel(id);
+            }
+            if last || !delivered {
+                senders.remove(&id);
+            }
+        }
+        let (running, waiting) = engine.load();
+        metrics.running.store(running as u64, Ordering::Relaxed);
+        metrics.waiting.store(waiting as u64, Ordering::Relaxed);
+    }
+}

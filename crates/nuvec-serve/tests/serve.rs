@@ -1,0 +1,354 @@
+//! The server over loopback with the tiny random Llama of nuvec-lm's fixtures and a word
+//! tokenizer: OpenAI's shapes, streaming, greedy replies equal to generating alone (also
+//! under many concurrent streams), bad requests answered with the right status, clients
+//! that go away.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+
+use nuvec::DType;
+use nuvec_lm::{GenerateOptions, LoadOptions, Loaded, PromptCache, Tokenizer, generate, load_model};
+use nuvec_serve::{ServeOptions, Server};
+use serde_json::{Value, json};
+
+fn fixture() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../nuvec-lm/tests/fixtures/tiny/llama")
+}
+
+/// Words `t0` … `t127` as tokens 0 … 127, and a chat template that writes each message's
+/// content followed by a space.
+fn tokenizer() -> Tokenizer {
+    let vocab: serde_json::Map<String, Value> = (0..128).map(|i| (format!("t{i}"), Value::from(i))).collect();
+    let spec = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": false},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    let mut t = Tokenizer::from_json(&spec.to_string()).unwrap();
+    t.chat_template = Some("{% for m in messages %}{{ m.content }} {% endfor %}".into());
+    t
+}
+
+fn loaded() -> Loaded {
+    let model = load_model(&fixture(), &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+    Loaded { model, tokenizer: tokenizer(), eos: vec![], path: fixture() }
+}
+
+fn start(options: ServeOptions) -> Server {
+    Server::start(loaded(), ServeOptions { port: 0, ..options }).unwrap()
+}
+
+/// One HTTP/1.0 request (so that the reply is not chunked): status and body.
+fn http(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("Content-Type: application/json\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let (status, text) = http(addr, "POST", path, &[], body.to_string().as_bytes());
+    (status, serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text)))
+}
+
+/// The data lines of a server-sent event stream.
+fn events(body: &str) -> Vec<String> {
+    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_string).collect()
+}
+
+/// The text greedy decoding of `prompt` gives alone, `max` tokens.
+fn alone(prompt: &str, max: usize) -> String {
+    let m = loaded();
+    let ids = m.tokenizer.encode_prompt(prompt).unwrap();
+    let mut cache = PromptCache::new(m.model.as_ref());
+    let options = GenerateOptions { max_tokens: max, ..Default::default() };
+    generate(m.model.as_ref(), Some(&m.tokenizer), &mut cache, &ids, &[], options)
+        .unwrap()
+        .map(|t| t.unwrap().text)
+        .collect()
+}
+
+#[test]
+fn chat_and_completions_in_openai_shapes() {
+    let server = start(ServeOptions::default());
+    let addr = server.addr();
+    let prompt = "t5 t17 t99 t3";
+    let want = alone(&format!("{prompt} "), 12);
+
+    let (status, r) = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({
+            "model": "llama", "messages": [{"role": "user", "content": prompt}], "max_tokens": 12, "temperature": 0
+        }),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["object"], "chat.completion");
+    assert!(r["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(r["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(r["choices"][0]["message"]["content"], want.as_str(), "greedy reply equals generating alone");
+    assert_eq!(r["choices"][0]["finish_reason"], "length");
+    assert_eq!(r["usage"]["prompt_tokens"], 4);
+    assert_eq!(r["usage"]["completion_tokens"], 12);
+    assert_eq!(r["usage"]["total_tokens"], 16);
+
+    // Text completion of the same prompt, from its text and from its ids, with logprobs.
+    let (status, r) =
+        post(addr, "/v1/completions", &json!({"prompt": format!("{prompt} "), "max_tokens": 12, "logprobs": 2}));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["object"], "text_completion");
+    assert_eq!(r["choices"][0]["text"], want.as_str());
+    let lp = &r["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 12);
+    assert!(lp["token_logprobs"].as_array().unwrap().iter().all(|v| v.as_f64().unwrap() <= 0.0));
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+    let (_, by_ids) = post(addr, "/v1/completions", &json!({"prompt": [5, 17, 99, 3], "max_tokens": 12}));
+    assert_eq!(by_ids["choices"][0]["text"], want.as_str());
+
+    // Chat log-probabilities: the chosen token is the most likely one under greedy decoding.
+    let (_, r) = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({
+            "messages": [{"role": "user", "content": [{"type": "text", "text": prompt}]}],
+            "max_completion_tokens": 3, "logprobs": true, "top_logprobs": 3
+        }),
+    );
+    let content = r["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+    assert_eq!(content.len(), 3);
+    for c in &content {
+        assert_eq!(c["top_logprobs"].as_array().unwrap().len(), 3);
+        assert_eq!(c["top_logprobs"][0]["token"], c["token"]);
+        assert!(c["bytes"].is_array());
+    }
+
+    // Streaming: a role, then the deltas that make the same text, the finish reason, the
+    // usage, [DONE].
+    let body = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 12, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let (status, text) = http(addr, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+    assert_eq!(status, 200);
+    let ev = events(&text);
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(streamed, want);
+    let finish: Vec<&Value> =
+        chunks.iter().map(|c| &c["choices"][0]["finish_reason"]).filter(|f| !f.is_null()).collect();
+    assert_eq!(finish, [&json!("length")]);
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 12);
+
+    // n choices sampled with a seed: each choice is its own, the same seed repeats them.
+    let body = json!({"prompt": prompt, "max_tokens": 6, "n": 3, "temperature": 1.0, "seed": 7});
+    let (_, a) = post(addr, "/v1/completions", &body);
+    let (_, b) = post(addr, "/v1/completions", &body);
+    assert_eq!(a["choices"].as_array().unwrap().len(), 3);
+    assert_eq!(a["choices"], b["choices"], "the same seed gives the same choices");
+    assert_eq!(a["usage"]["completion_tokens"], 18);
+
+    // Stop strings end the text before them.
+    let stop = want.split_whitespace().nth(2).unwrap().to_string();
+    let (_, r) =
+        post(addr, "/v1/completions", &json!({"prompt": format!("{prompt} "), "max_tokens": 12, "stop": [stop]}));
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    assert!(want.starts_with(r["choices"][0]["text"].as_str().unwrap()));
+
+    let (status, models) = http(addr, "GET", "/v1/models", &[], b"");
+    assert_eq!(status, 200);
+    assert_eq!(serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"], "llama");
+    assert_eq!(http(addr, "GET", "/health", &[], b"").0, 200);
+    let (_, metrics) = http(addr, "GET", "/metrics", &[], b"");
+    assert!(metrics.contains("nuvec_generation_tokens_total"), "{metrics}");
+    server.stop().unwrap();
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
+    let server = start(ServeOptions { max_body: 4096, ..Default::default() });
+    let addr = server.addr();
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "t1 t2"}], "max_tokens": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        post(addr, "/v1/chat/completions", &body)
+    };
+    for (extra, status, param) in [
+        (json!({"frobnicate": 1}), 400, "frobnicate"),
+        (json!({"tools": []}), 400, "tools"),
+        (json!({"response_format": {"type": "json_object"}}), 400, "response_format"),
+        (json!({"max_tokens": "ten"}), 400, "max_tokens"),
+        (json!({"temperature": 3}), 400, "temperature"),
+        (json!({"n": 0}), 400, "n"),
+        (json!({"stop": 5}), 400, "stop"),
+        (json!({"logit_bias": {"999999": 1}}), 400, "logit_bias"),
+        (json!({"messages": []}), 400, "messages"),
+        (json!({"messages": [{"role": "wizard", "content": "x"}]}), 400, "messages"),
+        (json!({"top_logprobs": 2}), 400, "top_logprobs"),
+        (json!({"model": "gpt-4"}), 404, "model"),
+    ] {
+        let (got, r) = chat(extra.clone());
+        assert_eq!(got, status, "{extra}: {r}");
+        assert_eq!(r["error"]["param"], param, "{extra}: {r}");
+        assert!(!r["error"]["message"].as_str().unwrap().is_empty());
+    }
+    let long: Vec<String> = (0..300).map(|i| format!("t{}", i % 128)).collect();
+    let (status, r) = chat(json!({"messages": [{"role": "user", "content": long.join(" ")}]}));
+    assert_eq!(status, 400, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("context"));
+    let (status, text) = http(addr, "POST", "/v1/chat/completions", &[], b"{not json");
+    assert_eq!(status, 400);
+    assert!(text.contains("not valid JSON"));
+    let (status, _) = http(addr, "POST", "/v1/completions", &[], &vec![b' '; 8192]);
+    assert_eq!(status, 413);
+    assert_eq!(http(addr, "GET", "/v2/nothing", &[], b"").0, 404);
+    // Still serving.
+    assert_eq!(chat(json!({})).0, 200);
+    server.stop().unwrap();
+
+    let server = start(ServeOptions { api_key: Some("sekret".into()), ..Default::default() });
+    let body = json!({"prompt": "t1", "max_tokens": 1}).to_string();
+    let (status, text) =
+        http(server.addr(), "POST", "/v1/completions", &[("Authorization", "Bearer wrong")], body.as_bytes());
+    assert_eq!(status, 401);
+    assert!(text.contains("invalid_api_key"));
+    assert_eq!(http(server.addr(), "POST", "/v1/completions", &[], body.as_bytes()).0, 401);
+    let ok = http(server.addr(), "POST", "/v1/completions", &[("Authorization", "Bearer sekret")], body.as_bytes());
+    assert_eq!(ok.0, 200);
+    server.stop().unwrap();
+}
+
+#[test]
+fn concurrent_streams_equal_their_requests_alone_and_clients_may_leave() {
+    let server = start(ServeOptions { max_batch: 8, ..Default::default() });
+    let addr = server.addr();
+    let prompts: Vec<String> = (0..24)
+        .map(|i| (0..(2 + i % 7)).map(|j| format!("t{}", (i * 13 + j * 5) % 128)).collect::<Vec<_>>().join(" "))
+        .collect();
+    let wants: Vec<String> = prompts.iter().map(|p| alone(&format!("{p} "), 10)).collect();
+    // Clients that go away mid-stream leave nothing behind.
+    let leavers: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let body = json!({"prompt": "t1 t2 t3", "max_tokens": 200, "stream": true}).to_string();
+                let mut s = TcpStream::connect(addr).unwrap();
+                let req = format!("POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                s.write_all(req.as_bytes()).unwrap();
+                let mut first = [0u8; 256];
+                let _ = s.read(&mut first).unwrap();
+            })
+        })
+        .collect();
+    let handles: Vec<_> = prompts
+        .iter()
+        .cloned()
+        .map(|p| {
+            std::thread::spawn(move || {
+                let body = json!({"messages": [{"role": "user", "content": p}], "max_tokens": 10, "stream": true});
+                let (status, text) = http(addr, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+                assert_eq!(status, 200);
+                let ev = events(&text);
+                assert_eq!(ev.last().unwrap(), "[DONE]");
+                ev[..ev.len() - 1]
+                    .iter()
+                    .map(|e| serde_json::from_str::<Value>(e).unwrap())
+                    .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+                    .collect::<String>()
+            })
+        })
+        .collect();
+    for h in leavers {
+        h.join().unwrap();
+    }
+    for (i, (h, want)) in handles.into_iter().zip(&wants).enumerate() {
+        assert_eq!(&h.join().unwrap(), want, "stream {i} differs from its request alone");
+    }
+    // The leavers' requests were cancelled: nothing runs or waits.
+    let gauge = |name: &str| -> u64 {
+        let (_, m) = http(addr, "GET", "/metrics", &[], b"");
+        m.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap().parse().unwrap()
+    };
+    let mut tries = 0;
+    while gauge("nuvec_requests_running") + gauge("nuvec_requests_waiting") > 0 {
+        tries += 1;
+        assert!(tries < 200, "requests of clients that left are still running");
+        // A request makes the engine take a step and notice the closed streams.
+        post(addr, "/v1/completions", &json!({"prompt": "t1", "max_tokens": 1}));
+    }
+    server.stop().unwrap();
+}
+
+/// OpenAI's own Python client against the server: models, chat (with log-probabilities),
+/// streaming with usage, text completions with `n`, and an unsupported parameter's error.
+/// Needs `NUVEC_IO_PYTHONPATH` holding the `openai` package, which `.ci/run` installs;
+/// without it the test says SKIPPED.
+#[test]
+fn the_openai_python_client_talks_to_the_server() {
+    let Some(pythonpath) = std::env::var_os("NUVEC_IO_PYTHONPATH") else {
+        eprintln!("SKIPPED the_openai_python_client_talks_to_the_server: NUVEC_IO_PYTHONPATH is not set");
+        return;
+    };
+    let server = start(ServeOptions::default());
+    let want = alone("t5 t17 t99 ", 8);
+    let script = r#"
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1], api_key="unused")
+assert [m.id for m in c.models.list()] == ["llama"]
+r = c.chat.completions.create(model="llama", messages=[{"role": "user", "content": "t5 t17 t99"}],
+                              max_tokens=8, logprobs=True, top_logprobs=2)
+ch = r.choices[0]
+assert ch.message.content == sys.argv[2], (ch.message.content, sys.argv[2])
+assert ch.finish_reason == "length" and r.usage.completion_tokens == 8 and r.usage.prompt_tokens == 3
+assert len(ch.logprobs.content) == 8 and len(ch.logprobs.content[0].top_logprobs) == 2
+s = c.chat.completions.create(model="llama", messages=[{"role": "user", "content": "t5 t17 t99"}],
+                              max_tokens=8, stream=True, stream_options={"include_usage": True})
+text, usage = "", None
+for chunk in s:
+    if chunk.choices:
+        text += chunk.choices[0].delta.content or ""
+    else:
+        usage = chunk.usage
+assert text == sys.argv[2] and usage.total_tokens == 11, (text, usage)
+r = c.completions.create(model="llama", prompt="t5 t17 t99 ", max_tokens=8, n=2, temperature=0.7, seed=3)
+assert len(r.choices) == 2 and r.usage.completion_tokens == 16
+try:
+    c.chat.completions.create(model="llama", messages=[{"role": "user", "content": "t1"}],
+                              response_format={"type": "json_object"})
+    raise SystemExit("an unsupported parameter was accepted")
+except openai.BadRequestError as e:
+    assert "response_format" in str(e), e
+print("ok")
+"#;
+    let out = std::process::Command::new("python3")
+        .env("PYTHONPATH", pythonpath)
+        .arg("-c")
+        .arg(script)
+        .arg(format!("http://{}/v1", server.addr()))
+        .arg(&want)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("No module named 'openai'") {
+        eprintln!("SKIPPED the_openai_python_client_talks_to_the_server: no openai package in NUVEC_IO_PYTHONPATH");
+        return;
+    }
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    server.stop().unwrap();
+}
