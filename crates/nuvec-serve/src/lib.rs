@@ -22,6 +22,7 @@
 //! ```
 
 mod openai;
+pub mod tools;
 mod worker;
 
 use std::convert::Infallible;
@@ -311,6 +312,7 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, 
         endpoint,
         prompt_tokens: parsed.prompt.len(),
         logprobs: parsed.logprobs,
+        tools: parsed.tools,
         arrived,
     };
     if parsed.stream { reply.stream(receivers, parsed.include_usage) } else { reply.whole(receivers).await }
@@ -323,6 +325,7 @@ struct Reply {
     endpoint: Endpoint,
     prompt_tokens: usize,
     logprobs: Option<usize>,
+    tools: Option<tools::Format>,
     arrived: Instant,
 }
 
@@ -339,6 +342,11 @@ impl Reply {
         let m = &self.app.worker.metrics;
         m.first_token_us.fetch_add(self.arrived.elapsed().as_micros() as u64, Ordering::Relaxed);
         m.first_tokens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A fresh tool call id.
+    fn call_id(&self) -> String {
+        format!("call_{:x}{:06x}", self.app.created, self.app.ids.fetch_add(1, Ordering::Relaxed))
     }
 
     fn usage(&self, completion: usize) -> Value {
@@ -371,12 +379,27 @@ impl Reply {
             let text: String = tokens.iter().map(|g| g.text.as_str()).collect();
             let t = &self.app.tokenizer;
             choices.push(match self.endpoint {
-                Endpoint::Chat => json!({
-                    "index": index,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": self.logprobs.map(|_| json!({"content": tokens.iter().map(|g| openai::chat_logprob(t, g)).collect::<Vec<_>>()})),
-                    "finish_reason": openai::finish_name(finish),
-                }),
+                Endpoint::Chat => {
+                    let (content, calls) = match self.tools {
+                        Some(format) => tools::parse(format, &text),
+                        None => (text, Vec::new()),
+                    };
+                    let mut message = json!({"role": "assistant", "content": content});
+                    let mut reason = openai::finish_name(finish);
+                    if !calls.is_empty() {
+                        if content.is_empty() {
+                            message["content"] = Value::Null;
+                        }
+                        message["tool_calls"] = calls.iter().map(|c| c.to_json(&self.call_id())).collect();
+                        reason = "tool_calls";
+                    }
+                    json!({
+                        "index": index,
+                        "message": message,
+                        "logprobs": self.logprobs.map(|_| json!({"content": tokens.iter().map(|g| openai::chat_logprob(t, g)).collect::<Vec<_>>()})),
+                        "finish_reason": reason,
+                    })
+                }
                 Endpoint::Completion => json!({
                     "index": index,
                     "text": text,
@@ -410,6 +433,8 @@ impl Reply {
         tokio::spawn(async move {
             let mut merged = merged;
             let (mut started, mut finished, mut completion) = (vec![false; n], 0, 0);
+            // With tools, each choice's text so far and how much of it was shown.
+            let (mut texts, mut sent) = (vec![String::new(); n], vec![0usize; n]);
             let created = self.created();
             let object = if self.endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
             let chunk = |choices: Value, usage: Option<Value>| {
@@ -433,6 +458,34 @@ impl Reply {
                 let choice = match self.endpoint {
                     Endpoint::Chat => {
                         let mut delta = json!({"content": g.text});
+                        let mut finish = finish;
+                        if let Some(format) = self.tools {
+                            // Text that may be a tool call waits; the calls go out whole at the end.
+                            texts[i].push_str(&g.text);
+                            let upto = match g.finish {
+                                Some(_) => texts[i].len(),
+                                None => tools::shown(format, &texts[i]).max(sent[i]),
+                            };
+                            delta["content"] = texts[i][sent[i]..upto].into();
+                            if g.finish.is_some() {
+                                let (_, calls) = tools::parse(format, &texts[i]);
+                                if !calls.is_empty() {
+                                    delta["content"] = "".into();
+                                    let calls: Vec<Value> = calls
+                                        .iter()
+                                        .enumerate()
+                                        .map(|(j, c)| {
+                                            let mut v = c.to_json(&self.call_id());
+                                            v["index"] = j.into();
+                                            v
+                                        })
+                                        .collect();
+                                    delta["tool_calls"] = calls.into();
+                                    finish = Some("tool_calls");
+                                }
+                            }
+                            sent[i] = upto;
+                        }
                         if !started[i] {
                             delta["role"] = "assistant".into();
                         }

@@ -65,6 +65,8 @@ pub struct Parsed {
     pub include_usage: bool,
     /// Report log-probabilities (with this many alternatives).
     pub logprobs: Option<usize>,
+    /// Tool calls are read from the reply, in this format.
+    pub tools: Option<crate::tools::Format>,
 }
 
 /// Server-wide limits and defaults a request is checked against.
@@ -101,7 +103,7 @@ const COMMON: [&str; 18] = [
     "logprobs",
     "user",
 ];
-const CHAT_ONLY: [&str; 4] = ["messages", "max_completion_tokens", "top_logprobs", "metadata"];
+const CHAT_ONLY: [&str; 6] = ["messages", "max_completion_tokens", "top_logprobs", "metadata", "tools", "tool_choice"];
 const COMPLETION_ONLY: [&str; 4] = ["prompt", "echo", "best_of", "suffix"];
 
 /// Checks `body` (a JSON object) for `endpoint` and makes its prompt with `tokenizer`.
@@ -115,9 +117,8 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
     };
     if let Some(k) = o.keys().find(|k| !COMMON.contains(&k.as_str()) && !own.contains(&k.as_str())) {
         let why = match k.as_str() {
-            "tools" | "tool_choice" | "functions" | "function_call" | "parallel_tool_calls" => {
-                "tool calls are not supported by this server yet"
-            }
+            "functions" | "function_call" => "use 'tools' and 'tool_choice'",
+            "parallel_tool_calls" => "calls are parallel whenever the model writes several",
             "response_format" => "structured output (response_format) is not supported by this server yet",
             _ => "this server does not support it",
         };
@@ -135,8 +136,12 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
             });
         }
     }
+    let tools = match endpoint {
+        Endpoint::Chat => tools(o, tokenizer)?,
+        Endpoint::Completion => None,
+    };
     let prompt = match endpoint {
-        Endpoint::Chat => chat_prompt(o, tokenizer)?,
+        Endpoint::Chat => chat_prompt(o, tokenizer, tools.as_ref().map(|t| &t.0))?,
         Endpoint::Completion => completion_prompt(o, tokenizer)?,
     };
     if let Some(max) = limits.max_prompt
@@ -240,7 +245,45 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
         return Err(ApiError::invalid("stop", "a stop string is empty"));
     }
     let options = GenerateOptions { max_tokens, sampler, stop, ..Default::default() };
-    Ok(Parsed { prompt, options, n, stream, include_usage, logprobs })
+    Ok(Parsed { prompt, options, n, stream, include_usage, logprobs, tools: tools.map(|t| t.1) })
+}
+
+/// A chat request's `tools` (function specs) and `tool_choice`: the specs for the template
+/// and the format the model writes calls in, or `None` when no tool may be called.
+fn tools(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Option<(Value, crate::tools::Format)>, ApiError> {
+    let specs = match o.get("tools") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(a)) if a.is_empty() => return Ok(None),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(ApiError::invalid("tools", "'tools' must be a list")),
+    };
+    for (i, t) in specs.iter().enumerate() {
+        let ok = t.get("type").and_then(Value::as_str) == Some("function")
+            && t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).is_some_and(|n| !n.is_empty());
+        if !ok {
+            return Err(ApiError::invalid(
+                "tools",
+                format!("tool {i} must be {{\"type\": \"function\", \"function\": {{\"name\": ..}}}}"),
+            ));
+        }
+    }
+    match o.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(c)) if c == "auto" => {}
+        Some(Value::String(c)) if c == "none" => return Ok(None),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "only 'auto' and 'none' are supported: forcing a call needs constrained decoding, which this server does not do yet",
+            ));
+        }
+    }
+    let format = tokenizer.chat_template.as_deref().and_then(crate::tools::Format::of_template);
+    let Some(format) = format else {
+        return Err(ApiError::invalid("tools", "this model's chat template does not write tool calls"));
+    };
+    // The specs go to the template as they came, as transformers hands them over.
+    Ok(Some((Value::Array(specs.clone()), format)))
 }
 
 /// A non-negative integer at least `min`, or `None` for null.
@@ -288,9 +331,9 @@ fn logit_bias(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Vec<(u32,
     }
 }
 
-/// A chat request's prompt: its messages (text content, or lists of text parts) through the
-/// chat template.
-fn chat_prompt(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Vec<u32>, ApiError> {
+/// A chat request's prompt: its messages (text content, or lists of text parts; the
+/// assistant's tool calls and the tools' results) through the chat template, with `tools`.
+fn chat_prompt(o: &Map<String, Value>, tokenizer: &Tokenizer, tools: Option<&Value>) -> Result<Vec<u32>, ApiError> {
     let bad = |m: String| ApiError::invalid("messages", m);
     let Some(Value::Array(messages)) = o.get("messages") else {
         return Err(bad("'messages' must be a list of messages".into()));
@@ -302,7 +345,7 @@ fn chat_prompt(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Vec<u32>
     for (i, m) in messages.iter().enumerate() {
         let Value::Object(m) = m else { return Err(bad(format!("message {i} is not an object"))) };
         let role = match m.get("role").and_then(Value::as_str) {
-            Some(r @ ("system" | "developer" | "user" | "assistant")) => {
+            Some(r @ ("system" | "developer" | "user" | "assistant" | "tool")) => {
                 if r == "developer" {
                     "system"
                 } else {
@@ -312,8 +355,13 @@ fn chat_prompt(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Vec<u32>
             Some(r) => return Err(bad(format!("message {i}: role '{r}' is not supported"))),
             None => return Err(bad(format!("message {i} has no role"))),
         };
-        if let Some(k) = m.keys().find(|k| !["role", "content", "name"].contains(&k.as_str())) {
-            return Err(bad(format!("message {i}: '{k}' is not supported")));
+        let allowed: &[&str] = match role {
+            "assistant" => &["role", "content", "name", "tool_calls", "refusal"],
+            "tool" => &["role", "content", "tool_call_id", "name"],
+            _ => &["role", "content", "name"],
+        };
+        if let Some(k) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(bad(format!("message {i}: '{k}' is not supported for role '{role}'")));
         }
         let content = match m.get("content") {
             Some(Value::String(s)) => s.clone(),
@@ -335,9 +383,34 @@ fn chat_prompt(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Vec<u32>
             Some(Value::Null) | None => String::new(),
             Some(_) => return Err(bad(format!("message {i}: 'content' must be a string or a list of parts"))),
         };
-        plain.push(json!({"role": role, "content": content}));
+        let mut out = json!({"role": role, "content": content});
+        for key in ["name", "tool_call_id"] {
+            if let Some(v) = m.get(key) {
+                out[key] = v.clone();
+            }
+        }
+        if let Some(calls) = m.get("tool_calls") {
+            let Value::Array(calls) = calls else {
+                return Err(bad(format!("message {i}: 'tool_calls' must be a list")));
+            };
+            // Templates print the arguments as JSON themselves: hand them over parsed.
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| {
+                    let mut c = c.clone();
+                    if let Some(Value::String(a)) = c.pointer("/function/arguments")
+                        && let Ok(parsed) = serde_json::from_str::<Value>(a)
+                    {
+                        c["function"]["arguments"] = parsed;
+                    }
+                    c
+                })
+                .collect();
+            out["tool_calls"] = Value::Array(calls);
+        }
+        plain.push(out);
     }
-    let text = tokenizer.chat_prompt(&Value::Array(plain), None).map_err(|e| bad(format!("chat template: {e}")))?;
+    let text = tokenizer.chat_prompt(&Value::Array(plain), tools).map_err(|e| bad(format!("chat template: {e}")))?;
     tokenizer.encode_prompt(&text).map_err(|e| bad(e.to_string()))
 }
 

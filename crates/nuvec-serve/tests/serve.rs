@@ -191,7 +191,9 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     };
     for (extra, status, param) in [
         (json!({"frobnicate": 1}), 400, "frobnicate"),
-        (json!({"tools": []}), 400, "tools"),
+        (json!({"tools": [{"type": "function", "function": {"name": "f"}}]}), 400, "tools"),
+        (json!({"tools": [{"type": "retrieval"}]}), 400, "tools"),
+        (json!({"functions": []}), 400, "functions"),
         (json!({"response_format": {"type": "json_object"}}), 400, "response_format"),
         (json!({"max_tokens": "ten"}), 400, "max_tokens"),
         (json!({"temperature": 3}), 400, "temperature"),
@@ -350,5 +352,157 @@ print("ok")
     }
     assert!(out.status.success(), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+    server.stop().unwrap();
+}
+
+/// A model that answers by a table: the token after token `t` is `next[t]`, whatever came
+/// before (logits of one-hot rows).
+struct Scripted {
+    next: nuvec::Array,
+    config: nuvec_lm::ModelConfig,
+}
+
+impl nuvec::nn::Module for Scripted {
+    fn visit(&self, _: &str, _: &mut dyn FnMut(&str, &nuvec::nn::Param)) {}
+    fn visit_mut(&mut self, _: &str, _: &mut dyn FnMut(&str, &mut nuvec::nn::Param)) {}
+}
+
+impl nuvec_lm::LanguageModel for Scripted {
+    fn forward(&self, tokens: &nuvec::Array, _: &mut [nuvec_lm::KvCache]) -> nuvec::Array {
+        self.next.take(&tokens.astype(DType::I32), 0)
+    }
+    fn forward_at(&self, tokens: &nuvec::Array, c: &mut [nuvec_lm::KvCache], _: &nuvec_lm::Positions) -> nuvec::Array {
+        self.forward(tokens, c)
+    }
+    fn device_positions(&self) -> bool {
+        true
+    }
+    fn config(&self) -> &nuvec_lm::ModelConfig {
+        &self.config
+    }
+    fn new_cache(&self) -> Vec<nuvec_lm::KvCache> {
+        vec![nuvec_lm::KvCache::new()]
+    }
+}
+
+/// A scripted model that calls a `weather` tool in Hermes' format when asked `weather?`, and
+/// answers `It is sunny` to the tool's result; its template renders tools and tool messages.
+fn tool_caller() -> Loaded {
+    let words = [
+        "<unk>",
+        "weather?",
+        "<tool_call>",
+        "{\"name\":",
+        "\"weather\",",
+        "\"arguments\":",
+        "{\"city\":",
+        "\"Paris\"}}",
+        "</tool_call>",
+        "<eos>",
+        "tools:",
+        "weather",
+        "result:",
+        "22C",
+        "It",
+        "is",
+        "sunny",
+        "Paris",
+    ];
+    let id = |w: &str| words.iter().position(|x| *x == w).unwrap() as i32;
+    let mut next: Vec<i32> = (0..words.len() as i32).map(|_| id("<eos>")).collect();
+    let chain = |from: &str, to: &str, next: &mut Vec<i32>| next[id(from) as usize] = id(to);
+    for pair in words[1..10].windows(2) {
+        chain(pair[0], pair[1], &mut next);
+    }
+    for (a, b) in [("22C", "It"), ("It", "is"), ("is", "sunny"), ("sunny", "<eos>")] {
+        chain(a, b, &mut next);
+    }
+    let v = words.len() as i32;
+    let one_hot = nuvec::ops::equal(
+        nuvec::Array::from_slice(&next, [v, 1]),
+        nuvec::ops::arange(0.0, v as f64, 1.0).astype(DType::I32).reshape([1, v]),
+    );
+    let next = one_hot.astype(DType::F32) * 20.0;
+    let vocab: serde_json::Map<String, Value> =
+        words.iter().enumerate().map(|(i, w)| (w.to_string(), Value::from(i))).collect();
+    let spec = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": false},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    let mut tokenizer = Tokenizer::from_json(&spec.to_string()).unwrap();
+    tokenizer.chat_template = Some(
+        "{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %} {% endif %}\
+         {% for m in messages %}{% if m.role == 'tool' %}result: {{ m.content }} \
+         {% elif m.tool_calls %}{% for c in m.tool_calls %}<tool_call> {{ c.function.name }} \
+         {{ c.function.arguments.city }} </tool_call> {% endfor %}{% else %}{{ m.content }} {% endif %}{% endfor %}"
+            .into(),
+    );
+    let config = nuvec_lm::ModelConfig { vocab_size: v, ..Default::default() };
+    Loaded {
+        model: Box::new(Scripted { next, config }),
+        tokenizer,
+        eos: vec![id("<eos>") as u32],
+        path: "scripted".into(),
+    }
+}
+
+#[test]
+fn tool_calls_are_read_from_the_reply_whole_and_streamed() {
+    let server = Server::start(tool_caller(), ServeOptions { port: 0, ..Default::default() }).unwrap();
+    let addr = server.addr();
+    let tools = json!([{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]);
+    let ask = json!([{"role": "user", "content": "weather?"}]);
+    let (status, r) = post(addr, "/v1/chat/completions", &json!({"messages": ask, "tools": tools}));
+    assert_eq!(status, 200, "{r}");
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert!(choice["message"]["content"].is_null());
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(call["function"]["name"], "weather");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris"}));
+
+    // Streamed: no text of the call shows; one delta carries it.
+    let body = json!({"messages": ask, "tools": tools, "stream": true});
+    let (_, text) = http(addr, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+    let ev = events(&text);
+    let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let shown: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(shown, "");
+    let calls: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"][0]["delta"].get("tool_calls")).collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0][0]["function"]["name"], "weather");
+    assert_eq!(calls[0][0]["index"], 0);
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+
+    // The call and its result go back through the template; the model answers.
+    let turn = json!([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "22C"}
+    ]);
+    let (status, r) = post(addr, "/v1/chat/completions", &json!({"messages": turn, "tools": tools}));
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["choices"][0]["message"]["content"], "It is sunny");
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    assert!(r["choices"][0]["message"].get("tool_calls").is_none());
+
+    // Without tools, the reply is text; forcing a call is refused.
+    let (_, r) = post(addr, "/v1/chat/completions", &json!({"messages": ask}));
+    assert!(r["choices"][0]["message"]["content"].as_str().unwrap().starts_with("<tool_call>"));
+    let (status, r) =
+        post(addr, "/v1/chat/completions", &json!({"messages": ask, "tools": tools, "tool_choice": "required"}));
+    assert_eq!((status, r["error"]["param"].as_str()), (400, Some("tool_choice")));
+    server.stop().unwrap();
+
+    // A template that writes no tool calls cannot take tools.
+    let server = start(ServeOptions::default());
+    let (status, r) = post(server.addr(), "/v1/chat/completions", &json!({"messages": ask, "tools": tools}));
+    assert_eq!((status, r["error"]["param"].as_str()), (400, Some("tools")));
     server.stop().unwrap();
 }
