@@ -10,7 +10,8 @@
 //! let mut engine = Engine::new(m.model.as_ref(), Some(&m.tokenizer), &m.eos, 8);
 //! for (id, text) in ["The capital of France is", "Two plus two is"].iter().enumerate() {
 //!     let prompt = m.tokenizer.encode(text, true)?;
-//!     engine.add(id as u64, Request { prompt, options: GenerateOptions { max_tokens: 16, ..Default::default() } })?;
+//!     let options = GenerateOptions { max_tokens: 16, ..Default::default() };
+//!     engine.add(id as u64, Request { prompt, options, constraint: None })?;
 //! }
 //! while !engine.is_idle() {
 //!     for (id, event) in engine.step() {
@@ -25,21 +26,32 @@ use std::collections::VecDeque;
 use nuvec::Array;
 
 use crate::cache::KvCache;
-use crate::generate::{GenerateOptions, Generated, TextStream, chosen, last_logits, run_chunks, tokens};
+use crate::generate::{FinishReason, GenerateOptions, Generated, TextStream, chosen, last_logits, run_chunks, tokens};
 use crate::graph::DecodeGraph;
 use crate::models::LanguageModel;
 use crate::sample::{Sampled, Sampler};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 
-/// A request: its prompt's tokens and how to generate (`max_tokens`, the sampler, stop
-/// strings, the prefill chunk).
-#[derive(Clone, Debug)]
+/// A request: its prompt's tokens, how to generate (`max_tokens`, the sampler, stop
+/// strings, the prefill chunk) and what limits the tokens (a grammar, say).
 pub struct Request {
     /// The prompt's token ids (at least one).
     pub prompt: Vec<u32>,
     /// How to generate.
     pub options: GenerateOptions,
+    /// Which tokens may come next.
+    pub constraint: Option<Box<dyn Constraint>>,
+}
+
+/// Which tokens may come next (a grammar, a JSON schema): asked before each token of a
+/// request is chosen, and told the token chosen.
+pub trait Constraint: Send {
+    /// The tokens allowed next: `true` at their ids (ids past the end are not allowed).
+    fn allowed(&mut self) -> Result<Vec<bool>>;
+
+    /// `token` was chosen; whether the constraint is now complete (the request ends).
+    fn commit(&mut self, token: u32) -> Result<bool>;
 }
 
 /// A request in the running batch.
@@ -47,6 +59,7 @@ struct Sequence<'a> {
     id: u64,
     prompt: Vec<u32>,
     options: GenerateOptions,
+    constraint: Option<Box<dyn Constraint>>,
     sampler: Sampler,
     text: TextStream<'a>,
     generated: Vec<u32>,
@@ -168,7 +181,7 @@ impl<'a> Engine<'a> {
     /// Prefills request `id` on caches of its own and chooses its first token; unless that
     /// token ends it, its caches become the batch's last row. The first token's event.
     fn join(&mut self, id: u64, request: Request) -> Result<Option<Generated>> {
-        let Request { prompt, options } = request;
+        let Request { prompt, options, constraint } = request;
         // Contiguous in place of rotating caches: sliding-window layers apply their window in
         // attention, and a batch's rows need caches that keep every position.
         let mut caches: Vec<KvCache> = self
@@ -182,6 +195,7 @@ impl<'a> Engine<'a> {
         let logits = last_logits(&self.model.forward(&tokens(last), &mut caches));
         let mut sequence = Sequence {
             id,
+            constraint,
             sampler: Sampler::new(options.sampler.clone()),
             text: TextStream::new(self.tokenizer, &options.stop),
             generated: Vec::new(),
@@ -189,7 +203,7 @@ impl<'a> Engine<'a> {
             prompt,
             options,
         };
-        let sampled = choose(&mut sequence, &logits);
+        let sampled = choose(&mut sequence, &logits)?;
         let event = emit(&mut sequence, &sampled, &self.eos)?;
         if event.finish.is_some() {
             return Ok(Some(event));
@@ -218,7 +232,7 @@ impl<'a> Engine<'a> {
         for (r, s) in self.running.iter_mut().enumerate() {
             s.length += 1;
             let row = logits.slice(&[r as i32, 0], &[r as i32 + 1, logits.shape()[1]], &[1, 1]);
-            sampled.push(choose(s, &row));
+            sampled.push(choose(s, &row)?);
         }
         let lazy: Vec<Array> = sampled.iter().flat_map(|s| [s.tokens.clone(), s.logprobs.clone()]).collect();
         nuvec::eval(&lazy)?;
@@ -259,13 +273,27 @@ impl<'a> Engine<'a> {
     }
 }
 
-/// The next token of `s` from `logits [1, V]` (its own sampler and history).
-fn choose(s: &mut Sequence, logits: &Array) -> Sampled {
+/// The next token of `s` from `logits [1, V]` (its own sampler, history and constraint).
+fn choose(s: &mut Sequence, logits: &Array) -> Result<Sampled> {
     let history: Vec<u32> = match s.options.sampler.needs_history() {
         true => s.prompt.iter().chain(&s.generated).copied().collect(),
         false => Vec::new(),
     };
-    s.sampler.sample(logits, &[&history])
+    let logits = match &mut s.constraint {
+        Some(c) => {
+            let allowed = c.allowed()?;
+            if !allowed.contains(&true) {
+                return Err(Error::Config(format!("request {}: its constraint allows no token", s.id)));
+            }
+            let v = logits.shape()[logits.ndim() - 1] as usize;
+            let bias: Vec<f32> = (0..v)
+                .map(|i| if allowed.get(i).copied().unwrap_or(false) { 0.0 } else { f32::NEG_INFINITY })
+                .collect();
+            logits.astype(nuvec::DType::F32) + Array::from_slice(&bias, [1, v as i32])
+        }
+        None => logits.clone(),
+    };
+    Ok(s.sampler.sample(&logits, &[&history]))
 }
 
 /// The event of `s`'s sampled token, which joins its tokens.
@@ -273,7 +301,14 @@ fn emit(s: &mut Sequence, sampled: &Sampled, eos: &[u32]) -> Result<Generated> {
     let token = sampled.tokens.reshape([-1]).to_vec::<i32>()?.first().copied().unwrap_or(0) as u32;
     let (logprob, top_logprobs) = chosen(&sampled.logprobs, token, s.options.sampler.top_logprobs)?;
     s.generated.push(token);
+    let complete = match &mut s.constraint {
+        Some(c) => c.commit(token)?,
+        None => false,
+    };
     let at_max = s.generated.len() >= s.options.max_tokens;
-    let (text, finish) = s.text.push(token, eos.contains(&token), at_max)?;
+    let (text, mut finish) = s.text.push(token, eos.contains(&token), at_max || complete)?;
+    if complete && !eos.contains(&token) {
+        finish = Some(FinishReason::Stop);
+    }
     Ok(Generated { token, text, logprob, top_logprobs, finish })
 }

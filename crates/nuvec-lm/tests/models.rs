@@ -607,7 +607,7 @@ fn engine_requests_equal_decoding_alone() {
                 if step == 2 {
                     o.stop = vec![stop.clone()];
                 }
-                engine.add(step as u64, Request { prompt: prompt.clone(), options: o }).unwrap();
+                engine.add(step as u64, Request { prompt: prompt.clone(), options: o, constraint: None }).unwrap();
             }
             if step == 6 {
                 assert!(engine.cancel(4), "request 4 is waiting or running");
@@ -638,9 +638,9 @@ fn engine_requests_equal_decoding_alone() {
     }
     let m = model("llama");
     let mut engine = Engine::new(m.as_ref(), None, &[], 2);
-    let empty = engine.add(1, Request { prompt: vec![], options: GenerateOptions::default() });
+    let empty = engine.add(1, Request { prompt: vec![], options: GenerateOptions::default(), constraint: None });
     assert!(empty.unwrap_err().to_string().contains("no tokens"));
-    let long = engine.add(2, Request { prompt: vec![1; 1000], options: GenerateOptions::default() });
+    let long = engine.add(2, Request { prompt: vec![1; 1000], options: GenerateOptions::default(), constraint: None });
     assert!(long.unwrap_err().to_string().contains("context"));
     assert!(engine.is_idle());
 }

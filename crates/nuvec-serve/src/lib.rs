@@ -21,6 +21,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod grammar;
 mod openai;
 pub mod tools;
 mod worker;
@@ -93,6 +94,7 @@ impl Default for ServeOptions {
 struct App {
     worker: Worker,
     tokenizer: Arc<Tokenizer>,
+    grammars: grammar::Grammars,
     limits: Limits,
     api_key: Option<String>,
     max_queue: usize,
@@ -171,11 +173,14 @@ fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
         default_temperature: options.default_temperature,
     };
     let tokenizer = Arc::new(tokenizer);
+    // The grammar's end is the model's first end-of-sequence token.
+    let grammars = grammar::Grammars::new(tokenizer.clone(), eos.first().copied().unwrap_or(0));
     let worker = Worker::spawn(model, tokenizer.clone(), eos, options.max_batch)?;
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(App {
         worker,
         tokenizer,
+        grammars,
         limits,
         api_key: options.api_key.clone(),
         max_queue: options.max_queue,
@@ -288,12 +293,22 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, 
             code: None,
         });
     }
+    // Each choice follows its own copy of the grammar.
+    let mut constraints = Vec::with_capacity(parsed.n);
+    for _ in 0..parsed.n {
+        match parsed.response_format.as_ref().map(|f| app.grammars.response_format(f)) {
+            Some(Ok(c)) => constraints.push(c),
+            Some(Err(e)) => return error(&e),
+            None => constraints.push(None),
+        }
+    }
     let mut receivers = Vec::with_capacity(parsed.n);
-    for i in 0..parsed.n {
+    for (i, constraint) in constraints.into_iter().enumerate() {
         let mut options = parsed.options.clone();
         options.sampler.seed = options.sampler.seed.map(|s| s.wrapping_add(i as u64));
         let (tx, rx) = mpsc::unbounded_channel();
-        if !app.worker.submit(Job { request: Request { prompt: parsed.prompt.clone(), options }, events: tx }) {
+        let request = Request { prompt: parsed.prompt.clone(), options, constraint };
+        if !app.worker.submit(Job { request, events: tx }) {
             return error(&server_error("the engine has stopped"));
         }
         receivers.push(rx);

@@ -67,6 +67,8 @@ pub struct Parsed {
     pub logprobs: Option<usize>,
     /// Tool calls are read from the reply, in this format.
     pub tools: Option<crate::tools::Format>,
+    /// The reply follows this `response_format` (checked when its grammar is made).
+    pub response_format: Option<Value>,
 }
 
 /// Server-wide limits and defaults a request is checked against.
@@ -103,7 +105,8 @@ const COMMON: [&str; 18] = [
     "logprobs",
     "user",
 ];
-const CHAT_ONLY: [&str; 6] = ["messages", "max_completion_tokens", "top_logprobs", "metadata", "tools", "tool_choice"];
+const CHAT_ONLY: [&str; 7] =
+    ["messages", "max_completion_tokens", "top_logprobs", "metadata", "tools", "tool_choice", "response_format"];
 const COMPLETION_ONLY: [&str; 4] = ["prompt", "echo", "best_of", "suffix"];
 
 /// Checks `body` (a JSON object) for `endpoint` and makes its prompt with `tokenizer`.
@@ -119,7 +122,6 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
         let why = match k.as_str() {
             "functions" | "function_call" => "use 'tools' and 'tool_choice'",
             "parallel_tool_calls" => "calls are parallel whenever the model writes several",
-            "response_format" => "structured output (response_format) is not supported by this server yet",
             _ => "this server does not support it",
         };
         return Err(ApiError::invalid(k, format!("unsupported parameter '{k}': {why}")));
@@ -245,7 +247,15 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
         return Err(ApiError::invalid("stop", "a stop string is empty"));
     }
     let options = GenerateOptions { max_tokens, sampler, stop, ..Default::default() };
-    Ok(Parsed { prompt, options, n, stream, include_usage, logprobs, tools: tools.map(|t| t.1) })
+    let response_format = match o.get("response_format") {
+        None | Some(Value::Null) => None,
+        Some(f @ Value::Object(_)) => Some(f.clone()),
+        Some(_) => return Err(ApiError::invalid("response_format", "'response_format' must be an object")),
+    };
+    if response_format.is_some() && tools.is_some() {
+        return Err(ApiError::invalid("response_format", "'response_format' with 'tools' is not supported"));
+    }
+    Ok(Parsed { prompt, options, n, stream, include_usage, logprobs, tools: tools.map(|t| t.1), response_format })
 }
 
 /// A chat request's `tools` (function specs) and `tool_choice`: the specs for the template

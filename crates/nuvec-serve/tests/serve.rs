@@ -506,3 +506,94 @@ fn tool_calls_are_read_from_the_reply_whole_and_streamed() {
     assert_eq!((status, r["error"]["param"].as_str()), (400, Some("tools")));
     server.stop().unwrap();
 }
+
+/// The tiny Llama with a byte-level tokenizer (token `b` is byte `b`, as GPT-2's byte
+/// alphabet writes it) and byte 0 as its end: every ASCII text has tokens.
+fn byte_level() -> Loaded {
+    let printable = |b: u32| (33..=126).contains(&b);
+    let mut next = 256;
+    let vocab: serde_json::Map<String, Value> = (0..128u32)
+        .map(|b| {
+            let c = if printable(b) {
+                char::from_u32(b).unwrap()
+            } else {
+                next += 1;
+                char::from_u32(next - 1).unwrap()
+            };
+            (c.to_string(), Value::from(b))
+        })
+        .collect();
+    let spec = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    });
+    let mut tokenizer = Tokenizer::from_json(&spec.to_string()).unwrap();
+    tokenizer.chat_template = Some("{% for m in messages %}{{ m.content }}\n{% endfor %}".into());
+    let model = load_model(&fixture(), &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+    Loaded { model, tokenizer, eos: vec![0], path: fixture() }
+}
+
+#[test]
+fn response_format_json_schema_constrains_the_reply() {
+    let server = Server::start(byte_level(), ServeOptions { port: 0, ..Default::default() }).unwrap();
+    let addr = server.addr();
+    let schema = json!({
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "enum": [1, 2, 3]}},
+        "required": ["name", "n"],
+        "additionalProperties": false
+    });
+    let format = json!({"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": true}});
+    let ask = json!([{"role": "user", "content": "Give me a thing."}]);
+    for (stream, temperature, seed) in [(false, 0.0, 0), (false, 1.0, 1), (true, 1.0, 2), (false, 1.0, 3)] {
+        let body = json!({"messages": ask, "response_format": format, "max_tokens": 200, "stream": stream,
+                          "temperature": temperature, "seed": seed});
+        let content = match stream {
+            false => {
+                let (status, r) = post(addr, "/v1/chat/completions", &body);
+                assert_eq!(status, 200, "{r}");
+                assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+                r["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+            }
+            true => {
+                let (_, text) = http(addr, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+                let ev = events(&text);
+                ev[..ev.len() - 1]
+                    .iter()
+                    .map(|e| serde_json::from_str::<Value>(e).unwrap())
+                    .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+                    .collect()
+            }
+        };
+        let v: Value = serde_json::from_str(&content).unwrap_or_else(|e| panic!("{content:?} is not JSON: {e}"));
+        let o = v.as_object().unwrap();
+        assert_eq!(o.len(), 2, "{content}");
+        assert!(o["name"].as_str().unwrap().chars().count() <= 6, "{content}");
+        assert!([1, 2, 3].contains(&o["n"].as_i64().unwrap()), "{content}");
+    }
+    // Unconstrained, the tiny random model writes no JSON.
+    let (_, r) = post(addr, "/v1/chat/completions", &json!({"messages": ask, "max_tokens": 20}));
+    assert!(serde_json::from_str::<Value>(r["choices"][0]["message"]["content"].as_str().unwrap()).is_err());
+    // Any object: a reply cut by max_tokens is the start of one.
+    let body = json!({"messages": ask, "max_tokens": 40, "response_format": {"type": "json_object"}});
+    let (_, r) = post(addr, "/v1/chat/completions", &body);
+    let content = r["choices"][0]["message"]["content"].as_str().unwrap();
+    // Greedy, the tiny model writes a long first key: closing it makes an object.
+    assert_eq!(r["choices"][0]["finish_reason"], "length");
+    let closed: Value = serde_json::from_str(&format!("{content}\": 1}}")).unwrap();
+    assert!(closed.is_object(), "{content}");
+    for bad in [
+        json!({"type": "xml"}),
+        json!({"type": "json_schema"}),
+        json!({"type": "json_schema", "json_schema": {"schema": 5}}),
+    ] {
+        let (status, r) = post(addr, "/v1/chat/completions", &json!({"messages": ask, "response_format": bad}));
+        assert_eq!((status, r["error"]["param"].as_str()), (400, Some("response_format")), "{bad}");
+    }
+    server.stop().unwrap();
+}
