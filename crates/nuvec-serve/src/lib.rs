@@ -6,7 +6,9 @@
 //!   / `max_completion_tokens`, `stop`, `temperature`, `top_p`, `top_k`, `min_p`, the
 //!   penalties, `logit_bias`, `seed`, `n`, `logprobs` / `top_logprobs` in OpenAI's shapes. A
 //!   parameter the server does not support is a 400 naming it.
-//! - `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
+//! - `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text), and a chat page at
+//!   `GET /` (one HTML file in the binary: streamed replies, sampling settings, a stop
+//!   button, tokens/s).
 //! - Requests run as one continuous batch on a thread of the model's own
 //!   ([`nuvec_lm::engine::Engine`]): each joins the running batch once its prompt is
 //!   prefilled and leaves when it ends or its client goes away.
@@ -188,6 +190,7 @@ fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
         ids: AtomicU64::new(0),
     });
     Ok(Router::new()
+        .route("/", get(|| async { axum::response::Html(include_str!("chat.html")) }))
         .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))

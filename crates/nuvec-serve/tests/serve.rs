@@ -597,3 +597,135 @@ fn response_format_json_schema_constrains_the_reply() {
     }
     server.stop().unwrap();
 }
+
+/// Headless Chromium (Debian's package) through its DevTools protocol: commands on one
+/// page's session, answered in order.
+struct Browser {
+    child: std::process::Child,
+    ws: tungstenite::WebSocket<TcpStream>,
+    session: String,
+    next: u64,
+}
+
+impl Browser {
+    /// A browser showing `url`; `None` without a `chromium` on the PATH.
+    fn open(url: &str) -> Option<Browser> {
+        use std::io::BufRead;
+        let profile = std::env::temp_dir().join(format!("nuvec-serve-chromium-{}", std::process::id()));
+        let mut child = std::process::Command::new("chromium")
+            .args([
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--remote-debugging-port=0",
+                "--window-size=900,600",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg("about:blank")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .ok()?;
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let url_line = stderr.lines().map_while(Result::ok).find(|l| l.contains("DevTools listening on"))?;
+        let ws_url = url_line.split_whitespace().last().unwrap().to_string();
+        let addr = ws_url.trim_start_matches("ws://").split('/').next().unwrap().to_string();
+        let stream = TcpStream::connect(&addr).unwrap();
+        let (ws, _) = tungstenite::client(ws_url.as_str(), stream).unwrap();
+        let mut b = Browser { child, ws, session: String::new(), next: 1 };
+        let target = b.call("Target.createTarget", json!({"url": url}))["targetId"].clone();
+        let attached = b.call("Target.attachToTarget", json!({"targetId": target, "flatten": true}));
+        b.session = attached["sessionId"].as_str().unwrap().to_string();
+        Some(b)
+    }
+
+    /// Sends `method` (on the page's session once attached) and waits for its result.
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next;
+        self.next += 1;
+        let mut msg = json!({"id": id, "method": method, "params": params});
+        if !self.session.is_empty() {
+            msg["sessionId"] = self.session.clone().into();
+        }
+        self.ws.send(tungstenite::Message::text(msg.to_string())).unwrap();
+        loop {
+            let reply = self.ws.read().unwrap();
+            let Ok(text) = reply.to_text() else { continue };
+            let v: Value = serde_json::from_str(text).unwrap();
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// The value of a JavaScript expression in the page.
+    fn eval(&mut self, expression: &str) -> Value {
+        self.call("Runtime.evaluate", json!({"expression": expression, "returnByValue": true}))["result"]["value"]
+            .clone()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Standard base64 (a DevTools screenshot's encoding) to bytes.
+fn base64(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let digits: Vec<u8> = text.bytes().filter(|&c| c != b'=' && !c.is_ascii_whitespace()).map(value).collect();
+    digits
+        .chunks(4)
+        .flat_map(|q| {
+            let n = q.iter().enumerate().fold(0u32, |n, (i, &d)| n | (d as u32) << (18 - 6 * i));
+            n.to_be_bytes()[1..q.len()].to_vec()
+        })
+        .collect()
+}
+
+/// The chat page in headless Chromium: it loads, names the model, sends a typed message and
+/// shows the streamed reply (the text greedy decoding gives) with its tokens/s; a screenshot
+/// is kept in the target folder. Without `chromium` the test says SKIPPED.
+#[test]
+fn the_chat_page_streams_a_reply_in_chromium() {
+    let server = start(ServeOptions::default());
+    let Some(mut page) = Browser::open(&format!("http://{}/", server.addr())) else {
+        eprintln!("SKIPPED the_chat_page_streams_a_reply_in_chromium: no chromium on the PATH");
+        return;
+    };
+    let wait = |page: &mut Browser, expression: &str| -> Value {
+        for _ in 0..200 {
+            let v = page.eval(expression);
+            if !v.is_null() && v != false {
+                return v;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the page never gave {expression}");
+    };
+    assert_eq!(wait(&mut page, "document.getElementById('model').textContent === 'llama' || null"), true);
+    page.eval(
+        "document.getElementById('temperature').value = '0'; document.getElementById('max_tokens').value = '12'; \
+         document.getElementById('prompt').value = 't5 t17 t99 t3'; document.getElementById('form').requestSubmit(); true",
+    );
+    let stats = wait(&mut page, "document.querySelector('.stats') && document.querySelector('.stats').textContent");
+    let reply = page.eval("document.querySelector('.assistant').textContent");
+    assert_eq!(reply.as_str(), Some(alone("t5 t17 t99 t3 ", 12).as_str()), "the page shows the streamed reply");
+    let stats = stats.as_str().unwrap();
+    assert!(stats.starts_with("12 tokens") && stats.contains("tokens/s") && stats.ends_with("length"), "{stats}");
+    let png = page.call("Page.captureScreenshot", json!({"format": "png"}))["data"].as_str().map(base64).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/nuvec-serve-chat-page.png");
+    std::fs::write(&shot, png).unwrap();
+    eprintln!("screenshot: {}", shot.display());
+    drop(page);
+    server.stop().unwrap();
+}
