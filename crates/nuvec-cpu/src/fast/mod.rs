@@ -1,7 +1,7 @@
 //! Fused CPU kernels of fast operations, one module per family: softmax and log-sum-exp in
 //! `softmax`, the row norms in `norm`, RoPE in `rope`, SwiGLU in `swiglu`, cross entropy (loss,
 //! derivative, both at once) in `cross_entropy`, one Adam update in `adam`, products with
-//! quantized weights in `quantized_matmul`, attention for a few query rows in `attention`. Here: which ops and dtypes have a kernel, the
+//! quantized weights in `quantized_matmul`, attention for a few query rows and over paged caches in `attention`. Here: which ops and dtypes have a kernel, the
 //! dispatch, and the row helpers they share. What they do not cover runs as the operations'
 //! compositions.
 
@@ -46,6 +46,14 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
         FastOp::Attention(p) => {
             matches!(p.kernel, AttentionKernel::Vector { .. }) && inputs.len() == 3 && attention::supports(p, d)
         }
+        FastOp::PagedAttention(p) => {
+            inputs.len() == 5
+                && attention::supports_paged(p, d)
+                && is(1, d)
+                && is(2, d)
+                && is(3, DType::I32)
+                && is(4, DType::I32)
+        }
         // x in the product's dtype; for affine the scales and biases too, or for `float32`
         // products both in a half dtype (converted as the kernels read them).
         FastOp::QuantizedMatmul(p) => {
@@ -59,9 +67,11 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
 
 /// Runs `op` fused on row-major copies of its inputs (the inputs themselves when dense).
 pub fn eval(op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
-    if let FastOp::Attention(p) = op {
-        // Keys and values are read in place (a cache's buffer, sliced).
-        return attention::eval(p, inputs, outputs);
+    match op {
+        // Keys and values are read in place (a cache's buffer, sliced; a paged pool).
+        FastOp::Attention(p) => return attention::eval(p, inputs, outputs),
+        FastOp::PagedAttention(p) => return attention::eval_paged(p, inputs, outputs),
+        _ => {}
     }
     let inputs: Vec<Operand> = inputs.into_iter().map(copy::row_major).collect::<Result<_>>()?;
     if inputs.is_empty() {

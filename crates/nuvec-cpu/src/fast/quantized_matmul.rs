@@ -256,14 +256,17 @@ fn affine_dots(w: &Affine, x: &[f32], y: &mut [f32], m: usize, n: usize) {
         });
         return;
     }
+    // Each weight row against every row of x, its runs widened once for several of them.
+    let xrows: Vec<&[f32]> = xs.chunks_exact(k).collect();
+    let xsums: Vec<&[f32]> = xsum.chunks_exact(groups).collect();
     let mut yt = vec![0f32; n * m];
     crate::pool::for_each_chunk(&mut yt, DOT_BLOCK * m, &|c, yt| {
         block(c * DOT_BLOCK, yt.len() / m, &mut |s, b| {
             let rows = s.chunks_exact(groups).zip(b.chunks_exact(groups));
             for (j, ((s, b), yt)) in rows.zip(yt.chunks_mut(m)).enumerate() {
-                for (i, o) in yt.iter_mut().enumerate() {
-                    *o = row(c * DOT_BLOCK + j, i, s, b);
-                }
+                let r = c * DOT_BLOCK + j;
+                prefetch_ahead(r);
+                isa.rows_x(w.bits, q(r), &xrows, s, gs, b, &xsums, yt);
             }
         });
     });
@@ -383,6 +386,64 @@ impl Isa {
         [0, 1].map(|i| self.row(bits, q[i], x, s[i], gs, b[i], xs))
     }
 
+    /// [`Isa::row`] of one weight row against several rows of `x` (`x[i]` arranged, `xs[i]`
+    /// its sums per group) into `out[i]`: AVX-512 widens each run of the weight once for four
+    /// of them.
+    #[allow(clippy::too_many_arguments)]
+    fn rows_x(
+        self,
+        bits: usize,
+        q: &[u8],
+        x: &[&[f32]],
+        s: &[f32],
+        gs: usize,
+        b: &[f32],
+        xs: &[&[f32]],
+        out: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self == Isa::Avx512 {
+            for ((x, xs), out) in x.chunks(4).zip(xs.chunks(4)).zip(out.chunks_mut(4)) {
+                // SAFETY: as `row`'s, for each row of `x`.
+                unsafe {
+                    match (bits, x, xs) {
+                        (4, &[a, b2, c, d], &[sa, sb, sc, sd]) => out.copy_from_slice(&simd::rows_x_avx512::<4, 4>(
+                            q,
+                            [a, b2, c, d],
+                            s,
+                            gs,
+                            b,
+                            [sa, sb, sc, sd],
+                        )),
+                        (_, &[a, b2, c, d], &[sa, sb, sc, sd]) => out.copy_from_slice(&simd::rows_x_avx512::<8, 4>(
+                            q,
+                            [a, b2, c, d],
+                            s,
+                            gs,
+                            b,
+                            [sa, sb, sc, sd],
+                        )),
+                        (4, &[a, b2], &[sa, sb]) => {
+                            out.copy_from_slice(&simd::rows_x_avx512::<4, 2>(q, [a, b2], s, gs, b, [sa, sb]))
+                        }
+                        (_, &[a, b2], &[sa, sb]) => {
+                            out.copy_from_slice(&simd::rows_x_avx512::<8, 2>(q, [a, b2], s, gs, b, [sa, sb]))
+                        }
+                        _ => {
+                            for ((o, x), xs) in out.iter_mut().zip(x).zip(xs) {
+                                *o = self.row(bits, q, x, s, gs, b, xs);
+                            }
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        for ((o, x), xs) in out.iter_mut().zip(x).zip(xs) {
+            *o = self.row(bits, q, x, s, gs, b, xs);
+        }
+    }
+
     /// `Σ_g s[g] · Σ q·x + b[g] · xs[g]` over one weight row's packed bytes `q`, `x` as
     /// `arrange` laid it out and `xs`, the sums of `x` per group.
     #[allow(clippy::too_many_arguments)]
@@ -486,6 +547,79 @@ mod simd {
             for i in 0..R {
                 // SAFETY: as above.
                 let bv = unsafe { _mm512_maskz_loadu_ps(mask, b[i].as_ptr().add(g)) };
+                odd[i] = _mm512_fmadd_ps(bv, xv, odd[i]);
+            }
+        }
+        std::array::from_fn(|i| _mm512_reduce_add_ps(_mm512_add_ps(even[i], odd[i])))
+    }
+
+    /// One weight row against `M` rows of `x` at once, each weight run widened once for all of
+    /// them: row `i`'s result is `row_avx512`'s for `x[i]`, bit for bit (the same additions in
+    /// the same order).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn rows_x_avx512<const BITS: usize, const M: usize>(
+        q: &[u8],
+        x: [&[f32]; M],
+        s: &[f32],
+        gs: usize,
+        b: &[f32],
+        xs: [&[f32]; M],
+    ) -> [f32; M] {
+        let runs = gs * BITS / 128;
+        let (q, x) = (q.as_ptr(), x.map(<[f32]>::as_ptr));
+        let lut = _mm512_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0);
+        let group = |g: usize| {
+            let mut acc = [_mm512_setzero_ps(); M];
+            for r in g * runs..(g + 1) * runs {
+                if r % 4 == 0 {
+                    super::prefetch(q.wrapping_add(r * 16 + super::PREFETCH_BYTES));
+                }
+                // SAFETY: run `r` of 16 bytes of the row and its 16 · 8 / BITS elements of
+                // each row of `x` lie inside them (the caller's contract).
+                unsafe {
+                    let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.add(r * 16).cast()));
+                    if BITS == 4 {
+                        let even = _mm512_permutexvar_ps(v, lut);
+                        let odd = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), lut);
+                        for (acc, x) in acc.iter_mut().zip(x) {
+                            let (xe, xo) = (_mm512_loadu_ps(x.add(r * 32)), _mm512_loadu_ps(x.add(r * 32 + 16)));
+                            *acc = _mm512_fmadd_ps(odd, xo, _mm512_fmadd_ps(even, xe, *acc));
+                        }
+                    } else {
+                        let w = _mm512_cvtepi32_ps(v);
+                        for (acc, x) in acc.iter_mut().zip(x) {
+                            *acc = _mm512_fmadd_ps(w, _mm512_loadu_ps(x.add(r * 16)), *acc);
+                        }
+                    }
+                }
+            }
+            acc
+        };
+        let (mut even, mut odd) = ([_mm512_setzero_ps(); M], [_mm512_setzero_ps(); M]);
+        let groups = s.len();
+        for g in 0..groups / 2 {
+            let (ge, go) = (group(2 * g), group(2 * g + 1));
+            let (se, so) = (_mm512_set1_ps(s[2 * g]), _mm512_set1_ps(s[2 * g + 1]));
+            for i in 0..M {
+                even[i] = _mm512_fmadd_ps(ge[i], se, even[i]);
+                odd[i] = _mm512_fmadd_ps(go[i], so, odd[i]);
+            }
+        }
+        if groups % 2 == 1 {
+            let ge = group(groups - 1);
+            for i in 0..M {
+                even[i] = _mm512_fmadd_ps(ge[i], _mm512_set1_ps(s[groups - 1]), even[i]);
+            }
+        }
+        // The biases' share, sixteen groups at a time.
+        let len = groups.min(xs.iter().map(|x| x.len()).min().unwrap_or(0));
+        for g in (0..len).step_by(16) {
+            let mask = (u32::MAX >> (32 - 16.min(len - g))) as u16;
+            // SAFETY: the mask covers groups `g..len` only, which the row and every x have.
+            let bv = unsafe { _mm512_maskz_loadu_ps(mask, b.as_ptr().add(g)) };
+            for i in 0..M {
+                // SAFETY: as above.
+                let xv = unsafe { _mm512_maskz_loadu_ps(mask, xs[i].as_ptr().add(g)) };
                 odd[i] = _mm512_fmadd_ps(bv, xv, odd[i]);
             }
         }
@@ -717,6 +851,38 @@ mod tests {
                 let two = isa.rows2(bits, [qr.0, qr.1], &x, [sr.0, sr.1], gs, [br.0, br.1], &xs);
                 let one = [isa.row(bits, qr.0, &x, sr.0, gs, br.0, &xs), isa.row(bits, qr.1, &x, sr.1, gs, br.1, &xs)];
                 assert_eq!(two, one, "{isa:?} bits {bits} group {gs}");
+            }
+        }
+    }
+
+    /// One weight row against several rows of x gives each row's single-row result, bit for
+    /// bit, for every count of rows (the kernel takes four and two at once).
+    #[test]
+    fn rows_of_x_equal_single_rows() {
+        let mut seed = 5u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for isa in [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| i <= Isa::detected()) {
+            for (bits, gs, groups) in [(4, 32, 18), (4, 64, 5), (8, 32, 19), (8, 128, 2)] {
+                let k = gs * groups;
+                let q: Vec<u8> = (0..k * bits / 8).map(|_| next() as u8).collect();
+                let s: Vec<f32> = (0..groups).map(|_| next() as f32 / u32::MAX as f32).collect();
+                let b: Vec<f32> = (0..groups).map(|_| next() as f32 / u32::MAX as f32 - 0.5).collect();
+                for m in 1..=7 {
+                    let x: Vec<Vec<f32>> =
+                        (0..m).map(|_| (0..k).map(|_| next() as f32 / u32::MAX as f32 - 0.5).collect()).collect();
+                    let sums: Vec<Vec<f32>> =
+                        x.iter().map(|x| x.chunks(gs).map(|g| g.iter().sum()).collect()).collect();
+                    let arranged: Vec<Vec<f32>> = x.iter().map(|x| isa.arrange(bits, x)).collect();
+                    let (xr, sr): (Vec<&[f32]>, Vec<&[f32]>) =
+                        (arranged.iter().map(Vec::as_slice).collect(), sums.iter().map(Vec::as_slice).collect());
+                    let mut got = vec![0f32; m];
+                    isa.rows_x(bits, &q, &xr, &s, gs, &b, &sr, &mut got);
+                    let want: Vec<f32> = (0..m).map(|i| isa.row(bits, &q, xr[i], &s, gs, &b, sr[i])).collect();
+                    assert_eq!(got, want, "{isa:?} bits {bits} group {gs} rows {m}");
+                }
             }
         }
     }
