@@ -1,8 +1,9 @@
 //! `quantized_matmul` without a dequantized copy of the weight: a few rows of it at a time are
 //! dequantized (exactly as `dequantize` rounds them) into a buffer that stays in cache, then
 //! multiplied in `f32`. Up to `DOT_ROWS` rows of `x` against `w[N, K]` run as dot products, one
-//! task per block of weight rows; more rows, or `w[K, N]`, run blocks of the weight through
-//! the matrix product.
+//! task per block of weight rows (up to `FUSED_ROWS` for 4- and 8-bit affine weights, which
+//! are never dequantized); more rows, or `w[K, N]`, run blocks of the weight through the
+//! matrix product.
 
 use half::{bf16, f16};
 use nuvec_core::fast::QuantMatmulParams;
@@ -18,6 +19,9 @@ use crate::{internal, matmul, sgemm, unsupported};
 
 /// Rows of `x` at most that run as dot products against each weight row.
 const DOT_ROWS: usize = 16;
+/// Rows of `x` at most that the fused affine kernels take (their weight runs widened once
+/// for four rows): beyond, dequantized blocks through the matrix product.
+const FUSED_ROWS: usize = 64;
 /// Weight rows per task of the dot-product path.
 const DOT_BLOCK: usize = 16;
 /// Elements of `f32` per dequantized block of the matrix-product path (16 MiB): large enough
@@ -55,7 +59,7 @@ fn typed<T: Float<Acc = f32> + bytemuck::Pod>(
     let affine = p.mode == QuantMode::Affine;
     let fused = p.dtype == DType::F32 && affine && matches!(p.bits, 4 | 8) && gs.is_multiple_of(8);
     if m > 0 && n > 0 && k > 0 {
-        if p.transpose && m <= DOT_ROWS && fused {
+        if p.transpose && m <= FUSED_ROWS && fused {
             let words = elems::<u32>(&inputs[1])?;
             let (scales, biases) = (Groups::of(&inputs[2])?, Groups::of(&inputs[3])?);
             let w = Affine { words, scales, biases, bits: p.bits as usize, gs, k };
