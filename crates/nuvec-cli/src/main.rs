@@ -62,6 +62,9 @@ struct ServeArgs {
     /// Requests must carry "Authorization: Bearer KEY" (also from NUVEC_API_KEY).
     #[arg(long, env = "NUVEC_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Keep the caches of this many ended requests for prompts that start as theirs (0: off).
+    #[arg(long, default_value_t = 8)]
+    prompt_cache: usize,
 }
 
 #[derive(Args)]
@@ -566,6 +569,7 @@ fn run_serve(a: ServeArgs) -> Res<()> {
         default_max_tokens: a.max_tokens,
         default_temperature: a.temperature,
         api_key: a.api_key,
+        prompt_cache: a.prompt_cache,
         ..Default::default()
     };
     let server = nuvec_serve::Server::start(m, options)?;

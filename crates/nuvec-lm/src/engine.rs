@@ -79,6 +79,12 @@ pub struct Engine<'a> {
     /// The running sequences' caches, one row each in `running`'s order.
     caches: Vec<KvCache>,
     graph: Option<DecodeGraph>,
+    /// Ended requests' caches and the tokens they hold, most recent last, at most
+    /// `prefixes` of them (prompt caching across requests).
+    kept: Vec<(Vec<u32>, Vec<KvCache>)>,
+    prefixes: usize,
+    /// Prompt tokens each request found in a kept cache, until asked for.
+    reused: std::collections::HashMap<u64, usize>,
 }
 
 impl<'a> Engine<'a> {
@@ -94,6 +100,63 @@ impl<'a> Engine<'a> {
             running: Vec::new(),
             caches: Vec::new(),
             graph: None,
+            kept: Vec::new(),
+            prefixes: 0,
+            reused: Default::default(),
+        }
+    }
+
+    /// Keeps the caches of the last `entries` requests that ended: a request whose prompt
+    /// starts as one of them did (a conversation's next turn) runs only the rest.
+    pub fn with_prefix_cache(mut self, entries: usize) -> Self {
+        self.prefixes = entries;
+        self
+    }
+
+    /// How many of request `id`'s prompt tokens came from a kept cache (asked once, after its
+    /// first token).
+    pub fn reused_tokens(&mut self, id: u64) -> Option<usize> {
+        self.reused.remove(&id)
+    }
+
+    /// Fresh caches for a request, or a kept cache holding the longest start of `prompt` (all
+    /// of it but its last token at most, whose logits are needed), and its length.
+    fn caches_for(&mut self, prompt: &[u32]) -> (Vec<KvCache>, usize) {
+        let shared = |t: &[u32]| t.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        let best = self.kept.iter().enumerate().map(|(i, (t, _))| (shared(t), i)).max();
+        if let Some((n, i)) = best.filter(|(n, _)| *n > 0) {
+            let (_, caches) = self.kept.remove(i);
+            let mut caches = caches;
+            for c in &mut caches {
+                let extra = c.offset() - n as i32;
+                c.trim(extra);
+            }
+            return (caches, n);
+        }
+        // Contiguous in place of rotating caches: sliding-window layers apply their window in
+        // attention, and a batch's rows need caches that keep every position.
+        let fresh = self
+            .model
+            .new_cache()
+            .into_iter()
+            .map(|c| if c.window().is_some() || c.quantization().is_some() { KvCache::new() } else { c })
+            .collect();
+        (fresh, 0)
+    }
+
+    /// Keeps `caches`, which hold `tokens`, for later prompts that start the same way.
+    fn keep(&mut self, tokens: Vec<u32>, caches: Vec<KvCache>) {
+        if self.prefixes == 0 || tokens.is_empty() {
+            return;
+        }
+        // Its own buffers now, not a view of the batch's that keeps all of them alive.
+        let arrays: Vec<Array> = caches.iter().flat_map(KvCache::arrays).collect();
+        if nuvec::eval(&arrays).is_err() {
+            return;
+        }
+        self.kept.push((tokens, caches));
+        if self.kept.len() > self.prefixes {
+            self.kept.remove(0);
         }
     }
 
@@ -182,16 +245,10 @@ impl<'a> Engine<'a> {
     /// token ends it, its caches become the batch's last row. The first token's event.
     fn join(&mut self, id: u64, request: Request) -> Result<Option<Generated>> {
         let Request { prompt, options, constraint } = request;
-        // Contiguous in place of rotating caches: sliding-window layers apply their window in
-        // attention, and a batch's rows need caches that keep every position.
-        let mut caches: Vec<KvCache> = self
-            .model
-            .new_cache()
-            .into_iter()
-            .map(|c| if c.window().is_some() || c.quantization().is_some() { KvCache::new() } else { c })
-            .collect();
+        let (mut caches, reused) = self.caches_for(&prompt);
+        self.reused.insert(id, reused);
         let (head, last) = prompt.split_at(prompt.len() - 1);
-        run_chunks(self.model, &mut caches, head, options.prefill_step)?;
+        run_chunks(self.model, &mut caches, &head[reused..], options.prefill_step)?;
         let logits = last_logits(&self.model.forward(&tokens(last), &mut caches));
         let mut sequence = Sequence {
             id,
@@ -206,6 +263,7 @@ impl<'a> Engine<'a> {
         let sampled = choose(&mut sequence, &logits)?;
         let event = emit(&mut sequence, &sampled, &self.eos)?;
         if event.finish.is_some() {
+            self.keep(sequence.prompt, caches);
             return Ok(Some(event));
         }
         self.caches = match self.caches.is_empty() {
@@ -256,6 +314,16 @@ impl<'a> Engine<'a> {
     fn leave(&mut self, ended: &[usize]) {
         if ended.is_empty() {
             return;
+        }
+        if self.prefixes > 0 {
+            for &i in ended {
+                // Its row alone, holding its prompt and the tokens fed back after it.
+                let s = &self.running[i];
+                let held = s.length as usize;
+                let tokens: Vec<u32> = s.prompt.iter().chain(&s.generated).copied().take(held).collect();
+                let row: Vec<KvCache> = self.caches.iter().map(|c| c.select(&[i as i32], s.length)).collect();
+                self.keep(tokens, row);
+            }
         }
         let keep: Vec<usize> = (0..self.running.len()).filter(|i| !ended.contains(i)).collect();
         let longest = keep.iter().map(|&i| self.running[i].length).max().unwrap_or(0);

@@ -644,3 +644,53 @@ fn engine_requests_equal_decoding_alone() {
     assert!(long.unwrap_err().to_string().contains("context"));
     assert!(engine.is_idle());
 }
+
+/// Prompt caching across requests: a conversation's next turn starts from the caches of the
+/// turn before (its prompt and the reply fed back), runs only the rest, and gets the tokens
+/// of decoding it alone; unrelated prompts start afresh; the oldest caches are dropped.
+#[test]
+fn engine_reuses_the_caches_of_earlier_requests() {
+    use nuvec_lm::engine::{Engine, Request};
+    for name in ["llama", "gemma3"] {
+        let m = model(name);
+        let ask = |p: &[u32], max: usize| Request {
+            prompt: p.to_vec(),
+            options: GenerateOptions { max_tokens: max, ..Default::default() },
+            constraint: None,
+        };
+        let run = |engine: &mut Engine, id: u64, request: Request| -> Vec<u32> {
+            engine.add(id, request).unwrap();
+            let mut out = Vec::new();
+            while !engine.is_idle() {
+                out.extend(engine.step().into_iter().map(|(_, e)| e.unwrap().token));
+            }
+            out
+        };
+        let alone = |p: &[u32], max: usize| {
+            let options = GenerateOptions { max_tokens: max, ..Default::default() };
+            generated(m.as_ref(), &mut PromptCache::new(m.as_ref()), p, options)
+        };
+        let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_prefix_cache(2);
+        let first: Vec<u32> = (0..20).map(|i| (i * 7 + 2) % 128).collect();
+        let reply = run(&mut engine, 1, ask(&first, 6));
+        assert_eq!(engine.reused_tokens(1), Some(0));
+        // The next turn: the first prompt, the reply, three new tokens.
+        let second: Vec<u32> = first.iter().chain(&reply).chain(&[5, 9, 11]).copied().collect();
+        let got = run(&mut engine, 2, ask(&second, 8));
+        // The kept cache holds the prompt and all of the reply but its last token.
+        assert_eq!(engine.reused_tokens(2), Some(first.len() + reply.len() - 1), "{name}");
+        assert_eq!(got, alone(&second, 8), "{name}: the next turn differs from decoding it alone");
+        // A prompt that is all cached still runs its last token.
+        let again = run(&mut engine, 3, ask(&second, 8));
+        assert_eq!(engine.reused_tokens(3), Some(second.len() - 1));
+        assert_eq!(again, got);
+        let other: Vec<u32> = (0..9).map(|i| (i * 5 + 100) % 128).collect();
+        let fresh = run(&mut engine, 4, ask(&other, 4));
+        assert_eq!(engine.reused_tokens(4), Some(0));
+        assert_eq!(fresh, alone(&other, 4));
+        // Two entries kept: the first conversation's turns were dropped.
+        run(&mut engine, 5, ask(&[1, 2, 3], 2));
+        run(&mut engine, 6, ask(&second, 2));
+        assert_eq!(engine.reused_tokens(6), Some(0), "{name}: the oldest caches go");
+    }
+}

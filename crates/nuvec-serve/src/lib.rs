@@ -11,7 +11,8 @@
 //!   button, tokens/s).
 //! - Requests run as one continuous batch on a thread of the model's own
 //!   ([`nuvec_lm::engine::Engine`]): each joins the running batch once its prompt is
-//!   prefilled and leaves when it ends or its client goes away.
+//!   prefilled and leaves when it ends or its client goes away. The caches of the last
+//!   requests are kept, so a conversation's next turn runs only its new tokens.
 //! - `--api-key` is checked in constant time; a full queue is a 429, a body over the limit a
 //!   413; shutdown (Ctrl-C) lets running requests finish.
 //!
@@ -74,6 +75,9 @@ pub struct ServeOptions {
     pub max_body: usize,
     /// Requests must carry `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
+    /// The caches of this many ended requests are kept: a prompt that starts as one of
+    /// theirs (a conversation's next turn) runs only the rest.
+    pub prompt_cache: usize,
 }
 
 impl Default for ServeOptions {
@@ -89,6 +93,7 @@ impl Default for ServeOptions {
             default_temperature: 0.0,
             max_body: 4 << 20,
             api_key: None,
+            prompt_cache: 8,
         }
     }
 }
@@ -177,7 +182,7 @@ fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
     let tokenizer = Arc::new(tokenizer);
     // The grammar's end is the model's first end-of-sequence token.
     let grammars = grammar::Grammars::new(tokenizer.clone(), eos.first().copied().unwrap_or(0));
-    let worker = Worker::spawn(model, tokenizer.clone(), eos, options.max_batch)?;
+    let worker = Worker::spawn(model, tokenizer.clone(), eos, options.max_batch, options.prompt_cache)?;
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(App {
         worker,
@@ -240,6 +245,12 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         ("nuvec_requests_total", "counter", "Requests accepted.", get(&m.requests)),
         ("nuvec_requests_failed_total", "counter", "Requests that ended in an error.", get(&m.failed)),
         ("nuvec_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.", get(&m.prompt_tokens)),
+        (
+            "nuvec_prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens found in earlier requests' caches.",
+            get(&m.cached_tokens),
+        ),
         ("nuvec_generation_tokens_total", "counter", "Tokens generated.", get(&m.generated_tokens)),
         ("nuvec_requests_running", "gauge", "Requests in the decoding batch.", get(&m.running)),
         ("nuvec_requests_waiting", "gauge", "Requests waiting to join the batch.", get(&m.waiting)),

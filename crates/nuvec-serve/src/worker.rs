@@ -26,6 +26,8 @@ pub(crate) struct Metrics {
     pub requests: AtomicU64,
     pub failed: AtomicU64,
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens found in the caches of earlier requests.
+    pub cached_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub running: AtomicU64,
     pub waiting: AtomicU64,
@@ -41,19 +43,21 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Starts the engine thread over `model`, at most `max_batch` requests decoding at once.
+    /// Starts the engine thread over `model`, at most `max_batch` requests decoding at once,
+    /// the caches of the last `prompt_cache` requests kept for prompts that start the same way.
     pub fn spawn(
         model: Box<dyn LanguageModel>,
         tokenizer: Arc<Tokenizer>,
         eos: Vec<u32>,
         max_batch: usize,
+        prompt_cache: usize,
     ) -> std::io::Result<Worker> {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let metrics = Arc::new(Metrics::default());
         let m = metrics.clone();
         std::thread::Builder::new()
             .name("nuvec-engine".into())
-            .spawn(move || run(model.as_ref(), &tokenizer, &eos, max_batch, &rx, &m))?;
+            .spawn(move || run(model.as_ref(), &tokenizer, &eos, (max_batch, prompt_cache), &rx, &m))?;
         Ok(Worker { jobs: std::sync::Mutex::new(tx), metrics })
     }
 
@@ -72,11 +76,11 @@ fn run(
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
     eos: &[u32],
-    max_batch: usize,
+    (max_batch, prompt_cache): (usize, usize),
     rx: &std::sync::mpsc::Receiver<Job>,
     metrics: &Metrics,
 ) {
-    let mut engine = Engine::new(model, Some(tokenizer), eos, max_batch);
+    let mut engine = Engine::new(model, Some(tokenizer), eos, max_batch).with_prefix_cache(prompt_cache);
     let mut senders: HashMap<u64, UnboundedSender<Event>> = HashMap::new();
     let mut next = 0u64;
     loop {
@@ -108,6 +112,9 @@ fn run(
             senders.remove(&id);
         }
         for (id, event) in engine.step() {
+            if let Some(n) = engine.reused_tokens(id) {
+                metrics.cached_tokens.fetch_add(n as u64, Ordering::Relaxed);
+            }
             let last = event.as_ref().map_or(true, |g| g.finish.is_some());
             match &event {
                 Ok(_) => metrics.generated_tokens.fetch_add(1, Ordering::Relaxed),

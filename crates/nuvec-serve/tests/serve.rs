@@ -169,6 +169,21 @@ fn chat_and_completions_in_openai_shapes() {
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
     assert!(want.starts_with(r["choices"][0]["text"].as_str().unwrap()));
 
+    // The next turn of the conversation starts from the first turn's caches.
+    let metric = |name: &str| -> u64 {
+        let (_, m) = http(addr, "GET", "/metrics", &[], b"");
+        m.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).unwrap().parse().unwrap()
+    };
+    let first = json!([{"role": "user", "content": prompt}]);
+    let (_, r) = post(addr, "/v1/chat/completions", &json!({"messages": first, "max_tokens": 12}));
+    assert_eq!(r["choices"][0]["message"]["content"], want.as_str());
+    let before = metric("nuvec_prompt_tokens_cached_total");
+    let turn = json!([{"role": "user", "content": prompt}, {"role": "assistant", "content": want}, {"role": "user", "content": "t1 t2"}]);
+    let (_, r) = post(addr, "/v1/chat/completions", &json!({"messages": turn, "max_tokens": 5}));
+    let whole = format!("{prompt} {want} t1 t2 ");
+    assert_eq!(r["choices"][0]["message"]["content"], alone(&whole, 5).as_str());
+    assert!(metric("nuvec_prompt_tokens_cached_total") - before >= 4 + 11, "the first turn's caches were reused");
+
     let (status, models) = http(addr, "GET", "/v1/models", &[], b"");
     assert_eq!(status, 200);
     assert_eq!(serde_json::from_str::<Value>(&models).unwrap()["data"][0]["id"], "llama");
