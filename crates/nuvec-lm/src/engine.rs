@@ -79,6 +79,8 @@ pub struct Engine<'a> {
     /// The running sequences' caches, one row each in `running`'s order.
     caches: Vec<KvCache>,
     graph: Option<DecodeGraph>,
+    /// The next step, started before this one's tokens were read (for `running`, in order).
+    ahead: Option<Vec<Sampled>>,
     /// Ended requests' caches and the tokens they hold, most recent last, at most
     /// `prefixes` of them (prompt caching across requests).
     kept: Vec<(Vec<u32>, Vec<KvCache>)>,
@@ -100,6 +102,7 @@ impl<'a> Engine<'a> {
             running: Vec::new(),
             caches: Vec::new(),
             graph: None,
+            ahead: None,
             kept: Vec::new(),
             prefixes: 0,
             reused: Default::default(),
@@ -217,9 +220,10 @@ impl<'a> Engine<'a> {
         // Decode the batch as it stood, then let new requests in (their first token is their
         // prefill's).
         if !self.running.is_empty() {
-            match self.decode() {
+            match self.decode_and_start_next() {
                 Ok(tokens) => self.hand_out(tokens, &mut events),
                 Err(e) => {
+                    self.ahead = None;
                     // The batch's state is unknown: every running request ends with the error.
                     let message = e.to_string();
                     for s in self.running.drain(..) {
@@ -276,24 +280,46 @@ impl<'a> Engine<'a> {
     }
 
     /// One token of every running request, chosen (in `running`'s order).
-    fn decode(&mut self) -> Result<Vec<Sampled>> {
+    /// This step's tokens, started last step or now, evaluated; when nothing needs them on the
+    /// host first (no constraint, no penalties, nobody waiting to join), the next step is
+    /// started from them before they are read, as `generate` does.
+    fn decode_and_start_next(&mut self) -> Result<Vec<Sampled>> {
+        let sampled = match self.ahead.take() {
+            Some(s) => s,
+            None => {
+                let ids: Vec<i32> = self.running.iter().map(|s| *s.generated.last().unwrap_or(&0) as i32).collect();
+                self.decode(&Array::from_slice(&ids, [ids.len() as i32, 1]))?
+            }
+        };
+        let host_free = self.waiting.is_empty()
+            && self.running.iter().all(|s| s.constraint.is_none() && !s.options.sampler.needs_history());
+        if host_free {
+            let ids: Vec<Array> = sampled.iter().map(|s| s.tokens.reshape([1, 1])).collect();
+            let next = self.decode(&nuvec::ops::concatenate(&ids, 0).astype(nuvec::DType::I32))?;
+            let lazy: Vec<Array> = next.iter().flat_map(|s| [s.tokens.clone(), s.logprobs.clone()]).collect();
+            nuvec::async_eval(&lazy)?;
+            self.ahead = Some(next);
+        }
+        let lazy: Vec<Array> = sampled.iter().flat_map(|s| [s.tokens.clone(), s.logprobs.clone()]).collect();
+        nuvec::eval(&lazy)?;
+        Ok(sampled)
+    }
+
+    /// One step of every running request from token ids `[B, 1]`, its tokens chosen (lazy).
+    fn decode(&mut self, ids: &Array) -> Result<Vec<Sampled>> {
         let b = self.running.len() as i32;
-        let ids: Vec<i32> = self.running.iter().map(|s| *s.generated.last().unwrap_or(&0) as i32).collect();
         let starts: Vec<i32> = self.running.iter().map(|s| s.length).collect();
         if self.graph.is_none() {
             self.graph = Some(DecodeGraph::new(b)?);
         }
         let graph = self.graph.as_mut().expect("made above");
-        let logits =
-            last_logits(&graph.step_rows(self.model, &mut self.caches, &Array::from_slice(&ids, [b, 1]), &starts)?);
+        let logits = last_logits(&graph.step_rows(self.model, &mut self.caches, ids, &starts)?);
         let mut sampled = Vec::with_capacity(self.running.len());
         for (r, s) in self.running.iter_mut().enumerate() {
             s.length += 1;
             let row = logits.slice(&[r as i32, 0], &[r as i32 + 1, logits.shape()[1]], &[1, 1]);
             sampled.push(choose(s, &row)?);
         }
-        let lazy: Vec<Array> = sampled.iter().flat_map(|s| [s.tokens.clone(), s.logprobs.clone()]).collect();
-        nuvec::eval(&lazy)?;
         Ok(sampled)
     }
 
@@ -337,6 +363,13 @@ impl<'a> Engine<'a> {
             i += 1;
             !ended.contains(&(i - 1))
         });
+        // A step started ahead keeps the rows that stay (theirs are in the selected caches).
+        if let Some(ahead) = self.ahead.take()
+            && !keep.is_empty()
+        {
+            let mut rows = ahead.into_iter().enumerate();
+            self.ahead = Some(keep.iter().filter_map(|&k| rows.find(|(j, _)| *j == k).map(|(_, s)| s)).collect());
+        }
         self.graph = None;
     }
 }
