@@ -254,16 +254,13 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         ("nuvec_generation_tokens_total", "counter", "Tokens generated.", get(&m.generated_tokens)),
         ("nuvec_requests_running", "gauge", "Requests in the decoding batch.", get(&m.running)),
         ("nuvec_requests_waiting", "gauge", "Requests waiting to join the batch.", get(&m.waiting)),
-        (
-            "nuvec_time_to_first_token_microseconds_sum",
-            "counter",
-            "Time to first token, summed.",
-            get(&m.first_token_us),
-        ),
-        ("nuvec_time_to_first_token_microseconds_count", "counter", "First tokens timed.", get(&m.first_tokens)),
     ] {
         text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
     }
+    text.push_str(
+        &m.first_token.text("nuvec_time_to_first_token_seconds", "Seconds from a request to its first token."),
+    );
+    text.push_str(&m.inter_token.text("nuvec_inter_token_latency_seconds", "Seconds between a request's tokens."));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -368,9 +365,15 @@ impl Reply {
     }
 
     fn first_token(&self) {
-        let m = &self.app.worker.metrics;
-        m.first_token_us.fetch_add(self.arrived.elapsed().as_micros() as u64, Ordering::Relaxed);
-        m.first_tokens.fetch_add(1, Ordering::Relaxed);
+        self.app.worker.metrics.first_token.observe(self.arrived.elapsed());
+    }
+
+    /// Times a token of a choice whose previous token came at `last` (now, after).
+    fn token(&self, last: &mut Option<Instant>) {
+        let now = Instant::now();
+        if let Some(t) = last.replace(now) {
+            self.app.worker.metrics.inter_token.observe(now - t);
+        }
     }
 
     /// A fresh tool call id.
@@ -388,12 +391,14 @@ impl Reply {
         let mut completion = 0;
         for (index, mut rx) in receivers.into_iter().enumerate() {
             let mut tokens: Vec<Generated> = Vec::new();
+            let mut last = None;
             let finish = loop {
                 match rx.recv().await {
                     Some(Ok(g)) => {
                         if tokens.is_empty() && index == 0 {
                             self.first_token();
                         }
+                        self.token(&mut last);
                         let finish = g.finish;
                         tokens.push(g);
                         if let Some(f) = finish {
@@ -464,6 +469,7 @@ impl Reply {
             let (mut started, mut finished, mut completion) = (vec![false; n], 0, 0);
             // With tools, each choice's text so far and how much of it was shown.
             let (mut texts, mut sent) = (vec![String::new(); n], vec![0usize; n]);
+            let mut last = vec![None; n];
             let created = self.created();
             let object = if self.endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
             let chunk = |choices: Value, usage: Option<Value>| {
@@ -482,6 +488,7 @@ impl Reply {
                     }
                 };
                 completion += 1;
+                self.token(&mut last[i]);
                 let t = &self.app.tokenizer;
                 let finish = g.finish.map(openai::finish_name);
                 let choice = match self.endpoint {

@@ -31,9 +31,50 @@ pub(crate) struct Metrics {
     pub generated_tokens: AtomicU64,
     pub running: AtomicU64,
     pub waiting: AtomicU64,
-    /// Microseconds from each request's arrival to its first token, summed, and the count.
-    pub first_token_us: AtomicU64,
-    pub first_tokens: AtomicU64,
+    /// Seconds from each request's arrival to its first token.
+    pub first_token: Histogram,
+    /// Seconds between a request's consecutive tokens.
+    pub inter_token: Histogram,
+}
+
+/// A Prometheus histogram of seconds: counts per bucket (not cumulative here), the sum in
+/// microseconds.
+pub(crate) struct Histogram {
+    counts: [AtomicU64; BOUNDS.len() + 1],
+    sum_us: AtomicU64,
+}
+
+/// The buckets' upper bounds, in seconds.
+const BOUNDS: [f64; 13] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram { counts: std::array::from_fn(|_| AtomicU64::new(0)), sum_us: AtomicU64::new(0) }
+    }
+}
+
+impl Histogram {
+    /// Counts one observation of `d`.
+    pub fn observe(&self, d: std::time::Duration) {
+        let s = d.as_secs_f64();
+        let at = BOUNDS.iter().position(|&b| s <= b).unwrap_or(BOUNDS.len());
+        self.counts[at].fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Prometheus' text of the histogram `name`.
+    pub fn text(&self, name: &str, help: &str) -> String {
+        let mut out = format!("# HELP {name} {help}\n# TYPE {name} histogram\n");
+        let mut total = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            total += c.load(Ordering::Relaxed);
+            let le = BOUNDS.get(i).map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+            out.push_str(&format!("{name}_bucket{{le=\"{le}\"}} {total}\n"));
+        }
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        out.push_str(&format!("{name}_sum {sum}\n{name}_count {total}\n"));
+        out
+    }
 }
 
 /// The handle the handlers hold: requests go in through it.

@@ -190,6 +190,16 @@ fn chat_and_completions_in_openai_shapes() {
     assert_eq!(http(addr, "GET", "/health", &[], b"").0, 200);
     let (_, metrics) = http(addr, "GET", "/metrics", &[], b"");
     assert!(metrics.contains("nuvec_generation_tokens_total"), "{metrics}");
+    // Latency histograms: cumulative buckets ending in +Inf, which counts every observation.
+    for name in ["nuvec_time_to_first_token_seconds", "nuvec_inter_token_latency_seconds"] {
+        let value = |suffix: &str| -> u64 {
+            let line = metrics.lines().find(|l| l.starts_with(&format!("{name}{suffix}"))).unwrap();
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        let count = value("_count");
+        assert!(count >= 10 && value("_bucket{le=\"+Inf\"}") == count, "{metrics}");
+        assert!(value("_bucket{le=\"0.001\"}") <= count);
+    }
     server.stop().unwrap();
 }
 
