@@ -65,6 +65,9 @@ struct ServeArgs {
     /// Keep the caches of this many ended requests for prompts that start as theirs (0: off).
     #[arg(long, default_value_t = 8)]
     prompt_cache: usize,
+    /// Prompt tokens prefilled per step at most, between the running requests' steps.
+    #[arg(long, default_value_t = 512)]
+    prefill_chunk: usize,
 }
 
 #[derive(Args)]
@@ -570,6 +573,7 @@ fn run_serve(a: ServeArgs) -> Res<()> {
         default_temperature: a.temperature,
         api_key: a.api_key,
         prompt_cache: a.prompt_cache,
+        prefill_chunk: a.prefill_chunk,
         ..Default::default()
     };
     let server = nuvec_serve::Server::start(m, options)?;

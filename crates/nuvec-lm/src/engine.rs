@@ -67,6 +67,14 @@ struct Sequence<'a> {
     length: i32,
 }
 
+/// A request being prefilled: its caches hold `done` tokens of its prompt.
+struct Filling {
+    id: u64,
+    request: Request,
+    caches: Vec<KvCache>,
+    done: usize,
+}
+
 /// A continuous batch over one model (see the module docs). Requests are taken in the order
 /// they were added, at most `max_batch` running at once.
 pub struct Engine<'a> {
@@ -81,6 +89,10 @@ pub struct Engine<'a> {
     graph: Option<DecodeGraph>,
     /// The next step, started before this one's tokens were read (for `running`, in order).
     ahead: Option<Vec<Sampled>>,
+    /// The request whose prompt is being prefilled, a budget of tokens per step at a time.
+    filling: Option<Filling>,
+    /// Prompt tokens prefilled per step at most (the rest waits for the next step).
+    prefill_budget: usize,
     /// Ended requests' caches and the tokens they hold, most recent last, at most
     /// `prefixes` of them (prompt caching across requests).
     kept: Vec<(Vec<u32>, Vec<KvCache>)>,
@@ -103,6 +115,8 @@ impl<'a> Engine<'a> {
             caches: Vec::new(),
             graph: None,
             ahead: None,
+            filling: None,
+            prefill_budget: usize::MAX,
             kept: Vec::new(),
             prefixes: 0,
             reused: Default::default(),
@@ -113,6 +127,14 @@ impl<'a> Engine<'a> {
     /// starts as one of them did (a conversation's next turn) runs only the rest.
     pub fn with_prefix_cache(mut self, entries: usize) -> Self {
         self.prefixes = entries;
+        self
+    }
+
+    /// Prefills at most `tokens` prompt tokens per step (at least one), so that a long prompt
+    /// joining delays the running requests' next tokens by a bounded time; by default a
+    /// request's whole prompt runs in the step it joins.
+    pub fn with_prefill_budget(mut self, tokens: usize) -> Self {
+        self.prefill_budget = tokens.max(1);
         self
     }
 
@@ -188,6 +210,11 @@ impl<'a> Engine<'a> {
 
     /// Drops request `id`, waiting or running (a client that went away); whether it was there.
     pub fn cancel(&mut self, id: u64) -> bool {
+        if self.filling.as_ref().is_some_and(|f| f.id == id) {
+            self.filling = None;
+            self.reused.remove(&id);
+            return true;
+        }
         if let Some(i) = self.waiting.iter().position(|(w, _)| *w == id) {
             self.waiting.remove(i);
             return true;
@@ -203,12 +230,12 @@ impl<'a> Engine<'a> {
 
     /// Whether no request is waiting or running.
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.waiting.is_empty() && self.running.is_empty() && self.filling.is_none()
     }
 
-    /// Requests running and waiting.
+    /// Requests running and waiting (being prefilled included).
     pub fn load(&self) -> (usize, usize) {
-        (self.running.len(), self.waiting.len())
+        (self.running.len(), self.waiting.len() + self.filling.is_some() as usize)
     }
 
     /// One step: waiting requests join while there is room (their prompts prefilled, their
@@ -234,25 +261,45 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        while self.running.len() < self.max_batch {
-            let Some((id, request)) = self.waiting.pop_front() else { break };
-            match self.join(id, request) {
-                Ok(Some(event)) => events.push((id, Ok(event))),
-                Ok(None) => {}
+        // Prompts run, the budget's worth, in the order their requests came.
+        let mut budget = self.prefill_budget;
+        while self.running.len() < self.max_batch && budget > 0 {
+            let mut f = match self.filling.take() {
+                Some(f) => f,
+                None => {
+                    let Some((id, request)) = self.waiting.pop_front() else { break };
+                    let (caches, reused) = self.caches_for(&request.prompt);
+                    self.reused.insert(id, reused);
+                    Filling { id, request, caches, done: reused }
+                }
+            };
+            let head = f.request.prompt.len() - 1;
+            let n = (head - f.done).min(budget);
+            let chunk = &f.request.prompt[f.done..f.done + n];
+            if let Err(e) = run_chunks(self.model, &mut f.caches, chunk, f.request.options.prefill_step) {
+                events.push((f.id, Err(e)));
+                continue;
+            }
+            (f.done, budget) = (f.done + n, budget - n);
+            if f.done < head {
+                self.filling = Some(f);
+                break;
+            }
+            budget = budget.saturating_sub(1);
+            let id = f.id;
+            match self.join(f) {
+                Ok(event) => events.push((id, Ok(event))),
                 Err(e) => events.push((id, Err(e))),
             }
         }
         events
     }
 
-    /// Prefills request `id` on caches of its own and chooses its first token; unless that
-    /// token ends it, its caches become the batch's last row. The first token's event.
-    fn join(&mut self, id: u64, request: Request) -> Result<Option<Generated>> {
-        let Request { prompt, options, constraint } = request;
-        let (mut caches, reused) = self.caches_for(&prompt);
-        self.reused.insert(id, reused);
-        let (head, last) = prompt.split_at(prompt.len() - 1);
-        run_chunks(self.model, &mut caches, &head[reused..], options.prefill_step)?;
+    /// Runs the last token of a prefilled prompt and chooses the request's first token; unless
+    /// that token ends it, its caches become the batch's last row. The first token's event.
+    fn join(&mut self, f: Filling) -> Result<Generated> {
+        let Filling { id, request: Request { prompt, options, constraint }, mut caches, .. } = f;
+        let last = &prompt[prompt.len() - 1..];
         let logits = last_logits(&self.model.forward(&tokens(last), &mut caches));
         let mut sequence = Sequence {
             id,
@@ -268,7 +315,7 @@ impl<'a> Engine<'a> {
         let event = emit(&mut sequence, &sampled, &self.eos)?;
         if event.finish.is_some() {
             self.keep(sequence.prompt, caches);
-            return Ok(Some(event));
+            return Ok(event);
         }
         self.caches = match self.caches.is_empty() {
             true => caches,
@@ -276,10 +323,9 @@ impl<'a> Engine<'a> {
         };
         self.running.push(sequence);
         self.graph = None;
-        Ok(Some(event))
+        Ok(event)
     }
 
-    /// One token of every running request, chosen (in `running`'s order).
     /// This step's tokens, started last step or now, evaluated; when nothing needs them on the
     /// host first (no constraint, no penalties, nobody waiting to join), the next step is
     /// started from them before they are read, as `generate` does.
@@ -292,6 +338,7 @@ impl<'a> Engine<'a> {
             }
         };
         let host_free = self.waiting.is_empty()
+            && self.filling.is_none()
             && self.running.iter().all(|s| s.constraint.is_none() && !s.options.sampler.needs_history());
         if host_free {
             let ids: Vec<Array> = sampled.iter().map(|s| s.tokens.reshape([1, 1])).collect();

@@ -595,46 +595,50 @@ fn engine_requests_equal_decoding_alone() {
             .collect();
         // A stop string made of request 2's third token ends it there.
         let stop = tok.decode(&alone[2][2..3]).unwrap();
-        let mut engine = Engine::new(m.as_ref(), Some(&tok), &[], 3);
-        let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
-        let mut text = vec![String::new(); prompts.len()];
-        let mut finished = vec![None; prompts.len()];
-        let mut step = 0;
-        loop {
-            // Requests come in over the first steps; the batch holds at most three.
-            if let Some(prompt) = prompts.get(step) {
-                let mut o = options(step);
-                if step == 2 {
-                    o.stop = vec![stop.clone()];
+        // Whole prompts as requests join, and prompts prefilled 8 tokens a step between the
+        // batch's steps.
+        for budget in [usize::MAX, 8] {
+            let mut engine = Engine::new(m.as_ref(), Some(&tok), &[], 3).with_prefill_budget(budget);
+            let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+            let mut text = vec![String::new(); prompts.len()];
+            let mut finished = vec![None; prompts.len()];
+            let mut step = 0;
+            loop {
+                // Requests come in over the first steps; the batch holds at most three.
+                if let Some(prompt) = prompts.get(step) {
+                    let mut o = options(step);
+                    if step == 2 {
+                        o.stop = vec![stop.clone()];
+                    }
+                    engine.add(step as u64, Request { prompt: prompt.clone(), options: o, constraint: None }).unwrap();
                 }
-                engine.add(step as u64, Request { prompt: prompt.clone(), options: o, constraint: None }).unwrap();
+                if step == 6 {
+                    assert!(engine.cancel(4), "request 4 is waiting or running");
+                }
+                if engine.is_idle() {
+                    break;
+                }
+                for (id, event) in engine.step() {
+                    let e = event.unwrap();
+                    let i = id as usize;
+                    assert!(finished[i].is_none(), "{name}: request {i} went on after it finished");
+                    got[i].push(e.token);
+                    text[i].push_str(&e.text);
+                    finished[i] = e.finish;
+                }
+                step += 1;
+                assert!(step < 200, "{name}: the engine did not finish");
             }
-            if step == 6 {
-                assert!(engine.cancel(4), "request 4 is waiting or running");
+            for i in [0, 1, 3] {
+                assert_eq!(got[i], alone[i], "{name}: request {i} differs from decoding it alone");
+                assert_eq!(text[i], tok.decode(&alone[i]).unwrap(), "{name}: request {i}'s text");
+                assert_eq!(finished[i], Some(nuvec_lm::FinishReason::Length));
             }
-            if engine.is_idle() {
-                break;
-            }
-            for (id, event) in engine.step() {
-                let e = event.unwrap();
-                let i = id as usize;
-                assert!(finished[i].is_none(), "{name}: request {i} went on after it finished");
-                got[i].push(e.token);
-                text[i].push_str(&e.text);
-                finished[i] = e.finish;
-            }
-            step += 1;
-            assert!(step < 100, "{name}: the engine did not finish");
+            assert_eq!(got[2], alone[2][..3].to_vec(), "{name}: the stop string ends request 2 at its token");
+            assert_eq!(text[2], tok.decode(&alone[2][..2]).unwrap() + " ", "{name}: text up to the stop string");
+            assert_eq!(finished[2], Some(nuvec_lm::FinishReason::Stop));
+            assert!(finished[4].is_none() && got[4].len() < alone[4].len(), "{name}: the cancelled request stopped");
         }
-        for i in [0, 1, 3] {
-            assert_eq!(got[i], alone[i], "{name}: request {i} differs from decoding it alone");
-            assert_eq!(text[i], tok.decode(&alone[i]).unwrap(), "{name}: request {i}'s text");
-            assert_eq!(finished[i], Some(nuvec_lm::FinishReason::Length));
-        }
-        assert_eq!(got[2], alone[2][..3].to_vec(), "{name}: the stop string ends request 2 at its token");
-        assert_eq!(text[2], tok.decode(&alone[2][..2]).unwrap() + " ", "{name}: text up to the stop string");
-        assert_eq!(finished[2], Some(nuvec_lm::FinishReason::Stop));
-        assert!(finished[4].is_none() && got[4].len() < alone[4].len(), "{name}: the cancelled request stopped");
     }
     let m = model("llama");
     let mut engine = Engine::new(m.as_ref(), None, &[], 2);

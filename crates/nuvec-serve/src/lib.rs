@@ -78,6 +78,9 @@ pub struct ServeOptions {
     /// The caches of this many ended requests are kept: a prompt that starts as one of
     /// theirs (a conversation's next turn) runs only the rest.
     pub prompt_cache: usize,
+    /// Prompt tokens prefilled per engine step at most: a long prompt joining delays the
+    /// running requests' tokens by one such chunk at a time.
+    pub prefill_chunk: usize,
 }
 
 impl Default for ServeOptions {
@@ -94,6 +97,7 @@ impl Default for ServeOptions {
             max_body: 4 << 20,
             api_key: None,
             prompt_cache: 8,
+            prefill_chunk: 512,
         }
     }
 }
@@ -182,7 +186,7 @@ fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
     let tokenizer = Arc::new(tokenizer);
     // The grammar's end is the model's first end-of-sequence token.
     let grammars = grammar::Grammars::new(tokenizer.clone(), eos.first().copied().unwrap_or(0));
-    let worker = Worker::spawn(model, tokenizer.clone(), eos, options.max_batch, options.prompt_cache)?;
+    let worker = Worker::spawn(model, tokenizer.clone(), eos, options)?;
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(App {
         worker,

@@ -84,21 +84,21 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Starts the engine thread over `model`, at most `max_batch` requests decoding at once,
-    /// the caches of the last `prompt_cache` requests kept for prompts that start the same way.
+    /// Starts the engine thread over `model` (`nuvec_lm::engine::Engine`'s settings from
+    /// `options`: the batch, the prompt cache, the prefill budget).
     pub fn spawn(
         model: Box<dyn LanguageModel>,
         tokenizer: Arc<Tokenizer>,
         eos: Vec<u32>,
-        max_batch: usize,
-        prompt_cache: usize,
+        options: &crate::ServeOptions,
     ) -> std::io::Result<Worker> {
+        let settings = (options.max_batch, options.prompt_cache, options.prefill_chunk);
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let metrics = Arc::new(Metrics::default());
         let m = metrics.clone();
         std::thread::Builder::new()
             .name("nuvec-engine".into())
-            .spawn(move || run(model.as_ref(), &tokenizer, &eos, (max_batch, prompt_cache), &rx, &m))?;
+            .spawn(move || run(model.as_ref(), &tokenizer, &eos, settings, &rx, &m))?;
         Ok(Worker { jobs: std::sync::Mutex::new(tx), metrics })
     }
 
@@ -117,11 +117,13 @@ fn run(
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
     eos: &[u32],
-    (max_batch, prompt_cache): (usize, usize),
+    (max_batch, prompt_cache, prefill_chunk): (usize, usize, usize),
     rx: &std::sync::mpsc::Receiver<Job>,
     metrics: &Metrics,
 ) {
-    let mut engine = Engine::new(model, Some(tokenizer), eos, max_batch).with_prefix_cache(prompt_cache);
+    let mut engine = Engine::new(model, Some(tokenizer), eos, max_batch)
+        .with_prefix_cache(prompt_cache)
+        .with_prefill_budget(prefill_chunk);
     let mut senders: HashMap<u64, UnboundedSender<Event>> = HashMap::new();
     let mut next = 0u64;
     loop {
