@@ -12,6 +12,7 @@ use nuvec_lm::engine::Constraint;
 use serde_json::{Value, json};
 
 use crate::openai::ApiError;
+use crate::tools::Format;
 
 /// The tokenizer as llguidance sees it: every token's bytes, in a trie.
 struct Env {
@@ -79,15 +80,7 @@ impl Grammars {
         };
         let mut schema = schema;
         if schema.get("x-guidance").is_none() {
-            // One space after separators and no other whitespace, as OpenAI's replies: a small
-            // model free to write whitespace may write nothing else.
-            let layout = JsonCompileOptions {
-                item_separator: ", ".into(),
-                key_separator: ": ".into(),
-                whitespace_flexible: false,
-                ..Default::default()
-            };
-            layout.apply_to(&mut schema);
+            layout().apply_to(&mut schema);
         }
         let factory =
             self.factory().map_err(|e| bad(format!("structured output is not available for this tokenizer: {e}")))?;
@@ -95,6 +88,65 @@ impl Grammars {
             .create_parser(TopLevelGrammar::from_json_schema(schema))
             .map_err(|e| bad(format!("the schema cannot be used: {e}")))?;
         Ok(Some(Box::new(Guided(Matcher::new(Ok(parser))))))
+    }
+}
+
+impl Grammars {
+    /// The constraint of a forced tool call: the reply is one call (in `format`) of one of
+    /// `tools` (an OpenAI `tools` list), or of the one named `name`, its arguments following
+    /// the tool's parameter schema.
+    pub fn tool_call(
+        &self,
+        format: Format,
+        tools: &Value,
+        name: Option<&str>,
+    ) -> Result<Box<dyn Constraint>, ApiError> {
+        let bad = |m: String| ApiError::invalid("tool_choice", m);
+        let key = if format == Format::Llama3 { "parameters" } else { "arguments" };
+        let calls: Vec<Value> = tools
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.get("function"))
+            .filter(|f| name.is_none_or(|n| f["name"] == n))
+            .map(|f| {
+                let params = f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object"}));
+                json!({
+                    "type": "object",
+                    "properties": {"name": {"const": f["name"]}, key: params},
+                    "required": ["name", key],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let mut call = json!({"anyOf": calls});
+        layout().apply_to(&mut call);
+        let lark = match format {
+            Format::Hermes => format!("start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {call}\n"),
+            Format::Llama3 => format!("start: call\ncall: %json {call}\n"),
+            Format::Mistral => {
+                let mut list = json!({"type": "array", "items": call, "minItems": 1});
+                layout().apply_to(&mut list);
+                format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {list}\n")
+            }
+        };
+        let factory =
+            self.factory().map_err(|e| bad(format!("forced tool calls are not available for this tokenizer: {e}")))?;
+        let parser = factory
+            .create_parser(TopLevelGrammar::from_lark(lark))
+            .map_err(|e| bad(format!("the tools' parameters cannot be used: {e}")))?;
+        Ok(Box::new(Guided(Matcher::new(Ok(parser)))))
+    }
+}
+
+/// OpenAI's JSON layout (one space after separators, no other whitespace): a small model free
+/// to write whitespace may write nothing else.
+fn layout() -> JsonCompileOptions {
+    JsonCompileOptions {
+        item_separator: ", ".into(),
+        key_separator: ": ".into(),
+        whitespace_flexible: false,
+        ..Default::default()
     }
 }
 

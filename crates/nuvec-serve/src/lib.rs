@@ -311,10 +311,16 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, 
     // Each choice follows its own copy of the grammar.
     let mut constraints = Vec::with_capacity(parsed.n);
     for _ in 0..parsed.n {
-        match parsed.response_format.as_ref().map(|f| app.grammars.response_format(f)) {
-            Some(Ok(c)) => constraints.push(c),
-            Some(Err(e)) => return error(&e),
-            None => constraints.push(None),
+        let made = match (&parsed.response_format, &parsed.forced_call, parsed.tools) {
+            (Some(f), ..) => app.grammars.response_format(f),
+            (None, Some((tools, name)), Some(format)) => {
+                app.grammars.tool_call(format, tools, name.as_deref()).map(Some)
+            }
+            _ => Ok(None),
+        };
+        match made {
+            Ok(c) => constraints.push(c),
+            Err(e) => return error(&e),
         }
     }
     let mut receivers = Vec::with_capacity(parsed.n);

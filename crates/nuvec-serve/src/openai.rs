@@ -69,6 +69,8 @@ pub struct Parsed {
     pub tools: Option<crate::tools::Format>,
     /// The reply follows this `response_format` (checked when its grammar is made).
     pub response_format: Option<Value>,
+    /// The reply must be a call of one of these tools (of the named one, if any).
+    pub forced_call: Option<(Value, Option<String>)>,
 }
 
 /// Server-wide limits and defaults a request is checked against.
@@ -143,7 +145,7 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
         Endpoint::Completion => None,
     };
     let prompt = match endpoint {
-        Endpoint::Chat => chat_prompt(o, tokenizer, tools.as_ref().map(|t| &t.0))?,
+        Endpoint::Chat => chat_prompt(o, tokenizer, tools.as_ref().map(|t| &t.specs))?,
         Endpoint::Completion => completion_prompt(o, tokenizer)?,
     };
     if let Some(max) = limits.max_prompt
@@ -255,12 +257,14 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
     if response_format.is_some() && tools.is_some() {
         return Err(ApiError::invalid("response_format", "'response_format' with 'tools' is not supported"));
     }
-    Ok(Parsed { prompt, options, n, stream, include_usage, logprobs, tools: tools.map(|t| t.1), response_format })
+    let forced_call = tools.as_ref().and_then(|t| t.forced.clone().map(|name| (t.specs.clone(), name)));
+    let tools = tools.map(|t| t.format);
+    Ok(Parsed { prompt, options, n, stream, include_usage, logprobs, tools, response_format, forced_call })
 }
 
 /// A chat request's `tools` (function specs) and `tool_choice`: the specs for the template
 /// and the format the model writes calls in, or `None` when no tool may be called.
-fn tools(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Option<(Value, crate::tools::Format)>, ApiError> {
+fn tools(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Option<Tools>, ApiError> {
     let specs = match o.get("tools") {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::Array(a)) if a.is_empty() => return Ok(None),
@@ -277,23 +281,43 @@ fn tools(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Option<(Value,
             ));
         }
     }
-    match o.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(c)) if c == "auto" => {}
+    let bad_choice = || {
+        ApiError::invalid(
+            "tool_choice",
+            "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\": ..}}",
+        )
+    };
+    let forced = match o.get("tool_choice") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c)) if c == "auto" => None,
         Some(Value::String(c)) if c == "none" => return Ok(None),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "only 'auto' and 'none' are supported: forcing a call needs constrained decoding, which this server does not do yet",
-            ));
+        Some(Value::String(c)) if c == "required" => Some(None),
+        Some(Value::Object(c)) if c.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = c.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).ok_or_else(bad_choice)?;
+            if !specs.iter().any(|t| t["function"]["name"] == name) {
+                return Err(ApiError::invalid("tool_choice", format!("no tool is named '{name}'")));
+            }
+            Some(Some(name.to_string()))
         }
-    }
+        Some(_) => return Err(bad_choice()),
+    };
     let format = tokenizer.chat_template.as_deref().and_then(crate::tools::Format::of_template);
     let Some(format) = format else {
         return Err(ApiError::invalid("tools", "this model's chat template does not write tool calls"));
     };
     // The specs go to the template as they came, as transformers hands them over.
-    Ok(Some((Value::Array(specs.clone()), format)))
+    Ok(Some(Tools { specs: Value::Array(specs.clone()), format, forced }))
+}
+
+/// A chat request's tools: their specs, the format the model writes calls in, and whether a
+/// call is forced (`Some(None)`: any tool; `Some(Some(name))`: that one).
+pub struct Tools {
+    /// The `tools` list as the request gave it.
+    pub specs: Value,
+    /// How the model writes calls.
+    pub format: crate::tools::Format,
+    /// A call the reply must be.
+    pub forced: Option<Option<String>>,
 }
 
 /// A non-negative integer at least `min`, or `None` for null.

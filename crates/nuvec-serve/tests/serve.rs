@@ -517,7 +517,8 @@ fn tool_calls_are_read_from_the_reply_whole_and_streamed() {
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
     assert!(r["choices"][0]["message"].get("tool_calls").is_none());
 
-    // Without tools, the reply is text; forcing a call is refused.
+    // Without tools, the reply is text. A forced call needs a grammar over the tokenizer, which
+    // llguidance cannot make for a word-level one: refused, naming the parameter.
     let (_, r) = post(addr, "/v1/chat/completions", &json!({"messages": ask}));
     assert!(r["choices"][0]["message"]["content"].as_str().unwrap().starts_with("<tool_call>"));
     let (status, r) =
@@ -752,5 +753,67 @@ fn the_chat_page_streams_a_reply_in_chromium() {
     std::fs::write(&shot, png).unwrap();
     eprintln!("screenshot: {}", shot.display());
     drop(page);
+    server.stop().unwrap();
+}
+
+/// `tool_choice` required or naming a function: the reply is a call in the template's format
+/// whose arguments follow the tool's parameters, even from the tiny random model.
+#[test]
+fn tool_choice_forces_a_call_through_the_grammar() {
+    let mut loaded = byte_level();
+    loaded.tokenizer.chat_template =
+        Some("{% for m in messages %}{{ m.content }}\n{% endfor %}{% if tools %}<tool_call>{% endif %}".into());
+    let server = Server::start(loaded, ServeOptions { port: 0, ..Default::default() }).unwrap();
+    let addr = server.addr();
+    let city = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 5}},
+                      "required": ["city"], "additionalProperties": false});
+    let tools = json!([
+        {"type": "function", "function": {"name": "weather", "parameters": city}},
+        {"type": "function", "function": {"name": "time", "parameters": {"type": "object", "properties": {}, "additionalProperties": false}}}
+    ]);
+    let ask = json!([{"role": "user", "content": "Weather in Oslo?"}]);
+    for (choice, want) in
+        [(json!({"type": "function", "function": {"name": "weather"}}), Some("weather")), (json!("required"), None)]
+    {
+        for stream in [false, true] {
+            let body =
+                json!({"messages": ask, "tools": tools, "tool_choice": choice, "max_tokens": 80, "stream": stream});
+            let calls: Vec<Value> = match stream {
+                false => {
+                    let (status, r) = post(addr, "/v1/chat/completions", &body);
+                    assert_eq!(status, 200, "{r}");
+                    assert_eq!(r["choices"][0]["finish_reason"], "tool_calls", "{r}");
+                    r["choices"][0]["message"]["tool_calls"].as_array().unwrap().clone()
+                }
+                true => {
+                    let (_, text) = http(addr, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+                    let ev = events(&text);
+                    let chunks: Vec<Value> =
+                        ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+                    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+                    chunks
+                        .iter()
+                        .filter_map(|c| c["choices"][0]["delta"].get("tool_calls"))
+                        .flat_map(|c| c.as_array().unwrap().clone())
+                        .collect()
+                }
+            };
+            assert_eq!(calls.len(), 1, "{calls:?}");
+            let name = calls[0]["function"]["name"].as_str().unwrap();
+            let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+            match name {
+                "weather" => assert!(args["city"].as_str().unwrap().chars().count() <= 5, "{args}"),
+                "time" => assert_eq!(args, json!({})),
+                other => panic!("a call of {other}"),
+            }
+            if let Some(w) = want {
+                assert_eq!(name, w);
+            }
+        }
+    }
+    let body =
+        json!({"messages": ask, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}});
+    let (status, r) = post(addr, "/v1/chat/completions", &body);
+    assert_eq!((status, r["error"]["param"].as_str()), (400, Some("tool_choice")));
     server.stop().unwrap();
 }
