@@ -428,7 +428,7 @@ impl Reply {
                         Some(format) => tools::parse(format, &text),
                         None => (text, Vec::new()),
                     };
-                    let mut message = json!({"role": "assistant", "content": content});
+                    let mut message = json!({"role": "assistant", "content": content, "refusal": null, "annotations": []});
                     let mut reason = openai::finish_name(finish);
                     if !calls.is_empty() {
                         if content.is_empty() {

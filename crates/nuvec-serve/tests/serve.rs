@@ -411,7 +411,8 @@ impl nuvec_lm::LanguageModel for Scripted {
 }
 
 /// A scripted model that calls a `weather` tool in Hermes' format when asked `weather?`, and
-/// answers `It is sunny` to the tool's result; its template renders tools and tool messages.
+/// answers `It is sunny` to the tool's result and to anything else; its template renders
+/// tools and tool messages.
 fn tool_caller() -> Loaded {
     let words = [
         "<unk>",
@@ -439,7 +440,8 @@ fn tool_caller() -> Loaded {
     for pair in words[1..10].windows(2) {
         chain(pair[0], pair[1], &mut next);
     }
-    for (a, b) in [("22C", "It"), ("It", "is"), ("is", "sunny"), ("sunny", "<eos>")] {
+    // Unknown words (any other prompt) get the same answer.
+    for (a, b) in [("22C", "It"), ("<unk>", "It"), ("It", "is"), ("is", "sunny"), ("sunny", "<eos>")] {
         chain(a, b, &mut next);
     }
     let v = words.len() as i32;
@@ -815,5 +817,47 @@ fn tool_choice_forces_a_call_through_the_grammar() {
         json!({"messages": ask, "tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}});
     let (status, r) = post(addr, "/v1/chat/completions", &body);
     assert_eq!((status, r["error"]["param"].as_str()), (400, Some("tool_choice")));
+    server.stop().unwrap();
+}
+
+/// The `llm-comply` PyPI suite's OpenAI chat checks (0.5.0) against the scripted model: the
+/// text, system prompt, multi-turn, streaming and streaming-usage checks pass. Its tool-calling and image checks
+/// need a model that calls tools unforced and reads images, and its error check wants a
+/// request without `model` refused, which this server (as mlx-lm's) serves with its model.
+/// Needs `NUVEC_IO_PYTHONPATH` holding `llm_comply`, which `.ci/run` installs; without it
+/// the test says SKIPPED.
+#[test]
+fn llm_comply_openai_chat_checks_pass() {
+    let Some(pythonpath) = std::env::var_os("NUVEC_IO_PYTHONPATH") else {
+        eprintln!("SKIPPED llm_comply_openai_chat_checks_pass: NUVEC_IO_PYTHONPATH is not set");
+        return;
+    };
+    let server = Server::start(tool_caller(), ServeOptions { port: 0, ..Default::default() }).unwrap();
+    let checks = [
+        "chat-basic-response",
+        "chat-system-prompt",
+        "chat-multi-turn",
+        "chat-streaming-response",
+        "chat-streaming-usage",
+    ];
+    let out = std::process::Command::new("python3")
+        .env("PYTHONPATH", pythonpath)
+        .args(["-m", "llm_comply.cli", "--format", "openai-chat", "-k", "unused", "-m", "scripted", "--json", "-f"])
+        .arg(checks.join(","))
+        .arg("-u")
+        .arg(format!("http://{}/v1", server.addr()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("No module named 'llm_comply'") {
+        eprintln!("SKIPPED llm_comply_openai_chat_checks_pass: no llm_comply package in NUVEC_IO_PYTHONPATH");
+        return;
+    }
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), checks.len(), "{report:#}");
+    for r in results {
+        assert_eq!(r["status"], "passed", "{r:#}");
+    }
     server.stop().unwrap();
 }
