@@ -263,9 +263,10 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
 
 #[test]
 fn concurrent_streams_equal_their_requests_alone_and_clients_may_leave() {
-    let server = start(ServeOptions { max_batch: 8, ..Default::default() });
+    // 256 streams through a batch of 16; four more clients leave mid-stream.
+    let server = start(ServeOptions { max_batch: 16, max_queue: 1024, ..Default::default() });
     let addr = server.addr();
-    let prompts: Vec<String> = (0..24)
+    let prompts: Vec<String> = (0..256)
         .map(|i| (0..(2 + i % 7)).map(|j| format!("t{}", (i * 13 + j * 5) % 128)).collect::<Vec<_>>().join(" "))
         .collect();
     let wants: Vec<String> = prompts.iter().map(|p| alone(&format!("{p} "), 10)).collect();
