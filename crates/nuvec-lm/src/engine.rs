@@ -233,6 +233,14 @@ impl<'a> Engine<'a> {
         self.waiting.is_empty() && self.running.is_empty() && self.filling.is_none()
     }
 
+    /// Bytes the engine's key-value caches hold: the batch's, the prompt being prefilled,
+    /// and those kept for later prompts.
+    pub fn cache_bytes(&self) -> usize {
+        let kept = self.kept.iter().flat_map(|(_, c)| c);
+        let filling = self.filling.iter().flat_map(|f| &f.caches);
+        self.caches.iter().chain(kept).chain(filling).flat_map(KvCache::arrays).map(|a| a.nbytes()).sum()
+    }
+
     /// Requests running and waiting (being prefilled included).
     pub fn load(&self) -> (usize, usize) {
         (self.running.len(), self.waiting.len() + self.filling.is_some() as usize)

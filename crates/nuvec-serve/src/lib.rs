@@ -258,6 +258,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         ("nuvec_generation_tokens_total", "counter", "Tokens generated.", get(&m.generated_tokens)),
         ("nuvec_requests_running", "gauge", "Requests in the decoding batch.", get(&m.running)),
         ("nuvec_requests_waiting", "gauge", "Requests waiting to join the batch.", get(&m.waiting)),
+        ("nuvec_kv_cache_bytes", "gauge", "Bytes of the engine's key-value caches.", get(&m.cache_bytes)),
     ] {
         text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
     }
@@ -391,20 +392,30 @@ impl Reply {
         format!("call_{:x}{:06x}", self.app.created, self.app.ids.fetch_add(1, Ordering::Relaxed))
     }
 
-    fn usage(&self, completion: usize) -> Value {
-        json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion, "total_tokens": self.prompt_tokens + completion})
+    /// OpenAI's usage: prompt tokens (`cached` of them from earlier requests' caches, for the
+    /// first choice), completion tokens, their total.
+    fn usage(&self, completion: usize, cached: usize) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        })
     }
 
     /// Waits for every choice and answers with the whole completion.
     async fn whole(self, receivers: Vec<mpsc::UnboundedReceiver<Event>>) -> Response {
         let mut choices = Vec::with_capacity(receivers.len());
-        let mut completion = 0;
+        let (mut completion, mut cached) = (0, None);
         for (index, mut rx) in receivers.into_iter().enumerate() {
             let mut tokens: Vec<Generated> = Vec::new();
             let mut last = None;
             let finish = loop {
                 match rx.recv().await {
-                    Some(Ok(g)) => {
+                    Some(Event::Cached(n)) => {
+                        cached.get_or_insert(n);
+                    }
+                    Some(Event::Token(g)) => {
                         if tokens.is_empty() && index == 0 {
                             self.first_token();
                         }
@@ -415,7 +426,7 @@ impl Reply {
                             break f;
                         }
                     }
-                    Some(Err(e)) => return error(&server_error(e)),
+                    Some(Event::Failed(e)) => return error(&server_error(e)),
                     None => return error(&server_error("the engine stopped during the request")),
                 }
             };
@@ -459,7 +470,7 @@ impl Reply {
             "created": self.created(),
             "model": self.model(),
             "choices": choices,
-            "usage": self.usage(completion),
+            "usage": self.usage(completion, cached.unwrap_or(0)),
         }))
         .into_response()
     }
@@ -489,10 +500,15 @@ impl Reply {
                 }
                 c.to_string()
             };
+            let mut cached = None;
             while let Some((i, event)) = merged.next().await {
                 let g = match event {
-                    Ok(g) => g,
-                    Err(e) => {
+                    Event::Cached(n) => {
+                        cached.get_or_insert(n);
+                        continue;
+                    }
+                    Event::Token(g) => g,
+                    Event::Failed(e) => {
                         let _ = out.send(json!({"error": {"message": e, "type": "server_error"}}).to_string());
                         return;
                     }
@@ -559,7 +575,7 @@ impl Reply {
                 }
             }
             if include_usage {
-                let _ = out.send(chunk(json!([]), Some(self.usage(completion))));
+                let _ = out.send(chunk(json!([]), Some(self.usage(completion, cached.unwrap_or(0)))));
             }
             let _ = out.send("[DONE]".into());
         });

@@ -11,8 +11,15 @@ use nuvec_lm::generate::Generated;
 use nuvec_lm::{LanguageModel, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
-/// A request's next token, or why it ended without one.
-pub(crate) type Event = Result<Generated, String>;
+/// What the engine tells a request.
+pub(crate) enum Event {
+    /// How many prompt tokens came from an earlier request's caches (before the first token).
+    Cached(usize),
+    /// The next token.
+    Token(Generated),
+    /// Why the request ended without one.
+    Failed(String),
+}
 
 /// A request for the engine and where its events go.
 pub(crate) struct Job {
@@ -30,6 +37,8 @@ pub(crate) struct Metrics {
     pub cached_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub running: AtomicU64,
+    /// Bytes of the engine's key-value caches.
+    pub cache_bytes: AtomicU64,
     pub waiting: AtomicU64,
     /// Seconds from each request's arrival to its first token.
     pub first_token: Histogram,
@@ -144,7 +153,7 @@ fn run(
                 }
                 Err(e) => {
                     metrics.failed.fetch_add(1, Ordering::Relaxed);
-                    let _ = job.events.send(Err(e.to_string()));
+                    let _ = job.events.send(Event::Failed(e.to_string()));
                 }
             }
         }
@@ -157,13 +166,20 @@ fn run(
         for (id, event) in engine.step() {
             if let Some(n) = engine.reused_tokens(id) {
                 metrics.cached_tokens.fetch_add(n as u64, Ordering::Relaxed);
+                if let Some(s) = senders.get(&id) {
+                    let _ = s.send(Event::Cached(n));
+                }
             }
             let last = event.as_ref().map_or(true, |g| g.finish.is_some());
             match &event {
                 Ok(_) => metrics.generated_tokens.fetch_add(1, Ordering::Relaxed),
                 Err(_) => metrics.failed.fetch_add(1, Ordering::Relaxed),
             };
-            let delivered = senders.get(&id).is_some_and(|s| s.send(event.map_err(|e| e.to_string())).is_ok());
+            let event = match event {
+                Ok(g) => Event::Token(g),
+                Err(e) => Event::Failed(e.to_string()),
+            };
+            let delivered = senders.get(&id).is_some_and(|s| s.send(event).is_ok());
             if !delivered {
                 engine.cancel(id);
             }
@@ -174,5 +190,6 @@ fn run(
         let (running, waiting) = engine.load();
         metrics.running.store(running as u64, Ordering::Relaxed);
         metrics.waiting.store(waiting as u64, Ordering::Relaxed);
+        metrics.cache_bytes.store(engine.cache_bytes() as u64, Ordering::Relaxed);
     }
 }

@@ -183,6 +183,10 @@ fn chat_and_completions_in_openai_shapes() {
     let whole = format!("{prompt} {want} t1 t2 ");
     assert_eq!(r["choices"][0]["message"]["content"], alone(&whole, 5).as_str());
     assert!(metric("nuvec_prompt_tokens_cached_total") - before >= 4 + 11, "the first turn's caches were reused");
+    let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached >= 4 + 11 && cached < r["usage"]["prompt_tokens"].as_u64().unwrap(), "{r}");
+    // The kept caches' bytes.
+    assert!(metric("nuvec_kv_cache_bytes") > 0);
 
     let (status, models) = http(addr, "GET", "/v1/models", &[], b"");
     assert_eq!(status, 200);
