@@ -247,7 +247,7 @@ impl GgufFile {
     /// (products of a block's float16 scale and a 6-bit one) are rounded to float16; so are
     /// those of a block whose float16 product overflows, which gives `None`.
     pub fn affine(&self, name: &str, widths: &[i32]) -> Result<Option<GgufAffine>> {
-        let (t, src, _, block_bytes) = self.bytes(name)?;
+        let (t, src, n, block_bytes) = self.bytes(name)?;
         let Some(own) = affine_bits(t.ggml_type) else {
             return Ok(None);
         };
@@ -258,7 +258,7 @@ impl GgufFile {
         if cols % 32 != 0 {
             return Err(self.error(name, format!("its last dimension {cols} is not whole blocks of 32")));
         }
-        let mut levels = Vec::with_capacity(src.len() / block_bytes * 256);
+        let mut levels = Vec::with_capacity(n);
         let (mut scales, mut biases) = (Vec::new(), Vec::new());
         for b in src.chunks_exact(block_bytes) {
             block_levels(t.ggml_type, b, &mut levels, &mut |s, o| {

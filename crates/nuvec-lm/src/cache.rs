@@ -518,7 +518,8 @@ impl KvCache {
 
     /// Rows `rows` of a cache of several rows, in that order, counting `offset` positions
     /// (the longest kept row's length): a batch that sequences leave ([`KvCache::stack`] joins
-    /// them). A paged cache's blocks held by the rows left out go back to its free blocks.
+    /// them). A paged cache's blocks held by the rows left out go back to its free blocks; the
+    /// result shares the pool, which is written in place, so `self` must not be used after.
     pub fn select(&self, rows: &[i32], offset: i32) -> KvCache {
         if let Some(p) = &self.pages {
             let mut pages = Pages { block_size: p.block_size, rows: Vec::new(), free: p.free.clone(), table: None };
@@ -546,6 +547,18 @@ impl KvCache {
             offset,
             ..self.clone()
         }
+    }
+
+    /// The cache with a contiguous buffer's capacity cut to the power of two (at least
+    /// [`STEP`]) that holds its positions: a row taken out of a batch keeps the batch's
+    /// capacity otherwise. Other kinds come back as they are.
+    pub fn compact(&self) -> KvCache {
+        if self.pages.is_some() || self.max_size.is_some() || self.quantized.is_some() {
+            return self.clone();
+        }
+        let cap = ((self.offset.max(STEP)) as u32).next_power_of_two() as i32;
+        let cut = |a: &Array| if a.shape()[2] > cap { window(a, 0, cap) } else { a.clone() };
+        KvCache { keys: self.keys.as_ref().map(cut), values: self.values.as_ref().map(cut), ..self.clone() }
     }
 
     /// Counts `n` more positions as held (a recorded step wrote them on the device).

@@ -21,7 +21,7 @@
 //! # Ok::<(), nuvec_lm::Error>(())
 //! ```
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use nuvec::Array;
 
@@ -65,6 +65,8 @@ struct Sequence<'a> {
     generated: Vec<u32>,
     /// Positions its rows of the batch's caches hold.
     length: i32,
+    /// The model's context, which ends it.
+    context: Option<usize>,
 }
 
 /// A request being prefilled: its caches hold `done` tokens of its prompt.
@@ -98,7 +100,7 @@ pub struct Engine<'a> {
     kept: Vec<(Vec<u32>, Vec<KvCache>)>,
     prefixes: usize,
     /// Prompt tokens each request found in a kept cache, until asked for.
-    reused: std::collections::HashMap<u64, usize>,
+    reused: HashMap<u64, usize>,
 }
 
 impl<'a> Engine<'a> {
@@ -174,7 +176,9 @@ impl<'a> Engine<'a> {
         if self.prefixes == 0 || tokens.is_empty() {
             return;
         }
-        // Its own buffers now, not a view of the batch's that keeps all of them alive.
+        // Its own buffers now, cut to its length, not a view of the batch's that keeps all of
+        // them alive.
+        let caches: Vec<KvCache> = caches.iter().map(KvCache::compact).collect();
         let arrays: Vec<Array> = caches.iter().flat_map(KvCache::arrays).collect();
         if nuvec::eval(&arrays).is_err() {
             return;
@@ -311,6 +315,7 @@ impl<'a> Engine<'a> {
         let logits = last_logits(&self.model.forward(&tokens(last), &mut caches));
         let mut sequence = Sequence {
             id,
+            context: self.model.config().max_position_embeddings.map(|c| c.max(1) as usize),
             constraint,
             sampler: Sampler::new(options.sampler.clone()),
             text: TextStream::new(self.tokenizer, &options.stop),
@@ -461,7 +466,9 @@ fn emit(s: &mut Sequence, sampled: &Sampled, eos: &[u32]) -> Result<Generated> {
         Some(c) => c.commit(token)?,
         None => false,
     };
-    let at_max = s.generated.len() >= s.options.max_tokens;
+    // The model's context ends the request too: positions past it are not trained.
+    let full = s.context.is_some_and(|c| s.prompt.len() + s.generated.len() >= c);
+    let at_max = s.generated.len() >= s.options.max_tokens || full;
     let (text, mut finish) = s.text.push(token, eos.contains(&token), at_max || complete)?;
     if complete && !eos.contains(&token) {
         finish = Some(FinishReason::Stop);

@@ -647,6 +647,15 @@ fn engine_requests_equal_decoding_alone() {
     let long = engine.add(2, Request { prompt: vec![1; 1000], options: GenerateOptions::default(), constraint: None });
     assert!(long.unwrap_err().to_string().contains("context"));
     assert!(engine.is_idle());
+    // The model's context (256) ends a request whatever its max_tokens.
+    let options = GenerateOptions { max_tokens: 100, ..Default::default() };
+    engine.add(3, Request { prompt: vec![7; 250], options, constraint: None }).unwrap();
+    let mut got = Vec::new();
+    while !engine.is_idle() {
+        got.extend(engine.step().into_iter().map(|(_, e)| e.unwrap()));
+    }
+    assert_eq!(got.len(), 6);
+    assert_eq!(got.last().unwrap().finish, Some(nuvec_lm::FinishReason::Length));
 }
 
 /// Prompt caching across requests: a conversation's next turn starts from the caches of the

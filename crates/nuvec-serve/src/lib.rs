@@ -43,7 +43,7 @@ use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::StreamExt;
-use nuvec_lm::engine::Request;
+use nuvec_lm::engine::{Constraint, Request};
 use nuvec_lm::generate::Generated;
 use nuvec_lm::{Loaded, Tokenizer};
 use serde_json::{Value, json};
@@ -172,6 +172,11 @@ impl Server {
 /// The router over `loaded`.
 fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
     let Loaded { model, tokenizer, eos, path } = loaded;
+    if !model.device_positions() {
+        return Err(std::io::Error::other(
+            "this model's RoPE scaling needs host positions (dynamic): it cannot be served as a batch",
+        ));
+    }
     let id = options
         .model_id
         .clone()
@@ -295,9 +300,13 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, 
         Ok(v) => v,
         Err(e) => return error(&ApiError::invalid("body", format!("the body is not valid JSON: {e}"))),
     };
-    let parsed = match parse(&body, endpoint, &app.tokenizer, &app.limits) {
-        Ok(p) => p,
-        Err(e) => return error(&e),
+    // Templates, tokenizing and grammars are CPU work: off the runtime's threads.
+    let work = app.clone();
+    let prepared = tokio::task::spawn_blocking(move || prepare(&work, &body, endpoint)).await;
+    let (parsed, constraints) = match prepared {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => return error(&e),
+        Err(_) => return error(&server_error("the request could not be prepared")),
     };
     let metrics = &app.worker.metrics;
     if metrics.waiting.load(Ordering::Relaxed) as usize + parsed.n > app.max_queue {
@@ -308,21 +317,6 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, 
             param: None,
             code: None,
         });
-    }
-    // Each choice follows its own copy of the grammar.
-    let mut constraints = Vec::with_capacity(parsed.n);
-    for _ in 0..parsed.n {
-        let made = match (&parsed.response_format, &parsed.forced_call, parsed.tools) {
-            (Some(f), ..) => app.grammars.response_format(f),
-            (None, Some((tools, name)), Some(format)) => {
-                app.grammars.tool_call(format, tools, name.as_deref()).map(Some)
-            }
-            _ => Ok(None),
-        };
-        match made {
-            Ok(c) => constraints.push(c),
-            Err(e) => return error(&e),
-        }
     }
     let mut receivers = Vec::with_capacity(parsed.n);
     for (i, constraint) in constraints.into_iter().enumerate() {
@@ -353,6 +347,24 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, 
         arrived,
     };
     if parsed.stream { reply.stream(receivers, parsed.include_usage) } else { reply.whole(receivers).await }
+}
+
+/// Each choice's constraint, if any.
+type Constraints = Vec<Option<Box<dyn Constraint>>>;
+
+/// A request's checked form and each choice's constraint (its own copy of the grammar).
+fn prepare(app: &App, body: &Value, endpoint: Endpoint) -> Result<(Parsed, Constraints), ApiError> {
+    let parsed = parse(body, endpoint, &app.tokenizer, &app.limits)?;
+    let constraints = (0..parsed.n)
+        .map(|_| match (&parsed.response_format, &parsed.forced_call, parsed.tools) {
+            (Some(f), ..) => app.grammars.response_format(f),
+            (None, Some((tools, name)), Some(format)) => {
+                app.grammars.tool_call(format, tools, name.as_deref()).map(Some)
+            }
+            _ => Ok(None),
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    Ok((parsed, constraints))
 }
 
 /// What the answer to one request needs.
@@ -501,7 +513,22 @@ impl Reply {
                 c.to_string()
             };
             let mut cached = None;
-            while let Some((i, event)) = merged.next().await {
+            let fail = |message: &str| {
+                let _ = out.send(json!({"error": {"message": message, "type": "server_error"}}).to_string());
+                let _ = out.send("[DONE]".into());
+            };
+            loop {
+                // A client that goes away cancels its requests (the receivers drop with this
+                // task), also before their first token.
+                let next = tokio::select! {
+                    next = merged.next() => next,
+                    _ = out.closed() => return,
+                };
+                let Some((i, event)) = next else {
+                    // The engine stopped before every choice ended.
+                    fail("the engine stopped during the request");
+                    return;
+                };
                 let g = match event {
                     Event::Cached(n) => {
                         cached.get_or_insert(n);
@@ -509,7 +536,7 @@ impl Reply {
                     }
                     Event::Token(g) => g,
                     Event::Failed(e) => {
-                        let _ = out.send(json!({"error": {"message": e, "type": "server_error"}}).to_string());
+                        fail(&e);
                         return;
                     }
                 };

@@ -167,12 +167,24 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
         }
     }
 
-    let max_tokens = match (o.get("max_completion_tokens"), o.get("max_tokens")) {
-        (Some(v), _) => count(v, "max_completion_tokens", 1)?,
-        (None, Some(v)) => count(v, "max_tokens", 1)?,
-        (None, None) => None,
+    let key = if o.contains_key("max_completion_tokens") { "max_completion_tokens" } else { "max_tokens" };
+    let asked = count(o.get(key).unwrap_or(&Value::Null), key, 1)?;
+    // Prompt and reply fit the model's context: a limit asked for past it is an error, the
+    // default is cut to it.
+    let room = limits.max_prompt.map(|c| c - prompt.len());
+    if let (Some(a), Some(r)) = (asked, room)
+        && a > r
+    {
+        return Err(ApiError::invalid(
+            key,
+            format!(
+                "the prompt's {} tokens and {a} more exceed the model's context of {}",
+                prompt.len(),
+                prompt.len() + r
+            ),
+        ));
     }
-    .unwrap_or(limits.default_max_tokens);
+    let max_tokens = asked.unwrap_or(limits.default_max_tokens).min(room.unwrap_or(usize::MAX)).max(1);
     let n = count_or(o, "n", 1, 1)?;
     if n > limits.max_n {
         return Err(ApiError::invalid("n", format!("'n' must be at most {}", limits.max_n)));
@@ -221,7 +233,7 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
     let sampler = SamplerOptions {
         temperature: float("temperature", limits.default_temperature, 0.0, 2.0)?,
         top_p: float("top_p", 1.0, 0.0, 1.0)?,
-        top_k: count_or(o, "top_k", 0, 0)? as i32,
+        top_k: i32::try_from(count_or(o, "top_k", 0, 0)?).unwrap_or(i32::MAX),
         min_p: float("min_p", 0.0, 0.0, 1.0)?,
         repetition_penalty: float("repetition_penalty", 1.0, 0.0, 10.0)?,
         penalty_context: count_or(o, "repetition_context_size", 20, 1)?,
@@ -230,7 +242,11 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
         logit_bias: logit_bias(o, tokenizer)?,
         seed: match o.get("seed") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_i64().ok_or_else(|| ApiError::invalid("seed", "'seed' must be an integer"))? as u64),
+            Some(v) => Some(
+                v.as_u64()
+                    .or_else(|| v.as_i64().map(|s| s as u64))
+                    .ok_or_else(|| ApiError::invalid("seed", "'seed' must be an integer"))?,
+            ),
         },
         top_logprobs: logprobs.unwrap_or(0),
     };
@@ -311,7 +327,7 @@ fn tools(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Option<Tools>,
 
 /// A chat request's tools: their specs, the format the model writes calls in, and whether a
 /// call is forced (`Some(None)`: any tool; `Some(Some(name))`: that one).
-pub struct Tools {
+pub(crate) struct Tools {
     /// The `tools` list as the request gave it.
     pub specs: Value,
     /// How the model writes calls.
@@ -457,7 +473,8 @@ fn completion_prompt(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Ve
             tokenizer.encode_prompt(a[0].as_str().unwrap_or("")).map_err(|e| bad(&e.to_string()))
         }
         Some(Value::Array(a)) if a.iter().all(Value::is_u64) => {
-            let ids: Vec<u32> = a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect();
+            let ids: Vec<u32> =
+                a.iter().filter_map(Value::as_u64).map(|v| u32::try_from(v).unwrap_or(u32::MAX)).collect();
             match ids.iter().find(|&&id| id as usize >= tokenizer.vocab_size()) {
                 Some(id) => Err(ApiError::invalid("prompt", format!("token {id} is not in the vocabulary"))),
                 None => Ok(ids),

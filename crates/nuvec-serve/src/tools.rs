@@ -118,21 +118,8 @@ pub fn parse(format: Format, text: &str) -> (String, Vec<Call>) {
 /// is, or may become, a tool call (held until the reply ends and [`parse`] reads it).
 pub fn shown(format: Format, text: &str) -> usize {
     match format {
-        Format::Hermes => match text.find("<tool_call>") {
-            Some(at) => at,
-            // A tail that may begin the marker waits.
-            None => (1.."<tool_call>".len())
-                .rev()
-                .find(|&k| text.ends_with(&"<tool_call>"[..k]))
-                .map_or(text.len(), |k| text.len() - k),
-        },
-        Format::Mistral => match text.find("[TOOL_CALLS]") {
-            Some(at) => at,
-            None => (1.."[TOOL_CALLS]".len())
-                .rev()
-                .find(|&k| text.ends_with(&"[TOOL_CALLS]"[..k]))
-                .map_or(text.len(), |k| text.len() - k),
-        },
+        Format::Hermes => before_marker(text, "<tool_call>"),
+        Format::Mistral => before_marker(text, "[TOOL_CALLS]"),
         // A Llama 3 call is the whole reply: one that starts as JSON, or with the tag (or a
         // start of it), waits.
         Format::Llama3 => {
@@ -143,6 +130,15 @@ pub fn shown(format: Format, text: &str) -> usize {
                 || t.starts_with("<|python_tag|>");
             if maybe { 0 } else { text.len() }
         }
+    }
+}
+
+/// Where `marker` starts in `text`, or, when it does not, where a tail that may begin it
+/// starts (the end when none may).
+fn before_marker(text: &str, marker: &str) -> usize {
+    match text.find(marker) {
+        Some(at) => at,
+        None => (1..marker.len()).rev().find(|&k| text.ends_with(&marker[..k])).map_or(text.len(), |k| text.len() - k),
     }
 }
 

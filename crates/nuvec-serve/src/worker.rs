@@ -88,7 +88,7 @@ impl Histogram {
 
 /// The handle the handlers hold: requests go in through it.
 pub(crate) struct Worker {
-    jobs: std::sync::Mutex<std::sync::mpsc::Sender<Job>>,
+    jobs: std::sync::mpsc::Sender<Job>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -108,13 +108,13 @@ impl Worker {
         std::thread::Builder::new()
             .name("nuvec-engine".into())
             .spawn(move || run(model.as_ref(), &tokenizer, &eos, settings, &rx, &m))?;
-        Ok(Worker { jobs: std::sync::Mutex::new(tx), metrics })
+        Ok(Worker { jobs: tx, metrics })
     }
 
     /// Hands `job` to the engine; false when the engine thread is gone.
     pub fn submit(&self, job: Job) -> bool {
         self.metrics.waiting.fetch_add(1, Ordering::Relaxed);
-        let sent = self.jobs.lock().map(|tx| tx.send(job).is_ok()).unwrap_or(false);
+        let sent = self.jobs.send(job).is_ok();
         if !sent {
             self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
         }
@@ -163,7 +163,22 @@ fn run(
             engine.cancel(id);
             senders.remove(&id);
         }
-        for (id, event) in engine.step() {
+        // A panic inside a step (a bug) fails the requests it held, not the server: the engine
+        // starts afresh.
+        let events = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step())) {
+            Ok(events) => events,
+            Err(_) => {
+                for (_, s) in senders.drain() {
+                    metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    let _ = s.send(Event::Failed("the engine failed during this request".into()));
+                }
+                engine = Engine::new(model, Some(tokenizer), eos, max_batch)
+                    .with_prefix_cache(prompt_cache)
+                    .with_prefill_budget(prefill_chunk);
+                continue;
+            }
+        };
+        for (id, event) in events {
             if let Some(n) = engine.reused_tokens(id) {
                 metrics.cached_tokens.fetch_add(n as u64, Ordering::Relaxed);
                 if let Some(s) = senders.get(&id) {

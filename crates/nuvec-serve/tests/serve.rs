@@ -233,6 +233,9 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         (json!({"messages": [{"role": "wizard", "content": "x"}]}), 400, "messages"),
         (json!({"top_logprobs": 2}), 400, "top_logprobs"),
         (json!({"model": "gpt-4"}), 404, "model"),
+        // The tiny model's context is 256 tokens.
+        (json!({"max_tokens": 1000}), 400, "max_tokens"),
+        (json!({"max_completion_tokens": 255}), 400, "max_completion_tokens"),
     ] {
         let (got, r) = chat(extra.clone());
         assert_eq!(got, status, "{extra}: {r}");

@@ -1,9 +1,9 @@
 //! Fused CPU kernels of fast operations, one module per family: softmax and log-sum-exp in
 //! `softmax`, the row norms in `norm`, RoPE in `rope`, SwiGLU in `swiglu`, cross entropy (loss,
 //! derivative, both at once) in `cross_entropy`, one Adam update in `adam`, products with
-//! quantized weights in `quantized_matmul`, attention for a few query rows and over paged caches in `attention`. Here: which ops and dtypes have a kernel, the
-//! dispatch, and the row helpers they share. What they do not cover runs as the operations'
-//! compositions.
+//! quantized weights in `quantized_matmul`, attention for a few query rows and over paged caches
+//! in `attention`. Here: which ops and dtypes have a kernel, the dispatch, and the row helpers
+//! they share. What they do not cover runs as the operations' compositions.
 
 mod adam;
 mod attention;

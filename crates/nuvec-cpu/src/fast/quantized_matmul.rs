@@ -59,7 +59,9 @@ fn typed<T: Float<Acc = f32> + bytemuck::Pod>(
     let affine = p.mode == QuantMode::Affine;
     let fused = p.dtype == DType::F32 && affine && matches!(p.bits, 4 | 8) && gs.is_multiple_of(8);
     if m > 0 && n > 0 && k > 0 {
-        if p.transpose && m <= FUSED_ROWS && fused {
+        // Past DOT_ROWS only AVX-512 shares each widened weight run between rows of x.
+        let most = if Isa::detected() == Isa::Avx512 { FUSED_ROWS } else { DOT_ROWS };
+        if p.transpose && m <= most && fused {
             let words = elems::<u32>(&inputs[1])?;
             let (scales, biases) = (Groups::of(&inputs[2])?, Groups::of(&inputs[3])?);
             let w = Affine { words, scales, biases, bits: p.bits as usize, gs, k };
