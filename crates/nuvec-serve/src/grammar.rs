@@ -122,12 +122,15 @@ impl Grammars {
         let mut call = json!({"anyOf": calls});
         layout().apply_to(&mut call);
         let lark = match format {
-            Format::Hermes => format!("start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {call}\n"),
+            Format::Hermes => {
+                let (open, close) = (self.marker("<tool_call>"), self.marker("</tool_call>"));
+                format!("start: {open} \"\\n\" call \"\\n\" {close}\ncall: %json {call}\n")
+            }
             Format::Llama3 => format!("start: call\ncall: %json {call}\n"),
             Format::Mistral => {
                 let mut list = json!({"type": "array", "items": call, "minItems": 1});
                 layout().apply_to(&mut list);
-                format!("start: \"[TOOL_CALLS]\" calls\ncalls: %json {list}\n")
+                format!("start: {} calls\ncalls: %json {list}\n", self.marker("[TOOL_CALLS]"))
             }
         };
         let factory =
@@ -136,6 +139,18 @@ impl Grammars {
             .create_parser(TopLevelGrammar::from_lark(lark))
             .map_err(|e| bad(format!("the tools' parameters cannot be used: {e}")))?;
         Ok(Box::new(Guided(Matcher::new(Ok(parser)))))
+    }
+}
+
+impl Grammars {
+    /// A call marker in Lark: the special token it is in this tokenizer (`<[id]>`: a special
+    /// token's bytes are not text), or its text.
+    fn marker(&self, text: &str) -> String {
+        let decoder = self.tokenizer.inner().get_added_tokens_decoder();
+        match decoder.iter().find(|(_, t)| t.special && t.content == text) {
+            Some((id, _)) => format!("<[{id}]>"),
+            None => format!("{text:?}"),
+        }
     }
 }
 

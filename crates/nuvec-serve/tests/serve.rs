@@ -546,9 +546,15 @@ fn tool_calls_are_read_from_the_reply_whole_and_streamed() {
 /// The tiny Llama with a byte-level tokenizer (token `b` is byte `b`, as GPT-2's byte
 /// alphabet writes it) and byte 0 as its end: every ASCII text has tokens.
 fn byte_level() -> Loaded {
+    byte_level_with(&[])
+}
+
+/// [`byte_level`] with `specials` (id, text) as special added tokens in place of those bytes.
+fn byte_level_with(specials: &[(u32, &str)]) -> Loaded {
     let printable = |b: u32| (33..=126).contains(&b);
     let mut next = 256;
     let vocab: serde_json::Map<String, Value> = (0..128u32)
+        .filter(|b| !specials.iter().any(|(id, _)| id == b))
         .map(|b| {
             let c = if printable(b) {
                 char::from_u32(b).unwrap()
@@ -559,8 +565,15 @@ fn byte_level() -> Loaded {
             (c.to_string(), Value::from(b))
         })
         .collect();
+    let added: Vec<Value> = specials
+        .iter()
+        .map(|(id, text)| {
+            json!({"id": id, "content": text, "single_word": false, "lstrip": false, "rstrip": false,
+                   "normalized": false, "special": true})
+        })
+        .collect();
     let spec = json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
         "post_processor": null,
         "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
@@ -770,7 +783,14 @@ fn the_chat_page_streams_a_reply_in_chromium() {
 /// whose arguments follow the tool's parameters, even from the tiny random model.
 #[test]
 fn tool_choice_forces_a_call_through_the_grammar() {
-    let mut loaded = byte_level();
+    // The markers as text, and as special tokens (as some tokenizers have them).
+    for specials in [&[][..], &[(126, "<tool_call>"), (127, "</tool_call>")][..]] {
+        forced_calls(specials);
+    }
+}
+
+fn forced_calls(specials: &[(u32, &str)]) {
+    let mut loaded = byte_level_with(specials);
     loaded.tokenizer.chat_template =
         Some("{% for m in messages %}{{ m.content }}\n{% endfor %}{% if tools %}<tool_call>{% endif %}".into());
     let server = Server::start(loaded, ServeOptions { port: 0, ..Default::default() }).unwrap();
