@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
+use axum::body::Body;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -109,6 +110,7 @@ struct App {
     limits: Limits,
     api_key: Option<String>,
     max_queue: usize,
+    max_body: usize,
     created: u64,
     ids: AtomicU64,
 }
@@ -200,6 +202,7 @@ fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
         limits,
         api_key: options.api_key.clone(),
         max_queue: options.max_queue,
+        max_body: options.max_body,
         created,
         ids: AtomicU64::new(0),
     });
@@ -210,11 +213,11 @@ fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
         .route("/metrics", get(metrics))
         .route(
             "/v1/chat/completions",
-            post(|s: State<Arc<App>>, h: HeaderMap, b: Bytes| complete(s, h, b, Endpoint::Chat)),
+            post(|s: State<Arc<App>>, h: HeaderMap, b: Body| complete(s, h, b, Endpoint::Chat)),
         )
         .route(
             "/v1/completions",
-            post(|s: State<Arc<App>>, h: HeaderMap, b: Bytes| complete(s, h, b, Endpoint::Completion)),
+            post(|s: State<Arc<App>>, h: HeaderMap, b: Body| complete(s, h, b, Endpoint::Completion)),
         )
         .fallback(|| async {
             error(&ApiError {
@@ -225,7 +228,8 @@ fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
                 code: None,
             })
         })
-        .layer(DefaultBodyLimit::max(options.max_body))
+        // Bodies are read (and limited) by the handlers, to answer OpenAI's error body.
+        .layer(DefaultBodyLimit::disable())
         .with_state(state))
 }
 
@@ -285,7 +289,7 @@ fn authorized(app: &App, headers: &HeaderMap) -> bool {
     diff == 0 && a.len() == b.len()
 }
 
-async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, endpoint: Endpoint) -> Response {
+async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Body, endpoint: Endpoint) -> Response {
     let arrived = Instant::now();
     if !authorized(&app, &headers) {
         return error(&ApiError {
@@ -296,6 +300,18 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes, 
             code: Some("invalid_api_key"),
         });
     }
+    let body: Bytes = match axum::body::to_bytes(body, app.max_body).await {
+        Ok(b) => b,
+        Err(_) => {
+            return error(&ApiError {
+                status: 413,
+                kind: "invalid_request_error",
+                message: format!("the request body is larger than {} bytes", app.max_body),
+                param: None,
+                code: None,
+            });
+        }
+    };
     let body: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return error(&ApiError::invalid("body", format!("the body is not valid JSON: {e}"))),

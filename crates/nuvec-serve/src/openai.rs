@@ -273,8 +273,12 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
     if response_format.is_some() && tools.is_some() {
         return Err(ApiError::invalid("response_format", "'response_format' with 'tools' is not supported"));
     }
-    let forced_call = tools.as_ref().and_then(|t| t.forced.clone().map(|name| (t.specs.clone(), name)));
-    let tools = tools.map(|t| t.format);
+    let forced_call = tools.as_ref().and_then(|t| match &t.choice {
+        Choice::Any => Some((t.specs.clone(), None)),
+        Choice::Named(name) => Some((t.specs.clone(), Some(name.clone()))),
+        Choice::Auto | Choice::None => None,
+    });
+    let tools = tools.filter(|t| t.choice != Choice::None).map(|t| t.format);
     Ok(Parsed { prompt, options, n, stream, include_usage, logprobs, tools, response_format, forced_call })
 }
 
@@ -303,17 +307,17 @@ fn tools(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Option<Tools>,
             "'tool_choice' must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\": ..}}",
         )
     };
-    let forced = match o.get("tool_choice") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(c)) if c == "auto" => None,
-        Some(Value::String(c)) if c == "none" => return Ok(None),
-        Some(Value::String(c)) if c == "required" => Some(None),
+    let choice = match o.get("tool_choice") {
+        None | Some(Value::Null) => Choice::Auto,
+        Some(Value::String(c)) if c == "auto" => Choice::Auto,
+        Some(Value::String(c)) if c == "none" => Choice::None,
+        Some(Value::String(c)) if c == "required" => Choice::Any,
         Some(Value::Object(c)) if c.get("type").and_then(Value::as_str) == Some("function") => {
             let name = c.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).ok_or_else(bad_choice)?;
             if !specs.iter().any(|t| t["function"]["name"] == name) {
                 return Err(ApiError::invalid("tool_choice", format!("no tool is named '{name}'")));
             }
-            Some(Some(name.to_string()))
+            Choice::Named(name.to_string())
         }
         Some(_) => return Err(bad_choice()),
     };
@@ -322,18 +326,31 @@ fn tools(o: &Map<String, Value>, tokenizer: &Tokenizer) -> Result<Option<Tools>,
         return Err(ApiError::invalid("tools", "this model's chat template does not write tool calls"));
     };
     // The specs go to the template as they came, as transformers hands them over.
-    Ok(Some(Tools { specs: Value::Array(specs.clone()), format, forced }))
+    Ok(Some(Tools { specs: Value::Array(specs.clone()), format, choice }))
 }
 
-/// A chat request's tools: their specs, the format the model writes calls in, and whether a
-/// call is forced (`Some(None)`: any tool; `Some(Some(name))`: that one).
+/// What `tool_choice` asks.
+#[derive(Clone, PartialEq, Debug)]
+pub(crate) enum Choice {
+    /// The model may call a tool (calls are read from the reply).
+    Auto,
+    /// The model sees the tools, but its reply is text.
+    None,
+    /// The reply is a call of one of the tools.
+    Any,
+    /// The reply is a call of this tool.
+    Named(String),
+}
+
+/// A chat request's tools: their specs, the format the model writes calls in, and what
+/// `tool_choice` asks.
 pub(crate) struct Tools {
     /// The `tools` list as the request gave it.
     pub specs: Value,
     /// How the model writes calls.
     pub format: crate::tools::Format,
-    /// A call the reply must be.
-    pub forced: Option<Option<String>>,
+    /// What `tool_choice` asks.
+    pub choice: Choice,
 }
 
 /// A non-negative integer at least `min`, or `None` for null.

@@ -249,8 +249,9 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let (status, text) = http(addr, "POST", "/v1/chat/completions", &[], b"{not json");
     assert_eq!(status, 400);
     assert!(text.contains("not valid JSON"));
-    let (status, _) = http(addr, "POST", "/v1/completions", &[], &vec![b' '; 8192]);
+    let (status, text) = http(addr, "POST", "/v1/completions", &[], &vec![b' '; 8192]);
     assert_eq!(status, 413);
+    assert!(text.contains("larger than 4096 bytes"), "{text}");
     assert_eq!(http(addr, "GET", "/v2/nothing", &[], b"").0, 404);
     // Still serving.
     assert_eq!(chat(json!({})).0, 200);
@@ -527,6 +528,10 @@ fn tool_calls_are_read_from_the_reply_whole_and_streamed() {
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
     assert!(r["choices"][0]["message"].get("tool_calls").is_none());
 
+    // With tool_choice none the model sees the tools, but its reply stays text.
+    let (_, r) = post(addr, "/v1/chat/completions", &json!({"messages": ask, "tools": tools, "tool_choice": "none"}));
+    assert!(r["choices"][0]["message"]["content"].as_str().unwrap().starts_with("<tool_call>"), "{r}");
+    assert!(r["choices"][0]["message"].get("tool_calls").is_none());
     // Without tools, the reply is text. A forced call needs a grammar over the tokenizer, which
     // llguidance cannot make for a word-level one: refused, naming the parameter.
     let (_, r) = post(addr, "/v1/chat/completions", &json!({"messages": ask}));
