@@ -519,6 +519,8 @@ impl Reply {
             // With tools, each choice's text so far and how much of it was shown.
             let (mut texts, mut sent) = (vec![String::new(); n], vec![0usize; n]);
             let mut last = vec![None; n];
+            // Characters of each choice's text streamed so far (completion logprobs' offsets).
+            let mut shown = vec![0usize; n];
             let created = self.created();
             let object = if self.endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
             let chunk = |choices: Value, usage: Option<Value>| {
@@ -598,7 +600,9 @@ impl Reply {
                         json!({"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish})
                     }
                     Endpoint::Completion => {
-                        let lp = self.logprobs.map(|_| openai::completion_logprobs(t, std::slice::from_ref(&g), 0));
+                        let lp =
+                            self.logprobs.map(|_| openai::completion_logprobs(t, std::slice::from_ref(&g), shown[i]));
+                        shown[i] += g.text.chars().count();
                         json!({"index": i, "text": g.text, "logprobs": lp, "finish_reason": finish})
                     }
                 };

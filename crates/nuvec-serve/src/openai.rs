@@ -528,14 +528,15 @@ pub fn chat_logprob(tokenizer: &Tokenizer, g: &Generated) -> Value {
     e
 }
 
-/// A completion choice's `logprobs` of its tokens, its text starting at `offset`.
+/// A completion choice's `logprobs` of its tokens, its text starting at character `offset`
+/// (the offsets count characters, as OpenAI's do).
 pub fn completion_logprobs(tokenizer: &Tokenizer, tokens: &[Generated], offset: usize) -> Value {
     let (mut texts, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
     let mut at = offset;
     for g in tokens {
         let (text, _) = token_text(tokenizer, g.token);
         offsets.push(at);
-        at += g.text.len();
+        at += g.text.chars().count();
         texts.push(Value::from(text));
         lps.push(Value::from(g.logprob));
         let mut top = Map::new();

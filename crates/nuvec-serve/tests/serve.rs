@@ -114,6 +114,18 @@ fn chat_and_completions_in_openai_shapes() {
     assert_eq!(lp["tokens"].as_array().unwrap().len(), 12);
     assert!(lp["token_logprobs"].as_array().unwrap().iter().all(|v| v.as_f64().unwrap() <= 0.0));
     assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+    // Offsets are where each token's text starts in the reply, whole and streamed.
+    let offsets = lp["text_offset"].clone();
+    assert_eq!(offsets[0], 0);
+    let body = json!({"prompt": format!("{prompt} "), "max_tokens": 12, "logprobs": 2, "stream": true});
+    let (_, text) = http(addr, "POST", "/v1/completions", &[], body.to_string().as_bytes());
+    let ev = events(&text);
+    let streamed: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .map(|c| c["choices"][0]["logprobs"]["text_offset"][0].clone())
+        .collect();
+    assert_eq!(Value::Array(streamed), offsets);
     let (_, by_ids) = post(addr, "/v1/completions", &json!({"prompt": [5, 17, 99, 3], "max_tokens": 12}));
     assert_eq!(by_ids["choices"][0]["text"], want.as_str());
 
