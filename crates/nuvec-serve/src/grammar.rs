@@ -89,9 +89,7 @@ impl Grammars {
             .map_err(|e| bad(format!("the schema cannot be used: {e}")))?;
         Ok(Some(Box::new(Guided(Matcher::new(Ok(parser))))))
     }
-}
 
-impl Grammars {
     /// The constraint of a forced tool call: the reply is one call (in `format`) of one of
     /// `tools` (an OpenAI `tools` list), or of the one named `name`, its arguments following
     /// the tool's parameter schema.
@@ -140,9 +138,7 @@ impl Grammars {
             .map_err(|e| bad(format!("the tools' parameters cannot be used: {e}")))?;
         Ok(Box::new(Guided(Matcher::new(Ok(parser)))))
     }
-}
 
-impl Grammars {
     /// A call marker in Lark: the special token it is in this tokenizer (`<[id]>`: a special
     /// token's bytes are not text), or its text.
     fn marker(&self, text: &str) -> String {

@@ -219,15 +219,7 @@ fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
             "/v1/completions",
             post(|s: State<Arc<App>>, h: HeaderMap, b: Body| complete(s, h, b, Endpoint::Completion)),
         )
-        .fallback(|| async {
-            error(&ApiError {
-                status: 404,
-                kind: "invalid_request_error",
-                message: "no such route".into(),
-                param: None,
-                code: None,
-            })
-        })
+        .fallback(|| async { error(&ApiError::new(404, "invalid_request_error", "no such route")) })
         // Bodies are read (and limited) by the handlers, to answer OpenAI's error body.
         .layer(DefaultBodyLimit::disable())
         .with_state(state))
@@ -239,7 +231,7 @@ fn error(e: &ApiError) -> Response {
 }
 
 fn server_error(message: impl Into<String>) -> ApiError {
-    ApiError { status: 500, kind: "server_error", message: message.into(), param: None, code: None }
+    ApiError::new(500, "server_error", message)
 }
 
 async fn models(State(app): State<Arc<App>>) -> Response {
@@ -292,24 +284,17 @@ fn authorized(app: &App, headers: &HeaderMap) -> bool {
 async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Body, endpoint: Endpoint) -> Response {
     let arrived = Instant::now();
     if !authorized(&app, &headers) {
+        let message = "a valid API key is needed (Authorization: Bearer <key>)";
         return error(&ApiError {
-            status: 401,
-            kind: "invalid_request_error",
-            message: "a valid API key is needed (Authorization: Bearer <key>)".into(),
-            param: None,
             code: Some("invalid_api_key"),
+            ..ApiError::new(401, "invalid_request_error", message)
         });
     }
     let body: Bytes = match axum::body::to_bytes(body, app.max_body).await {
         Ok(b) => b,
         Err(_) => {
-            return error(&ApiError {
-                status: 413,
-                kind: "invalid_request_error",
-                message: format!("the request body is larger than {} bytes", app.max_body),
-                param: None,
-                code: None,
-            });
+            let message = format!("the request body is larger than {} bytes", app.max_body);
+            return error(&ApiError::new(413, "invalid_request_error", message));
         }
     };
     let body: Value = match serde_json::from_slice(&body) {
@@ -326,13 +311,8 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Body, e
     };
     let metrics = &app.worker.metrics;
     if metrics.waiting.load(Ordering::Relaxed) as usize + parsed.n > app.max_queue {
-        return error(&ApiError {
-            status: 429,
-            kind: "rate_limit_error",
-            message: format!("the server's queue is full ({} requests): try again later", app.max_queue),
-            param: None,
-            code: None,
-        });
+        let message = format!("the server's queue is full ({} requests): try again later", app.max_queue);
+        return error(&ApiError::new(429, "rate_limit_error", message));
     }
     let mut receivers = Vec::with_capacity(parsed.n);
     for (i, constraint) in constraints.into_iter().enumerate() {

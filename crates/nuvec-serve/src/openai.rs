@@ -24,15 +24,14 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An error of HTTP `status` and OpenAI's type `kind`, about no parameter.
+    pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, kind, message: message.into(), param: None, code: None }
+    }
+
     /// A 400 about `param`.
     pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: 400,
-            kind: "invalid_request_error",
-            message: message.into(),
-            param: Some(param.to_string()),
-            code: None,
-        }
+        ApiError { param: Some(param.to_string()), ..ApiError::new(400, "invalid_request_error", message) }
     }
 
     /// OpenAI's error body.
@@ -131,13 +130,8 @@ pub fn parse(body: &Value, endpoint: Endpoint, tokenizer: &Tokenizer, limits: &L
     if let Some(m) = o.get("model") {
         let name = m.as_str().ok_or_else(|| ApiError::invalid("model", "'model' must be a string"))?;
         if !limits.model_names.iter().any(|n| n == name) {
-            return Err(ApiError {
-                status: 404,
-                kind: "invalid_request_error",
-                message: format!("the model '{name}' does not exist (this server serves '{}')", limits.model_names[0]),
-                param: Some("model".into()),
-                code: Some("model_not_found"),
-            });
+            let message = format!("the model '{name}' does not exist (this server serves '{}')", limits.model_names[0]);
+            return Err(ApiError { status: 404, code: Some("model_not_found"), ..ApiError::invalid("model", message) });
         }
     }
     let tools = match endpoint {
