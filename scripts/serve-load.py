@@ -15,7 +15,7 @@ def stream(url, body):
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200, resp.read()
-    times, buf = [], b""
+    times, tokens = [], 0
     while True:
         line = resp.readline()
         if not line:
@@ -24,8 +24,10 @@ def stream(url, body):
             chunk = json.loads(line[6:])
             if chunk["choices"] and chunk["choices"][0]["delta"].get("content") is not None:
                 times.append(time.perf_counter())
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
     conn.close()
-    return start, times
+    return start, times, tokens
 
 
 def pct(xs, p):
@@ -39,11 +41,11 @@ def run(url, c, tokens, rounds):
     def worker(i):
         for r in range(rounds):
             body = {"messages": [{"role": "user", "content": f"Tell me story number {i * rounds + r} about a cat."}],
-                    "max_tokens": tokens, "temperature": 0, "stream": True, "ignore_eos": None}
-            body.pop("ignore_eos")
-            s, t = stream(url, body)
+                    "max_tokens": tokens, "temperature": 0, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            s, t, n = stream(url, body)
             with lock:
-                results.append((s, t))
+                results.append((s, t, n))
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(c)]
     t0 = time.perf_counter()
@@ -52,9 +54,10 @@ def run(url, c, tokens, rounds):
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    n = sum(len(t) for _, t in results)
-    ttft = [t[0] - s for s, t in results if t]
-    itl = [b - a for _, t in results for a, b in zip(t, t[1:])]
+    # Output tokens as the server counted them (a chunk can hold several, or none yet).
+    n = sum(k for _, _, k in results)
+    ttft = [t[0] - s for s, t, _ in results if t]
+    itl = [b - a for _, t, _ in results for a, b in zip(t, t[1:])]
     print(f"concurrency {c:4d}: {n / wall:8.1f} output tok/s, TTFT p50 {pct(ttft, 50) * 1e3:7.1f} ms p99 "
           f"{pct(ttft, 99) * 1e3:7.1f} ms, ITL p50 {pct(itl, 50) * 1e3:6.1f} ms p99 {pct(itl, 99) * 1e3:6.1f} ms, "
           f"{len(results)} requests, {n} tokens, {wall:.1f} s", flush=True)

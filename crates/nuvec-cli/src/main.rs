@@ -90,6 +90,10 @@ struct LoadArgs {
     /// Quantize float weights on load: BITS,GROUP (MLX's affine mode), e.g. 4,64.
     #[arg(long)]
     quantize: Option<String>,
+    /// Random weights of the shapes the --model folder's config.json gives, with the folder's
+    /// tokenizer (for measurements of a model whose weights are not at hand).
+    #[arg(long, requires = "model")]
+    random_weights: bool,
 }
 
 #[derive(Args, Clone)]
@@ -222,7 +226,8 @@ fn load_model(a: &LoadArgs) -> Res<Loaded> {
     bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("a fixed template"));
     bar.set_message(format!("loading {}", display_name(&path)));
     bar.enable_steady_tick(Duration::from_millis(100));
-    let loaded = load(&path, &LoadOptions { dtype, quantize });
+    let options = LoadOptions { dtype, quantize };
+    let loaded = if a.random_weights { nuvec_lm::load_random(&path, &options, 0) } else { load(&path, &options) };
     let loaded = loaded.and_then(|l| {
         // Read every weight now, so that the first token's time is the model's.
         let params: Vec<nuvec::Array> = l.model.parameters().into_values().collect();

@@ -40,7 +40,7 @@ pub use generate::{
     last_logits, tokens,
 };
 pub use graph::DecodeGraph;
-pub use load::{LoadOptions, Loaded, load, load_model, random_model, save};
+pub use load::{LoadOptions, Loaded, load, load_model, load_random, random_model, save};
 pub use models::LanguageModel;
 pub use sample::{Sampler, SamplerOptions};
 pub use tokenizer::Tokenizer;

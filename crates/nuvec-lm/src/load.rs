@@ -63,6 +63,19 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded> {
     Ok(Loaded { model, tokenizer, eos, path: path.to_path_buf() })
 }
 
+/// The folder `dir`'s model with random weights ([`random_model`] of its `config.json`) and
+/// its real tokenizer: a server or benchmark of a model's shapes and vocabulary without its
+/// weights' files.
+pub fn load_random(dir: &Path, options: &LoadOptions, seed: u64) -> Result<Loaded> {
+    let model = random_model(&dir.join("config.json"), options, seed)?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    let mut eos = tokenizer.eos.clone();
+    eos.extend(model.config().eos_tokens());
+    eos.sort_unstable();
+    eos.dedup();
+    Ok(Loaded { model, tokenizer, eos, path: dir.to_path_buf() })
+}
+
 /// The model alone (no tokenizer) at `path`: a `.gguf` file or a Hugging Face folder.
 pub fn load_model(path: &Path, options: &LoadOptions) -> Result<Box<dyn LanguageModel>> {
     if path.is_file() {
