@@ -68,6 +68,12 @@ struct ServeArgs {
     /// Prompt tokens prefilled per step at most, between the running requests' steps.
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
+    /// Positions per block of the paged KV cache the requests share (0: caches of their own).
+    #[arg(long, default_value_t = 16)]
+    kv_block_size: usize,
+    /// Positions the paged KV cache holds at most; when full, the newest requests wait.
+    #[arg(long, default_value_t = 65536)]
+    kv_cache_tokens: usize,
 }
 
 #[derive(Args)]
@@ -579,6 +585,8 @@ fn run_serve(a: ServeArgs) -> Res<()> {
         api_key: a.api_key,
         prompt_cache: a.prompt_cache,
         prefill_chunk: a.prefill_chunk,
+        kv_block_size: a.kv_block_size,
+        kv_cache_tokens: a.kv_cache_tokens,
         ..Default::default()
     };
     let server = nuvec_serve::Server::start(m, options)?;

@@ -63,13 +63,17 @@ pub struct KvCache {
 
 /// A paged cache's bookkeeping: the block size, each row's blocks in position order, the
 /// pool's blocks no row holds (highest first, so the lowest is taken next), and the rows'
-/// block table on the device (`[B, pool blocks]`, `int32`; unused entries 0).
-#[derive(Clone, Debug)]
+/// block table on the device (`[B, pool blocks]`, `int32`; unused entries 0). A shared pool
+/// ([`KvCache::paged_shared`]) has its rows set by its owner, at most `shared` blocks, and
+/// `dirty` rows the table does not show yet.
+#[derive(Clone, Debug, Default)]
 struct Pages {
     block_size: i32,
     rows: Vec<Vec<i32>>,
     free: Vec<i32>,
     table: Option<Array>,
+    shared: Option<i32>,
+    dirty: bool,
 }
 
 impl KvCache {
@@ -98,8 +102,45 @@ impl KvCache {
     /// ([`nuvec::fast::paged_write`]), so decoding records as a graph as over contiguous
     /// caches.
     pub fn paged(block_size: i32) -> KvCache {
-        let pages = Pages { block_size: block_size.max(1), rows: Vec::new(), free: Vec::new(), table: None };
+        let pages = Pages { block_size: block_size.max(1), ..Pages::default() };
         KvCache { pages: Some(pages), ..KvCache::default() }
+    }
+
+    /// An empty paged cache whose blocks its owner hands out (a [`crate::blocks::BlockPool`]
+    /// of `capacity` blocks shared by many requests): each row's blocks are set with
+    /// [`KvCache::set_rows`], and the pool grows (doubling, at most to `capacity` blocks) to
+    /// hold the highest block a row names.
+    pub fn paged_shared(block_size: i32, capacity: i32) -> KvCache {
+        let pages = Pages { block_size: block_size.max(1), shared: Some(capacity.max(1)), ..Pages::default() };
+        KvCache { pages: Some(pages), ..KvCache::default() }
+    }
+
+    /// The rows of a shared paged cache: each row's blocks in position order, and the positions
+    /// the longest row holds. Nothing happens to other caches.
+    pub fn set_rows(&mut self, rows: Vec<Vec<i32>>, offset: i32) {
+        if let Some(p) = self.pages.as_mut().filter(|p| p.shared.is_some()) {
+            (p.rows, p.dirty, self.offset) = (rows, true, offset);
+        }
+    }
+
+    /// A shared paged cache of the rows `rows` holding `offset` positions, over this cache's
+    /// pool, which moves to it (so that writes through it stay in place) until
+    /// [`KvCache::restore`] takes it back: a prompt prefilled into the pool a running batch
+    /// reads.
+    pub fn lend(&mut self, rows: Vec<Vec<i32>>, offset: i32) -> KvCache {
+        let Some(p) = self.pages.as_ref().filter(|p| p.shared.is_some()) else { return self.clone() };
+        let pages = Pages { block_size: p.block_size, rows, shared: p.shared, dirty: true, ..Pages::default() };
+        KvCache { keys: self.keys.take(), values: self.values.take(), offset, pages: Some(pages), ..KvCache::default() }
+    }
+
+    /// Takes back the pool [`KvCache::lend`] moved to `from` (as `from` left it); the block
+    /// table is made again when next needed if the pool grew.
+    pub fn restore(&mut self, from: KvCache) {
+        let grew = from.keys.as_ref().map(|k| k.shape()[0]) != self.keys.as_ref().map(|k| k.shape()[0]);
+        (self.keys, self.values) = (from.keys, from.values);
+        if let Some(p) = self.pages.as_mut() {
+            p.dirty |= grew;
+        }
     }
 
     /// The block size of a paged cache.
@@ -390,17 +431,30 @@ impl KvCache {
             pages.rows.resize(b as usize, Vec::new());
         }
         let rows = &mut pages.rows[..b as usize];
-        let missing: usize = rows.iter().map(|r| need.saturating_sub(r.len())).sum();
         let held = self.keys.as_ref().map_or(0, |k| k.shape()[0]);
+        // A shared pool's rows are given: it only grows to hold the highest block they name.
+        let (missing, short) = match pages.shared {
+            Some(_) => {
+                let top = rows.iter().flatten().max().map_or(0, |&m| m + 1);
+                (0, (top > held).then(|| (top - held) as usize))
+            }
+            None => {
+                let missing: usize = rows.iter().map(|r| need.saturating_sub(r.len())).sum();
+                (missing, (missing > pages.free.len()).then(|| missing - pages.free.len()))
+            }
+        };
         let mut moved = false;
-        if missing > pages.free.len() {
+        if let Some(short) = short {
             let like = match (&self.keys, &self.values, like) {
                 (Some(k), Some(v), _) => (k.clone(), v.clone()),
                 (_, _, Some((k, v))) => (k.clone(), v.clone()),
                 _ => return Ok(true),
             };
-            let wanted = held as usize + missing - pages.free.len();
-            let target = (wanted.next_power_of_two().max(2 * held as usize).max(4)) as i32;
+            let wanted = held as usize + short;
+            let mut target = (wanted.next_power_of_two().max(2 * held as usize).max(4)) as i32;
+            if let Some(cap) = pages.shared {
+                target = target.min(cap).max(wanted as i32);
+            }
             let grow = |pool: Option<&Array>, like: &Array| {
                 let s = like.shape();
                 let more = ops::zeros([target - held, s[1], bs, s[3]], like.dtype());
@@ -411,20 +465,23 @@ impl KvCache {
             };
             self.keys = Some(grow(self.keys.as_ref(), &like.0));
             self.values = Some(grow(self.values.as_ref(), &like.1));
-            pages.free = (held..target).rev().chain(pages.free.iter().copied()).collect();
+            if pages.shared.is_none() {
+                pages.free = (held..target).rev().chain(pages.free.iter().copied()).collect();
+            }
             moved = true;
         }
         let rows = &mut pages.rows[..b as usize];
-        for r in rows.iter_mut() {
+        for r in rows.iter_mut().filter(|_| pages.shared.is_none()) {
             while r.len() < need {
                 r.push(pages.free.pop().expect("blocks were made free"));
             }
         }
         let n = self.keys.as_ref().map_or(0, |k| k.shape()[0]);
         let same_shape = pages.table.as_ref().is_some_and(|t| t.shape() == [b, n]);
-        if missing == 0 && same_shape {
+        if missing == 0 && same_shape && !pages.dirty {
             return Ok(moved);
         }
+        pages.dirty = false;
         let mut host = vec![0i32; (b * n) as usize];
         for (i, r) in rows.iter().enumerate() {
             host[i * n as usize..][..r.len()].copy_from_slice(r);
@@ -490,7 +547,7 @@ impl KvCache {
     /// [`KvCache::stack`] of paged caches: their pools one after the other, each row's blocks
     /// renumbered into the joined pool (the table is made again when next needed).
     fn stack_pages(rows: &[KvCache], bs: i32) -> KvCache {
-        let mut pages = Pages { block_size: bs, rows: Vec::new(), free: Vec::new(), table: None };
+        let mut pages = Pages { block_size: bs, ..Pages::default() };
         let mut base = 0;
         for c in rows {
             let p = c.pages.as_ref().filter(|p| p.block_size == bs);
@@ -522,7 +579,7 @@ impl KvCache {
     /// result shares the pool, which is written in place, so `self` must not be used after.
     pub fn select(&self, rows: &[i32], offset: i32) -> KvCache {
         if let Some(p) = &self.pages {
-            let mut pages = Pages { block_size: p.block_size, rows: Vec::new(), free: p.free.clone(), table: None };
+            let mut pages = Pages { block_size: p.block_size, free: p.free.clone(), ..Pages::default() };
             pages.rows = rows.iter().filter_map(|&r| p.rows.get(r as usize).cloned()).collect();
             for (i, held) in p.rows.iter().enumerate() {
                 if !rows.contains(&(i as i32)) {

@@ -20,11 +20,18 @@
 //! }
 //! # Ok::<(), nuvec_lm::Error>(())
 //! ```
+//!
+//! With [`Engine::with_paged_kv`] every request's keys and values live in blocks of one pool
+//! ([`BlockPool`]): a request holds only the blocks its positions fill, full blocks are shared
+//! by prompts that start alike (prefix caching), and when the pool is full the newest request
+//! is preempted (its blocks let go, its tokens and sampler kept) and resumes, its positions
+//! recomputed, when there is room again.
 
 use std::collections::{HashMap, VecDeque};
 
 use nuvec::Array;
 
+use crate::blocks::BlockPool;
 use crate::cache::KvCache;
 use crate::generate::{FinishReason, GenerateOptions, Generated, TextStream, chosen, last_logits, run_chunks, tokens};
 use crate::graph::DecodeGraph;
@@ -54,7 +61,7 @@ pub trait Constraint: Send {
     fn commit(&mut self, token: u32) -> Result<bool>;
 }
 
-/// A request in the running batch.
+/// A request in the running batch (or preempted, waiting to resume).
 struct Sequence<'a> {
     id: u64,
     prompt: Vec<u32>,
@@ -67,14 +74,61 @@ struct Sequence<'a> {
     length: i32,
     /// The model's context, which ends it.
     context: Option<usize>,
+    /// Paged: its full blocks named so far, and the last one's name.
+    named: (usize, u64),
 }
 
-/// A request being prefilled: its caches hold `done` tokens of its prompt.
-struct Filling {
+impl Sequence<'_> {
+    /// The token at position `p`: the prompt's, then the generated ones fed back.
+    fn token(&self, p: usize) -> u32 {
+        match p.checked_sub(self.prompt.len()) {
+            None => self.prompt[p],
+            Some(g) => self.generated[g],
+        }
+    }
+}
+
+/// What a queued request does: run a new prompt, or resume a preempted sequence (its
+/// positions computed again from its tokens).
+enum Job<'a> {
+    New(Request),
+    Resume(Box<Sequence<'a>>),
+}
+
+/// A request being prefilled: its caches (or, paged, its blocks) hold `done` of `tokens`,
+/// and `head` of them run before it joins the batch.
+struct Filling<'a> {
     id: u64,
-    request: Request,
+    job: Job<'a>,
+    tokens: Vec<u32>,
+    head: usize,
     caches: Vec<KvCache>,
+    blocks: Vec<i32>,
+    named: (usize, u64),
     done: usize,
+}
+
+/// The paged engine's pool: its blocks, each running sequence's (in `running`'s order), and
+/// how many times a sequence was preempted.
+struct Paged {
+    pool: BlockPool,
+    rows: Vec<Vec<i32>>,
+    preemptions: usize,
+}
+
+/// The state of a paged engine's pool ([`Engine::kv_blocks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvBlocks {
+    /// Positions per block.
+    pub block_size: usize,
+    /// Blocks in the pool.
+    pub capacity: usize,
+    /// Blocks requests hold.
+    pub held: usize,
+    /// Blocks no request holds that keep their tokens for later prompts.
+    pub cached: usize,
+    /// Sequences preempted so far (each resumed later).
+    pub preemptions: usize,
 }
 
 /// A continuous batch over one model (see the module docs). Requests are taken in the order
@@ -84,7 +138,7 @@ pub struct Engine<'a> {
     tokenizer: Option<&'a Tokenizer>,
     eos: Vec<u32>,
     max_batch: usize,
-    waiting: VecDeque<(u64, Request)>,
+    waiting: VecDeque<(u64, Job<'a>)>,
     running: Vec<Sequence<'a>>,
     /// The running sequences' caches, one row each in `running`'s order.
     caches: Vec<KvCache>,
@@ -92,7 +146,7 @@ pub struct Engine<'a> {
     /// The next step, started before this one's tokens were read (for `running`, in order).
     ahead: Option<Vec<Sampled>>,
     /// The request whose prompt is being prefilled, a budget of tokens per step at a time.
-    filling: Option<Filling>,
+    filling: Option<Filling<'a>>,
     /// Prompt tokens prefilled per step at most (the rest waits for the next step).
     prefill_budget: usize,
     /// Ended requests' caches and the tokens they hold, most recent last, at most
@@ -101,6 +155,8 @@ pub struct Engine<'a> {
     prefixes: usize,
     /// Prompt tokens each request found in a kept cache, until asked for.
     reused: HashMap<u64, usize>,
+    /// The pool of a paged engine.
+    paged: Option<Paged>,
 }
 
 impl<'a> Engine<'a> {
@@ -122,7 +178,32 @@ impl<'a> Engine<'a> {
             kept: Vec::new(),
             prefixes: 0,
             reused: Default::default(),
+            paged: None,
         }
+    }
+
+    /// Keeps every request's keys and values in `blocks` blocks of `block_size` positions
+    /// (rounded up to a power of two) of one pool per layer, which grows as needed up to that
+    /// size (see the module docs). With [`Engine::with_prefix_cache`] (any number of entries)
+    /// full blocks are shared by prompts that start alike and stay cached until the pool needs
+    /// them.
+    pub fn with_paged_kv(mut self, block_size: usize, blocks: usize) -> Self {
+        let bs = block_size.clamp(1, 1 << 16).next_power_of_two();
+        let blocks = blocks.clamp(1, i32::MAX as usize);
+        self.caches = self.model.new_cache().iter().map(|_| KvCache::paged_shared(bs as i32, blocks as i32)).collect();
+        self.paged = Some(Paged { pool: BlockPool::new(bs, blocks), rows: Vec::new(), preemptions: 0 });
+        self
+    }
+
+    /// A paged engine's pool: blocks held, cached and in all, and preemptions so far.
+    pub fn kv_blocks(&self) -> Option<KvBlocks> {
+        self.paged.as_ref().map(|p| KvBlocks {
+            block_size: p.pool.block_size(),
+            capacity: p.pool.capacity(),
+            held: p.pool.held(),
+            cached: p.pool.cached(),
+            preemptions: p.preemptions,
+        })
     }
 
     /// Keeps the caches of the last `entries` requests that ended: a request whose prompt
@@ -207,15 +288,25 @@ impl<'a> Engine<'a> {
         if !self.model.device_positions() {
             return bad("the model's RoPE scaling needs host positions (dynamic): it cannot be batched".into());
         }
+        if let Some(p) = &self.paged
+            && request.prompt.len() >= p.pool.capacity() * p.pool.block_size()
+        {
+            let room = p.pool.capacity() * p.pool.block_size();
+            return bad(format!(
+                "the prompt has {} tokens; the KV cache holds {room} positions, and one more is needed to generate",
+                request.prompt.len()
+            ));
+        }
         request.options.sampler.validate()?;
-        self.waiting.push_back((id, request));
+        self.waiting.push_back((id, Job::New(request)));
         Ok(())
     }
 
     /// Drops request `id`, waiting or running (a client that went away); whether it was there.
     pub fn cancel(&mut self, id: u64) -> bool {
         if self.filling.as_ref().is_some_and(|f| f.id == id) {
-            self.filling = None;
+            let f = self.filling.take().expect("checked");
+            self.release(&f.blocks);
             self.reused.remove(&id);
             return true;
         }
@@ -258,18 +349,27 @@ impl<'a> Engine<'a> {
         let mut events = Vec::new();
         // Decode the batch as it stood, then let new requests in (their first token is their
         // prefill's).
+        self.make_room(&mut events);
         if !self.running.is_empty() {
             match self.decode_and_start_next() {
                 Ok(tokens) => self.hand_out(tokens, &mut events),
                 Err(e) => {
-                    self.ahead = None;
                     // The batch's state is unknown: every running request ends with the error.
                     let message = e.to_string();
                     for s in self.running.drain(..) {
                         events.push((s.id, Err(Error::Config(message.clone()))));
                     }
-                    self.caches.clear();
+                    self.ahead = None;
                     self.graph = None;
+                    match &mut self.paged {
+                        Some(p) => {
+                            for blocks in p.rows.drain(..) {
+                                p.pool.release(&blocks);
+                            }
+                            self.set_rows();
+                        }
+                        None => self.caches.clear(),
+                    }
                 }
             }
         }
@@ -278,41 +378,248 @@ impl<'a> Engine<'a> {
         while self.running.len() < self.max_batch && budget > 0 {
             let mut f = match self.filling.take() {
                 Some(f) => f,
+                None if !self.room_for_next() => break,
                 None => {
-                    let Some((id, request)) = self.waiting.pop_front() else { break };
-                    let (caches, reused) = self.caches_for(&request.prompt);
-                    self.reused.insert(id, reused);
-                    Filling { id, request, caches, done: reused }
+                    let Some((id, job)) = self.waiting.pop_front() else { break };
+                    self.start(id, job)
                 }
             };
-            let head = f.request.prompt.len() - 1;
-            let n = (head - f.done).min(budget);
-            let chunk = &f.request.prompt[f.done..f.done + n];
-            if let Err(e) = run_chunks(self.model, &mut f.caches, chunk, f.request.options.prefill_step) {
+            let n = (f.head - f.done).min(budget);
+            // A paged request takes the chunk's blocks first (and the last prompt token's).
+            let last = matches!(f.job, Job::New(_)) && f.done + n == f.head;
+            if !self.take_blocks(&mut f.blocks, f.done + n + last as usize) {
+                if self.running.is_empty() {
+                    self.release(&f.blocks);
+                    events.push((f.id, Err(Error::Config(format!("request {}: the KV cache is full", f.id)))));
+                    continue;
+                }
+                // Running requests will leave room.
+                self.filling = Some(f);
+                break;
+            }
+            if n > 0
+                && let Err(e) = self.prefill(&mut f, n)
+            {
+                self.release(&f.blocks);
                 events.push((f.id, Err(e)));
                 continue;
             }
             (f.done, budget) = (f.done + n, budget - n);
-            if f.done < head {
+            self.name_filled(&mut f);
+            if f.done < f.head {
                 self.filling = Some(f);
                 break;
             }
             budget = budget.saturating_sub(1);
             let id = f.id;
-            match self.join(f) {
-                Ok(event) => events.push((id, Ok(event))),
-                Err(e) => events.push((id, Err(e))),
+            if let Some(event) = self.join(f) {
+                events.push((id, event));
             }
         }
         events
     }
 
+    /// Whether the next waiting request may start: a paged engine keeps room for the prompt
+    /// and a block per running request (a request that could not go on would be preempted).
+    fn room_for_next(&self) -> bool {
+        let (Some(p), Some((_, job))) = (&self.paged, self.waiting.front()) else { return true };
+        let tokens = match job {
+            Job::New(r) => r.prompt.len() + 1,
+            Job::Resume(s) => s.prompt.len() + s.generated.len(),
+        };
+        self.running.is_empty() || p.pool.available() >= tokens.div_ceil(p.pool.block_size()) + self.running.len()
+    }
+
+    /// The filling state of a request leaving the queue: fresh caches, or a kept cache or
+    /// cached blocks holding the start of its tokens.
+    fn start(&mut self, id: u64, job: Job<'a>) -> Filling<'a> {
+        let (tokens, head) = match &job {
+            Job::New(r) => (r.prompt.clone(), r.prompt.len() - 1),
+            Job::Resume(s) => {
+                // Every position but the last token's, which the next step feeds.
+                let t: Vec<u32> = s.prompt.iter().chain(&s.generated[..s.generated.len() - 1]).copied().collect();
+                let n = t.len();
+                (t, n)
+            }
+        };
+        let mut f = Filling { id, job, tokens, head, caches: Vec::new(), blocks: Vec::new(), named: (0, 0), done: 0 };
+        match &mut self.paged {
+            Some(p) => {
+                if self.prefixes > 0 {
+                    let (blocks, name) = p.pool.lookup(&f.tokens, f.head);
+                    f.done = blocks.len() * p.pool.block_size();
+                    (f.blocks, f.named) = (blocks.clone(), (blocks.len(), name));
+                }
+            }
+            None => (f.caches, f.done) = self.caches_for(&f.tokens),
+        }
+        if matches!(f.job, Job::New(_)) {
+            self.reused.insert(id, f.done);
+        }
+        f
+    }
+
+    /// Gives `blocks` (a paged request's) the blocks of `positions` positions; `false` when the
+    /// pool has too few (those taken are kept).
+    fn take_blocks(&mut self, blocks: &mut Vec<i32>, positions: usize) -> bool {
+        let Some(p) = &mut self.paged else { return true };
+        while blocks.len() * p.pool.block_size() < positions {
+            match p.pool.take() {
+                Some(b) => blocks.push(b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// A paged request lets go of `blocks`.
+    fn release(&mut self, blocks: &[i32]) {
+        if let Some(p) = &mut self.paged {
+            p.pool.release(blocks);
+        }
+    }
+
+    /// Runs the next `n` of `f`'s tokens into its caches, or into its blocks of the pool.
+    fn prefill(&mut self, f: &mut Filling, n: usize) -> Result<()> {
+        let chunk = &f.tokens[f.done..f.done + n];
+        let step = match &f.job {
+            Job::New(r) => r.options.prefill_step,
+            Job::Resume(s) => s.options.prefill_step,
+        };
+        if self.paged.is_none() {
+            return run_chunks(self.model, &mut f.caches, chunk, step);
+        }
+        self.with_pool(&f.blocks, f.done, |model, view| run_chunks(model, view, chunk, step))
+    }
+
+    /// Runs `work` over a view of the pool holding one row of `blocks` and `offset` positions.
+    fn with_pool<T>(
+        &mut self,
+        blocks: &[i32],
+        offset: usize,
+        work: impl FnOnce(&dyn LanguageModel, &mut [KvCache]) -> T,
+    ) -> T {
+        // A recorded step would hold the pool: the writes would not be in place.
+        self.graph = None;
+        let mut view: Vec<KvCache> =
+            self.caches.iter_mut().map(|c| c.lend(vec![blocks.to_vec()], offset as i32)).collect();
+        let out = work(self.model, &mut view);
+        for (c, v) in self.caches.iter_mut().zip(view) {
+            c.restore(v);
+        }
+        out
+    }
+
+    /// Names the full blocks a paged request has filled (prefix caching).
+    fn name_filled(&mut self, f: &mut Filling) {
+        let Some(p) = self.paged.as_mut().filter(|_| self.prefixes > 0) else { return };
+        let bs = p.pool.block_size();
+        while (f.named.0 + 1) * bs <= f.done {
+            let k = f.named.0;
+            f.named = (k + 1, p.pool.name(f.blocks[k], f.named.1, &f.tokens[k * bs..(k + 1) * bs]));
+        }
+    }
+
+    /// Names the full blocks running sequence `i` has written whose tokens are known.
+    fn name_running(&mut self, i: usize) {
+        let Some(p) = self.paged.as_mut().filter(|_| self.prefixes > 0) else { return };
+        let s = &mut self.running[i];
+        let bs = p.pool.block_size();
+        let known = (s.length as usize).min(s.prompt.len() + s.generated.len());
+        while (s.named.0 + 1) * bs <= known {
+            let k = s.named.0;
+            let tokens: Vec<u32> = (k * bs..(k + 1) * bs).map(|q| s.token(q)).collect();
+            s.named = (k + 1, p.pool.name(p.rows[i][k], s.named.1, &tokens));
+        }
+    }
+
+    /// Before a paged step: every running sequence gets the blocks of its next two positions
+    /// (this step's and one started ahead). Without room, the request being prefilled, then
+    /// the newest running ones, are preempted: they let go of their blocks and wait at the head
+    /// of the queue, their tokens and samplers kept.
+    fn make_room(&mut self, events: &mut Vec<(u64, Result<Generated>)>) {
+        let Some(p) = &mut self.paged else { return };
+        let bs = p.pool.block_size();
+        let mut changed = false;
+        let mut i = 0;
+        while i < self.running.len() {
+            let need = (self.running[i].length as usize + 2).div_ceil(bs);
+            if p.rows[i].len() >= need {
+                i += 1;
+                continue;
+            }
+            if let Some(b) = p.pool.take() {
+                p.rows[i].push(b);
+                changed = true;
+                continue;
+            }
+            if let Some(f) = self.filling.take() {
+                p.pool.release(&f.blocks);
+                p.preemptions += 1;
+                self.waiting.push_front((f.id, f.job));
+                continue;
+            }
+            let last = self.running.len() - 1;
+            if last == 0 {
+                // Nothing else to preempt: the pool cannot hold this request.
+                let id = self.running[0].id;
+                events.push((id, Err(Error::Config(format!("request {id}: the KV cache is full")))));
+                self.leave(&[0]);
+                return;
+            }
+            let s = self.remove_row(last);
+            let p = self.paged.as_mut().expect("paged");
+            p.preemptions += 1;
+            self.waiting.push_front((s.id, Job::Resume(Box::new(s))));
+            return self.make_room(events);
+        }
+        if changed {
+            self.set_rows();
+        }
+    }
+
+    /// The batch's caches take the running sequences' blocks.
+    fn set_rows(&mut self) {
+        let Some(p) = &self.paged else { return };
+        let longest = self.running.iter().map(|s| s.length).max().unwrap_or(0);
+        for c in &mut self.caches {
+            c.set_rows(p.rows.clone(), longest);
+        }
+    }
+
+    /// Takes running sequence `i` out of a paged batch (preempted): its blocks let go, its
+    /// row gone from the caches and from a step started ahead.
+    fn remove_row(&mut self, i: usize) -> Sequence<'a> {
+        self.name_running(i);
+        let p = self.paged.as_mut().expect("paged");
+        let blocks = p.rows.remove(i);
+        p.pool.release(&blocks);
+        let mut s = self.running.remove(i);
+        s.named = (0, 0);
+        if let Some(mut ahead) = self.ahead.take() {
+            ahead.remove(i);
+            self.ahead = Some(ahead);
+        }
+        self.set_rows();
+        self.graph = None;
+        s
+    }
+
     /// Runs the last token of a prefilled prompt and chooses the request's first token; unless
-    /// that token ends it, its caches become the batch's last row. The first token's event.
-    fn join(&mut self, f: Filling) -> Result<Generated> {
-        let Filling { id, request: Request { prompt, options, constraint }, mut caches, .. } = f;
-        let last = &prompt[prompt.len() - 1..];
-        let logits = last_logits(&self.model.forward(&tokens(last), &mut caches));
+    /// that token ends it, it joins the batch (its caches the batch's last row). A resumed
+    /// sequence joins as it was. The first token's event, for a new request.
+    fn join(&mut self, f: Filling<'a>) -> Option<Result<Generated>> {
+        let Filling { id, job, caches, blocks, named, .. } = f;
+        let request = match job {
+            Job::New(r) => r,
+            Job::Resume(mut s) => {
+                s.length = s.prompt.len() as i32 + s.generated.len() as i32 - 1;
+                s.named = named;
+                self.push(*s, caches, blocks);
+                return None;
+            }
+        };
+        let Request { prompt, options, constraint } = request;
         let mut sequence = Sequence {
             id,
             context: self.model.config().max_position_embeddings.map(|c| c.max(1) as usize),
@@ -323,20 +630,67 @@ impl<'a> Engine<'a> {
             length: prompt.len() as i32,
             prompt,
             options,
+            named,
         };
-        let sampled = choose(&mut sequence, &logits)?;
-        let event = emit(&mut sequence, &sampled, &self.eos)?;
+        let first = self.first_token(&mut sequence, caches, &blocks);
+        let (event, caches) = match first {
+            Ok(x) => x,
+            Err(e) => {
+                self.release(&blocks);
+                return Some(Err(e));
+            }
+        };
         if event.finish.is_some() {
-            self.keep(sequence.prompt, caches);
-            return Ok(event);
+            match self.paged.is_some() {
+                true => self.release(&blocks),
+                false => self.keep(sequence.prompt, caches),
+            }
+            return Some(Ok(event));
         }
-        self.caches = match self.caches.is_empty() {
-            true => caches,
-            false => self.caches.iter().zip(&caches).map(|(b, c)| KvCache::stack(&[b.clone(), c.clone()])).collect(),
+        self.push(sequence, caches, blocks);
+        Some(Ok(event))
+    }
+
+    /// The first token of a new sequence, from its prompt's last token (run into `caches`, or
+    /// into `blocks` of the pool), and the caches.
+    fn first_token(
+        &mut self,
+        s: &mut Sequence<'a>,
+        mut caches: Vec<KvCache>,
+        blocks: &[i32],
+    ) -> Result<(Generated, Vec<KvCache>)> {
+        let last = tokens(&s.prompt[s.prompt.len() - 1..]);
+        let logits = match self.paged {
+            Some(_) => {
+                self.with_pool(blocks, s.prompt.len() - 1, |model, view| last_logits(&model.forward(&last, view)))
+            }
+            None => last_logits(&self.model.forward(&last, &mut caches)),
         };
-        self.running.push(sequence);
+        let sampled = choose(s, &logits)?;
+        Ok((emit(s, &sampled, &self.eos)?, caches))
+    }
+
+    /// Sequence `s` joins the running batch as its last row (its caches, or its blocks).
+    fn push(&mut self, s: Sequence<'a>, caches: Vec<KvCache>, blocks: Vec<i32>) {
+        match &mut self.paged {
+            Some(p) => {
+                p.rows.push(blocks);
+                self.running.push(s);
+                let last = self.running.len() - 1;
+                self.name_running(last);
+                self.set_rows();
+            }
+            None => {
+                self.caches = match self.caches.is_empty() {
+                    true => caches,
+                    false => {
+                        self.caches.iter().zip(&caches).map(|(b, c)| KvCache::stack(&[b.clone(), c.clone()])).collect()
+                    }
+                };
+                self.running.push(s);
+            }
+        }
         self.graph = None;
-        Ok(event)
     }
 
     /// This step's tokens, started last step or now, evaluated; when nothing needs them on the
@@ -393,6 +747,9 @@ impl<'a> Engine<'a> {
             }
             events.push((s.id, event));
         }
+        for i in 0..self.running.len() {
+            self.name_running(i);
+        }
         self.leave(&ended);
     }
 
@@ -401,7 +758,17 @@ impl<'a> Engine<'a> {
         if ended.is_empty() {
             return;
         }
-        if self.prefixes > 0 {
+        if let Some(p) = &mut self.paged {
+            let mut i = 0;
+            p.rows.retain(|blocks| {
+                i += 1;
+                let gone = ended.contains(&(i - 1));
+                if gone {
+                    p.pool.release(blocks);
+                }
+                !gone
+            });
+        } else if self.prefixes > 0 {
             for &i in ended {
                 // Its row alone, holding its prompt and the tokens fed back after it.
                 let s = &self.running[i];
@@ -414,10 +781,12 @@ impl<'a> Engine<'a> {
         let keep: Vec<usize> = (0..self.running.len()).filter(|i| !ended.contains(i)).collect();
         let longest = keep.iter().map(|&i| self.running[i].length).max().unwrap_or(0);
         let rows: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
-        self.caches = match keep.is_empty() {
-            true => Vec::new(),
-            false => self.caches.iter().map(|c| c.select(&rows, longest)).collect(),
-        };
+        if self.paged.is_none() {
+            self.caches = match keep.is_empty() {
+                true => Vec::new(),
+                false => self.caches.iter().map(|c| c.select(&rows, longest)).collect(),
+            };
+        }
         let mut i = 0;
         self.running.retain(|_| {
             i += 1;
@@ -430,6 +799,7 @@ impl<'a> Engine<'a> {
             let mut rows = ahead.into_iter().enumerate();
             self.ahead = Some(keep.iter().filter_map(|&k| rows.find(|(j, _)| *j == k).map(|(_, s)| s)).collect());
         }
+        self.set_rows();
         self.graph = None;
     }
 }

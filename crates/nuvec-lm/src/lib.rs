@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+pub mod blocks;
 pub mod cache;
 pub mod chat;
 pub mod config;

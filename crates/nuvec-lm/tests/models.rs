@@ -596,9 +596,13 @@ fn engine_requests_equal_decoding_alone() {
         // A stop string made of request 2's third token ends it there.
         let stop = tok.decode(&alone[2][2..3]).unwrap();
         // Whole prompts as requests join, and prompts prefilled 8 tokens a step between the
-        // batch's steps.
-        for budget in [usize::MAX, 8] {
+        // batch's steps; caches of their own, or blocks of one pool (shared by prompts that
+        // start alike with the prefix cache on).
+        for (budget, paged, prefixes) in [(usize::MAX, false, 0), (8, false, 0), (usize::MAX, true, 0), (8, true, 4)] {
             let mut engine = Engine::new(m.as_ref(), Some(&tok), &[], 3).with_prefill_budget(budget);
+            if paged {
+                engine = engine.with_prefix_cache(prefixes).with_paged_kv(4, 64);
+            }
             let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
             let mut text = vec![String::new(); prompts.len()];
             let mut finished = vec![None; prompts.len()];
@@ -638,6 +642,10 @@ fn engine_requests_equal_decoding_alone() {
             assert_eq!(text[2], tok.decode(&alone[2][..2]).unwrap() + " ", "{name}: text up to the stop string");
             assert_eq!(finished[2], Some(nuvec_lm::FinishReason::Stop));
             assert!(finished[4].is_none() && got[4].len() < alone[4].len(), "{name}: the cancelled request stopped");
+            if let Some(blocks) = engine.kv_blocks() {
+                assert_eq!(blocks.held, 0, "{name}: blocks still held after every request ended");
+                assert_eq!(blocks.cached > 0, prefixes > 0, "{name}: full blocks stay cached with the prefix cache");
+            }
         }
     }
     let m = model("llama");
@@ -706,5 +714,123 @@ fn engine_reuses_the_caches_of_earlier_requests() {
         run(&mut engine, 5, ask(&[1, 2, 3], 2));
         run(&mut engine, 6, ask(&second, 2));
         assert_eq!(engine.reused_tokens(6), Some(0), "{name}: the oldest caches go");
+    }
+}
+
+/// The paged engine: a pool too small for every request at once preempts the newest (they
+/// resume and end as decoding alone would); prompts that start alike share blocks; clients
+/// going away at random points leave no block held.
+#[test]
+fn paged_engine_preempts_shares_blocks_and_leaks_none() {
+    use nuvec_lm::engine::{Engine, Request};
+    for name in ["llama", "gemma3"] {
+        let m = model(name);
+        let alone = |p: &[u32], max: usize| {
+            let options = GenerateOptions { max_tokens: max, ..Default::default() };
+            generated(m.as_ref(), &mut PromptCache::new(m.as_ref()), p, options)
+        };
+        let ask = |p: &[u32], max: usize| Request {
+            prompt: p.to_vec(),
+            options: GenerateOptions { max_tokens: max, ..Default::default() },
+            constraint: None,
+        };
+        // Four requests of up to 22 positions (6 blocks of 4) in a pool of 12 blocks.
+        let prompts: Vec<Vec<u32>> = (0..4).map(|r| (0..10).map(|i| (i * 13 + r * 31 + 5) % 128).collect()).collect();
+        let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_paged_kv(4, 12);
+        for (i, p) in prompts.iter().enumerate() {
+            engine.add(i as u64, ask(p, 12)).unwrap();
+        }
+        let mut got = vec![Vec::new(); prompts.len()];
+        for step in 0.. {
+            if engine.is_idle() {
+                break;
+            }
+            for (id, e) in engine.step() {
+                got[id as usize].push(e.unwrap().token);
+            }
+            assert!(step < 500, "{name}: the engine did not finish");
+        }
+        for (i, p) in prompts.iter().enumerate() {
+            assert_eq!(got[i], alone(p, 12), "{name}: request {i} differs from decoding it alone");
+        }
+        let blocks = engine.kv_blocks().unwrap();
+        assert!(blocks.preemptions > 0, "{name}: a pool of 12 blocks preempts");
+        assert_eq!((blocks.held, blocks.cached), (0, 0), "{name}");
+        // A prompt longer than the pool is refused when added.
+        let err = engine.add(9, ask(&[3; 48], 1)).unwrap_err().to_string();
+        assert!(err.contains("KV cache holds 48 positions"), "{err}");
+
+        // Prefix caching: a conversation's next turn reads the blocks of the turn before.
+        let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_prefix_cache(1).with_paged_kv(4, 64);
+        let first: Vec<u32> = (0..21).map(|i| (i * 7 + 2) % 128).collect();
+        engine.add(1, ask(&first, 6)).unwrap();
+        let mut reply = Vec::new();
+        while !engine.is_idle() {
+            reply.extend(engine.step().into_iter().map(|(_, e)| e.unwrap().token));
+        }
+        let second: Vec<u32> = first.iter().chain(&reply).chain(&[5, 9, 11]).copied().collect();
+        engine.add(2, ask(&second, 8)).unwrap();
+        let mut again = Vec::new();
+        while !engine.is_idle() {
+            again.extend(engine.step().into_iter().map(|(_, e)| e.unwrap().token));
+        }
+        let reused = engine.reused_tokens(2).unwrap();
+        assert!(reused >= 20 && reused % 4 == 0, "{name}: {reused} tokens reused, whole blocks of the first turn");
+        assert_eq!(again, alone(&second, 8), "{name}: the next turn differs from decoding it alone");
+        assert_eq!(engine.kv_blocks().unwrap().held, 0);
+
+        // Fault injection: requests sharing starts, some cancelled at random steps, in a pool
+        // that preempts; the rest end as decoding alone would, and no block stays held.
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let stem: Vec<u32> = (0..12).map(|i| (i * 5 + 1) % 128).collect();
+        let jobs: Vec<(Vec<u32>, usize, Option<usize>)> = (0..24)
+            .map(|r| {
+                let own = (0..1 + next(9)).map(|i| ((i * 3 + r * 17) % 128) as u32);
+                let prompt: Vec<u32> = stem[..next(13) as usize].iter().copied().chain(own).collect();
+                let cancel = (next(3) == 0).then(|| next(12) as usize);
+                (prompt, 2 + next(10) as usize, cancel)
+            })
+            .collect();
+        let mut engine = Engine::new(m.as_ref(), None, &[], 6).with_prefix_cache(1).with_paged_kv(4, 14);
+        let mut got = vec![Vec::new(); jobs.len()];
+        let mut steps_in = vec![0usize; jobs.len()];
+        let mut cancelled = vec![false; jobs.len()];
+        let mut step = 0;
+        loop {
+            // Three requests come in each step.
+            for j in 3 * step..(3 * step + 3).min(jobs.len()) {
+                engine.add(j as u64, ask(&jobs[j].0, jobs[j].1)).unwrap();
+            }
+            for (j, job) in jobs.iter().enumerate().take(3 * step + 3) {
+                if job.2 == Some(steps_in[j]) && !cancelled[j] {
+                    cancelled[j] = engine.cancel(j as u64);
+                }
+                steps_in[j] += 1;
+            }
+            if engine.is_idle() && 3 * step >= jobs.len() {
+                break;
+            }
+            for (id, e) in engine.step() {
+                got[id as usize].push(e.unwrap().token);
+            }
+            step += 1;
+            assert!(step < 1000, "{name}: the engine did not finish");
+        }
+        for (j, (prompt, max, _)) in jobs.iter().enumerate() {
+            if !cancelled[j] {
+                assert_eq!(got[j], alone(prompt, *max), "{name}: request {j} differs from decoding it alone");
+            }
+        }
+        assert!(cancelled.iter().any(|c| *c), "{name}: some requests were cancelled");
+        let blocks = engine.kv_blocks().unwrap();
+        assert_eq!(blocks.held, 0, "{name}: blocks leaked");
+        assert!(blocks.preemptions > 0 && blocks.cached > 0, "{name}: {blocks:?}");
+        assert!(got.iter().zip(&jobs).any(|(g, j)| g.len() == j.1 && j.0.len() > 12), "{name}: nothing shared a block");
     }
 }

@@ -82,6 +82,12 @@ pub struct ServeOptions {
     /// Prompt tokens prefilled per engine step at most: a long prompt joining delays the
     /// running requests' tokens by one such chunk at a time.
     pub prefill_chunk: usize,
+    /// Positions per block of the paged KV cache every request's keys and values share (0:
+    /// each request's caches of its own, no preemption).
+    pub kv_block_size: usize,
+    /// Positions the paged KV cache holds at most (its pool grows to this as needed); when it
+    /// is full the newest requests are preempted and resume later.
+    pub kv_cache_tokens: usize,
 }
 
 impl Default for ServeOptions {
@@ -99,6 +105,8 @@ impl Default for ServeOptions {
             api_key: None,
             prompt_cache: 8,
             prefill_chunk: 512,
+            kv_block_size: 16,
+            kv_cache_tokens: 1 << 16,
         }
     }
 }
@@ -260,6 +268,15 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         ("nuvec_requests_running", "gauge", "Requests in the decoding batch.", get(&m.running)),
         ("nuvec_requests_waiting", "gauge", "Requests waiting to join the batch.", get(&m.waiting)),
         ("nuvec_kv_cache_bytes", "gauge", "Bytes of the engine's key-value caches.", get(&m.cache_bytes)),
+        ("nuvec_kv_blocks_total", "gauge", "Blocks of the paged KV cache.", get(&m.blocks_total)),
+        ("nuvec_kv_blocks_held", "gauge", "Blocks of the paged KV cache requests hold.", get(&m.blocks_held)),
+        (
+            "nuvec_kv_blocks_cached",
+            "gauge",
+            "Blocks of the paged KV cache no request holds, kept for prompts that start alike.",
+            get(&m.blocks_cached),
+        ),
+        ("nuvec_preemptions_total", "counter", "Requests preempted when the KV cache was full.", get(&m.preemptions)),
     ] {
         text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"));
     }

@@ -39,6 +39,12 @@ pub(crate) struct Metrics {
     pub running: AtomicU64,
     /// Bytes of the engine's key-value caches.
     pub cache_bytes: AtomicU64,
+    /// The paged KV cache's blocks: in all, held by requests, cached for later prompts; and
+    /// requests preempted so far.
+    pub blocks_total: AtomicU64,
+    pub blocks_held: AtomicU64,
+    pub blocks_cached: AtomicU64,
+    pub preemptions: AtomicU64,
     pub waiting: AtomicU64,
     /// Seconds from each request's arrival to its first token.
     pub first_token: Histogram,
@@ -101,7 +107,13 @@ impl Worker {
         eos: Vec<u32>,
         options: &crate::ServeOptions,
     ) -> std::io::Result<Worker> {
-        let settings = (options.max_batch, options.prompt_cache, options.prefill_chunk);
+        let settings = Settings {
+            max_batch: options.max_batch,
+            prompt_cache: options.prompt_cache,
+            prefill_chunk: options.prefill_chunk,
+            kv_block_size: options.kv_block_size,
+            kv_cache_tokens: options.kv_cache_tokens,
+        };
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let metrics = Arc::new(Metrics::default());
         let m = metrics.clone();
@@ -122,17 +134,36 @@ impl Worker {
     }
 }
 
+/// The engine's settings ([`crate::ServeOptions`]'s).
+struct Settings {
+    max_batch: usize,
+    prompt_cache: usize,
+    prefill_chunk: usize,
+    kv_block_size: usize,
+    kv_cache_tokens: usize,
+}
+
+impl Settings {
+    fn engine<'a>(&self, model: &'a dyn LanguageModel, tokenizer: &'a Tokenizer, eos: &[u32]) -> Engine<'a> {
+        let engine = Engine::new(model, Some(tokenizer), eos, self.max_batch)
+            .with_prefix_cache(self.prompt_cache)
+            .with_prefill_budget(self.prefill_chunk);
+        match self.kv_block_size {
+            0 => engine,
+            bs => engine.with_paged_kv(bs, self.kv_cache_tokens.div_ceil(bs).max(1)),
+        }
+    }
+}
+
 fn run(
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
     eos: &[u32],
-    (max_batch, prompt_cache, prefill_chunk): (usize, usize, usize),
+    settings: Settings,
     rx: &std::sync::mpsc::Receiver<Job>,
     metrics: &Metrics,
 ) {
-    let mut engine = Engine::new(model, Some(tokenizer), eos, max_batch)
-        .with_prefix_cache(prompt_cache)
-        .with_prefill_budget(prefill_chunk);
+    let mut engine = settings.engine(model, tokenizer, eos);
     let mut senders: HashMap<u64, UnboundedSender<Event>> = HashMap::new();
     let mut next = 0u64;
     loop {
@@ -172,9 +203,7 @@ fn run(
                     metrics.failed.fetch_add(1, Ordering::Relaxed);
                     let _ = s.send(Event::Failed("the engine failed during this request".into()));
                 }
-                engine = Engine::new(model, Some(tokenizer), eos, max_batch)
-                    .with_prefix_cache(prompt_cache)
-                    .with_prefill_budget(prefill_chunk);
+                engine = settings.engine(model, tokenizer, eos);
                 continue;
             }
         };
@@ -206,5 +235,11 @@ fn run(
         metrics.running.store(running as u64, Ordering::Relaxed);
         metrics.waiting.store(waiting as u64, Ordering::Relaxed);
         metrics.cache_bytes.store(engine.cache_bytes() as u64, Ordering::Relaxed);
+        if let Some(b) = engine.kv_blocks() {
+            metrics.blocks_total.store(b.capacity as u64, Ordering::Relaxed);
+            metrics.blocks_held.store(b.held as u64, Ordering::Relaxed);
+            metrics.blocks_cached.store(b.cached as u64, Ordering::Relaxed);
+            metrics.preemptions.store(b.preemptions as u64, Ordering::Relaxed);
+        }
     }
 }

@@ -283,8 +283,12 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
 
 #[test]
 fn concurrent_streams_equal_their_requests_alone_and_clients_may_leave() {
-    // 256 streams through a batch of 16; four more clients leave mid-stream.
-    let server = start(ServeOptions { max_batch: 16, max_queue: 1024, ..Default::default() });
+    // 256 streams through a batch of 16 over a paged KV cache of 24 blocks of 4, too few for 16
+    // requests at once (the newest are preempted and resume); four more clients leave
+    // mid-stream.
+    let options =
+        ServeOptions { max_batch: 16, max_queue: 1024, kv_block_size: 4, kv_cache_tokens: 96, ..Default::default() };
+    let server = start(options);
     let addr = server.addr();
     let prompts: Vec<String> = (0..256)
         .map(|i| (0..(2 + i % 7)).map(|j| format!("t{}", (i * 13 + j * 5) % 128)).collect::<Vec<_>>().join(" "))
@@ -339,6 +343,10 @@ fn concurrent_streams_equal_their_requests_alone_and_clients_may_leave() {
         // A request makes the engine take a step and notice the closed streams.
         post(addr, "/v1/completions", &json!({"prompt": "t1", "max_tokens": 1}));
     }
+    // Every block went back; the pool was full at times.
+    assert_eq!(gauge("nuvec_kv_blocks_total"), 24);
+    assert_eq!(gauge("nuvec_kv_blocks_held"), 0, "KV blocks leaked");
+    assert!(gauge("nuvec_preemptions_total") > 0, "a pool of 24 blocks preempts");
     server.stop().unwrap();
 }
 
