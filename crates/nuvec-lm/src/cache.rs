@@ -404,13 +404,21 @@ impl KvCache {
         }
         let pages = self.pages.as_ref().expect("paged");
         let (bs, table) = (pages.block_size, pages.table.clone().expect("taken blocks"));
-        let pos = &start.reshape([b, 1]).astype(nuvec::DType::I32) + &ops::arange(0, len, 1).reshape([1, len]);
-        let blocks = table.take_along_axis(&pos.floor_divide(bs), 1);
-        let slots = (&(&blocks * bs) + &pos.remainder(bs)).reshape([b * len]);
+        // Each new row's index in the pool seen as [blocks · H · block_size, D], for keys and
+        // values alike ([`nuvec::fast::paged_write`] for both, its index computed once): the
+        // table's blocks cover every position written.
+        let h = keys.shape()[1];
+        let pos = &start.reshape([b, 1, 1]).astype(nuvec::DType::I32) + &ops::arange(0, len, 1).reshape([1, len, 1]);
+        let block = table.take_along_axis(&pos.floor_divide(bs).reshape([b, len]), 1).reshape([b, len, 1]);
+        let head = ops::arange(0, h, 1).reshape([1, 1, h]);
+        let row = (&(&(&(&block * h) + &head) * bs) + &pos.remainder(bs)).reshape([b * len * h, 1]);
         let put = |pool: &mut Option<Array>, new: &Array| {
-            let rows = new.transpose(&[0, 2, 1, 3]).reshape([b * len, new.shape()[1], new.shape()[3]]);
+            let old = pool.take().expect("taken blocks");
+            let s = old.shape().to_vec();
+            let rows = new.transpose(&[0, 2, 1, 3]).reshape([b * len * h, s[3]]).astype(old.dtype());
             // The old pool is dropped before evaluation, so the write happens in place.
-            *pool = Some(nuvec::fast::paged_write(&pool.take().expect("taken blocks"), &rows, &slots));
+            let flat = old.reshape([s[0] * s[1] * s[2], s[3]]);
+            *pool = Some(flat.put_along_axis(&row, &rows, 0).reshape(s));
         };
         put(&mut self.keys, keys);
         put(&mut self.values, values);

@@ -184,6 +184,28 @@ fn a_user_held_input_is_never_overwritten() {
 }
 
 #[test]
+fn a_donated_scatter_writes_in_place_and_a_held_one_copies() {
+    // A cache updated every step (a paged KV pool) keeps its buffer; a user's array is kept.
+    let pool = ops::zeros([64, 2, 4, 8], DType::F32).contiguous();
+    pool.eval().unwrap();
+    let id = pool.buffer_id();
+    let new = ops::ones([1, 2, 8], DType::F32);
+    let written = nuvec::fast::paged_write(&pool, &new, &Array::from_slice(&[5i32], [1]));
+    drop(pool);
+    written.eval().unwrap();
+    assert_eq!(written.buffer_id(), id);
+    assert_eq!(written.sum(..).item::<f32>().unwrap(), 16.0);
+    let again = written.put_along_axis(
+        &Array::from_slice(&[0i32], [1, 1, 1, 1]),
+        &ops::full_dtype([1, 1, 1, 1], 3.0, DType::F32),
+        0,
+    );
+    again.eval().unwrap();
+    assert_ne!(again.buffer_id(), written.buffer_id());
+    assert_eq!(written.sum(..).item::<f32>().unwrap(), 16.0);
+}
+
+#[test]
 fn views_share_storage() {
     let x = ops::arange(0, 24, 1).reshape([2, 3, 4]);
     x.eval().unwrap();
