@@ -7,13 +7,15 @@
 # The model: Llama-3-8B's shapes (bench/configs/llama-3-8b.json) with random weights in
 # bfloat16 and Llama 3's real tokenizer (the bundle's .gpu/cache/tokenizer-llama3-3.7.2).
 #   1. `nuvec generate` of GPU_SERVE_TOKENS tokens: the single-request decode rate to match;
-#   2. `nuvec serve --max-batch GPU_SERVE_BATCH` on loopback, then scripts/serve-load.py at
-#      GPU_SERVE_CONCURRENCY concurrent streaming requests of GPU_SERVE_TOKENS greedy tokens:
-#      output tokens/s, time to first token and inter-token latency, p50 and p99;
-#   3. the server's /metrics after the load.
-# Outputs in $OUT (default target/gpu-serve): generate.txt, load.txt, serve.log, metrics.txt.
-# Environment: GPU_SERVE_CONCURRENCY (1,8,64,256), GPU_SERVE_TOKENS (128), GPU_SERVE_BATCH (256),
-# GPU_SERVE_ROUNDS (2), GPU_SERVE_SECONDS (400: the load ends within it).
+#   2. for each --kv-block-size in GPU_SERVE_KV ("16 0": the paged pool, then caches of each
+#      request's own), `nuvec serve --max-batch GPU_SERVE_BATCH` on loopback, then
+#      scripts/serve-load.py at GPU_SERVE_CONCURRENCY concurrent streaming requests of
+#      GPU_SERVE_TOKENS greedy tokens: output tokens/s, time to first token and inter-token
+#      latency, p50 and p99; the server's /metrics after the load.
+# Outputs in $OUT (default target/gpu-serve): generate.txt, load.txt, serve-kv<N>.log,
+# metrics-kv<N>.txt. Environment: GPU_SERVE_KV ("16 0"), GPU_SERVE_CONCURRENCY (1,8,64,256),
+# GPU_SERVE_TOKENS (128), GPU_SERVE_BATCH (256), GPU_SERVE_ROUNDS (2), GPU_SERVE_SECONDS (400:
+# each load ends within it).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -35,19 +37,22 @@ timeout 120 .gpu/nuvec generate "${LOAD[@]}" --max-tokens "$TOKENS" --prompt "Te
 grep -iE 'tokens-per-sec|tok/s|error' "$OUT/generate.txt" | head -4
 
 PORT=8089
-.gpu/nuvec serve "${LOAD[@]}" --port "$PORT" --max-batch "${GPU_SERVE_BATCH:-256}" --max-tokens "$TOKENS" \
-    >"$OUT/serve.log" 2>&1 &
-SERVER=$!
-for _ in $(seq 120); do
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
-    sleep 1
+for KV in ${GPU_SERVE_KV:-16 0}; do
+    .gpu/nuvec serve "${LOAD[@]}" --port "$PORT" --max-batch "${GPU_SERVE_BATCH:-256}" --max-tokens "$TOKENS" \
+        --kv-block-size "$KV" >"$OUT/serve-kv$KV.log" 2>&1 &
+    SERVER=$!
+    for _ in $(seq 120); do
+        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
+        sleep 1
+    done
+    echo "== --kv-block-size $KV: serve-load.py at ${GPU_SERVE_CONCURRENCY:-1,8,64,256} concurrent requests, $TOKENS tokens each"
+    timeout "${GPU_SERVE_SECONDS:-400}" python3 scripts/serve-load.py --url "http://127.0.0.1:$PORT" \
+        --concurrency "${GPU_SERVE_CONCURRENCY:-1,8,64,256}" --tokens "$TOKENS" --rounds "${GPU_SERVE_ROUNDS:-2}" \
+        2>&1 | tee -a "$OUT/load.txt"
+    curl -sf "http://127.0.0.1:$PORT/metrics" >"$OUT/metrics-kv$KV.txt"
+    grep -E '^nuvec_(kv|preempt)' "$OUT/metrics-kv$KV.txt"
+    kill "$SERVER"
+    wait "$SERVER" 2>/dev/null
+    tail -3 "$OUT/serve-kv$KV.log"
 done
-echo "== serve-load.py at ${GPU_SERVE_CONCURRENCY:-1,8,64,256} concurrent requests, $TOKENS tokens each"
-timeout "${GPU_SERVE_SECONDS:-400}" python3 scripts/serve-load.py --url "http://127.0.0.1:$PORT" \
-    --concurrency "${GPU_SERVE_CONCURRENCY:-1,8,64,256}" --tokens "$TOKENS" --rounds "${GPU_SERVE_ROUNDS:-2}" \
-    2>&1 | tee "$OUT/load.txt"
-curl -sf "http://127.0.0.1:$PORT/metrics" >"$OUT/metrics.txt"
-kill "$SERVER"
-wait "$SERVER" 2>/dev/null
-tail -5 "$OUT/serve.log"
 rm -rf "$MODEL"

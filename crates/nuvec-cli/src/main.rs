@@ -62,7 +62,8 @@ struct ServeArgs {
     /// Requests must carry "Authorization: Bearer KEY" (also from NUVEC_API_KEY).
     #[arg(long, env = "NUVEC_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// Keep the caches of this many ended requests for prompts that start as theirs (0: off).
+    /// Prompts that start as earlier ones read their keys and values (0: off): the paged
+    /// cache's full blocks, or the caches of this many ended requests with --kv-block-size 0.
     #[arg(long, default_value_t = 8)]
     prompt_cache: usize,
     /// Prompt tokens prefilled per step at most, between the running requests' steps.

@@ -775,7 +775,10 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
             again.extend(engine.step().into_iter().map(|(_, e)| e.unwrap().token));
         }
         let reused = engine.reused_tokens(2).unwrap();
-        assert!(reused >= 20 && reused % 4 == 0, "{name}: {reused} tokens reused, whole blocks of the first turn");
+        assert!(
+            reused >= 20 && reused.is_multiple_of(4),
+            "{name}: {reused} tokens reused, whole blocks of the first turn"
+        );
         assert_eq!(again, alone(&second, 8), "{name}: the next turn differs from decoding it alone");
         assert_eq!(engine.kv_blocks().unwrap().held, 0);
 
@@ -804,8 +807,8 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
         let mut step = 0;
         loop {
             // Three requests come in each step.
-            for j in 3 * step..(3 * step + 3).min(jobs.len()) {
-                engine.add(j as u64, ask(&jobs[j].0, jobs[j].1)).unwrap();
+            for (j, job) in jobs.iter().enumerate().skip(3 * step).take(3) {
+                engine.add(j as u64, ask(&job.0, job.1)).unwrap();
             }
             for (j, job) in jobs.iter().enumerate().take(3 * step + 3) {
                 if job.2 == Some(steps_in[j]) && !cancelled[j] {

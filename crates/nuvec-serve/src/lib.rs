@@ -76,8 +76,9 @@ pub struct ServeOptions {
     pub max_body: usize,
     /// Requests must carry `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
-    /// The caches of this many ended requests are kept: a prompt that starts as one of
-    /// theirs (a conversation's next turn) runs only the rest.
+    /// Prompt caching (0: off): a prompt that starts as an earlier one (a conversation's next
+    /// turn) runs only the rest, reading the paged cache's full blocks, or with
+    /// `kv_block_size` 0 the kept caches of this many ended requests.
     pub prompt_cache: usize,
     /// Prompt tokens prefilled per engine step at most: a long prompt joining delays the
     /// running requests' tokens by one such chunk at a time.

@@ -197,7 +197,7 @@ fn a_donated_scatter_writes_in_place_and_a_held_one_copies() {
     assert_eq!(written.sum(..).item::<f32>().unwrap(), 16.0);
     let again = written.put_along_axis(
         &Array::from_slice(&[0i32], [1, 1, 1, 1]),
-        &ops::full_dtype([1, 1, 1, 1], 3.0, DType::F32),
+        ops::full_dtype([1, 1, 1, 1], 3.0, DType::F32),
         0,
     );
     again.eval().unwrap();
