@@ -384,8 +384,8 @@ impl Isa {
         // SAFETY: as `row`'s, for each of the two rows.
         unsafe {
             match (self, bits) {
-                (Isa::Avx512, 4) => return simd::row_avx512::<4, 2>(q, x, s, gs, b, xs),
-                (Isa::Avx512, _) => return simd::row_avx512::<8, 2>(q, x, s, gs, b, xs),
+                (Isa::Avx512, 4) => return simd::tile_avx512::<4, 2, 1>(q, [x], s, gs, b, [xs]).map(|[r]| r),
+                (Isa::Avx512, _) => return simd::tile_avx512::<8, 2, 1>(q, [x], s, gs, b, [xs]).map(|[r]| r),
                 _ => {}
             }
         }
@@ -413,27 +413,17 @@ impl Isa {
                 // SAFETY: as `row`'s, for each row of `x`.
                 unsafe {
                     match (bits, x, xs) {
-                        (4, &[a, b2, c, d], &[sa, sb, sc, sd]) => out.copy_from_slice(&simd::rows_x_avx512::<4, 4>(
-                            q,
-                            [a, b2, c, d],
-                            s,
-                            gs,
-                            b,
-                            [sa, sb, sc, sd],
-                        )),
-                        (_, &[a, b2, c, d], &[sa, sb, sc, sd]) => out.copy_from_slice(&simd::rows_x_avx512::<8, 4>(
-                            q,
-                            [a, b2, c, d],
-                            s,
-                            gs,
-                            b,
-                            [sa, sb, sc, sd],
-                        )),
+                        (4, &[a, b2, c, d], &[sa, sb, sc, sd]) => out.copy_from_slice(
+                            &simd::tile_avx512::<4, 1, 4>([q], [a, b2, c, d], [s], gs, [b], [sa, sb, sc, sd])[0],
+                        ),
+                        (_, &[a, b2, c, d], &[sa, sb, sc, sd]) => out.copy_from_slice(
+                            &simd::tile_avx512::<8, 1, 4>([q], [a, b2, c, d], [s], gs, [b], [sa, sb, sc, sd])[0],
+                        ),
                         (4, &[a, b2], &[sa, sb]) => {
-                            out.copy_from_slice(&simd::rows_x_avx512::<4, 2>(q, [a, b2], s, gs, b, [sa, sb]))
+                            out.copy_from_slice(&simd::tile_avx512::<4, 1, 2>([q], [a, b2], [s], gs, [b], [sa, sb])[0])
                         }
                         (_, &[a, b2], &[sa, sb]) => {
-                            out.copy_from_slice(&simd::rows_x_avx512::<8, 2>(q, [a, b2], s, gs, b, [sa, sb]))
+                            out.copy_from_slice(&simd::tile_avx512::<8, 1, 2>([q], [a, b2], [s], gs, [b], [sa, sb])[0])
                         }
                         _ => {
                             for ((o, x), xs) in out.iter_mut().zip(x).zip(xs) {
@@ -460,8 +450,8 @@ impl Isa {
         // every group; `q` holds `x.len()` elements of `bits`, and `s` a scale per group.
         unsafe {
             match (self, bits) {
-                (Isa::Avx512, 4) => return simd::row_avx512::<4, 1>([q], x, [s], gs, [b], xs)[0],
-                (Isa::Avx512, _) => return simd::row_avx512::<8, 1>([q], x, [s], gs, [b], xs)[0],
+                (Isa::Avx512, 4) => return simd::tile_avx512::<4, 1, 1>([q], [x], [s], gs, [b], [xs])[0][0],
+                (Isa::Avx512, _) => return simd::tile_avx512::<8, 1, 1>([q], [x], [s], gs, [b], [xs])[0][0],
                 (Isa::Avx2, 4) => return simd::row_avx2::<4>(q, x, s, gs, b, xs),
                 (Isa::Avx2, _) => return simd::row_avx2::<8>(q, x, s, gs, b, xs),
                 _ => {}
@@ -483,153 +473,95 @@ impl Isa {
 mod simd {
     use std::arch::x86_64::*;
 
-    /// `R` rows at once, which share each load of `x`.
+    /// `R` weight rows against `M` rows of `x`: each load of `x` is shared by the `R` weight
+    /// rows and each weight run is widened once for the `M` rows of `x`. Result `[i][j]` is
+    /// weight row `i` against `x[j]`, the same additions in the same order whatever `R` and
+    /// `M` are (bit for bit).
     #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn row_avx512<const BITS: usize, const R: usize>(
+    pub(super) unsafe fn tile_avx512<const BITS: usize, const R: usize, const M: usize>(
         q: [&[u8]; R],
-        x: &[f32],
+        x: [&[f32]; M],
         s: [&[f32]; R],
         gs: usize,
         b: [&[f32]; R],
-        xs: &[f32],
-    ) -> [f32; R] {
+        xs: [&[f32]; M],
+    ) -> [[f32; M]; R] {
         let runs = gs * BITS / 128;
-        let (q, x) = (q.map(<[u8]>::as_ptr), x.as_ptr());
+        let (q, x) = (q.map(<[u8]>::as_ptr), x.map(<[f32]>::as_ptr));
         let lut = _mm512_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0);
-        // Group `g`'s `Σ q·x` of each row in sixteen lanes.
+        // Group `g`'s `Σ q·x` of each pair of rows in sixteen lanes.
         let group = |g: usize| {
-            let mut acc = [_mm512_setzero_ps(); R];
+            let mut acc = [[_mm512_setzero_ps(); M]; R];
             for r in g * runs..(g + 1) * runs {
                 if r % 4 == 0 {
                     for q in q {
                         super::prefetch(q.wrapping_add(r * 16 + super::PREFETCH_BYTES));
                     }
                 }
-                // SAFETY: run `r` of 16 bytes of each row and its 16 · 8 / BITS elements of `x`
-                // lie inside the rows (the caller's contract).
+                // SAFETY: run `r` of 16 bytes of each weight row and its 16 · 8 / BITS elements
+                // of each row of `x` lie inside them (the caller's contract).
                 unsafe {
                     if BITS == 4 {
-                        let (xe, xo) = (_mm512_loadu_ps(x.add(r * 32)), _mm512_loadu_ps(x.add(r * 32 + 16)));
+                        let xv: [(__m512, __m512); M] =
+                            x.map(|x| (_mm512_loadu_ps(x.add(r * 32)), _mm512_loadu_ps(x.add(r * 32 + 16))));
                         for (acc, q) in acc.iter_mut().zip(q) {
                             let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.add(r * 16).cast()));
                             // The nibbles as indices into a table of 0..16 (a permute reads an
                             // index's low four bits): fewer µops than masking and converting.
                             let even = _mm512_permutexvar_ps(v, lut);
                             let odd = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), lut);
-                            *acc = _mm512_fmadd_ps(odd, xo, _mm512_fmadd_ps(even, xe, *acc));
+                            for (acc, (xe, xo)) in acc.iter_mut().zip(xv) {
+                                *acc = _mm512_fmadd_ps(odd, xo, _mm512_fmadd_ps(even, xe, *acc));
+                            }
                         }
                     } else {
-                        let xv = _mm512_loadu_ps(x.add(r * 16));
+                        let xv: [__m512; M] = x.map(|x| _mm512_loadu_ps(x.add(r * 16)));
                         for (acc, q) in acc.iter_mut().zip(q) {
-                            let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.add(r * 16).cast()));
-                            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), xv, *acc);
+                            let w = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(q.add(r * 16).cast())));
+                            for (acc, xv) in acc.iter_mut().zip(xv) {
+                                *acc = _mm512_fmadd_ps(w, xv, *acc);
+                            }
                         }
                     }
                 }
             }
             acc
         };
-        let (mut even, mut odd) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+        let (mut even, mut odd) = ([[_mm512_setzero_ps(); M]; R], [[_mm512_setzero_ps(); M]; R]);
         let groups = s[0].len();
         for g in 0..groups / 2 {
             let (ge, go) = (group(2 * g), group(2 * g + 1));
             for i in 0..R {
-                even[i] = _mm512_fmadd_ps(ge[i], _mm512_set1_ps(s[i][2 * g]), even[i]);
-                odd[i] = _mm512_fmadd_ps(go[i], _mm512_set1_ps(s[i][2 * g + 1]), odd[i]);
+                let (se, so) = (_mm512_set1_ps(s[i][2 * g]), _mm512_set1_ps(s[i][2 * g + 1]));
+                for j in 0..M {
+                    even[i][j] = _mm512_fmadd_ps(ge[i][j], se, even[i][j]);
+                    odd[i][j] = _mm512_fmadd_ps(go[i][j], so, odd[i][j]);
+                }
             }
         }
         if groups % 2 == 1 {
             let ge = group(groups - 1);
             for i in 0..R {
-                even[i] = _mm512_fmadd_ps(ge[i], _mm512_set1_ps(s[i][groups - 1]), even[i]);
-            }
-        }
-        // The biases' share, sixteen groups at a time.
-        let len = groups.min(xs.len());
-        for g in (0..len).step_by(16) {
-            let mask = (u32::MAX >> (32 - 16.min(len - g))) as u16;
-            // SAFETY: the mask covers groups `g..len` only, which every row has.
-            let xv = unsafe { _mm512_maskz_loadu_ps(mask, xs.as_ptr().add(g)) };
-            for i in 0..R {
-                // SAFETY: as above.
-                let bv = unsafe { _mm512_maskz_loadu_ps(mask, b[i].as_ptr().add(g)) };
-                odd[i] = _mm512_fmadd_ps(bv, xv, odd[i]);
-            }
-        }
-        std::array::from_fn(|i| _mm512_reduce_add_ps(_mm512_add_ps(even[i], odd[i])))
-    }
-
-    /// One weight row against `M` rows of `x` at once, each weight run widened once for all of
-    /// them: row `i`'s result is `row_avx512`'s for `x[i]`, bit for bit (the same additions in
-    /// the same order).
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    pub(super) unsafe fn rows_x_avx512<const BITS: usize, const M: usize>(
-        q: &[u8],
-        x: [&[f32]; M],
-        s: &[f32],
-        gs: usize,
-        b: &[f32],
-        xs: [&[f32]; M],
-    ) -> [f32; M] {
-        let runs = gs * BITS / 128;
-        let (q, x) = (q.as_ptr(), x.map(<[f32]>::as_ptr));
-        let lut = _mm512_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0);
-        let group = |g: usize| {
-            let mut acc = [_mm512_setzero_ps(); M];
-            for r in g * runs..(g + 1) * runs {
-                if r % 4 == 0 {
-                    super::prefetch(q.wrapping_add(r * 16 + super::PREFETCH_BYTES));
+                for j in 0..M {
+                    even[i][j] = _mm512_fmadd_ps(ge[i][j], _mm512_set1_ps(s[i][groups - 1]), even[i][j]);
                 }
-                // SAFETY: run `r` of 16 bytes of the row and its 16 · 8 / BITS elements of
-                // each row of `x` lie inside them (the caller's contract).
-                unsafe {
-                    let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(q.add(r * 16).cast()));
-                    if BITS == 4 {
-                        let even = _mm512_permutexvar_ps(v, lut);
-                        let odd = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), lut);
-                        for (acc, x) in acc.iter_mut().zip(x) {
-                            let (xe, xo) = (_mm512_loadu_ps(x.add(r * 32)), _mm512_loadu_ps(x.add(r * 32 + 16)));
-                            *acc = _mm512_fmadd_ps(odd, xo, _mm512_fmadd_ps(even, xe, *acc));
-                        }
-                    } else {
-                        let w = _mm512_cvtepi32_ps(v);
-                        for (acc, x) in acc.iter_mut().zip(x) {
-                            *acc = _mm512_fmadd_ps(w, _mm512_loadu_ps(x.add(r * 16)), *acc);
-                        }
-                    }
-                }
-            }
-            acc
-        };
-        let (mut even, mut odd) = ([_mm512_setzero_ps(); M], [_mm512_setzero_ps(); M]);
-        let groups = s.len();
-        for g in 0..groups / 2 {
-            let (ge, go) = (group(2 * g), group(2 * g + 1));
-            let (se, so) = (_mm512_set1_ps(s[2 * g]), _mm512_set1_ps(s[2 * g + 1]));
-            for i in 0..M {
-                even[i] = _mm512_fmadd_ps(ge[i], se, even[i]);
-                odd[i] = _mm512_fmadd_ps(go[i], so, odd[i]);
-            }
-        }
-        if groups % 2 == 1 {
-            let ge = group(groups - 1);
-            for i in 0..M {
-                even[i] = _mm512_fmadd_ps(ge[i], _mm512_set1_ps(s[groups - 1]), even[i]);
             }
         }
         // The biases' share, sixteen groups at a time.
         let len = groups.min(xs.iter().map(|x| x.len()).min().unwrap_or(0));
         for g in (0..len).step_by(16) {
             let mask = (u32::MAX >> (32 - 16.min(len - g))) as u16;
-            // SAFETY: the mask covers groups `g..len` only, which the row and every x have.
-            let bv = unsafe { _mm512_maskz_loadu_ps(mask, b.as_ptr().add(g)) };
-            for i in 0..M {
+            // SAFETY: the mask covers groups `g..len` only, which every row has.
+            let xv: [__m512; M] = xs.map(|xs| unsafe { _mm512_maskz_loadu_ps(mask, xs.as_ptr().add(g)) });
+            for i in 0..R {
                 // SAFETY: as above.
-                let xv = unsafe { _mm512_maskz_loadu_ps(mask, xs[i].as_ptr().add(g)) };
-                odd[i] = _mm512_fmadd_ps(bv, xv, odd[i]);
+                let bv = unsafe { _mm512_maskz_loadu_ps(mask, b[i].as_ptr().add(g)) };
+                for j in 0..M {
+                    odd[i][j] = _mm512_fmadd_ps(bv, xv[j], odd[i][j]);
+                }
             }
         }
-        std::array::from_fn(|i| _mm512_reduce_add_ps(_mm512_add_ps(even[i], odd[i])))
+        std::array::from_fn(|i| std::array::from_fn(|j| _mm512_reduce_add_ps(_mm512_add_ps(even[i][j], odd[i][j]))))
     }
 
     /// `f16` (or, with `bf16`, `bf16`) bit patterns as `f32` into `out`, sixteen at a time.
