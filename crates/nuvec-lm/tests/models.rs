@@ -781,6 +781,21 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
         );
         assert_eq!(again, alone(&second, 8), "{name}: the next turn differs from decoding it alone");
         assert_eq!(engine.kv_blocks().unwrap().held, 0);
+        // Choices of one prompt (`n` > 1) added together: the later ones read the first one's
+        // prompt blocks as soon as it has run them.
+        let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_prefix_cache(1).with_paged_kv(4, 64);
+        for id in 0..3 {
+            engine.add(id, ask(&first, 5)).unwrap();
+        }
+        let mut choices = vec![Vec::new(); 3];
+        while !engine.is_idle() {
+            for (id, e) in engine.step() {
+                choices[id as usize].push(e.unwrap().token);
+            }
+        }
+        let reused: Vec<usize> = (0..3).map(|id| engine.reused_tokens(id).unwrap()).collect();
+        assert_eq!(reused, vec![0, 20, 20], "{name}");
+        assert!(choices.iter().all(|c| *c == alone(&first, 5)), "{name}: choices differ from decoding alone");
 
         // Fault injection: requests sharing starts, some cancelled at random steps, in a pool
         // that preempts; the rest end as decoding alone would, and no block stays held.
