@@ -19,13 +19,21 @@ pub struct Positions {
     /// The block table of attention over [`KvCache::update_at`]'s buffers: row `b` reads
     /// block `b` (`[B, 1]`, `int32`), made once per step for every layer.
     pub tables: Array,
+    /// The pool rows the step's keys go to, by the rows' blocks: caches whose rows were set
+    /// together ([`KvCache::set_rows_of`]) compute them once per step.
+    slots: std::cell::RefCell<Vec<(SlotsKey, Array)>>,
 }
+
+/// What a paged write's pool rows depend on: the rows' blocks (their version), the pool's
+/// blocks, heads and block size, and the new positions per row.
+type SlotsKey = (u64, i32, i32, i32, i32);
 
 impl Positions {
     /// The positions `start [B]` and `lengths [B]` (`int32`, on the device).
     pub fn new(start: Array, lengths: Array) -> Positions {
         let b = start.shape().first().copied().unwrap_or(1);
-        Positions { start, lengths, tables: ops::arange(0, b, 1).astype(nuvec::DType::I32).reshape([b, 1]) }
+        let tables = ops::arange(0, b, 1).astype(nuvec::DType::I32).reshape([b, 1]);
+        Positions { start, lengths, tables, slots: Default::default() }
     }
 
     /// The positions of `[2, B]` rows: the starts, then the lengths (views, no copy).
@@ -74,6 +82,9 @@ struct Pages {
     table: Option<Array>,
     shared: Option<i32>,
     dirty: bool,
+    /// Rows set together with other caches' ([`KvCache::set_rows_of`]) share a version (0:
+    /// none).
+    version: u64,
 }
 
 impl KvCache {
@@ -119,7 +130,20 @@ impl KvCache {
     /// the longest row holds. Nothing happens to other caches.
     pub fn set_rows(&mut self, rows: Vec<Vec<i32>>, offset: i32) {
         if let Some(p) = self.pages.as_mut().filter(|p| p.shared.is_some()) {
-            (p.rows, p.dirty, self.offset) = (rows, true, offset);
+            (p.rows, p.dirty, p.version, self.offset) = (rows, true, 0, offset);
+        }
+    }
+
+    /// [`KvCache::set_rows`] of every cache in `caches` (a model's layers) to the same rows,
+    /// which a step's writes then locate once for all of them.
+    pub fn set_rows_of(caches: &mut [KvCache], rows: &[Vec<i32>], offset: i32) {
+        static VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let version = VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for c in caches {
+            c.set_rows(rows.to_vec(), offset);
+            if let Some(p) = c.pages.as_mut() {
+                p.version = version;
+            }
         }
     }
 
@@ -177,7 +201,7 @@ impl KvCache {
         if self.pages.is_some() {
             // Every row at the host-held position: the pools (attention reads them paged).
             let start = Array::from_slice(&vec![self.offset; keys.shape()[0] as usize], [keys.shape()[0]]);
-            return self.write_pages(keys, values, &start);
+            return self.write_pages(keys, values, &start, None);
         }
         match (self.max_size, self.quantized) {
             (_, Some((group, bits))) => self.append_quantized(keys, values, group, bits),
@@ -331,7 +355,7 @@ impl KvCache {
             return (failed.clone(), failed);
         }
         if self.pages.is_some() {
-            return self.write_pages(keys, values, &at.start);
+            return self.write_pages(keys, values, &at.start, Some(at));
         }
         let s = keys.shape().to_vec();
         let (b, h, len) = (s[0], s[1], s[2]);
@@ -396,7 +420,7 @@ impl KvCache {
     /// Writes `keys [B, H, L, Dk]` and `values [B, H, L, Dv]` of a paged cache at the positions
     /// `start[b]..start[b] + L` (on the device) through its block table, taking blocks first;
     /// returns the pools.
-    fn write_pages(&mut self, keys: &Array, values: &Array, start: &Array) -> (Array, Array) {
+    fn write_pages(&mut self, keys: &Array, values: &Array, start: &Array, at: Option<&Positions>) -> (Array, Array) {
         let (b, len) = (keys.shape()[0], keys.shape()[2]);
         if let Err(e) = self.take_blocks(b, self.offset + len, Some((keys, values))) {
             let failed = Array::from_error(e);
@@ -408,10 +432,20 @@ impl KvCache {
         // values alike ([`nuvec::fast::paged_write`] for both, its index computed once): the
         // table's blocks cover every position written.
         let h = keys.shape()[1];
-        let pos = &start.reshape([b, 1, 1]).astype(nuvec::DType::I32) + &ops::arange(0, len, 1).reshape([1, len, 1]);
-        let block = table.take_along_axis(&pos.floor_divide(bs).reshape([b, len]), 1).reshape([b, len, 1]);
-        let head = ops::arange(0, h, 1).reshape([1, 1, h]);
-        let row = (&(&(&(&block * h) + &head) * bs) + &pos.remainder(bs)).reshape([b * len * h, 1]);
+        let key = (pages.version, table.shape()[1], h, bs, len);
+        let memo = at.filter(|_| pages.version != 0);
+        let known = memo.and_then(|at| at.slots.borrow().iter().find(|(k, _)| *k == key).map(|(_, r)| r.clone()));
+        let row = known.unwrap_or_else(|| {
+            let pos =
+                &start.reshape([b, 1, 1]).astype(nuvec::DType::I32) + &ops::arange(0, len, 1).reshape([1, len, 1]);
+            let block = table.take_along_axis(&pos.floor_divide(bs).reshape([b, len]), 1).reshape([b, len, 1]);
+            let head = ops::arange(0, h, 1).reshape([1, 1, h]);
+            let row = (&(&(&(&block * h) + &head) * bs) + &pos.remainder(bs)).reshape([b * len * h, 1]);
+            if let Some(at) = memo {
+                at.slots.borrow_mut().push((key, row.clone()));
+            }
+            row
+        });
         let put = |pool: &mut Option<Array>, new: &Array| {
             let old = pool.take().expect("taken blocks");
             let s = old.shape().to_vec();

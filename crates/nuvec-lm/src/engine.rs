@@ -582,9 +582,7 @@ impl<'a> Engine<'a> {
     fn set_rows(&mut self) {
         let Some(p) = &self.paged else { return };
         let longest = self.running.iter().map(|s| s.length).max().unwrap_or(0);
-        for c in &mut self.caches {
-            c.set_rows(p.rows.clone(), longest);
-        }
+        KvCache::set_rows_of(&mut self.caches, &p.rows, longest);
     }
 
     /// Takes running sequence `i` out of a paged batch (preempted): its blocks let go, its
