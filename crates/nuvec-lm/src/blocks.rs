@@ -144,7 +144,12 @@ impl BlockPool {
         for &block in blocks {
             let b = block as usize;
             debug_assert!(self.refs[b] > 0, "block {block} released more often than held");
-            self.refs[b] = self.refs[b].saturating_sub(1);
+            // A block no one holds is already free or cached: listing it twice would give it
+            // to two requests.
+            if self.refs[b] == 0 {
+                continue;
+            }
+            self.refs[b] -= 1;
             if self.refs[b] > 0 {
                 continue;
             }

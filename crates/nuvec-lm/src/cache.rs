@@ -157,13 +157,12 @@ impl KvCache {
         KvCache { keys: self.keys.take(), values: self.values.take(), offset, pages: Some(pages), ..KvCache::default() }
     }
 
-    /// Takes back the pool [`KvCache::lend`] moved to `from` (as `from` left it); the block
-    /// table is made again when next needed if the pool grew.
+    /// Takes back the pool [`KvCache::lend`] moved to `from` (as `from` left it, perhaps
+    /// grown); the block table is refreshed when next needed.
     pub fn restore(&mut self, from: KvCache) {
-        let grew = from.keys.as_ref().map(|k| k.shape()[0]) != self.keys.as_ref().map(|k| k.shape()[0]);
         (self.keys, self.values) = (from.keys, from.values);
         if let Some(p) = self.pages.as_mut() {
-            p.dirty |= grew;
+            p.dirty = true;
         }
     }
 

@@ -114,6 +114,8 @@ struct Paged {
     pool: BlockPool,
     rows: Vec<Vec<i32>>,
     preemptions: usize,
+    /// Some running sequence lacks a block for a step started ahead: none is.
+    tight: bool,
 }
 
 /// The state of a paged engine's pool ([`Engine::kv_blocks`]).
@@ -191,7 +193,7 @@ impl<'a> Engine<'a> {
         let bs = block_size.clamp(1, 1 << 16).next_power_of_two();
         let blocks = blocks.clamp(1, i32::MAX as usize);
         self.caches = self.model.new_cache().iter().map(|_| KvCache::paged_shared(bs as i32, blocks as i32)).collect();
-        self.paged = Some(Paged { pool: BlockPool::new(bs, blocks), rows: Vec::new(), preemptions: 0 });
+        self.paged = Some(Paged { pool: BlockPool::new(bs, blocks), rows: Vec::new(), preemptions: 0, tight: false });
         self
     }
 
@@ -312,6 +314,7 @@ impl<'a> Engine<'a> {
         }
         if let Some(i) = self.waiting.iter().position(|(w, _)| *w == id) {
             self.waiting.remove(i);
+            self.reused.remove(&id);
             return true;
         }
         match self.running.iter().position(|s| s.id == id) {
@@ -353,24 +356,7 @@ impl<'a> Engine<'a> {
         if !self.running.is_empty() {
             match self.decode_and_start_next() {
                 Ok(tokens) => self.hand_out(tokens, &mut events),
-                Err(e) => {
-                    // The batch's state is unknown: every running request ends with the error.
-                    let message = e.to_string();
-                    for s in self.running.drain(..) {
-                        events.push((s.id, Err(Error::Config(message.clone()))));
-                    }
-                    self.ahead = None;
-                    self.graph = None;
-                    match &mut self.paged {
-                        Some(p) => {
-                            for blocks in p.rows.drain(..) {
-                                p.pool.release(&blocks);
-                            }
-                            self.set_rows();
-                        }
-                        None => self.caches.clear(),
-                    }
-                }
+                Err(e) => self.fail_batch(&e.to_string(), &mut events),
             }
         }
         // Prompts run, the budget's worth, in the order their requests came.
@@ -402,6 +388,10 @@ impl<'a> Engine<'a> {
             {
                 self.release(&f.blocks);
                 events.push((f.id, Err(e)));
+                if self.paged.is_some() {
+                    // The pool the batch reads is unknown too.
+                    self.fail_batch("a prompt's prefill into the shared KV cache failed", &mut events);
+                }
                 continue;
             }
             (f.done, budget) = (f.done + n, budget - n);
@@ -417,6 +407,27 @@ impl<'a> Engine<'a> {
             }
         }
         events
+    }
+
+    /// Every running request ends with `message` (the batch's state is unknown after a failed
+    /// step); a paged engine starts a fresh pool, its cached blocks forgotten, and the request
+    /// being prefilled waits again at the head of the queue.
+    fn fail_batch(&mut self, message: &str, events: &mut Vec<(u64, Result<Generated>)>) {
+        for s in self.running.drain(..) {
+            events.push((s.id, Err(Error::Config(message.to_string()))));
+        }
+        (self.ahead, self.graph) = (None, None);
+        let Some(p) = &mut self.paged else {
+            self.caches.clear();
+            return;
+        };
+        if let Some(f) = self.filling.take() {
+            self.waiting.push_front((f.id, f.job));
+        }
+        let (bs, blocks) = (p.pool.block_size(), p.pool.capacity());
+        p.pool = BlockPool::new(bs, blocks);
+        p.rows.clear();
+        self.caches = self.model.new_cache().iter().map(|_| KvCache::paged_shared(bs as i32, blocks as i32)).collect();
     }
 
     /// Whether the next waiting request may start: a paged engine keeps room for the prompt
@@ -533,17 +544,18 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// Before a paged step: every running sequence gets the blocks of its next two positions
-    /// (this step's and one started ahead). Without room, the request being prefilled, then
-    /// the newest running ones, are preempted: they let go of their blocks and wait at the head
-    /// of the queue, their tokens and samplers kept.
+    /// Before a paged step: every running sequence gets the blocks of its next position and,
+    /// where the pool has them, of the one after (for a step started ahead; without it, none
+    /// is). Without room for the next positions, the request being prefilled, then the newest
+    /// running ones, are preempted: they let go of their blocks and wait at the head of the
+    /// queue, their tokens and samplers kept.
     fn make_room(&mut self, events: &mut Vec<(u64, Result<Generated>)>) {
         let Some(p) = &mut self.paged else { return };
         let bs = p.pool.block_size();
         let mut changed = false;
         let mut i = 0;
         while i < self.running.len() {
-            let need = (self.running[i].length as usize + 2).div_ceil(bs);
+            let need = (self.running[i].length as usize + 1).div_ceil(bs);
             if p.rows[i].len() >= need {
                 i += 1;
                 continue;
@@ -562,8 +574,9 @@ impl<'a> Engine<'a> {
             let last = self.running.len() - 1;
             if last == 0 {
                 // Nothing else to preempt: the pool cannot hold this request.
-                let id = self.running[0].id;
-                events.push((id, Err(Error::Config(format!("request {id}: the KV cache is full")))));
+                let (id, room) = (self.running[0].id, p.pool.capacity() * bs);
+                let message = format!("request {id}: its tokens fill the KV cache of {room} positions");
+                events.push((id, Err(Error::Config(message))));
                 self.leave(&[0]);
                 return;
             }
@@ -572,6 +585,18 @@ impl<'a> Engine<'a> {
             p.preemptions += 1;
             self.waiting.push_front((s.id, Job::Resume(Box::new(s))));
             return self.make_room(events);
+        }
+        p.tight = false;
+        for (s, row) in self.running.iter().zip(&mut p.rows) {
+            while row.len() * bs < s.length as usize + 2 && !p.tight {
+                match p.pool.take() {
+                    Some(b) => {
+                        row.push(b);
+                        changed = true;
+                    }
+                    None => p.tight = true,
+                }
+            }
         }
         if changed {
             self.set_rows();
@@ -704,6 +729,7 @@ impl<'a> Engine<'a> {
         };
         let host_free = self.waiting.is_empty()
             && self.filling.is_none()
+            && !self.paged.as_ref().is_some_and(|p| p.tight)
             && self.running.iter().all(|s| s.constraint.is_none() && !s.options.sampler.needs_history());
         if host_free {
             let ids: Vec<Array> = sampled.iter().map(|s| s.tokens.reshape([1, 1])).collect();

@@ -759,6 +759,23 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
         // A prompt longer than the pool is refused when added.
         let err = engine.add(9, ask(&[3; 48], 1)).unwrap_err().to_string();
         assert!(err.contains("KV cache holds 48 positions"), "{err}");
+        // One that leaves one position free gets its two tokens; a third does not fit.
+        let long: Vec<u32> = (0..47).map(|i| (i * 3 + 1) % 128).collect();
+        for (max, fits) in [(2, true), (3, false)] {
+            engine.add(10, ask(&long, max)).unwrap();
+            let mut events = Vec::new();
+            while !engine.is_idle() {
+                events.extend(engine.step().into_iter().map(|(_, e)| e));
+            }
+            let tokens: Vec<u32> = events.iter().filter_map(|e| e.as_ref().ok().map(|g| g.token)).collect();
+            assert_eq!(tokens, alone(&long, 2), "{name}");
+            let last = events.last().unwrap();
+            match fits {
+                true => assert!(last.is_ok()),
+                false => assert!(last.as_ref().unwrap_err().to_string().contains("fill the KV cache of 48 positions")),
+            }
+        }
+        assert_eq!(engine.kv_blocks().unwrap().held, 0);
 
         // Prefix caching: a conversation's next turn reads the blocks of the turn before.
         let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_prefix_cache(1).with_paged_kv(4, 64);

@@ -150,7 +150,11 @@ impl Settings {
             .with_prefill_budget(self.prefill_chunk);
         match self.kv_block_size {
             0 => engine,
-            bs => engine.with_paged_kv(bs, self.kv_cache_tokens.div_ceil(bs).max(1)),
+            bs => {
+                // The engine rounds the block size up to a power of two: the pool's blocks too.
+                let bs = bs.next_power_of_two();
+                engine.with_paged_kv(bs, self.kv_cache_tokens.div_ceil(bs).max(1))
+            }
         }
     }
 }
