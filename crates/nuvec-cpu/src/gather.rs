@@ -99,20 +99,19 @@ pub fn scatter_axis(
     upd: Operand,
     out: &mut Output,
 ) -> Result<()> {
-    // A donated, dense source is written in place (a cache updated every step); else a copy.
-    let dense = src.data.layout.offset == 0 && src.data.layout.flags.row_contiguous;
-    let dtype = src.dtype;
+    // A donated source, row-major and unshared, is written in place (a cache updated every
+    // step); else a copy.
+    let whole = src.data.layout.offset == 0
+        && src.data.layout.flags.row_contiguous
+        && std::sync::Arc::strong_count(&src.data.storage) == 1
+        && src.data.storage.len() == out.size() * src.dtype.size();
     let mut data = match src {
-        Operand { data, donated: true, .. } if dense && data.storage.len() == out.size() * dtype.size() => data,
+        Operand { data, donated: true, .. } if whole => data,
         src => {
             crate::copy::copy(src, out)?;
             out.data.take().ok_or_else(|| internal("copy produced no output"))?
         }
     };
-    if std::sync::Arc::get_mut(&mut data.storage).and_then(|s| s.host_buffer_mut()).is_none() {
-        crate::copy::copy(Operand { shape: out.shape.clone(), dtype, data, donated: false }, out)?;
-        data = out.data.take().ok_or_else(|| internal("copy produced no output"))?;
-    }
     {
         let buf = std::sync::Arc::get_mut(&mut data.storage)
             .and_then(|s| s.host_buffer_mut())

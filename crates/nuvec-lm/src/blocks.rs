@@ -7,7 +7,7 @@
 //! means one whole prefix. A block no request holds any more stays cached under its name
 //! until the pool needs it (least recently released first).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// Blocks of one pool: held (reference-counted), cached (full, named, held by no request) or
@@ -18,8 +18,9 @@ pub struct BlockPool {
     capacity: usize,
     /// Requests holding each block.
     refs: Vec<u32>,
-    /// Blocks never named or no longer named, lowest last (taken first).
-    free: Vec<i32>,
+    /// Blocks never named or no longer named; the lowest is taken first, so that the pools
+    /// stay as small as they can.
+    free: BTreeSet<i32>,
     /// Full blocks by name, with the tokens they hold (a name matches only with them).
     named: HashMap<u64, (i32, Vec<u32>)>,
     /// Each block's name, while it has one.
@@ -46,7 +47,7 @@ impl BlockPool {
             block_size: block_size.max(1),
             capacity,
             refs: vec![0; capacity],
-            free: (0..capacity as i32).rev().collect(),
+            free: (0..capacity as i32).collect(),
             named: HashMap::new(),
             name_of: vec![None; capacity],
             idle: BTreeMap::new(),
@@ -112,7 +113,7 @@ impl BlockPool {
     /// A block for a request: a free one, else the cached one released longest ago (its name
     /// forgotten); `None` when every block is held.
     pub fn take(&mut self) -> Option<i32> {
-        let block = match self.free.pop() {
+        let block = match self.free.pop_first() {
             Some(b) => b,
             None => {
                 let (_, b) = self.idle.pop_first()?;
@@ -158,11 +159,9 @@ impl BlockPool {
                 self.idle.insert(self.clock, block);
                 self.idle_at[b] = Some(self.clock);
             } else {
-                self.free.push(block);
+                self.free.insert(block);
             }
         }
-        // Lowest first, so that pools stay as small as they can.
-        self.free.sort_unstable_by(|a, b| b.cmp(a));
     }
 }
 

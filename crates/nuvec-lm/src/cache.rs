@@ -109,8 +109,8 @@ impl KvCache {
     /// An empty paged cache: keys and values in blocks of `block_size` positions (a power of
     /// two) of one pool per layer, the pool doubling when its free blocks run out, each row's
     /// blocks listed in a block table; attention reads it with
-    /// [`nuvec::fast::paged_attention`]. Writes go straight into the pool
-    /// ([`nuvec::fast::paged_write`]), so decoding records as a graph as over contiguous
+    /// [`nuvec::fast::paged_attention`]. Writes go straight into the pool (a scatter, as
+    /// [`nuvec::fast::paged_write`]), so decoding records as a graph as over contiguous
     /// caches.
     pub fn paged(block_size: i32) -> KvCache {
         let pages = Pages { block_size: block_size.max(1), ..Pages::default() };

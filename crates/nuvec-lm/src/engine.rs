@@ -184,17 +184,25 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// Keeps every request's keys and values in `blocks` blocks of `block_size` positions
-    /// (rounded up to a power of two) of one pool per layer, which grows as needed up to that
-    /// size (see the module docs). With [`Engine::with_prefix_cache`] (any number of entries)
-    /// full blocks are shared by prompts that start alike and stay cached until the pool needs
-    /// them.
-    pub fn with_paged_kv(mut self, block_size: usize, blocks: usize) -> Self {
+    /// Keeps every request's keys and values in one pool per layer of `positions` positions
+    /// (whole blocks), in blocks of `block_size` (rounded up to a power of two); the pool grows
+    /// as needed up to that size (see the module docs). With [`Engine::with_prefix_cache`]
+    /// (any number of entries) full blocks are shared by prompts that start alike and stay
+    /// cached until the pool needs them.
+    pub fn with_paged_kv(mut self, block_size: usize, positions: usize) -> Self {
         let bs = block_size.clamp(1, 1 << 16).next_power_of_two();
-        let blocks = blocks.clamp(1, i32::MAX as usize);
-        self.caches = self.model.new_cache().iter().map(|_| KvCache::paged_shared(bs as i32, blocks as i32)).collect();
+        let blocks = positions.div_ceil(bs).clamp(1, i32::MAX as usize);
         self.paged = Some(Paged { pool: BlockPool::new(bs, blocks), rows: Vec::new(), preemptions: 0, tight: false });
+        self.fresh_pool();
         self
+    }
+
+    /// An empty pool: every block free, the layers' caches without buffers.
+    fn fresh_pool(&mut self) {
+        let Some(p) = &mut self.paged else { return };
+        let (bs, blocks) = (p.pool.block_size(), p.pool.capacity());
+        (p.pool, p.rows) = (BlockPool::new(bs, blocks), Vec::new());
+        self.caches = self.model.new_cache().iter().map(|_| KvCache::paged_shared(bs as i32, blocks as i32)).collect();
     }
 
     /// A paged engine's pool: blocks held, cached and in all, and preemptions so far.
@@ -417,17 +425,14 @@ impl<'a> Engine<'a> {
             events.push((s.id, Err(Error::Config(message.to_string()))));
         }
         (self.ahead, self.graph) = (None, None);
-        let Some(p) = &mut self.paged else {
+        if self.paged.is_none() {
             self.caches.clear();
             return;
-        };
+        }
         if let Some(f) = self.filling.take() {
             self.waiting.push_front((f.id, f.job));
         }
-        let (bs, blocks) = (p.pool.block_size(), p.pool.capacity());
-        p.pool = BlockPool::new(bs, blocks);
-        p.rows.clear();
-        self.caches = self.model.new_cache().iter().map(|_| KvCache::paged_shared(bs as i32, blocks as i32)).collect();
+        self.fresh_pool();
     }
 
     /// Whether the next waiting request may start: a paged engine keeps room for the prompt
@@ -458,8 +463,8 @@ impl<'a> Engine<'a> {
             Some(p) => {
                 if self.prefixes > 0 {
                     let (blocks, name) = p.pool.lookup(&f.tokens, f.head);
-                    f.done = blocks.len() * p.pool.block_size();
-                    (f.blocks, f.named) = (blocks.clone(), (blocks.len(), name));
+                    (f.done, f.named) = (blocks.len() * p.pool.block_size(), (blocks.len(), name));
+                    f.blocks = blocks;
                 }
             }
             None => (f.caches, f.done) = self.caches_for(&f.tokens),
@@ -614,17 +619,8 @@ impl<'a> Engine<'a> {
     /// row gone from the caches and from a step started ahead.
     fn remove_row(&mut self, i: usize) -> Sequence<'a> {
         self.name_running(i);
-        let p = self.paged.as_mut().expect("paged");
-        let blocks = p.rows.remove(i);
-        p.pool.release(&blocks);
-        let mut s = self.running.remove(i);
+        let mut s = self.leave(&[i]).pop().expect("sequence i runs");
         s.named = (0, 0);
-        if let Some(mut ahead) = self.ahead.take() {
-            ahead.remove(i);
-            self.ahead = Some(ahead);
-        }
-        self.set_rows();
-        self.graph = None;
         s
     }
 
@@ -777,10 +773,11 @@ impl<'a> Engine<'a> {
         self.leave(&ended);
     }
 
-    /// Running requests `ended` (indices) leave the batch, and their rows the caches.
-    fn leave(&mut self, ended: &[usize]) {
+    /// Running requests `ended` (indices) leave the batch, and their rows the caches; their
+    /// sequences, in `running`'s order.
+    fn leave(&mut self, ended: &[usize]) -> Vec<Sequence<'a>> {
         if ended.is_empty() {
-            return;
+            return Vec::new();
         }
         if let Some(p) = &mut self.paged {
             let mut i = 0;
@@ -811,11 +808,9 @@ impl<'a> Engine<'a> {
                 false => self.caches.iter().map(|c| c.select(&rows, longest)).collect(),
             };
         }
-        let mut i = 0;
-        self.running.retain(|_| {
-            i += 1;
-            !ended.contains(&(i - 1))
-        });
+        let (stay, gone): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.running).into_iter().enumerate().partition(|(i, _)| !ended.contains(i));
+        self.running = stay.into_iter().map(|(_, s)| s).collect();
         // A step started ahead keeps the rows that stay (theirs are in the selected caches).
         if let Some(ahead) = self.ahead.take()
             && !keep.is_empty()
@@ -825,6 +820,7 @@ impl<'a> Engine<'a> {
         }
         self.set_rows();
         self.graph = None;
+        gone.into_iter().map(|(_, s)| s).collect()
     }
 }
 

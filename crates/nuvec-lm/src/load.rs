@@ -49,31 +49,30 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded> {
         let eos = tokenizer.eos.clone();
         return Ok(Loaded { model, tokenizer, eos, path: path.to_path_buf() });
     }
-    let model = load_model(path, options)?;
-    let tokenizer = Tokenizer::from_dir(path)?;
+    with_tokenizer(load_model(path, options)?, path)
+}
+
+/// `model` with the tokenizer of the folder `dir` and the tokens that end generation (the
+/// tokenizer's, `config.json`'s and `generation_config.json`'s).
+fn with_tokenizer(model: Box<dyn LanguageModel>, dir: &Path) -> Result<Loaded> {
+    let tokenizer = Tokenizer::from_dir(dir)?;
     let mut eos = tokenizer.eos.clone();
     eos.extend(model.config().eos_tokens());
-    if let Ok(t) = std::fs::read_to_string(path.join("generation_config.json"))
+    if let Ok(t) = std::fs::read_to_string(dir.join("generation_config.json"))
         && let Ok(v) = serde_json::from_str::<Value>(&t)
     {
         eos.extend(ids(v.get("eos_token_id")));
     }
     eos.sort_unstable();
     eos.dedup();
-    Ok(Loaded { model, tokenizer, eos, path: path.to_path_buf() })
+    Ok(Loaded { model, tokenizer, eos, path: dir.to_path_buf() })
 }
 
 /// The folder `dir`'s model with random weights ([`random_model`] of its `config.json`) and
 /// its real tokenizer: a server or benchmark of a model's shapes and vocabulary without its
 /// weights' files.
 pub fn load_random(dir: &Path, options: &LoadOptions, seed: u64) -> Result<Loaded> {
-    let model = random_model(&dir.join("config.json"), options, seed)?;
-    let tokenizer = Tokenizer::from_dir(dir)?;
-    let mut eos = tokenizer.eos.clone();
-    eos.extend(model.config().eos_tokens());
-    eos.sort_unstable();
-    eos.dedup();
-    Ok(Loaded { model, tokenizer, eos, path: dir.to_path_buf() })
+    with_tokenizer(random_model(&dir.join("config.json"), options, seed)?, dir)
 }
 
 /// The model alone (no tokenizer) at `path`: a `.gguf` file or a Hugging Face folder.

@@ -601,7 +601,7 @@ fn engine_requests_equal_decoding_alone() {
         for (budget, paged, prefixes) in [(usize::MAX, false, 0), (8, false, 0), (usize::MAX, true, 0), (8, true, 4)] {
             let mut engine = Engine::new(m.as_ref(), Some(&tok), &[], 3).with_prefill_budget(budget);
             if paged {
-                engine = engine.with_prefix_cache(prefixes).with_paged_kv(4, 64);
+                engine = engine.with_prefix_cache(prefixes).with_paged_kv(4, 256);
             }
             let mut got: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
             let mut text = vec![String::new(); prompts.len()];
@@ -736,7 +736,7 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
         };
         // Four requests of up to 22 positions (6 blocks of 4) in a pool of 12 blocks.
         let prompts: Vec<Vec<u32>> = (0..4).map(|r| (0..10).map(|i| (i * 13 + r * 31 + 5) % 128).collect()).collect();
-        let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_paged_kv(4, 12);
+        let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_paged_kv(4, 48);
         for (i, p) in prompts.iter().enumerate() {
             engine.add(i as u64, ask(p, 12)).unwrap();
         }
@@ -778,7 +778,7 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
         assert_eq!(engine.kv_blocks().unwrap().held, 0);
 
         // Prefix caching: a conversation's next turn reads the blocks of the turn before.
-        let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_prefix_cache(1).with_paged_kv(4, 64);
+        let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_prefix_cache(1).with_paged_kv(4, 256);
         let first: Vec<u32> = (0..21).map(|i| (i * 7 + 2) % 128).collect();
         engine.add(1, ask(&first, 6)).unwrap();
         let mut reply = Vec::new();
@@ -800,7 +800,7 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
         assert_eq!(engine.kv_blocks().unwrap().held, 0);
         // Choices of one prompt (`n` > 1) added together: the later ones read the first one's
         // prompt blocks as soon as it has run them.
-        let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_prefix_cache(1).with_paged_kv(4, 64);
+        let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_prefix_cache(1).with_paged_kv(4, 256);
         for id in 0..3 {
             engine.add(id, ask(&first, 5)).unwrap();
         }
@@ -832,7 +832,7 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
                 (prompt, 2 + next(10) as usize, cancel)
             })
             .collect();
-        let mut engine = Engine::new(m.as_ref(), None, &[], 6).with_prefix_cache(1).with_paged_kv(4, 14);
+        let mut engine = Engine::new(m.as_ref(), None, &[], 6).with_prefix_cache(1).with_paged_kv(4, 56);
         let mut got = vec![Vec::new(); jobs.len()];
         let mut steps_in = vec![0usize; jobs.len()];
         let mut cancelled = vec![false; jobs.len()];

@@ -107,19 +107,13 @@ impl Worker {
         eos: Vec<u32>,
         options: &crate::ServeOptions,
     ) -> std::io::Result<Worker> {
-        let settings = Settings {
-            max_batch: options.max_batch,
-            prompt_cache: options.prompt_cache,
-            prefill_chunk: options.prefill_chunk,
-            kv_block_size: options.kv_block_size,
-            kv_cache_tokens: options.kv_cache_tokens,
-        };
+        let options = options.clone();
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let metrics = Arc::new(Metrics::default());
         let m = metrics.clone();
         std::thread::Builder::new()
             .name("nuvec-engine".into())
-            .spawn(move || run(model.as_ref(), &tokenizer, &eos, settings, &rx, &m))?;
+            .spawn(move || run(model.as_ref(), &tokenizer, &eos, &options, &rx, &m))?;
         Ok(Worker { jobs: tx, metrics })
     }
 
@@ -134,28 +128,19 @@ impl Worker {
     }
 }
 
-/// The engine's settings ([`crate::ServeOptions`]'s).
-struct Settings {
-    max_batch: usize,
-    prompt_cache: usize,
-    prefill_chunk: usize,
-    kv_block_size: usize,
-    kv_cache_tokens: usize,
-}
-
-impl Settings {
-    fn engine<'a>(&self, model: &'a dyn LanguageModel, tokenizer: &'a Tokenizer, eos: &[u32]) -> Engine<'a> {
-        let engine = Engine::new(model, Some(tokenizer), eos, self.max_batch)
-            .with_prefix_cache(self.prompt_cache)
-            .with_prefill_budget(self.prefill_chunk);
-        match self.kv_block_size {
-            0 => engine,
-            bs => {
-                // The engine rounds the block size up to a power of two: the pool's blocks too.
-                let bs = bs.next_power_of_two();
-                engine.with_paged_kv(bs, self.kv_cache_tokens.div_ceil(bs).max(1))
-            }
-        }
+/// The engine `options` ask for.
+fn new_engine<'a>(
+    model: &'a dyn LanguageModel,
+    tokenizer: &'a Tokenizer,
+    eos: &[u32],
+    options: &crate::ServeOptions,
+) -> Engine<'a> {
+    let engine = Engine::new(model, Some(tokenizer), eos, options.max_batch)
+        .with_prefix_cache(options.prompt_cache)
+        .with_prefill_budget(options.prefill_chunk);
+    match options.kv_block_size {
+        0 => engine,
+        bs => engine.with_paged_kv(bs, options.kv_cache_tokens),
     }
 }
 
@@ -163,11 +148,11 @@ fn run(
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
     eos: &[u32],
-    settings: Settings,
+    options: &crate::ServeOptions,
     rx: &std::sync::mpsc::Receiver<Job>,
     metrics: &Metrics,
 ) {
-    let mut engine = settings.engine(model, tokenizer, eos);
+    let mut engine = new_engine(model, tokenizer, eos, options);
     let mut senders: HashMap<u64, UnboundedSender<Event>> = HashMap::new();
     let mut next = 0u64;
     loop {
@@ -207,7 +192,7 @@ fn run(
                     metrics.failed.fetch_add(1, Ordering::Relaxed);
                     let _ = s.send(Event::Failed("the engine failed during this request".into()));
                 }
-                engine = settings.engine(model, tokenizer, eos);
+                engine = new_engine(model, tokenizer, eos, options);
                 continue;
             }
         };

@@ -350,16 +350,25 @@ fn concurrent_streams_equal_their_requests_alone_and_clients_may_leave() {
     server.stop().unwrap();
 }
 
+/// `python3` with `NUVEC_IO_PYTHONPATH` as its `PYTHONPATH`; without it, `None` and test
+/// `name` says SKIPPED.
+fn python(name: &str) -> Option<std::process::Command> {
+    let Some(path) = std::env::var_os("NUVEC_IO_PYTHONPATH") else {
+        eprintln!("SKIPPED {name}: NUVEC_IO_PYTHONPATH is not set");
+        return None;
+    };
+    let mut command = std::process::Command::new("python3");
+    command.env("PYTHONPATH", path);
+    Some(command)
+}
+
 /// OpenAI's own Python client against the server: models, chat (with log-probabilities),
 /// streaming with usage, text completions with `n`, and an unsupported parameter's error.
 /// Needs `NUVEC_IO_PYTHONPATH` holding the `openai` package, which `.ci/run` installs;
 /// without it the test says SKIPPED.
 #[test]
 fn the_openai_python_client_talks_to_the_server() {
-    let Some(pythonpath) = std::env::var_os("NUVEC_IO_PYTHONPATH") else {
-        eprintln!("SKIPPED the_openai_python_client_talks_to_the_server: NUVEC_IO_PYTHONPATH is not set");
-        return;
-    };
+    let Some(mut python) = python("the_openai_python_client_talks_to_the_server") else { return };
     let server = start(ServeOptions::default());
     let want = alone("t5 t17 t99 ", 8);
     let script = r#"
@@ -391,14 +400,7 @@ except openai.BadRequestError as e:
     assert "frobnicate" in str(e), e
 print("ok")
 "#;
-    let out = std::process::Command::new("python3")
-        .env("PYTHONPATH", pythonpath)
-        .arg("-c")
-        .arg(script)
-        .arg(format!("http://{}/v1", server.addr()))
-        .arg(&want)
-        .output()
-        .unwrap();
+    let out = python.arg("-c").arg(script).arg(format!("http://{}/v1", server.addr())).arg(&want).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     if stderr.contains("No module named 'openai'") {
         eprintln!("SKIPPED the_openai_python_client_talks_to_the_server: no openai package in NUVEC_IO_PYTHONPATH");
@@ -881,10 +883,7 @@ fn forced_calls(specials: &[(u32, &str)]) {
 /// the test says SKIPPED.
 #[test]
 fn llm_comply_openai_chat_checks_pass() {
-    let Some(pythonpath) = std::env::var_os("NUVEC_IO_PYTHONPATH") else {
-        eprintln!("SKIPPED llm_comply_openai_chat_checks_pass: NUVEC_IO_PYTHONPATH is not set");
-        return;
-    };
+    let Some(mut python) = python("llm_comply_openai_chat_checks_pass") else { return };
     let server = Server::start(tool_caller(), ServeOptions { port: 0, ..Default::default() }).unwrap();
     let checks = [
         "chat-basic-response",
@@ -893,8 +892,7 @@ fn llm_comply_openai_chat_checks_pass() {
         "chat-streaming-response",
         "chat-streaming-usage",
     ];
-    let out = std::process::Command::new("python3")
-        .env("PYTHONPATH", pythonpath)
+    let out = python
         .args(["-m", "llm_comply.cli", "--format", "openai-chat", "-k", "unused", "-m", "scripted", "--json", "-f"])
         .arg(checks.join(","))
         .arg("-u")
