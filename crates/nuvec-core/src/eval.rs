@@ -338,11 +338,13 @@ fn gather(inputs: &[Array], primitive: &Primitive, stream: Stream) -> Result<Vec
         let data = if data.storage.location() == stream.device || view {
             // Only this node references the input and nothing else shares its bytes: give the
             // backend the only handle so it may write in place.
-            // Tracers keep their graph for transforms, so their bytes stay readable.
+            // Tracers keep their graph for transforms, so their bytes stay readable. A device
+            // graph being recorded may hold the bytes too (it reads them on every launch).
             if !view
                 && !input.inner.tracer
                 && Arc::strong_count(&input.inner) == 1
-                && Arc::strong_count(&data.storage) == 2
+                && Arc::strong_count(&data.storage)
+                    == 2 + usize::from(crate::transforms::compile::recording_holds(&data.storage))
             {
                 *st = State::Donated;
                 donated = true;

@@ -471,6 +471,15 @@ impl Operand {
     pub fn size(&self) -> usize {
         elem_count(&self.shape)
     }
+
+    /// Whether a backend may write its output into this operand's storage: it was donated and
+    /// no one else holds it, apart from a device graph being recorded on this thread (which
+    /// holds what its work reads; writing there in place is what a recorded step does).
+    pub fn writable(&self) -> bool {
+        self.donated
+            && std::sync::Arc::strong_count(&self.data.storage)
+                == 1 + usize::from(crate::transforms::compile::recording_holds(&self.data.storage))
+    }
 }
 
 /// An output slot a backend fills.

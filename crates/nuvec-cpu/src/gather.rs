@@ -101,12 +101,12 @@ pub fn scatter_axis(
 ) -> Result<()> {
     // A donated source, row-major and unshared, is written in place (a cache updated every
     // step); else a copy.
-    let whole = src.data.layout.offset == 0
+    let whole = src.writable()
+        && src.data.layout.offset == 0
         && src.data.layout.flags.row_contiguous
-        && std::sync::Arc::strong_count(&src.data.storage) == 1
         && src.data.storage.len() == out.size() * src.dtype.size();
     let mut data = match src {
-        Operand { data, donated: true, .. } if whole => data,
+        Operand { data, .. } if whole => data,
         src => {
             crate::copy::copy(src, out)?;
             out.data.take().ok_or_else(|| internal("copy produced no output"))?

@@ -143,7 +143,7 @@ pub(crate) fn binary(gpu: &Arc<Gpu>, op: BinaryOp, a: Operand, b: Operand, out: 
     if let Some((mode, lead)) = flat_mode(&a, &b) {
         // Write in place into a donated input of the output's type.
         let donor = [&a, &b].into_iter().find(|o| {
-            o.donated
+            o.writable()
                 && o.dtype == out.dtype
                 && dense(o)
                 && !scalar_like(o)

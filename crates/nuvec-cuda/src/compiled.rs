@@ -669,8 +669,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, compiled: &Compiled, inputs: Vec<Operand>, ou
         .filter(|&i| {
             let x = &plan.inputs[i];
             plan.arrangement[i] == InputArrangement::Dense
-                && x.donated
-                && Arc::strong_count(&x.data.storage) == 1
+                && x.writable()
                 && same_strides(x, &plan.out_strides)
         })
         .collect();

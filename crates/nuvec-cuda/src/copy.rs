@@ -153,7 +153,7 @@ pub(crate) fn slice_update(
     update: Operand,
     out: &mut Output,
 ) -> Result<()> {
-    let (base, strides) = if src.donated && dense(&src) && Arc::strong_count(&src.data.storage) == 1 {
+    let (base, strides) = if src.writable() && dense(&src) {
         let p = ptr_of(&src)?;
         let strides = src.data.layout.strides.clone();
         out.data = Some(src.data.clone());

@@ -90,7 +90,7 @@ pub(crate) fn scatter_axis(
 ) -> Result<()> {
     use nuvec_core::primitive::ScatterReduce as R;
     // Into the source's own buffer when it was handed over row-major and unshared.
-    let base = if src.donated && src.data.layout.flags.row_contiguous && Arc::strong_count(&src.data.storage) == 1 {
+    let base = if src.writable() && src.data.layout.flags.row_contiguous {
         let p = ptr_of(&src)?;
         out.data = Some(src.data.clone());
         p

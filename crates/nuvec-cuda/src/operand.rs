@@ -84,7 +84,7 @@ pub(crate) fn aligned(ptrs: &[CUdeviceptr]) -> bool {
 /// buffer when it was donated and holds the output's type.
 pub(crate) fn dense_output(gpu: &Arc<Gpu>, src: &Operand, out: &mut Output) -> Result<CUdeviceptr> {
     let layout = Layout::new(&out.shape, src.data.layout.strides.clone(), 0);
-    if src.donated && src.dtype == out.dtype && Arc::strong_count(&src.data.storage) == 1 {
+    if src.writable() && src.dtype == out.dtype {
         let ptr = ptr_of(src)?;
         out.data = Some(src.data.clone());
         return Ok(ptr);

@@ -133,7 +133,8 @@ pub struct DeviceGraph {
 struct Reads {
     /// Storages the recording's operations wrote, by address.
     made: std::collections::HashSet<usize>,
-    kept: Vec<Arc<Storage>>,
+    /// Storages read before this recording wrote them, by address.
+    kept: std::collections::HashMap<usize, Arc<Storage>>,
 }
 
 thread_local! {
@@ -148,11 +149,17 @@ pub(crate) fn note_reads(inputs: &[Operand]) {
             for o in inputs {
                 let id = Arc::as_ptr(&o.data.storage) as usize;
                 if r.made.insert(id) {
-                    r.kept.push(o.data.storage.clone());
+                    r.kept.insert(id, o.data.storage.clone());
                 }
             }
         }
     })
+}
+
+/// Whether this thread's recording holds `storage` (see [`note_reads`]): a donated operand
+/// it holds may still be written in place.
+pub(crate) fn recording_holds(storage: &Arc<Storage>) -> bool {
+    READS.with(|r| r.borrow().as_ref().is_some_and(|r| r.kept.contains_key(&(Arc::as_ptr(storage) as usize))))
 }
 
 /// After an operation ran on a device: the storages it wrote belong to this thread's recording.
@@ -180,9 +187,9 @@ impl DeviceGraph {
         let backend = backend_for(device)?;
         let stream = default_stream();
         backend.begin_capture(stream)?;
-        READS.with(|r| *r.borrow_mut() = Some(Reads { made: Default::default(), kept: Vec::new() }));
+        READS.with(|r| *r.borrow_mut() = Some(Reads { made: Default::default(), kept: Default::default() }));
         let ran = eval_arrays(&outputs);
-        let reads = READS.with(|r| r.borrow_mut().take()).map_or_else(Vec::new, |r| r.kept);
+        let reads = READS.with(|r| r.borrow_mut().take()).map_or_else(Vec::new, |r| r.kept.into_values().collect());
         // The recording always ends, also when evaluation failed inside it.
         let exec = backend.end_capture(stream);
         let exec = match (ran, exec) {

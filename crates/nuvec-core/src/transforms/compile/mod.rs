@@ -22,7 +22,7 @@ use crate::shape::Shape;
 
 use super::{IntoResult, Trace, Tree, tracer};
 pub use capture::{DeviceGraph, cuda_graphs_recorded, write_into};
-pub(crate) use capture::{note_reads, note_writes};
+pub(crate) use capture::{note_reads, note_writes, recording_holds};
 use graph::Graph;
 
 static DISABLED: AtomicBool = AtomicBool::new(false);
