@@ -38,6 +38,23 @@ pub const HEADERS: [(&str, &str); 21] = [
     ("compiled.cuh", include_str!("../kernels/compiled.cuh")),
 ];
 
+/// [`HEADERS`], each replaced by the file of the same name in the folder
+/// `NUVEC_KERNEL_SOURCE_DIR` where it has one: a kernel change tried on a GPU machine without
+/// rebuilding (the cache key hashes the text, so the change compiles afresh).
+pub fn headers() -> &'static [(&'static str, String)] {
+    static ALL: OnceLock<Vec<(&'static str, String)>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        let dir = std::env::var_os("NUVEC_KERNEL_SOURCE_DIR").filter(|d| !d.is_empty()).map(PathBuf::from);
+        HEADERS
+            .iter()
+            .map(|&(name, text)| {
+                let file = dir.as_ref().and_then(|d| std::fs::read_to_string(d.join(name)).ok());
+                (name, file.unwrap_or_else(|| text.to_string()))
+            })
+            .collect()
+    })
+}
+
 /// `sm_XYa` for compute capability 9.0 and later (so Hopper's wgmma and TMA are usable),
 /// `sm_XY` before.
 pub fn arch_for((major, minor): (i32, i32)) -> String {
@@ -181,7 +198,7 @@ pub fn builds(name: &str) -> BuildCounts {
     build_counts().lock().unwrap_or_else(|e| e.into_inner()).get(name).copied().unwrap_or_default()
 }
 
-/// Compiles `source` (which may include [`HEADERS`] by name, plus `extra_headers`) to a CUBIN
+/// Compiles `source` (which may include [`headers`] by name, plus `extra_headers`) to a CUBIN
 /// for `arch` (`sm_90a`), or to PTX for a virtual architecture (`compute_90`: the front end
 /// only, no machine code). Errors carry NVRTC's log.
 pub fn compile_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&str, &str)]) -> Result<Vec<u8>> {
@@ -190,7 +207,8 @@ pub fn compile_cubin(source: &str, name: &str, arch: &str, extra_headers: &[(&st
     let c = |s: &str| CString::new(s).map_err(|_| Error::InvalidArgument("kernel source contains a NUL byte".into()));
     let src = c(source)?;
     let cname = c(name)?;
-    let all: Vec<(&str, &str)> = HEADERS.iter().copied().chain(extra_headers.iter().copied()).collect();
+    let all: Vec<(&str, &str)> =
+        headers().iter().map(|(n, t)| (*n, t.as_str())).chain(extra_headers.iter().copied()).collect();
     let header_names: Vec<CString> = all.iter().map(|h| c(h.0)).collect::<Result<_>>()?;
     let header_srcs: Vec<CString> = all.iter().map(|h| c(h.1)).collect::<Result<_>>()?;
     let name_ptrs: Vec<*const c_char> = header_names.iter().map(|s| s.as_ptr()).collect();
@@ -257,7 +275,7 @@ pub fn cache_file_name(source: &str, arch: &str, extra_headers: &[(&str, &str)])
     let (major, minor) = nvrtc_version()?;
     let version = format!("nvrtc{major}.{minor}");
     let mut parts: Vec<&[u8]> = vec![source.as_bytes(), arch.as_bytes(), version.as_bytes()];
-    for h in HEADERS.iter().chain(extra_headers) {
+    for h in headers().iter().map(|(n, t)| (*n, t.as_str())).chain(extra_headers.iter().copied()) {
         parts.push(h.0.as_bytes());
         parts.push(h.1.as_bytes());
     }
