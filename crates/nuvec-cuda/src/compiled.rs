@@ -668,9 +668,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, compiled: &Compiled, inputs: Vec<Operand>, ou
     let mut donors: Vec<usize> = (0..plan.inputs.len())
         .filter(|&i| {
             let x = &plan.inputs[i];
-            plan.arrangement[i] == InputArrangement::Dense
-                && x.writable()
-                && same_strides(x, &plan.out_strides)
+            plan.arrangement[i] == InputArrangement::Dense && x.writable() && same_strides(x, &plan.out_strides)
         })
         .collect();
     let mut out_ptrs = Vec::with_capacity(outputs.len());

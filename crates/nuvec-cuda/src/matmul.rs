@@ -1,5 +1,5 @@
 //! Matrix products: cuBLASLt for f16/bf16/f32/f64 (batched, strided, with AddMM's `beta`),
-//! our GEMV kernels for up to 8 rows, and a plain kernel for integers.
+//! our GEMV kernels for a few rows (see [`gemv_rows_max`]), and a plain kernel for integers.
 //!
 //! cuBLASLt is column-major: a row-major `C[M, N] = A[M, K] B[K, N]` is computed as the
 //! column-major `C^T = B^T A^T`, so our `B` is its first operand and our `A` its second.
@@ -24,6 +24,16 @@ use crate::operand::{alloc, alloc_out, internal, kernel, ptr_of, row_major};
 /// f16, bf16 and f32, or every product of an integer dtype.
 pub(crate) fn has_kernels(d: DType) -> bool {
     matches!(d, DType::F16 | DType::BF16 | DType::F32) || d.is_integer()
+}
+
+/// The most rows of x `gemv_rows` takes (`W^T` products; more go to cuBLASLt):
+/// `NUVEC_GEMV_MAX_ROWS` (0 to 8), by default 2. On the H200, 4 and 8 rows took 3–8× cuBLASLt's
+/// time for a decode step's products (bench/results/2026-12-05-gemv-rows.md).
+pub(crate) fn gemv_rows_max() -> u64 {
+    static MAX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("NUVEC_GEMV_MAX_ROWS").ok().and_then(|v| v.parse::<u64>().ok()).map_or(2, |v| v.min(8))
+    })
 }
 
 /// The module of `d`: `gemv_rows_{m}` (with the prologues `gemv_rows_rms_norm_{m}` and
@@ -504,7 +514,14 @@ fn gemv(
         Prologue::SwiGlu { up, ld } => ("gemv_rows_swiglu", up, if m > 1 { ld } else { k }, 0.0),
     };
     let x2_aligned = x2 % 16 == 0 && ldx2 % v == 0;
-    if sb0 == 1 && sb1 as u64 >= k && x_aligned && x2_aligned && wp % 16 == 0 && (sb1 as u64).is_multiple_of(v) {
+    if m <= gemv_rows_max()
+        && sb0 == 1
+        && sb1 as u64 >= k
+        && x_aligned
+        && x2_aligned
+        && wp % 16 == 0
+        && (sb1 as u64).is_multiple_of(v)
+    {
         // B = W^T with W [N, K] row-major: a warp's worth of threads per output column (matmul.cuh
         // groups adjacent outputs in a block and splits K across it).
         let f = kernel(gpu, family, &format!("{name}_{m}"))?;

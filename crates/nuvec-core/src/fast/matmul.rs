@@ -20,7 +20,7 @@ pub(super) fn swiglu_matmul_composition(gate: &Array, up: &Array, b: &Array, c: 
 }
 
 /// `rms_norm(x, weight, eps) @ b`: the normalised rows `x [.., K]` times `b [K, N]`, in the
-/// inputs' promoted dtype. On the GPU, for up to 8 rows and `b` a transposed row-major weight
+/// inputs' promoted dtype. On the GPU, for up to 2 rows and `b` a transposed row-major weight
 /// (`linear.weight.t()`), the product's kernel normalises the rows as it reads them.
 ///
 /// ```
@@ -39,7 +39,7 @@ pub fn rms_norm_matmul(x: &Array, weight: &Array, eps: f32, b: &Array) -> Array 
 }
 
 /// `swiglu(gate, up) @ b`, plus `c` when given (`addmm(c, swiglu(gate, up), b)`): the gated
-/// rows `[.., K]` times `b [K, N]`, in the inputs' promoted dtype. On the GPU, for up to 8 rows
+/// rows `[.., K]` times `b [K, N]`, in the inputs' promoted dtype. On the GPU, for up to 2 rows
 /// and `b` a transposed row-major weight, the product's kernel applies the activation as it
 /// reads the rows and adds `c` as it writes (an MLP's down projection and residual in one
 /// kernel).

@@ -66,7 +66,8 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
             same(inputs)
                 && d != DType::F64
                 && inputs[2].shape.len() == 2
-                && inputs[0].shape.iter().map(|&d| d.max(0) as usize).product::<usize>() / k <= 8
+                && (inputs[0].shape.iter().map(|&d| d.max(0) as usize).product::<usize>() / k) as u64
+                    <= crate::matmul::gemv_rows_max()
         }
         _ => false,
     }

@@ -355,7 +355,7 @@ fn rope_kv_write_matches_rope_and_the_writes() {
 }
 
 /// `rms_norm_matmul` and `swiglu_matmul` against float64: 1 to 9 rows (the GPU's GEMV takes up
-/// to 8 with its prologue), lengths with and without a tail of fewer than 8, leading axes,
+/// to 2 with its prologue, `NUVEC_GEMV_MAX_ROWS` up to 8), lengths with and without a tail of fewer than 8, leading axes,
 /// gate and up as the halves of one joined product (strided rows), with and without `c`, and
 /// `b` transposed (the GPU's fused path) or row-major (its fallback), rows of no features;
 /// derivatives against the composition's.
