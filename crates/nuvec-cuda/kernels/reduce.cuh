@@ -365,24 +365,30 @@ __device__ __forceinline__ void arg_warp_merge(A& best, u32& at, bool& have) {
 }
 
 // arg_reduce over contiguous, 16-byte aligned rows of `len` elements (a multiple of the
-// vector), one block per row: the block reads the row in 16-byte vectors, each thread keeps
-// its first extreme, then warps and the block merge.
+// vector; rows `ld` elements apart), one block per row and segment (blockIdx.y of segs): the
+// block reads its part of the row in 16-byte vectors, each thread keeps its first extreme,
+// then warps and the block merge. With segs > 1 each block leaves its pair in part_v/part_i
+// (segment-major, as arg_reduce_cols does) for arg_reduce_cols_finish: a few long rows (a
+// decode step's logits) then spread over the GPU instead of one SM.
 template <typename T, bool ARGMAX>
-__device__ __forceinline__ void arg_reduce_rows(const T* __restrict__ x, u32* __restrict__ out, u64 n_out, u32 len) {
+__device__ __forceinline__ void arg_reduce_rows(const T* __restrict__ x, u32* __restrict__ out,
+                                                typename Acc<T>::type* __restrict__ part_v, u32* __restrict__ part_i,
+                                                u64 n_out, u32 len, u64 ld, u32 segs) {
   typedef typename Acc<T>::type A;
   constexpr int N = 16 / sizeof(T);
   __shared__ A s_best[32];
   __shared__ u32 s_at[32];
   __shared__ bool s_have[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const u32 nvec = len / N;
+  const u32 nvec = len / N, per = (nvec + segs - 1) / segs, seg = blockIdx.y;
+  const u32 lo = seg * per, hi = min(nvec, lo + per);
   for (u64 o = blockIdx.x; o < n_out; o += gridDim.x) {
-    const Vec<T, N>* p = reinterpret_cast<const Vec<T, N>*>(x + o * (u64)len);
+    const Vec<T, N>* p = reinterpret_cast<const Vec<T, N>*>(x + o * ld);
     A best = A();
     u32 at = 0;
     bool have = false;
 #pragma unroll 2
-    for (u32 i = threadIdx.x; i < nvec; i += blockDim.x) {
+    for (u32 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
       Vec<T, N> v = p[i];
 #pragma unroll
       for (int j = 0; j < N; ++j) {
@@ -409,7 +415,11 @@ __device__ __forceinline__ void arg_reduce_rows(const T* __restrict__ x, u32* __
       best = have ? s_best[lane] : A();
       at = have ? s_at[lane] : 0;
       arg_warp_merge<A, ARGMAX>(best, at, have);
-      if (lane == 0) out[o] = at;
+      if (lane == 0 && segs == 1) out[o] = at;
+      if (lane == 0 && segs > 1) {
+        part_v[(u64)seg * n_out + o] = best;
+        part_i[(u64)seg * n_out + o] = have ? at : 0xffffffffu;
+      }
     }
     __syncthreads();
   }

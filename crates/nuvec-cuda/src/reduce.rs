@@ -81,10 +81,10 @@ pub(crate) fn arg_source(d: DType) -> String {
         s.kernel(format!(
             "{n}(const {t}* x, u32* out, u64 n_out, u64 len, i64 axis_stride, Dims d) {{ arg_reduce<{t}, {max}>(x, out, n_out, len, axis_stride, d); }}"
         ));
-        s.kernel(format!(
-            "{n}_rows(const {t}* x, u32* out, u64 n_out, u64 len) {{ arg_reduce_rows<{t}, {max}>(x, out, n_out, (u32)len); }}"
-        ));
         let a = format!("typename Acc<{t}>::type");
+        s.kernel(format!(
+            "{n}_rows(const {t}* x, u32* out, {a}* pv, u32* pi, u64 n_out, u64 len, u64 ld, int segs) {{ arg_reduce_rows<{t}, {max}>(x, out, pv, pi, n_out, (u32)len, ld, (u32)segs); }}"
+        ));
         s.kernel(format!(
             "{n}_cols(const {t}* x, u32* out, {a}* pv, u32* pi, u64 cols, u64 len, i64 axis_stride, u64 segs) {{ arg_reduce_cols<{t}, {max}>(x, out, pv, pi, cols, len, axis_stride, segs); }}"
         ));
@@ -290,14 +290,39 @@ pub(crate) fn arg_reduce(gpu: &Arc<Gpu>, op: ArgReduceOp, axis: usize, x: Operan
     }
     let per = (16 / x.dtype.size()) as u64;
     let xp = ptr_of(&x)?;
-    let rows = d.ndim == 1 && (d.strides[0][0] as u64 == len || d.shape[0] == 1);
+    // Rows at any distance apart (the last position's logits of a prompt's, say).
+    let ld = if d.shape[0] == 1 { len } else { d.strides[0][0] as u64 };
+    let rows = d.ndim == 1 && d.strides[0][0] >= 0 && ld % per == 0;
     if rows && axis_stride == 1 && len % per == 0 && len < u32::MAX as u64 && aligned(&[xp]) {
-        let f = kernel(gpu, Family::ArgReduce(x.dtype), &format!("{}_rows", op.name()))?;
-        // A block per row, no wider than the row's vectors.
-        let block = (len / per).next_multiple_of(32).clamp(32, BLOCK as u64) as u32;
+        let family = Family::ArgReduce(x.dtype);
+        let f = kernel(gpu, family, &format!("{}_rows", op.name()))?;
+        // A block per row and segment: rows too few to fill the GPU split into segments of at
+        // least 512 vectors, merged after. Blocks no wider than their vectors.
+        let nvec = len / per;
+        let sms = gpu.info.multiprocessors.max(1) as u64;
+        let segs = if n_out >= sms { 1 } else { (2 * sms).div_ceil(n_out).min(nvec / 512).clamp(1, 64) };
+        let block = nvec.div_ceil(segs).next_multiple_of(32).clamp(32, BLOCK as u64) as u32;
         let grid = n_out.min(1 << 20) as u32;
-        let args = vec![Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(len)];
-        return launch(gpu, f, (grid, 1, 1), (block, 1, 1), 0, args);
+        let part = if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * 12, DType::U8)?) } else { None };
+        let pv = part.as_ref().map_or(0, |p| p.0);
+        let pi = pv + n_out * segs * 8;
+        let args = vec![
+            Arg::Ptr(xp),
+            Arg::Ptr(op_ptr),
+            Arg::Ptr(pv),
+            Arg::Ptr(pi),
+            Arg::U64(n_out),
+            Arg::U64(len),
+            Arg::U64(ld),
+            Arg::I32(segs as i32),
+        ];
+        launch(gpu, f, (grid, segs as u32, 1), (block, 1, 1), 0, args)?;
+        if segs > 1 {
+            let f = kernel(gpu, family, &format!("{}_cols_finish", op.name()))?;
+            let args = vec![Arg::Ptr(pv), Arg::Ptr(pi), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(segs)];
+            launch(gpu, f, ((n_out as u32).div_ceil(BLOCK), 1, 1), (BLOCK, 1, 1), 0, args)?;
+        }
+        return Ok(());
     }
     let f = kernel(gpu, Family::ArgReduce(x.dtype), op.name())?;
     let grid = grid_for(gpu, n_out, (BLOCK / 32) as u64);

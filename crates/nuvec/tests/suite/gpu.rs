@@ -813,8 +813,9 @@ fn fast_ops_have_gpu_kernels() {
         let (qx, qw, qs) = (spec(&[8, 4096], d), spec(&[1024, 512], DType::U32), spec(&[1024, 64], d));
         let mut cases = cases;
         cases.push((FastOp::QuantizedMatmul(qmm), vec![qx, qw, qs.clone(), qs]));
-        // Decoding's products whose operand a norm or SwiGLU makes (8 rows at most).
-        let (rows, b, c) = (spec(&[8, 1, 4096], d), spec(&[4096, 1024], d), spec(&[8, 1, 1024], d));
+        // Decoding's products whose operand a norm or SwiGLU makes (2 rows at most: more run
+        // the norm, then cuBLASLt).
+        let (rows, b, c) = (spec(&[2, 1, 4096], d), spec(&[4096, 1024], d), spec(&[2, 1, 1024], d));
         cases.push((FastOp::RmsNormMatmul { eps: 1e-5 }, vec![rows.clone(), w.clone(), b.clone()]));
         cases.push((FastOp::SwiGluMatmul { add: true }, vec![rows.clone(), rows, b, c]));
         // A decode step's rotation and cache writes (Llama-3-8B's heads).
@@ -967,9 +968,10 @@ fn permuted_reductions_agree() {
     }
 }
 
-/// Arg-reductions along contiguous rows run a block per row over 16-byte vectors: ties and NaNs
-/// spread over the block's threads must give the CPU's first index, for row lengths that fill
-/// the vectors and ones that do not (the general kernel).
+/// Arg-reductions along rows run a block per row (and per segment, when few long rows would not
+/// fill the GPU) over 16-byte vectors: ties and NaNs spread over the block's threads and the
+/// segments must give the CPU's first index, for row lengths that fill the vectors and ones
+/// that do not (the general kernel), rows contiguous or apart.
 #[test]
 fn arg_reductions_along_rows_agree() {
     if !gpu() {
@@ -993,6 +995,11 @@ fn arg_reductions_along_rows_agree() {
             both(&format!("argmin rows {tag}"), std::slice::from_ref(&x), |v| v[0].argmin(1));
             both(&format!("argmax last axis of 3-D {tag}"), std::slice::from_ref(&x), |v| {
                 v[0].reshape([1, rows, len]).argmax(-1)
+            });
+            // Rows 2·len apart (the last position's logits of a prompt's).
+            let apart = ops::concatenate(&[x.clone(), x.clone()], 1);
+            both(&format!("argmax rows apart {tag}"), std::slice::from_ref(&apart), |v| {
+                v[0].slice(&[0, len], &[rows, 2 * len], &[1, 1]).argmax(1)
             });
         }
     }
