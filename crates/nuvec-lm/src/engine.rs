@@ -358,6 +358,7 @@ impl<'a> Engine<'a> {
     /// token has `finish` set, and it has left the batch.
     pub fn step(&mut self) -> Vec<(u64, Result<Generated>)> {
         let mut events = Vec::new();
+        let (t0, decoded) = (std::time::Instant::now(), self.running.len());
         // Decode the batch as it stood, then let new requests in (their first token is their
         // prefill's).
         self.make_room(&mut events);
@@ -367,6 +368,7 @@ impl<'a> Engine<'a> {
                 Err(e) => self.fail_batch(&e.to_string(), &mut events),
             }
         }
+        let t1 = std::time::Instant::now();
         // Prompts run, the budget's worth, in the order their requests came.
         let mut budget = self.prefill_budget;
         while self.running.len() < self.max_batch && budget > 0 {
@@ -414,6 +416,17 @@ impl<'a> Engine<'a> {
                 events.push((id, event));
             }
         }
+        crate::graph::log(|| {
+            let ms = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64() * 1e3;
+            format!(
+                "step: decoded {decoded} rows in {:.1} ms; {} of the prefill budget in {:.1} ms; {} running, {} waiting",
+                ms(t0, t1),
+                self.prefill_budget - budget,
+                ms(t1, std::time::Instant::now()),
+                self.running.len(),
+                self.waiting.len()
+            )
+        });
         events
     }
 

@@ -54,7 +54,8 @@ fn buffers(caches: &[KvCache]) -> Result<Vec<usize>> {
     Ok(out)
 }
 
-fn log(message: impl FnOnce() -> String) {
+/// `NUVEC_LM_LOG=1`: the engine's and the decode graph's decisions on stderr.
+pub(crate) fn log(message: impl FnOnce() -> String) {
     if std::env::var("NUVEC_LM_LOG").is_ok_and(|v| v != "0") {
         eprintln!("nuvec-lm: {}", message());
     }
