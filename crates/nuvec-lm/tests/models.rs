@@ -720,6 +720,38 @@ fn engine_reuses_the_caches_of_earlier_requests() {
 /// The paged engine: a pool too small for every request at once preempts the newest (they
 /// resume and end as decoding alone would); prompts that start alike share blocks; clients
 /// going away at random points leave no block held.
+/// Seeded sampling through a paged engine that preempts gives each request the tokens it gets
+/// alone: a preempted request resumes from its sampler's state, whatever its batch sampled.
+#[test]
+fn paged_engine_preemption_keeps_seeded_sampling() {
+    use nuvec_lm::engine::{Engine, Request};
+    let m = model("llama");
+    let options = |seed: u64| {
+        let sampler = nuvec_lm::sample::SamplerOptions { temperature: 1.0, seed: Some(seed), ..Default::default() };
+        GenerateOptions { max_tokens: 12, sampler, ..Default::default() }
+    };
+    let prompts: Vec<Vec<u32>> = (0..4).map(|r| (0..10).map(|i| (i * 13 + r * 31 + 5) % 128).collect()).collect();
+    let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_paged_kv(4, 48);
+    for (i, p) in prompts.iter().enumerate() {
+        engine.add(i as u64, Request { prompt: p.clone(), options: options(i as u64), constraint: None }).unwrap();
+    }
+    let mut got = vec![Vec::new(); prompts.len()];
+    for step in 0.. {
+        if engine.is_idle() {
+            break;
+        }
+        for (id, e) in engine.step() {
+            got[id as usize].push(e.unwrap().token);
+        }
+        assert!(step < 500, "the engine did not finish");
+    }
+    assert!(engine.kv_blocks().unwrap().preemptions > 0, "a pool of 12 blocks preempts");
+    for (i, p) in prompts.iter().enumerate() {
+        let alone = generated(m.as_ref(), &mut PromptCache::new(m.as_ref()), p, options(i as u64));
+        assert_eq!(got[i], alone, "request {i} differs from sampling it alone");
+    }
+}
+
 #[test]
 fn paged_engine_preempts_shares_blocks_and_leaks_none() {
     use nuvec_lm::engine::{Engine, Request};
