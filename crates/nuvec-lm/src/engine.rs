@@ -699,7 +699,8 @@ impl<'a> Engine<'a> {
             None => last_logits(&self.model.forward(&last, &mut caches)),
         };
         let sampled = choose(s, &logits)?;
-        Ok((emit(s, &sampled, &self.eos)?, caches))
+        let picked = read_chosen(std::slice::from_ref(&sampled))?;
+        Ok((emit(s, &sampled, picked[0], &self.eos)?, caches))
     }
 
     /// Sequence `s` joins the running batch as its last row (its caches, or its blocks).
@@ -747,8 +748,6 @@ impl<'a> Engine<'a> {
             nuvec::async_eval(&lazy)?;
             self.ahead = Some(next);
         }
-        let lazy: Vec<Array> = sampled.iter().flat_map(|s| [s.tokens.clone(), s.logprobs.clone()]).collect();
-        nuvec::eval(&lazy)?;
         Ok(sampled)
     }
 
@@ -772,9 +771,13 @@ impl<'a> Engine<'a> {
 
     /// Each running request's event from its sampled token; those that ended leave.
     fn hand_out(&mut self, sampled: Vec<Sampled>, events: &mut Vec<(u64, Result<Generated>)>) {
+        let picked = match read_chosen(&sampled) {
+            Ok(p) => p,
+            Err(e) => return self.fail_batch(&e.to_string(), events),
+        };
         let mut ended = Vec::new();
-        for (i, (s, t)) in self.running.iter_mut().zip(&sampled).enumerate() {
-            let event = emit(s, t, &self.eos);
+        for (i, ((s, t), &p)) in self.running.iter_mut().zip(&sampled).zip(&picked).enumerate() {
+            let event = emit(s, t, p, &self.eos);
             if event.as_ref().map_or(true, |e| e.finish.is_some()) {
                 ended.push(i);
             }
@@ -860,10 +863,31 @@ fn choose(s: &mut Sequence, logits: &Array) -> Result<Sampled> {
     Ok(s.sampler.sample(&logits, &[&history]))
 }
 
-/// The event of `s`'s sampled token, which joins its tokens.
-fn emit(s: &mut Sequence, sampled: &Sampled, eos: &[u32]) -> Result<Generated> {
-    let token = sampled.tokens.reshape([-1]).to_vec::<i32>()?.first().copied().unwrap_or(0) as u32;
-    let (logprob, top_logprobs) = chosen(&sampled.logprobs, token, s.options.sampler.top_logprobs)?;
+/// Each sampled row's token and its log-probability, read to the host in one transfer (one
+/// wait for the device per step, not two per request).
+fn read_chosen(sampled: &[Sampled]) -> Result<Vec<(u32, f32)>> {
+    let rows: Vec<Array> = sampled
+        .iter()
+        .map(|s| {
+            let token = s.tokens.reshape([1, 1]);
+            let logprob = s.logprobs.astype(nuvec::DType::F32).take_along_axis(&token, -1);
+            nuvec::ops::concatenate(&[token.astype(nuvec::DType::F32), logprob], 1)
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Token ids below 2^24 are exact in float32.
+    let host = nuvec::ops::concatenate(&rows, 0).to_vec::<f32>()?;
+    Ok(host.chunks(2).map(|c| (c[0] as u32, c[1])).collect())
+}
+
+/// The event of `s`'s sampled `token` (its log-probability `logprob`), which joins its tokens.
+fn emit(s: &mut Sequence, sampled: &Sampled, (token, logprob): (u32, f32), eos: &[u32]) -> Result<Generated> {
+    let top_logprobs = match s.options.sampler.top_logprobs {
+        0 => Vec::new(),
+        k => chosen(&sampled.logprobs, token, k)?.1,
+    };
     s.generated.push(token);
     let complete = match &mut s.constraint {
         Some(c) => c.commit(token)?,
