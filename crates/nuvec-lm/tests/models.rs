@@ -720,6 +720,26 @@ fn engine_reuses_the_caches_of_earlier_requests() {
 /// The paged engine: a pool too small for every request at once preempts the newest (they
 /// resume and end as decoding alone would); prompts that start alike share blocks; clients
 /// going away at random points leave no block held.
+/// Four prompts of 10 tokens.
+fn four_prompts() -> Vec<Vec<u32>> {
+    (0..4).map(|r| (0..10).map(|i| (i * 13 + r * 31 + 5) % 128).collect()).collect()
+}
+
+/// Steps `engine` until it is idle: the tokens of requests `0..n`, by id.
+fn run_to_idle(engine: &mut nuvec_lm::engine::Engine, n: usize) -> Vec<Vec<u32>> {
+    let mut got = vec![Vec::new(); n];
+    for step in 0.. {
+        if engine.is_idle() {
+            return got;
+        }
+        for (id, e) in engine.step() {
+            got[id as usize].push(e.unwrap().token);
+        }
+        assert!(step < 500, "the engine did not finish");
+    }
+    unreachable!()
+}
+
 /// Seeded sampling through a paged engine that preempts gives each request the tokens it gets
 /// alone: a preempted request resumes from its sampler's state, whatever its batch sampled.
 #[test]
@@ -730,21 +750,12 @@ fn paged_engine_preemption_keeps_seeded_sampling() {
         let sampler = nuvec_lm::sample::SamplerOptions { temperature: 1.0, seed: Some(seed), ..Default::default() };
         GenerateOptions { max_tokens: 12, sampler, ..Default::default() }
     };
-    let prompts: Vec<Vec<u32>> = (0..4).map(|r| (0..10).map(|i| (i * 13 + r * 31 + 5) % 128).collect()).collect();
+    let prompts = four_prompts();
     let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_paged_kv(4, 48);
     for (i, p) in prompts.iter().enumerate() {
         engine.add(i as u64, Request { prompt: p.clone(), options: options(i as u64), constraint: None }).unwrap();
     }
-    let mut got = vec![Vec::new(); prompts.len()];
-    for step in 0.. {
-        if engine.is_idle() {
-            break;
-        }
-        for (id, e) in engine.step() {
-            got[id as usize].push(e.unwrap().token);
-        }
-        assert!(step < 500, "the engine did not finish");
-    }
+    let got = run_to_idle(&mut engine, prompts.len());
     assert!(engine.kv_blocks().unwrap().preemptions > 0, "a pool of 12 blocks preempts");
     for (i, p) in prompts.iter().enumerate() {
         let alone = generated(m.as_ref(), &mut PromptCache::new(m.as_ref()), p, options(i as u64));
@@ -767,21 +778,12 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
             constraint: None,
         };
         // Four requests of up to 22 positions (6 blocks of 4) in a pool of 12 blocks.
-        let prompts: Vec<Vec<u32>> = (0..4).map(|r| (0..10).map(|i| (i * 13 + r * 31 + 5) % 128).collect()).collect();
+        let prompts = four_prompts();
         let mut engine = Engine::new(m.as_ref(), None, &[], 4).with_paged_kv(4, 48);
         for (i, p) in prompts.iter().enumerate() {
             engine.add(i as u64, ask(p, 12)).unwrap();
         }
-        let mut got = vec![Vec::new(); prompts.len()];
-        for step in 0.. {
-            if engine.is_idle() {
-                break;
-            }
-            for (id, e) in engine.step() {
-                got[id as usize].push(e.unwrap().token);
-            }
-            assert!(step < 500, "{name}: the engine did not finish");
-        }
+        let got = run_to_idle(&mut engine, prompts.len());
         for (i, p) in prompts.iter().enumerate() {
             assert_eq!(got[i], alone(p, 12), "{name}: request {i} differs from decoding it alone");
         }
