@@ -579,7 +579,7 @@ fn run_serve(a: ServeArgs) -> Res<()> {
         host: a.host,
         port: a.port,
         model_id: a.model_id,
-        // A GPU decodes 64 rows in under twice the time of one; a CPU's step grows with its rows.
+        // A GPU's decode step costs little more for many rows; a CPU's grows with them.
         max_batch: a.max_batch.unwrap_or(if nuvec::default_device().is_cpu() { 16 } else { 256 }),
         max_queue: a.max_queue,
         default_max_tokens: a.max_tokens,

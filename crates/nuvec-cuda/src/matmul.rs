@@ -27,8 +27,8 @@ pub(crate) fn has_kernels(d: DType) -> bool {
 }
 
 /// The most rows of x `gemv_rows` takes (`W^T` products; more go to cuBLASLt):
-/// `NUVEC_GEMV_MAX_ROWS` (0 to 8), by default 2. On the H200, 4 and 8 rows took 3–8× cuBLASLt's
-/// time for a decode step's products (bench/results/2026-12-05-gemv-rows.md).
+/// `NUVEC_GEMV_MAX_ROWS` (0 to 8), by default 2: with more rows the kernel runs slower than
+/// cuBLASLt (measured in bench/results/).
 pub(crate) fn gemv_rows_max() -> u64 {
     static MAX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {

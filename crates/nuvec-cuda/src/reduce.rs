@@ -247,29 +247,42 @@ fn arg_reduce_cols(
     len: u64,
     axis_stride: i64,
 ) -> Result<()> {
-    let family = Family::ArgReduce(x.dtype);
     let blocks_x = cols.div_ceil(BLOCK as u64);
     let segs = column_segments(gpu, blocks_x, len);
+    let xp = ptr_of(x)?;
+    segmented(gpu, op, x.dtype, "cols", out, cols, segs, (blocks_x as u32, BLOCK), |pv, pi| {
+        let reach = [Arg::U64(cols), Arg::U64(len), Arg::I64(axis_stride), Arg::U64(segs)];
+        [Arg::Ptr(xp), Arg::Ptr(out), Arg::Ptr(pv), Arg::Ptr(pi)].into_iter().chain(reach).collect()
+    })
+}
+
+/// Launches `{op}_{form}` on a grid of `(grid, segs)` blocks of `block` threads for `n`
+/// outputs, `args(pv, pi)` its arguments. With `segs > 1` each segment leaves a (value, index)
+/// pair at `pv`/`pi` (scratch, segment-major), which `{op}_cols_finish` merges in segment
+/// order into `out`.
+#[allow(clippy::too_many_arguments)]
+fn segmented(
+    gpu: &Arc<Gpu>,
+    op: ArgReduceOp,
+    dtype: DType,
+    form: &str,
+    out: CUdeviceptr,
+    n: u64,
+    segs: u64,
+    (grid, block): (u32, u32),
+    args: impl FnOnce(u64, u64) -> Vec<Arg>,
+) -> Result<()> {
+    let family = Family::ArgReduce(dtype);
     // Partial values in the accumulator type (at most 8 bytes), then their u32 indices.
-    let part = if segs > 1 { Some(alloc(gpu, (cols * segs) as usize * 12, DType::U8)?) } else { None };
-    let pv = part.as_ref().map(|p| p.0).unwrap_or(0);
-    let pi = pv + cols * segs * 8;
-    let f = kernel(gpu, family, &format!("{}_cols", op.name()))?;
-    let args = vec![
-        Arg::Ptr(ptr_of(x)?),
-        Arg::Ptr(out),
-        Arg::Ptr(pv),
-        Arg::Ptr(pi),
-        Arg::U64(cols),
-        Arg::U64(len),
-        Arg::I64(axis_stride),
-        Arg::U64(segs),
-    ];
-    launch(gpu, f, (blocks_x as u32, segs as u32, 1), (BLOCK, 1, 1), 0, args)?;
+    let part = if segs > 1 { Some(alloc(gpu, (n * segs) as usize * 12, DType::U8)?) } else { None };
+    let pv = part.as_ref().map_or(0, |p| p.0);
+    let pi = pv + n * segs * 8;
+    let f = kernel(gpu, family, &format!("{}_{form}", op.name()))?;
+    launch(gpu, f, (grid, segs as u32, 1), (block, 1, 1), 0, args(pv, pi))?;
     if segs > 1 {
         let f = kernel(gpu, family, &format!("{}_cols_finish", op.name()))?;
-        let args = vec![Arg::Ptr(pv), Arg::Ptr(pi), Arg::Ptr(out), Arg::U64(cols), Arg::U64(segs)];
-        launch(gpu, f, (blocks_x as u32, 1, 1), (BLOCK, 1, 1), 0, args)?;
+        let args = vec![Arg::Ptr(pv), Arg::Ptr(pi), Arg::Ptr(out), Arg::U64(n), Arg::U64(segs)];
+        launch(gpu, f, ((n as u32).div_ceil(BLOCK), 1, 1), (BLOCK, 1, 1), 0, args)?;
     }
     Ok(())
 }
@@ -294,8 +307,6 @@ pub(crate) fn arg_reduce(gpu: &Arc<Gpu>, op: ArgReduceOp, axis: usize, x: Operan
     let ld = if d.shape[0] == 1 { len } else { d.strides[0][0] as u64 };
     let rows = d.ndim == 1 && d.strides[0][0] >= 0 && ld % per == 0;
     if rows && axis_stride == 1 && len % per == 0 && len < u32::MAX as u64 && aligned(&[xp]) {
-        let family = Family::ArgReduce(x.dtype);
-        let f = kernel(gpu, family, &format!("{}_rows", op.name()))?;
         // A block per row and segment: rows too few to fill the GPU split into segments of at
         // least 512 vectors, merged after. Blocks no wider than their vectors.
         let nvec = len / per;
@@ -303,26 +314,10 @@ pub(crate) fn arg_reduce(gpu: &Arc<Gpu>, op: ArgReduceOp, axis: usize, x: Operan
         let segs = if n_out >= sms { 1 } else { (2 * sms).div_ceil(n_out).min(nvec / 512).clamp(1, 64) };
         let block = nvec.div_ceil(segs).next_multiple_of(32).clamp(32, BLOCK as u64) as u32;
         let grid = n_out.min(1 << 20) as u32;
-        let part = if segs > 1 { Some(alloc(gpu, (n_out * segs) as usize * 12, DType::U8)?) } else { None };
-        let pv = part.as_ref().map_or(0, |p| p.0);
-        let pi = pv + n_out * segs * 8;
-        let args = vec![
-            Arg::Ptr(xp),
-            Arg::Ptr(op_ptr),
-            Arg::Ptr(pv),
-            Arg::Ptr(pi),
-            Arg::U64(n_out),
-            Arg::U64(len),
-            Arg::U64(ld),
-            Arg::I32(segs as i32),
-        ];
-        launch(gpu, f, (grid, segs as u32, 1), (block, 1, 1), 0, args)?;
-        if segs > 1 {
-            let f = kernel(gpu, family, &format!("{}_cols_finish", op.name()))?;
-            let args = vec![Arg::Ptr(pv), Arg::Ptr(pi), Arg::Ptr(op_ptr), Arg::U64(n_out), Arg::U64(segs)];
-            launch(gpu, f, ((n_out as u32).div_ceil(BLOCK), 1, 1), (BLOCK, 1, 1), 0, args)?;
-        }
-        return Ok(());
+        return segmented(gpu, op, x.dtype, "rows", op_ptr, n_out, segs, (grid, block), |pv, pi| {
+            let reach = [Arg::U64(n_out), Arg::U64(len), Arg::U64(ld), Arg::I32(segs as i32)];
+            [Arg::Ptr(xp), Arg::Ptr(op_ptr), Arg::Ptr(pv), Arg::Ptr(pi)].into_iter().chain(reach).collect()
+        });
     }
     let f = kernel(gpu, Family::ArgReduce(x.dtype), op.name())?;
     let grid = grid_for(gpu, n_out, (BLOCK / 32) as u64);

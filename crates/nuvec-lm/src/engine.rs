@@ -866,19 +866,15 @@ fn choose(s: &mut Sequence, logits: &Array) -> Result<Sampled> {
 /// Each sampled row's token and its log-probability, read to the host in one transfer (one
 /// wait for the device per step, not two per request).
 fn read_chosen(sampled: &[Sampled]) -> Result<Vec<(u32, f32)>> {
-    let rows: Vec<Array> = sampled
-        .iter()
-        .map(|s| {
-            let token = s.tokens.reshape([1, 1]);
-            let logprob = s.logprobs.astype(nuvec::DType::F32).take_along_axis(&token, -1);
-            nuvec::ops::concatenate(&[token.astype(nuvec::DType::F32), logprob], 1)
-        })
-        .collect();
-    if rows.is_empty() {
+    if sampled.is_empty() {
         return Ok(Vec::new());
     }
+    let tokens: Vec<Array> = sampled.iter().map(|s| s.tokens.reshape([1, 1])).collect();
+    let logprobs: Vec<Array> = sampled.iter().zip(&tokens).map(|(s, t)| s.logprobs.take_along_axis(t, -1)).collect();
+    let (tokens, logprobs) = (nuvec::ops::concatenate(&tokens, 0), nuvec::ops::concatenate(&logprobs, 0));
     // Token ids below 2^24 are exact in float32.
-    let host = nuvec::ops::concatenate(&rows, 0).to_vec::<f32>()?;
+    let both = nuvec::ops::concatenate(&[tokens.astype(nuvec::DType::F32), logprobs.astype(nuvec::DType::F32)], 1);
+    let host = both.to_vec::<f32>()?;
     Ok(host.chunks(2).map(|c| (c[0] as u32, c[1])).collect())
 }
 
