@@ -19,6 +19,9 @@ pub struct Positions {
     /// The block table of attention over [`KvCache::update_at`]'s buffers: row `b` reads
     /// block `b` (`[B, 1]`, `int32`), made once per step for every layer.
     pub tables: Array,
+    /// Every row's first new position is 0 ([`Positions::fresh`]): attention reads the step's
+    /// own keys, causal, not the caches.
+    pub fresh: bool,
     /// The pool rows the step's keys go to, by the rows' blocks: caches whose rows were set
     /// together ([`KvCache::set_rows_of`]) compute them once per step.
     slots: std::cell::RefCell<Vec<(SlotsKey, Array)>>,
@@ -33,7 +36,15 @@ impl Positions {
     pub fn new(start: Array, lengths: Array) -> Positions {
         let b = start.shape().first().copied().unwrap_or(1);
         let tables = ops::arange(0, b, 1).astype(nuvec::DType::I32).reshape([b, 1]);
-        Positions { start, lengths, tables, slots: Default::default() }
+        Positions { start, lengths, tables, fresh: false, slots: Default::default() }
+    }
+
+    /// The positions of prompts' first tokens: every row starts at 0 (rows shorter than the
+    /// step padded at their end), so attention is causal over the step's keys alone, without
+    /// reading the caches it writes.
+    pub fn fresh(mut self) -> Positions {
+        self.fresh = true;
+        self
     }
 
     /// The positions of `[2, B]` rows: the starts, then the lengths (views, no copy).
@@ -85,6 +96,10 @@ struct Pages {
     /// Rows set together with other caches' ([`KvCache::set_rows_of`]) share a version (0:
     /// none).
     version: u64,
+    /// The table is as wide as the longest row, not the pool: a lent view
+    /// ([`KvCache::lend`]), which no recorded step replays, so attention gathers only the
+    /// blocks its rows hold.
+    narrow: bool,
 }
 
 impl KvCache {
@@ -149,11 +164,13 @@ impl KvCache {
 
     /// A shared paged cache of the rows `rows` holding `offset` positions, over this cache's
     /// pool, which moves to it (so that writes through it stay in place) until
-    /// [`KvCache::restore`] takes it back: a prompt prefilled into the pool a running batch
-    /// reads.
+    /// [`KvCache::restore`] takes it back: prompts prefilled into the pool a running batch
+    /// reads. Its block table is as wide as its longest row, so every position written must
+    /// lie in its rows' blocks.
     pub fn lend(&mut self, rows: Vec<Vec<i32>>, offset: i32) -> KvCache {
         let Some(p) = self.pages.as_ref().filter(|p| p.shared.is_some()) else { return self.clone() };
-        let pages = Pages { block_size: p.block_size, rows, shared: p.shared, dirty: true, ..Pages::default() };
+        let pages =
+            Pages { block_size: p.block_size, rows, shared: p.shared, dirty: true, narrow: true, ..Pages::default() };
         KvCache { keys: self.keys.take(), values: self.values.take(), offset, pages: Some(pages), ..KvCache::default() }
     }
 
@@ -517,7 +534,11 @@ impl KvCache {
                 r.push(pages.free.pop().expect("blocks were made free"));
             }
         }
-        let n = self.keys.as_ref().map_or(0, |k| k.shape()[0]);
+        let pool = self.keys.as_ref().map_or(0, |k| k.shape()[0]);
+        let n = match pages.narrow {
+            true => rows.iter().map(Vec::len).max().unwrap_or(0).max(1) as i32,
+            false => pool,
+        };
         let same_shape = pages.table.as_ref().is_some_and(|t| t.shape() == [b, n]);
         if missing == 0 && same_shape && !pages.dirty {
             return Ok(moved);

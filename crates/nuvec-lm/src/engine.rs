@@ -32,8 +32,8 @@ use std::collections::{HashMap, VecDeque};
 use nuvec::Array;
 
 use crate::blocks::BlockPool;
-use crate::cache::KvCache;
-use crate::generate::{FinishReason, GenerateOptions, Generated, TextStream, chosen, last_logits, run_chunks, tokens};
+use crate::cache::{KvCache, Positions};
+use crate::generate::{FinishReason, GenerateOptions, Generated, TextStream, chosen, last_logits, run_chunks};
 use crate::graph::DecodeGraph;
 use crate::models::LanguageModel;
 use crate::sample::{Sampled, Sampler};
@@ -159,6 +159,8 @@ pub struct Engine<'a> {
     reused: HashMap<u64, usize>,
     /// The pool of a paged engine.
     paged: Option<Paged>,
+    /// Forward passes over prompts so far.
+    prefill_passes: usize,
 }
 
 impl<'a> Engine<'a> {
@@ -181,6 +183,7 @@ impl<'a> Engine<'a> {
             prefixes: 0,
             reused: Default::default(),
             paged: None,
+            prefill_passes: 0,
         }
     }
 
@@ -347,20 +350,28 @@ impl<'a> Engine<'a> {
         self.caches.iter().chain(kept).chain(filling).flat_map(KvCache::arrays).map(|a| a.nbytes()).sum()
     }
 
+    /// Forward passes the engine ran over prompts so far: prompts that join in the same step
+    /// run together in one.
+    pub fn prefill_passes(&self) -> usize {
+        self.prefill_passes
+    }
+
     /// Requests running and waiting (being prefilled included).
     pub fn load(&self) -> (usize, usize) {
         (self.running.len(), self.waiting.len() + self.filling.is_some() as usize)
     }
 
-    /// One step: waiting requests join while there is room (their prompts prefilled, their
-    /// first tokens chosen), then the batch decodes one token of every other running request.
+    /// One step: waiting requests join while there is room (their prompts run together), then
+    /// the batch decodes one token of every running request, the new ones' first. A step
+    /// started ahead already holds the batch's tokens: requests join after it, for the next.
     /// Each event is a request's next token or the error that ended it; a request's last
     /// token has `finish` set, and it has left the batch.
     pub fn step(&mut self) -> Vec<(u64, Result<Generated>)> {
         let mut events = Vec::new();
-        let (t0, decoded) = (std::time::Instant::now(), self.running.len());
-        // Decode the batch as it stood, then let new requests in (their first token is their
-        // prefill's).
+        let t0 = std::time::Instant::now();
+        let early = self.ahead.is_none();
+        let mut prefilled = if early { self.admit(&mut events) } else { 0 };
+        let (t1, decoded) = (std::time::Instant::now(), self.running.len());
         self.make_room(&mut events);
         if !self.running.is_empty() {
             match self.decode_and_start_next() {
@@ -368,23 +379,61 @@ impl<'a> Engine<'a> {
                 Err(e) => self.fail_batch(&e.to_string(), &mut events),
             }
         }
-        let t1 = std::time::Instant::now();
-        // Prompts run, the budget's worth, in the order their requests came.
+        let t2 = std::time::Instant::now();
+        if !early {
+            prefilled = self.admit(&mut events);
+        }
+        crate::graph::log(|| {
+            let ms = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64() * 1e3;
+            format!(
+                "step: {prefilled} prompt tokens in {:.1} ms; decoded {decoded} rows in {:.1} ms; {} running, {} waiting",
+                ms(t0, t1) + ms(t2, std::time::Instant::now()),
+                ms(t1, t2),
+                self.running.len(),
+                self.waiting.len()
+            )
+        });
+        events
+    }
+
+    /// Waiting requests join while there is room, their prompts run (all but the last token:
+    /// the next step feeds it with the batch's tokens and chooses their first), the budget's
+    /// worth in the order the requests came. Prompts that fit whole run together, one forward
+    /// pass over rows padded to the longest; one that does not runs a chunk alone and goes on
+    /// next step. The prompt tokens run.
+    fn admit(&mut self, events: &mut Vec<(u64, Result<Generated>)>) -> usize {
         let mut budget = self.prefill_budget;
-        while self.running.len() < self.max_batch && budget > 0 {
+        let mut group: Vec<Filling<'a>> = Vec::new();
+        let (mut real, mut longest) = (0, 0);
+        while self.running.len() + group.len() < self.max_batch && budget > 0 {
             let mut f = match self.filling.take() {
                 Some(f) => f,
-                None if !self.room_for_next() => break,
+                None if !self.room_for_next(group.len()) => break,
                 None => {
                     let Some((id, job)) = self.waiting.pop_front() else { break };
                     self.start(id, job)
                 }
             };
-            let n = (f.head - f.done).min(budget);
-            // A paged request takes the chunk's blocks first (and the last prompt token's).
-            let last = matches!(f.job, Job::New(_)) && f.done + n == f.head;
-            if !self.take_blocks(&mut f.blocks, f.done + n + last as usize) {
-                if self.running.is_empty() {
+            let n = f.head - f.done;
+            if let Some(first) = group.first() {
+                // Padding may at most double the work; contiguous rows join only empty caches.
+                let wide = (group.len() + 1) * longest.max(n) > 2 * (real + n);
+                let mixed = self.paged.is_none() && (f.done > 0 || first.done > 0);
+                if self.would_share(&f, &group) {
+                    // Back to the queue: it looks its blocks up again next step.
+                    self.release(&f.blocks);
+                    self.waiting.push_front((f.id, f.job));
+                    break;
+                }
+                if n > budget || wide || mixed {
+                    self.filling = Some(f);
+                    break;
+                }
+            }
+            // A paged request takes the blocks of what runs now (and of its last prompt token).
+            let whole = n <= budget;
+            if !self.take_blocks(&mut f.blocks, if whole { f.head + 1 } else { f.done + budget }) {
+                if self.running.is_empty() && group.is_empty() {
                     self.release(&f.blocks);
                     events.push((f.id, Err(Error::Config(format!("request {}: the KV cache is full", f.id)))));
                     continue;
@@ -393,41 +442,133 @@ impl<'a> Engine<'a> {
                 self.filling = Some(f);
                 break;
             }
-            if n > 0
-                && let Err(e) = self.prefill(&mut f, n)
-            {
-                self.release(&f.blocks);
-                events.push((f.id, Err(e)));
-                if self.paged.is_some() {
-                    // The pool the batch reads is unknown too.
-                    self.fail_batch("a prompt's prefill into the shared KV cache failed", &mut events);
+            if !whole {
+                // Longer than what is left of the budget: a chunk now, the rest next steps.
+                if let Err(e) = self.prefill(&mut f, budget) {
+                    self.prefill_failed(vec![f], e, events);
+                    break;
                 }
-                continue;
-            }
-            (f.done, budget) = (f.done + n, budget - n);
-            self.name_filled(&mut f);
-            if f.done < f.head {
+                (f.done, budget) = (f.done + budget, 0);
+                self.name_filled(&mut f);
                 self.filling = Some(f);
                 break;
             }
-            budget = budget.saturating_sub(1);
-            let id = f.id;
-            if let Some(event) = self.join(f) {
-                events.push((id, event));
+            (budget, real, longest) = (budget - n, real + n, longest.max(n));
+            group.push(f);
+        }
+        self.run_group(group, events);
+        self.prefill_budget - budget
+    }
+
+    /// Whether `f` starts as a request of `group` does for more whole blocks than it found
+    /// cached: with the prefix cache on, it waits a step and reads them (the choices of one
+    /// prompt run it once).
+    fn would_share(&self, f: &Filling, group: &[Filling]) -> bool {
+        let Some(p) = self.paged.as_ref().filter(|_| self.prefixes > 0) else { return false };
+        let bs = p.pool.block_size();
+        let shared =
+            |g: &Filling| f.tokens[..f.head].iter().zip(&g.tokens[..g.head]).take_while(|(a, b)| a == b).count();
+        group.iter().any(|g| shared(g) / bs * bs > f.done)
+    }
+
+    /// Runs the prompts of `group` (all but their last tokens), which then join the batch:
+    /// one alone as it came, several in one forward pass ([`Engine::prefill_rows`]).
+    fn run_group(&mut self, mut group: Vec<Filling<'a>>, events: &mut Vec<(u64, Result<Generated>)>) {
+        let all: Vec<usize> = (0..group.len()).collect();
+        let todo: Vec<usize> = all.iter().copied().filter(|&i| group[i].head > group[i].done).collect();
+        let ran = match (&self.paged, group.as_mut_slice()) {
+            (_, []) => return,
+            // Alone: its own caches (an empty one must hold a row to join a batch).
+            (None, [f]) if f.head > f.done || f.done > 0 => {
+                let n = f.head - f.done;
+                self.prefill(f, n).map(|_| std::mem::take(&mut f.caches))
+            }
+            (None, _) => self.prefill_rows(&mut group, &all),
+            (Some(_), _) if todo.len() < 2 => {
+                let alone = todo.first().map(|&i| {
+                    let f = &mut group[i];
+                    self.prefill(f, f.head - f.done)
+                });
+                alone.unwrap_or(Ok(())).map(|_| Vec::new())
+            }
+            (Some(_), _) => self.prefill_rows(&mut group, &todo),
+        };
+        let caches = match ran {
+            Ok(caches) => caches,
+            Err(e) => return self.prefill_failed(group, e, events),
+        };
+        let rows = group
+            .into_iter()
+            .map(|mut f| {
+                f.done = f.head;
+                self.name_filled(&mut f);
+                let Filling { id, job, blocks, named, .. } = f;
+                (self.sequence(id, job, named), blocks)
+            })
+            .collect();
+        self.push(rows, caches);
+    }
+
+    /// Runs rows `rows` of `group` in one forward pass: their tokens from where their caches
+    /// end to their heads, padded at the end to the longest (the pads' keys land past each
+    /// row's length, where its own later tokens overwrite them). Contiguous rows start empty
+    /// and come back as one cache of `rows.len()` rows; paged ones write their blocks (topped
+    /// up for the pads; without room, one by one).
+    fn prefill_rows(&mut self, group: &mut [Filling<'a>], rows: &[usize]) -> Result<Vec<KvCache>> {
+        let n = |f: &Filling| f.head - f.done;
+        let l = rows.iter().map(|&i| n(&group[i])).max().unwrap_or(0).max(1);
+        let mut ids = vec![0i32; rows.len() * l];
+        for (r, &i) in rows.iter().enumerate() {
+            let f = &group[i];
+            for (j, &t) in f.tokens[f.done..f.head].iter().enumerate() {
+                ids[r * l + j] = t as i32;
             }
         }
-        crate::graph::log(|| {
-            let ms = |a: std::time::Instant, b: std::time::Instant| (b - a).as_secs_f64() * 1e3;
-            format!(
-                "step: decoded {decoded} rows in {:.1} ms; {} of the prefill budget in {:.1} ms; {} running, {} waiting",
-                ms(t0, t1),
-                self.prefill_budget - budget,
-                ms(t1, std::time::Instant::now()),
-                self.running.len(),
-                self.waiting.len()
-            )
-        });
-        events
+        let b = rows.len() as i32;
+        let tokens = Array::from_slice(&ids, [b, l as i32]);
+        let starts: Vec<i32> = rows.iter().map(|&i| group[i].done as i32).collect();
+        let ends: Vec<i32> = starts.iter().map(|s| s + l as i32).collect();
+        let at = Positions::new(Array::from_slice(&starts, [b]), Array::from_slice(&ends, [b]));
+        let at = if starts.iter().all(|&s| s == 0) { at.fresh() } else { at };
+        if self.paged.is_none() {
+            self.prefill_passes += 1;
+            let mut caches = std::mem::take(&mut group[rows[0]].caches);
+            self.model.forward_at(&tokens, &mut caches, &at);
+            nuvec::eval(&caches.iter().flat_map(KvCache::arrays).collect::<Vec<_>>())?;
+            return Ok(caches);
+        }
+        for &i in rows {
+            let end = group[i].done + l;
+            if !self.take_blocks(&mut group[i].blocks, end) {
+                for &i in rows {
+                    let f = &mut group[i];
+                    self.prefill(f, f.head - f.done)?;
+                }
+                return Ok(Vec::new());
+            }
+        }
+        let blocks: Vec<Vec<i32>> = rows.iter().map(|&i| group[i].blocks.clone()).collect();
+        let offset = starts.iter().copied().max().unwrap_or(0) as usize;
+        self.prefill_passes += 1;
+        self.with_pool(blocks, offset, |model, view| {
+            model.forward_at(&tokens, view, &at);
+            nuvec::eval(&view.iter().flat_map(KvCache::arrays).collect::<Vec<_>>())
+        })?;
+        Ok(Vec::new())
+    }
+
+    /// The requests of `group` end with `e`, their blocks let go; a paged engine's batch too
+    /// (the pool it reads is unknown).
+    fn prefill_failed(&mut self, group: Vec<Filling<'a>>, e: Error, events: &mut Vec<(u64, Result<Generated>)>) {
+        let message = e.to_string();
+        let mut e = Some(e);
+        for f in group {
+            self.release(&f.blocks);
+            events.push((f.id, Err(e.take().unwrap_or_else(|| Error::Config(message.clone())))));
+        }
+        if self.paged.is_some() {
+            self.fail_batch("a prompt's prefill into the shared KV cache failed", events);
+        }
     }
 
     /// Every running request ends with `message` (the batch's state is unknown after a failed
@@ -448,15 +589,17 @@ impl<'a> Engine<'a> {
         self.fresh_pool();
     }
 
-    /// Whether the next waiting request may start: a paged engine keeps room for the prompt
-    /// and a block per running request (a request that could not go on would be preempted).
-    fn room_for_next(&self) -> bool {
+    /// Whether the next waiting request may start, `joining` more about to join: a paged
+    /// engine keeps room for the prompt and a block per running or joining request (a request
+    /// that could not go on would be preempted).
+    fn room_for_next(&self, joining: usize) -> bool {
         let (Some(p), Some((_, job))) = (&self.paged, self.waiting.front()) else { return true };
         let tokens = match job {
             Job::New(r) => r.prompt.len() + 1,
             Job::Resume(s) => s.prompt.len() + s.generated.len(),
         };
-        self.running.is_empty() || p.pool.available() >= tokens.div_ceil(p.pool.block_size()) + self.running.len()
+        let rows = self.running.len() + joining;
+        rows == 0 || p.pool.available() >= tokens.div_ceil(p.pool.block_size()) + rows
     }
 
     /// The filling state of a request leaving the queue: fresh caches, or a kept cache or
@@ -466,7 +609,8 @@ impl<'a> Engine<'a> {
             Job::New(r) => (r.prompt.clone(), r.prompt.len() - 1),
             Job::Resume(s) => {
                 // Every position but the last token's, which the next step feeds.
-                let t: Vec<u32> = s.prompt.iter().chain(&s.generated[..s.generated.len() - 1]).copied().collect();
+                let mut t: Vec<u32> = s.prompt.iter().chain(&s.generated).copied().collect();
+                t.pop();
                 let n = t.len();
                 (t, n)
             }
@@ -515,23 +659,23 @@ impl<'a> Engine<'a> {
             Job::New(r) => r.options.prefill_step,
             Job::Resume(s) => s.options.prefill_step,
         };
+        self.prefill_passes += n.div_ceil(step.max(1));
         if self.paged.is_none() {
             return run_chunks(self.model, &mut f.caches, chunk, step);
         }
-        self.with_pool(&f.blocks, f.done, |model, view| run_chunks(model, view, chunk, step))
+        self.with_pool(vec![f.blocks.clone()], f.done, |model, view| run_chunks(model, view, chunk, step))
     }
 
-    /// Runs `work` over a view of the pool holding one row of `blocks` and `offset` positions.
+    /// Runs `work` over a view of the pool holding rows of `blocks` and `offset` positions.
     fn with_pool<T>(
         &mut self,
-        blocks: &[i32],
+        blocks: Vec<Vec<i32>>,
         offset: usize,
         work: impl FnOnce(&dyn LanguageModel, &mut [KvCache]) -> T,
     ) -> T {
         // A recorded step would hold the pool: the writes would not be in place.
         self.graph = None;
-        let mut view: Vec<KvCache> =
-            self.caches.iter_mut().map(|c| c.lend(vec![blocks.to_vec()], offset as i32)).collect();
+        let mut view: Vec<KvCache> = self.caches.iter_mut().map(|c| c.lend(blocks.clone(), offset as i32)).collect();
         let out = work(self.model, &mut view);
         for (c, v) in self.caches.iter_mut().zip(view) {
             c.restore(v);
@@ -562,18 +706,21 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// Before a paged step: every running sequence gets the blocks of its next position and,
-    /// where the pool has them, of the one after (for a step started ahead; without it, none
-    /// is). Without room for the next positions, the request being prefilled, then the newest
+    /// Before a paged step: every running sequence gets the blocks of the position the step
+    /// writes (none when a step started ahead wrote it) and, where the pool has them, of the
+    /// one after (for a step started ahead; without it, none is). Without room for the next positions, the request being prefilled, then the newest
     /// running ones, are preempted: they let go of their blocks and wait at the head of the
     /// queue, their tokens and samplers kept.
     fn make_room(&mut self, events: &mut Vec<(u64, Result<Generated>)>) {
         let Some(p) = &mut self.paged else { return };
         let bs = p.pool.block_size();
+        // A step started ahead wrote its positions already: this step writes none unless it
+        // starts another.
+        let pending = self.ahead.is_none() as usize;
         let mut changed = false;
         let mut i = 0;
         while i < self.running.len() {
-            let need = (self.running[i].length as usize + 1).div_ceil(bs);
+            let need = (self.running[i].length as usize + pending).div_ceil(bs);
             if p.rows[i].len() >= need {
                 i += 1;
                 continue;
@@ -606,7 +753,7 @@ impl<'a> Engine<'a> {
         }
         p.tight = false;
         for (s, row) in self.running.iter().zip(&mut p.rows) {
-            while row.len() * bs < s.length as usize + 2 && !p.tight {
+            while row.len() * bs < s.length as usize + pending + 1 && !p.tight {
                 match p.pool.take() {
                     Some(b) => {
                         row.push(b);
@@ -637,80 +784,48 @@ impl<'a> Engine<'a> {
         s
     }
 
-    /// Runs the last token of a prefilled prompt and chooses the request's first token; unless
-    /// that token ends it, it joins the batch (its caches the batch's last row). A resumed
-    /// sequence joins as it was. The first token's event, for a new request.
-    fn join(&mut self, f: Filling<'a>) -> Option<Result<Generated>> {
-        let Filling { id, job, caches, blocks, named, .. } = f;
+    /// The running sequence of a request whose caches hold all its tokens but the last: a new
+    /// request's, or a resumed one as it was.
+    fn sequence(&self, id: u64, job: Job<'a>, named: (usize, u64)) -> Sequence<'a> {
         let request = match job {
             Job::New(r) => r,
             Job::Resume(mut s) => {
                 s.length = s.prompt.len() as i32 + s.generated.len() as i32 - 1;
                 s.named = named;
-                self.push(*s, caches, blocks);
-                return None;
+                return *s;
             }
         };
         let Request { prompt, options, constraint } = request;
-        let mut sequence = Sequence {
+        Sequence {
             id,
             context: self.model.config().max_position_embeddings.map(|c| c.max(1) as usize),
             constraint,
             sampler: Sampler::new(options.sampler.clone()),
             text: TextStream::new(self.tokenizer, &options.stop),
             generated: Vec::new(),
-            length: prompt.len() as i32,
+            length: prompt.len() as i32 - 1,
             prompt,
             options,
             named,
-        };
-        let first = self.first_token(&mut sequence, caches, &blocks);
-        let (event, caches) = match first {
-            Ok(x) => x,
-            Err(e) => {
-                self.release(&blocks);
-                return Some(Err(e));
-            }
-        };
-        if event.finish.is_some() {
-            match self.paged.is_some() {
-                true => self.release(&blocks),
-                false => self.keep(sequence.prompt, caches),
-            }
-            return Some(Ok(event));
         }
-        self.push(sequence, caches, blocks);
-        Some(Ok(event))
     }
 
-    /// The first token of a new sequence, from its prompt's last token (run into `caches`, or
-    /// into `blocks` of the pool), and the caches.
-    fn first_token(
-        &mut self,
-        s: &mut Sequence<'a>,
-        mut caches: Vec<KvCache>,
-        blocks: &[i32],
-    ) -> Result<(Generated, Vec<KvCache>)> {
-        let last = tokens(&s.prompt[s.prompt.len() - 1..]);
-        let logits = match self.paged {
-            Some(_) => {
-                self.with_pool(blocks, s.prompt.len() - 1, |model, view| last_logits(&model.forward(&last, view)))
-            }
-            None => last_logits(&self.model.forward(&last, &mut caches)),
-        };
-        let sampled = choose(s, &logits)?;
-        let picked = read_chosen(std::slice::from_ref(&sampled))?;
-        Ok((emit(s, &sampled, picked[0], &self.eos)?, caches))
-    }
-
-    /// Sequence `s` joins the running batch as its last row (its caches, or its blocks).
-    fn push(&mut self, s: Sequence<'a>, caches: Vec<KvCache>, blocks: Vec<i32>) {
+    /// Sequences join the running batch as its last rows, with their blocks (paged) or with
+    /// `caches`, which hold their rows in order (contiguous).
+    fn push(&mut self, rows: Vec<(Sequence<'a>, Vec<i32>)>, caches: Vec<KvCache>) {
+        if rows.is_empty() {
+            return;
+        }
+        let first = self.running.len();
         match &mut self.paged {
             Some(p) => {
-                p.rows.push(blocks);
-                self.running.push(s);
-                let last = self.running.len() - 1;
-                self.name_running(last);
+                for (s, blocks) in rows {
+                    p.rows.push(blocks);
+                    self.running.push(s);
+                }
+                for i in first..self.running.len() {
+                    self.name_running(i);
+                }
                 self.set_rows();
             }
             None => {
@@ -720,7 +835,7 @@ impl<'a> Engine<'a> {
                         self.caches.iter().zip(&caches).map(|(b, c)| KvCache::stack(&[b.clone(), c.clone()])).collect()
                     }
                 };
-                self.running.push(s);
+                self.running.extend(rows.into_iter().map(|(s, _)| s));
             }
         }
         self.graph = None;
@@ -733,7 +848,8 @@ impl<'a> Engine<'a> {
         let sampled = match self.ahead.take() {
             Some(s) => s,
             None => {
-                let ids: Vec<i32> = self.running.iter().map(|s| *s.generated.last().unwrap_or(&0) as i32).collect();
+                // Each row's last token the caches do not hold: a prompt's, or the latest chosen.
+                let ids: Vec<i32> = self.running.iter().map(|s| s.token(s.length as usize) as i32).collect();
                 self.decode(&Array::from_slice(&ids, [ids.len() as i32, 1]))?
             }
         };

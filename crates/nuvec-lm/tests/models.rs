@@ -666,6 +666,44 @@ fn engine_requests_equal_decoding_alone() {
     assert_eq!(got.last().unwrap().finish, Some(nuvec_lm::FinishReason::Length));
 }
 
+/// Prompts waiting together run in one forward pass, rows padded to the longest (a prompt of
+/// one token, and one much longer, run apart): each request still gets the tokens of
+/// decoding it alone, over caches of their own or one pool.
+#[test]
+fn engine_prefills_waiting_prompts_together() {
+    use nuvec_lm::engine::{Engine, Request};
+    for name in ["llama", "qwen3", "gemma3"] {
+        let m = model(name);
+        let prompt = |n: usize, r: usize| -> Vec<u32> { (0..n).map(|i| ((i * 7 + r * 13 + 3) % 128) as u32).collect() };
+        let prompts = [prompt(10, 0), prompt(9, 1), prompt(12, 2), prompt(1, 3), prompt(40, 4)];
+        let options = |i: usize| GenerateOptions { max_tokens: 3 + i, ..Default::default() };
+        let alone: Vec<Vec<u32>> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| generated(m.as_ref(), &mut PromptCache::new(m.as_ref()), p, options(i)))
+            .collect();
+        for paged in [false, true] {
+            let mut engine = Engine::new(m.as_ref(), None, &[], 8);
+            if paged {
+                engine = engine.with_prefix_cache(2).with_paged_kv(4, 256);
+            }
+            for (i, p) in prompts.iter().enumerate() {
+                engine.add(i as u64, Request { prompt: p.clone(), options: options(i), constraint: None }).unwrap();
+            }
+            let got = run_to_idle(&mut engine, prompts.len());
+            for i in 0..prompts.len() {
+                assert_eq!(got[i], alone[i], "{name}, paged {paged}: request {i} differs from decoding it alone");
+            }
+            // The first four in one pass (the one-token prompt has nothing to run), the long one
+            // in another.
+            assert_eq!(engine.prefill_passes(), 2, "{name}, paged {paged}");
+            if let Some(blocks) = engine.kv_blocks() {
+                assert_eq!(blocks.held, 0, "{name}: blocks still held");
+            }
+        }
+    }
+}
+
 /// Prompt caching across requests: a conversation's next turn starts from the caches of the
 /// turn before (its prompt and the reply fed back), runs only the rest, and gets the tokens
 /// of decoding it alone; unrelated prompts start afresh; the oldest caches are dropped.
@@ -866,7 +904,7 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
                 (prompt, 2 + next(10) as usize, cancel)
             })
             .collect();
-        let mut engine = Engine::new(m.as_ref(), None, &[], 6).with_prefix_cache(1).with_paged_kv(4, 56);
+        let mut engine = Engine::new(m.as_ref(), None, &[], 6).with_prefix_cache(1).with_paged_kv(4, 40);
         let mut got = vec![Vec::new(); jobs.len()];
         let mut steps_in = vec![0usize; jobs.len()];
         let mut cancelled = vec![false; jobs.len()];

@@ -201,9 +201,16 @@ impl Attention {
         if let (Some(y), Some(at), None, None) = (&joined, at, &self.q_norm, &self.k_norm)
             && let Some((q, k, v)) = cache.rope_update_at(y, hq, rope, at)
         {
-            let tables = cache.page_table().unwrap_or(&at.tables).clone();
-            let options = spec.window.map_or_else(AttentionOptions::default, |w| AttentionOptions::default().window(w));
-            let o = fast::paged_attention(&q, &k, &v, &tables, &at.lengths, spec.scale, &options);
+            let o = match at.fresh {
+                // The rows start at 0: their keys are the buffers' first `l` positions.
+                true => causal(&q, &first(&k, l), &first(&v, l), spec),
+                false => {
+                    let tables = cache.page_table().unwrap_or(&at.tables).clone();
+                    let options =
+                        spec.window.map_or_else(AttentionOptions::default, |w| AttentionOptions::default().window(w));
+                    fast::paged_attention(&q, &k, &v, &tables, &at.lengths, spec.scale, &options)
+                }
+            };
             return self.output(&o, b, l, hq * d, residual);
         }
         // Without the joined product, each projection reads the (normalised) rows.
@@ -236,7 +243,13 @@ impl Attention {
         // Attention over positions written at device-held starts: `paged_attention`, over a
         // paged cache's blocks or one block per row of a contiguous cache.
         let paged = |cache: &mut KvCache, at: &Positions| {
-            let (k, v) = cache.update_at(&k, &v, at);
+            let (kc, vc) = cache.update_at(&k, &v, at);
+            if at.fresh {
+                // Prompts' first positions: their own keys, causal (flash attention, no gather).
+                // The writes stay in the caches' arrays, which the caller evaluates.
+                return causal(&q, &k, &v, spec);
+            }
+            let (k, v) = (kc, vc);
             let tables = cache.page_table().unwrap_or(&at.tables).clone();
             let options = spec.window.map_or_else(AttentionOptions::default, |w| AttentionOptions::default().window(w));
             fast::paged_attention(&q, &k, &v, &tables, &at.lengths, spec.scale, &options)
@@ -246,19 +259,15 @@ impl Attention {
             None if cache.block_size().is_some() => {
                 let (start, end) = (cache.offset(), cache.offset() + l);
                 let rows = |n: i32| Array::from_slice(&vec![n; b as usize], [b]);
-                paged(cache, &Positions::new(rows(start), rows(end)))
+                let at = Positions::new(rows(start), rows(end));
+                paged(cache, &if start == 0 { at.fresh() } else { at })
             }
             None => {
                 let (k, v) = cache.update_and_fetch(&k, &v);
                 // The layer's own window holds whatever the cache keeps; a rotating cache's
                 // window applies to the queries of a prompt (one query sees its whole buffer).
                 let window = spec.window.or(cache.window().filter(|_| l > 1));
-                let options = match (l > 1, window) {
-                    (_, Some(w)) => AttentionOptions::causal().window(w),
-                    (true, None) => AttentionOptions::causal(),
-                    (false, None) => AttentionOptions::default(),
-                };
-                fast::scaled_dot_product_attention(&q, &k, &v, spec.scale, &options)
+                fast::scaled_dot_product_attention(&q, &k, &v, spec.scale, &causal_options(l, window))
             }
         };
         self.output(&o, b, l, hq * d, residual)
@@ -272,6 +281,27 @@ impl Attention {
             None => self.o_proj.forward(&o),
         }
     }
+}
+
+/// Attention options for `l` queries at the end of the keys: causal, within `window`.
+fn causal_options(l: i32, window: Option<i32>) -> AttentionOptions<'static> {
+    match (l > 1, window) {
+        (_, Some(w)) => AttentionOptions::causal().window(w),
+        (true, None) => AttentionOptions::causal(),
+        (false, None) => AttentionOptions::default(),
+    }
+}
+
+/// Causal attention of `q [B, Hq, L, D]` over keys and values `[B, Hkv, L, D]` that are the
+/// same positions, within `spec`'s window.
+fn causal(q: &Array, k: &Array, v: &Array, spec: &AttentionSpec) -> Array {
+    fast::scaled_dot_product_attention(q, k, v, spec.scale, &causal_options(q.shape()[2], spec.window))
+}
+
+/// The first `l` positions of a `[B, H, capacity, D]` buffer.
+fn first(x: &Array, l: i32) -> Array {
+    let s = x.shape();
+    x.slice(&[0, 0, 0, 0], &[s[0], s[1], l, s[3]], &[1, 1, 1, 1])
 }
 
 /// The MLP's activation.
