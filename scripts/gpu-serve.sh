@@ -15,7 +15,8 @@
 # Outputs in $OUT (default target/gpu-serve): generate.txt, load.txt, serve-kv<N>.log,
 # metrics-kv<N>.txt. Environment: GPU_SERVE_KV ("16 0"), GPU_SERVE_CONCURRENCY (1,8,64,256),
 # GPU_SERVE_TOKENS (128), GPU_SERVE_BATCH (256), GPU_SERVE_ROUNDS (2), GPU_SERVE_SECONDS (400:
-# each load ends within it).
+# each load ends within it), GPU_SERVE_ARGS (more `nuvec serve` arguments, e.g. "--prefill-rows 1"),
+# GPU_SERVE_SKIP_GENERATE (1: no step 1).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -31,21 +32,23 @@ cp .gpu/cache/tokenizer-llama3-3.7.2/tokenizer.json .gpu/cache/tokenizer-llama3-
     || { echo "no Llama 3 tokenizer in the bundle (scripts/build-gpu-bundle.sh fetches it)"; exit 2; }
 LOAD=(--model "$MODEL" --random-weights --dtype bfloat16)
 
-echo "== nuvec generate, $TOKENS tokens"
-timeout 120 .gpu/nuvec generate "${LOAD[@]}" --max-tokens "$TOKENS" --prompt "Tell me story number 0 about a cat." \
-    >"$OUT/generate.txt" 2>&1
-grep -iE 'tokens-per-sec|tok/s|error' "$OUT/generate.txt" | head -4
+if [ "${GPU_SERVE_SKIP_GENERATE:-0}" != 1 ]; then
+    echo "== nuvec generate, $TOKENS tokens"
+    timeout 120 .gpu/nuvec generate "${LOAD[@]}" --max-tokens "$TOKENS" --prompt "Tell me story number 0 about a cat." \
+        >"$OUT/generate.txt" 2>&1
+    grep -iE 'tokens-per-sec|tok/s|error' "$OUT/generate.txt" | head -4
+fi
 
 PORT=8089
 for KV in ${GPU_SERVE_KV:-16 0}; do
     .gpu/nuvec serve "${LOAD[@]}" --port "$PORT" --max-batch "${GPU_SERVE_BATCH:-256}" --max-tokens "$TOKENS" \
-        --kv-block-size "$KV" >"$OUT/serve-kv$KV.log" 2>&1 &
+        --kv-block-size "$KV" ${GPU_SERVE_ARGS:-} >"$OUT/serve-kv$KV.log" 2>&1 &
     SERVER=$!
     for _ in $(seq 120); do
         curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && break
         sleep 1
     done
-    echo "== --kv-block-size $KV: serve-load.py at ${GPU_SERVE_CONCURRENCY:-1,8,64,256} concurrent requests, $TOKENS tokens each"
+    echo "== --kv-block-size $KV ${GPU_SERVE_ARGS:-}: serve-load.py at ${GPU_SERVE_CONCURRENCY:-1,8,64,256} concurrent requests, $TOKENS tokens each"
     timeout "${GPU_SERVE_SECONDS:-400}" python3 scripts/serve-load.py --url "http://127.0.0.1:$PORT" \
         --concurrency "${GPU_SERVE_CONCURRENCY:-1,8,64,256}" --tokens "$TOKENS" --rounds "${GPU_SERVE_ROUNDS:-2}" \
         2>&1 | tee -a "$OUT/load.txt"

@@ -69,6 +69,9 @@ struct ServeArgs {
     /// Prompt tokens prefilled per step at most, between the running requests' steps.
     #[arg(long, default_value_t = 512)]
     prefill_chunk: usize,
+    /// Prompts prefilled together in one forward pass at most (1: one at a time).
+    #[arg(long, default_value_t = 64)]
+    prefill_rows: usize,
     /// Positions per block of the paged KV cache the requests share (0: caches of their own).
     #[arg(long, default_value_t = 16)]
     kv_block_size: usize,
@@ -587,6 +590,7 @@ fn run_serve(a: ServeArgs) -> Res<()> {
         api_key: a.api_key,
         prompt_cache: a.prompt_cache,
         prefill_chunk: a.prefill_chunk,
+        prefill_rows: a.prefill_rows,
         kv_block_size: a.kv_block_size,
         kv_cache_tokens: a.kv_cache_tokens,
         ..Default::default()

@@ -161,6 +161,8 @@ pub struct Engine<'a> {
     paged: Option<Paged>,
     /// Forward passes over prompts so far.
     prefill_passes: usize,
+    /// Prompts prefilled together at most.
+    prefill_rows: usize,
 }
 
 impl<'a> Engine<'a> {
@@ -184,6 +186,7 @@ impl<'a> Engine<'a> {
             reused: Default::default(),
             paged: None,
             prefill_passes: 0,
+            prefill_rows: usize::MAX,
         }
     }
 
@@ -231,6 +234,13 @@ impl<'a> Engine<'a> {
     /// request's whole prompt runs in the step it joins.
     pub fn with_prefill_budget(mut self, tokens: usize) -> Self {
         self.prefill_budget = tokens.max(1);
+        self
+    }
+
+    /// Prefills at most `prompts` prompts together in one forward pass (at least one); by
+    /// default every waiting prompt that fits the step's budget and the batch joins it.
+    pub fn with_prefill_rows(mut self, prompts: usize) -> Self {
+        self.prefill_rows = prompts.max(1);
         self
     }
 
@@ -405,7 +415,7 @@ impl<'a> Engine<'a> {
         let mut budget = self.prefill_budget;
         let mut group: Vec<Filling<'a>> = Vec::new();
         let (mut real, mut longest) = (0, 0);
-        while self.running.len() + group.len() < self.max_batch && budget > 0 {
+        while self.running.len() + group.len() < self.max_batch && group.len() < self.prefill_rows && budget > 0 {
             let mut f = match self.filling.take() {
                 Some(f) => f,
                 None if !self.room_for_next(group.len()) => break,

@@ -83,6 +83,9 @@ pub struct ServeOptions {
     /// Prompt tokens prefilled per engine step at most: a long prompt joining delays the
     /// running requests' tokens by one such chunk at a time.
     pub prefill_chunk: usize,
+    /// Prompts prefilled together in one forward pass at most, within `prefill_chunk` tokens
+    /// (1: one at a time).
+    pub prefill_rows: usize,
     /// Positions per block of the paged KV cache every request's keys and values share (0:
     /// each request's caches of its own, no preemption).
     pub kv_block_size: usize,
@@ -106,6 +109,7 @@ impl Default for ServeOptions {
             api_key: None,
             prompt_cache: 8,
             prefill_chunk: 512,
+            prefill_rows: 64,
             kv_block_size: 16,
             kv_cache_tokens: 1 << 16,
         }

@@ -137,7 +137,8 @@ fn new_engine<'a>(
 ) -> Engine<'a> {
     let engine = Engine::new(model, Some(tokenizer), eos, options.max_batch)
         .with_prefix_cache(options.prompt_cache)
-        .with_prefill_budget(options.prefill_chunk);
+        .with_prefill_budget(options.prefill_chunk)
+        .with_prefill_rows(options.prefill_rows);
     match options.kv_block_size {
         0 => engine,
         bs => engine.with_paged_kv(bs, options.kv_cache_tokens),
