@@ -544,6 +544,12 @@ impl KvCache {
             return Ok(moved);
         }
         pages.dirty = false;
+        let version = pages.version;
+        if let Some(table) = shared_table(version, b, n) {
+            let same = pages.table.as_ref().is_some_and(|t| t.is(&table));
+            pages.table = Some(table);
+            return Ok(moved || !same);
+        }
         let mut host = vec![0i32; (b * n) as usize];
         for (i, r) in rows.iter().enumerate() {
             host[i * n as usize..][..r.len()].copy_from_slice(r);
@@ -551,6 +557,7 @@ impl KvCache {
         let host = Array::from_slice(&host, [b, n]);
         if nuvec::default_device().is_cpu() {
             // Nothing records there: a fresh table.
+            share_table(version, b, n, &host);
             pages.table = Some(host);
             return Ok(true);
         }
@@ -561,7 +568,9 @@ impl KvCache {
             pages.table = Some(table);
             moved = true;
         }
-        nuvec::transforms::write_into(pages.table.as_ref().expect("made above"), &host)?;
+        let table = pages.table.as_ref().expect("made above");
+        nuvec::transforms::write_into(table, &host)?;
+        share_table(version, b, n, table);
         Ok(moved)
     }
 
@@ -713,6 +722,29 @@ impl KvCache {
     /// The arrays the cache holds, to evaluate with a step's output.
     pub fn arrays(&self) -> Vec<Array> {
         self.keys.iter().chain(self.values.iter()).chain(&self.packed).cloned().collect()
+    }
+}
+
+thread_local! {
+    /// The block table last refreshed for rows set together ([`KvCache::set_rows_of`]), by
+    /// version and shape: a model's other layers take the same device array rather than
+    /// each build and upload a `[B, pool blocks]` table of its own.
+    static SHARED_TABLE: std::cell::RefCell<Option<(u64, i32, i32, Array)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The table [`share_table`] kept for rows of `version` (not 0) and shape `[b, n]`.
+fn shared_table(version: u64, b: i32, n: i32) -> Option<Array> {
+    if version == 0 {
+        return None;
+    }
+    SHARED_TABLE
+        .with(|s| s.borrow().as_ref().filter(|(v, sb, sn, _)| (*v, *sb, *sn) == (version, b, n)).map(|e| e.3.clone()))
+}
+
+/// Keeps `table` for the other caches of rows `version` (not 0).
+fn share_table(version: u64, b: i32, n: i32, table: &Array) {
+    if version != 0 {
+        SHARED_TABLE.with(|s| *s.borrow_mut() = Some((version, b, n, table.clone())));
     }
 }
 

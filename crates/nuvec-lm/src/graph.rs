@@ -63,7 +63,7 @@ pub(crate) fn log(message: impl FnOnce() -> String) {
 
 impl DecodeGraph {
     /// A step for `batch` rows on the default device; nothing is recorded until the second
-    /// step.
+    /// step, nor ever with `NUVEC_LM_GRAPH=0`.
     pub fn new(batch: i32) -> Result<DecodeGraph> {
         let device = nuvec::default_device();
         let inputs = if device.is_cpu() {
@@ -75,7 +75,8 @@ impl DecodeGraph {
             nuvec::eval(&[tokens.clone(), positions.clone()])?;
             Some((tokens, positions))
         };
-        let state = if inputs.is_some() { State::Warm } else { State::Off };
+        let off = std::env::var("NUVEC_LM_GRAPH").is_ok_and(|v| v == "0");
+        let state = if inputs.is_some() && !off { State::Warm } else { State::Off };
         Ok(DecodeGraph { batch, inputs, state, misses: 0 })
     }
 

@@ -634,7 +634,8 @@ fn engine_requests_equal_decoding_alone() {
                 assert!(step < 200, "{name}: the engine did not finish");
             }
             for i in [0, 1, 3] {
-                assert_eq!(got[i], alone[i], "{name}: request {i} differs from decoding it alone");
+                let how = format!("budget {budget}, paged {paged}, prefixes {prefixes}");
+                assert_eq!(got[i], alone[i], "{name} ({how}): request {i} differs from decoding it alone");
                 assert_eq!(text[i], tok.decode(&alone[i]).unwrap(), "{name}: request {i}'s text");
                 assert_eq!(finished[i], Some(nuvec_lm::FinishReason::Length));
             }
