@@ -415,7 +415,9 @@ impl<'a> Generation<'a> {
         if pipelined {
             // A recorded step's launch rewrites the logits these were computed from: their
             // work is queued first (an evaluation thread may not have got to it yet).
-            nuvec::eval(&[current.tokens.clone(), current.logprobs.clone()])?;
+            if self.cache.graph.as_ref().is_some_and(DecodeGraph::recorded) {
+                nuvec::eval(&[current.tokens.clone(), current.logprobs.clone()])?;
+            }
             let next = self.step(&current.tokens.reshape([1, 1]))?;
             nuvec::async_eval(&[next.tokens.clone(), next.logprobs.clone()])?;
             self.pending = Some(next);
