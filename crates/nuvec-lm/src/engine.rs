@@ -718,9 +718,10 @@ impl<'a> Engine<'a> {
 
     /// Before a paged step: every running sequence gets the blocks of the position the step
     /// writes (none when a step started ahead wrote it) and, where the pool has them, of the
-    /// one after (for a step started ahead; without it, none is). Without room for the next positions, the request being prefilled, then the newest
-    /// running ones, are preempted: they let go of their blocks and wait at the head of the
-    /// queue, their tokens and samplers kept.
+    /// one after (for a step started ahead; without it, none is). Without room for the next
+    /// positions, the request being prefilled, then the newest running ones, are preempted:
+    /// they let go of their blocks and wait at the head of the queue, their tokens and
+    /// samplers kept.
     fn make_room(&mut self, events: &mut Vec<(u64, Result<Generated>)>) {
         let Some(p) = &mut self.paged else { return };
         let bs = p.pool.block_size();
