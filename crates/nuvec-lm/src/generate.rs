@@ -185,7 +185,7 @@ fn graphed(model: &dyn LanguageModel, layers: &[KvCache], decode_graph: Option<b
     let allowed = model.device_positions() && layers.iter().all(contiguous);
     let wanted = match decode_graph {
         Some(on) => on,
-        None => !nuvec::default_device().is_cpu() && std::env::var("NUVEC_LM_GRAPH").map_or(true, |v| v != "0"),
+        None => !nuvec::default_device().is_cpu() && crate::graph::recording_wanted(),
     };
     allowed && wanted
 }

@@ -54,6 +54,11 @@ fn buffers(caches: &[KvCache]) -> Result<Vec<usize>> {
     Ok(out)
 }
 
+/// Whether decode steps are recorded unless asked otherwise: not with `NUVEC_LM_GRAPH=0`.
+pub(crate) fn recording_wanted() -> bool {
+    std::env::var("NUVEC_LM_GRAPH").map_or(true, |v| v != "0")
+}
+
 /// `NUVEC_LM_LOG=1`: the engine's and the decode graph's decisions on stderr.
 pub(crate) fn log(message: impl FnOnce() -> String) {
     if std::env::var("NUVEC_LM_LOG").is_ok_and(|v| v != "0") {
@@ -63,8 +68,14 @@ pub(crate) fn log(message: impl FnOnce() -> String) {
 
 impl DecodeGraph {
     /// A step for `batch` rows on the default device; nothing is recorded until the second
-    /// step, nor ever with `NUVEC_LM_GRAPH=0`.
+    /// step.
     pub fn new(batch: i32) -> Result<DecodeGraph> {
+        DecodeGraph::recording(batch, true)
+    }
+
+    /// [`DecodeGraph::new`], recording only when `record` (otherwise every step runs eagerly
+    /// from the same device-held inputs).
+    pub(crate) fn recording(batch: i32, record: bool) -> Result<DecodeGraph> {
         let device = nuvec::default_device();
         let inputs = if device.is_cpu() {
             None
@@ -75,8 +86,7 @@ impl DecodeGraph {
             nuvec::eval(&[tokens.clone(), positions.clone()])?;
             Some((tokens, positions))
         };
-        let off = std::env::var("NUVEC_LM_GRAPH").is_ok_and(|v| v == "0");
-        let state = if inputs.is_some() && !off { State::Warm } else { State::Off };
+        let state = if inputs.is_some() && record { State::Warm } else { State::Off };
         Ok(DecodeGraph { batch, inputs, state, misses: 0 })
     }
 
