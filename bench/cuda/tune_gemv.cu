@@ -12,6 +12,7 @@
 #include <vector>
 #include <cublas_v2.h>
 #include "matmul.cuh"
+#include "attention.cuh"
 #include "harness.cuh"
 
 __global__ void rows1(const bf16* x, const bf16* w, bf16* o, u64 n, u64 k) {
@@ -28,19 +29,9 @@ __global__ void read_all(const uint4* p, u64 n, u32* sink) {
   if (acc == 0x12345678u) sink[0] = acc;
 }
 
+// The mbarriers are attention.cuh's (atw_bar_init, atw_expect, atw_bar_wait); a bulk copy of
+// contiguous bytes has no helper there.
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    smem_addr(dst)),
@@ -62,7 +53,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_ring(const bf16* x, const bf1
   const int tiles = n / C;
   const u32 stage = (u32)C * k * 2;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) mbar_init(&full[s], 1);
+    for (int s = 0; s < STAGES; ++s) atw_bar_init(smem_addr(&full[s]), 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -70,7 +61,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_ring(const bf16* x, const bf1
     for (int s = 0; s < STAGES; ++s) {
       int t = blockIdx.x + s * gridDim.x;
       if (t < tiles) {
-        mbar_expect(&full[s], stage);
+        atw_expect(smem_addr(&full[s]), stage);
         bulk_copy(ring + (u64)s * stage, w + (u64)t * C * k, stage, &full[s]);
       }
     }
@@ -85,7 +76,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_ring(const bf16* x, const bf1
   int i = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++i) {
     const int s = i % STAGES;
-    mbar_wait(&full[s], (i / STAGES) & 1);
+    atw_bar_wait(smem_addr(&full[s]), (i / STAGES) & 1);
     const bf16* tile = reinterpret_cast<const bf16*>(ring + (u64)s * stage);
     float acc[C];
 #pragma unroll
@@ -108,7 +99,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_ring(const bf16* x, const bf1
     if (threadIdx.x == 0) {
       int next = t + STAGES * gridDim.x;
       if (next < tiles) {
-        mbar_expect(&full[s], stage);
+        atw_expect(smem_addr(&full[s]), stage);
         bulk_copy(ring + (u64)s * stage, w + (u64)next * C * k, stage, &full[s]);
       }
     }
