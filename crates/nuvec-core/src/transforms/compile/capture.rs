@@ -131,8 +131,9 @@ pub struct DeviceGraph {
 /// be done in place) goes back to the allocator, and another thread's work may reuse its
 /// memory before a launch reads it.
 struct Reads {
-    /// Storages the recording's operations wrote, by address.
-    made: std::collections::HashSet<usize>,
+    /// Storages the recording's operations wrote (or read), by address; held weakly, so that
+    /// no storage the recording did not write takes a freed one's address meanwhile.
+    made: std::collections::HashMap<usize, std::sync::Weak<Storage>>,
     /// Storages read before this recording wrote them, by address.
     kept: std::collections::HashMap<usize, Arc<Storage>>,
 }
@@ -147,9 +148,11 @@ pub(crate) fn note_reads(inputs: &[Operand]) {
     READS.with(|r| {
         if let Some(r) = r.borrow_mut().as_mut() {
             for o in inputs {
-                let id = Arc::as_ptr(&o.data.storage) as usize;
-                if r.made.insert(id) {
-                    r.kept.insert(id, o.data.storage.clone());
+                let storage = &o.data.storage;
+                let id = Arc::as_ptr(storage) as usize;
+                if let std::collections::hash_map::Entry::Vacant(e) = r.made.entry(id) {
+                    e.insert(Arc::downgrade(storage));
+                    r.kept.insert(id, storage.clone());
                 }
             }
         }
@@ -166,7 +169,12 @@ pub(crate) fn recording_holds(storage: &Arc<Storage>) -> bool {
 pub(crate) fn note_writes(outputs: &[Output]) {
     READS.with(|r| {
         if let Some(r) = r.borrow_mut().as_mut() {
-            r.made.extend(outputs.iter().filter_map(|o| o.data.as_ref()).map(|d| Arc::as_ptr(&d.storage) as usize));
+            r.made.extend(
+                outputs
+                    .iter()
+                    .filter_map(|o| o.data.as_ref())
+                    .map(|d| (Arc::as_ptr(&d.storage) as usize, Arc::downgrade(&d.storage))),
+            );
         }
     })
 }
