@@ -869,12 +869,8 @@ impl<'a> Engine<'a> {
             && !self.paged.as_ref().is_some_and(|p| p.tight)
             && self.running.iter().all(|s| s.constraint.is_none() && !s.options.sampler.needs_history());
         if host_free {
-            // A recorded step's launch rewrites the logits these were computed from: their
-            // work is queued first (an evaluation thread may not have got to it yet).
-            if self.graph.as_ref().is_some_and(DecodeGraph::recorded) {
-                let current: Vec<Array> = sampled.iter().flat_map(|s| [s.tokens.clone(), s.logprobs.clone()]).collect();
-                nuvec::eval(&current)?;
-            }
+            let current = sampled.iter().flat_map(|s| [s.tokens.clone(), s.logprobs.clone()]);
+            crate::graph::queue_before_launch(self.graph.as_ref(), current)?;
             let ids: Vec<Array> = sampled.iter().map(|s| s.tokens.reshape([1, 1])).collect();
             let next = self.decode(&nuvec::ops::concatenate(&ids, 0).astype(nuvec::DType::I32))?;
             let lazy: Vec<Array> = next.iter().flat_map(|s| [s.tokens.clone(), s.logprobs.clone()]).collect();

@@ -413,11 +413,10 @@ impl<'a> Generation<'a> {
             && !self.options.sampler.needs_history()
             && self.generated.len() + 1 < self.options.max_tokens;
         if pipelined {
-            // A recorded step's launch rewrites the logits these were computed from: their
-            // work is queued first (an evaluation thread may not have got to it yet).
-            if self.cache.graph.as_ref().is_some_and(DecodeGraph::recorded) {
-                nuvec::eval(&[current.tokens.clone(), current.logprobs.clone()])?;
-            }
+            crate::graph::queue_before_launch(
+                self.cache.graph.as_ref(),
+                [current.tokens.clone(), current.logprobs.clone()],
+            )?;
             let next = self.step(&current.tokens.reshape([1, 1]))?;
             nuvec::async_eval(&[next.tokens.clone(), next.logprobs.clone()])?;
             self.pending = Some(next);

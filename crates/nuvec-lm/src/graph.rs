@@ -59,6 +59,16 @@ pub(crate) fn recording_wanted() -> bool {
     std::env::var("NUVEC_LM_GRAPH").map_or(true, |v| v != "0")
 }
 
+/// Before the step after `graph`'s: a recorded step's launch rewrites the logits `arrays` were
+/// computed from, so their work is queued first (an evaluation thread may not have got to it
+/// yet). Nothing to do after an eager step.
+pub(crate) fn queue_before_launch(graph: Option<&DecodeGraph>, arrays: impl IntoIterator<Item = Array>) -> Result<()> {
+    if graph.is_some_and(DecodeGraph::recorded) {
+        nuvec::eval(&arrays.into_iter().collect::<Vec<_>>())?;
+    }
+    Ok(())
+}
+
 /// `NUVEC_LM_LOG=1`: the engine's and the decode graph's decisions on stderr.
 pub(crate) fn log(message: impl FnOnce() -> String) {
     if std::env::var("NUVEC_LM_LOG").is_ok_and(|v| v != "0") {

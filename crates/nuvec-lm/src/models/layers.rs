@@ -204,12 +204,7 @@ impl Attention {
             let o = match at.fresh {
                 // The rows start at 0: their keys are the buffers' first `l` positions.
                 true => causal(&q, &first(&k, l), &first(&v, l), spec),
-                false => {
-                    let tables = cache.page_table().unwrap_or(&at.tables).clone();
-                    let options =
-                        spec.window.map_or_else(AttentionOptions::default, |w| AttentionOptions::default().window(w));
-                    fast::paged_attention(&q, &k, &v, &tables, &at.lengths, spec.scale, &options)
-                }
+                false => over_table(&q, &k, &v, cache, at, spec),
             };
             return self.output(&o, b, l, hq * d, residual);
         }
@@ -244,15 +239,12 @@ impl Attention {
         // paged cache's blocks or one block per row of a contiguous cache.
         let paged = |cache: &mut KvCache, at: &Positions| {
             let (kc, vc) = cache.update_at(&k, &v, at);
-            if at.fresh {
+            match at.fresh {
                 // Prompts' first positions: their own keys, causal (flash attention, no gather).
                 // The writes stay in the caches' arrays, which the caller evaluates.
-                return causal(&q, &k, &v, spec);
+                true => causal(&q, &k, &v, spec),
+                false => over_table(&q, &kc, &vc, cache, at, spec),
             }
-            let (k, v) = (kc, vc);
-            let tables = cache.page_table().unwrap_or(&at.tables).clone();
-            let options = spec.window.map_or_else(AttentionOptions::default, |w| AttentionOptions::default().window(w));
-            fast::paged_attention(&q, &k, &v, &tables, &at.lengths, spec.scale, &options)
         };
         let o = match at {
             Some(at) => paged(cache, at),
@@ -290,6 +282,14 @@ fn causal_options(l: i32, window: Option<i32>) -> AttentionOptions<'static> {
         (true, None) => AttentionOptions::causal(),
         (false, None) => AttentionOptions::default(),
     }
+}
+
+/// `paged_attention` of `q` over the cache buffers `k` and `v` through the cache's block table
+/// (or one block per row of a contiguous cache), up to the rows' device-held lengths.
+fn over_table(q: &Array, k: &Array, v: &Array, cache: &KvCache, at: &Positions, spec: &AttentionSpec) -> Array {
+    let tables = cache.page_table().unwrap_or(&at.tables);
+    let options = spec.window.map_or_else(AttentionOptions::default, |w| AttentionOptions::default().window(w));
+    fast::paged_attention(q, k, v, tables, &at.lengths, spec.scale, &options)
 }
 
 /// Causal attention of `q [B, Hq, L, D]` over keys and values `[B, Hkv, L, D]` that are the
