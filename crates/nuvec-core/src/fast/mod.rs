@@ -8,6 +8,7 @@
 mod adam;
 mod attention;
 pub mod cuda_kernel;
+mod gated_delta;
 mod glu_loss;
 mod matmul;
 mod norm;
@@ -17,11 +18,13 @@ mod rope;
 mod softmax;
 
 pub use crate::primitive::fast::{
-    AdamParams, AttentionKernel, AttentionParams, FastOp, MaskInput, PagedParams, QuantMatmulParams, RopeParams,
+    AdamParams, AttentionKernel, AttentionParams, FastOp, GatedDeltaParams, MaskInput, PagedParams, QuantMatmulParams,
+    RopeParams,
 };
 pub use adam::adam_step;
 pub use attention::{AttentionMask, AttentionOptions, scaled_dot_product_attention};
 pub use cuda_kernel::{CudaKernel, KernelConfig, TemplateArg};
+pub use gated_delta::{StepOptions, gated_delta, gated_delta_steps, gated_delta_steps_with, gated_delta_with};
 pub use glu_loss::{cross_entropy, swiglu};
 pub use matmul::{rms_norm_matmul, swiglu_matmul};
 pub use norm::{add_rms_norm, layer_norm, rms_norm};
@@ -88,6 +91,7 @@ impl FastOp {
                 vec![matmul::swiglu_matmul_composition(&inputs[0], &inputs[1], &inputs[2], opt(3, *add))]
             }
             FastOp::RopeKvWrite { rope, q_heads } => rope::kv_write_composition(rope, *q_heads, inputs),
+            FastOp::GatedDelta(p) => gated_delta::composition(p, inputs),
         }
     }
 
@@ -106,7 +110,7 @@ impl FastOp {
             FastOp::SwiGluMatmul { add: false } => Some(2),
             // c is batched like the rows but comes after the weight.
             FastOp::SwiGluMatmul { add: true } => None,
-            FastOp::RopeKvWrite { .. } => None,
+            FastOp::RopeKvWrite { .. } | FastOp::GatedDelta(_) => None,
             // Element-wise: every input is batched alike.
             FastOp::AdamStep(_) => Some(4),
             // The weight and bias cotangents sum over rows, the batch included.

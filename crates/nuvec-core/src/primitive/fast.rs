@@ -113,6 +113,23 @@ pub enum FastOp {
         /// Query heads: the first of `qkv`'s heads; the rest are keys, then values, as many each.
         q_heads: i32,
     },
+    /// [`gated_delta`](crate::fast::gated_delta): inputs `[q, k, v, g, beta, state, mask?]`,
+    /// outputs `[y, state']`, or `[y, states]` (every step's state) with
+    /// [`GatedDeltaParams::steps`].
+    GatedDelta(GatedDeltaParams),
+}
+
+/// The parameters of a recorded [`FastOp::GatedDelta`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GatedDeltaParams {
+    /// Whether the second output holds the state after every step, `[B, T, Hv, Dv, Dk]`,
+    /// instead of the last one, `[B, Hv, Dv, Dk]`.
+    pub steps: bool,
+    /// The dtype the state outputs are stored in (the recurrence runs in `float32`).
+    pub storage: DType,
+    /// Whether a `[B, T]` boolean mask is the last input: a step whose mask is false leaves
+    /// the state as it is and outputs zeros.
+    pub masked: bool,
 }
 
 /// The parameters of a recorded [`FastOp::PagedAttention`].
@@ -233,6 +250,8 @@ impl FastOp {
             FastOp::RmsNormMatmul { .. } => "rms_norm_matmul",
             FastOp::SwiGluMatmul { .. } => "swiglu_matmul",
             FastOp::RopeKvWrite { .. } => "rope_kv_write",
+            FastOp::GatedDelta(p) if p.steps => "gated_delta_steps",
+            FastOp::GatedDelta(_) => "gated_delta",
         }
     }
 
@@ -263,6 +282,7 @@ impl FastOp {
             FastOp::RmsNormMatmul { .. } => prologue_matmul_specs(self, inputs),
             FastOp::SwiGluMatmul { .. } => prologue_matmul_specs(self, inputs),
             FastOp::RopeKvWrite { rope, q_heads } => rope_kv_write_specs(rope, *q_heads, inputs),
+            FastOp::GatedDelta(p) => gated_delta_specs(p, inputs),
         }
     }
 }
@@ -322,6 +342,94 @@ fn quantized_matmul_specs(p: &QuantMatmulParams, inputs: &[Spec]) -> Result<Vec<
     let mut shape = x.shape.clone();
     *shape.last_mut().expect("x has an axis") = n;
     Ok(vec![Spec { shape, dtype: p.dtype }])
+}
+
+// ---- gated delta rule ----------------------------------------------------------------------
+
+/// `[y, state']` (or `[y, states]`): `y` `[B, T, Hv, Dv]` in `q`'s dtype, the states in
+/// `p.storage`. Checks every argument, naming it.
+fn gated_delta_specs(p: &GatedDeltaParams, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let op = if p.steps { "gated_delta_steps" } else { "gated_delta" };
+    if inputs.len() != 6 + p.masked as usize {
+        return Err(invalid(format!("{op} takes q, k, v, g, beta, state and an optional mask")));
+    }
+    let (q, k, v, g, beta, state) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3], &inputs[4], &inputs[5]);
+    for (name, s) in [("q", q), ("k", k), ("v", v)] {
+        if s.shape.len() != 4 {
+            return Err(invalid(format!(
+                "{op}: {name} must be 4-D [B, T, heads, D], got shape {:?}",
+                s.shape.as_slice()
+            )));
+        }
+        if !s.dtype.is_float() {
+            return Err(invalid(format!("{op}: {name} must be floating point, got {}", s.dtype)));
+        }
+    }
+    if k.shape != q.shape {
+        return Err(invalid(format!(
+            "{op}: k must have q's shape {:?}, got {:?}",
+            q.shape.as_slice(),
+            k.shape.as_slice()
+        )));
+    }
+    if k.dtype != q.dtype || v.dtype != q.dtype {
+        return Err(invalid(format!(
+            "{op}: q, k and v must share a dtype, got {}, {} and {}",
+            q.dtype, k.dtype, v.dtype
+        )));
+    }
+    let (b, t, hk, dk) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let (hv, dv) = (v.shape[2], v.shape[3]);
+    if v.shape[..2] != q.shape[..2] {
+        return Err(invalid(format!(
+            "{op}: v must be [{b}, {t}, Hv, Dv] like q's batch and steps, got {:?}",
+            v.shape.as_slice()
+        )));
+    }
+    if hk == 0 || hv % hk != 0 {
+        return Err(invalid(format!("{op}: v's heads ({hv}) must be a multiple of q's and k's heads ({hk})")));
+    }
+    let scalar_gate = [b, t, hv];
+    let channel_gate = [b, t, hv, dk];
+    if g.shape.as_slice() != scalar_gate && g.shape.as_slice() != channel_gate {
+        return Err(invalid(format!(
+            "{op}: g must be {scalar_gate:?} (a gate per head) or {channel_gate:?} (per key channel), got {:?}",
+            g.shape.as_slice()
+        )));
+    }
+    if beta.shape.as_slice() != scalar_gate {
+        return Err(invalid(format!("{op}: beta must be {scalar_gate:?}, got {:?}", beta.shape.as_slice())));
+    }
+    for (name, s) in [("g", g), ("beta", beta), ("state", state)] {
+        if !s.dtype.is_float() || s.dtype == DType::F64 {
+            return Err(invalid(format!("{op}: {name} must be float32, float16 or bfloat16, got {}", s.dtype)));
+        }
+    }
+    if state.shape.as_slice() != [b, hv, dv, dk] {
+        return Err(invalid(format!(
+            "{op}: state must be {:?} ([B, Hv, Dv, Dk]), got {:?}",
+            [b, hv, dv, dk],
+            state.shape.as_slice()
+        )));
+    }
+    if p.masked {
+        let mask = &inputs[6];
+        if mask.shape.as_slice() != [b, t] || mask.dtype != DType::Bool {
+            return Err(invalid(format!(
+                "{op}: mask must be bool of shape {:?}, got {} of shape {:?}",
+                [b, t],
+                mask.dtype,
+                mask.shape.as_slice()
+            )));
+        }
+    }
+    if !matches!(p.storage, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(invalid(format!("{op}: states are stored as float32, float16 or bfloat16, not {}", p.storage)));
+    }
+    let y = Spec { shape: [b, t, hv, dv].into_iter().collect(), dtype: q.dtype };
+    let states: crate::shape::Shape =
+        if p.steps { [b, t, hv, dv, dk].into_iter().collect() } else { [b, hv, dv, dk].into_iter().collect() };
+    Ok(vec![y, Spec { shape: states, dtype: p.storage }])
 }
 
 // ---- paged attention -----------------------------------------------------------------------
