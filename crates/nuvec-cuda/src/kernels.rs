@@ -82,6 +82,8 @@ pub enum Family {
     Attention(DType),
     /// Products with quantized weights of few rows (`fast::quantized_matmul`).
     QuantizedMatmul(DType),
+    /// The gated delta rule, for q, k and v of one dtype (`fast::gated_delta`).
+    GatedDelta(DType),
 }
 
 impl Family {
@@ -110,6 +112,7 @@ impl Family {
             Family::CrossEntropy(d) => format!("cross_entropy_{d}"),
             Family::Attention(d) => format!("attention_{d}"),
             Family::QuantizedMatmul(d) => format!("quantized_matmul_{d}"),
+            Family::GatedDelta(d) => format!("gated_delta_{d}"),
         }
     }
 
@@ -138,6 +141,7 @@ impl Family {
             Family::CrossEntropy(d) => fast::cross_entropy::source(d),
             Family::Attention(d) => fast::attention::source(d),
             Family::QuantizedMatmul(d) => fast::quantized_matmul::source(d),
+            Family::GatedDelta(d) => fast::gated_delta::source(d),
         };
         if self.dependent_launch() { s.lines().map(|l| dependent(l) + "\n").collect() } else { s }
     }
@@ -161,6 +165,7 @@ impl Family {
                 | Family::Copy(_)
                 | Family::Gather(_)
                 | Family::Attention(_)
+                | Family::GatedDelta(_)
         )
     }
 }
@@ -236,7 +241,7 @@ pub fn all_modules() -> Vec<Family> {
             ]);
         }
         if matches!(d, DType::F32 | DType::F16 | DType::BF16) {
-            v.extend([Family::Attention(d), Family::QuantizedMatmul(d)]);
+            v.extend([Family::Attention(d), Family::QuantizedMatmul(d), Family::GatedDelta(d)]);
         }
         if matmul::has_kernels(d) {
             v.push(Family::Matmul(d));

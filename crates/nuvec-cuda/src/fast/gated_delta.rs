@@ -1,0 +1,184 @@
+//! The gated delta rule, `fast::gated_delta` and `fast::gated_delta_steps`
+//! (`kernels/gated_delta.cuh`): the whole loop over the steps in one kernel, each value row's
+//! state in registers throughout. Two kernels: one warp per value row (`gated_delta_n{Dk/32}`,
+//! every case with `Dk` a multiple of 32 up to 256; `_ahead` for more than one step), and one of 8 rows per warp
+//! (`gated_delta_packed`, `Dk` 128, a float32 gate per head, a float32 state, no mask), whose
+//! results are bit-identical to the first's. `NUVEC_GDN_PACKED=0` (or mlx-lm's
+//! `MLX_GDN_PACKED=0`) keeps every shape on the first, for comparisons.
+//!
+//! q, k, v, the gate and beta are read through their strides (a model's q, k and v are views
+//! of one projection); only a last axis that is not contiguous is copied first.
+
+use std::sync::{Arc, OnceLock};
+
+use nuvec_core::fast::GatedDeltaParams;
+use nuvec_core::storage::{Operand, Output, Spec};
+use nuvec_core::{DType, Result};
+
+use crate::driver::Gpu;
+use crate::kernels::{Family, Source, ctype};
+use crate::launch::{Arg, launch_dependent};
+use crate::operand::{alloc_out, fresh_copy, internal, kernel, ptr_of, row_major};
+
+/// Threads per block of both kernels (4 warps).
+const THREADS: u32 = 128;
+/// State elements per lane of the row kernel, at most (`Dk` 256).
+const MAX_PER_LANE: i64 = 8;
+/// 8-byte words of the kernels' parameter (`GdnArgs`, `GDN_ARG_WORDS` in the header).
+const ARG_WORDS: usize = 37;
+
+/// The kernel that runs a gated delta rule on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatedDeltaKernel {
+    /// One warp per value row, `Dk / 32` state elements per lane (`gated_delta_n{Dk/32}`).
+    Rows,
+    /// 8 value rows per warp, 4 lanes of 32 state elements per row (`gated_delta_packed`):
+    /// results bit-identical to [`GatedDeltaKernel::Rows`]'.
+    Packed,
+}
+
+/// The kernel the CUDA backend runs for a `FastOp::GatedDelta` with `params` on inputs of these
+/// specs (`[q, k, v, g, beta, state, mask?]`), or `None` where it runs the composition: q, k
+/// and v of float32, float16 or bfloat16, `Dk` a multiple of 32 up to 256. The packed kernel
+/// takes `Dk` 128 with `Dv` a multiple of 8, a float32 gate per head, a float32 state and no
+/// mask, unless `NUVEC_GDN_PACKED=0` or `MLX_GDN_PACKED=0` (read once). It does not say
+/// whether fusion is enabled (`NUVEC_FUSED`).
+pub fn gated_delta_kernel(params: &GatedDeltaParams, inputs: &[Spec]) -> Option<GatedDeltaKernel> {
+    let [q, k, v, g, beta, state, rest @ ..] = inputs else { return None };
+    let floats = [q.dtype, g.dtype, beta.dtype, state.dtype, params.storage];
+    if rest.len() != params.masked as usize
+        || !floats.iter().all(|&d| dtype_code(d).is_some())
+        || k.dtype != q.dtype
+        || v.dtype != q.dtype
+        || q.shape.len() != 4
+        || v.shape.len() != 4
+        || k.shape != q.shape
+    {
+        return None;
+    }
+    let (b, hk, dk) = (q.shape[0] as i64, q.shape[2] as i64, q.shape[3] as i64);
+    let (hv, dv) = (v.shape[2] as i64, v.shape[3] as i64);
+    if dk % 32 != 0 || !(1..=MAX_PER_LANE).contains(&(dk / 32)) || hk <= 0 || hv % hk != 0 {
+        return None;
+    }
+    // One warp per row: the grid's blocks must fit its x dimension.
+    if ((b * hv * dv) as u64).div_ceil((THREADS / 32) as u64) > i32::MAX as u64 {
+        return None;
+    }
+    let packed = packed_enabled()
+        && dk == 128
+        && dv % 8 == 0
+        && g.shape.len() == 3
+        && g.dtype == DType::F32
+        && state.dtype == DType::F32
+        && !params.masked;
+    Some(if packed { GatedDeltaKernel::Packed } else { GatedDeltaKernel::Rows })
+}
+
+/// Whether the packed kernel may run: `NUVEC_GDN_PACKED=0` or mlx-lm's `MLX_GDN_PACKED=0`
+/// keeps every shape on the row kernel (read once per process).
+fn packed_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        ["NUVEC_GDN_PACKED", "MLX_GDN_PACKED"].iter().all(|v| std::env::var(v).map_or(true, |s| s != "0"))
+    })
+}
+
+/// The kernels' code for a state, gate or beta dtype.
+fn dtype_code(d: DType) -> Option<u64> {
+    match d {
+        DType::F32 => Some(0),
+        DType::F16 => Some(1),
+        DType::BF16 => Some(2),
+        _ => None,
+    }
+}
+
+/// The module of `d` (the dtype of q, k, v and y): `gated_delta_n1` .. `gated_delta_n8` (the
+/// row kernel at `Dk` = 32 .. 256; `_ahead`: loading each step's inputs during the step before,
+/// for more than one step) and `gated_delta_packed`.
+pub(crate) fn source(d: DType) -> String {
+    let mut s = Source::new(&["gated_delta.cuh"]);
+    let t = ctype(d);
+    for n in 1..=MAX_PER_LANE {
+        for (suffix, ahead) in [("", false), ("_ahead", true)] {
+            s.kernel(format!(
+                "__launch_bounds__({THREADS}) gated_delta_n{n}{suffix}(GdnArgs a) {{ gated_delta_rows<{t}, {n}, {ahead}>(a); }}"
+            ));
+        }
+    }
+    s.kernel(format!("__launch_bounds__({THREADS}) gated_delta_packed(GdnArgs a) {{ gated_delta_packed<{t}>(a); }}"));
+    s.finish()
+}
+
+/// The operand itself where its last axis is contiguous (or has one element), else a row-major
+/// copy: the kernels read rows of `Dk` (or `Dv`) consecutive elements.
+fn inner_contiguous(gpu: &Arc<Gpu>, x: Operand) -> Result<Operand> {
+    let n = x.shape.len();
+    let ok = n == 0 || x.shape[n - 1] <= 1 || x.data.layout.strides[n - 1] == 1;
+    if ok { Ok(x) } else { fresh_copy(gpu, x) }
+}
+
+/// The strides of axes `0..N` of `x`, as the kernels' words.
+fn strides<const N: usize>(x: &Operand) -> [u64; N] {
+    std::array::from_fn(|a| x.data.layout.strides.get(a).map_or(0, |&s| s as i64 as u64))
+}
+
+/// Runs `fast::gated_delta` (inputs `[q, k, v, g, beta, state, mask?]`, outputs `[y, state']`
+/// or `[y, states]`). The last state goes into the given state's buffer where it was handed
+/// over and has the storage dtype.
+pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result<()> {
+    let op = if p.steps { "gated_delta_steps" } else { "gated_delta" };
+    let specs: Vec<Spec> = inputs.iter().map(|x| Spec { shape: x.shape.clone(), dtype: x.dtype }).collect();
+    let plan = gated_delta_kernel(p, &specs).ok_or_else(|| internal(format!("{op}: no kernel for {specs:?}")))?;
+    let [y_out, s_out] = outputs else { return Err(internal(format!("{op} has two outputs"))) };
+    let mut it = inputs.into_iter();
+    let mut next = |name: &str| it.next().ok_or_else(|| internal(format!("{op} is missing its input {name}")));
+    let q = inner_contiguous(gpu, next("q")?)?;
+    let k = inner_contiguous(gpu, next("k")?)?;
+    let v = inner_contiguous(gpu, next("v")?)?;
+    let g = inner_contiguous(gpu, next("g")?)?;
+    let beta = next("beta")?;
+    let state = row_major(gpu, next("state")?)?;
+    let mask = if p.masked { Some(next("mask")?) } else { None };
+    let y = alloc_out(gpu, y_out)?;
+    let state_ptr = if !p.steps && state.dtype == p.storage && state.writable() {
+        // Each warp reads its rows whole before it writes them: in place is safe.
+        s_out.data = Some(state.data.clone());
+        ptr_of(&state)?
+    } else {
+        alloc_out(gpu, s_out)?
+    };
+    let [b, t, hk] = [0, 1, 2].map(|a| q.shape[a] as i64);
+    let (hv, dv, dk) = (v.shape[2] as i64, v.shape[3] as i64, q.shape[3] as i64);
+    let rows = b * hv * dv;
+    if rows == 0 || (t == 0 && p.steps) {
+        return Ok(());
+    }
+    let code = |d: DType| dtype_code(d).ok_or_else(|| internal(format!("{op}: no kernel for {d}")));
+    let mut words: Vec<u64> = Vec::with_capacity(ARG_WORDS);
+    for x in [&q, &k, &v, &g, &beta, &state] {
+        words.push(ptr_of(x)?);
+    }
+    words.push(mask.as_ref().map(ptr_of).transpose()?.unwrap_or(0));
+    words.extend([y, state_ptr]);
+    words.extend([b, t, hk, hv, dv].map(|x| x as u64));
+    for x in [&q, &k, &v, &g, &beta] {
+        words.extend(strides::<3>(x));
+    }
+    words.extend(mask.as_ref().map_or([0, 0], strides::<2>));
+    words.extend([code(g.dtype)?, code(beta.dtype)?, code(state.dtype)?, code(p.storage)?]);
+    words.extend([(g.shape.len() == 4) as u64, p.steps as u64]);
+    if words.len() != ARG_WORDS {
+        return Err(internal(format!("{op}: {} argument words, the kernels take {ARG_WORDS}", words.len())));
+    }
+    let (name, warps) = match plan {
+        // A single step has nothing to load ahead: the registers that would take go to more
+        // warps in flight.
+        GatedDeltaKernel::Rows => (format!("gated_delta_n{}{}", dk / 32, if t > 1 { "_ahead" } else { "" }), rows),
+        GatedDeltaKernel::Packed => ("gated_delta_packed".to_string(), rows / 8),
+    };
+    let f = kernel(gpu, Family::GatedDelta(q.dtype), &name)?;
+    let grid = (warps as u64).div_ceil((THREADS / 32) as u64) as u32;
+    launch_dependent(gpu, f, grid, (THREADS, 1), 1, vec![Arg::Bytes(words)])
+}
