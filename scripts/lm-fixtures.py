@@ -46,7 +46,19 @@ ARCHS = {
                    tie_word_embeddings=True, rms_norm_eps=1e-6,
                    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    # Gated DeltaNet layers (key heads of 16 features, value heads of 8) between gated
+    # full-attention ones with partial RoPE; experts and a shared expert in the last layer alone
+    # (every second layer is sparse, and layer 1 is named dense) to keep the file small.
+    "qwen3_next": dict(model_type="qwen3_next", head_dim=16, num_hidden_layers=4,
+                       layer_types=["linear_attention", "full_attention"] * 2, full_attention_interval=2,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+                       moe_intermediate_size=48, shared_expert_intermediate_size=32, norm_topk_prob=True,
+                       decoder_sparse_step=2, mlp_only_layers=[1], partial_rotary_factor=0.25),
 }
+
+# Norms that scale by 1 + weight (their checkpoints store the offset from one).
+ZERO_CENTRED = ("gemma", "qwen3_next")
 
 
 def hub_layout(state):
@@ -88,8 +100,15 @@ def tiny(out, only=None):
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if "norm" in n:
-                    # Gemma's norms scale by 1 + weight.
-                    p.copy_((0.0 if "gemma" in name else 1.0) + 0.1 * torch.randn_like(p))
+                    # Gemma's and Qwen3-Next's norms scale by 1 + weight; Qwen3-Next's gated
+                    # norm (linear_attn.norm) by its weight.
+                    centred = name.startswith(ZERO_CENTRED) and "linear_attn.norm" not in n
+                    p.copy_((0.0 if centred else 1.0) + 0.1 * torch.randn_like(p))
+                elif n.endswith("A_log"):
+                    # Decays near 0.9 per step, so that the recurrent state reaches back a while.
+                    p.copy_(-2.0 + 0.5 * torch.randn_like(p))
+                elif "conv1d" in n:
+                    p.normal_(0.0, 0.3)
                 else:
                     p.normal_(0.0, 0.08)
         d = os.path.join(out, "tiny", name)

@@ -7,6 +7,11 @@ use nuvec::{Array, ops};
 /// rarely (mlx-lm's step).
 pub const STEP: i32 = 256;
 
+/// A recurrent cache ([`KvCache::recurrent`]) keeps the state after every step of a forward pass
+/// of at most this many positions, so that [`KvCache::trim`] can take back any of them (a
+/// speculative step's rejected tokens); after a longer pass it cannot go back.
+pub const ROLLBACK_STEPS: i32 = 16;
+
 /// A step's positions held on the device, so that a recorded decode step
 /// ([`crate::graph::DecodeGraph`]) reads new ones in place: each row's first new position
 /// (`start [B]`, `int32`) and its number of keys once the step's are added (`lengths [B]`).
@@ -22,6 +27,11 @@ pub struct Positions {
     /// Every row's first new position is 0 ([`Positions::fresh`]): attention reads the step's
     /// own keys, causal, not the caches.
     pub fresh: bool,
+    /// The step's real tokens per row (`[B]`, `int32`), the rest of each row padding at its
+    /// end ([`Positions::with_valid`]); `None`: every token is real. Attention needs no such
+    /// count (pads' keys lie past the row's length), but a recurrent layer keeps the pads out
+    /// of its state.
+    pub valid: Option<Array>,
     /// The pool rows the step's keys go to, by the rows' blocks: caches whose rows were set
     /// together ([`KvCache::set_rows_of`]) compute them once per step.
     slots: std::cell::RefCell<Vec<(SlotsKey, Array)>>,
@@ -36,7 +46,14 @@ impl Positions {
     pub fn new(start: Array, lengths: Array) -> Positions {
         let b = start.shape().first().copied().unwrap_or(1);
         let tables = ops::arange(0, b, 1).astype(nuvec::DType::I32).reshape([b, 1]);
-        Positions { start, lengths, tables, fresh: false, slots: Default::default() }
+        Positions { start, lengths, tables, fresh: false, valid: None, slots: Default::default() }
+    }
+
+    /// The positions of rows with `valid [B]` real tokens each (`int32`), padded at their end
+    /// to the step's length.
+    pub fn with_valid(mut self, valid: Array) -> Positions {
+        self.valid = Some(valid);
+        self
     }
 
     /// The positions of prompts' first tokens: every row starts at 0 (rows shorter than the
@@ -61,7 +78,10 @@ impl Positions {
 /// ([`KvCache::rotating`], mlx-lm's `RotatingKVCache`): at most `max_size` positions, the first
 /// `keep` of them kept forever and the rest overwritten oldest first; attention over it is
 /// windowed ([`KvCache::window`]). Paged ([`KvCache::paged`]): positions in blocks of a pool
-/// that grows by whole blocks, read through a block table by `paged_attention`.
+/// that grows by whole blocks, read through a block table by `paged_attention`. Recurrent
+/// ([`KvCache::recurrent`], mlx-lm's `ArraysCache` of a linear-attention layer): no keys or
+/// values, but the layer's convolution window and recurrent state, and the states of its
+/// latest steps for [`KvCache::trim`].
 #[derive(Clone, Debug, Default)]
 pub struct KvCache {
     keys: Option<Array>,
@@ -78,6 +98,33 @@ pub struct KvCache {
     packed: Vec<Array>,
     /// Paged: `keys` and `values` are the pools `[blocks, H, block_size, D]`.
     pages: Option<Pages>,
+    /// Recurrent: the state in place of keys and values.
+    recurrent: Option<Box<Recurrent>>,
+}
+
+/// A recurrent cache's state: the convolution's inputs at the last `K − 1` positions
+/// (`[B, K − 1, C]`), the delta rule's state (`[B, Hv, Dv, Dk]`, `float32`), and the latest
+/// forward passes that can be taken back, oldest first.
+#[derive(Clone, Debug, Default)]
+struct Recurrent {
+    window: Option<Array>,
+    state: Option<Array>,
+    passes: Vec<Pass>,
+    /// Positions kept restorable at least, over several passes ([`KvCache::keep_steps`]); the
+    /// latest pass is kept whatever its length.
+    depth: i32,
+}
+
+/// One forward pass of a recurrent cache, kept so that [`KvCache::trim`] can go back into it:
+/// the state it started from, its convolution inputs `[B, K − 1 + T, C]` (the window before,
+/// then its positions'), the state after each of its steps `[B, T, Hv, Dv, Dk]` (`None` for a
+/// single step: the state after it is the cache's), and how many of its steps are still held.
+#[derive(Clone, Debug)]
+struct Pass {
+    before: Array,
+    inputs: Array,
+    states: Option<Array>,
+    len: i32,
 }
 
 /// A paged cache's bookkeeping: the block size, each row's blocks in position order, the
@@ -214,6 +261,9 @@ impl KvCache {
     /// `L = 1`). A paged cache returns its pools (attention reads them through
     /// [`KvCache::page_table`]).
     pub fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> (Array, Array) {
+        if let Some(failed) = self.no_keys("KvCache::update_and_fetch") {
+            return (failed.clone(), failed);
+        }
         if self.pages.is_some() {
             // Every row at the host-held position: the pools (attention reads them paged).
             let start = Array::from_slice(&vec![self.offset; keys.shape()[0] as usize], [keys.shape()[0]]);
@@ -365,6 +415,9 @@ impl KvCache {
     /// nothing else holds the buffers. A paged cache writes through its block table instead.
     /// Rotating and quantized caches keep their positions on the host: failed arrays.
     pub fn update_at(&mut self, keys: &Array, values: &Array, at: &Positions) -> (Array, Array) {
+        if let Some(failed) = self.no_keys("KvCache::update_at") {
+            return (failed.clone(), failed);
+        }
         if self.max_size.is_some() || self.quantized.is_some() {
             let why = "positions on the device need contiguous or paged caches, not rotating or quantized ones";
             let failed = Array::failed("KvCache::update_at", nuvec::OpErrorKind::InvalidArgument(why.into()));
@@ -409,7 +462,7 @@ impl KvCache {
         rope: &crate::rope::Rope,
         at: &Positions,
     ) -> Option<(Array, Array, Array)> {
-        if self.pages.is_some() || self.max_size.is_some() || self.quantized.is_some() {
+        if self.pages.is_some() || self.max_size.is_some() || self.quantized.is_some() || self.recurrent.is_some() {
             return None;
         }
         let s = qkv.shape().to_vec();
@@ -585,6 +638,7 @@ impl KvCache {
     pub(crate) fn capacity(&self) -> i32 {
         match (&self.pages, &self.keys) {
             (Some(_), _) => i32::MAX,
+            _ if self.recurrent.is_some() => i32::MAX,
             (None, Some(k)) => k.shape()[2],
             (None, None) => 0,
         }
@@ -597,6 +651,9 @@ impl KvCache {
     pub fn stack(rows: &[KvCache]) -> KvCache {
         if let Some(bs) = rows.first().and_then(KvCache::block_size) {
             return KvCache::stack_pages(rows, bs);
+        }
+        if rows.first().is_some_and(KvCache::is_recurrent) {
+            return KvCache::stack_recurrent(rows);
         }
         let capacity = rows.iter().filter_map(|c| c.keys.as_ref()).map(|k| k.shape()[2]).max().unwrap_or(0);
         let pad = |b: &Array| match b.shape()[2] {
@@ -668,6 +725,16 @@ impl KvCache {
         }
         let index = Array::from_slice(rows, [rows.len() as i32]);
         let take = |a: &Array| a.take(&index, 0);
+        if let Some(r) = &self.recurrent {
+            // The passes are the batch's: the rows taken cannot go back into them.
+            let r = Recurrent {
+                window: r.window.as_ref().map(take),
+                state: r.state.as_ref().map(take),
+                passes: Vec::new(),
+                depth: r.depth,
+            };
+            return KvCache { recurrent: Some(Box::new(r)), offset, ..KvCache::default() };
+        }
         KvCache {
             keys: self.keys.as_ref().map(take),
             values: self.values.as_ref().map(take),
@@ -681,7 +748,7 @@ impl KvCache {
     /// [`STEP`]) that holds its positions: a row taken out of a batch keeps the batch's
     /// capacity otherwise. Other kinds come back as they are.
     pub fn compact(&self) -> KvCache {
-        if self.pages.is_some() || self.max_size.is_some() || self.quantized.is_some() {
+        if self.pages.is_some() || self.max_size.is_some() || self.quantized.is_some() || self.recurrent.is_some() {
             return self.clone();
         }
         let cap = ((self.offset.max(STEP)) as u32).next_power_of_two() as i32;
@@ -696,8 +763,12 @@ impl KvCache {
 
     /// Drops the last `n` positions (a rejected speculative draft, a prompt that shares only a
     /// prefix); returns how many went. A rotating cache holding fewer positions than it has
-    /// seen cannot (0).
+    /// seen cannot (0); nor can a recurrent one whose kept steps do not reach back `n`
+    /// positions ([`ROLLBACK_STEPS`]).
     pub fn trim(&mut self, n: i32) -> i32 {
+        if self.recurrent.is_some() {
+            return self.trim_recurrent(n);
+        }
         if self.max_size.is_some() && self.offset != self.idx {
             return 0;
         }
@@ -711,6 +782,11 @@ impl KvCache {
 
     /// An empty cache of the same kind.
     pub fn emptied(&self) -> KvCache {
+        if let Some(r) = &self.recurrent {
+            let mut c = KvCache::recurrent();
+            c.keep_steps(r.depth);
+            return c;
+        }
         match self.block_size() {
             Some(bs) => KvCache::paged(bs),
             None => {
@@ -721,8 +797,155 @@ impl KvCache {
 
     /// The arrays the cache holds, to evaluate with a step's output.
     pub fn arrays(&self) -> Vec<Array> {
-        self.keys.iter().chain(self.values.iter()).chain(&self.packed).cloned().collect()
+        let recurrent = self.recurrent.iter().flat_map(|r| r.window.iter().chain(r.state.iter()));
+        self.keys.iter().chain(self.values.iter()).chain(&self.packed).chain(recurrent).cloned().collect()
     }
+
+    /// A failed array naming `op` when this cache holds no keys and values (a recurrent one).
+    fn no_keys(&self, op: &'static str) -> Option<Array> {
+        let why = "a recurrent cache (a linear-attention layer's) holds no keys and values";
+        self.recurrent.is_some().then(|| Array::failed(op, nuvec::OpErrorKind::InvalidArgument(why.into())))
+    }
+}
+
+/// Recurrent caches: a linear-attention layer's state in place of keys and values.
+impl KvCache {
+    /// An empty recurrent cache, for a linear-attention layer (Gated DeltaNet): its
+    /// convolution window and recurrent state, set by [`KvCache::update_recurrent`]. It can
+    /// take back the positions of its latest forward pass (of at most [`ROLLBACK_STEPS`]) with
+    /// [`KvCache::trim`], as a speculative step's rejected tokens need.
+    pub fn recurrent() -> KvCache {
+        KvCache { recurrent: Some(Box::new(Recurrent { depth: 1, ..Recurrent::default() })), ..KvCache::default() }
+    }
+
+    /// Whether this is a recurrent cache ([`KvCache::recurrent`]).
+    pub fn is_recurrent(&self) -> bool {
+        self.recurrent.is_some()
+    }
+
+    /// A recurrent cache's convolution window `[B, K − 1, C]` and state `[B, Hv, Dv, Dk]`,
+    /// once a forward pass has set them.
+    pub fn recurrent_state(&self) -> Option<(Array, Array)> {
+        let r = self.recurrent.as_ref()?;
+        Some((r.window.clone()?, r.state.clone()?))
+    }
+
+    /// Keeps the last `steps` positions of a recurrent cache restorable across forward passes
+    /// (each of at most [`ROLLBACK_STEPS`]), not only its latest pass's: a draft model's
+    /// single-token steps, several of which a rejected proposal takes back. Other kinds ignore
+    /// it.
+    pub fn keep_steps(&mut self, steps: i32) {
+        if let Some(r) = &mut self.recurrent {
+            r.depth = steps.max(1);
+        }
+    }
+
+    /// Takes a linear-attention layer's forward pass of `len` positions into a recurrent cache:
+    /// `inputs [B, K − 1 + len, C]` are its convolution's inputs (the window held before, then
+    /// the new positions'), `before` the recurrent state it started from, and `states` the
+    /// state after each step `[B, len, Hv, Dv, Dk]`, which [`KvCache::trim`] can go back
+    /// into, or the last state alone `[B, Hv, Dv, Dk]` (trim can then go back only before a
+    /// single step). With `valid [B]` (rows padded at their end,
+    /// [`Positions::with_valid`]) each row's window ends at its last real position, and the
+    /// pass cannot be taken back. Other kinds of cache are left alone.
+    pub fn update_recurrent(
+        &mut self,
+        inputs: &Array,
+        len: i32,
+        before: &Array,
+        states: &Array,
+        valid: Option<&Array>,
+    ) {
+        let Some(r) = self.recurrent.as_mut() else { return };
+        let s = inputs.shape().to_vec();
+        let (b, width, c) = (s[0], s[1], s[2]);
+        let keep = width - len;
+        let window = match valid {
+            Some(v) => {
+                let at = &v.astype(nuvec::DType::I32).reshape([b, 1])
+                    + &ops::arange(0, keep, 1).astype(nuvec::DType::I32).reshape([1, keep]);
+                inputs.take_along_axis(&at.reshape([b, keep, 1]).broadcast_to([b, keep, c]), 1)
+            }
+            None => inputs.slice(&[0, len, 0], &[b, width, c], &[1, 1, 1]),
+        };
+        let stepwise = states.ndim() == 5;
+        let state = if stepwise { step(states, len - 1) } else { states.clone() };
+        let pass = (valid.is_none() && (stepwise || len == 1)).then(|| Pass {
+            before: before.clone(),
+            inputs: inputs.clone(),
+            states: stepwise.then(|| states.clone()),
+            len,
+        });
+        (r.window, r.state) = (Some(window), Some(state));
+        match pass {
+            Some(p) => {
+                r.passes.push(p);
+                // The oldest passes go once the newer ones hold the positions kept.
+                while r.passes.len() > 1 && r.passes[1..].iter().map(|p| p.len).sum::<i32>() >= r.depth {
+                    r.passes.remove(0);
+                }
+            }
+            None => r.passes.clear(),
+        }
+        self.offset += len;
+    }
+
+    /// [`KvCache::trim`] of a recurrent cache: back into its kept passes, or nothing (0).
+    fn trim_recurrent(&mut self, n: i32) -> i32 {
+        let r = self.recurrent.as_mut().expect("a recurrent cache");
+        let held: i32 = r.passes.iter().map(|p| p.len).sum();
+        if n <= 0 || n > held.min(self.offset) {
+            return 0;
+        }
+        let mut left = n;
+        while left > 0 {
+            let p = r.passes.last_mut().expect("the kept passes hold n positions");
+            let steps = p.states.as_ref().map_or(1, |s| s.shape()[1]);
+            let keep = p.inputs.shape()[1] - steps;
+            // Steps of this pass that stay.
+            let j = p.len - left.min(p.len);
+            left -= p.len - j;
+            r.state = Some(match (&p.states, j) {
+                (Some(states), j) if j > 0 => step(states, j - 1),
+                _ => p.before.clone(),
+            });
+            let s = p.inputs.shape().to_vec();
+            r.window = Some(p.inputs.slice(&[0, j, 0], &[s[0], j + keep, s[2]], &[1, 1, 1]));
+            if j == 0 {
+                r.passes.pop();
+            } else {
+                p.len = j;
+            }
+        }
+        self.offset -= n;
+        n
+    }
+
+    /// [`KvCache::stack`] of recurrent caches: their windows and states joined by rows (a
+    /// cache that has seen nothing gives a row of zeros).
+    fn stack_recurrent(rows: &[KvCache]) -> KvCache {
+        let like = rows.iter().find_map(KvCache::recurrent_state);
+        let join = |pick: fn((Array, Array)) -> Array| -> Option<Array> {
+            let like = pick(like.clone()?);
+            let s = like.shape().to_vec();
+            let zero = || ops::zeros_like(&like.slice(&vec![0; s.len()], &[&[1], &s[1..]].concat(), &vec![1; s.len()]));
+            let parts: Vec<Array> = rows.iter().map(|c| c.recurrent_state().map_or_else(zero, pick)).collect();
+            Some(ops::concatenate(&parts, 0))
+        };
+        let depth = rows.iter().filter_map(|c| c.recurrent.as_ref()).map(|r| r.depth).max().unwrap_or(1);
+        let r = Recurrent { window: join(|(w, _)| w), state: join(|(_, s)| s), passes: Vec::new(), depth };
+        KvCache {
+            recurrent: Some(Box::new(r)),
+            offset: rows.iter().map(|c| c.offset).max().unwrap_or(0),
+            ..KvCache::default()
+        }
+    }
+}
+
+/// The state after step `j` of `states [B, T, Hv, Dv, Dk]`.
+fn step(states: &Array, j: i32) -> Array {
+    let s = states.shape().to_vec();
+    states.slice(&[0, j, 0, 0, 0], &[s[0], j + 1, s[2], s[3], s[4]], &[1, 1, 1, 1, 1]).squeeze(1)
 }
 
 thread_local! {

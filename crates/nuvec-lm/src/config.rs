@@ -10,7 +10,8 @@ use crate::{Error, Result};
 
 /// The architectures this crate builds (`model_type` in `config.json`; `gemma3` is the
 /// text part of Gemma 3's multimodal checkpoints).
-pub const ARCHITECTURES: [&str; 7] = ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text", "gemma3"];
+pub const ARCHITECTURES: [&str; 8] =
+    ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "gemma3_text", "gemma3"];
 
 /// A decoder's hyper-parameters, as `config.json` names them.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -85,9 +86,37 @@ pub struct ModelConfig {
     /// Mixture of experts: layers that keep a dense MLP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlp_only_layers: Option<Vec<i32>>,
-    /// Gemma: `full_attention` or `sliding_attention` per layer (else from the pattern).
+    /// The kind of each layer: Gemma's `full_attention` or `sliding_attention` (else from the
+    /// pattern); Qwen3-Next's `full_attention` or `linear_attention` (else from
+    /// `full_attention_interval`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer_types: Option<Vec<String>>,
+    /// Qwen3-Next: every this many layers is a full-attention one, the others linear (4 when
+    /// absent; `layer_types`, when given, decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_attention_interval: Option<i32>,
+    /// Qwen3-Next's linear attention: query and key heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_num_key_heads: Option<i32>,
+    /// Qwen3-Next's linear attention: value heads (a multiple of the key heads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_num_value_heads: Option<i32>,
+    /// Qwen3-Next's linear attention: features per query and key head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_key_head_dim: Option<i32>,
+    /// Qwen3-Next's linear attention: features per value head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_value_head_dim: Option<i32>,
+    /// Qwen3-Next's linear attention: the causal convolution's kernel (positions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_conv_kernel_dim: Option<i32>,
+    /// Qwen3-Next: features of the shared expert's hidden layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_expert_intermediate_size: Option<i32>,
+    /// The share of each head RoPE rotates (Qwen3-Next: 0.25 when absent; transformers 5 may
+    /// write it in `rope_parameters`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_rotary_factor: Option<f32>,
     /// Gemma: every this many layers is a full-attention one, the others slide (6 when absent).
     #[serde(default, alias = "_sliding_window_pattern", skip_serializing_if = "Option::is_none")]
     pub sliding_window_pattern: Option<i32>,
@@ -313,6 +342,9 @@ impl ModelConfig {
                 )));
             }
         }
+        if self.model_type == "qwen3_next" {
+            self.validate_qwen3_next()?;
+        }
         if self.model_type == "gemma3_text" && self.sliding_window.is_some_and(|w| w <= 0) {
             return Err(Error::Config(format!("sliding_window must be positive, got {:?}", self.sliding_window)));
         }
@@ -320,6 +352,94 @@ impl ModelConfig {
             return Err(Error::Config(format!("head_dim {} must be even for RoPE", self.head_dim())));
         }
         Ok(())
+    }
+
+    /// Qwen3-Next's own sizes: the linear attention's heads and convolution, the layer kinds,
+    /// the experts, and the rotated share of each head.
+    fn validate_qwen3_next(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(format!("qwen3_next: {m}")));
+        let sizes = [
+            ("linear_num_key_heads", self.linear_num_key_heads),
+            ("linear_num_value_heads", self.linear_num_value_heads),
+            ("linear_key_head_dim", self.linear_key_head_dim),
+            ("linear_value_head_dim", self.linear_value_head_dim),
+            ("linear_conv_kernel_dim", self.linear_conv_kernel_dim),
+        ];
+        for (name, v) in sizes {
+            match v {
+                None => return bad(format!("{name} is missing")),
+                Some(v) if v <= 0 => return bad(format!("{name} must be positive, got {v}")),
+                _ => {}
+            }
+        }
+        let (hk, hv) = (self.linear_num_key_heads.unwrap_or(1), self.linear_num_value_heads.unwrap_or(1));
+        if hv % hk != 0 {
+            return bad(format!("linear_num_value_heads {hv} is not a multiple of linear_num_key_heads {hk}"));
+        }
+        if self.linear_conv_kernel_dim.unwrap_or(0) < 2 {
+            return bad(format!("linear_conv_kernel_dim must be at least 2, got {:?}", self.linear_conv_kernel_dim));
+        }
+        if let Some(i) = self.full_attention_interval.filter(|&i| i <= 0) {
+            return bad(format!("full_attention_interval must be positive, got {i}"));
+        }
+        if let Some(types) = &self.layer_types {
+            if types.len() != self.num_hidden_layers as usize {
+                return bad(format!("layer_types has {} entries for {} layers", types.len(), self.num_hidden_layers));
+            }
+            if let Some(t) = types.iter().find(|t| !matches!(t.as_str(), "linear_attention" | "full_attention")) {
+                return bad(format!("layer type '{t}' is not supported (linear_attention, full_attention are)"));
+            }
+        }
+        let experts = self.num_experts.unwrap_or(0);
+        if experts < 0 {
+            return bad(format!("num_experts must not be negative, got {experts}"));
+        }
+        if experts > 0 {
+            let k = self.num_experts_per_tok.unwrap_or(0);
+            let (moe, shared) =
+                (self.moe_intermediate_size.unwrap_or(0), self.shared_expert_intermediate_size.unwrap_or(0));
+            if k <= 0 || k > experts || moe <= 0 || shared <= 0 {
+                return bad(format!(
+                    "experts need 0 < num_experts_per_tok <= num_experts, moe_intermediate_size > 0 and \
+                     shared_expert_intermediate_size > 0, got {k}, {experts}, {moe} and {shared}"
+                ));
+            }
+        }
+        let factor = self.rotary_factor();
+        let dims = self.rotary_dims();
+        if !(factor > 0.0 && factor <= 1.0) || dims <= 0 || dims % 2 != 0 {
+            return bad(format!(
+                "partial_rotary_factor {factor} of head_dim {} rotates {dims} features: it must be in (0, 1] \
+                 and rotate an even, positive number",
+                self.head_dim()
+            ));
+        }
+        if let Some(act) = self.hidden_activation.as_deref().filter(|a| !matches!(*a, "silu" | "swish")) {
+            return bad(format!("hidden_act '{act}' is not supported (silu is)"));
+        }
+        Ok(())
+    }
+
+    /// The share of each head RoPE rotates: `partial_rotary_factor`, at the top or in
+    /// `rope_parameters`; 0.25 for Qwen3-Next and 1 for the others when absent.
+    pub fn rotary_factor(&self) -> f32 {
+        let nested = self.rope_scaling.as_ref().and_then(|s| s.get("partial_rotary_factor")).and_then(|v| v.as_f64());
+        let default = if self.model_type == "qwen3_next" { 0.25 } else { 1.0 };
+        self.partial_rotary_factor.or(nested.map(|f| f as f32)).unwrap_or(default)
+    }
+
+    /// Features of each head RoPE rotates (the first ones; the rest pass unrotated).
+    pub fn rotary_dims(&self) -> i32 {
+        (self.head_dim() as f32 * self.rotary_factor()) as i32
+    }
+
+    /// Whether layer `i` is a linear-attention (Gated DeltaNet) layer of Qwen3-Next:
+    /// `layer_types`, else all but every `full_attention_interval`-th.
+    pub fn is_linear_attention(&self, i: i32) -> bool {
+        match &self.layer_types {
+            Some(types) => types.get(i as usize).is_some_and(|t| t == "linear_attention"),
+            None => (i + 1) % self.full_attention_interval.unwrap_or(4).max(1) != 0,
+        }
     }
 
     /// RoPE's base and scaling for the layers of `kind` (`full_attention` or

@@ -39,7 +39,12 @@ impl Rope {
     /// The rotation of `config`'s layers of `kind` (`full_attention` or `sliding_attention`,
     /// which may differ: [`ModelConfig::rope_parameters`]).
     pub fn for_layers(config: &ModelConfig, kind: &str) -> Result<Rope> {
-        let dims = config.head_dim();
+        Rope::partial(config, kind, config.head_dim())
+    }
+
+    /// [`Rope::for_layers`] rotating the first `dims` features of each head alone (a partial
+    /// rotary factor: [`ModelConfig::rotary_dims`]); the periods are those of `dims` features.
+    pub fn partial(config: &ModelConfig, kind: &str, dims: i32) -> Result<Rope> {
         let (base, scaling) = config.rope_parameters(kind);
         let mut rope = Rope { dims, traditional: false, base, scale: 1.0, freqs: None, mscale: 1.0, dynamic: None };
         let Some(s) = &scaling else { return Ok(rope) };

@@ -12,7 +12,8 @@ use nuvec_lm::{
 };
 use serde_json::Value;
 
-const ARCHS: [&str; 8] = ["llama", "llama_linear", "llama_yarn", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3"];
+const ARCHS: [&str; 9] =
+    ["llama", "llama_linear", "llama_yarn", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "gemma3"];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny").join(name)

@@ -235,33 +235,7 @@ impl Attention {
             (rotate(&heads(&self.q_proj, 0, hq, &self.q_norm)), rotate(&heads(&self.k_proj, hq, hkv, &self.k_norm)))
         };
         let v = heads(&self.v_proj, hq + hkv, hkv, &None);
-        // Attention over positions written at device-held starts: `paged_attention`, over a
-        // paged cache's blocks or one block per row of a contiguous cache.
-        let paged = |cache: &mut KvCache, at: &Positions| {
-            let (kc, vc) = cache.update_at(&k, &v, at);
-            match at.fresh {
-                // Prompts' first positions: their own keys, causal (flash attention, no gather).
-                // The writes stay in the caches' arrays, which the caller evaluates.
-                true => causal(&q, &k, &v, spec),
-                false => over_table(&q, &kc, &vc, cache, at, spec),
-            }
-        };
-        let o = match at {
-            Some(at) => paged(cache, at),
-            None if cache.block_size().is_some() => {
-                let (start, end) = (cache.offset(), cache.offset() + l);
-                let rows = |n: i32| Array::from_slice(&vec![n; b as usize], [b]);
-                let at = Positions::new(rows(start), rows(end));
-                paged(cache, &if start == 0 { at.fresh() } else { at })
-            }
-            None => {
-                let (k, v) = cache.update_and_fetch(&k, &v);
-                // The layer's own window holds whatever the cache keeps; a rotating cache's
-                // window applies to the queries of a prompt (one query sees its whole buffer).
-                let window = spec.window.or(cache.window().filter(|_| l > 1));
-                fast::scaled_dot_product_attention(&q, &k, &v, spec.scale, &causal_options(l, window))
-            }
-        };
+        let o = attend(&q, &k, &v, cache, at, spec);
         self.output(&o, b, l, hq * d, residual)
     }
 
@@ -271,6 +245,48 @@ impl Attention {
         match residual {
             Some(r) => plus_linear(r, &self.o_proj, &o),
             None => self.o_proj.forward(&o),
+        }
+    }
+}
+
+/// Attention of the rotated queries `q [B, Hq, L, D]` over `cache` and the step's keys and
+/// values `k`, `v` (`[B, Hkv, L, D]`), which the cache takes: `[B, Hq, L, D]`. Positions come
+/// from the cache's count or, with `at`, from the device ([`KvCache::update_at`]); a paged
+/// cache is read through its block table either way.
+pub fn attend(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    cache: &mut KvCache,
+    at: Option<&Positions>,
+    spec: &AttentionSpec,
+) -> Array {
+    let (b, l) = (q.shape()[0], q.shape()[2]);
+    // Attention over positions written at device-held starts: `paged_attention`, over a
+    // paged cache's blocks or one block per row of a contiguous cache.
+    let paged = |cache: &mut KvCache, at: &Positions| {
+        let (kc, vc) = cache.update_at(k, v, at);
+        match at.fresh {
+            // Prompts' first positions: their own keys, causal (flash attention, no gather).
+            // The writes stay in the caches' arrays, which the caller evaluates.
+            true => causal(q, k, v, spec),
+            false => over_table(q, &kc, &vc, cache, at, spec),
+        }
+    };
+    match at {
+        Some(at) => paged(cache, at),
+        None if cache.block_size().is_some() => {
+            let (start, end) = (cache.offset(), cache.offset() + l);
+            let rows = |n: i32| Array::from_slice(&vec![n; b as usize], [b]);
+            let at = Positions::new(rows(start), rows(end));
+            paged(cache, &if start == 0 { at.fresh() } else { at })
+        }
+        None => {
+            let (k, v) = cache.update_and_fetch(k, v);
+            // The layer's own window holds whatever the cache keeps; a rotating cache's
+            // window applies to the queries of a prompt (one query sees its whole buffer).
+            let window = spec.window.or(cache.window().filter(|_| l > 1));
+            fast::scaled_dot_product_attention(q, &k, &v, spec.scale, &causal_options(l, window))
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod gemma3;
 pub mod layers;
 pub mod llama;
+pub mod qwen3_next;
 pub mod switch;
 
 use nuvec::nn::{Linear, Module, Param, Params, QuantSpec, Quantized, quantize_with};
@@ -53,16 +54,18 @@ pub fn build(config: &ModelConfig, tied: bool) -> Result<Box<dyn LanguageModel>>
     match config.model_type.as_str() {
         "llama" | "mistral" | "qwen2" | "qwen3" | "qwen3_moe" => Ok(Box::new(llama::Llama::new(config, tied)?)),
         "gemma3_text" => Ok(Box::new(gemma3::Gemma3::new(config, tied)?)),
+        "qwen3_next" => Ok(Box::new(qwen3_next::Qwen3Next::new(config, tied)?)),
         other => Err(Error::Config(format!("model_type '{other}' is not supported"))),
     }
 }
 
 /// A checkpoint's weights under the names `config`'s architecture holds them (mlx-lm's
 /// `sanitize`): experts stacked ([`switch::stack_experts`]); a multimodal Gemma 3's language
-/// model alone, under `model.`.
+/// model alone, under `model.`; Qwen3-Next's as [`qwen3_next::sanitize`] says.
 pub fn sanitize(config: &ModelConfig, weights: Params) -> Result<Params> {
     match config.model_type.as_str() {
         "qwen3_moe" => switch::stack_experts(weights),
+        "qwen3_next" => qwen3_next::sanitize(config, weights),
         "gemma3_text" => Ok(gemma3::language_model(weights)),
         _ => Ok(weights),
     }
