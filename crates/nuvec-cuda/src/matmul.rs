@@ -101,10 +101,15 @@ struct Plan {
     algo: lt::cublasLtMatmulAlgo_t,
 }
 
-/// The cuBLASLt state of one device: handle, workspace and cached plans.
+/// The cuBLASLt state of one device: handle, workspaces and cached plans.
 pub(crate) struct Blas {
     handle: lt::cublasLtHandle_t,
-    workspace: (u64, Arc<nuvec_core::storage::Storage>),
+    /// The workspace of products run as they are queued. One product may queue several
+    /// kernels that pass partial results through it (a split-K product and its reduction),
+    /// and a CUDA graph another thread launches can land between them, so products recorded
+    /// into graphs use `recorded` instead. Graph launches never overlap one another.
+    eager: u64,
+    recorded: u64,
     plans: HashMap<Key, Plan>,
 }
 
@@ -120,8 +125,11 @@ impl Blas {
         let mut handle = std::ptr::null_mut();
         // SAFETY: writes the new handle into the local.
         blas_check(unsafe { lt::cublasLtCreate(&mut handle) }, "cublasLtCreate")?;
-        let workspace = alloc(gpu, WORKSPACE, DType::U8)?;
-        Ok(Blas { handle, workspace, plans: HashMap::new() })
+        // Straight from the device's allocator, never a recording's pool, and kept for the
+        // device's life (recorded graphs hold the addresses).
+        let (eager, _) = gpu.alloc.alloc(gpu, WORKSPACE)?;
+        let (recorded, _) = gpu.alloc.alloc(gpu, WORKSPACE)?;
+        Ok(Blas { handle, eager, recorded, plans: HashMap::new() })
     }
 
     fn plan(&mut self, key: Key) -> Result<&Plan> {
@@ -342,7 +350,7 @@ pub(crate) fn matmul(
     }
     let blas = guard.as_mut().ok_or_else(|| internal("no cuBLASLt state"))?;
     let handle = blas.handle;
-    let ws = blas.workspace.0;
+    let ws = if crate::graph::recording_stream(gpu.index).is_some() { blas.recorded } else { blas.eager };
     let plan = blas.plan(key)?;
     let (alpha32, beta32) = (alpha, if with_c { beta } else { 0.0 });
     let (alpha64, beta64) = (alpha as f64, beta32 as f64);

@@ -113,7 +113,8 @@ pub(crate) fn kv_write(
     let mut it = inputs.into_iter();
     let mut next = || it.next().ok_or_else(|| internal("rope_kv_write is missing an input"));
     let qkv = row_major(gpu, next()?)?;
-    let cache = |c: Operand| if c.donated && c.data.layout.flags.row_contiguous { Ok(c) } else { fresh_copy(gpu, c) };
+    let cache =
+        |c: Operand| if c.writable() && c.data.layout.flags.row_contiguous { Ok(c) } else { fresh_copy(gpu, c) };
     let (kc, vc) = (cache(next()?)?, cache(next()?)?);
     let start = row_major(gpu, next()?)?;
     let freqs = it.next().map(|f| row_major(gpu, f)).transpose()?;
