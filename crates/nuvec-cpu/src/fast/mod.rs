@@ -2,12 +2,14 @@
 //! `softmax`, the row norms in `norm`, RoPE in `rope`, SwiGLU in `swiglu`, cross entropy (loss,
 //! derivative, both at once) in `cross_entropy`, one Adam update in `adam`, products with
 //! quantized weights in `quantized_matmul`, attention for a few query rows and over paged caches
-//! in `attention`. Here: which ops and dtypes have a kernel, the dispatch, and the row helpers
-//! they share. What they do not cover runs as the operations' compositions.
+//! in `attention`, the gated delta rule in `gated_delta`. Here: which ops and dtypes have a
+//! kernel, the dispatch, and the row helpers they share. What they do not cover runs as the
+//! operations' compositions.
 
 mod adam;
 mod attention;
 mod cross_entropy;
+mod gated_delta;
 mod norm;
 mod quantized_matmul;
 mod rope;
@@ -61,6 +63,8 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
             let affine = || (is(2, d) && is(3, d)) || inputs.get(2).is_some_and(|s| half(s.dtype));
             quantized_matmul::supports(p.dtype) && d == p.dtype && (!p.mode.has_biases() || affine())
         }
+        // Every dtype the rule admits: inputs are read as `f32`, as the composition casts them.
+        FastOp::GatedDelta(p) => inputs.len() == 6 + p.masked as usize,
         _ => false,
     }
 }
@@ -86,6 +90,7 @@ pub fn eval(op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result
         FastOp::SwiGlu => swiglu::eval(&inputs, outputs),
         FastOp::AdamStep(a) => adam::eval(a, &inputs, outputs),
         FastOp::QuantizedMatmul(p) => quantized_matmul::eval(p, &inputs, outputs),
+        FastOp::GatedDelta(p) => gated_delta::eval(p, &inputs, outputs),
         _ => norm::eval(op, &inputs, outputs),
     }
 }

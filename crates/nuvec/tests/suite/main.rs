@@ -14,6 +14,7 @@ mod fast_ops;
 mod first_hour;
 mod fixture;
 mod fuzz_ops;
+mod gated_delta;
 mod gather;
 mod gpu;
 mod memory;
