@@ -39,6 +39,15 @@ Times the cases of bench_fast, by the same names and byte (or FLOP) counts, on G
   Liger's SwiGLU backward writes the gradients over its saved inputs, so repeated backward
   passes see changed values (the time does not depend on them). Not for attention.
 
+* ``fla_recurrent`` and ``fla_chunk``: flash-linear-attention's
+  ``fused_recurrent_gated_delta_rule`` and ``chunk_gated_delta_rule`` (gated delta cases only),
+  when ``fla.ops.gated_delta_rule`` imports (its wheels, e.g. ``fla-core`` and ``einops``, in
+  ``.gpu/wheels``); otherwise the modes are skipped with a ``#`` line. They take the gate in
+  log space (``log g``, made before timing), the state as ``[B, Hv, K, V]`` (the same bytes as
+  nuvec's ``[B, Hv, Dv, Dk]``) and ``scale=1``. Where ``chunk_gated_delta_rule`` refuses more
+  value heads than key heads, q and k are repeated to the value heads before timing, said in a
+  ``# fla_chunk:<case>: ...`` line.
+
 Attention cases (bf16, ``q [B, 32, Lq, 128]``, ``k``, ``v [B, 8, Lk, 128]``, as bench_fast):
 
 * ``sdpa_decode_bf16_B{B}_Lq{Lq}_Lk{Lk}``, GB/s of ``2*B*8*Lk*128*2`` bytes of k and v read
@@ -51,6 +60,18 @@ Attention cases (bf16, ``q [B, 32, Lq, 128]``, ``k``, ``v [B, 8, Lk, 128]``, as 
   every iteration, TFLOP/s of 3.5 times the forward's FLOPs, for (B, L) in (1, 2048), (1, 4096),
   (4, 4096), (1, 8192); ``sdpa_bwd_bf16_*`` the backward alone (as the other backward cases),
   TFLOP/s of 2.5 times the forward's.
+
+Gated delta cases (Qwen3-Next's heads as bench_fast: q, k ``[B, T, 16, 128]``, v
+``[B, T, 32, 128]`` bf16, a float32 gate per head, bf16 beta, a float32 state
+``[B, 32, 128, 128]``):
+
+* ``gated_delta_decode_bf16_B{B}``, T = 1, B in 1, 8, 32, 64: GB/s of the state read and
+  written (``2*B*32*128*128*4``), with a ``_us`` row: ``eager`` and ``compile`` run one step
+  as nuvec's composition does (mlx-lm's ops path: heads repeated, decay, ``S k``, update,
+  ``S q`` in float32), ``fla_recurrent`` FLA's recurrent kernel.
+* ``gated_delta_prefill_bf16_B1_T{T}``, T in 4096, 8192, 32768: TFLOP/s of
+  ``7*T*32*128*128`` FLOPs (the recurrence's, whatever the algorithm), ``fla_recurrent`` and
+  ``fla_chunk``.
 
 Backward cases (``*_bwd_*``) build the forward graph before timing and time
 ``torch.autograd.grad(outputs, inputs, cotangents, retain_graph=True)``; the graph of
@@ -79,6 +100,7 @@ progress and errors go to stderr.
     python3 bench/gpu_fast_peers.py --only cross_entropy     # cases whose name contains it
     python3 bench/gpu_fast_peers.py --only sdpa              # the attention cases
     python3 bench/gpu_fast_peers.py --modes eager,liger      # some modes only
+    python3 bench/gpu_fast_peers.py --only gated_delta       # the gated delta cases
     python3 bench/gpu_fast_peers.py --deadline 300           # end within 300 s
 
 Time: eager, composition, F.rms_norm, Liger and flash run case by case first, then
@@ -112,12 +134,16 @@ ATTN_SCALE = 1.0 / math.sqrt(ATTN_D)
 PREFILL = ((1, 4096, True, 128), (4, 4096, True, 128), (1, 8192, True, 128), (1, 8192, False, 128),
            (1, 16384, True, 128), (8, 4096, False, 128), (1, 32768, True, 128), (1, 8192, True, 64),
            (1, 8192, False, 64), (1, 8192, True, 256), (1, 8192, False, 256))
-MODES = ("eager", "composition", "F_rms_norm", "liger", "flash", "compile")
+# Gated DeltaNet (Qwen3-Next's): query/key heads, value heads, head size.
+GDN_HK, GDN_HV, GDN_D = 16, 32, 128
+MODES = ("eager", "composition", "F_rms_norm", "liger", "flash", "fla_recurrent", "fla_chunk", "compile")
+# The modes that run case by case before torch.compile.
+FIRST_MODES = ("eager", "composition", "F_rms_norm", "liger", "flash", "fla_recurrent", "fla_chunk")
 
 
 def prefix_of(mode):
-    """The output prefix of a mode: torch's modes say so, Liger's does not."""
-    return "liger" if mode == "liger" else f"torch_{mode}"
+    """The output prefix of a mode: torch's modes say so, Liger's and FLA's do not."""
+    return mode if mode == "liger" or mode.startswith("fla_") else f"torch_{mode}"
 
 
 # --- the eager functions (torch.compile compiles the same ones) ---------------------------
@@ -312,6 +338,94 @@ class Liger:
         return cls.apply(*args)
 
 
+# --- flash-linear-attention ----------------------------------------------------------------
+
+class Fla:
+    """flash-linear-attention's gated delta rule kernels, or ``error`` saying why not."""
+
+    def __init__(self, load=True):
+        self.error = None
+        self.version = "?"
+        self.recurrent = self.chunk = None
+        if not load:
+            return
+        try:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        except Exception as e:  # not installed, or not importable with this torch/triton
+            self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return
+        self.recurrent, self.chunk = fused_recurrent_gated_delta_rule, chunk_gated_delta_rule
+        for dist in ("fla-core", "flash-linear-attention"):
+            try:
+                from importlib.metadata import version
+                self.version = f"{dist} {version(dist)}"
+                break
+            except Exception:
+                pass
+
+
+def gdn_inputs(b, t, seed):
+    """A gated delta call's inputs as bench_fast makes them (q and k of length about 1/2, the
+    gate in (0.93, 0.98), beta in (0.25, 0.75), a small state), with the gate's log for FLA."""
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+
+    def uniform(shape):
+        return torch.rand(shape, device="cuda", dtype=torch.float32, generator=g) * 2 - 1
+    scale = GDN_D ** -0.5
+    q = (uniform((b, t, GDN_HK, GDN_D)) * scale).to(BF16)
+    k = (uniform((b, t, GDN_HK, GDN_D)) * scale).to(BF16)
+    v = uniform((b, t, GDN_HV, GDN_D)).to(BF16)
+    gate = uniform((b, t, GDN_HV)) * 0.025 + 0.955
+    beta = (uniform((b, t, GDN_HV)) * 0.25 + 0.5).to(BF16)
+    state = uniform((b, GDN_HV, GDN_D, GDN_D)) * 0.1
+    return q, k, v, gate, gate.log(), beta, state
+
+
+def gdn_step_eager(q, k, v, gate, beta, state):
+    """One step (T = 1) as nuvec's composition and mlx-lm's ops path: float32, heads repeated."""
+    rep = v.shape[2] // q.shape[2]
+    qf = q[:, 0].float().repeat_interleave(rep, 1)  # [B, Hv, Dk]
+    kf = k[:, 0].float().repeat_interleave(rep, 1)
+    s = state * gate[:, 0, :, None, None]
+    kv = (s * kf[:, :, None, :]).sum(-1)  # [B, Hv, Dv]
+    delta = (v[:, 0].float() - kv) * beta[:, 0, :, None].float()
+    s = s + delta[..., None] * kf[:, :, None, :]
+    y = (s * qf[:, :, None, :]).sum(-1)
+    return y.to(q.dtype)[:, None], s
+
+
+def fla_maker(name, fn, make_inputs, k, repeat_on_failure):
+    """An FLA kernel over ``make_inputs(j)``'s q, k, v, log gate, beta and state, the final state
+    returned. Where it refuses more value heads than key heads and ``repeat_on_failure``, q and
+    k are repeated to the value heads before timing (said in a ``#`` line)."""
+    def make():
+        def call(q, kk, v, g_log, beta, state):
+            return fn(q=q, k=kk, v=v, g=g_log, beta=beta, scale=1.0, initial_state=state,
+                      output_final_state=True)
+
+        ins = []
+        for j in range(k):
+            q, kk, v, _, g_log, beta, state = make_inputs(j)
+            ins.append((q, kk, v, g_log, beta, state))
+        try:
+            call(*ins[0])
+        except Exception as e:
+            if not repeat_on_failure:
+                raise
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            rep = GDN_HV // GDN_HK
+            ins = [(q.repeat_interleave(rep, 2), kk.repeat_interleave(rep, 2), *rest) for q, kk, *rest in ins]
+            try:
+                call(*ins[0])
+            except Exception as e2:
+                first = str(e2).splitlines()[0] if str(e2) else ""
+                raise Unsupported(f"{type(e2).__name__}: {first}")
+            emit(f"# {name}: q and k repeated to {GDN_HV} heads before timing ({why})")
+        return (lambda i: call(*ins[i % k])), k
+    return make
+
+
 # --- cases ---------------------------------------------------------------------------------
 
 class Case:
@@ -358,7 +472,7 @@ def bwd_maker(fn, make_inputs, diff, make_cots, k):
     return make
 
 
-def build_cases(copies, liger):
+def build_cases(copies, liger, fla):
     cases = []
 
     def rand(shape, seed):
@@ -643,6 +757,35 @@ def build_cases(copies, liger):
         c.makers["eager"] = bwd_maker(lambda q, kk, v: sdpa_eager(q, kk, v, causal=True), ins, (0, 1, 2),
                                       lambda j, outs, b=b, t=t: (rand((b, ATTN_HQ, t, ATTN_D), 790 + j),), k)
         cases.append(c)
+
+    # Gated DeltaNet decoding: one step over the state, GB/s of the state read and written.
+    for b in (1, 8, 32, 64):
+        sb = b * GDN_HV * GDN_D * GDN_D * 4
+        c = Case(f"gated_delta_decode_bf16_B{b}", 2 * sb, 0, True)
+        k = copies(sb)
+
+        def ins(j, b=b):
+            q, kk, v, gate, _, beta, state = gdn_inputs(b, 1, 800 + 10 * j)
+            return q, kk, v, gate, beta, state
+        c.makers["eager"] = fwd_maker(gdn_step_eager, ins, k)
+        c.makers["compile"] = compiled(gdn_step_eager)(lambda fn, ins=ins, k=k: fwd_maker(fn, ins, k))
+        if fla.recurrent is not None:
+            c.makers["fla_recurrent"] = fla_maker(f"fla_recurrent:{c.name}", fla.recurrent,
+                                                  lambda j, b=b: gdn_inputs(b, 1, 800 + 10 * j), k, False)
+        cases.append(c)
+
+    # Gated DeltaNet prefill from a given state, TFLOP/s of the recurrence's FLOPs.
+    for t in (4096, 8192, 32768):
+        c = Case(f"gated_delta_prefill_bf16_B1_T{t}", 7 * t * GDN_HV * GDN_D * GDN_D, 0, False, "TFLOP/s")
+        k = copies((2 * GDN_HK + GDN_HV) * t * GDN_D * ELEM)
+
+        def ins(j, t=t):
+            return gdn_inputs(1, t, 850 + 10 * j)
+        if fla.recurrent is not None:
+            c.makers["fla_recurrent"] = fla_maker(f"fla_recurrent:{c.name}", fla.recurrent, ins, k, False)
+        if fla.chunk is not None:
+            c.makers["fla_chunk"] = fla_maker(f"fla_chunk:{c.name}", fla.chunk, ins, k, True)
+        cases.append(c)
     return cases
 
 
@@ -685,6 +828,14 @@ def main():
         modes.remove("liger")
     elif "liger" in modes:
         emit(f"# liger-kernel {liger.version}: {', '.join(sorted(liger.fns))}")
+    fla_modes = [m for m in modes if m.startswith("fla_")]
+    fla = Fla(load=bool(fla_modes))
+    if fla.error:
+        emit(f"# fla: unavailable, modes {', '.join(fla_modes)} skipped ({fla.error})")
+        for m in fla_modes:
+            modes.remove(m)
+    elif fla_modes:
+        emit(f"# fla: {fla.version}")
     try:
         import torch._functorch.config as functorch_config
 
@@ -718,7 +869,7 @@ def main():
         log(f"# ceiling FAILED: {type(e).__name__}: {e}")
     torch.cuda.empty_cache()
 
-    cases = [c for c in build_cases(copies, liger) if args.only is None
+    cases = [c for c in build_cases(copies, liger, fla) if args.only is None
              or args.only in c.name or (c.latency and args.only in c.name + "_us")]
 
     def measure(mode, case):
@@ -754,7 +905,7 @@ def main():
         emit(f"# {prefix_of(mode)}:{case.name} skipped ({why})")
 
     for case in cases:
-        for mode in ("eager", "composition", "F_rms_norm", "liger", "flash"):
+        for mode in FIRST_MODES:
             if mode not in modes or mode not in case.makers:
                 continue
             if left() < 10:

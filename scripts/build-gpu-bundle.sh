@@ -29,6 +29,8 @@
 #                                    checked with `python3 -m zipfile -t`; gpu-check.sh installs
 #                                    them for bench/gpu_fast_peers.py. Liger Kernel's, once:
 #                                    pip download liger-kernel --no-deps -d .gpu/wheels
+#                                    and flash-linear-attention's (the gated delta peers):
+#                                    pip download fla-core einops --no-deps -d .gpu/wheels
 #
 # Binaries are compressed with xz by default (one stripped test binary is ~40 MB, ~4 MB
 # compressed; the device machine takes at most 64 MiB of carried files); gpu-check.sh unpacks

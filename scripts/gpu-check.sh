@@ -13,8 +13,8 @@
 #
 # Expects the bundle of scripts/build-gpu-bundle.sh in .gpu/ (stripped binaries .gpu/test-*,
 # .gpu/bench_gpu and .gpu/bench_fast, plain or .xz; the kernel cache .gpu/kcache or
-# .gpu/kcache.tar.xz; optional Python wheels in .gpu/wheels, Liger Kernel's for the fused-op
-# peers). It
+# .gpu/kcache.tar.xz; optional Python wheels in .gpu/wheels, Liger Kernel's and
+# flash-linear-attention's for the fused-op peers). It
 #   1. prints the date and `nvidia-smi -L`, unpacks the bundle;
 #   2. runs every .gpu/test-* binary (--test-threads=8 and the manifest's filters, in its
 #      crate's folder, as cargo does),
@@ -26,7 +26,8 @@
 #   5. the fused-op step: runs .gpu/bench_fast --out $OUT/bench_fast.tsv (table to run.log), then
 #      installs .gpu/wheels/*.whl into a temporary folder on PYTHONPATH (pip --no-index: the
 #      device machine has no network) and runs python3 bench/gpu_fast_peers.py >
-#      $OUT/gpu_fast_peers.tsv (PyTorch eager, torch.compile, F.rms_norm, Liger Kernel).
+#      $OUT/gpu_fast_peers.tsv (PyTorch eager, torch.compile, F.rms_norm, Liger Kernel, and
+#      flash-linear-attention for the gated delta rule).
 #      GPU_CHECK_FAST=1 runs it with GPU_CHECK_FAST_SECONDS (270) kept for it, the earlier steps
 #      fitting in the rest; GPU_CHECK_FAST=0 never runs it; unset, it runs when the bundle has
 #      bench_fast, on the time the earlier steps leave (all of it when they are skipped);
@@ -241,10 +242,10 @@ if [ "$FAST" = 1 ]; then
                 PEERS_PATH=$SITE${PEERS_PATH:+:$PEERS_PATH}
                 echo "   wheels installed: $(basename -a "${WHEELS[@]}" | tr '\n' ' ')"
             else
-                echo "   wheels: pip install failed (run.log); the Liger mode will be skipped"
+                echo "   wheels: pip install failed (run.log); the Liger and FLA modes will be skipped"
             fi
         else
-            echo "   no .gpu/wheels/*.whl: the Liger mode will be skipped"
+            echo "   no .gpu/wheels/*.whl: the Liger and FLA modes will be skipped"
         fi
         budget=$(($(left) - 10))
         t1=$(now)
@@ -256,7 +257,7 @@ if [ "$FAST" = 1 ]; then
         rc=$?
         n=$(grep -vc '^#' "$OUT/gpu_fast_peers.tsv" 2>/dev/null)
         echo "   rc $rc in $(($(now) - t1)) s; ${n:-0} results"
-        grep -E '^# (torch|triton|liger)' "$OUT/gpu_fast_peers.tsv" | head -3 | cut -c1-160 | sed 's/^/   /'
+        grep -E '^# (torch|triton|liger|fla)' "$OUT/gpu_fast_peers.tsv" | head -4 | cut -c1-160 | sed 's/^/   /'
         sed -n '/^### gpu_fast_peers.py/,$p' "$RUNLOG" | grep -E 'FAILED|Error' | head -5 | cut -c1-160 | sed 's/^/   /'
     else
         echo "== gpu_fast_peers.py skipped: no time left"
@@ -332,7 +333,8 @@ sys.path.insert(0, "bench")
 from bench_tsv import load
 
 nu, peers = load(sys.argv[1]), load(sys.argv[2])
-MODES = (("torch_eager", "eager"), ("torch_compile", "compile"), ("torch_F_rms_norm", "F.rms"), ("liger", "liger"))
+MODES = (("torch_eager", "eager"), ("torch_compile", "compile"), ("torch_F_rms_norm", "F.rms"), ("liger", "liger"),
+         ("fla_recurrent", "fla_rec"), ("fla_chunk", "fla_chk"))
 names = list(nu)
 for n in peers:
     if ":" in n and n.split(":", 1)[1] not in names:
@@ -359,8 +361,8 @@ def goal(name, unit):
     return None
 
 print()
-print(f"{'fused op':<38} {'nuvec':>8} {'unit':<5} {'ceil%':>6} {'eager':>8} {'compile':>8} {'F.rms':>8} {'liger':>8} "
-      f"{'nu/best':>7}  target")
+print(f"{'fused op':<38} {'nuvec':>8} {'unit':<5} {'ceil%':>6} " + " ".join(f"{label:>8}" for _, label in MODES)
+      + f" {'nu/best':>7}  target")
 ok = miss = failed = faster = compared = 0
 for n in names:
     v, unit, frac = nu.get(n, (None, "", None))

@@ -3,19 +3,23 @@
 //! backward, rotary embeddings (prefill, decode, backward) and the cross-entropy loss (forward,
 //! and forward with the logits' gradient), each as a bandwidth against the copy ceiling; and
 //! scaled-dot-product attention with grouped heads, decoding as a bandwidth and prefill in
-//! TFLOP/s. All bf16.
+//! TFLOP/s; and Gated DeltaNet's recurrence (`fast::gated_delta`), decoding as a bandwidth over
+//! its state and prefill in TFLOP/s. All bf16 (the recurrence's state and gate are float32).
 //!
 //! ```text
 //! cargo run --release -p nuvec --example bench_fast                       # every case
 //! cargo run --release -p nuvec --example bench_fast -- --out fast.tsv     # also write the TSV lines
 //! cargo run --release -p nuvec --example bench_fast -- --only rms_norm    # cases whose name contains "rms_norm"
 //! cargo run --release -p nuvec --example bench_fast -- --only sdpa        # the attention cases
+//! cargo run --release -p nuvec --example bench_fast -- --only gated_delta # the recurrence's cases
+//! NUVEC_GDN_PACKED=0 cargo run --release -p nuvec --example bench_fast -- --only gated_delta
+//!                                                                         # without the packed kernel
 //! NUVEC_FUSED=0 cargo run --release -p nuvec --example bench_fast         # the compositions instead
 //! ```
 //!
 //! Without a usable GPU it prints why and exits with status 0. `bench/gpu_fast_peers.py` times
 //! the same cases in PyTorch (eager, `torch.compile`, `F.rms_norm`, the flash attention
-//! backend) and Liger Kernel, and
+//! backend), Liger Kernel and flash-linear-attention (the gated delta rule), and
 //! `scripts/gpu-check.sh` (with `GPU_CHECK_FAST=1`) runs both and prints them side by side.
 //!
 //! # Method
@@ -77,8 +81,19 @@
 //!   counted as 2.5, as FlashAttention does), for (B, L) in {(1, 2048), (1, 4096), (4, 4096),
 //!   (1, 8192)}. Against the forward cases of the same shapes, the backward alone.
 //!
-//! Latency-bound cases (1 and 16 tokens, decode rope, every attention decode case) add a row
-//! `<name>_us`: microseconds per call, unit `us`.
+//! Gated DeltaNet at Qwen3-Next's heads: q, k `[B, T, 16, 128]`, v `[B, T, 32, 128]` (bf16),
+//! a float32 gate per head in (0.93, 0.98), bf16 beta, a float32 state `[B, 32, 128, 128]`:
+//!
+//! * `gated_delta_decode_bf16_B{B}`, T = 1, B in {1, 8, 32, 64}: a bandwidth of the state's
+//!   bytes read and written (`2·B·32·128·128·4`; q, k, v and y add under 1%), the fraction
+//!   against the copy ceiling; `_rows` times the same with a mask that keeps every row, which
+//!   runs the one-row-per-warp kernel instead of the packed one.
+//! * `gated_delta_prefill_bf16_B1_T{T}`, T in {4096, 8192, 32768}, from a given state, in
+//!   TFLOP/s of the recurrence's `7·B·T·32·128·128` FLOPs (decay, `S k`, the update, `S q`),
+//!   fraction `-`.
+//!
+//! Latency-bound cases (1 and 16 tokens, decode rope, every attention decode case, every
+//! gated delta decode case) add a row `<name>_us`: microseconds per call, unit `us`.
 //!
 //! # Targets
 //!
@@ -142,6 +157,7 @@ fn run_all(b: &mut Bench) {
     sdpa_decode(b);
     sdpa_prefill(b);
     sdpa_fwdbwd(b);
+    gated_delta(b);
 }
 
 /// `goal` when the main tensor is big enough for bandwidth to decide.
@@ -494,6 +510,75 @@ fn sdpa_fwdbwd(b: &mut Bench) {
                 let f = |x: &[Array]| vec![fast::scaled_dot_product_attention(&x[0], &x[1], &x[2], scale, &opts)];
                 let (q, kk, v) = (qs[i % k].clone(), ks[i % k].clone(), vs[i % k].clone());
                 grads(f, &[q, kk, v], std::slice::from_ref(&cots[i % k]))
+            }))
+        });
+    }
+}
+
+/// Gated DeltaNet's query and key heads (Qwen3-Next's).
+const GDN_HK: i32 = 16;
+/// Its value heads, each reading key head `h / 2`.
+const GDN_HV: i32 = 32;
+/// Its head size, of keys and values.
+const GDN_D: i32 = 128;
+
+/// One gated delta call's inputs: q, k (of length about 1/2, as the model's normalised ones
+/// give a contracting recurrence), v, a float32 gate per head, bf16 beta, a float32 state.
+struct GdnInputs {
+    q: Array,
+    k: Array,
+    v: Array,
+    g: Array,
+    beta: Array,
+    state: Array,
+}
+
+fn gdn_inputs(batch: i32, t: i32, seed: u32) -> nuvec::Result<GdnInputs> {
+    let qk = [batch, t, GDN_HK, GDN_D];
+    let per_head = [batch, t, GDN_HV];
+    let scale = (GDN_D as f32).sqrt().recip();
+    let q = (random(&qk, DType::F32, seed)? * scale).astype(DT);
+    let k = (random(&qk, DType::F32, seed + 1)? * scale).astype(DT);
+    let v = random(&[batch, t, GDN_HV, GDN_D], DT, seed + 2)?;
+    let g = random(&per_head, DType::F32, seed + 3)? * 0.025f32 + 0.955f32;
+    let beta = (random(&per_head, DType::F32, seed + 4)? * 0.25f32 + 0.5f32).astype(DT);
+    let state = random(&[batch, GDN_HV, GDN_D, GDN_D], DType::F32, seed + 5)? * 0.1f32;
+    nuvec::eval(&[&q, &k, &g, &beta, &state])?;
+    Ok(GdnInputs { q, k, v, g, beta, state })
+}
+
+/// `fast::gated_delta` at Qwen3-Next's heads: decoding (one step) as a bandwidth over the
+/// state, the packed kernel and (`_rows`, through a mask that keeps every row) the row
+/// kernel; prefill in TFLOP/s of the recurrence's FLOPs.
+fn gated_delta(b: &mut Bench) {
+    for batch in [1i32, 8, 32, 64] {
+        let state_bytes = (batch * GDN_HV * GDN_D * GDN_D) as usize * 4;
+        let k = b.copies(state_bytes);
+        for (suffix, masked) in [("", false), ("_rows", true)] {
+            let name = format!("gated_delta_decode_bf16_B{batch}{suffix}");
+            b.bandwidth_outputs(&name, (2 * state_bytes) as f64, None, true, || {
+                let xs: Vec<GdnInputs> =
+                    (0..k).map(|j| gdn_inputs(batch, 1, 800 + 10 * j as u32)).collect::<Result<_, _>>()?;
+                let mask = masked.then(|| ops::ones(&[batch, 1][..], DType::Bool));
+                let options = fast::StepOptions { storage: None, mask };
+                Ok(op(move |i| {
+                    let x = &xs[i % k];
+                    let (y, s) = fast::gated_delta_with(&x.q, &x.k, &x.v, &x.g, &x.beta, Some(&x.state), &options);
+                    Ok(vec![y, s])
+                }))
+            });
+        }
+    }
+    for t in [4096i32, 8192, 32768] {
+        let flops = 7.0 * f64::from(t) * f64::from(GDN_HV) * f64::from(GDN_D) * f64::from(GDN_D);
+        let name = format!("gated_delta_prefill_bf16_B1_T{t}");
+        let k = b.copies((2 * GDN_HK + GDN_HV) as usize * t as usize * GDN_D as usize * ELEM);
+        tflops_case(b, &name, flops, || {
+            let xs: Vec<GdnInputs> = (0..k).map(|j| gdn_inputs(1, t, 850 + 10 * j as u32)).collect::<Result<_, _>>()?;
+            Ok(op(move |i| {
+                let x = &xs[i % k];
+                let (y, s) = fast::gated_delta(&x.q, &x.k, &x.v, &x.g, &x.beta, Some(&x.state));
+                Ok(vec![y, s])
             }))
         });
     }

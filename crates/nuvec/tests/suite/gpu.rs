@@ -835,6 +835,22 @@ fn fast_ops_have_gpu_kernels() {
             ];
             cases.push((FastOp::PagedAttention(paged), inputs));
         }
+        // Gated DeltaNet's recurrence at Qwen3-Next's heads (16 key heads, 32 value heads of
+        // 128): decode (the packed kernel) and prefill with every step's state; a gate per key
+        // channel with a mask (the row kernel, as Kimi's).
+        let (f32_, bool_) = (DType::F32, DType::Bool);
+        for (t, channel, masked, steps) in [(1, false, false, false), (64, false, false, true), (7, true, true, false)]
+        {
+            let g = if channel { spec(&[4, t, 32, 128], f32_) } else { spec(&[4, t, 32], f32_) };
+            let qk = spec(&[4, t, 16, 128], d);
+            let mut inputs = vec![qk.clone(), qk, spec(&[4, t, 32, 128], d), g, spec(&[4, t, 32], d)];
+            inputs.push(spec(&[4, 32, 128, 128], f32_));
+            if masked {
+                inputs.push(spec(&[4, t], bool_));
+            }
+            let p = nuvec::fast::GatedDeltaParams { steps, storage: f32_, masked };
+            cases.push((FastOp::GatedDelta(p), inputs));
+        }
         for (op, inputs) in cases {
             let outputs = op.output_specs(&inputs).unwrap();
             let name = op.name();
@@ -1030,5 +1046,361 @@ fn arg_reductions_down_long_columns_agree() {
             both(&format!("argmin axis 0 {tag}"), std::slice::from_ref(&x), |v| v[0].argmin(0));
             both(&format!("argmax axis 1 of transposed {tag}"), std::slice::from_ref(&x), |v| v[0].t().argmax(1));
         }
+    }
+}
+
+// ---- the gated delta rule ---------------------------------------------------------------------
+
+/// How a gated delta case lays out q, k and v.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum GdnLayout {
+    /// Each its own row-major array.
+    Dense,
+    /// Views of one `[B, T, 2·Hk + Hv, D]` projection (Dk = Dv): read through their strides.
+    Fused,
+    /// k a transposed view (its last axis not contiguous): copied before the kernel.
+    KTransposed,
+}
+
+/// One `fast::gated_delta` call: shapes, dtypes and options.
+#[derive(Clone, Copy, Debug)]
+struct Gdn {
+    b: i32,
+    t: i32,
+    hk: i32,
+    hv: i32,
+    dk: i32,
+    dv: i32,
+    /// q, k and v (and so y).
+    dtype: DType,
+    /// g and beta.
+    gate: DType,
+    /// g per key channel, `[B, T, Hv, Dk]`.
+    channel: bool,
+    /// The given state's dtype; `None`: no state (zeros).
+    state: Option<DType>,
+    masked: bool,
+    /// Every step's state (`gated_delta_steps_with`).
+    steps: bool,
+    storage: Option<DType>,
+    layout: GdnLayout,
+}
+
+/// A case's inputs, as the op receives them.
+struct GdnInputs {
+    q: Array,
+    k: Array,
+    v: Array,
+    g: Array,
+    beta: Array,
+    state: Option<Array>,
+    mask: Option<Array>,
+}
+
+impl Gdn {
+    /// A case of these shapes with a float32 gate per head and state, no mask, the last state.
+    fn new(b: i32, t: i32, hk: i32, hv: i32, dk: i32, dv: i32, dtype: DType) -> Gdn {
+        let (gate, state, layout) = (DType::F32, Some(DType::F32), GdnLayout::Dense);
+        Gdn {
+            b,
+            t,
+            hk,
+            hv,
+            dk,
+            dv,
+            dtype,
+            gate,
+            channel: false,
+            state,
+            masked: false,
+            steps: false,
+            storage: None,
+            layout,
+        }
+    }
+
+    /// Inputs as a model makes them: q and k of unit length (q also scaled by Dk^-1/2), v in
+    /// [-1, 1], the gates in (0.85, 1), beta in (0.05, 0.95), a state in [-0.5, 0.5], about one
+    /// step in five masked out; all from `seed`.
+    fn inputs(&self, seed: u64) -> GdnInputs {
+        let mut rng = crate::Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let Gdn { b, t, hk, hv, dk, dv, .. } = *self;
+        let mut uniform =
+            |n: i32, lo: f64, hi: f64| -> Vec<f32> { (0..n).map(|_| (lo + (hi - lo) * rng.unit()) as f32).collect() };
+        let unit_rows = |mut x: Vec<f32>, scale: f32| -> Vec<f32> {
+            for row in x.chunks_mut(dk as usize) {
+                let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+                row.iter_mut().for_each(|v| *v *= scale / norm);
+            }
+            x
+        };
+        let rows = b * t * hk * dk;
+        let q = unit_rows(uniform(rows, -1.0, 1.0), (dk as f32).powf(-0.5));
+        let k = unit_rows(uniform(rows, -1.0, 1.0), 1.0);
+        let v = uniform(b * t * hv * dv, -1.0, 1.0);
+        let d = self.dtype;
+        let (q, k, v) = match self.layout {
+            GdnLayout::Fused => {
+                // One projection per step: q's heads, k's, then v's.
+                assert_eq!(dk, dv, "a fused projection needs Dk = Dv");
+                let (per_q, per_v) = ((hk * dk) as usize, (hv * dv) as usize);
+                let mut all = Vec::with_capacity((b * t) as usize * (2 * per_q + per_v));
+                for i in 0..(b * t) as usize {
+                    all.extend_from_slice(&q[i * per_q..][..per_q]);
+                    all.extend_from_slice(&k[i * per_q..][..per_q]);
+                    all.extend_from_slice(&v[i * per_v..][..per_v]);
+                }
+                let all = Array::from_slice(&all, [b, t, 2 * hk + hv, dk]).astype(d);
+                let heads = |from: i32, n: i32| all.slice(&[0, 0, from, 0], &[b, t, from + n, dk], &[1, 1, 1, 1]);
+                (heads(0, hk), heads(hk, hk), heads(2 * hk, hv))
+            }
+            GdnLayout::KTransposed => {
+                let k = Array::from_slice(&k, [b, t, hk, dk]).swapaxes(2, 3).astype(d).swapaxes(2, 3);
+                (Array::from_slice(&q, [b, t, hk, dk]).astype(d), k, Array::from_slice(&v, [b, t, hv, dv]).astype(d))
+            }
+            GdnLayout::Dense => (
+                Array::from_slice(&q, [b, t, hk, dk]).astype(d),
+                Array::from_slice(&k, [b, t, hk, dk]).astype(d),
+                Array::from_slice(&v, [b, t, hv, dv]).astype(d),
+            ),
+        };
+        let g = if self.channel {
+            Array::from_slice(&uniform(b * t * hv * dk, 0.85, 1.0), [b, t, hv, dk])
+        } else {
+            Array::from_slice(&uniform(b * t * hv, 0.85, 1.0), [b, t, hv])
+        };
+        let beta = Array::from_slice(&uniform(b * t * hv, 0.05, 0.95), [b, t, hv]);
+        let state =
+            self.state.map(|sd| Array::from_slice(&uniform(b * hv * dv * dk, -0.5, 0.5), [b, hv, dv, dk]).astype(sd));
+        let mask = self.masked.then(|| {
+            let keep: Vec<bool> = uniform(b * t, 0.0, 1.0).iter().map(|&u| u < 0.8).collect();
+            Array::from_slice(&keep, [b, t])
+        });
+        GdnInputs { q, k, v, g: g.astype(self.gate), beta: beta.astype(self.gate), state, mask }
+    }
+
+    /// The op's two outputs (`mask` in place of the case's own where given).
+    fn run(&self, x: &GdnInputs, mask: Option<&Array>) -> (Array, Array) {
+        let options = nuvec::fast::StepOptions { storage: self.storage, mask: mask.or(x.mask.as_ref()).cloned() };
+        let f = if self.steps { nuvec::fast::gated_delta_steps_with } else { nuvec::fast::gated_delta_with };
+        f(&x.q, &x.k, &x.v, &x.g, &x.beta, x.state.as_ref(), &options)
+    }
+
+    /// The primitive's parameters, as the op records them.
+    fn params(&self, masked: bool) -> nuvec::fast::GatedDeltaParams {
+        let given = self.state.unwrap_or(DType::F32);
+        let storage = if self.steps { self.storage.unwrap_or(DType::F32) } else { self.storage.unwrap_or(given) };
+        nuvec::fast::GatedDeltaParams { steps: self.steps, storage, masked }
+    }
+
+    /// The primitive's input specs.
+    fn specs(&self, masked: bool) -> Vec<nuvec::graph::Spec> {
+        let spec = |shape: &[i32], dtype: DType| nuvec::graph::Spec { shape: shape.iter().copied().collect(), dtype };
+        let Gdn { b, t, hk, hv, dk, dv, .. } = *self;
+        let g = if self.channel { spec(&[b, t, hv, dk], self.gate) } else { spec(&[b, t, hv], self.gate) };
+        let mut v = vec![spec(&[b, t, hk, dk], self.dtype), spec(&[b, t, hk, dk], self.dtype)];
+        v.extend([spec(&[b, t, hv, dv], self.dtype), g, spec(&[b, t, hv], self.gate)]);
+        v.push(spec(&[b, hv, dv, dk], self.state.unwrap_or(DType::F32)));
+        if masked {
+            v.push(spec(&[b, t], DType::Bool));
+        }
+        v
+    }
+
+    /// The kernel the CUDA backend would run (`None`: the composition).
+    fn kernel(&self, masked: bool) -> Option<nuvec_cuda::GatedDeltaKernel> {
+        nuvec_cuda::gated_delta_kernel(&self.params(masked), &self.specs(masked))
+    }
+
+    /// The composition on the GPU (the reference of the kernels, and their fallback).
+    fn composition(&self, x: &GdnInputs) -> (Array, Array) {
+        let Gdn { b, hv, dv, dk, .. } = *self;
+        let state = x.state.clone().unwrap_or_else(|| ops::zeros(&[b, hv, dv, dk][..], DType::F32));
+        let mut inputs = vec![x.q.clone(), x.k.clone(), x.v.clone(), x.g.clone(), x.beta.clone(), state];
+        inputs.extend(x.mask.clone());
+        let mut out = nuvec::fast::FastOp::GatedDelta(self.params(self.masked)).composition(&inputs);
+        let states = out.pop().unwrap();
+        (out.pop().unwrap(), states)
+    }
+
+    /// The recurrence in float64 from the inputs' values: y `[B, T, Hv, Dv]` and the last state
+    /// (or every step's, `[B, T, Hv, Dv, Dk]`).
+    fn reference(&self, x: &GdnInputs) -> (Vec<f64>, Vec<f64>) {
+        let wide = |a: &Array| on(Device::cpu(), || a.astype(DType::F64).to_vec::<f64>().unwrap());
+        let (q, k, v, g, beta) = (wide(&x.q), wide(&x.k), wide(&x.v), wide(&x.g), wide(&x.beta));
+        let mask = x.mask.as_ref().map(|m| on(Device::cpu(), || m.to_vec::<bool>().unwrap()));
+        let [b, t, hk, hv, dk, dv] = [self.b, self.t, self.hk, self.hv, self.dk, self.dv].map(|n| n as usize);
+        let per_b = hv * dv * dk;
+        let mut s = x.state.as_ref().map_or_else(|| vec![0.0; b * per_b], wide);
+        let mut y = vec![0.0; b * t * hv * dv];
+        let mut states = vec![0.0; if self.steps { b * t * per_b } else { 0 }];
+        for bi in 0..b {
+            for ti in 0..t {
+                let bt = bi * t + ti;
+                if mask.as_ref().is_none_or(|m| m[bt]) {
+                    for h in 0..hv {
+                        let kh = h / (hv / hk);
+                        let (qr, kr) = (&q[(bt * hk + kh) * dk..][..dk], &k[(bt * hk + kh) * dk..][..dk]);
+                        let bh = bt * hv + h;
+                        for r in 0..dv {
+                            let row = &mut s[((bi * hv + h) * dv + r) * dk..][..dk];
+                            for (c, x) in row.iter_mut().enumerate() {
+                                *x *= if self.channel { g[bh * dk + c] } else { g[bh] };
+                            }
+                            let kv: f64 = row.iter().zip(kr).map(|(a, b)| a * b).sum();
+                            let delta = (v[bh * dv + r] - kv) * beta[bh];
+                            row.iter_mut().zip(kr).for_each(|(a, b)| *a += delta * b);
+                            y[bh * dv + r] = row.iter().zip(qr).map(|(a, b)| a * b).sum();
+                        }
+                    }
+                }
+                if self.steps {
+                    states[bt * per_b..][..per_b].copy_from_slice(&s[bi * per_b..][..per_b]);
+                }
+            }
+        }
+        (y, if self.steps { states } else { s })
+    }
+}
+
+/// The tolerance of results stored as `dtype`, relative to the array's largest magnitude.
+fn gdn_tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 1e-2,
+        DType::F16 => 2e-3,
+        _ => 2e-4,
+    }
+}
+
+/// `got` within `tol` of `want`: |got − want| ≤ tol·(max |want| + |want|), NaN nowhere.
+fn gdn_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(1e-3f64, |m, w| m.max(w.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * (scale + w.abs()), "{what}: element {i} is {g}, expected {w} (scale {scale})");
+    }
+}
+
+/// Both outputs of a case against the float64 loop and against the composition on the GPU.
+fn gdn_check(tag: &str, c: &Gdn, x: &GdnInputs, got: &(Array, Array)) {
+    let wide = |a: &Array| a.astype(DType::F64).to_vec::<f64>().unwrap_or_else(|e| panic!("{tag}: {e}"));
+    let (y, s) = (wide(&got.0), wide(&got.1));
+    let (ry, rs) = c.reference(x);
+    let storage = c.params(c.masked).storage;
+    assert_eq!(got.0.dtype(), c.dtype, "{tag}: y's dtype");
+    assert_eq!(got.1.dtype(), storage, "{tag}: the states' dtype");
+    gdn_close(&format!("{tag}: y against float64"), &y, &ry, gdn_tolerance(c.dtype));
+    gdn_close(&format!("{tag}: states against float64"), &s, &rs, gdn_tolerance(storage));
+    let (cy, cs) = on(Device::gpu(0), || c.composition(x));
+    let (cy, cs) = (wide(&cy), wide(&cs));
+    gdn_close(&format!("{tag}: y against the composition"), &y, &cy, gdn_tolerance(c.dtype));
+    gdn_close(&format!("{tag}: states against the composition"), &s, &cs, gdn_tolerance(storage));
+}
+
+/// The gated delta rule's kernels against a float64 loop and against the composition: grouped
+/// heads, Dk 32 to 256, Dv 16 to 128, 0 to 300 steps, 1 and 3 batch rows, masks, gates per
+/// channel, every step's state, storage and state dtypes, half-precision inputs, q, k and v as
+/// views of one projection and a transposed k; and the GPU claims every case the kernels cover.
+#[test]
+fn gated_delta_kernels_agree() {
+    use nuvec_cuda::GatedDeltaKernel::{Packed, Rows};
+    if !gpu() {
+        return;
+    }
+    let (f32_, f16_, bf16_) = (DType::F32, DType::F16, DType::BF16);
+    let mut cases: Vec<(Gdn, Option<nuvec_cuda::GatedDeltaKernel>)> = Vec::new();
+    // Decode at grouped heads, q, k and v views of one projection.
+    let c = Gdn { layout: GdnLayout::Fused, ..Gdn::new(3, 1, 2, 4, 128, 128, bf16_) };
+    cases.push((c, Some(Packed)));
+    // No state given (zeros).
+    cases.push((Gdn { state: None, ..Gdn::new(1, 1, 4, 8, 128, 128, f32_) }, Some(Packed)));
+    // A gate per key channel, a mask, a transposed k.
+    let c = Gdn { channel: true, masked: true, layout: GdnLayout::KTransposed, ..Gdn::new(3, 7, 2, 4, 64, 64, f32_) };
+    cases.push((c, Some(Rows)));
+    // A long prompt at Dk 256, bfloat16 gates and state in, float32 out, masked.
+    let c = Gdn {
+        gate: bf16_,
+        state: Some(bf16_),
+        masked: true,
+        storage: Some(f32_),
+        ..Gdn::new(1, 300, 1, 2, 256, 64, bf16_)
+    };
+    cases.push((c, Some(Rows)));
+    // Every step's state, in float16, from views of one projection.
+    let c = Gdn { steps: true, storage: Some(f16_), layout: GdnLayout::Fused, ..Gdn::new(3, 7, 2, 2, 128, 128, f16_) };
+    cases.push((c, Some(Packed)));
+    // Every step's state of a long prompt, in bfloat16.
+    let c = Gdn { steps: true, storage: Some(bf16_), ..Gdn::new(1, 300, 2, 4, 128, 128, bf16_) };
+    cases.push((c, Some(Packed)));
+    // Dk 96 and Dv 40 (not a multiple of 8): half-precision gates per channel and state, masked.
+    let c = Gdn {
+        gate: bf16_,
+        channel: true,
+        state: Some(bf16_),
+        masked: true,
+        steps: true,
+        ..Gdn::new(3, 7, 1, 3, 96, 40, bf16_)
+    };
+    cases.push((c, Some(Rows)));
+    // Dk 32, a float16 gate and state.
+    cases.push((Gdn { gate: f16_, state: Some(f16_), ..Gdn::new(1, 1, 1, 1, 32, 16, f32_) }, Some(Rows)));
+    // A float32 prompt of 300 steps at Dv 64.
+    cases.push((Gdn::new(3, 300, 2, 4, 128, 64, f32_), Some(Packed)));
+    // A gate per channel at Dk 128 takes the row kernel.
+    cases.push((Gdn { channel: true, ..Gdn::new(3, 7, 2, 4, 128, 128, bf16_) }, Some(Rows)));
+    // No steps: the state converted to the storage dtype.
+    cases.push((Gdn { state: Some(bf16_), storage: Some(f32_), ..Gdn::new(2, 0, 1, 2, 64, 64, f32_) }, Some(Rows)));
+    // Dk 48 has no kernel: the composition runs, and agrees.
+    cases.push((Gdn::new(1, 7, 2, 2, 48, 32, f32_), None));
+    let packed_on = ["NUVEC_GDN_PACKED", "MLX_GDN_PACKED"].iter().all(|v| std::env::var(v).as_deref() != Ok("0"));
+    for (i, (c, expected)) in cases.iter().enumerate() {
+        let tag = format!("gated_delta case {i} {c:?}");
+        let expected = expected.map(|k| if k == Packed && !packed_on { Rows } else { k });
+        assert_eq!(c.kernel(c.masked), expected, "{tag}: kernel");
+        let x = c.inputs(i as u64 + 1);
+        let got = on(Device::gpu(0), || c.run(&x, None));
+        gdn_check(&tag, c, &x, &got);
+    }
+}
+
+/// The packed kernel (8 rows per warp) gives the row kernel's bits: the same inputs without a
+/// mask (packed) and with a mask that keeps every step (the row kernel, whose arithmetic the
+/// mask does not change); decode, prompts with and without every step's state, and the row
+/// kernel's two forms (T = 1, and loading ahead).
+#[test]
+fn gated_delta_packed_kernel_matches_the_row_kernel_bit_for_bit() {
+    use nuvec_cuda::GatedDeltaKernel::{Packed, Rows};
+    if !gpu() {
+        return;
+    }
+    let cases = [
+        Gdn::new(3, 1, 2, 4, 128, 128, DType::BF16),
+        Gdn { steps: true, storage: Some(DType::BF16), ..Gdn::new(2, 7, 2, 4, 128, 64, DType::BF16) },
+        Gdn { gate: DType::F32, ..Gdn::new(1, 300, 1, 2, 128, 128, DType::F32) },
+        Gdn { steps: true, layout: GdnLayout::Fused, ..Gdn::new(2, 300, 2, 2, 128, 128, DType::F16) },
+        Gdn { state: None, ..Gdn::new(1, 7, 2, 4, 128, 8, DType::BF16) },
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        let tag = format!("case {i} {c:?}");
+        if c.kernel(false) != Some(Packed) {
+            crate::skipped(&format!(
+                "the packed kernel is switched off (NUVEC_GDN_PACKED=0 or MLX_GDN_PACKED=0): {tag}"
+            ));
+            return;
+        }
+        assert_eq!(c.kernel(true), Some(Rows), "{tag}: the masked call's kernel");
+        let x = c.inputs(100 + i as u64);
+        let keep = ops::ones(&[c.b, c.t][..], DType::Bool);
+        let (packed, rows) = on(Device::gpu(0), || (c.run(&x, None), c.run(&x, Some(&keep))));
+        for (what, p, r) in [("y", &packed.0, &rows.0), ("states", &packed.1, &rows.1)] {
+            p.eval().unwrap_or_else(|e| panic!("{tag}: packed {what}: {e}"));
+            r.eval().unwrap_or_else(|e| panic!("{tag}: row kernel's {what}: {e}"));
+            assert_eq!(p.dtype(), r.dtype(), "{tag}: {what}'s dtype");
+            let (pb, rb) = (p.to_bytes().unwrap(), r.to_bytes().unwrap());
+            let first = pb.iter().zip(&rb).position(|(a, b)| a != b);
+            assert!(first.is_none() && pb.len() == rb.len(), "{tag}: {what} differ first at byte {first:?}");
+        }
+        // And both agree with the float64 loop.
+        gdn_check(&tag, c, &x, &packed);
     }
 }
