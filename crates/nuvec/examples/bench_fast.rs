@@ -90,7 +90,7 @@
 //!   runs the one-row-per-warp kernel instead of the packed one.
 //! * `gated_delta_prefill_bf16_B1_T{T}`, T in {4096, 8192, 32768}, from a given state, in
 //!   TFLOP/s of the recurrence's `7·B·T·32·128·128` FLOPs (decay, `S k`, the update, `S q`),
-//!   fraction `-`.
+//!   fraction `-`; `_rows` as for decoding.
 //!
 //! Latency-bound cases (1 and 16 tokens, decode rope, every attention decode case, every
 //! gated delta decode case) add a row `<name>_us`: microseconds per call, unit `us`.
@@ -548,8 +548,8 @@ fn gdn_inputs(batch: i32, t: i32, seed: u32) -> nuvec::Result<GdnInputs> {
 }
 
 /// `fast::gated_delta` at Qwen3-Next's heads: decoding (one step) as a bandwidth over the
-/// state, the packed kernel and (`_rows`, through a mask that keeps every row) the row
-/// kernel; prefill in TFLOP/s of the recurrence's FLOPs.
+/// state, prefill in TFLOP/s of the recurrence's FLOPs; each by the packed kernel and (`_rows`,
+/// through a mask that keeps every step) the row kernel.
 fn gated_delta(b: &mut Bench) {
     for batch in [1i32, 8, 32, 64] {
         let state_bytes = (batch * GDN_HV * GDN_D * GDN_D) as usize * 4;
@@ -571,15 +571,20 @@ fn gated_delta(b: &mut Bench) {
     }
     for t in [4096i32, 8192, 32768] {
         let flops = 7.0 * f64::from(t) * f64::from(GDN_HV) * f64::from(GDN_D) * f64::from(GDN_D);
-        let name = format!("gated_delta_prefill_bf16_B1_T{t}");
         let k = b.copies((2 * GDN_HK + GDN_HV) as usize * t as usize * GDN_D as usize * ELEM);
-        tflops_case(b, &name, flops, || {
-            let xs: Vec<GdnInputs> = (0..k).map(|j| gdn_inputs(1, t, 850 + 10 * j as u32)).collect::<Result<_, _>>()?;
-            Ok(op(move |i| {
-                let x = &xs[i % k];
-                let (y, s) = fast::gated_delta(&x.q, &x.k, &x.v, &x.g, &x.beta, Some(&x.state));
-                Ok(vec![y, s])
-            }))
-        });
+        for (suffix, masked) in [("", false), ("_rows", true)] {
+            let name = format!("gated_delta_prefill_bf16_B1_T{t}{suffix}");
+            tflops_case(b, &name, flops, || {
+                let xs: Vec<GdnInputs> =
+                    (0..k).map(|j| gdn_inputs(1, t, 850 + 10 * j as u32)).collect::<Result<_, _>>()?;
+                let mask = masked.then(|| ops::ones(&[1, t][..], DType::Bool));
+                let options = fast::StepOptions { storage: None, mask };
+                Ok(op(move |i| {
+                    let x = &xs[i % k];
+                    let (y, s) = fast::gated_delta_with(&x.q, &x.k, &x.v, &x.g, &x.beta, Some(&x.state), &options);
+                    Ok(vec![y, s])
+                }))
+            });
+        }
     }
 }

@@ -137,7 +137,9 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, o
     let q = inner_contiguous(gpu, next("q")?)?;
     let k = inner_contiguous(gpu, next("k")?)?;
     let v = inner_contiguous(gpu, next("v")?)?;
-    let g = inner_contiguous(gpu, next("g")?)?;
+    let g = next("g")?;
+    // A gate per head is read one element at a time, through any strides.
+    let g = if g.shape.len() == 4 { inner_contiguous(gpu, g)? } else { g };
     let beta = next("beta")?;
     let state = row_major(gpu, next("state")?)?;
     let mask = if p.masked { Some(next("mask")?) } else { None };
