@@ -174,8 +174,8 @@ pub(super) fn composition(p: &GatedDeltaParams, inputs: &[Array]) -> Vec<Array> 
         match mask {
             Some(m) => {
                 let keep = m.i((.., i));
-                s = ops::where_(&keep.reshape([b, 1, 1, 1]), &next, &s);
-                ys.push(ops::where_(&keep.reshape([b, 1, 1]), &y, 0.0f32));
+                s = ops::where_(keep.reshape([b, 1, 1, 1]), &next, &s);
+                ys.push(ops::where_(keep.reshape([b, 1, 1]), &y, 0.0f32));
             }
             None => {
                 s = next;
