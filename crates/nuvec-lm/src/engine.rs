@@ -25,7 +25,9 @@
 //! ([`BlockPool`]): a request holds only the blocks its positions fill, full blocks are shared
 //! by prompts that start alike (prefix caching), and when the pool is full the newest request
 //! is preempted (its blocks let go, its tokens and sampler kept) and resumes, its positions
-//! recomputed, when there is room again.
+//! recomputed, when there is room again. A model with recurrent layers (Qwen3-Next's linear
+//! attention) keeps a state per request that the pool does not hold: its requests run over
+//! caches of their own ([`Engine::can_page`]).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -190,11 +192,18 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Whether [`Engine::with_paged_kv`] can hold `model`'s caches: not when it has recurrent
+    /// layers, whose state per request the pool does not hold.
+    pub fn can_page(model: &dyn LanguageModel) -> bool {
+        !model.new_cache().iter().any(KvCache::is_recurrent)
+    }
+
     /// Keeps every request's keys and values in one pool per layer of `positions` positions
     /// (whole blocks), in blocks of `block_size` (rounded up to a power of two); the pool grows
     /// as needed up to that size (see the module docs). With [`Engine::with_prefix_cache`]
     /// (any number of entries) full blocks are shared by prompts that start alike and stay
-    /// cached until the pool needs them.
+    /// cached until the pool needs them. A model with recurrent layers cannot
+    /// ([`Engine::can_page`]): its requests are refused when added.
     pub fn with_paged_kv(mut self, block_size: usize, positions: usize) -> Self {
         let bs = block_size.clamp(1, 1 << 16).next_power_of_two();
         let blocks = positions.div_ceil(bs).clamp(1, i32::MAX as usize);
@@ -256,13 +265,16 @@ impl<'a> Engine<'a> {
         let shared = |t: &[u32]| t.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
         let best = self.kept.iter().enumerate().map(|(i, (t, _))| (shared(t), i)).max();
         if let Some((n, i)) = best.filter(|(n, _)| *n > 0) {
-            let (_, caches) = self.kept.remove(i);
-            let mut caches = caches;
+            let (_, mut caches) = self.kept.remove(i);
+            let mut whole = true;
             for c in &mut caches {
                 let extra = c.offset() - n as i32;
-                c.trim(extra);
+                whole &= c.trim(extra) == extra;
             }
-            return (caches, n);
+            // A recurrent cache cannot go back past the steps it keeps: fresh caches then.
+            if whole {
+                return (caches, n);
+            }
         }
         // Contiguous in place of rotating caches: sliding-window layers apply their window in
         // attention, and a batch's rows need caches that keep every position.
@@ -310,6 +322,11 @@ impl<'a> Engine<'a> {
         }
         if !self.model.device_positions() {
             return bad("the model's RoPE scaling needs host positions (dynamic): it cannot be batched".into());
+        }
+        if self.paged.is_some() && !Engine::can_page(self.model) {
+            return bad("the model's recurrent (linear-attention) layers keep a state per request, which the paged \
+                 KV cache does not hold: run it without a paged KV cache"
+                .into());
         }
         if let Some(p) = &self.paged
             && request.prompt.len() >= p.pool.capacity() * p.pool.block_size()
@@ -521,7 +538,8 @@ impl<'a> Engine<'a> {
 
     /// Runs rows `rows` of `group` in one forward pass: their tokens from where their caches
     /// end to their heads, padded at the end to the longest (the pads' keys land past each
-    /// row's length, where its own later tokens overwrite them). Contiguous rows start empty
+    /// row's length, where its own later tokens overwrite them; recurrent layers leave the
+    /// pads out of their state). Contiguous rows start empty
     /// and come back as one cache of `rows.len()` rows; paged ones write their blocks (topped
     /// up for the pads; without room, one by one).
     fn prefill_rows(&mut self, group: &mut [Filling<'a>], rows: &[usize]) -> Result<Vec<KvCache>> {
@@ -540,6 +558,9 @@ impl<'a> Engine<'a> {
         let ends: Vec<i32> = starts.iter().map(|s| s + l as i32).collect();
         let at = Positions::new(Array::from_slice(&starts, [b]), Array::from_slice(&ends, [b]));
         let at = if starts.iter().all(|&s| s == 0) { at.fresh() } else { at };
+        // Rows shorter than the longest are padded: recurrent layers keep the pads out.
+        let valid: Vec<i32> = rows.iter().map(|&i| n(&group[i]) as i32).collect();
+        let at = if valid.iter().any(|&v| v < l as i32) { at.with_valid(Array::from_slice(&valid, [b])) } else { at };
         if self.paged.is_none() {
             self.prefill_passes += 1;
             let mut caches = std::mem::take(&mut group[rows[0]].caches);

@@ -8,7 +8,7 @@ use std::time::Instant;
 use nuvec::{Array, DType, ops};
 
 use crate::Result;
-use crate::cache::KvCache;
+use crate::cache::{KvCache, ROLLBACK_STEPS};
 use crate::graph::DecodeGraph;
 use crate::models::LanguageModel;
 use crate::sample::{Sampled, Sampler, SamplerOptions};
@@ -115,24 +115,29 @@ impl PromptCache {
     }
 
     /// Rotating caches of at most `max_kv_size` positions (the first 4 kept, as mlx-lm's
-    /// `--max-kv-size`): memory stays bounded and attention sees a sliding window.
+    /// `--max-kv-size`): memory stays bounded and attention sees a sliding window. Recurrent
+    /// layers keep their recurrent caches.
     pub fn rotating(model: &dyn LanguageModel, max_kv_size: i32) -> PromptCache {
-        let layers = (0..model.config().num_hidden_layers).map(|_| KvCache::rotating(max_kv_size, 4)).collect();
-        PromptCache { layers, tokens: Vec::new(), graph: None }
+        PromptCache::of_kind(model, || KvCache::rotating(max_kv_size, 4))
     }
 
     /// Caches that keep keys and values quantized ([`KvCache::quantized`], mlx-lm's
-    /// `--kv-bits` and `--kv-group-size`).
+    /// `--kv-bits` and `--kv-group-size`). Recurrent layers keep their recurrent caches.
     pub fn quantized(model: &dyn LanguageModel, group_size: i32, bits: i32) -> PromptCache {
-        let layers = (0..model.config().num_hidden_layers).map(|_| KvCache::quantized(group_size, bits)).collect();
-        PromptCache { layers, tokens: Vec::new(), graph: None }
+        PromptCache::of_kind(model, || KvCache::quantized(group_size, bits))
     }
 
     /// Paged caches ([`KvCache::paged`]) of blocks of `block_size` positions (a power of
     /// two): the pools grow by blocks, and decoding records as a graph as over contiguous
-    /// caches. Every layer is paged, sliding-window ones too (attention applies the window).
+    /// caches. Every attention layer is paged, sliding-window ones too (attention applies the
+    /// window); recurrent layers keep their recurrent caches.
     pub fn paged(model: &dyn LanguageModel, block_size: i32) -> PromptCache {
-        let layers = (0..model.config().num_hidden_layers).map(|_| KvCache::paged(block_size)).collect();
+        PromptCache::of_kind(model, || KvCache::paged(block_size))
+    }
+
+    /// `make()`'s caches for the model's attention layers, its own for the recurrent ones.
+    fn of_kind(model: &dyn LanguageModel, make: impl Fn() -> KvCache) -> PromptCache {
+        let layers = model.new_cache().into_iter().map(|c| if c.is_recurrent() { c } else { make() }).collect();
         PromptCache { layers, tokens: Vec::new(), graph: None }
     }
 
@@ -141,8 +146,12 @@ impl PromptCache {
     fn reuse<'p>(&mut self, prompt: &'p [u32]) -> &'p [u32] {
         let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
         let drop = (self.tokens.len() - common) as i32;
-        if self.layers.iter_mut().map(|c| c.trim(drop)).any(|n| n != drop) {
-            // A rotating cache past its window cannot go back: start over.
+        // Every cache is asked (none stops early), so that a failure leaves none half trimmed
+        // unnoticed: the caches are emptied then.
+        let trimmed: Vec<i32> = self.layers.iter_mut().map(|c| c.trim(drop)).collect();
+        if trimmed.iter().any(|&n| n != drop) {
+            // A rotating cache past its window, or a recurrent one past the steps it keeps,
+            // cannot go back: start over.
             self.layers = self.layers.iter().map(KvCache::emptied).collect();
             self.tokens.clear();
             return prompt;
@@ -181,7 +190,8 @@ pub struct Generation<'a> {
 /// contiguous or paged caches allow it, and `decode_graph` (by default: a GPU, unless
 /// `NUVEC_LM_GRAPH=0`) asks for it.
 fn graphed(model: &dyn LanguageModel, layers: &[KvCache], decode_graph: Option<bool>) -> bool {
-    let contiguous = |c: &KvCache| c.window().is_none() && c.quantization().is_none();
+    // Recurrent states are new arrays each step, which a recorded step cannot replay.
+    let contiguous = |c: &KvCache| c.window().is_none() && c.quantization().is_none() && !c.is_recurrent();
     let allowed = model.device_positions() && layers.iter().all(contiguous);
     let wanted = match decode_graph {
         Some(on) => on,
@@ -281,7 +291,9 @@ pub fn generate<'a>(
 impl<'a> Generation<'a> {
     /// Decodes speculatively: `draft` proposes `num_draft` tokens per step (at least 1), the
     /// model verifies them in one pass. The penalties need each token before the next and
-    /// are refused; so are caches that cannot drop rejected tokens (rotating ones).
+    /// are refused; so are caches that cannot drop rejected tokens (rotating ones), and, for a
+    /// model with recurrent layers, more proposals than their caches can take back
+    /// ([`ROLLBACK_STEPS`] positions per pass, the verified token included).
     pub fn speculative(mut self, draft: Draft<'a>, num_draft: usize) -> Result<Self> {
         if self.options.sampler.needs_history() {
             return Err(crate::Error::Config(
@@ -296,6 +308,22 @@ impl<'a> Generation<'a> {
                 not rotating ones"
                     .into(),
             ));
+        }
+        if self.cache.layers.iter().any(KvCache::is_recurrent) && num_draft as i32 + 1 > ROLLBACK_STEPS {
+            return Err(crate::Error::Config(format!(
+                "speculative decoding: the model's recurrent layers take back at most {} positions of a pass, \
+                 so at most {} proposals per step, not {num_draft}",
+                ROLLBACK_STEPS,
+                ROLLBACK_STEPS - 1
+            )));
+        }
+        let mut draft = draft;
+        if let Draft::Model { cache, .. } = &mut draft {
+            // A draft model's recurrent layers take back its single-token steps, up to one
+            // proposal's worth.
+            for c in cache.iter_mut() {
+                c.keep_steps(num_draft as i32);
+            }
         }
         if let Draft::Model { model, .. } = &draft
             && model.config().vocab_size != self.model.config().vocab_size
@@ -356,10 +384,16 @@ impl<'a> Generation<'a> {
         if let Some(Draft::Model { cache, fed, .. }) = &mut self.draft {
             let keep = seq.len() + agreed.min(k - 1);
             let drop = (*fed - keep) as i32;
-            for c in cache.iter_mut() {
-                c.trim(drop);
-            }
+            let trimmed: Vec<i32> = cache.iter_mut().map(|c| c.trim(drop)).collect();
             *fed = keep;
+            if trimmed.iter().any(|&n| n != drop) {
+                // Caches that cannot go back that far start over: the draft runs the sequence
+                // again next step.
+                for c in cache.iter_mut() {
+                    *c = c.emptied();
+                }
+                *fed = 0;
+            }
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! Language models on nuvec, as mlx-lm is on MLX: Llama-family models (`llama`, `mistral`,
-//! `qwen2`, `qwen3`, the mixture of experts `qwen3_moe`) and Gemma 3 (`gemma3_text`, `gemma3`)
-//! loaded from a Hugging Face folder or a GGUF file, their tokenizers and
+//! `qwen2`, `qwen3`, the mixture of experts `qwen3_moe`), Gemma 3 (`gemma3_text`, `gemma3`) and
+//! Qwen3-Next (`qwen3_next`: Gated DeltaNet layers with recurrent caches between gated
+//! attention ones) loaded from a Hugging Face folder or a GGUF file, their tokenizers and
 //! chat templates, KV caches, sampling on the device, and streaming generation.
 //!
 //! ```no_run

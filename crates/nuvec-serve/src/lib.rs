@@ -87,7 +87,8 @@ pub struct ServeOptions {
     /// (1: one at a time).
     pub prefill_rows: usize,
     /// Positions per block of the paged KV cache every request's keys and values share (0:
-    /// each request's caches of its own, no preemption).
+    /// each request's caches of its own, no preemption; so too for a model with recurrent
+    /// layers, whose state per request the pool does not hold).
     pub kv_block_size: usize,
     /// Positions the paged KV cache holds at most (its pool grows to this as needed); when it
     /// is full the newest requests are preempted and resume later.

@@ -141,6 +141,9 @@ fn new_engine<'a>(
         .with_prefill_rows(options.prefill_rows);
     match options.kv_block_size {
         0 => engine,
+        // Recurrent layers (linear attention) keep a state per request that the paged pool
+        // does not hold: each request gets caches of its own.
+        _ if !Engine::can_page(model) => engine,
         bs => engine.with_paged_kv(bs, options.kv_cache_tokens),
     }
 }

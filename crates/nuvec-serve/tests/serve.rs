@@ -350,6 +350,45 @@ fn concurrent_streams_equal_their_requests_alone_and_clients_may_leave() {
     server.stop().unwrap();
 }
 
+/// A model with recurrent layers (Qwen3-Next's linear attention), whose state per request the
+/// paged KV cache does not hold, is served with each request's caches of its own under the
+/// default (paged) options: concurrent replies equal generating alone.
+#[test]
+fn a_model_with_recurrent_layers_is_served_without_the_paged_cache() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nuvec-lm/tests/fixtures/tiny/qwen3_next");
+    let load = || {
+        let model = load_model(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+        Loaded { model, tokenizer: tokenizer(), eos: vec![], path: path.clone() }
+    };
+    let m = load();
+    let server = Server::start(load(), ServeOptions { port: 0, ..Default::default() }).unwrap();
+    let addr = server.addr();
+    let prompts = ["t5 t17 t99 t3", "t1 t2", "t40 t41 t42 t43 t44 t45 t46"];
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let body = json!({"prompt": format!("{p} "), "max_tokens": 8, "temperature": 0});
+            std::thread::spawn(move || post(addr, "/v1/completions", &body))
+        })
+        .collect();
+    for (p, h) in prompts.iter().zip(handles) {
+        let (status, r) = h.join().unwrap();
+        assert_eq!(status, 200, "{r}");
+        let ids = m.tokenizer.encode_prompt(&format!("{p} ")).unwrap();
+        let options = GenerateOptions { max_tokens: 8, ..Default::default() };
+        let mut cache = PromptCache::new(m.model.as_ref());
+        let want: String = generate(m.model.as_ref(), Some(&m.tokenizer), &mut cache, &ids, &[], options)
+            .unwrap()
+            .map(|t| t.unwrap().text)
+            .collect();
+        assert_eq!(r["choices"][0]["text"], want.as_str(), "{p}");
+    }
+    // No paged pool: its gauges stay at zero.
+    let (_, metrics) = http(addr, "GET", "/metrics", &[], b"");
+    assert!(metrics.contains("nuvec_kv_blocks_total 0"), "{metrics}");
+    server.stop().unwrap();
+}
+
 /// `python3` with `NUVEC_IO_PYTHONPATH` as its `PYTHONPATH`; without it, `None` and test
 /// `name` says SKIPPED.
 fn python(name: &str) -> Option<std::process::Command> {

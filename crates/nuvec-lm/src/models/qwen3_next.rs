@@ -192,10 +192,10 @@ impl GatedDeltaNet {
         // Pads (a row's positions past its real tokens) are zeros, and masked out of the state.
         let mask = valid.map(|v| {
             let positions = ops::arange(0, t, 1).astype(DType::I32).reshape([1, t]);
-            positions.less(&v.astype(DType::I32).reshape([b, 1]))
+            positions.less(v.astype(DType::I32).reshape([b, 1]))
         });
         let mixed = match &mask {
-            Some(m) => ops::where_(&m.expand_dims(-1), &mixed, 0.0f32),
+            Some(m) => ops::where_(m.expand_dims(-1), &mixed, 0.0f32),
             None => mixed,
         };
         let c = mixed.shape()[2];
@@ -280,6 +280,8 @@ impl SharedExpertMoe {
 }
 
 /// The MLP of a layer: dense, or experts with a shared one.
+// One per layer, built once: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum FeedForward {
     /// The gated MLP.
     Dense(Mlp),
@@ -477,7 +479,7 @@ pub fn sanitize(config: &ModelConfig, weights: Params) -> Result<Params> {
     let hub =
         weights.iter().any(|(k, w)| k.contains(".mlp.experts.") || (k.ends_with("conv1d.weight") && torch_conv(w)));
     let tied = config.tie_word_embeddings.unwrap_or(false);
-    let kept = weights.into_iter().filter(|(k, _)| !k.contains("mtp.") && !(tied && k == "lm_head.weight")).collect();
+    let kept = weights.into_iter().filter(|(k, _)| !(k.contains("mtp.") || (tied && k == "lm_head.weight"))).collect();
     let stacked = stack_experts(kept)?;
     Ok(stacked
         .into_iter()
