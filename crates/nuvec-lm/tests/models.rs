@@ -729,8 +729,9 @@ fn qwen3_next_caches_and_padded_rows() {
 
 #[test]
 fn quantized_save_loads_back_identically() {
-    // Qwen3-MoE's experts of 48 features stay in floating point (48 is no multiple of 32).
-    for name in ["qwen3", "qwen3_moe"] {
+    // Qwen3-MoE's and Qwen3-Next's experts of 48 features stay in floating point (48 is no
+    // multiple of 32); Qwen3-Next saved in MLX's layout (norms with their 1) loads back as it is.
+    for name in ["qwen3", "qwen3_moe", "qwen3_next"] {
         let options = LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 4)) };
         let mut m = load_model(&fixture(name), &options).unwrap();
         let dir = std::env::temp_dir().join(format!("nuvec-lm-save-{name}-{}", std::process::id()));
@@ -747,7 +748,9 @@ fn quantized_save_loads_back_identically() {
         let want: Vec<f32> = model(name).forward(&ids, &mut model(name).new_cache()).to_vec().unwrap();
         let q8 = load_model(&fixture(name), &LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 8)) }).unwrap();
         let c: Vec<f32> = q8.forward(&ids, &mut q8.new_cache()).to_vec().unwrap();
-        assert!(rel_diff(&c, &want) < 0.03, "{name} 8-bit: {}", rel_diff(&c, &want));
+        // Qwen3-Next's random weights drift more (transformers' with the same rounding too).
+        let tolerance = if name == "qwen3_next" { 0.1 } else { 0.03 };
+        assert!(rel_diff(&c, &want) < tolerance, "{name} 8-bit: {}", rel_diff(&c, &want));
         assert!(rel_diff(&a, &want) > rel_diff(&c, &want), "{name}: 4 bits are coarser than 8");
         std::fs::remove_dir_all(&dir).unwrap();
     }
