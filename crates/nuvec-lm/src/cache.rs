@@ -857,6 +857,13 @@ impl KvCache {
         valid: Option<&Array>,
     ) {
         let Some(r) = self.recurrent.as_mut() else { return };
+        if inputs.ndim() != 3 {
+            // A failed pass: its error is the state, for whoever evaluates it next.
+            (r.window, r.state) = (Some(inputs.clone()), Some(inputs.clone()));
+            r.passes.clear();
+            self.offset += len;
+            return;
+        }
         let s = inputs.shape().to_vec();
         let (b, width, c) = (s[0], s[1], s[2]);
         let keep = width - len;
@@ -928,6 +935,10 @@ impl KvCache {
         let join = |pick: fn((Array, Array)) -> Array| -> Option<Array> {
             let like = pick(like.clone()?);
             let s = like.shape().to_vec();
+            if s.is_empty() {
+                // A failed state: its error goes on.
+                return Some(like);
+            }
             let zero = || ops::zeros_like(&like.slice(&vec![0; s.len()], &[&[1], &s[1..]].concat(), &vec![1; s.len()]));
             let parts: Vec<Array> = rows.iter().map(|c| c.recurrent_state().map_or_else(zero, pick)).collect();
             Some(ops::concatenate(&parts, 0))

@@ -657,6 +657,9 @@ fn recurrent_cache_trims_back_into_its_steps() {
     assert!(e.contains("recurrent cache"), "{e}");
     let e = m.forward(&tokens(&ids[..3]), &mut m.new_cache()[..2]).check().unwrap_err().to_string();
     assert!(e.contains("2 caches for 4 layers"), "{e}");
+    let flat = Array::from_slice(&[1i32, 2, 3], [3]);
+    let e = m.forward(&flat, &mut m.new_cache()).check().unwrap_err().to_string();
+    assert!(e.contains("tokens must be [B, L]"), "{e}");
 }
 
 /// Qwen3-Next's other caches and steps: prefill in pieces longer than `ROLLBACK_STEPS`, paged

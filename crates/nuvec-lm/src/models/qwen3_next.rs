@@ -69,7 +69,8 @@ impl GatedAttention {
         spec: &AttentionSpec,
         residual: &Array,
     ) -> Array {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
+        // The sizes from the residual stream, which the caller checked (a failed `x` has none).
+        let (b, l) = (residual.shape()[0], residual.shape()[1]);
         let (hq, hkv, d) = (spec.heads, spec.kv_heads, spec.head_dim);
         let qg = self.q_proj.forward(x).reshape([b, l, hq, 2 * d]);
         let half = |from: i32| qg.slice(&[0, 0, 0, from], &[b, l, hq, from + d], &[1, 1, 1, 1]);
@@ -169,7 +170,8 @@ impl GatedDeltaNet {
                     .into(),
             );
         }
-        let (b, t) = (x.shape()[0], x.shape()[1]);
+        // The sizes from the residual stream, which the caller checked (a failed `x` has none).
+        let (b, t) = (residual.shape()[0], residual.shape()[1]);
         let LinearDims { key_heads: hk, value_heads: hv, key_dim: dk, value_dim: dv, kernel } = self.dims;
         let per = hv / hk;
         // Hugging Face's `fix_query_key_value_ordering`: the projections are grouped by key head.
@@ -198,7 +200,7 @@ impl GatedDeltaNet {
             Some(m) => ops::where_(m.expand_dims(-1), &mixed, 0.0f32),
             None => mixed,
         };
-        let c = mixed.shape()[2];
+        let c = 2 * hk * dk + hv * dv;
         let (window, state) = cache.recurrent_state().unwrap_or_else(|| {
             (ops::zeros([b, kernel - 1, c], mixed.dtype()), ops::zeros([b, hv, dv, dk], DType::F32))
         });
@@ -398,16 +400,22 @@ impl Qwen3Next {
         if caches.len() != layers.len() {
             return failed(format!("{} caches for {} layers", caches.len(), layers.len()));
         }
+        if tokens.ndim() != 2 {
+            return failed(format!("tokens must be [B, L], got {:?}", tokens.shape()));
+        }
         // In the model's dtype (its norms').
         let mut h = self.model.embed_tokens.forward_in(tokens, self.model.norm.weight.dtype());
         for (i, (layer, cache)) in layers.iter().zip(caches.iter_mut()).enumerate() {
+            // A failed step carries its error out, not on (a failed array has no shape to read).
+            if h.is_failed() {
+                return h;
+            }
             let x = layer.input_layernorm.forward(&h);
             h = match (&layer.linear_attn, &layer.self_attn) {
                 (Some(m), _) => m.forward(&x, cache, at, &h),
                 (None, Some(a)) => a.forward(&x, cache, at, &self.rope, &self.spec, &h),
                 (None, None) => return failed(format!("layer {i} has no token mixing")),
             };
-            // A failed step (the wrong kind of cache, say) carries its error out, not on.
             if h.is_failed() {
                 return h;
             }
