@@ -217,7 +217,7 @@ impl GatedDeltaNet {
                 None => tap,
             });
         }
-        let conv = nuvec::nn::silu(&conv.expect("a kernel of at least one tap"));
+        let conv = nuvec::nn::silu(&conv.unwrap_or_else(|| failed("the convolution has no taps".into())));
         let split = |from: i32, n: i32| conv.slice(&[0, 0, from], &[b, t, from + n], &[1, 1, 1]);
         let (q, k) = (split(0, hk * dk).reshape([b, t, hk, dk]), split(hk * dk, hk * dk).reshape([b, t, hk, dk]));
         let v = split(2 * hk * dk, hv * dv).reshape([b, t, hv, dv]);
