@@ -641,7 +641,9 @@ pub fn generate_batch(
         .map(|l| KvCache::stack(&rows.iter().map(|r| r[l].clone()).collect::<Vec<_>>()))
         .collect();
     drop(rows);
-    let mut graph = DecodeGraph::new(b as i32)?;
+    // Recorded unless asked otherwise (`decode_graph`, else `NUVEC_LM_GRAPH`), as `generate`'s.
+    let record = options.decode_graph.unwrap_or_else(crate::graph::recording_wanted);
+    let mut graph = DecodeGraph::recording(b as i32, record)?;
     let mut starts: Vec<i32> = prompts.iter().map(|p| p.len() as i32).collect();
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); b];
     let mut finish: Vec<Option<FinishReason>> = vec![None; b];
