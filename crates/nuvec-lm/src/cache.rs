@@ -111,7 +111,8 @@ struct Recurrent {
     state: Option<Array>,
     passes: Vec<Pass>,
     /// Positions kept restorable at least, over several passes ([`KvCache::keep_steps`]); the
-    /// latest pass is kept whatever its length.
+    /// latest pass is kept whatever its length. 0: nothing is kept, so nothing can be taken
+    /// back (each step's state costs as much as the state itself).
     depth: i32,
 }
 
@@ -811,11 +812,11 @@ impl KvCache {
 /// Recurrent caches: a linear-attention layer's state in place of keys and values.
 impl KvCache {
     /// An empty recurrent cache, for a linear-attention layer (Gated DeltaNet): its
-    /// convolution window and recurrent state, set by [`KvCache::update_recurrent`]. It can
-    /// take back the positions of its latest forward pass (of at most [`ROLLBACK_STEPS`]) with
-    /// [`KvCache::trim`], as a speculative step's rejected tokens need.
+    /// convolution window and recurrent state, set by [`KvCache::update_recurrent`]. It keeps
+    /// nothing to go back to, so [`KvCache::trim`] takes nothing back until
+    /// [`KvCache::keep_steps`] asks it to (speculative decoding does).
     pub fn recurrent() -> KvCache {
-        KvCache { recurrent: Some(Box::new(Recurrent { depth: 1, ..Recurrent::default() })), ..KvCache::default() }
+        KvCache { recurrent: Some(Box::default()), ..KvCache::default() }
     }
 
     /// Whether this is a recurrent cache ([`KvCache::recurrent`]).
@@ -830,14 +831,24 @@ impl KvCache {
         Some((r.window.clone()?, r.state.clone()?))
     }
 
-    /// Keeps the last `steps` positions of a recurrent cache restorable across forward passes
-    /// (each of at most [`ROLLBACK_STEPS`]), not only its latest pass's: a draft model's
-    /// single-token steps, several of which a rejected proposal takes back. Other kinds ignore
-    /// it.
+    /// Keeps the last `steps` positions of a recurrent cache restorable by [`KvCache::trim`]:
+    /// the whole of its latest forward pass (of at most [`ROLLBACK_STEPS`]; a verified
+    /// proposal), and earlier passes until they hold `steps` positions (a draft model's
+    /// single-token steps, several of which a rejected proposal takes back). 0 keeps nothing.
+    /// Other kinds ignore it.
     pub fn keep_steps(&mut self, steps: i32) {
         if let Some(r) = &mut self.recurrent {
-            r.depth = steps.max(1);
+            r.depth = steps.max(0);
+            if r.depth == 0 {
+                r.passes.clear();
+            }
         }
+    }
+
+    /// Whether a forward pass should give this cache every step's state: a recurrent cache
+    /// asked to keep positions ([`KvCache::keep_steps`]).
+    pub fn keeps_steps(&self) -> bool {
+        self.recurrent.as_ref().is_some_and(|r| r.depth > 0)
     }
 
     /// Takes a linear-attention layer's forward pass of `len` positions into a recurrent cache:
@@ -873,11 +884,12 @@ impl KvCache {
                     + &ops::arange(0, keep, 1).astype(nuvec::DType::I32).reshape([1, keep]);
                 inputs.take_along_axis(&at.reshape([b, keep, 1]).broadcast_to([b, keep, c]), 1)
             }
-            None => inputs.slice(&[0, len, 0], &[b, width, c], &[1, 1, 1]),
+            // A copy of its own: a view would hold the whole pass's inputs.
+            None => inputs.slice(&[0, len, 0], &[b, width, c], &[1, 1, 1]).contiguous(),
         };
         let stepwise = states.ndim() == 5;
         let state = if stepwise { step(states, len - 1) } else { states.clone() };
-        let pass = (valid.is_none() && (stepwise || len == 1)).then(|| Pass {
+        let pass = (r.depth > 0 && valid.is_none() && (stepwise || len == 1)).then(|| Pass {
             before: before.clone(),
             inputs: inputs.clone(),
             states: stepwise.then(|| states.clone()),
@@ -943,7 +955,7 @@ impl KvCache {
             let parts: Vec<Array> = rows.iter().map(|c| c.recurrent_state().map_or_else(zero, pick)).collect();
             Some(ops::concatenate(&parts, 0))
         };
-        let depth = rows.iter().filter_map(|c| c.recurrent.as_ref()).map(|r| r.depth).max().unwrap_or(1);
+        let depth = rows.iter().filter_map(|c| c.recurrent.as_ref()).map(|r| r.depth).max().unwrap_or(0);
         let r = Recurrent { window: join(|(w, _)| w), state: join(|(_, s)| s), passes: Vec::new(), depth };
         KvCache {
             recurrent: Some(Box::new(r)),

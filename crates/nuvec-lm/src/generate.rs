@@ -317,6 +317,10 @@ impl<'a> Generation<'a> {
                 ROLLBACK_STEPS - 1
             )));
         }
+        // The model's recurrent layers take back a verified pass's rejected tokens.
+        for c in self.cache.layers.iter_mut() {
+            c.keep_steps(1);
+        }
         let mut draft = draft;
         if let Draft::Model { cache, .. } = &mut draft {
             // A draft model's recurrent layers take back its single-token steps, up to one
@@ -379,7 +383,12 @@ impl<'a> Generation<'a> {
         // The model's caches keep y and the agreed proposals; the draft's what it saw of them.
         let rejected = (proposals.len() - agreed) as i32;
         for c in &mut self.cache.layers {
-            c.trim(rejected);
+            if c.trim(rejected) != rejected {
+                // Its layers would then disagree on the sequence.
+                return Err(crate::Error::Config(format!(
+                    "speculative decoding: a cache could not take back the {rejected} rejected tokens"
+                )));
+            }
         }
         if let Some(Draft::Model { cache, fed, .. }) = &mut self.draft {
             let keep = seq.len() + agreed.min(k - 1);

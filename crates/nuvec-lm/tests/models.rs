@@ -590,9 +590,9 @@ fn speculative_greedy_rolls_back_recurrent_layers() {
     assert!(e.contains("at most 15 proposals"), "{e}");
 }
 
-/// A recurrent cache takes back positions of its last forward pass (of at most
-/// `ROLLBACK_STEPS`), or of its last passes when asked to keep them; past that, `trim` takes
-/// nothing back and says so.
+/// A recurrent cache asked to keep steps takes back positions of its last forward pass (of at
+/// most `ROLLBACK_STEPS`), or of its last passes when asked for more; past that, or when not
+/// asked, `trim` takes nothing back and says so.
 #[test]
 fn recurrent_cache_trims_back_into_its_steps() {
     use nuvec_lm::cache::ROLLBACK_STEPS;
@@ -607,16 +607,24 @@ fn recurrent_cache_trims_back_into_its_steps() {
     };
     let recurrent = |c: &[KvCache]| c.iter().filter(|c| c.is_recurrent()).count();
     assert_eq!(recurrent(&m.new_cache()), 2);
+    // Nothing kept unless asked: a pass of 5 cannot be taken back.
+    let mut c = m.new_cache();
+    m.forward(&tokens(&ids[..8]), &mut c);
+    m.forward(&tokens(&ids[8..13]), &mut c);
+    assert_eq!(c[0].trim(1), 0);
+    assert!(!c[0].keeps_steps());
     // One pass of 5 taken back 3 and then 1 more: the state after its first step.
     let mut c = m.new_cache();
+    c.iter_mut().for_each(|c| c.keep_steps(1));
     m.forward(&tokens(&ids[..8]), &mut c);
     m.forward(&tokens(&ids[8..13]), &mut c);
     assert!(c.iter_mut().all(|c| c.trim(3) == 3));
     assert!(c.iter_mut().all(|c| c.trim(1) == 1));
     assert_eq!(c[0].offset(), 9);
     assert!(rel_diff(&last(m.forward(&tokens(&[ids[9]]), &mut c)), &fresh(9, ids[9])) < 1e-5);
-    // Single-token passes: the last one alone by default, three when asked.
+    // Single-token passes: the last one alone when keeping one, three when asked.
     let mut c = m.new_cache();
+    c.iter_mut().for_each(|c| c.keep_steps(1));
     m.forward(&tokens(&ids[..6]), &mut c);
     for &t in &ids[6..9] {
         m.forward(&tokens(&[t]), &mut c);
@@ -634,6 +642,7 @@ fn recurrent_cache_trims_back_into_its_steps() {
     assert!(rel_diff(&last(m.forward(&tokens(&[ids[6]]), &mut c)), &fresh(6, ids[6])) < 1e-5);
     // A pass longer than ROLLBACK_STEPS cannot be taken back (an attention cache can).
     let mut c = m.new_cache();
+    c.iter_mut().for_each(|c| c.keep_steps(1));
     m.forward(&tokens(&ids[..ROLLBACK_STEPS as usize + 1]), &mut c);
     assert_eq!(c[0].trim(1), 0);
     assert_eq!(c[1].trim(1), 1);

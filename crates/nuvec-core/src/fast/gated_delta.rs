@@ -19,7 +19,8 @@ use super::{FastOp, GatedDeltaParams, record};
 #[derive(Clone, Debug, Default)]
 pub struct StepOptions {
     /// The dtype the returned state (or states) is stored in: `float32`, `float16` or
-    /// `bfloat16`. `None` keeps the given state's dtype (`float32` without one).
+    /// `bfloat16`. `None`: the given state's dtype (`float32` without one) for
+    /// [`gated_delta_with`], `float32` for [`gated_delta_steps_with`].
     pub storage: Option<DType>,
     /// A `[B, T]` boolean mask: where it is false the step leaves the state as it is and its
     /// output is zero (padding in a batch of prompts of different lengths).

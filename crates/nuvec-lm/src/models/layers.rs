@@ -261,6 +261,19 @@ pub fn attend(
     at: Option<&Positions>,
     spec: &AttentionSpec,
 ) -> Array {
+    // A failed projection's error goes on; its shape may not be [B, H, L, D].
+    if let Some(failed) = [q, k, v].into_iter().find(|a| a.is_failed() || a.ndim() != 4) {
+        return match failed.is_failed() {
+            true => failed.clone(),
+            false => Array::failed(
+                "attention",
+                nuvec::OpErrorKind::InvalidArgument(format!(
+                    "q, k and v must be [B, H, L, D], got {:?}",
+                    failed.shape()
+                )),
+            ),
+        };
+    }
     let (b, l) = (q.shape()[0], q.shape()[2]);
     // Attention over positions written at device-held starts: `paged_attention`, over a
     // paged cache's blocks or one block per row of a contiguous cache.

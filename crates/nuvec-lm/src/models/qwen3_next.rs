@@ -205,19 +205,20 @@ impl GatedDeltaNet {
             (ops::zeros([b, kernel - 1, c], mixed.dtype()), ops::zeros([b, hv, dv, dk], DType::F32))
         });
         // The causal convolution over the window held and the new positions: output t is
-        // Σⱼ w[:, j] · inputs[t + j].
-        let inputs = ops::concatenate(&[window, mixed], 1);
-        let taps = self.conv1d.weight.reshape([c, kernel]).transpose(&[1, 0]);
+        // Σⱼ w[:, j] · inputs[t + j], summed in float32 and rounded once, as a convolution is.
+        let inputs = ops::concatenate(&[window, mixed.clone()], 1);
+        let taps = self.conv1d.weight.reshape([c, kernel]).transpose(&[1, 0]).astype(DType::F32);
         let mut conv = None;
         for j in 0..kernel {
-            let tap =
-                &inputs.slice(&[0, j, 0], &[b, j + t, c], &[1, 1, 1]) * &taps.slice(&[j, 0], &[j + 1, c], &[1, 1]);
+            let tap = inputs.slice(&[0, j, 0], &[b, j + t, c], &[1, 1, 1]).astype(DType::F32)
+                * taps.slice(&[j, 0], &[j + 1, c], &[1, 1]);
             conv = Some(match conv {
                 Some(sum) => &sum + &tap,
                 None => tap,
             });
         }
-        let conv = nuvec::nn::silu(&conv.unwrap_or_else(|| failed("the convolution has no taps".into())));
+        let conv = conv.unwrap_or_else(|| failed("the convolution has no taps".into())).astype(mixed.dtype());
+        let conv = nuvec::nn::silu(&conv);
         let split = |from: i32, n: i32| conv.slice(&[0, 0, from], &[b, t, from + n], &[1, 1, 1]);
         let (q, k) = (split(0, hk * dk).reshape([b, t, hk, dk]), split(hk * dk, hk * dk).reshape([b, t, hk, dk]));
         let v = split(2 * hk * dk, hv * dv).reshape([b, t, hv, dv]);
@@ -232,7 +233,7 @@ impl GatedDeltaNet {
         let beta = write.sigmoid();
         let options = StepOptions { storage: None, mask };
         // A pass a speculative step may take back keeps every step's state.
-        let stepwise = valid.is_none() && t > 1 && t <= ROLLBACK_STEPS;
+        let stepwise = cache.keeps_steps() && valid.is_none() && t > 1 && t <= ROLLBACK_STEPS;
         let (y, states) = match stepwise {
             true => fast::gated_delta_steps_with(&q, &k, &v, &g, &beta, Some(&state), &options),
             false => fast::gated_delta_with(&q, &k, &v, &g, &beta, Some(&state), &options),
