@@ -84,7 +84,7 @@ pub fn gated_delta_with(
 /// let (_, last) = fast::gated_delta(&q, &q, &v, &g, &g, None);
 /// let (_, states) = fast::gated_delta_steps(&q, &q, &v, &g, &g, None);
 /// assert_eq!(states.shape(), &[1, 2, 1, 4, 4]);
-/// assert!(states.i((.., 1)).array_eq(&last, false).item::<bool>().unwrap());
+/// assert_eq!(states.i((.., 1)).to_vec::<f32>().unwrap(), last.to_vec::<f32>().unwrap());
 /// ```
 #[track_caller]
 pub fn gated_delta_steps(
