@@ -4,9 +4,15 @@
 //! the same roundings per element: for each step, each row `s` of a value head's state
 //! `[Dv, Dk]` is decayed (`s·g`), read by the key (`kv = Σ s·k`), corrected (`δ = (v − kv)·β`,
 //! `s ← s + δ·k`) and read by the query (`y = Σ s·q`); only the order of the two sums differs.
-//! A state row depends on no other row, so one task takes a block of rows of one value head
-//! through every step, the rows staying in L1 while the steps' `q`, `k`, `g` stream past. The
-//! composition instead makes about ten passes over the whole state per step.
+//! The composition makes about ten passes over the whole state per step.
+//!
+//! A state row depends on no other row, so one task takes a block of [`ROWS`] rows of one value
+//! head through every step, the block in L1 while the steps stream past. For a few steps (a
+//! decode) the block stays row-major and each row's sums run along its key channels
+//! (`step_rows`); from [`LANES_FROM`] steps on it is held transposed, the rows as the vector
+//! lanes and each key channel's `g`, `k`, `q` one value for all of them (`step_lanes`), which
+//! pays for the transposes. Both sum in one order ([`P`] partials), so a prompt gives the same
+//! bits in one call or in pieces, and `gated_delta_steps` the same states as `gated_delta`.
 
 use half::{bf16, f16};
 use nuvec_core::fast::GatedDeltaParams;
@@ -17,8 +23,15 @@ use super::elems;
 use crate::internal;
 use crate::map::simd_kernel;
 
-/// State elements one task keeps (its block of rows): within L1 with the step's vectors.
-const BLOCK_ELEMS: usize = 4096;
+/// Steps from which a task keeps its block transposed (`step_lanes`): the transposes in and out
+/// cost about what a few steps of row-major rows lose (bench/results/2026-12-05-gated-delta-cpu.md).
+const LANES_FROM: usize = 8;
+
+/// State rows per task: two AVX2 vectors of lanes.
+const ROWS: usize = 16;
+
+/// One key channel of a block: that element of each of its rows.
+type Lanes = [f32; ROWS];
 
 /// Runs the recurrence on row-major operands `[q, k, v, g, beta, state, mask?]` (the shape rule
 /// accepted them): `y` in `q`'s dtype, the last state (or every step's) in `p.storage`.
@@ -74,12 +87,12 @@ pub(crate) fn eval(p: &GatedDeltaParams, inputs: &[Operand], outputs: &mut [Outp
         groups: hv / hk,
         channel_gate,
         steps: p.steps,
-        rows: (BLOCK_ELEMS / dk.max(1)).clamp(1, dv.max(1)),
+        lanes: !p.steps && t >= LANES_FROM,
     };
     let mut y = HostBuffer::uninit(y_out.size() * y_out.dtype.size())?;
     let mut s = HostBuffer::uninit(s_out.size() * s_out.dtype.size())?;
     let (ys, ss) = (Sink::of(&mut y, y_out.dtype)?, Sink::of(&mut s, s_out.dtype)?);
-    let blocks = dv.div_ceil(task.rows);
+    let blocks = dv.div_ceil(ROWS);
     crate::pool::for_each(b * hv * blocks, &|i| {
         block_simd((&task, &ys, &ss, i / (hv * blocks), i / blocks % hv, i % blocks));
     });
@@ -109,102 +122,224 @@ struct Task<'a> {
     channel_gate: bool,
     /// Whether the state output holds every step's state.
     steps: bool,
-    /// State rows per task.
-    rows: usize,
+    /// Whether blocks are kept transposed (`step_lanes`) rather than row-major (`step_rows`).
+    lanes: bool,
 }
 
 type BlockArgs<'a, 'b> = (&'a Task<'b>, &'a Sink, &'a Sink, usize, usize, usize);
 
 simd_kernel!(block_simd => block(BlockArgs));
 
-/// Rows `blk·rows ..` of value head `h` of batch row `b` through all steps, writing their
+/// Rows `blk·ROWS ..` of value head `h` of batch row `b` through all steps, writing their
 /// outputs, and their states (every step's, or the last).
 #[inline(always)]
 fn block((c, ys, ss, b, h, blk): BlockArgs) {
-    let (dk, dv) = (c.dk, c.dv);
-    let i0 = blk * c.rows;
-    let rows = c.rows.min(dv - i0);
-    let kh = h / c.groups;
-    // The block's rows of the state, in f32.
-    let mut s = vec![0f32; rows * dk];
-    c.state.read(((b * c.hv + h) * dv + i0) * dk, &mut s);
-    let (mut q, mut k, mut g, mut v, mut y) =
-        (vec![0f32; dk], vec![0f32; dk], vec![0f32; dk], vec![0f32; rows], vec![0f32; rows]);
-    for t in 0..c.t {
-        let bt = b * c.t + t;
-        let head = bt * c.hv + h;
-        if c.mask.is_some_and(|m| m[bt] == 0) {
-            // A padded step keeps the state and outputs zeros.
-            y.fill(0.0);
-        } else {
-            c.q.read((bt * c.hk + kh) * dk, &mut q);
-            c.k.read((bt * c.hk + kh) * dk, &mut k);
-            c.v.read(head * dv + i0, &mut v);
-            let beta = c.beta.get(head);
-            if c.channel_gate {
-                c.g.read(head * dk, &mut g);
+    let dk = c.dk;
+    let i0 = blk * ROWS;
+    let rows = ROWS.min(c.dv - i0);
+    let first = ((b * c.hv + h) * c.dv + i0) * dk;
+    let mut x = StepInputs { q: vec![0f32; dk], k: vec![0f32; dk], g: vec![0f32; dk], v: [0.0; ROWS], beta: 0.0 };
+    let mut y = [0f32; ROWS];
+    if c.lanes {
+        // The rows as stored (rows past the block's zero), then transposed.
+        let mut stage = vec![0f32; ROWS * dk];
+        c.state.read(first, &mut stage[..rows * dk]);
+        let mut st = vec![[0f32; ROWS]; dk];
+        transpose(&stage, st.as_flattened_mut(), ROWS, dk);
+        for t in 0..c.t {
+            let head = (b * c.t + t) * c.hv + h;
+            if c.read_step(&mut x, b, t, h, i0, rows) {
+                step_lanes(&mut st, &x, &mut y);
             } else {
-                g.fill(c.g.get(head));
+                y.fill(0.0);
             }
-            for ((row, y), &v) in s.chunks_exact_mut(dk.max(1)).zip(y.iter_mut()).zip(&v) {
-                let kv = decay_dot(row, &g, &k);
-                let delta = (v - kv) * beta;
-                *y = update_dot(row, delta, &k, &q);
-            }
+            // SAFETY: the ranges of (batch row, step, head, block) are disjoint between tasks.
+            unsafe { ys.store(head * c.dv + i0, &y[..rows]) };
         }
-        // SAFETY: the element ranges of (batch row, step, head, block) are disjoint between tasks.
-        unsafe { ys.store(head * dv + i0, &y) };
+        transpose(st.as_flattened(), &mut stage, dk, ROWS);
+        // SAFETY: the ranges of (batch row, head, block) are disjoint between tasks.
+        unsafe { ss.store(first, &stage[..rows * dk]) };
+        return;
+    }
+    // The last state in float32 is worked on where it is returned: one copy fewer.
+    let mut own = Vec::new();
+    // SAFETY: the range of (batch row, head, block) is this task's alone.
+    let st = match (!c.steps).then(|| unsafe { ss.f32s(first, rows * dk) }).flatten() {
+        Some(st) => st,
+        None => {
+            own.resize(rows * dk, 0f32);
+            &mut own[..]
+        }
+    };
+    c.state.read(first, st);
+    for t in 0..c.t {
+        let head = (b * c.t + t) * c.hv + h;
+        if c.read_step(&mut x, b, t, h, i0, rows) {
+            step_rows(st, &x, &mut y);
+        } else {
+            y.fill(0.0);
+        }
+        // SAFETY: the ranges of (batch row, step, head, block) are disjoint between tasks.
+        unsafe { ys.store(head * c.dv + i0, &y[..rows]) };
         if c.steps {
             // SAFETY: as above, for the steps' states.
-            unsafe { ss.store((head * dv + i0) * dk, &s) };
+            unsafe { ss.store((head * c.dv + i0) * dk, st) };
         }
     }
-    if !c.steps {
-        // SAFETY: the element ranges of (batch row, head, block) are disjoint between tasks.
-        unsafe { ss.store(((b * c.hv + h) * dv + i0) * dk, &s) };
+    if !c.steps && !own.is_empty() {
+        // SAFETY: the ranges of (batch row, head, block) are disjoint between tasks.
+        unsafe { ss.store(first, &own) };
     }
 }
 
-const L: usize = 16;
-
-/// `s ← s·g`, then `Σ s·k`, in `L` independent lanes the compiler keeps in vector registers.
-#[inline(always)]
-fn decay_dot(s: &mut [f32], g: &[f32], k: &[f32]) -> f32 {
-    let mut lanes = [0f32; L];
-    let mut sc = s.chunks_exact_mut(L);
-    let (mut gc, mut kc) = (g.chunks_exact(L), k.chunks_exact(L));
-    for ((s, g), k) in (&mut sc).zip(&mut gc).zip(&mut kc) {
-        for l in 0..L {
-            s[l] *= g[l];
-            lanes[l] += s[l] * k[l];
-        }
-    }
-    let mut tail = 0f32;
-    for ((s, g), k) in sc.into_remainder().iter_mut().zip(gc.remainder()).zip(kc.remainder()) {
-        *s *= g;
-        tail += *s * k;
-    }
-    lanes.iter().sum::<f32>() + tail
+/// One step's inputs for a block of rows, in `f32`.
+struct StepInputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    /// The decay of each key channel (one value repeated for a gate per head).
+    g: Vec<f32>,
+    v: Lanes,
+    beta: f32,
 }
 
-/// `s ← s + δ·k`, then `Σ s·q`, as [`decay_dot`].
+impl Task<'_> {
+    /// Reads step `t`'s inputs for rows `i0 .. i0 + rows` of value head `h` of batch row `b`;
+    /// false for a masked step (the state is kept, the output zero).
+    #[inline(always)]
+    fn read_step(&self, x: &mut StepInputs, b: usize, t: usize, h: usize, i0: usize, rows: usize) -> bool {
+        let (dk, bt) = (self.dk, b * self.t + t);
+        if self.mask.is_some_and(|m| m[bt] == 0) {
+            return false;
+        }
+        let head = bt * self.hv + h;
+        let at = (bt * self.hk + h / self.groups) * dk;
+        self.q.read(at, &mut x.q);
+        self.k.read(at, &mut x.k);
+        self.v.read(head * self.dv + i0, &mut x.v[..rows]);
+        if self.channel_gate {
+            self.g.read(head * dk, &mut x.g);
+        } else {
+            x.g.fill(self.g.get(head));
+        }
+        x.beta = self.beta.get(head);
+        true
+    }
+}
+
+/// `dst` (`[m, n]`) ← `src` (`[n, m]`) transposed, both row-major.
 #[inline(always)]
-fn update_dot(s: &mut [f32], delta: f32, k: &[f32], q: &[f32]) -> f32 {
-    let mut lanes = [0f32; L];
-    let mut sc = s.chunks_exact_mut(L);
-    let (mut kc, mut qc) = (k.chunks_exact(L), q.chunks_exact(L));
-    for ((s, k), q) in (&mut sc).zip(&mut kc).zip(&mut qc) {
-        for l in 0..L {
-            s[l] += delta * k[l];
-            lanes[l] += s[l] * q[l];
+fn transpose(src: &[f32], dst: &mut [f32], n: usize, m: usize) {
+    for (i, row) in src.chunks_exact(m.max(1)).take(n).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            dst[j * n + i] = v;
         }
     }
-    let mut tail = 0f32;
-    for ((s, k), q) in sc.into_remainder().iter_mut().zip(kc.remainder()).zip(qc.remainder()) {
-        *s += delta * k;
-        tail += *s * q;
+}
+
+/// Partial sums of a row's key channels: channel `j` adds to partial `j % P`, in order; the
+/// partials are then added by halving, and the channels past the last multiple of `P` after
+/// them. Both layouts sum in this order, so they give the same bits.
+const P: usize = 32;
+
+/// One step of row-major rows: `s ← s·g`, `kv = Σ s·k`, `δ = (v − kv)·β`, `s ← s + δ·k`,
+/// `y = Σ s·q`. The first pass does not store the decayed state: the second recomputes it, bit
+/// for bit, saving a store per element.
+#[inline(always)]
+fn step_rows(st: &mut [f32], x: &StepInputs, y: &mut Lanes) {
+    let (gc, gt) = x.g.as_chunks::<P>();
+    let (kc, kt) = x.k.as_chunks::<P>();
+    let (qc, qt) = x.q.as_chunks::<P>();
+    for ((row, y), &v) in st.chunks_exact_mut(x.g.len().max(1)).zip(y.iter_mut()).zip(&x.v) {
+        let (sc, stail) = row.as_chunks_mut::<P>();
+        let mut part = [0f32; P];
+        for ((s, g), k) in sc.iter().zip(gc).zip(kc) {
+            for l in 0..P {
+                part[l] += s[l] * g[l] * k[l];
+            }
+        }
+        let tail = stail.iter().zip(gt).zip(kt).fold(0f32, |a, ((s, g), k)| a + s * g * k);
+        let delta = (v - (halve(part) + tail)) * x.beta;
+        let mut part = [0f32; P];
+        for (((s, g), k), q) in sc.iter_mut().zip(gc).zip(kc).zip(qc) {
+            for l in 0..P {
+                s[l] = s[l] * g[l] + delta * k[l];
+                part[l] += s[l] * q[l];
+            }
+        }
+        let mut tail = 0f32;
+        for (((s, g), k), q) in stail.iter_mut().zip(gt).zip(kt).zip(qt) {
+            *s = *s * g + delta * k;
+            tail += *s * q;
+        }
+        *y = halve(part) + tail;
     }
-    lanes.iter().sum::<f32>() + tail
+}
+
+/// The sum of the partials: the upper half added to the lower, five times.
+#[inline(always)]
+fn halve(p: [f32; P]) -> f32 {
+    let a: [f32; 16] = std::array::from_fn(|l| p[l] + p[l + 16]);
+    let a: [f32; 8] = std::array::from_fn(|l| a[l] + a[l + 8]);
+    let b: [f32; 4] = std::array::from_fn(|l| a[l] + a[l + 4]);
+    (b[0] + b[2]) + (b[1] + b[3])
+}
+
+/// [`halve`] for each lane (row) of the partials, in vector additions.
+#[inline(always)]
+fn halve_lanes(p: &[Lanes; P]) -> Lanes {
+    let add = |a: &Lanes, b: &Lanes| -> Lanes { std::array::from_fn(|r| a[r] + b[r]) };
+    let a: [Lanes; 16] = std::array::from_fn(|l| add(&p[l], &p[l + 16]));
+    let a: [Lanes; 8] = std::array::from_fn(|l| add(&a[l], &a[l + 8]));
+    let b: [Lanes; 4] = std::array::from_fn(|l| add(&a[l], &a[l + 4]));
+    add(&add(&b[0], &b[2]), &add(&b[1], &b[3]))
+}
+
+/// [`step_rows`] on a transposed block: the rows are the lanes, each key channel's `g`, `k` and
+/// `q` one value for all of them. Partial `l`'s channels are visited together, so its sums stay
+/// in registers.
+#[inline(always)]
+fn step_lanes(st: &mut [Lanes], x: &StepInputs, y: &mut Lanes) {
+    let dk = st.len();
+    let main = dk - dk % P;
+    let (g, k, q) = (&x.g[..dk], &x.k[..dk], &x.q[..dk]);
+    let mut part = [[0f32; ROWS]; P];
+    for (l, part) in part.iter_mut().enumerate() {
+        for j in (l..main).step_by(P) {
+            let (s, g, k) = (&st[j], g[j], k[j]);
+            for r in 0..ROWS {
+                part[r] += s[r] * g * k;
+            }
+        }
+    }
+    let mut tail = [0f32; ROWS];
+    for j in main..dk {
+        let (s, g, k) = (&st[j], g[j], k[j]);
+        for r in 0..ROWS {
+            tail[r] += s[r] * g * k;
+        }
+    }
+    let kv = halve_lanes(&part);
+    let delta: Lanes = std::array::from_fn(|r| (x.v[r] - (kv[r] + tail[r])) * x.beta);
+    let mut part = [[0f32; ROWS]; P];
+    for (l, part) in part.iter_mut().enumerate() {
+        for j in (l..main).step_by(P) {
+            let (s, g, k, q) = (&mut st[j], g[j], k[j], q[j]);
+            for r in 0..ROWS {
+                s[r] = s[r] * g + delta[r] * k;
+                part[r] += s[r] * q;
+            }
+        }
+    }
+    let mut tail = [0f32; ROWS];
+    for j in main..dk {
+        let (s, g, k, q) = (&mut st[j], g[j], k[j], q[j]);
+        for r in 0..ROWS {
+            s[r] = s[r] * g + delta[r] * k;
+            tail[r] += s[r] * q;
+        }
+    }
+    let out = halve_lanes(&part);
+    *y = std::array::from_fn(|r| out[r] + tail[r]);
 }
 
 /// A row-major operand of any float dtype, read as `f32` (as the composition casts it).
@@ -266,6 +401,22 @@ impl Sink {
             return Err(crate::unsupported(dtype));
         }
         Ok(Sink { ptr: buf.bytes_mut().as_mut_ptr(), len: buf.len() / dtype.size(), dtype })
+    }
+
+    /// Elements `at .. at + n` as `f32`s to work in, if the buffer is `float32` (and the range
+    /// inside it).
+    ///
+    /// # Safety
+    /// No other thread reads or writes these elements while the slice lives.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn f32s(&self, at: usize, n: usize) -> Option<&mut [f32]> {
+        if self.dtype != DType::F32 || at.checked_add(n).is_none_or(|end| end > self.len) {
+            return None;
+        }
+        // SAFETY: in bounds, aligned (host buffers are 64-byte aligned) and not shared (the
+        // caller's promise).
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<f32>().add(at), n) })
     }
 
     /// Writes `vals` to elements `at ..` (a range past the end is skipped; `eval` checked the
@@ -350,8 +501,15 @@ mod tests {
 
     #[test]
     fn matches_float64_with_grouped_heads_and_rows_past_a_block() {
-        // Dk 20 (a tail past 16 lanes), Dv 300 (two blocks of 204 rows and a short one).
-        let (b, t, hk, hv, dk, dv) = (2, 3, 1, 2, 20, 300);
+        // 3 steps row-major, 12 transposed.
+        for t in [3, 12] {
+            check(t);
+        }
+    }
+
+    fn check(t: usize) {
+        // Dk 37 (channels past the partials), Dv 300 (18 blocks of 16 rows and a short one).
+        let (b, hk, hv, dk, dv) = (2, 1, 2, 37, 300);
         let q = sample(b * t * hk * dk, 1, -1.0, 1.0);
         let k = sample(b * t * hk * dk, 2, -0.3, 0.3);
         let v = sample(b * t * hv * dv, 3, -1.0, 1.0);
@@ -379,7 +537,7 @@ mod tests {
         );
         for (what, got, want) in [("y", values::<f32>(&outs[0]), want_y), ("state", values::<f32>(&outs[1]), want_s)] {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!((*g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()), "{what} {i}: {g} vs {w}");
+                assert!((*g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()), "T {t} {what} {i}: {g} vs {w}");
             }
         }
     }

@@ -304,7 +304,10 @@ fn fused_kernel_matches_the_composition() {
 #[test]
 fn steps_end_in_the_state_gated_delta_returns() {
     let mut rng = Rng(0x6a7e_d0e3);
-    for (d, masked) in [(dims(2, 5, 1, 2, 16, 8), false), (dims(3, 4, 2, 2, 8, 8), true)] {
+    // 5 and 4 steps keep the CPU kernel's blocks row-major, 20 transposed (steps stay row-major).
+    for (d, masked) in
+        [(dims(2, 5, 1, 2, 16, 8), false), (dims(3, 4, 2, 2, 8, 8), true), (dims(2, 20, 1, 2, 40, 24), true)]
+    {
         for storage in [DType::F32, DType::BF16] {
             let c = call(&mut rng, d, DType::BF16, DType::F32, masked, masked, Some(DType::F32));
             let (y, last) = c.run(Some(storage));
@@ -322,11 +325,13 @@ fn steps_end_in_the_state_gated_delta_returns() {
 }
 
 /// A prompt run in pieces, each starting from the state the last one returned, equals running
-/// it whole (bit for bit on the CPU: each row's arithmetic does not depend on the split).
+/// it whole (bit for bit on the CPU: each row's arithmetic does not depend on the split, nor on
+/// the layout its kernel picks for the piece's length).
 #[test]
 fn a_prompt_in_pieces_equals_it_whole() {
     let mut rng = Rng(0x6a7e_d0e4);
-    let d = dims(2, 37, 2, 4, 16, 12);
+    // Dk 40: channels in the partials and past them.
+    let d = dims(2, 37, 2, 4, 40, 12);
     for (dtype, channel, masked) in [(DType::F32, false, false), (DType::BF16, true, true), (DType::F16, false, true)] {
         let c = call(&mut rng, d, dtype, DType::F32, channel, masked, Some(DType::F32));
         let (y, s) = c.run(None);
@@ -624,14 +629,14 @@ fn mlx_gated_delta_ops_match() {
 }
 
 /// Times `fast::gated_delta` on Qwen3-Next's linear attention (16 key heads, 32 value heads,
-/// 128 features each): decode steps of 1 to 8 rows, a 512-token prefill. Run it as is and with
-/// `NUVEC_FUSED=0` (the composition):
-/// `cargo test --release -p nuvec --test suite gated_delta::timing -- --ignored --nocapture`.
+/// 128 features each) against its composition (what `NUVEC_FUSED=0` runs), alternating the two
+/// in one process: decode steps of 1 to 8 rows, chunks of 4 to 64 steps, a 512-token prefill.
+/// `cargo test --release -p nuvec --test suite gated_delta::timing -- --ignored --nocapture`;
+/// `GATED_DELTA_CASES=<text>` keeps the cases whose label (`B 1 T 512 float32`) holds it.
 #[test]
 #[ignore]
 fn timing() {
     let mut rng = Rng(0x6a7e_d0e9);
-    let fused = if fast::fused_enabled() { "fused" } else { "composition" };
     for (b, t, dtype) in [
         (1, 1, DType::F32),
         (2, 1, DType::F32),
@@ -639,29 +644,50 @@ fn timing() {
         (8, 1, DType::F32),
         (1, 1, DType::BF16),
         (8, 1, DType::BF16),
+        (1, 4, DType::F32),
+        (1, 16, DType::F32),
+        (1, 64, DType::F32),
         (1, 512, DType::F32),
         (1, 512, DType::BF16),
     ] {
+        let label = format!("B {b} T {t} {dtype}");
+        if std::env::var("GATED_DELTA_CASES").is_ok_and(|f| !label.contains(&f)) {
+            continue;
+        }
         let d = dims(b, t, 16, 32, 128, 128);
         let c = call(&mut rng, d, dtype, DType::F32, false, false, Some(DType::F32));
-        let run = || {
+        let op = FastOp::GatedDelta(GatedDeltaParams { steps: false, storage: DType::F32, masked: false });
+        let inputs = c.op_inputs();
+        let fused = || {
             let (y, s) = c.run(None);
             nuvec::eval(&(&y, &s)).unwrap();
         };
-        run();
-        let mut times = Vec::new();
+        let composed = || nuvec::eval(&op.composition(&inputs)).unwrap();
+        let runs: [&dyn Fn(); 2] = [&fused, &composed];
+        runs.iter().for_each(|f| f());
+        let mut times = [Vec::new(), Vec::new()];
         let start = std::time::Instant::now();
-        while times.len() < 5 || (start.elapsed().as_secs_f64() < 2.0 && times.len() < 1000) {
-            let t0 = std::time::Instant::now();
-            run();
-            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        while times[1].len() < 5 || (start.elapsed().as_secs_f64() < 4.0 && times[1].len() < 500) {
+            for (f, times) in runs.iter().zip(&mut times) {
+                let t0 = std::time::Instant::now();
+                f();
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
         }
-        times.sort_by(f64::total_cmp);
+        let n = times[0].len();
+        let [f, c] = times.map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            (t[t.len() / 2], t[0])
+        });
         println!(
-            "gated_delta {fused} B {b} T {t} {dtype}: median {:.3} ms, min {:.3} ms ({} runs)",
-            times[times.len() / 2],
-            times[0],
-            times.len()
+            "gated_delta {label}: fused median {:.3} ms (min {:.3}), composition median {:.3} ms (min {:.3}), \
+             composition / fused {:.2} ({} runs each)",
+            f.0,
+            f.1,
+            c.0,
+            c.1,
+            c.0 / f.0,
+            n
         );
     }
 }
