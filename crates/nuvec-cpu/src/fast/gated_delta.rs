@@ -138,7 +138,7 @@ fn block((c, ys, ss, b, h, blk): BlockArgs) {
     let i0 = blk * ROWS;
     let rows = ROWS.min(c.dv - i0);
     let first = ((b * c.hv + h) * c.dv + i0) * dk;
-    let mut x = StepInputs { q: vec![0f32; dk], k: vec![0f32; dk], g: vec![0f32; dk], v: [0.0; ROWS], beta: 0.0 };
+    let mut bufs = [vec![0f32; dk], vec![0f32; dk], vec![0f32; dk]];
     let mut y = [0f32; ROWS];
     if c.lanes {
         // The rows as stored (rows past the block's zero), then transposed.
@@ -148,7 +148,7 @@ fn block((c, ys, ss, b, h, blk): BlockArgs) {
         transpose(&stage, st.as_flattened_mut(), ROWS, dk);
         for t in 0..c.t {
             let head = (b * c.t + t) * c.hv + h;
-            if c.read_step(&mut x, b, t, h, i0, rows) {
+            if let Some(x) = c.read_step(&mut bufs, b, t, h, i0, rows) {
                 step_lanes(&mut st, &x, &mut y);
             } else {
                 y.fill(0.0);
@@ -174,7 +174,7 @@ fn block((c, ys, ss, b, h, blk): BlockArgs) {
     c.state.read(first, st);
     for t in 0..c.t {
         let head = (b * c.t + t) * c.hv + h;
-        if c.read_step(&mut x, b, t, h, i0, rows) {
+        if let Some(x) = c.read_step(&mut bufs, b, t, h, i0, rows) {
             step_rows(st, &x, &mut y);
         } else {
             y.fill(0.0);
@@ -192,37 +192,50 @@ fn block((c, ys, ss, b, h, blk): BlockArgs) {
     }
 }
 
-/// One step's inputs for a block of rows, in `f32`.
-struct StepInputs {
-    q: Vec<f32>,
-    k: Vec<f32>,
+/// One step's inputs for a block of rows, in `f32`: `float32` operands' own elements, others
+/// converted.
+struct StepInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
     /// The decay of each key channel (one value repeated for a gate per head).
-    g: Vec<f32>,
+    g: &'a [f32],
+    /// The rows' values, zero past the block's rows.
     v: Lanes,
     beta: f32,
 }
 
 impl Task<'_> {
-    /// Reads step `t`'s inputs for rows `i0 .. i0 + rows` of value head `h` of batch row `b`;
-    /// false for a masked step (the state is kept, the output zero).
+    /// Step `t`'s inputs for rows `i0 .. i0 + rows` of value head `h` of batch row `b` (`bufs`
+    /// holding what is converted), or `None` for a masked step (the state is kept, the output
+    /// zero).
     #[inline(always)]
-    fn read_step(&self, x: &mut StepInputs, b: usize, t: usize, h: usize, i0: usize, rows: usize) -> bool {
+    fn read_step<'s>(
+        &'s self,
+        bufs: &'s mut [Vec<f32>; 3],
+        b: usize,
+        t: usize,
+        h: usize,
+        i0: usize,
+        rows: usize,
+    ) -> Option<StepInputs<'s>> {
         let (dk, bt) = (self.dk, b * self.t + t);
         if self.mask.is_some_and(|m| m[bt] == 0) {
-            return false;
+            return None;
         }
         let head = bt * self.hv + h;
         let at = (bt * self.hk + h / self.groups) * dk;
-        self.q.read(at, &mut x.q);
-        self.k.read(at, &mut x.k);
-        self.v.read(head * self.dv + i0, &mut x.v[..rows]);
-        if self.channel_gate {
-            self.g.read(head * dk, &mut x.g);
+        let [qb, kb, gb] = bufs;
+        let g = if self.channel_gate {
+            self.g.view(head * dk, gb)
         } else {
-            x.g.fill(self.g.get(head));
+            gb.fill(self.g.get(head));
+            &gb[..]
+        };
+        let mut v = [0f32; ROWS];
+        for (r, v) in v.iter_mut().enumerate().take(rows) {
+            *v = self.v.get(head * self.dv + i0 + r);
         }
-        x.beta = self.beta.get(head);
-        true
+        Some(StepInputs { q: self.q.view(at, qb), k: self.k.view(at, kb), g, v, beta: self.beta.get(head) })
     }
 }
 
@@ -245,7 +258,7 @@ const P: usize = 32;
 /// `y = Σ s·q`. The first pass does not store the decayed state: the second recomputes it, bit
 /// for bit, saving a store per element.
 #[inline(always)]
-fn step_rows(st: &mut [f32], x: &StepInputs, y: &mut Lanes) {
+fn step_rows(st: &mut [f32], x: &StepInputs<'_>, y: &mut Lanes) {
     let (gc, gt) = x.g.as_chunks::<P>();
     let (kc, kt) = x.k.as_chunks::<P>();
     let (qc, qt) = x.q.as_chunks::<P>();
@@ -284,32 +297,38 @@ fn halve(p: [f32; P]) -> f32 {
     (b[0] + b[2]) + (b[1] + b[3])
 }
 
-/// [`halve`] for each lane (row) of the partials, in vector additions.
+/// [`halve`] for each lane (row) of the partials, in place, in vector additions.
 #[inline(always)]
-fn halve_lanes(p: &[Lanes; P]) -> Lanes {
-    let add = |a: &Lanes, b: &Lanes| -> Lanes { std::array::from_fn(|r| a[r] + b[r]) };
-    let a: [Lanes; 16] = std::array::from_fn(|l| add(&p[l], &p[l + 16]));
-    let a: [Lanes; 8] = std::array::from_fn(|l| add(&a[l], &a[l + 8]));
-    let b: [Lanes; 4] = std::array::from_fn(|l| add(&a[l], &a[l + 4]));
-    add(&add(&b[0], &b[2]), &add(&b[1], &b[3]))
+fn halve_lanes(part: &mut [Lanes; P]) -> Lanes {
+    for w in [16, 8, 4] {
+        let (lo, hi) = part.split_at_mut(w);
+        for (a, b) in lo.iter_mut().zip(hi.iter()) {
+            for r in 0..ROWS {
+                a[r] += b[r];
+            }
+        }
+    }
+    std::array::from_fn(|r| (part[0][r] + part[2][r]) + (part[1][r] + part[3][r]))
 }
 
 /// [`step_rows`] on a transposed block: the rows are the lanes, each key channel's `g`, `k` and
 /// `q` one value for all of them. Partial `l`'s channels are visited together, so its sums stay
 /// in registers.
 #[inline(always)]
-fn step_lanes(st: &mut [Lanes], x: &StepInputs, y: &mut Lanes) {
+fn step_lanes(st: &mut [Lanes], x: &StepInputs<'_>, y: &mut Lanes) {
     let dk = st.len();
     let main = dk - dk % P;
     let (g, k, q) = (&x.g[..dk], &x.k[..dk], &x.q[..dk]);
     let mut part = [[0f32; ROWS]; P];
     for (l, part) in part.iter_mut().enumerate() {
+        let mut acc = [0f32; ROWS];
         for j in (l..main).step_by(P) {
             let (s, g, k) = (&st[j], g[j], k[j]);
             for r in 0..ROWS {
-                part[r] += s[r] * g * k;
+                acc[r] += s[r] * g * k;
             }
         }
+        *part = acc;
     }
     let mut tail = [0f32; ROWS];
     for j in main..dk {
@@ -318,17 +337,18 @@ fn step_lanes(st: &mut [Lanes], x: &StepInputs, y: &mut Lanes) {
             tail[r] += s[r] * g * k;
         }
     }
-    let kv = halve_lanes(&part);
+    let kv = halve_lanes(&mut part);
     let delta: Lanes = std::array::from_fn(|r| (x.v[r] - (kv[r] + tail[r])) * x.beta);
-    let mut part = [[0f32; ROWS]; P];
     for (l, part) in part.iter_mut().enumerate() {
+        let mut acc = [0f32; ROWS];
         for j in (l..main).step_by(P) {
             let (s, g, k, q) = (&mut st[j], g[j], k[j], q[j]);
             for r in 0..ROWS {
                 s[r] = s[r] * g + delta[r] * k;
-                part[r] += s[r] * q;
+                acc[r] += s[r] * q;
             }
         }
+        *part = acc;
     }
     let mut tail = [0f32; ROWS];
     for j in main..dk {
@@ -338,8 +358,10 @@ fn step_lanes(st: &mut [Lanes], x: &StepInputs, y: &mut Lanes) {
             tail[r] += s[r] * q;
         }
     }
-    let out = halve_lanes(&part);
-    *y = std::array::from_fn(|r| out[r] + tail[r]);
+    let out = halve_lanes(&mut part);
+    for r in 0..ROWS {
+        y[r] = out[r] + tail[r];
+    }
 }
 
 /// A row-major operand of any float dtype, read as `f32` (as the composition casts it).
@@ -370,6 +392,18 @@ impl<'a> Floats<'a> {
             Floats::BF16(x) => out.iter_mut().zip(&x[at..at + n]).for_each(|(o, x)| *o = x.to_f32()),
             Floats::F32(x) => out.copy_from_slice(&x[at..at + n]),
             Floats::F64(x) => out.iter_mut().zip(&x[at..at + n]).for_each(|(o, &x)| *o = x as f32),
+        }
+    }
+
+    /// Elements `at .. at + buf.len()`: a `float32` operand's own, else converted into `buf`.
+    #[inline(always)]
+    fn view<'b>(&'b self, at: usize, buf: &'b mut [f32]) -> &'b [f32] {
+        match self {
+            Floats::F32(x) => &x[at..at + buf.len()],
+            _ => {
+                self.read(at, buf);
+                buf
+            }
         }
     }
 

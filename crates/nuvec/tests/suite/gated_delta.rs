@@ -629,14 +629,15 @@ fn mlx_gated_delta_ops_match() {
 }
 
 /// Times `fast::gated_delta` on Qwen3-Next's linear attention (16 key heads, 32 value heads,
-/// 128 features each) against its composition (what `NUVEC_FUSED=0` runs), alternating the two
-/// in one process: decode steps of 1 to 8 rows, chunks of 4 to 64 steps, a 512-token prefill.
+/// 128 features each): decode steps of 1 to 8 rows, chunks of 4 to 64 steps, a 512-token
+/// prefill. Run it as is (the fused kernel) and with `NUVEC_FUSED=0` (the composition):
 /// `cargo test --release -p nuvec --test suite gated_delta::timing -- --ignored --nocapture`;
 /// `GATED_DELTA_CASES=<text>` keeps the cases whose label (`B 1 T 512 float32`) holds it.
 #[test]
 #[ignore]
 fn timing() {
     let mut rng = Rng(0x6a7e_d0e9);
+    let path = if fast::fused_enabled() { "fused" } else { "composition" };
     for (b, t, dtype) in [
         (1, 1, DType::F32),
         (2, 1, DType::F32),
@@ -656,38 +657,20 @@ fn timing() {
         }
         let d = dims(b, t, 16, 32, 128, 128);
         let c = call(&mut rng, d, dtype, DType::F32, false, false, Some(DType::F32));
-        let op = FastOp::GatedDelta(GatedDeltaParams { steps: false, storage: DType::F32, masked: false });
-        let inputs = c.op_inputs();
-        let fused = || {
+        let run = || {
             let (y, s) = c.run(None);
             nuvec::eval(&(&y, &s)).unwrap();
         };
-        let composed = || nuvec::eval(&op.composition(&inputs)).unwrap();
-        let runs: [&dyn Fn(); 2] = [&fused, &composed];
-        runs.iter().for_each(|f| f());
-        let mut times = [Vec::new(), Vec::new()];
+        run();
+        let mut times = Vec::new();
         let start = std::time::Instant::now();
-        while times[1].len() < 5 || (start.elapsed().as_secs_f64() < 4.0 && times[1].len() < 500) {
-            for (f, times) in runs.iter().zip(&mut times) {
-                let t0 = std::time::Instant::now();
-                f();
-                times.push(t0.elapsed().as_secs_f64() * 1e3);
-            }
+        while times.len() < 5 || (start.elapsed().as_secs_f64() < 2.0 && times.len() < 1000) {
+            let t0 = std::time::Instant::now();
+            run();
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
         }
-        let n = times[0].len();
-        let [f, c] = times.map(|mut t| {
-            t.sort_by(f64::total_cmp);
-            (t[t.len() / 2], t[0])
-        });
-        println!(
-            "gated_delta {label}: fused median {:.3} ms (min {:.3}), composition median {:.3} ms (min {:.3}), \
-             composition / fused {:.2} ({} runs each)",
-            f.0,
-            f.1,
-            c.0,
-            c.1,
-            c.0 / f.0,
-            n
-        );
+        times.sort_by(f64::total_cmp);
+        let (median, min, n) = (times[times.len() / 2], times[0], times.len());
+        println!("gated_delta {path} {label}: median {median:.3} ms, min {min:.3} ms ({n} runs)");
     }
 }
