@@ -6,12 +6,12 @@
 //! `s ← s + δ·k`) and read by the query (`y = Σ s·q`); only the order of the two sums differs.
 //! The composition makes about ten passes over the whole state per step.
 //!
-//! A state row depends on no other row, so one task takes a block of [`ROWS`] rows of one value
+//! A state row depends on no other row, so one task takes a block of `ROWS` rows of one value
 //! head through every step, the block in L1 while the steps stream past. For a few steps (a
 //! decode) the block stays row-major and each row's sums run along its key channels
-//! (`step_rows`); from [`LANES_FROM`] steps on it is held transposed, the rows as the vector
+//! (`step_rows`); from `LANES_FROM` steps on it is held transposed, the rows as the vector
 //! lanes and each key channel's `g`, `k`, `q` one value for all of them (`step_lanes`), which
-//! pays for the transposes. Both sum in one order ([`P`] partials), so a prompt gives the same
+//! pays for the transposes. Both sum in one order (`P` partials), so a prompt gives the same
 //! bits in one call or in pieces, and `gated_delta_steps` the same states as `gated_delta`.
 
 use half::{bf16, f16};
@@ -253,6 +253,8 @@ fn transpose(src: &[f32], dst: &mut [f32], n: usize, m: usize) {
 /// partials are then added by halving, and the channels past the last multiple of `P` after
 /// them. Both layouts sum in this order, so they give the same bits.
 const P: usize = 32;
+// `halve` and `halve_lanes` spell out the halving of 32 partials.
+const _: () = assert!(P == 32);
 
 /// One step of row-major rows: `s ← s·g`, `kv = Σ s·k`, `δ = (v − kv)·β`, `s ← s + δ·k`,
 /// `y = Σ s·q`. The first pass does not store the decayed state: the second recomputes it, bit
