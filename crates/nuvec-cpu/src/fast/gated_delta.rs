@@ -23,8 +23,8 @@ use super::elems;
 use crate::internal;
 use crate::map::simd_kernel;
 
-/// Steps from which a task keeps its block transposed (`step_lanes`): the transposes in and out
-/// cost about what a few steps of row-major rows lose (bench/results/2026-12-05-gated-delta-cpu.md).
+/// Steps from which a task keeps its block transposed (`step_lanes`): below it, the transposes
+/// in and out cost more than the row-major rows lose.
 const LANES_FROM: usize = 8;
 
 /// State rows per task: two AVX2 vectors of lanes.

@@ -7,6 +7,8 @@
 
 use nuvec::fast::{self, FastOp, RopeParams};
 use nuvec::transforms::vjp_flat;
+
+use crate::epsilon;
 use nuvec::{Array, DType};
 
 /// A small deterministic generator (xorshift64*).
@@ -53,15 +55,6 @@ fn input(values: &[f64], rows: i32, d: i32, dtype: DType, strided: bool) -> (Arr
     };
     let rounded = f64s(&a);
     (a, rounded)
-}
-
-fn epsilon(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => 2f64.powi(-11),
-        DType::BF16 => 2f64.powi(-8),
-        DType::F32 => 2f64.powi(-24),
-        _ => 2f64.powi(-53),
-    }
 }
 
 /// Rounding to `dtype` (a few times) plus `float32` accumulation over `d` terms.

@@ -8,8 +8,8 @@
 //! (fixtures recorded by `scripts/mlx_fixtures_gated_delta.py`). The tests run on the default
 //! device, so a GPU run checks its kernel.
 
-use crate::Rng;
 use crate::fixture::{Fixture, Tolerance, compare};
+use crate::{Rng, epsilon};
 use nuvec::fast::{self, FastOp, GatedDeltaParams, StepOptions};
 use nuvec::transforms::{jvp_flat, vjp_flat, vmap_flat};
 use nuvec::{Array, DType, ops};
@@ -18,13 +18,13 @@ const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gated
 
 /// Batch rows, steps, key heads, value heads, key and value head sizes.
 #[derive(Clone, Copy, Debug)]
-struct Dims {
-    b: usize,
-    t: usize,
-    hk: usize,
-    hv: usize,
-    dk: usize,
-    dv: usize,
+pub(crate) struct Dims {
+    pub(crate) b: usize,
+    pub(crate) t: usize,
+    pub(crate) hk: usize,
+    pub(crate) hv: usize,
+    pub(crate) dk: usize,
+    pub(crate) dv: usize,
 }
 
 const fn dims(b: usize, t: usize, hk: usize, hv: usize, dk: usize, dv: usize) -> Dims {
@@ -141,14 +141,14 @@ fn call(rng: &mut Rng, d: Dims, dtype: DType, gate: DType, channel: bool, masked
 }
 
 /// The float64 loop's outputs: `y`, the last state and every step's state.
-struct Reference {
-    y: Vec<f64>,
-    last: Vec<f64>,
-    steps: Vec<f64>,
+pub(crate) struct Reference {
+    pub(crate) y: Vec<f64>,
+    pub(crate) last: Vec<f64>,
+    pub(crate) steps: Vec<f64>,
 }
 
 /// The recurrence in float64, one value head and one state row at a time.
-fn reference(d: &Dims, x: [&[f64]; 5], channel: bool, state: &[f64], mask: Option<&[bool]>) -> Reference {
+pub(crate) fn reference(d: &Dims, x: [&[f64]; 5], channel: bool, state: &[f64], mask: Option<&[bool]>) -> Reference {
     let [q, k, v, g, beta] = x;
     let Dims { b, t, hk, hv, dk, dv } = *d;
     let mut s = state.to_vec();
@@ -184,15 +184,6 @@ fn reference(d: &Dims, x: [&[f64]; 5], channel: bool, state: &[f64], mask: Optio
         }
     }
     Reference { y, last: s, steps }
-}
-
-fn epsilon(dtype: DType) -> f64 {
-    match dtype {
-        DType::F16 => 2f64.powi(-11),
-        DType::BF16 => 2f64.powi(-8),
-        DType::F32 => 2f64.powi(-24),
-        _ => 2f64.powi(-53),
-    }
 }
 
 /// `|got − want| ≤ tol·(1 + |want|)` element by element, with the shapes equal.

@@ -1223,43 +1223,17 @@ impl Gdn {
         (out.pop().unwrap(), states)
     }
 
-    /// The recurrence in float64 from the inputs' values: y `[B, T, Hv, Dv]` and the last state
-    /// (or every step's, `[B, T, Hv, Dv, Dk]`).
+    /// The recurrence in float64 from the inputs' values (`gated_delta`'s loop): y
+    /// `[B, T, Hv, Dv]` and the last state (or every step's, `[B, T, Hv, Dv, Dk]`).
     fn reference(&self, x: &GdnInputs) -> (Vec<f64>, Vec<f64>) {
         let wide = |a: &Array| on(Device::cpu(), || a.astype(DType::F64).to_vec::<f64>().unwrap());
         let (q, k, v, g, beta) = (wide(&x.q), wide(&x.k), wide(&x.v), wide(&x.g), wide(&x.beta));
         let mask = x.mask.as_ref().map(|m| on(Device::cpu(), || m.to_vec::<bool>().unwrap()));
         let [b, t, hk, hv, dk, dv] = [self.b, self.t, self.hk, self.hv, self.dk, self.dv].map(|n| n as usize);
-        let per_b = hv * dv * dk;
-        let mut s = x.state.as_ref().map_or_else(|| vec![0.0; b * per_b], wide);
-        let mut y = vec![0.0; b * t * hv * dv];
-        let mut states = vec![0.0; if self.steps { b * t * per_b } else { 0 }];
-        for bi in 0..b {
-            for ti in 0..t {
-                let bt = bi * t + ti;
-                if mask.as_ref().is_none_or(|m| m[bt]) {
-                    for h in 0..hv {
-                        let kh = h / (hv / hk);
-                        let (qr, kr) = (&q[(bt * hk + kh) * dk..][..dk], &k[(bt * hk + kh) * dk..][..dk]);
-                        let bh = bt * hv + h;
-                        for r in 0..dv {
-                            let row = &mut s[((bi * hv + h) * dv + r) * dk..][..dk];
-                            for (c, x) in row.iter_mut().enumerate() {
-                                *x *= if self.channel { g[bh * dk + c] } else { g[bh] };
-                            }
-                            let kv: f64 = row.iter().zip(kr).map(|(a, b)| a * b).sum();
-                            let delta = (v[bh * dv + r] - kv) * beta[bh];
-                            row.iter_mut().zip(kr).for_each(|(a, b)| *a += delta * b);
-                            y[bh * dv + r] = row.iter().zip(qr).map(|(a, b)| a * b).sum();
-                        }
-                    }
-                }
-                if self.steps {
-                    states[bt * per_b..][..per_b].copy_from_slice(&s[bi * per_b..][..per_b]);
-                }
-            }
-        }
-        (y, if self.steps { states } else { s })
+        let state = x.state.as_ref().map_or_else(|| vec![0.0; b * hv * dv * dk], wide);
+        let d = crate::gated_delta::Dims { b, t, hk, hv, dk, dv };
+        let r = crate::gated_delta::reference(&d, [&q, &k, &v, &g, &beta], self.channel, &state, mask.as_deref());
+        (r.y, if self.steps { r.steps } else { r.last })
     }
 }
 

@@ -59,6 +59,16 @@ impl Rng {
     }
 }
 
+/// The unit roundoff of `dtype` (half an ulp at 1).
+pub fn epsilon(dtype: nuvec::DType) -> f64 {
+    match dtype {
+        nuvec::DType::F16 => 2f64.powi(-11),
+        nuvec::DType::BF16 => 2f64.powi(-8),
+        nuvec::DType::F32 => 2f64.powi(-24),
+        _ => 2f64.powi(-53),
+    }
+}
+
 /// Says on the terminal that the calling test skipped and why. libtest captures `print!` and
 /// `eprint!` of passing tests but not writes to the stderr handle, so every run shows its skips
 /// (and `NUVEC_REQUIRE_GPU=1` / `NUVEC_REQUIRE_NVRTC=1` turn them into failures where they apply).
