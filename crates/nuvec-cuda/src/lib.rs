@@ -55,7 +55,7 @@ pub use compiled::{InputArrangement, generate_compiled_kernel};
 pub use custom_kernel::{GeneratedKernel, InputParams, generate_custom_kernel};
 pub use custom_kernel::{PRELUDE as CUSTOM_KERNEL_PRELUDE, compile_custom_kernel};
 pub use driver::DeviceInfo;
-pub use fast::gated_delta::{GatedDeltaKernel, gated_delta_kernel};
+pub use fast::gated_delta::{CHUNKED_FROM as GATED_DELTA_CHUNKED_FROM, GatedDeltaKernel, gated_delta_kernel};
 
 use crate::alloc::GpuBuffer;
 use crate::driver::Gpu;

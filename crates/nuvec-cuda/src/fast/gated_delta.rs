@@ -4,7 +4,9 @@
 //! every case with `Dk` a multiple of 32 up to 256; `_ahead` for more than one step), and one of 8 rows per warp
 //! (`gated_delta_packed`, `Dk` 128, a float32 gate per head, a float32 state, no mask), whose
 //! results are bit-identical to the first's. `NUVEC_GDN_PACKED=0` (or mlx-lm's
-//! `MLX_GDN_PACKED=0`) keeps every shape on the first, for comparisons.
+//! `MLX_GDN_PACKED=0`) keeps every shape on the first, for comparisons. Long prompts at
+//! Qwen3-Next's head sizes take a third way, 64 steps at a time on tensor cores
+//! (`gated_delta_chunk_prep` then `gated_delta_chunk_scan`), with `NUVEC_GDN_CHUNKED=1`.
 //!
 //! q, k, v, the gate and beta are read through their strides (a model's q, k and v are views
 //! of one projection); only a last axis that is not contiguous is copied first.
@@ -17,8 +19,9 @@ use nuvec_core::{DType, Result};
 
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
-use crate::launch::{Arg, launch_dependent};
-use crate::operand::{alloc_out, fresh_copy, internal, kernel, ptr_of, row_major};
+use crate::launch::{Arg, allow_shared, launch, launch_dependent};
+use crate::operand::{alloc, alloc_out, fresh_copy, internal, kernel, ptr_of, row_major};
+use cudarc::driver::sys::CUfunction;
 
 /// Threads per block of both kernels (4 warps).
 const THREADS: u32 = 128;
@@ -26,6 +29,16 @@ const THREADS: u32 = 128;
 const MAX_PER_LANE: i64 = 8;
 /// 8-byte words of the kernels' parameter (`GdnArgs`, `GDN_ARG_WORDS` in the header).
 const ARG_WORDS: usize = 37;
+/// Steps per chunk of the chunked kernels (`GDN_C`).
+const CHUNK: i64 = 64;
+/// The fewest steps that take the chunked kernels: below, the recurrence's one kernel is faster.
+pub const CHUNKED_FROM: i64 = 256;
+/// Value rows per block of `gated_delta_chunk_scan` (`GDN_BV`).
+const SCAN_ROWS: i64 = 32;
+/// Dynamic shared memory of `gated_delta_chunk_prep` and `_scan` (`GDN_PREP_SMEM`,
+/// `GDN_SCAN_SMEM`): staged rows of 128 elements padded to 136, of 64 to 72, of 32 to 40.
+const PREP_SHARED: u32 = 3 * 64 * 136 * 2 + 64 * 65 * 4 + 64 * 72 * 2 + 3 * 64 * 4;
+const SCAN_SHARED: u32 = 2 * ((3 * 64 * 136 + 64 * 72 + 64 * 40) * 2 + 64 * 8) + (32 * 136 + 2 * 64 * 40) * 2;
 
 /// The kernel that runs a gated delta rule on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,15 +48,27 @@ pub enum GatedDeltaKernel {
     /// 8 value rows per warp, 4 lanes of 32 state elements per row (`gated_delta_packed`):
     /// results bit-identical to [`GatedDeltaKernel::Rows`]'.
     Packed,
+    /// 64 steps at a time, products on tensor cores (`gated_delta_chunk_prep`, then
+    /// `gated_delta_chunk_scan` carrying the state across chunks): results within float16 or
+    /// bfloat16 rounding of the recurrence's, as flash-linear-attention's chunked kernels.
+    Chunked,
 }
 
 /// The kernel the CUDA backend runs for a `FastOp::GatedDelta` with `params` on inputs of these
 /// specs (`[q, k, v, g, beta, state, mask?]`), or `None` where it runs the composition: q, k
 /// and v of float32, float16 or bfloat16, `Dk` a multiple of 32 up to 256. The packed kernel
 /// takes `Dk` 128 with `Dv` a multiple of 8, a float32 gate per head, a float32 state and no
-/// mask, unless `NUVEC_GDN_PACKED=0` or `MLX_GDN_PACKED=0` (read once). It does not say
-/// whether fusion is enabled (`NUVEC_FUSED`).
+/// mask, unless `NUVEC_GDN_PACKED=0` or `MLX_GDN_PACKED=0` (read once). Prompts of at least
+/// [`CHUNKED_FROM`] steps with q, k and v of float16 or bfloat16, `Dk` = `Dv` = 128, a gate
+/// per head, no mask and only the last state take the chunked kernels with
+/// `NUVEC_GDN_CHUNKED=1` (a device without 150 KiB of shared memory per block runs the packed
+/// kernel instead). It does not say whether fusion is enabled (`NUVEC_FUSED`).
 pub fn gated_delta_kernel(params: &GatedDeltaParams, inputs: &[Spec]) -> Option<GatedDeltaKernel> {
+    plan(params, inputs, chunked_enabled())
+}
+
+/// [`gated_delta_kernel`], with the chunked kernels allowed or not.
+fn plan(params: &GatedDeltaParams, inputs: &[Spec], chunked: bool) -> Option<GatedDeltaKernel> {
     let [q, k, v, g, beta, state, rest @ ..] = inputs else { return None };
     let floats = [q.dtype, g.dtype, beta.dtype, state.dtype, params.storage];
     if rest.len() != params.masked as usize
@@ -65,6 +90,18 @@ pub fn gated_delta_kernel(params: &GatedDeltaParams, inputs: &[Spec]) -> Option<
     if ((b * hv * dv) as u64).div_ceil((THREADS / 32) as u64) > i32::MAX as u64 {
         return None;
     }
+    let chunked = chunked
+        && q.shape[1] as i64 >= CHUNKED_FROM
+        && dk == 128
+        && dv == 128
+        && matches!(q.dtype, DType::F16 | DType::BF16)
+        && g.shape.len() == 3
+        && !params.masked
+        && !params.steps
+        && b * hv <= u16::MAX as i64;
+    if chunked {
+        return Some(GatedDeltaKernel::Chunked);
+    }
     let packed = packed_enabled()
         && dk == 128
         && dv % 8 == 0
@@ -82,6 +119,13 @@ fn packed_enabled() -> bool {
     *ON.get_or_init(|| {
         ["NUVEC_GDN_PACKED", "MLX_GDN_PACKED"].iter().all(|v| std::env::var(v).map_or(true, |s| s != "0"))
     })
+}
+
+/// Whether the chunked kernels may run: only with `NUVEC_GDN_CHUNKED=1` until they have been
+/// checked on a GPU (read once per process).
+fn chunked_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("NUVEC_GDN_CHUNKED").is_ok_and(|s| s == "1"))
 }
 
 /// The kernels' code for a state, gate or beta dtype.
@@ -108,6 +152,14 @@ pub(crate) fn source(d: DType) -> String {
         }
     }
     s.kernel(format!("__launch_bounds__({THREADS}) gated_delta_packed(GdnArgs a) {{ gated_delta_packed<{t}>(a); }}"));
+    // Tensor cores take half-precision operands.
+    if matches!(d, DType::F16 | DType::BF16) {
+        for part in ["prep", "scan"] {
+            s.kernel(format!(
+                "__launch_bounds__({THREADS}) gated_delta_chunk_{part}(GdnArgs a, GdnChunk c) {{ gated_delta_chunk_{part}<{t}>(a, c); }}"
+            ));
+        }
+    }
     s.finish()
 }
 
@@ -134,9 +186,15 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, o
     let [y_out, s_out] = outputs else { return Err(internal(format!("{op} has two outputs"))) };
     let mut it = inputs.into_iter();
     let mut next = |name: &str| it.next().ok_or_else(|| internal(format!("{op} is missing its input {name}")));
-    let q = inner_contiguous(gpu, next("q")?)?;
-    let k = inner_contiguous(gpu, next("k")?)?;
-    let v = inner_contiguous(gpu, next("v")?)?;
+    // The chunked kernels stage rows by 16-byte copies.
+    let staged = |x: Operand| -> Result<Operand> {
+        let x = inner_contiguous(gpu, x)?;
+        let aligned = ptr_of(&x)? % 16 == 0 && x.data.layout.strides.iter().take(3).all(|&s| s % 8 == 0);
+        if plan != GatedDeltaKernel::Chunked || aligned { Ok(x) } else { fresh_copy(gpu, x) }
+    };
+    let q = staged(next("q")?)?;
+    let k = staged(next("k")?)?;
+    let v = staged(next("v")?)?;
     let g = next("g")?;
     // A gate per head is read one element at a time, through any strides.
     let g = if g.shape.len() == 4 { inner_contiguous(gpu, g)? } else { g };
@@ -174,13 +232,49 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, o
     if words.len() != ARG_WORDS {
         return Err(internal(format!("{op}: {} argument words, the kernels take {ARG_WORDS}", words.len())));
     }
+    let mut plan = plan;
+    if plan == GatedDeltaKernel::Chunked {
+        let prep = kernel(gpu, Family::GatedDelta(q.dtype), "gated_delta_chunk_prep")?;
+        let scan = kernel(gpu, Family::GatedDelta(q.dtype), "gated_delta_chunk_scan")?;
+        if allow_shared(gpu, prep, PREP_SHARED).is_ok() && allow_shared(gpu, scan, SCAN_SHARED).is_ok() {
+            return chunked(gpu, q.dtype, [prep, scan], words, b * hv, t);
+        }
+        // Less shared memory per block than the chunked kernels take: the recurrence runs.
+        plan = self::plan(p, &specs, false).ok_or_else(|| internal(format!("{op}: no kernel")))?;
+    }
     let (name, warps) = match plan {
         // A single step has nothing to load ahead: the registers that would take go to more
         // warps in flight.
-        GatedDeltaKernel::Rows => (format!("gated_delta_n{}{}", dk / 32, if t > 1 { "_ahead" } else { "" }), rows),
+        GatedDeltaKernel::Rows | GatedDeltaKernel::Chunked => {
+            (format!("gated_delta_n{}{}", dk / 32, if t > 1 { "_ahead" } else { "" }), rows)
+        }
         GatedDeltaKernel::Packed => ("gated_delta_packed".to_string(), rows / 8),
     };
     let f = kernel(gpu, Family::GatedDelta(q.dtype), &name)?;
     let grid = (warps as u64).div_ceil((THREADS / 32) as u64) as u32;
     launch_dependent(gpu, f, grid, (THREADS, 1), 1, vec![Arg::Bytes(words)])
+}
+
+/// Runs the chunked kernels (`[prep, scan]`) on the arguments `words` of `bh` (batch, value
+/// head) pairs and `t` steps, with their scratch: W and U (`[bh, T', 128]`, T' the steps
+/// rounded up to whole chunks), P (`[bh, chunks, 64, 64]`) and the gates' running log-products
+/// and signs (`[bh, T', 2]`, float32).
+fn chunked(
+    gpu: &Arc<Gpu>,
+    dtype: DType,
+    [prep, scan]: [CUfunction; 2],
+    words: Vec<u64>,
+    bh: i64,
+    t: i64,
+) -> Result<()> {
+    let nt = (t + CHUNK - 1) / CHUNK;
+    let padded = (bh * nt * CHUNK) as usize;
+    let (w, _w) = alloc(gpu, padded * 128, dtype)?;
+    let (u, _u) = alloc(gpu, padded * 128, dtype)?;
+    let (p, _p) = alloc(gpu, padded * CHUNK as usize, dtype)?;
+    let (gam, _gam) = alloc(gpu, padded * 2, DType::F32)?;
+    let scratch = vec![w, u, p, gam, nt as u64];
+    let args = || vec![Arg::Bytes(words.clone()), Arg::Bytes(scratch.clone())];
+    launch(gpu, prep, (nt as u32, bh as u32, 1), (THREADS, 1, 1), PREP_SHARED, args())?;
+    launch(gpu, scan, ((128 / SCAN_ROWS) as u32, bh as u32, 1), (THREADS, 1, 1), SCAN_SHARED, args())
 }

@@ -1263,12 +1263,20 @@ fn gdn_check(tag: &str, c: &Gdn, x: &GdnInputs, got: &(Array, Array)) {
     let storage = c.params(c.masked).storage;
     assert_eq!(got.0.dtype(), c.dtype, "{tag}: y's dtype");
     assert_eq!(got.1.dtype(), storage, "{tag}: the states' dtype");
-    gdn_close(&format!("{tag}: y against float64"), &y, &ry, gdn_tolerance(c.dtype));
-    gdn_close(&format!("{tag}: states against float64"), &s, &rs, gdn_tolerance(storage));
+    // The chunked kernels' products take half-precision operands (the state's included), and
+    // their rounding adds up over a chunk's 64 steps.
+    let (y_tol, s_tol) = if c.kernel(c.masked) == Some(nuvec_cuda::GatedDeltaKernel::Chunked) {
+        let t = 2.0 * gdn_tolerance(c.dtype);
+        (t, t)
+    } else {
+        (gdn_tolerance(c.dtype), gdn_tolerance(storage))
+    };
+    gdn_close(&format!("{tag}: y against float64"), &y, &ry, y_tol);
+    gdn_close(&format!("{tag}: states against float64"), &s, &rs, s_tol);
     let (cy, cs) = on(Device::gpu(0), || c.composition(x));
     let (cy, cs) = (wide(&cy), wide(&cs));
-    gdn_close(&format!("{tag}: y against the composition"), &y, &cy, gdn_tolerance(c.dtype));
-    gdn_close(&format!("{tag}: states against the composition"), &s, &cs, gdn_tolerance(storage));
+    gdn_close(&format!("{tag}: y against the composition"), &y, &cy, y_tol);
+    gdn_close(&format!("{tag}: states against the composition"), &s, &cs, s_tol);
 }
 
 /// The gated delta rule's kernels against a float64 loop and against the composition: grouped
@@ -1277,7 +1285,7 @@ fn gdn_check(tag: &str, c: &Gdn, x: &GdnInputs, got: &(Array, Array)) {
 /// views of one projection and a transposed k; and the GPU claims every case the kernels cover.
 #[test]
 fn gated_delta_kernels_agree() {
-    use nuvec_cuda::GatedDeltaKernel::{Packed, Rows};
+    use nuvec_cuda::GatedDeltaKernel::{Chunked, Packed, Rows};
     if !gpu() {
         return;
     }
@@ -1326,10 +1334,35 @@ fn gated_delta_kernels_agree() {
     cases.push((Gdn { state: Some(bf16_), storage: Some(f32_), ..Gdn::new(2, 0, 1, 2, 64, 64, f32_) }, Some(Rows)));
     // Dk 48 has no kernel: the composition runs, and agrees.
     cases.push((Gdn::new(1, 7, 2, 2, 48, 32, f32_), None));
+    // Long prompts: the chunked kernels, a last chunk of 44 steps, grouped heads.
+    cases.push((Gdn::new(2, 300, 2, 4, 128, 128, bf16_), Some(Chunked)));
+    // Views of one projection in float16, a bfloat16 state in, float32 out, bfloat16 gates.
+    let c = Gdn {
+        layout: GdnLayout::Fused,
+        gate: bf16_,
+        state: Some(bf16_),
+        storage: Some(f32_),
+        ..Gdn::new(1, nuvec_cuda::GATED_DELTA_CHUNKED_FROM as i32, 1, 2, 128, 128, f16_)
+    };
+    cases.push((c, Some(Chunked)));
+    // No state given; 9 chunks, the last of one step.
+    cases.push((Gdn { state: None, ..Gdn::new(1, 513, 2, 2, 128, 128, bf16_) }, Some(Chunked)));
     let packed_on = ["NUVEC_GDN_PACKED", "MLX_GDN_PACKED"].iter().all(|v| std::env::var(v).as_deref() != Ok("0"));
+    let chunked_on =
+        Gdn::new(1, nuvec_cuda::GATED_DELTA_CHUNKED_FROM as i32, 1, 1, 128, 128, bf16_).kernel(false) == Some(Chunked);
     for (i, (c, expected)) in cases.iter().enumerate() {
         let tag = format!("gated_delta case {i} {c:?}");
-        let expected = expected.map(|k| if k == Packed && !packed_on { Rows } else { k });
+        let expected = expected.map(|k| match k {
+            Packed if !packed_on => Rows,
+            Chunked if !chunked_on => {
+                if packed_on && c.gate == f32_ && c.state.is_none_or(|d| d == f32_) {
+                    Packed
+                } else {
+                    Rows
+                }
+            }
+            k => k,
+        });
         assert_eq!(c.kernel(c.masked), expected, "{tag}: kernel");
         let x = c.inputs(i as u64 + 1);
         let got = on(Device::gpu(0), || c.run(&x, None));
@@ -1377,4 +1410,52 @@ fn gated_delta_packed_kernel_matches_the_row_kernel_bit_for_bit() {
         // And both agree with the float64 loop.
         gdn_check(&tag, c, &x, &packed);
     }
+}
+
+/// A prompt run whole by the chunked kernels equals the same prompt in two pieces, the first
+/// chunked and the second (one chunk) by the recurrence's kernel, the state carried between
+/// them: y and the last state within the chunked kernels' tolerance.
+#[test]
+fn gated_delta_chunked_prompt_in_pieces() {
+    use nuvec_cuda::GatedDeltaKernel::Chunked;
+    if !gpu() {
+        return;
+    }
+    let from = nuvec_cuda::GATED_DELTA_CHUNKED_FROM as i32;
+    let whole = Gdn::new(2, from + 64, 2, 4, 128, 128, DType::BF16);
+    if whole.kernel(false) != Some(Chunked) {
+        crate::skipped("the chunked kernels are switched off (NUVEC_GDN_CHUNKED)");
+        return;
+    }
+    let x = whole.inputs(7);
+    let steps = |a: &Array, lo: i32, hi: i32| {
+        let mut start = vec![0; a.ndim()];
+        let mut stop: Vec<i32> = a.shape().to_vec();
+        (start[1], stop[1]) = (lo, hi);
+        a.slice(&start, &stop, &vec![1; a.ndim()])
+    };
+    let piece = |lo: i32, hi: i32, state: Option<Array>| GdnInputs {
+        q: steps(&x.q, lo, hi),
+        k: steps(&x.k, lo, hi),
+        v: steps(&x.v, lo, hi),
+        g: steps(&x.g, lo, hi),
+        beta: steps(&x.beta, lo, hi),
+        state,
+        mask: None,
+    };
+    let (first, second) = (Gdn { t: from, ..whole }, Gdn { t: 64, ..whole });
+    assert_eq!(first.kernel(false), Some(Chunked));
+    assert_ne!(second.kernel(false), Some(Chunked));
+    let (all, y1, y2, last) = on(Device::gpu(0), || {
+        let all = whole.run(&x, None);
+        let (y1, s1) = first.run(&piece(0, from, x.state.clone()), None);
+        let (y2, s2) = second.run(&piece(from, from + 64, Some(s1)), None);
+        (all, y1, y2, s2)
+    });
+    let wide = |a: &Array| a.astype(DType::F64).to_vec::<f64>().unwrap();
+    let pieces_y = wide(&ops::concatenate(&[y1, y2], 1));
+    let tol = 2.0 * gdn_tolerance(DType::BF16);
+    gdn_close("y whole against in pieces", &wide(&all.0), &pieces_y, tol);
+    gdn_close("last state whole against in pieces", &wide(&all.1), &wide(&last), tol);
+    gdn_check("the whole prompt", &whole, &x, &all);
 }
