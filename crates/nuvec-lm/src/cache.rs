@@ -831,6 +831,18 @@ impl KvCache {
         Some((r.window.clone()?, r.state.clone()?))
     }
 
+    /// [`KvCache::recurrent_state`], handed over: the cache keeps neither, so that the pass
+    /// that follows may write both in place (where nothing else holds them) and a recorded
+    /// decode step reads and writes the same buffers on every launch. Give the window back
+    /// through [`KvCache::update_recurrent`]'s `held`.
+    pub fn take_recurrent_state(&mut self) -> Option<(Array, Array)> {
+        let r = self.recurrent.as_mut()?;
+        if r.window.is_none() || r.state.is_none() {
+            return None;
+        }
+        Some((r.window.take()?, r.state.take()?))
+    }
+
     /// Keeps the last `steps` positions of a recurrent cache restorable by [`KvCache::trim`]:
     /// the whole of its latest forward pass (of at most [`ROLLBACK_STEPS`]; a verified
     /// proposal), and earlier passes until they hold `steps` positions (a draft model's
@@ -858,7 +870,9 @@ impl KvCache {
     /// into, or the last state alone `[B, Hv, Dv, Dk]` (trim can then go back only before a
     /// single step). With `valid [B]` (rows padded at their end,
     /// [`Positions::with_valid`]) each row's window ends at its last real position, and the
-    /// pass cannot be taken back. Other kinds of cache are left alone.
+    /// pass cannot be taken back. `held`, the window taken by
+    /// [`KvCache::take_recurrent_state`], takes the new window in place where nothing else
+    /// holds it. Other kinds of cache are left alone.
     pub fn update_recurrent(
         &mut self,
         inputs: &Array,
@@ -866,6 +880,7 @@ impl KvCache {
         before: &Array,
         states: &Array,
         valid: Option<&Array>,
+        held: Option<Array>,
     ) {
         let Some(r) = self.recurrent.as_mut() else { return };
         if inputs.ndim() != 3 {
@@ -884,8 +899,18 @@ impl KvCache {
                     + &ops::arange(0, keep, 1).astype(nuvec::DType::I32).reshape([1, keep]);
                 inputs.take_along_axis(&at.reshape([b, keep, 1]).broadcast_to([b, keep, c]), 1)
             }
-            // A copy of its own: a view would hold the whole pass's inputs.
-            None => inputs.slice(&[0, len, 0], &[b, width, c], &[1, 1, 1]).contiguous(),
+            None => {
+                let new = inputs.slice(&[0, len, 0], &[b, width, c], &[1, 1, 1]);
+                match held {
+                    // Written over the window held before (its buffer, where it was the
+                    // only handle), read by the pass's convolution first.
+                    Some(w) if w.shape() == [b, keep, c] && w.dtype() == inputs.dtype() => {
+                        w.slice_update(&new, &[0, 0, 0], &[b, keep, c], &[1, 1, 1])
+                    }
+                    // A copy of its own: a view would hold the whole pass's inputs.
+                    _ => new.contiguous(),
+                }
+            }
         };
         let stepwise = states.ndim() == 5;
         let state = if stepwise { step(states, len - 1) } else { states.clone() };

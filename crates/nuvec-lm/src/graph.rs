@@ -8,8 +8,10 @@
 //! device-held position, and attention is bounded by the device-held lengths
 //! ([`LanguageModel::forward_at`]). The first step at a capacity runs
 //! eagerly (it loads the kernels), the second records; a cache that grows, or buffers that
-//! moved, start over. Where nothing can be recorded (the CPU, a model or cache that needs host
-//! positions, recurrent caches) steps run eagerly, with the same results.
+//! moved, start over. Recurrent caches (linear-attention layers) are written in place too: their
+//! state by the recurrence's kernel, their convolution window over the one before. Where nothing
+//! can be recorded (the CPU, a model or cache that needs host positions, a cache not updated in
+//! place) steps run eagerly, with the same results.
 
 use nuvec::transforms::{DeviceGraph, write_into};
 use nuvec::{Array, DType};
@@ -149,11 +151,6 @@ impl DecodeGraph {
         let capacity = caches.iter().map(KvCache::capacity).min().unwrap_or(0);
         if moved || start + 1 > capacity {
             self.state = State::Warm;
-        }
-        // Recurrent states are new arrays each step, not buffers written in place: nothing
-        // recorded could replay them.
-        if caches.iter().any(KvCache::is_recurrent) {
-            return self.eager(model, caches, fixed_tokens, &at);
         }
         if let State::Ready { graph, buffers: held } = &self.state {
             if *held == buffers(caches)? {

@@ -201,12 +201,14 @@ impl GatedDeltaNet {
             None => mixed,
         };
         let c = 2 * hk * dk + hv * dv;
-        let (window, state) = cache.recurrent_state().unwrap_or_else(|| {
+        // Handed over, so that the state and the window are updated in place (a recorded
+        // decode step replays over the same buffers).
+        let (window, state) = cache.take_recurrent_state().unwrap_or_else(|| {
             (ops::zeros([b, kernel - 1, c], mixed.dtype()), ops::zeros([b, hv, dv, dk], DType::F32))
         });
         // The causal convolution over the window held and the new positions: output t is
         // Σⱼ w[:, j] · inputs[t + j], summed in float32 and rounded once, as a convolution is.
-        let inputs = ops::concatenate(&[window, mixed.clone()], 1);
+        let inputs = ops::concatenate(&[window.clone(), mixed.clone()], 1);
         let taps = self.conv1d.weight.reshape([c, kernel]).transpose(&[1, 0]).astype(DType::F32);
         let mut conv = None;
         for j in 0..kernel {
@@ -238,7 +240,7 @@ impl GatedDeltaNet {
             true => fast::gated_delta_steps_with(&q, &k, &v, &g, &beta, Some(&state), &options),
             false => fast::gated_delta_with(&q, &k, &v, &g, &beta, Some(&state), &options),
         };
-        cache.update_recurrent(&inputs, t, &state, &states, valid);
+        cache.update_recurrent(&inputs, t, &state, &states, valid, Some(window));
         // Hugging Face's RMSNormGated: the norm, then × silu(z) in float32.
         let y = self.norm.forward(&y).astype(DType::F32) * nuvec::nn::silu(&z.astype(DType::F32));
         plus_linear(residual, &self.out_proj, &y.astype(x.dtype()).reshape([b, t, hv * dv]))
