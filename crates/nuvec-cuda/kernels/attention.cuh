@@ -327,16 +327,6 @@ __device__ __forceinline__ void attention_vector_merge(
 #define ATT_BR 128
 #define ATT_BC 64
 
-__device__ __forceinline__ void att_ldsm4(u32 (&r)[4], u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void att_ldsm4_t(u32 (&r)[4], u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 __device__ __forceinline__ void att_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void att_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
@@ -385,7 +375,7 @@ __device__ __forceinline__ void att_accumulate(float (&acc)[D / 8][4], const flo
 #pragma unroll
     for (int dp = 0; dp < D / 16; ++dp) {
       u32 bfr[4];
-      att_ldsm4_t(bfr, sb + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
+      ldsm_x4_t(bfr, sb + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
       mma_m16n8k16<T>(acc[2 * dp], pf, bfr[0], bfr[1]);
       mma_m16n8k16<T>(acc[2 * dp + 1], pf, bfr[2], bfr[3]);
     }
@@ -529,7 +519,7 @@ __device__ __forceinline__ void attention_tiled(
   {
     const int m = lane >> 3, r = warp * 16 + (m & 1) * 8 + (lane & 7);
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) att_ldsm4(qf[kk], sq + r * ROW + (kk * 16 + (m >> 1) * 8) * 2);
+    for (int kk = 0; kk < KS; ++kk) ldsm_x4(qf[kk], sq + r * ROW + (kk * 16 + (m >> 1) * 8) * 2);
   }
   const float sl2 = scale * ATT_LOG2E;
   const int r0 = q0 + warp * 16 + g;  // this thread's rows: r0 and r0 + 8
@@ -549,7 +539,7 @@ __device__ __forceinline__ void attention_tiled(
         for (int np = 0; np < NT / 2; ++np) {
           u32 bfr[4];
           const int kr = np * 16 + (m >> 1) * 8 + (lane & 7);
-          att_ldsm4(bfr, sk + kr * ROW + (kk * 16 + (m & 1) * 8) * 2);
+          ldsm_x4(bfr, sk + kr * ROW + (kk * 16 + (m & 1) * 8) * 2);
           mma_m16n8k16<T>(s[2 * np], qf[kk], bfr[0], bfr[1]);
           mma_m16n8k16<T>(s[2 * np + 1], qf[kk], bfr[2], bfr[3]);
         }
@@ -644,11 +634,11 @@ __device__ __forceinline__ void att_rows_t(float (&acc)[ATB_BR / 8][4], u32 sa, 
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     u32 af[4];
-    att_ldsm4(af, sa + (row0 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
+    ldsm_x4(af, sa + (row0 + (m & 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m >> 1) * 8) * 2);
 #pragma unroll
     for (int np = 0; np < ATB_BR / 16; ++np) {
       u32 bfr[4];
-      att_ldsm4(bfr, sb + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
+      ldsm_x4(bfr, sb + (np * 16 + (m >> 1) * 8 + (lane & 7)) * ROW + (kk * 16 + (m & 1) * 8) * 2);
       mma_m16n8k16<T>(acc[2 * np], af, bfr[0], bfr[1]);
       mma_m16n8k16<T>(acc[2 * np + 1], af, bfr[2], bfr[3]);
     }
@@ -755,8 +745,8 @@ __device__ __forceinline__ void attention_backward(
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
         u32 af[4], bfr[4];
-        att_ldsm4_t(af, sds + (kk * 16 + (m >> 1) * 8 + (lane & 7)) * DSROW + (mt * 16 + (m & 1) * 8) * 2);
-        att_ldsm4_t(bfr, sk + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
+        ldsm_x4_t(af, sds + (kk * 16 + (m >> 1) * 8 + (lane & 7)) * DSROW + (mt * 16 + (m & 1) * 8) * 2);
+        ldsm_x4_t(bfr, sk + (kk * 16 + (m & 1) * 8 + (lane & 7)) * ROW + (dp * 16 + (m >> 1) * 8) * 2);
         mma_m16n8k16<T>(acc[0], af, bfr[0], bfr[1]);
         mma_m16n8k16<T>(acc[1], af, bfr[2], bfr[3]);
       }
@@ -818,7 +808,7 @@ __device__ __forceinline__ void att_vector_keys(const u32 (&qf)[D / 16][4], floa
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     u32 bfr[4];
-    att_ldsm4(bfr, kaddr((m >> 1) * 8 + g8, kk * 16 + (m & 1) * 8));
+    ldsm_x4(bfr, kaddr((m >> 1) * 8 + g8, kk * 16 + (m & 1) * 8));
     mma_m16n8k16<T>(s[0], qf[kk], bfr[0], bfr[1]);
     mma_m16n8k16<T>(s[1], qf[kk], bfr[2], bfr[3]);
   }
@@ -867,7 +857,7 @@ __device__ __forceinline__ void att_vector_keys(const u32 (&qf)[D / 16][4], floa
 #pragma unroll
   for (int dp = 0; dp < DV / 16; ++dp) {
     u32 bfr[4];
-    att_ldsm4_t(bfr, vaddr((m & 1) * 8 + g8, dp * 16 + (m >> 1) * 8));
+    ldsm_x4_t(bfr, vaddr((m & 1) * 8 + g8, dp * 16 + (m >> 1) * 8));
     mma_m16n8k16<T>(o[2 * dp], pf, bfr[0], bfr[1]);
     mma_m16n8k16<T>(o[2 * dp + 1], pf, bfr[2], bfr[3]);
   }
@@ -897,7 +887,7 @@ __device__ __forceinline__ void att_vector_queries(u32 (&qf)[D / 16][4], unsigne
   const u32 qa = (u32)__cvta_generic_to_shared(qsh);
   const int m = lane >> 3, r = (m & 1) * 8 + (lane & 7);
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) att_ldsm4(qf[kk], qa + r * KROW + (kk * 16 + (m >> 1) * 8) * 2);
+  for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk], qa + r * KROW + (kk * 16 + (m >> 1) * 8) * 2);
 }
 
 // The end of a vector block: the NW warps' states merged in order through shared memory `so`

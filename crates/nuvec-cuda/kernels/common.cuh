@@ -297,6 +297,19 @@ __device__ __forceinline__ void mma_m16n8k16(float (&c)[4], const u32 (&a)[4], u
   }
 }
 
+// Four 8×8 tiles of 16-bit elements from shared memory (ldmatrix): lanes 8j .. 8j + 8 give the
+// addresses of tile j's rows; _t transposes each tile.
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 // Two floats rounded to T and packed in one register (x in the low half).
 template <typename T> __device__ __forceinline__ u32 pack_half2(float x, float y) {
   if constexpr (IsBf16<T>::value) {

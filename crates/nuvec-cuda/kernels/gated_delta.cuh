@@ -346,6 +346,52 @@ template <typename T> __device__ __forceinline__ void gdn_b_kn(u32& b0, u32& b1,
   b1 = gdn_pack(p + 8 * ld, p + 9 * ld);
 }
 
+// The same fragments by ldmatrix (L) or by the loads above: an A fragment, or the B fragments
+// of two n-tiles n0 and n0 + 8 (b[0], b[1] and b[2], b[3]).
+template <bool L, typename T>
+__device__ __forceinline__ void gdn_lda_mk(u32 (&a)[4], const T* s, int ld, int m0, int k0, int lane) {
+  if constexpr (L) {
+    ldsm_x4(a, (u32)__cvta_generic_to_shared(s + (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8));
+  } else {
+    gdn_a_mk(a, s, ld, m0, k0, lane);
+  }
+}
+template <bool L, typename T>
+__device__ __forceinline__ void gdn_lda_km(u32 (&a)[4], const T* s, int ld, int m0, int k0, int lane) {
+  if constexpr (L) {
+    const int k = k0 + (lane & 7) + (lane >> 4) * 8, m = m0 + ((lane >> 3) & 1) * 8;
+    ldsm_x4_t(a, (u32)__cvta_generic_to_shared(s + k * ld + m));
+  } else {
+    gdn_a_km(a, s, ld, m0, k0, lane);
+  }
+}
+template <bool L, typename T>
+__device__ __forceinline__ void gdn_ldb_nk(u32 (&b)[4], const T* s, int ld, int k0, int n0, int lane) {
+  if constexpr (L) {
+    const int n = n0 + (lane & 7) + (lane >> 4) * 8, k = k0 + ((lane >> 3) & 1) * 8;
+    ldsm_x4(b, (u32)__cvta_generic_to_shared(s + n * ld + k));
+  } else {
+    gdn_b_nk(b[0], b[1], s, ld, k0, n0, lane);
+    gdn_b_nk(b[2], b[3], s, ld, k0, n0 + 8, lane);
+  }
+}
+template <bool L, typename T>
+__device__ __forceinline__ void gdn_ldb_kn(u32 (&b)[4], const T* s, int ld, int k0, int n0, int lane) {
+  if constexpr (L) {
+    const int k = k0 + (lane & 7) + ((lane >> 3) & 1) * 8, n = n0 + (lane >> 4) * 8;
+    ldsm_x4_t(b, (u32)__cvta_generic_to_shared(s + k * ld + n));
+  } else {
+    gdn_b_kn(b[0], b[1], s, ld, k0, n0, lane);
+    gdn_b_kn(b[2], b[3], s, ld, k0, n0 + 8, lane);
+  }
+}
+// c0 += a·b[0..2], c1 += a·b[2..4].
+template <typename T>
+__device__ __forceinline__ void gdn_mma2(float (&c0)[4], float (&c1)[4], const u32 (&a)[4], const u32 (&b)[4]) {
+  mma_m16n8k16<T>(c0, a, b[0], b[1]);
+  mma_m16n8k16<T>(c1, a, b[2], b[3]);
+}
+
 // 16 bytes from global src to shared dst, asynchronously; zeros where !valid.
 __device__ __forceinline__ void gdn_cp16(void* dst, const void* src, bool valid) {
   const u32 d = (u32)__cvta_generic_to_shared(dst);
@@ -381,7 +427,8 @@ __device__ __forceinline__ void gdn_st(void* p, i64 i, i64 dt, float x) {
 
 // One chunk (blockIdx.x) of one (batch, value head) (blockIdx.y): W, U, P and the gates'
 // running products, 128 threads.
-template <typename T> __device__ __forceinline__ void gated_delta_chunk_prep(const GdnArgs& a, const GdnChunk& c) {
+// L: fragments by ldmatrix rather than by 32- and 16-bit loads (both kept, for comparisons).
+template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_prep(const GdnArgs& a, const GdnChunk& c) {
   extern __shared__ __align__(16) unsigned char gdn_smem[];
   T* ks = reinterpret_cast<T*>(gdn_smem);
   T* qs = ks + GDN_C * GDN_LD;
@@ -441,13 +488,13 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_prep(con
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       u32 af4[4];
-      gdn_a_mk(af4, qs, GDN_LD, m0, 16 * kk, lane);
+      gdn_lda_mk<L>(af4, qs, GDN_LD, m0, 16 * kk, lane);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        if (nt <= 2 * warp + 1) {
-          u32 b0, b1;
-          gdn_b_nk(b0, b1, ks, GDN_LD, 16 * kk, 8 * nt, lane);
-          mma_m16n8k16<T>(acc[nt], af4, b0, b1);
+      for (int np = 0; np < 4; ++np) {
+        if (np <= warp) {
+          u32 b[4];
+          gdn_ldb_nk<L>(b, ks, GDN_LD, 16 * kk, 16 * np, lane);
+          gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
         }
       }
     }
@@ -475,13 +522,13 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_prep(con
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       u32 af4[4];
-      gdn_a_mk(af4, ks, GDN_LD, m0, 16 * kk, lane);
+      gdn_lda_mk<L>(af4, ks, GDN_LD, m0, 16 * kk, lane);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        if (nt <= 2 * warp + 1) {
-          u32 b0, b1;
-          gdn_b_nk(b0, b1, ks, GDN_LD, 16 * kk, 8 * nt, lane);
-          mma_m16n8k16<T>(acc[nt], af4, b0, b1);
+      for (int np = 0; np < 4; ++np) {
+        if (np <= warp) {
+          u32 b[4];
+          gdn_ldb_nk<L>(b, ks, GDN_LD, 16 * kk, 16 * np, lane);
+          gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
         }
       }
     }
@@ -539,12 +586,12 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_prep(con
     for (int kk = 0; kk < 4; ++kk) {
       if (kk <= warp) {
         u32 af4[4];
-        gdn_a_mk(af4, xs, GDN_PLD, m0, 16 * kk, lane);
+        gdn_lda_mk<L>(af4, xs, GDN_PLD, m0, 16 * kk, lane);
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          u32 b0, b1;
-          gdn_b_kn(b0, b1, src, GDN_LD, 16 * kk, 8 * nt, lane);
-          mma_m16n8k16<T>(acc[nt], af4, b0, b1);
+        for (int np = 0; np < 8; ++np) {
+          u32 b[4];
+          gdn_ldb_kn<L>(b, src, GDN_LD, 16 * kk, 16 * np, lane);
+          gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
         }
       }
     }
@@ -568,7 +615,7 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_prep(con
 // Value rows [32·blockIdx.x, +32) of one (batch, value head) (blockIdx.y) through every chunk,
 // 128 threads: warp w holds S rows 16(w % 2) .. +16, key columns 64(w / 2) .. +64 in float32
 // accumulators, and makes Δ and Y for the chunk's steps 16w .. 16w + 16.
-template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(const GdnArgs& a, const GdnChunk& c) {
+template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_scan(const GdnArgs& a, const GdnChunk& c) {
   extern __shared__ __align__(16) unsigned char gdn_smem[];
   constexpr int STAGE_BYTES = GDN_STAGE_ELEMS * 2 + GDN_C * 8;
   // Stage `buf`'s tiles, then its gates.
@@ -645,12 +692,12 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         u32 af4[4];
-        gdn_a_mk(af4, ws, GDN_LD, m0, 16 * kk, lane);
+        gdn_lda_mk<L>(af4, ws, GDN_LD, m0, 16 * kk, lane);
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          u32 b0, b1;
-          gdn_b_nk(b0, b1, sb, GDN_LD, 16 * kk, 8 * nt, lane);
-          mma_m16n8k16<T>(acc[nt], af4, b0, b1);
+        for (int np = 0; np < 2; ++np) {
+          u32 b[4];
+          gdn_ldb_nk<L>(b, sb, GDN_LD, 16 * kk, 16 * np, lane);
+          gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
         }
       }
 #pragma unroll
@@ -674,12 +721,12 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         u32 af4[4];
-        gdn_a_mk(af4, qs, GDN_LD, m0, 16 * kk, lane);
+        gdn_lda_mk<L>(af4, qs, GDN_LD, m0, 16 * kk, lane);
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          u32 b0, b1;
-          gdn_b_nk(b0, b1, sb, GDN_LD, 16 * kk, 8 * nt, lane);
-          mma_m16n8k16<T>(acc[nt], af4, b0, b1);
+        for (int np = 0; np < 2; ++np) {
+          u32 b[4];
+          gdn_ldb_nk<L>(b, sb, GDN_LD, 16 * kk, 16 * np, lane);
+          gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
         }
       }
 #pragma unroll
@@ -696,12 +743,12 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
       for (int kk = 0; kk < 4; ++kk) {
         if (kk <= warp) {
           u32 af4[4];
-          gdn_a_mk(af4, ps, GDN_PLD, m0, 16 * kk, lane);
+          gdn_lda_mk<L>(af4, ps, GDN_PLD, m0, 16 * kk, lane);
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            u32 b0, b1;
-            gdn_b_kn(b0, b1, dn, GDN_VLD, 16 * kk, 8 * nt, lane);
-            mma_m16n8k16<T>(acc[nt], af4, b0, b1);
+          for (int np = 0; np < 2; ++np) {
+            u32 b[4];
+            gdn_ldb_kn<L>(b, dn, GDN_VLD, 16 * kk, 16 * np, lane);
+            gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
           }
         }
       }
@@ -729,12 +776,12 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         u32 af4[4];
-        gdn_a_km(af4, dd, GDN_VLD, sm0, 16 * kk, lane);
+        gdn_lda_km<L>(af4, dd, GDN_VLD, sm0, 16 * kk, lane);
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          u32 b0, b1;
-          gdn_b_kn(b0, b1, ks, GDN_LD, 16 * kk, sn0 + 8 * nt, lane);
-          mma_m16n8k16<T>(s[nt], af4, b0, b1);
+        for (int np = 0; np < 4; ++np) {
+          u32 b[4];
+          gdn_ldb_kn<L>(b, ks, GDN_LD, 16 * kk, sn0 + 16 * np, lane);
+          gdn_mma2<T>(s[2 * np], s[2 * np + 1], af4, b);
         }
       }
     }
