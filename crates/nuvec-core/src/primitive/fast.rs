@@ -424,7 +424,7 @@ fn gated_delta_specs(p: &GatedDeltaParams, inputs: &[Spec]) -> Result<Vec<Spec>,
         }
     }
     if !matches!(p.storage, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(invalid(format!("{op}: states are stored as float32, float16 or bfloat16, not {}", p.storage)));
+        return Err(invalid(format!("{op}: storage must be float32, float16 or bfloat16, got {}", p.storage)));
     }
     let y = Spec { shape: [b, t, hv, dv].into_iter().collect(), dtype: q.dtype };
     let states: crate::shape::Shape =

@@ -444,8 +444,8 @@ fn bad_arguments_fail_naming_them() {
         ("state must be float32, float16 or bfloat16", with(&|a| a.5 = Some(state.astype(DType::F64)))),
         ("mask must be bool of shape [2, 3]", with(&|a| a.6.mask = mask(&[2, 3], DType::F32))),
         ("mask must be bool of shape [2, 3]", with(&|a| a.6.mask = mask(&[3, 2], DType::Bool))),
-        ("states are stored as float32, float16 or bfloat16", with(&|a| a.6.storage = Some(DType::F64))),
-        ("states are stored as float32, float16 or bfloat16", with(&|a| a.6.storage = Some(DType::I32))),
+        ("storage must be float32, float16 or bfloat16, got", with(&|a| a.6.storage = Some(DType::F64))),
+        ("storage must be float32, float16 or bfloat16, got", with(&|a| a.6.storage = Some(DType::I32))),
         // Without a state the zeros it starts from cannot hide a bad q or v.
         ("q must be 4-D", with(&|a| (a.0, a.5) = (f32s(&[2, 16]), None))),
         ("v must be 4-D", with(&|a| (a.2, a.5) = (f32s(&[2, 3, 24]), None))),
