@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys;
 use nuvec_core::fast::cuda_kernel::{KernelSpec, MAX_NDIM, TemplateArg};
+use nuvec_core::fast::metal_kernel::METAL_PRELUDE_HEADER;
 use nuvec_core::storage::{Operand, Output};
 use nuvec_core::{DType, Error, Result, Scalar};
 
@@ -21,10 +22,16 @@ use crate::operand::{alloc_out, internal, ptr_of, row_major};
 /// The prelude every generated source includes.
 pub const PRELUDE: &str = include_str!("../kernels/custom_kernel.cuh");
 
+/// The prelude of translated Metal kernels (`fast::MetalKernel`), which includes [`PRELUDE`].
+pub const METAL_PRELUDE: &str = include_str!("../kernels/metal_kernel.cuh");
+
+/// The headers a generated source may include.
+const PRELUDES: [(&str, &str); 2] = [(PRELUDE_HEADER, PRELUDE), (METAL_PRELUDE_HEADER, METAL_PRELUDE)];
+
 /// Compiles a generated custom-kernel source for `arch` (e.g. `"sm_90"`) with NVRTC, without
 /// any cache; works without a GPU. Errors carry NVRTC's log.
 pub fn compile_custom_kernel(source: &str, key: &str, arch: &str) -> Result<Vec<u8>> {
-    crate::compile::compile_cubin(source, key, arch, &[(PRELUDE_HEADER, PRELUDE)])
+    crate::compile::compile_cubin(source, key, arch, &PRELUDES)
 }
 
 /// The kernel a call runs, as the backend generates it (for tools, tests and compile checks
@@ -125,7 +132,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, spec: &KernelSpec, inputs: Vec<Operand>, outp
     if inputs.len() != k.inputs.len() || outputs.len() != spec.outputs.len() {
         return Err(internal(format!("{}: operand counts do not match the kernel", k.entry)));
     }
-    let module = gpu.modules.get(gpu, &k.key, || k.source.clone(), &[(PRELUDE_HEADER, PRELUDE)])?;
+    let module = gpu.modules.get(gpu, &k.key, || k.source.clone(), &PRELUDES)?;
     let function = module.function(&k.entry)?;
 
     // Row-major copies are kept until the launch is queued; later frees are stream-ordered.

@@ -18,6 +18,7 @@ mod gated_delta;
 mod gather;
 mod gpu;
 mod memory;
+mod metal_kernel;
 mod mlx_attention;
 mod mlx_conv;
 mod mlx_fast;

@@ -1,0 +1,783 @@
+//! Metal kernels on CUDA (`fast::MetalKernel`).
+//!
+//! [`cases`] lists every kernel these tests run, one or more per row of the supported-feature
+//! table in `nuvec_core::fast::metal_kernel`. Without a GPU, `cases_compile_with_nvrtc`
+//! translates each and compiles it with NVRTC for sm_90 (CI sets `NUVEC_REQUIRE_NVRTC=1`); the
+//! GPU tests run them against values computed on the CPU, skip without a GPU and fail under
+//! `NUVEC_REQUIRE_GPU=1`. mlx-lm's own Gated DeltaNet kernels are read from the mlx-lm 0.32.2
+//! wheel at test time (fetched once with pip, checked by sha256, cached; never committed).
+
+use std::path::PathBuf;
+
+use nuvec::fast::{KernelConfig, MetalKernel, TemplateArg};
+use nuvec::{Array, DType, Device, OpErrorKind, fast, ops, with_stream};
+use serde_json::Value;
+
+fn gpu() -> bool {
+    let ok = nuvec::cuda::is_available();
+    if std::env::var("NUVEC_REQUIRE_GPU").as_deref() == Ok("1") {
+        assert!(ok, "NUVEC_REQUIRE_GPU=1 but the GPU is unusable: {:?}", nuvec::cuda::unavailable_reason());
+    }
+    if !ok {
+        crate::skipped("no usable GPU");
+    }
+    ok
+}
+
+fn nvrtc() -> bool {
+    match nuvec::cuda::compile_custom_kernel("", "probe", "sm_90") {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var("NUVEC_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                "NUVEC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}"
+            );
+            crate::skipped(&format!("NVRTC is unusable: {e}"));
+            false
+        }
+    }
+}
+
+/// One kernel call: the kernel, its inputs, output shapes and dtypes, and the launch.
+struct Case {
+    kernel: MetalKernel,
+    inputs: Vec<Array>,
+    outputs: Vec<(Vec<i32>, DType)>,
+    config: KernelConfig,
+}
+
+impl Case {
+    fn call(&self) -> Vec<Array> {
+        self.kernel.call(&self.inputs, &self.outputs, &self.config)
+    }
+    fn f32s(&self) -> Vec<Vec<f32>> {
+        self.call().iter().map(|o| o.astype(DType::F32).to_vec::<f32>().unwrap()).collect()
+    }
+}
+
+fn config(grid: (u32, u32, u32), threadgroup: (u32, u32, u32), template: Vec<(&str, TemplateArg)>) -> KernelConfig {
+    KernelConfig {
+        grid,
+        threadgroup,
+        template: template.into_iter().map(|(n, a)| (n.to_string(), a)).collect(),
+        ..Default::default()
+    }
+}
+
+/// Values in a spread of magnitudes and signs, never all equal.
+fn wavy(n: usize, seed: f32) -> Vec<f32> {
+    (0..n).map(|i| ((i as f32 * 0.7311 + seed).sin() * 3.0 * 64.0).round() / 64.0).collect()
+}
+
+fn floats(v: &[f32]) -> Array {
+    Array::from_slice(v, [v.len()])
+}
+
+/// The issue's example.
+const SCALE: &str = "uint i = thread_position_in_grid.x;\nout[i] = static_cast<T>(inp[i] * N);";
+
+fn scale_f16() -> Case {
+    Case {
+        kernel: MetalKernel::new("scale", &["inp"], &["out"], SCALE),
+        inputs: vec![ops::ones([1024], DType::F16)],
+        outputs: vec![(vec![1024], DType::F16)],
+        config: config((1024, 1, 1), (256, 1, 1), vec![("T", DType::F16.into()), ("N", 3.into())]),
+    }
+}
+
+/// Thread attributes, on a grid that is not a multiple of the threadgroup (extra threads must
+/// not run: the output starts at 7 and only the grid's threads write).
+const ATTRS: &str = "uint i = thread_position_in_grid.x + grid_size.x * thread_position_in_grid.y;\n\
+                     out[i * 4 + 0] = thread_position_in_threadgroup.x + 1000 * threadgroup_position_in_grid.x;\n\
+                     out[i * 4 + 1] = threads_per_threadgroup.x * 1000 + threadgroups_per_grid.x * 10 + threadgroups_per_grid.y;\n\
+                     out[i * 4 + 2] = thread_index_in_simdgroup + 100 * simdgroup_index_in_threadgroup;\n\
+                     out[i * 4 + 3] = threads_per_simdgroup + thread_index_in_threadgroup * 100 + simdgroups_per_threadgroup * 100000;";
+
+fn attributes() -> Case {
+    Case {
+        kernel: MetalKernel::new("attrs", &[] as &[&str], &["out"], ATTRS),
+        inputs: vec![],
+        outputs: vec![(vec![100 * 2 * 4 + 4], DType::U32)],
+        config: KernelConfig { init_value: Some(7.0), ..config((100, 2, 1), (64, 1, 1), vec![]) },
+    }
+}
+
+fn attributes_want() -> Vec<u32> {
+    let mut want = vec![7u32; 100 * 2 * 4 + 4];
+    for y in 0..2u32 {
+        for x in 0..100u32 {
+            let i = (x + 100 * y) as usize;
+            let (t, b) = (x % 64, x / 64);
+            want[i * 4] = t + 1000 * b;
+            want[i * 4 + 1] = 64 * 1000 + 2 * 10 + 2;
+            want[i * 4 + 2] = t % 32 + 100 * (t / 32);
+            want[i * 4 + 3] = 32 + t * 100 + 2 * 100000;
+        }
+    }
+    want
+}
+
+/// `name_shape`, `name_strides`, `name_ndim` of a transposed view, and a 0-d input.
+const STRIDED: &str = "uint i = thread_position_in_grid.x;\n\
+                       out[i] = inp[elem_to_loc(i, inp_shape, inp_strides, inp_ndim)] * s + inp_shape[0];";
+
+fn strided() -> Case {
+    let x = ops::arange(0, 42, 1).astype(DType::F32).reshape([6, 7]).t();
+    Case {
+        kernel: MetalKernel::new("strided", &["inp", "s"], &["out"], STRIDED).ensure_row_contiguous(false),
+        inputs: vec![x, Array::from(2.0f32)],
+        outputs: vec![(vec![7, 6], DType::F32)],
+        config: config((42, 1, 1), (42, 1, 1), vec![]),
+    }
+}
+
+/// A tree sum in threadgroup memory.
+const TG_SUM: &str = "threadgroup float buf[64];\n\
+                      uint t = thread_position_in_threadgroup.x;\n\
+                      buf[t] = inp[thread_position_in_grid.x];\n\
+                      threadgroup_barrier(mem_flags::mem_threadgroup);\n\
+                      for (uint s = 32; s > 0; s >>= 1) {\n\
+                        if (t < s) buf[t] += buf[t + s];\n\
+                        threadgroup_barrier(mem_flags::mem_threadgroup);\n\
+                      }\n\
+                      if (t == 0) out[threadgroup_position_in_grid.x] = buf[0];";
+
+fn threadgroup_sum() -> Case {
+    Case {
+        kernel: MetalKernel::new("tg_sum", &["inp"], &["out"], TG_SUM),
+        inputs: vec![floats(&wavy(256, 0.5))],
+        outputs: vec![(vec![4], DType::F32)],
+        config: config((256, 1, 1), (64, 1, 1), vec![]),
+    }
+}
+
+/// SIMD-group reductions, shuffles and broadcasts, one output row per function.
+const SIMD: &str = "uint i = thread_position_in_grid.x;\n\
+                    float v = inp[i];\n\
+                    out[i] = simd_sum(v);\n\
+                    out[64 + i] = simd_max(v);\n\
+                    out[128 + i] = metal::simd_min(v);\n\
+                    out[192 + i] = simd_shuffle_xor(v, 3);\n\
+                    out[256 + i] = simd_shuffle_down(v, 1);\n\
+                    out[320 + i] = simd_broadcast(v, 5);\n\
+                    out[384 + i] = simd_shuffle(v, thread_index_in_simdgroup ^ 1);\n\
+                    simdgroup_barrier(mem_flags::mem_none);\n\
+                    out[448 + i] = simd_any(v > 2.9f) ? 1.0f : 0.0f;";
+
+fn simd_reductions() -> Case {
+    Case {
+        kernel: MetalKernel::new("simd", &["inp"], &["out"], SIMD),
+        inputs: vec![floats(&wavy(64, 1.5))],
+        outputs: vec![(vec![512], DType::F32)],
+        config: config((64, 1, 1), (64, 1, 1), vec![]),
+    }
+}
+
+fn simd_want(x: &[f32]) -> Vec<f32> {
+    let mut want = vec![0f32; 512];
+    for i in 0..64 {
+        let w = &x[i / 32 * 32..i / 32 * 32 + 32];
+        let l = i % 32;
+        want[i] = w.iter().sum();
+        want[64 + i] = w.iter().cloned().fold(f32::MIN, f32::max);
+        want[128 + i] = w.iter().cloned().fold(f32::MAX, f32::min);
+        want[192 + i] = w[l ^ 3];
+        want[256 + i] = if l + 1 < 32 { w[l + 1] } else { w[l] };
+        want[320 + i] = w[5];
+        want[384 + i] = w[l ^ 1];
+        want[448 + i] = if w.iter().any(|&v| v > 2.9) { 1.0 } else { 0.0 };
+    }
+    want
+}
+
+/// Prefix scans over the lanes.
+const SCANS: &str = "uint i = thread_position_in_grid.x;\n\
+                     out[i] = simd_prefix_inclusive_sum(inp[i]);\n\
+                     out[32 + i] = simd_prefix_exclusive_sum(inp[i]);";
+
+fn simd_scans() -> Case {
+    let x: Vec<i32> = (0..32).map(|i| (i * 7) % 11 - 3).collect();
+    Case {
+        kernel: MetalKernel::new("scans", &["inp"], &["out"], SCANS),
+        inputs: vec![Array::from_slice(&x, [32])],
+        outputs: vec![(vec![64], DType::I32)],
+        config: config((32, 1, 1), (32, 1, 1), vec![]),
+    }
+}
+
+/// Vector types: constructors, arithmetic, swizzles, conversions, dot and length.
+const VECTORS: &str = "uint i = thread_position_in_grid.x;\n\
+                       const device float4* p = (const device float4*)inp;\n\
+                       float4 a = p[i];\n\
+                       float4 b = a * 2.0f + float4(1.0f);\n\
+                       float2 xy = b.xy;\n\
+                       float3 c = float3(xy, b.w) - a.xyz;\n\
+                       out[i] = dot(b, a) + xy.y + length(float2(3.0f, 4.0f)) + c[2];\n\
+                       half4 h = half4(b);\n\
+                       uint3 u = uint3(1, 2, 3);\n\
+                       out_h[i] = h.w + half(u.z);";
+
+fn vectors() -> Case {
+    Case {
+        kernel: MetalKernel::new("vectors", &["inp"], &["out", "out_h"], VECTORS),
+        inputs: vec![floats(&wavy(64, 2.5))],
+        outputs: vec![(vec![16], DType::F32), (vec![16], DType::F16)],
+        config: config((16, 1, 1), (16, 1, 1), vec![]),
+    }
+}
+
+fn vectors_want(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let mut out = vec![];
+    let mut out_h = vec![];
+    for a in x.chunks(4) {
+        let b: Vec<f32> = a.iter().map(|v| v * 2.0 + 1.0).collect();
+        let dot: f32 = a.iter().zip(&b).map(|(a, b)| a * b).sum();
+        out.push(dot + b[1] + 5.0 + (b[3] - a[2]));
+        out_h.push(Array::from(b[3]).astype(DType::F16).astype(DType::F32).item::<f32>().unwrap() + 3.0);
+    }
+    (out, out_h)
+}
+
+/// Math: `metal::`, `fast::`, `precise::`, Metal-only functions, half and bfloat, limits.
+const MATH: &str = "uint i = thread_position_in_grid.x;\n\
+                    float x = inp[i];\n\
+                    float r = metal::exp(x) + fast::exp(x) + metal::precise::exp(x) + rsqrt(x * x + 1.0f);\n\
+                    r += clamp(x, -0.5f, 0.5f) + select(1.0f, 2.0f, x > 0) + fma(x, x, 1.0f) + metal::abs(x);\n\
+                    r += as_type<float>(as_type<uint>(x)) + metal::numeric_limits<float>::lowest() * 0.0f + M_PI_F;\n\
+                    out[i] = r;\n\
+                    half h = half(x);\n\
+                    bfloat b = bfloat(x);\n\
+                    out_h[i] = exp(h) + max(h, half(0)) + half(float(tanh(b)));";
+
+fn math() -> Case {
+    Case {
+        kernel: MetalKernel::new("math", &["inp"], &["out", "out_h"], MATH),
+        inputs: vec![floats(&wavy(32, 0.1).iter().map(|v| v / 3.0).collect::<Vec<_>>())],
+        outputs: vec![(vec![32], DType::F32), (vec![32], DType::F16)],
+        config: config((32, 1, 1), (32, 1, 1), vec![]),
+    }
+}
+
+fn math_want(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let r = x
+        .iter()
+        .map(|&x| {
+            3.0 * x.exp()
+                + 1.0 / (x * x + 1.0).sqrt()
+                + x.clamp(-0.5, 0.5)
+                + if x > 0.0 { 2.0 } else { 1.0 }
+                + (x * x + 1.0)
+                + x.abs()
+                + x
+                + std::f32::consts::PI
+        })
+        .collect();
+    let h = x.iter().map(|&x| x.exp() + x.max(0.0) + x.tanh()).collect();
+    (r, h)
+}
+
+/// Atomic outputs: a histogram and a float total.
+const HIST: &str = "uint i = thread_position_in_grid.x;\n\
+                    if (i < N) {\n\
+                      atomic_fetch_add_explicit(&hist[inp[i]], 1u, memory_order_relaxed);\n\
+                      atomic_fetch_add_explicit(&total[0], 0.5f, memory_order_relaxed);\n\
+                    }";
+
+fn histogram(values: &[i32]) -> Case {
+    let n = values.len() as u32;
+    Case {
+        kernel: MetalKernel::new("histogram", &["inp"], &["hist", "total"], HIST).atomic_outputs(true),
+        inputs: vec![Array::from_slice(values, [values.len()])],
+        outputs: vec![(vec![10], DType::U32), (vec![1], DType::F32)],
+        config: config((n.div_ceil(128) * 128, 1, 1), (128, 1, 1), vec![("N", (n as i32).into())]),
+    }
+}
+
+/// A helper function in the header.
+fn header_helper() -> Case {
+    let header = "#include <metal_stdlib>\nusing namespace metal;\n\nfloat cube(float v) {\n  return v * v * v;\n}\n";
+    Case {
+        kernel: MetalKernel::new(
+            "cube",
+            &["inp"],
+            &["out"],
+            "uint i = thread_position_in_grid.x;\nout[i] = cube(inp[i]);",
+        )
+        .header(header),
+        inputs: vec![floats(&wavy(16, 3.0))],
+        outputs: vec![(vec![16], DType::F32)],
+        config: config((16, 1, 1), (16, 1, 1), vec![]),
+    }
+}
+
+/// Every small kernel of these tests.
+fn cases() -> Vec<Case> {
+    vec![
+        scale_f16(),
+        attributes(),
+        strided(),
+        threadgroup_sum(),
+        simd_reductions(),
+        simd_scans(),
+        vectors(),
+        math(),
+        histogram(&[0, 1, 2, 3]),
+        header_helper(),
+    ]
+}
+
+// ---- mlx-lm's kernels --------------------------------------------------------------------
+
+const MLX_LM_WHEEL: &str = "mlx_lm-0.32.2-py3-none-any.whl";
+const MLX_LM_SHA256: &str = "5c0991248cfff5872503d74f466d2532dd8cb7fb3670cb9be7a06d7305dadc04";
+
+/// Where fetched files are kept (as nuvec-lm's `fetch::cache_dir`).
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("NUVEC_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("nuvec");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    home.join(".cache").join("nuvec")
+}
+
+fn sha256(path: &std::path::Path) -> String {
+    use sha2::Digest;
+    let bytes = std::fs::read(path).unwrap();
+    sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn python() -> String {
+    std::env::var("NUVEC_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// The mlx-lm 0.32.2 wheel, downloaded with pip the first time and checked by sha256.
+fn mlx_lm_wheel() -> Result<PathBuf, String> {
+    let dir = cache_dir().join("downloads");
+    let path = dir.join(MLX_LM_WHEEL);
+    if path.exists() {
+        return Ok(path);
+    }
+    let tmp = dir.join(format!("tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
+    std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(python())
+        .args(["-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:", "-d"])
+        .arg(&tmp)
+        .arg("mlx-lm==0.32.2")
+        .output()
+        .map_err(|e| format!("could not run pip: {e}"))?;
+    let got = tmp.join(MLX_LM_WHEEL);
+    let done = if !out.status.success() {
+        Err(format!("pip download mlx-lm==0.32.2 failed: {}", String::from_utf8_lossy(&out.stderr).trim()))
+    } else if sha256(&got) != MLX_LM_SHA256 {
+        Err(format!("{MLX_LM_WHEEL}: sha256 {}, expected {MLX_LM_SHA256}", sha256(&got)))
+    } else {
+        std::fs::rename(&got, &path).map_err(|e| e.to_string())
+    };
+    let _ = std::fs::remove_dir_all(&tmp);
+    done.map(|()| path)
+}
+
+/// Runs a module of the wheel with a stand-in `mlx` that records every `mx.fast.metal_kernel`
+/// it builds (MLX itself needs a Mac): the kernels exactly as mlx-lm writes them.
+const CAPTURE: &str = r#"
+import builtins, json, sys, types, zipfile
+src = zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]).decode()
+kernels = []
+def metal_kernel(**kw):
+    kernels.append(kw)
+    return kw["name"]
+def mx_compile(f=None, **kw):
+    return f if f is not None else (lambda g: g)
+mx = types.ModuleType("mlx.core")
+mx.metal = types.SimpleNamespace(is_available=lambda: True)
+mx.fast = types.SimpleNamespace(metal_kernel=metal_kernel)
+mx.compile = mx_compile
+mx.__getattr__ = lambda name: object  # mx.array and dtypes in annotations
+nn = types.ModuleType("mlx.nn")
+nn.__getattr__ = lambda name: object
+mlx = types.ModuleType("mlx")
+mlx.core, mlx.nn = mx, nn
+sys.modules.update({"mlx": mlx, "mlx.core": mx, "mlx.nn": nn})
+exec(builtins.compile(src, sys.argv[2], "exec"), {"__name__": "captured"})
+print(json.dumps(kernels))
+"#;
+
+/// mlx-lm's Gated DeltaNet kernels, by name, or why they could not be read. Under
+/// `NUVEC_REQUIRE_NVRTC=1` (CI) failing to read them fails the test.
+fn mlx_lm_gated_delta() -> Option<Vec<MetalKernel>> {
+    let read = || -> Result<Vec<MetalKernel>, String> {
+        let wheel = mlx_lm_wheel()?;
+        let out = std::process::Command::new(python())
+            .args(["-c", CAPTURE])
+            .arg(&wheel)
+            .arg("mlx_lm/models/gated_delta.py")
+            .output()
+            .map_err(|e| format!("could not run python: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("reading gated_delta.py failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let all: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+        let strings = |v: &Value| -> Vec<String> {
+            v.as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect()
+        };
+        Ok(all
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| {
+                let kernel = MetalKernel::new(
+                    k["name"].as_str().unwrap(),
+                    &strings(&k["input_names"]),
+                    &strings(&k["output_names"]),
+                    k["source"].as_str().unwrap(),
+                );
+                kernel.header(k.get("header").and_then(Value::as_str).unwrap_or(""))
+            })
+            .collect())
+    };
+    match read() {
+        Ok(k) => Some(k),
+        Err(e) => {
+            assert!(std::env::var("NUVEC_REQUIRE_NVRTC").as_deref() != Ok("1"), "mlx-lm's kernels: {e}");
+            crate::skipped(&format!("mlx-lm's kernels: {e}"));
+            None
+        }
+    }
+}
+
+struct GdnInputs {
+    q: Array,
+    k: Array,
+    v: Array,
+    g: Array,
+    beta: Array,
+    state: Array,
+    mask: Array,
+    dims: (i32, i32, i32, i32, i32, i32),
+}
+
+/// Inputs of one Gated DeltaNet call, `dims = (B, T, Hk, Hv, Dk, Dv)`, q and k L2-normalised.
+fn gdn_inputs(dims: (i32, i32, i32, i32, i32, i32), dtype: DType, vector_gate: bool) -> GdnInputs {
+    let (b, t, hk, hv, dk, dv) = dims;
+    let values = |n: i32, seed: f32| Array::from_slice(&wavy(n as usize, seed), [n as usize]);
+    let unit = |x: Array| {
+        let n = (&x * &x).sum_keepdims(-1).sqrt();
+        &x / n
+    };
+    let q = unit(values(b * t * hk * dk, 0.1).reshape([b, t, hk, dk])) * (dk as f64).powf(-0.5);
+    let k = unit(values(b * t * hk * dk, 0.7).reshape([b, t, hk, dk]));
+    let v = values(b * t * hv * dv, 1.3).reshape([b, t, hv, dv]) * 0.3;
+    let gshape: Vec<i32> = if vector_gate { vec![b, t, hv, dk] } else { vec![b, t, hv] };
+    let gn = gshape.iter().product::<i32>();
+    let g = (values(gn, 2.1).reshape(gshape).abs() * -0.05).exp();
+    let beta = values(b * t * hv, 0.4).reshape([b, t, hv]).sigmoid();
+    let state = values(b * hv * dv * dk, 3.3).reshape([b, hv, dv, dk]) * 0.1;
+    let mask_v: Vec<bool> = (0..b * t).map(|i| i % 3 != 1).collect();
+    let mask = Array::from_slice(&mask_v, [(b * t) as usize]).reshape([b, t]);
+    let cast = |x: Array| x.astype(dtype);
+    GdnInputs { q: cast(q), k: cast(k), v: cast(v), g, beta, state, mask, dims }
+}
+
+/// A call of one of mlx-lm's kernels as `_gated_delta_kernel_impl` makes it.
+fn gdn_case(kernel: &MetalKernel, x: &GdnInputs) -> Case {
+    let (b, t, hk, hv, dk, dv) = x.dims;
+    let packed = kernel.name().contains("packed");
+    let mut inputs = vec![x.q.clone(), x.k.clone(), x.v.clone(), x.g.clone(), x.beta.clone(), x.state.clone()];
+    inputs.push(Array::from(t));
+    if kernel.name().contains("mask") {
+        inputs.push(x.mask.clone());
+    }
+    let dt = x.q.dtype();
+    let (grid, tg) = if packed {
+        ((32, dv as u32 / 8, (b * hv) as u32), (32, 2, 1))
+    } else {
+        ((32, dv as u32, (b * hv) as u32), (32, 4, 1))
+    };
+    Case {
+        kernel: kernel.clone(),
+        inputs,
+        outputs: vec![(vec![b, t, hv, dv], dt), (vec![b, hv, dv, dk], DType::F32)],
+        config: config(
+            grid,
+            tg,
+            vec![
+                ("InT", dt.into()),
+                ("StT", DType::F32.into()),
+                ("Dk", dk.into()),
+                ("Dv", dv.into()),
+                ("Hk", hk.into()),
+                ("Hv", hv.into()),
+            ],
+        ),
+    }
+}
+
+fn compile_all(all: &[Case]) {
+    let mut failures = Vec::new();
+    for c in all {
+        let spec =
+            c.kernel.spec(&c.inputs, &c.outputs, &c.config).unwrap_or_else(|e| panic!("{}: {e}", c.kernel.name()));
+        let g = nuvec::cuda::generate_custom_kernel(&spec);
+        if let Err(e) = nuvec::cuda::compile_custom_kernel(&g.source, &g.key, "sm_90") {
+            failures.push(format!("{}:\n{e}\n{}", g.entry, g.source));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} kernels do not compile:\n{}",
+        failures.len(),
+        all.len(),
+        failures.join("\n")
+    );
+}
+
+// ---- without a GPU --------------------------------------------------------------------------
+
+#[test]
+fn cases_compile_with_nvrtc() {
+    if !nvrtc() {
+        return;
+    }
+    compile_all(&cases());
+}
+
+#[test]
+fn mlx_lm_gated_delta_kernels_compile_with_nvrtc() {
+    let Some(kernels) = mlx_lm_gated_delta() else { return };
+    let names: Vec<&str> = kernels.iter().map(|k| k.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "gated_delta_step",
+            "gated_delta_step_mask",
+            "gated_delta_step_vec",
+            "gated_delta_step_vec_mask",
+            "gated_delta_step_xtree",
+            "gated_delta_step_packed_btree"
+        ]
+    );
+    if !nvrtc() {
+        return;
+    }
+    let mut all = Vec::new();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for k in &kernels {
+            let x = gdn_inputs((1, 2, 1, 2, 128, 16), dtype, k.name().contains("vec"));
+            all.push(gdn_case(k, &x));
+        }
+    }
+    compile_all(&all);
+}
+
+#[test]
+fn translation_of_the_scale_example() {
+    let c = scale_f16();
+    let spec = c.kernel.spec(&c.inputs, &c.outputs, &c.config).unwrap();
+    let g = nuvec::cuda::generate_custom_kernel(&spec);
+    assert_eq!(g.entry, "custom_kernel_scale_float16_t_3");
+    assert!(g.source.contains("#include \"nuvec_metal_kernel.cuh\""), "{}", g.source);
+    assert!(g.source.contains("const metal::uint3 thread_position_in_grid("), "{}", g.source);
+    assert!(g.source.contains("#line 1 \"scale.source\"\n") && g.source.contains(SCALE), "{}", g.source);
+    // Only the attributes the body mentions are declared; full grids need no guard.
+    assert!(!g.source.contains("threads_per_threadgroup(") && !g.source.contains("return;"), "{}", g.source);
+    // Atomic outputs shadow the signature's pointers.
+    let c = histogram(&[1]);
+    let g = nuvec::cuda::generate_custom_kernel(&c.kernel.spec(&c.inputs, &c.outputs, &c.config).unwrap());
+    assert!(g.source.contains("atomic<unsigned int>* hist = nv_mk_atomic_hist;"), "{}", g.source);
+}
+
+#[test]
+fn bad_input_gives_failed_arrays_naming_construct_and_line() {
+    let x = ops::ones([4], DType::F32);
+    let out = [(vec![4], DType::F32)];
+    let cfg = config((4, 1, 1), (4, 1, 1), vec![]);
+    let check = |arrays: Vec<Array>, needles: &[&str]| {
+        assert_eq!(arrays.len(), 1);
+        let e = arrays[0].eval().unwrap_err();
+        assert_eq!(e.op_name(), Some("metal_kernel"), "{e}");
+        for n in needles {
+            assert!(e.to_string().contains(n), "`{n}` not in: {e}");
+        }
+        assert!(e.location().unwrap().file().ends_with("metal_kernel.rs"), "{e}");
+    };
+    let k = |body: &str| MetalKernel::new("bad", &["inp"], &["out"], body);
+    let call = |k: MetalKernel| k.call(std::slice::from_ref(&x), &out, &cfg);
+    check(
+        call(k("uint i = thread_position_in_grid.x;\ntexture2d<float> t;\nout[i] = inp[i];")),
+        &["`texture2d`", "line 2 of the source", "bad.source:2"],
+    );
+    check(call(k("uint i = 0;\n\nout[i] = simd_ballot(inp[i] > 0);")), &["`simd_ballot`", "line 3"]);
+    check(call(k("float2x2 m;")), &["`float2x2`", "matrix", "line 1"]);
+    check(call(k("if (true) {\n  out[0] = inp[0];\n")), &["syntax error", "`{` is never closed", "line 1"]);
+    check(call(k("out[0] = (inp[0];\n")), &["syntax error", "line 1"]);
+    check(call(k("out[0] = inp[0];\n/* never closed")), &["syntax error", "line 2"]);
+    check(call(k("out[0] = inp[0];").header("[[kernel]] void other() {}")), &["`[[kernel]]`", "line 1 of the header"]);
+    check(k("out[0] = inp[0];").call(&[], &out, &cfg), &["inputs: expected 1 arrays, got 0"]);
+    let half_out = [(vec![4], DType::F16)];
+    check(
+        k("out[0] = inp[0];").atomic_outputs(true).call(std::slice::from_ref(&x), &half_out, &cfg),
+        &["atomic<T>", "`out`"],
+    );
+    let d = ops::ones([4], DType::F64);
+    check(k("out[0] = inp[0];").call(&[d], &out, &cfg), &["input `inp` is float64"]);
+    // A translated body that NVRTC rejects reports the user's line.
+    if nvrtc() {
+        let c = Case {
+            kernel: k("uint i = thread_position_in_grid.x;\nfloat4 v = float4(1.0f);\nout[i] = v.x + undefined_thing;"),
+            inputs: vec![x.clone()],
+            outputs: out.to_vec(),
+            config: cfg.clone(),
+        };
+        let g = nuvec::cuda::generate_custom_kernel(&c.kernel.spec(&c.inputs, &c.outputs, &c.config).unwrap());
+        let err = nuvec::cuda::compile_custom_kernel(&g.source, &g.key, "sm_90").unwrap_err().to_string();
+        assert!(err.contains("bad.source(3)") && err.contains("undefined_thing"), "{err}");
+    }
+}
+
+#[test]
+fn the_cpu_reports_an_unsupported_device() {
+    let c = scale_f16();
+    let e = with_stream(Device::cpu(), || c.call())[0].eval().unwrap_err();
+    assert_eq!(e.op_name(), Some("metal_kernel"), "{e}");
+    assert_eq!(e.kind(), Some(&OpErrorKind::UnsupportedDevice(Device::cpu())), "{e}");
+}
+
+// ---- on the GPU -----------------------------------------------------------------------------
+
+#[test]
+fn scale_example_sums_to_3072() {
+    if !gpu() {
+        return;
+    }
+    let out = scale_f16().call().remove(0);
+    assert_eq!(out.dtype(), DType::F16);
+    assert_eq!(out.astype(DType::F32).sum(..).item::<f32>().unwrap(), 3072.0);
+}
+
+#[test]
+fn thread_attributes_and_exact_grids() {
+    if !gpu() {
+        return;
+    }
+    assert_eq!(attributes().call()[0].to_vec::<u32>().unwrap(), attributes_want());
+}
+
+#[test]
+fn strided_views_and_scalars() {
+    if !gpu() {
+        return;
+    }
+    let c = strided();
+    let x = c.inputs[0].contiguous().to_vec::<f32>().unwrap();
+    let want: Vec<f32> = x.iter().map(|v| v * 2.0 + 7.0).collect();
+    assert_eq!(c.f32s()[0], want);
+}
+
+fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * w.abs().max(1.0), "{what}[{i}]: {g} vs {w}");
+    }
+}
+
+#[test]
+fn threadgroup_memory_and_barriers() {
+    if !gpu() {
+        return;
+    }
+    let x = wavy(256, 0.5);
+    let want: Vec<f32> = x.chunks(64).map(|c| c.iter().sum()).collect();
+    close(&threadgroup_sum().f32s()[0], &want, 1e-5, "tg_sum");
+}
+
+#[test]
+fn simd_group_functions() {
+    if !gpu() {
+        return;
+    }
+    close(&simd_reductions().f32s()[0], &simd_want(&wavy(64, 1.5)), 1e-5, "simd");
+    let c = simd_scans();
+    let x = c.inputs[0].to_vec::<i32>().unwrap();
+    let got = c.call()[0].to_vec::<i32>().unwrap();
+    let mut acc = 0;
+    for (i, v) in x.iter().enumerate() {
+        assert_eq!(got[32 + i], acc, "exclusive[{i}]");
+        acc += v;
+        assert_eq!(got[i], acc, "inclusive[{i}]");
+    }
+}
+
+#[test]
+fn vector_types() {
+    if !gpu() {
+        return;
+    }
+    let got = vectors().f32s();
+    let (out, out_h) = vectors_want(&wavy(64, 2.5));
+    close(&got[0], &out, 1e-5, "out");
+    close(&got[1], &out_h, 2e-3, "out_h");
+}
+
+#[test]
+fn math_functions() {
+    if !gpu() {
+        return;
+    }
+    let c = math();
+    let x = c.inputs[0].to_vec::<f32>().unwrap();
+    let got = c.f32s();
+    let (r, h) = math_want(&x);
+    close(&got[0], &r, 1e-5, "float");
+    close(&got[1], &h, 1e-2, "half");
+}
+
+#[test]
+fn atomic_outputs_histogram() {
+    if !gpu() {
+        return;
+    }
+    let values: Vec<i32> = (0..5000).map(|i| ((i * 7919) % 13 + (i % 3)) % 10).collect();
+    let mut want = [0u32; 10];
+    for &v in &values {
+        want[v as usize] += 1;
+    }
+    let outs = histogram(&values).call();
+    assert_eq!(outs[0].to_vec::<u32>().unwrap(), want);
+    assert_eq!(outs[1].item::<f32>().unwrap(), 0.5 * values.len() as f32);
+}
+
+#[test]
+fn header_functions() {
+    if !gpu() {
+        return;
+    }
+    let c = header_helper();
+    let want: Vec<f32> = wavy(16, 3.0).iter().map(|v| v * v * v).collect();
+    close(&c.f32s()[0], &want, 1e-6, "cube");
+}
+
+#[test]
+fn mlx_lm_gated_delta_matches_fast_gated_delta() {
+    if !gpu() {
+        return;
+    }
+    let Some(kernels) = mlx_lm_gated_delta() else { return };
+    for dtype in [DType::F32, DType::BF16] {
+        for k in &kernels {
+            let vector_gate = k.name().contains("vec");
+            let masked = k.name().contains("mask");
+            let x = gdn_inputs((2, 5, 2, 4, 128, 64), dtype, vector_gate);
+            let outs = gdn_case(k, &x).call();
+            let options = fast::StepOptions { storage: Some(DType::F32), mask: masked.then(|| x.mask.clone()) };
+            let (y, state) = fast::gated_delta_with(&x.q, &x.k, &x.v, &x.g, &x.beta, Some(&x.state), &options);
+            let tol = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
+            let f = |a: &Array| a.astype(DType::F32).to_vec::<f32>().unwrap();
+            let what = format!("{} {dtype:?}", k.name());
+            close(&f(&outs[0]), &f(&y), tol, &format!("{what} y"));
+            close(&f(&outs[1]), &f(&state), tol, &format!("{what} state"));
+        }
+    }
+}
