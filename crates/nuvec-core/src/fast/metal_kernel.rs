@@ -35,7 +35,8 @@
 //! | `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `abs`, `max`, `min`, `fma`, `clamp`, `select`, `mix`, `sign`, `step`, `fract`, `saturate`, on float, half, bfloat and vectors; `fast::` and `precise::`; `metal::` names | CUDA math | `math` |
 //! | `as_type<T>`, `metal::numeric_limits<T>`, `INFINITY`, `M_PI_F`, ... | bit copies, constants | `math` |
 //! | `atomic<T>` (`int`, `uint`, `float`) with `atomic_{load,store,exchange,fetch_add,fetch_sub,fetch_max,fetch_min,fetch_and,fetch_or,fetch_xor,compare_exchange_weak}_explicit`, `memory_order_relaxed`; `atomic_outputs` | CUDA atomics on the same bits | `histogram` |
-//! | mlx-lm 0.32.2's Gated DeltaNet kernels (`gated_delta.py`, all six) | as above | `mlx_lm_gated_delta_*` |
+//! | mlx-lm 0.32.2's Gated DeltaNet kernels (`models/gated_delta.py`, all six), against `fast::gated_delta` | as above | `mlx_lm_gated_delta_*` |
+//! | mlx-lm 0.32.2's Mamba-2 SSM step (`models/ssm.py`, `ssm_kernel`), against its composition | as above | `mlx_lm_ssm_*` |
 //!
 //! Outside the table, textures, samplers, SIMD-group matrices, quad-groups, `simd_ballot`,
 //! matrix and packed types and Metal attributes (`[[buffer(0)]]`) give a failed array naming

@@ -405,19 +405,19 @@ exec(builtins.compile(src, sys.argv[2], "exec"), {"__name__": "captured"})
 print(json.dumps(kernels))
 "#;
 
-/// mlx-lm's Gated DeltaNet kernels, by name, or why they could not be read. Under
-/// `NUVEC_REQUIRE_NVRTC=1` (CI) failing to read them fails the test.
-fn mlx_lm_gated_delta() -> Option<Vec<MetalKernel>> {
+/// The Metal kernels one module of mlx-lm builds, in order, or why they could not be read.
+/// Under `NUVEC_REQUIRE_NVRTC=1` (CI) failing to read them fails the test.
+fn mlx_lm_kernels(module: &str) -> Option<Vec<MetalKernel>> {
     let read = || -> Result<Vec<MetalKernel>, String> {
         let wheel = mlx_lm_wheel()?;
         let out = std::process::Command::new(python())
             .args(["-c", CAPTURE])
             .arg(&wheel)
-            .arg("mlx_lm/models/gated_delta.py")
+            .arg(module)
             .output()
             .map_err(|e| format!("could not run python: {e}"))?;
         if !out.status.success() {
-            return Err(format!("reading gated_delta.py failed: {}", String::from_utf8_lossy(&out.stderr)));
+            return Err(format!("reading {module} failed: {}", String::from_utf8_lossy(&out.stderr)));
         }
         let all: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
         let strings = |v: &Value| -> Vec<String> {
@@ -434,7 +434,10 @@ fn mlx_lm_gated_delta() -> Option<Vec<MetalKernel>> {
                     &strings(&k["output_names"]),
                     k["source"].as_str().unwrap(),
                 );
-                kernel.header(k.get("header").and_then(Value::as_str).unwrap_or(""))
+                kernel
+                    .header(k.get("header").and_then(Value::as_str).unwrap_or(""))
+                    .atomic_outputs(k.get("atomic_outputs").and_then(Value::as_bool).unwrap_or(false))
+                    .ensure_row_contiguous(k.get("ensure_row_contiguous").and_then(Value::as_bool).unwrap_or(true))
             })
             .collect())
     };
@@ -446,6 +449,53 @@ fn mlx_lm_gated_delta() -> Option<Vec<MetalKernel>> {
             None
         }
     }
+}
+
+/// mlx-lm's Gated DeltaNet kernels (`mlx_lm/models/gated_delta.py`).
+fn mlx_lm_gated_delta() -> Option<Vec<MetalKernel>> {
+    mlx_lm_kernels("mlx_lm/models/gated_delta.py")
+}
+
+/// mlx-lm's Mamba-2 SSM decode step (`mlx_lm/models/ssm.py`, `ssm_update_kernel`): its call with
+/// `(batch, heads, groups, head_dim, state_dim) = (2, 4, 2, 16, 64)` and the same step composed
+/// of ordinary operations, `(out, state)`.
+fn ssm_case(kernel: &MetalKernel, dtype: DType) -> (Case, Vec<Array>) {
+    let (n, h, hb, d, ds) = (2, 4, 2, 16, 64);
+    let values = |len: i32, seed: f32| Array::from_slice(&wavy(len as usize, seed), [len as usize]);
+    let x = (values(n * h * d, 0.2).reshape([n, 1, h, d]) * 0.5).astype(dtype);
+    let a_log = values(h, 0.9) * 0.1;
+    let b = (values(n * hb * ds, 1.7).reshape([n, 1, hb, ds]) * 0.2).astype(dtype);
+    let c = (values(n * hb * ds, 2.3).reshape([n, 1, hb, ds]) * 0.2).astype(dtype);
+    let dd = values(h, 3.1) * 0.3;
+    let dt = (values(n * h, 0.6).reshape([n, 1, h]).abs() * 0.1) + 0.01;
+    let state = values(n * h * d * ds, 4.2).reshape([n, h, d, ds]) * 0.1;
+    // Head `i` reads group `i / (h / hb)`.
+    let per_head = |m: &Array| {
+        m.astype(DType::F32).reshape([n, hb, 1, ds]).broadcast_to([n, hb, h / hb, ds]).reshape([n, h, 1, ds])
+    };
+    let da = (-(a_log.exp()).reshape([1, 1, h]) * &dt).exp().reshape([n, h, 1, 1]);
+    let xs = x.astype(DType::F32).reshape([n, h, d, 1]);
+    let new_state = &da * &state + &xs * dt.reshape([n, h, 1, 1]) * per_head(&b);
+    let out = (&new_state * per_head(&c)).sum([-1]) + x.astype(DType::F32).reshape([n, h, d]) * dd.reshape([1, h, 1]);
+    let want = vec![out.reshape([n, 1, h, d]).astype(dtype), new_state];
+    let case = Case {
+        kernel: kernel.clone(),
+        inputs: vec![x, a_log, b, c, dd, dt, state],
+        outputs: vec![(vec![n, 1, h, d], dtype), (vec![n, h, d, ds], DType::F32)],
+        config: config(
+            (32, d as u32, (h * n) as u32),
+            (32, 8, 1),
+            vec![
+                ("T", dtype.into()),
+                ("U", DType::F32.into()),
+                ("Dh", d.into()),
+                ("Ds", ds.into()),
+                ("H", h.into()),
+                ("G", (h / hb).into()),
+            ],
+        ),
+    };
+    (case, want)
 }
 
 struct GdnInputs {
@@ -570,6 +620,16 @@ fn mlx_lm_gated_delta_kernels_compile_with_nvrtc() {
         }
     }
     compile_all(&all);
+}
+
+#[test]
+fn mlx_lm_ssm_kernel_compiles_with_nvrtc() {
+    let Some(kernels) = mlx_lm_kernels("mlx_lm/models/ssm.py") else { return };
+    assert_eq!(kernels.iter().map(|k| k.name()).collect::<Vec<_>>(), ["ssm_kernel"]);
+    if !nvrtc() {
+        return;
+    }
+    compile_all(&[DType::F32, DType::BF16, DType::F16].map(|d| ssm_case(&kernels[0], d).0));
 }
 
 #[test]
@@ -778,6 +838,22 @@ fn mlx_lm_gated_delta_matches_fast_gated_delta() {
             let what = format!("{} {dtype:?}", k.name());
             close(&f(&outs[0]), &f(&y), tol, &format!("{what} y"));
             close(&f(&outs[1]), &f(&state), tol, &format!("{what} state"));
+        }
+    }
+}
+
+#[test]
+fn mlx_lm_ssm_matches_its_composition() {
+    if !gpu() {
+        return;
+    }
+    let Some(kernels) = mlx_lm_kernels("mlx_lm/models/ssm.py") else { return };
+    for dtype in [DType::F32, DType::BF16] {
+        let (case, want) = ssm_case(&kernels[0], dtype);
+        let got = case.f32s();
+        let tol = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            close(g, &w.astype(DType::F32).to_vec::<f32>().unwrap(), tol, &format!("ssm {dtype:?} output {i}"));
         }
     }
 }
