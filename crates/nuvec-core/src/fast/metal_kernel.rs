@@ -20,7 +20,10 @@
 //! `name_strides` and `name_ndim` exist when the body mentions them; template arguments become
 //! `constexpr` values and type aliases; and each thread attribute the body mentions is a value
 //! declared before it. `grid` is in threads, as MLX's: threads beyond it do not run (the kernel
-//! returns for them when the grid is not a multiple of the threadgroup).
+//! returns for them when the grid is not a multiple of the threadgroup). That guard and
+//! `grid_size` hold the call's grid as constants, so such kernels compile once per grid. The
+//! SIMD-group functions shuffle over whole warps: where a body uses them, keep its SIMD-groups
+//! whole (a grid that is a multiple of the threadgroup, threadgroups of whole SIMD-groups).
 //!
 //! | Metal feature | On CUDA | Test (`crates/nuvec/tests/suite/metal_kernel.rs`) |
 //! |---|---|---|
@@ -209,7 +212,7 @@ impl MetalKernel {
         let mut pre = String::new();
         for (name, ty, expr) in ATTRIBUTES {
             if super::cuda_kernel::mentions(&body, name) {
-                let (g, _) = (config.grid, ());
+                let g = config.grid;
                 let expr = expr.replace("GRID", &format!("{}u, {}u, {}u", g.0, g.1, g.2));
                 let ty = if ty == "uint" { "uint".to_string() } else { format!("metal::{ty}") };
                 pre.push_str(&format!("const {ty} {name}({expr}); "));
