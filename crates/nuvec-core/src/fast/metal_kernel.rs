@@ -40,6 +40,7 @@
 //! | `atomic<T>` (`int`, `uint`, `float`) with `atomic_{load,store,exchange,fetch_add,fetch_sub,fetch_max,fetch_min,fetch_and,fetch_or,fetch_xor,compare_exchange_weak}_explicit`, `memory_order_relaxed`; `atomic_outputs` | CUDA atomics on the same bits | `histogram` |
 //! | mlx-lm 0.32.2's Gated DeltaNet kernels (`models/gated_delta.py`, all six), against `fast::gated_delta` | as above | `mlx_lm_gated_delta_*` |
 //! | mlx-lm 0.32.2's Mamba-2 SSM step (`models/ssm.py`, `ssm_kernel`), against its composition | as above | `mlx_lm_ssm_*` |
+//! | mlx-lm 0.32.2's `qk_norm` and `rms_norm_sigmoid_gate` (`kernels/`, the second through strides), against their compositions | as above | `mlx_lm_fused_*` |
 //!
 //! Outside the table, textures, samplers, SIMD-group matrices, quad-groups, `simd_ballot`,
 //! matrix and packed types and Metal attributes (`[[buffer(0)]]`) give a failed array naming

@@ -380,11 +380,11 @@ fn mlx_lm_wheel() -> Result<PathBuf, String> {
     done.map(|()| path)
 }
 
-/// Runs a module of the wheel with a stand-in `mlx` that records every `mx.fast.metal_kernel`
-/// it builds (MLX itself needs a Mac): the kernels exactly as mlx-lm writes them.
+/// Imports a module of the wheel with a stand-in `mlx` that records every `mx.fast.metal_kernel`
+/// built (MLX itself needs a Mac): the kernels exactly as mlx-lm writes them.
 const CAPTURE: &str = r#"
-import builtins, json, sys, types, zipfile
-src = zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]).decode()
+import importlib, json, sys, types
+whl, module = sys.argv[1], sys.argv[2]
 kernels = []
 def metal_kernel(**kw):
     kernels.append(kw)
@@ -400,8 +400,13 @@ nn = types.ModuleType("mlx.nn")
 nn.__getattr__ = lambda name: object
 mlx = types.ModuleType("mlx")
 mlx.core, mlx.nn = mx, nn
-sys.modules.update({"mlx": mlx, "mlx.core": mx, "mlx.nn": nn})
-exec(builtins.compile(src, sys.argv[2], "exec"), {"__name__": "captured"})
+# The wheel's package without its __init__ (which imports all of mlx-lm): modules import from
+# the zip, relative imports included.
+pkg = types.ModuleType("mlx_lm")
+pkg.__path__ = [whl + "/mlx_lm"]
+sys.modules.update({"mlx": mlx, "mlx.core": mx, "mlx.nn": nn, "mlx_lm": pkg})
+sys.path.insert(0, whl)
+importlib.import_module(module.removesuffix(".py").replace("/", "."))
 print(json.dumps(kernels))
 "#;
 
@@ -632,6 +637,79 @@ fn mlx_lm_ssm_kernel_compiles_with_nvrtc() {
     compile_all(&[DType::F32, DType::BF16, DType::F16].map(|d| ssm_case(&kernels[0], d).0));
 }
 
+/// One of mlx-lm's fused kernels (`mlx_lm/kernels/`), by name.
+fn mlx_lm_fused(name: &str) -> Option<MetalKernel> {
+    let all = mlx_lm_kernels("mlx_lm/kernels/qk_norm.py")?;
+    Some(all.into_iter().find(|k| k.name() == name).unwrap_or_else(|| panic!("mlx-lm has no kernel {name}")))
+}
+
+/// `x * rsqrt(mean(x², -1) + eps)` in float32.
+fn rms(x: &Array, eps: f32) -> Array {
+    let x = x.astype(DType::F32);
+    let d = *x.shape().last().unwrap() as f64;
+    let ms = (&x * &x).sum_keepdims(-1) / d + eps as f64;
+    &x / ms.sqrt()
+}
+
+/// `qk_norm` (`mlx_lm/kernels/qk_norm.py`): `(N, HQ, HK, D) = (3, 4, 2, 80)` (D not a multiple
+/// of 32), and its composition `(q, k)`.
+fn qk_norm_case(kernel: &MetalKernel, dtype: DType) -> (Case, Vec<Array>) {
+    let (n, hq, hk, d) = (3, 4, 2, 80);
+    let (scale, eps) = (0.125f32, 1e-6f32);
+    let len = n * 2 * (hq + hk) * d;
+    let qkvg =
+        Array::from_slice(&wavy(len as usize, 0.4), [len as usize]).reshape([n, 2 * (hq + hk) * d]).astype(dtype);
+    let rows = qkvg.reshape([n, 2 * (hq + hk), d]);
+    let part = |from: i32, to: i32| rows.slice(&[0, from, 0], &[n, to, d], &[1, 1, 1]);
+    let q = (rms(&part(0, hq), eps).astype(dtype).astype(DType::F32) * scale as f64).astype(dtype);
+    let k = rms(&part(hq, hq + hk), eps).astype(dtype);
+    let case = Case {
+        kernel: kernel.clone(),
+        inputs: vec![qkvg, Array::from(scale), Array::from(eps)],
+        outputs: vec![(vec![n, hq, d], dtype), (vec![n, hk, d], dtype)],
+        config: config(
+            ((n * (hq + hk) * 32) as u32, 1, 1),
+            (256, 1, 1),
+            vec![("T", dtype.into()), ("D", d.into()), ("HQ", hq.into()), ("HK", hk.into())],
+        ),
+    };
+    (case, vec![q, k])
+}
+
+/// `rms_norm_sigmoid_gate` (`mlx_lm/kernels/rms_norm_sigmoid_gate.py`) on a transposed view
+/// (the kernel reads strides), `(B, H, L, D) = (2, 3, 5, 64)`, and its composition.
+fn norm_gate_case(kernel: &MetalKernel, dtype: DType) -> (Case, Vec<Array>) {
+    let (b, h, l, d) = (2, 3, 5, 64);
+    let eps = 1e-5f32;
+    let len = (b * h * l * d) as usize;
+    // (B, L, H, D) in memory, seen as (B, H, L, D).
+    let x = Array::from_slice(&wavy(len, 1.1), [len]).reshape([b, l, h, d]).astype(dtype).transpose(&[0, 2, 1, 3]);
+    let g = Array::from_slice(&wavy(len, 2.2), [len]).reshape([b, l, h * d]).astype(dtype);
+    let normed = rms(&x, eps).transpose(&[0, 2, 1, 3]).reshape([b, l, h * d]);
+    let want = (normed * g.astype(DType::F32).sigmoid()).astype(dtype);
+    let case = Case {
+        kernel: kernel.clone(),
+        inputs: vec![x, g, Array::from(eps)],
+        outputs: vec![(vec![b, l, h * d], dtype)],
+        config: config(((b * l * h * 32) as u32, 1, 1), (256, 1, 1), vec![("T", dtype.into()), ("D", d.into())]),
+    };
+    (case, vec![want])
+}
+
+#[test]
+fn mlx_lm_fused_kernels_compile_with_nvrtc() {
+    let (Some(qk), Some(gate)) = (mlx_lm_fused("qk_norm"), mlx_lm_fused("rms_norm_sigmoid_gate")) else { return };
+    if !nvrtc() {
+        return;
+    }
+    let mut all = Vec::new();
+    for d in [DType::F32, DType::BF16, DType::F16] {
+        all.push(qk_norm_case(&qk, d).0);
+        all.push(norm_gate_case(&gate, d).0);
+    }
+    compile_all(&all);
+}
+
 #[test]
 fn translation_of_the_scale_example() {
     let c = scale_f16();
@@ -854,6 +932,23 @@ fn mlx_lm_ssm_matches_its_composition() {
         let tol = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             close(g, &w.astype(DType::F32).to_vec::<f32>().unwrap(), tol, &format!("ssm {dtype:?} output {i}"));
+        }
+    }
+}
+
+#[test]
+fn mlx_lm_fused_kernels_match_their_compositions() {
+    if !gpu() {
+        return;
+    }
+    let (Some(qk), Some(gate)) = (mlx_lm_fused("qk_norm"), mlx_lm_fused("rms_norm_sigmoid_gate")) else { return };
+    for dtype in [DType::F32, DType::BF16] {
+        let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+        for (name, (case, want)) in [("qk_norm", qk_norm_case(&qk, dtype)), ("norm_gate", norm_gate_case(&gate, dtype))]
+        {
+            for (i, (g, w)) in case.f32s().iter().zip(&want).enumerate() {
+                close(g, &w.astype(DType::F32).to_vec::<f32>().unwrap(), tol, &format!("{name} {dtype:?} output {i}"));
+            }
         }
     }
 }
