@@ -189,7 +189,13 @@ pub(super) fn composition(p: &GatedDeltaParams, inputs: &[Array]) -> Vec<Array> 
     }
     let y = if ys.is_empty() { ops::zeros(&[b, 0, hv, dv][..], q.dtype()) } else { ops::stack(&ys, 1) };
     let y = y.astype(inputs[0].dtype());
-    let states = if !p.steps {
+    let given = &inputs[5];
+    let states = if !p.steps && t > 0 && given.dtype() == p.storage {
+        // Written over the given state: in place where this is its only handle (a recorded
+        // decode step then replays over the same buffer), a copy otherwise.
+        let shape = given.shape().to_vec();
+        given.slice_update(&s.astype(p.storage), &[0; 4], &shape, &[1; 4])
+    } else if !p.steps {
         s.astype(p.storage)
     } else if states.is_empty() {
         ops::zeros(&[b, 0, hv, dv, dk][..], p.storage)
