@@ -17,8 +17,8 @@
 # GPU_LM_SECONDS (570: the script ends within it), GPU_LM_SKIP_PEERS=1.
 #
 # GPU_LM_MODEL=qwen3-next: Qwen3-Next-80B-A3B's shapes in 12 layers instead
-# (bench/configs/qwen3-next-12l.json; prompts 4096,16384 and batch 1 unless set), prefill with
-# and without the chunked gated delta kernels (NUVEC_GDN_CHUNKED), no 4-bit run, and
+# (bench/configs/qwen3-next-12l.json; prompts 4096,16384 and batch 1 unless set), prefill also
+# without the chunked gated delta kernels (NUVEC_GDN_CHUNKED=0), no 4-bit run, and
 # bench/qwen3_next_peers.py (PyTorch + flash-linear-attention from .gpu/wheels, routed experts
 # by gather and by grouped GEMM) as the peer.
 set -u
@@ -66,7 +66,7 @@ bench() { # bench NAME ARGS...: nuvec bench on the random model, JSON to $OUT/NA
 bench nuvec_bf16 --dtype bfloat16 --prompt-tokens "$PROMPTS" --batch "$BATCHES" --context 512 --steps 64 --repeats 2
 bench nuvec_bf16_nograph --dtype bfloat16 --no-graph --prompt-tokens 128 --batch 1 --context 512 --steps 64 --repeats 2
 if [ "$MODEL" = qwen3-next ]; then
-    NUVEC_GDN_CHUNKED=1 bench nuvec_bf16_chunked --dtype bfloat16 --prompt-tokens "$PROMPTS" --batch 1 --context 512 \
+    NUVEC_GDN_CHUNKED=0 bench nuvec_bf16_recurrent --dtype bfloat16 --prompt-tokens "$PROMPTS" --batch 1 --context 512 \
         --steps 16 --repeats 2
 else
     bench nuvec_q4 --dtype bfloat16 --quantize 4,64 --prompt-tokens 2048 --batch 1,32 --context 512 --steps 64 --repeats 2

@@ -90,7 +90,8 @@
 //!   runs the one-row-per-warp kernel instead of the packed one.
 //! * `gated_delta_prefill_bf16_B1_T{T}`, T in {4096, 8192, 32768}, from a given state, in
 //!   TFLOP/s of the recurrence's `7·B·T·32·128·128` FLOPs (decay, `S k`, the update, `S q`),
-//!   fraction `-`; `_rows` as for decoding.
+//!   fraction `-`: the chunked kernels (`NUVEC_GDN_CHUNKED=0`: the packed one); `_rows` as for
+//!   decoding.
 //!
 //! Latency-bound cases (1 and 16 tokens, decode rope, every attention decode case, every
 //! gated delta decode case) add a row `<name>_us`: microseconds per call, unit `us`.

@@ -6,7 +6,7 @@
 //! results are bit-identical to the first's. `NUVEC_GDN_PACKED=0` (or mlx-lm's
 //! `MLX_GDN_PACKED=0`) keeps every shape on the first, for comparisons. Long prompts at
 //! Qwen3-Next's head sizes take a third way, 64 steps at a time on tensor cores
-//! (`gated_delta_chunk_prep` then `gated_delta_chunk_scan`), with `NUVEC_GDN_CHUNKED=1`.
+//! (`gated_delta_chunk_prep` then `gated_delta_chunk_scan`); `NUVEC_GDN_CHUNKED=0` turns it off.
 //!
 //! q, k, v, the gate and beta are read through their strides (a model's q, k and v are views
 //! of one projection); only a last axis that is not contiguous is copied first.
@@ -60,8 +60,8 @@ pub enum GatedDeltaKernel {
 /// takes `Dk` 128 with `Dv` a multiple of 8, a float32 gate per head, a float32 state and no
 /// mask, unless `NUVEC_GDN_PACKED=0` or `MLX_GDN_PACKED=0` (read once). Prompts of at least
 /// [`CHUNKED_FROM`] steps with q, k and v of float16 or bfloat16, `Dk` = `Dv` = 128, a gate
-/// per head, no mask and only the last state take the chunked kernels with
-/// `NUVEC_GDN_CHUNKED=1` (a device without 150 KiB of shared memory per block runs the packed
+/// per head, no mask and only the last state take the chunked kernels unless
+/// `NUVEC_GDN_CHUNKED=0` (a device without 150 KiB of shared memory per block runs the packed
 /// kernel instead). It does not say whether fusion is enabled (`NUVEC_FUSED`).
 pub fn gated_delta_kernel(params: &GatedDeltaParams, inputs: &[Spec]) -> Option<GatedDeltaKernel> {
     plan(params, inputs, chunked_enabled())
@@ -121,11 +121,11 @@ fn packed_enabled() -> bool {
     })
 }
 
-/// Whether the chunked kernels may run: only with `NUVEC_GDN_CHUNKED=1` until they have been
-/// checked on a GPU (read once per process).
+/// Whether the chunked kernels may run: `NUVEC_GDN_CHUNKED=0` keeps every prompt on the
+/// recurrence's kernels, for comparisons (read once per process).
 fn chunked_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("NUVEC_GDN_CHUNKED").is_ok_and(|s| s == "1"))
+    *ON.get_or_init(|| std::env::var("NUVEC_GDN_CHUNKED").map_or(true, |s| s != "0"))
 }
 
 /// The kernels' code for a state, gate or beta dtype.
