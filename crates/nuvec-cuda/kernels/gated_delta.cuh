@@ -392,6 +392,26 @@ __device__ __forceinline__ void gdn_mma2(float (&c0)[4], float (&c1)[4], const u
   mma_m16n8k16<T>(c1, a, b[2], b[3]);
 }
 
+// acc += rows m0 .. m0 + 16 of x [64][GDN_LD] times yᵀ, y [N·16][GDN_LD] (N pairs of n-tiles;
+// only pairs ≤ `last`: the causal products skip what lies above the diagonal), over 128 columns.
+template <bool L, typename T, int N>
+__device__ __forceinline__ void gdn_rows_by(float (&acc)[2 * N][4], const T* x, const T* y, int m0, int last,
+                                            int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    u32 af4[4];
+    gdn_lda_mk<L>(af4, x, GDN_LD, m0, 16 * kk, lane);
+#pragma unroll
+    for (int np = 0; np < N; ++np) {
+      if (np <= last) {
+        u32 b[4];
+        gdn_ldb_nk<L>(b, y, GDN_LD, 16 * kk, 16 * np, lane);
+        gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
+      }
+    }
+  }
+}
+
 // 16 bytes from global src to shared dst, asynchronously; zeros where !valid.
 __device__ __forceinline__ void gdn_cp16(void* dst, const void* src, bool valid) {
   const u32 d = (u32)__cvta_generic_to_shared(dst);
@@ -485,19 +505,7 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
   // P = (Γ_i/Γ_j) q_i·k_j on and below the diagonal, the tiles a scan reads (n-tiles ≤ 2w + 1).
   {
     float acc[8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      u32 af4[4];
-      gdn_lda_mk<L>(af4, qs, GDN_LD, m0, 16 * kk, lane);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np <= warp) {
-          u32 b[4];
-          gdn_ldb_nk<L>(b, ks, GDN_LD, 16 * kk, 16 * np, lane);
-          gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
-        }
-      }
-    }
+    gdn_rows_by<L, T, 4>(acc, qs, ks, m0, warp, lane);
     T* p = static_cast<T*>(c.p) + (bh * c.nt + ch) * GDN_C * GDN_C;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -519,19 +527,7 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
   // A = β_i (Γ_i/Γ_j) k_i·k_j strictly below the diagonal, in float32.
   {
     float acc[8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      u32 af4[4];
-      gdn_lda_mk<L>(af4, ks, GDN_LD, m0, 16 * kk, lane);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np <= warp) {
-          u32 b[4];
-          gdn_ldb_nk<L>(b, ks, GDN_LD, 16 * kk, 16 * np, lane);
-          gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
-        }
-      }
-    }
+    gdn_rows_by<L, T, 4>(acc, ks, ks, m0, warp, lane);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
@@ -689,17 +685,7 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
     // Δ = U − W Sᵀ for steps m0 .. m0 + 16; also (Γ_C/Γ)⊙Δ for the state's update.
     {
       float acc[4][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        u32 af4[4];
-        gdn_lda_mk<L>(af4, ws, GDN_LD, m0, 16 * kk, lane);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          u32 b[4];
-          gdn_ldb_nk<L>(b, sb, GDN_LD, 16 * kk, 16 * np, lane);
-          gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
-        }
-      }
+      gdn_rows_by<L, T, 2>(acc, ws, sb, m0, 1, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + g4 + 8 * hf;
@@ -718,17 +704,7 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
     // Y = Γ⊙(Q Sᵀ) + P Δ for steps m0 .. m0 + 16.
     {
       float acc[4][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        u32 af4[4];
-        gdn_lda_mk<L>(af4, qs, GDN_LD, m0, 16 * kk, lane);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          u32 b[4];
-          gdn_ldb_nk<L>(b, sb, GDN_LD, 16 * kk, 16 * np, lane);
-          gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
-        }
-      }
+      gdn_rows_by<L, T, 2>(acc, qs, sb, m0, 1, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + g4 + 8 * hf;
