@@ -194,7 +194,7 @@ pub(super) fn composition(p: &GatedDeltaParams, inputs: &[Array]) -> Vec<Array> 
         // Written over the given state: in place where this is its only handle (a recorded
         // decode step then replays over the same buffer), a copy otherwise.
         let shape = given.shape().to_vec();
-        given.slice_update(&s.astype(p.storage), &[0; 4], &shape, &[1; 4])
+        given.slice_update(s.astype(p.storage), &[0; 4], &shape, &[1; 4])
     } else if !p.steps {
         s.astype(p.storage)
     } else if states.is_empty() {
