@@ -12,8 +12,8 @@
 #include "harness.cuh"
 
 template <typename T> __global__ void __launch_bounds__(128) k_rows(GdnArgs a) { gated_delta_rows<T, 4, true>(a); }
-template <typename T, bool L> __global__ void __launch_bounds__(128) k_prep(GdnArgs a, GdnChunk c) { gated_delta_chunk_prep<T, L>(a, c); }
-template <typename T, bool L> __global__ void __launch_bounds__(128) k_scan(GdnArgs a, GdnChunk c) { gated_delta_chunk_scan<T, L>(a, c); }
+template <typename T> __global__ void __launch_bounds__(128) k_prep(GdnArgs a, GdnChunk c) { gated_delta_chunk_prep<T>(a, c); }
+template <typename T> __global__ void __launch_bounds__(128) k_scan(GdnArgs a, GdnChunk c) { gated_delta_chunk_scan<T>(a, c); }
 
 // Rows of 128 scaled to L2 norm `norm`, one warp each.
 template <typename T> __global__ void normalise(T* x, u64 rows, float norm) {
@@ -50,7 +50,6 @@ template <typename T> struct Case {
   float *g, *beta, *s0, *s1, *s2;
   GdnArgs a;
   GdnChunk c;
-  bool ldsm = true;  // fragments by ldmatrix
 
   Case(i64 b, i64 t, i64 hk, i64 hv, float glo, float ghi, u32 seed) : B(b), T_(t), Hk(hk), Hv(hv) {
     nt = (t + GDN_C - 1) / GDN_C;
@@ -86,15 +85,11 @@ template <typename T> struct Case {
   }
   void prep() {
     GdnArgs r = a; r.y = y2; r.state_out = s2;
-    const dim3 grid((unsigned)nt, (unsigned)(B * Hv));
-    if (ldsm) k_prep<T, true><<<grid, 128, GDN_PREP_SMEM>>>(r, c);
-    else k_prep<T, false><<<grid, 128, GDN_PREP_SMEM>>>(r, c);
+    k_prep<T><<<dim3((unsigned)nt, (unsigned)(B * Hv)), 128, GDN_PREP_SMEM>>>(r, c);
   }
   void scan() {
     GdnArgs r = a; r.y = y2; r.state_out = s2;
-    const dim3 grid(128 / GDN_BV, (unsigned)(B * Hv));
-    if (ldsm) k_scan<T, true><<<grid, 128, GDN_SCAN_SMEM>>>(r, c);
-    else k_scan<T, false><<<grid, 128, GDN_SCAN_SMEM>>>(r, c);
+    k_scan<T><<<dim3(128 / GDN_BV, (unsigned)(B * Hv)), 128, GDN_SCAN_SMEM>>>(r, c);
   }
   void chunk() { prep(); scan(); }
   void check(const char* name) {
@@ -103,24 +98,24 @@ template <typename T> struct Case {
     std::vector<float> ya, yb, sa, sb;
     const u64 nv = B * T_ * Hv * 128, ns = B * Hv * 128 * 128;
     to_host(ya, y, nv); to_host(yb, y2, nv); to_host(sa, s1, ns); to_host(sb, s2, ns);
-    printf("check %-5s %-34s B %lld T %6lld Hk %2lld Hv %2lld: y err %.2e, state err %.2e\n", ldsm ? "ldsm" : "lds", name, B, T_, Hk, Hv,
+    printf("check %-34s B %lld T %6lld Hk %2lld Hv %2lld: y err %.2e, state err %.2e\n", name, B, T_, Hk, Hv,
            rel_err(yb, ya), rel_err(sb, sa));
   }
 };
 
-template <typename T, bool L> static void setup() {
-  CK(cudaFuncSetAttribute(k_prep<T, L>, cudaFuncAttributeMaxDynamicSharedMemorySize, GDN_PREP_SMEM));
-  CK(cudaFuncSetAttribute(k_scan<T, L>, cudaFuncAttributeMaxDynamicSharedMemorySize, GDN_SCAN_SMEM));
+template <typename T> static void setup() {
+  CK(cudaFuncSetAttribute(k_prep<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, GDN_PREP_SMEM));
+  CK(cudaFuncSetAttribute(k_scan<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, GDN_SCAN_SMEM));
   cudaFuncAttributes fa;
-  CK(cudaFuncGetAttributes(&fa, k_prep<T, L>));
-  printf("%s ldmatrix %d: prep %d registers, %d bytes local; ", sizeof(T) == 2 ? "half" : "?", L, fa.numRegs, (int)fa.localSizeBytes);
-  CK(cudaFuncGetAttributes(&fa, k_scan<T, L>));
+  CK(cudaFuncGetAttributes(&fa, k_prep<T>));
+  printf("prep %d registers, %d bytes local; ", fa.numRegs, (int)fa.localSizeBytes);
+  CK(cudaFuncGetAttributes(&fa, k_scan<T>));
   printf("scan %d registers, %d bytes local\n", fa.numRegs, (int)fa.localSizeBytes);
 }
 
-// The check cases of one variant.
-template <bool L> static void checks() {
-  auto run = [](auto&& c, const char* name) { c.ldsm = L; c.check(name); };
+// The check cases.
+static void checks() {
+  auto run = [](auto&& c, const char* name) { c.check(name); };
   run(Case<bf16>(1, 64, 1, 1, 0.9f, 1.0f, 1), "bf16 one chunk");
   run(Case<bf16>(2, 200, 2, 4, 0.85f, 1.0f, 2), "bf16 partial chunk, grouped");
   run(Case<f16>(2, 200, 2, 4, 0.85f, 1.0f, 3), "f16 partial chunk, grouped");
@@ -131,26 +126,19 @@ template <bool L> static void checks() {
 }
 
 int main(int argc, char** argv) {
-  setup<bf16, true>();
-  setup<bf16, false>();
-  setup<f16, true>();
-  setup<f16, false>();
-  checks<false>();
-  checks<true>();
+  setup<bf16>();
+  setup<f16>();
+  checks();
   const i64 ts[] = {256, 1024, 4096, 8192, 16384, 32768};
   for (i64 t : ts) {
     Case<bf16> c(1, t, 16, 32, 0.85f, 1.0f, 8);
     const int it = t >= 16384 ? 3 : 10;
-    float chunk[2], prep[2], scan[2];
-    for (int l = 0; l < 2; ++l) {
-      c.ldsm = l == 1;
-      chunk[l] = time_ms(it, [&] { c.chunk(); }) * 1e3f;
-      prep[l] = time_ms(it, [&] { c.prep(); }) * 1e3f;
-      scan[l] = time_ms(it, [&] { c.scan(); }) * 1e3f;
-    }
+    const float chunk = time_ms(it, [&] { c.chunk(); }) * 1e3f;
+    const float prep = time_ms(it, [&] { c.prep(); }) * 1e3f;
+    const float scan = time_ms(it, [&] { c.scan(); }) * 1e3f;
     const float rows = time_ms(t >= 16384 ? 1 : 3, [&] { c.rows(); }) * 1e3f;
-    printf("time B 1 T %6lld Hk 16 Hv 32: chunk lds %8.1f us (prep %7.1f, scan %7.1f), ldsm %8.1f us (prep %7.1f, scan %7.1f), rows %9.1f us, rows/chunk %.1fx\n",
-           t, chunk[0], prep[0], scan[0], chunk[1], prep[1], scan[1], rows, rows / chunk[1]);
+    printf("time B 1 T %6lld Hk 16 Hv 32: chunk %8.1f us (prep %7.1f, scan %7.1f), rows %9.1f us, rows/chunk %.1fx\n",
+           t, chunk, prep, scan, rows, rows / chunk);
   }
   (void)argc; (void)argv;
   return 0;

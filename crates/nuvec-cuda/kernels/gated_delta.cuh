@@ -311,79 +311,27 @@ struct GdnChunk {
   i64 nt;
 };
 
-// Two consecutive 16-bit elements as one register.
-template <typename T> __device__ __forceinline__ u32 gdn_pair(const T* p) { return *reinterpret_cast<const u32*>(p); }
-// Two 16-bit elements from anywhere, x in the low half.
-template <typename T> __device__ __forceinline__ u32 gdn_pack(const T* x, const T* y) {
-  return (u32) * reinterpret_cast<const u16*>(x) | ((u32) * reinterpret_cast<const u16*>(y) << 16);
-}
-
-// mma.sync m16n8k16 fragments from staged tiles (g = lane / 4, t = lane % 4). A: 16×16 at
-// (m0, k0) of a tile stored [m][k] (_mk) or [k][m] (_km); B: 16×8 at (k0, n0) of a tile stored
-// [n][k] (_nk) or [k][n] (_kn).
-template <typename T> __device__ __forceinline__ void gdn_a_mk(u32 (&a)[4], const T* s, int ld, int m0, int k0, int lane) {
-  const T* p = s + (m0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
-  a[0] = gdn_pair(p);
-  a[1] = gdn_pair(p + 8 * ld);
-  a[2] = gdn_pair(p + 8);
-  a[3] = gdn_pair(p + 8 * ld + 8);
-}
-template <typename T> __device__ __forceinline__ void gdn_a_km(u32 (&a)[4], const T* s, int ld, int m0, int k0, int lane) {
-  const T* p = s + (k0 + 2 * (lane & 3)) * ld + m0 + (lane >> 2);
-  a[0] = gdn_pack(p, p + ld);
-  a[1] = gdn_pack(p + 8, p + ld + 8);
-  a[2] = gdn_pack(p + 8 * ld, p + 9 * ld);
-  a[3] = gdn_pack(p + 8 * ld + 8, p + 9 * ld + 8);
-}
-template <typename T> __device__ __forceinline__ void gdn_b_nk(u32& b0, u32& b1, const T* s, int ld, int k0, int n0, int lane) {
-  const T* p = s + (n0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
-  b0 = gdn_pair(p);
-  b1 = gdn_pair(p + 8);
-}
-template <typename T> __device__ __forceinline__ void gdn_b_kn(u32& b0, u32& b1, const T* s, int ld, int k0, int n0, int lane) {
-  const T* p = s + (k0 + 2 * (lane & 3)) * ld + n0 + (lane >> 2);
-  b0 = gdn_pack(p, p + ld);
-  b1 = gdn_pack(p + 8 * ld, p + 9 * ld);
-}
-
-// The same fragments by ldmatrix (L) or by the loads above: an A fragment, or the B fragments
-// of two n-tiles n0 and n0 + 8 (b[0], b[1] and b[2], b[3]).
-template <bool L, typename T>
+// mma.sync m16n8k16 fragments from staged tiles by ldmatrix: an A fragment (16×16 at (m0, k0)
+// of a tile stored [m][k] (_mk) or [k][m] (_km)), or the B fragments (16×8 at (k0, n0)) of two
+// n-tiles n0 and n0 + 8 (b[0], b[1] and b[2], b[3]) of a tile stored [n][k] (_nk) or [k][n] (_kn).
+template <typename T>
 __device__ __forceinline__ void gdn_lda_mk(u32 (&a)[4], const T* s, int ld, int m0, int k0, int lane) {
-  if constexpr (L) {
-    ldsm_x4(a, (u32)__cvta_generic_to_shared(s + (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8));
-  } else {
-    gdn_a_mk(a, s, ld, m0, k0, lane);
-  }
+  ldsm_x4(a, (u32)__cvta_generic_to_shared(s + (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8));
 }
-template <bool L, typename T>
+template <typename T>
 __device__ __forceinline__ void gdn_lda_km(u32 (&a)[4], const T* s, int ld, int m0, int k0, int lane) {
-  if constexpr (L) {
-    const int k = k0 + (lane & 7) + (lane >> 4) * 8, m = m0 + ((lane >> 3) & 1) * 8;
-    ldsm_x4_t(a, (u32)__cvta_generic_to_shared(s + k * ld + m));
-  } else {
-    gdn_a_km(a, s, ld, m0, k0, lane);
-  }
+  const int k = k0 + (lane & 7) + (lane >> 4) * 8, m = m0 + ((lane >> 3) & 1) * 8;
+  ldsm_x4_t(a, (u32)__cvta_generic_to_shared(s + k * ld + m));
 }
-template <bool L, typename T>
+template <typename T>
 __device__ __forceinline__ void gdn_ldb_nk(u32 (&b)[4], const T* s, int ld, int k0, int n0, int lane) {
-  if constexpr (L) {
-    const int n = n0 + (lane & 7) + (lane >> 4) * 8, k = k0 + ((lane >> 3) & 1) * 8;
-    ldsm_x4(b, (u32)__cvta_generic_to_shared(s + n * ld + k));
-  } else {
-    gdn_b_nk(b[0], b[1], s, ld, k0, n0, lane);
-    gdn_b_nk(b[2], b[3], s, ld, k0, n0 + 8, lane);
-  }
+  const int n = n0 + (lane & 7) + (lane >> 4) * 8, k = k0 + ((lane >> 3) & 1) * 8;
+  ldsm_x4(b, (u32)__cvta_generic_to_shared(s + n * ld + k));
 }
-template <bool L, typename T>
+template <typename T>
 __device__ __forceinline__ void gdn_ldb_kn(u32 (&b)[4], const T* s, int ld, int k0, int n0, int lane) {
-  if constexpr (L) {
-    const int k = k0 + (lane & 7) + ((lane >> 3) & 1) * 8, n = n0 + (lane >> 4) * 8;
-    ldsm_x4_t(b, (u32)__cvta_generic_to_shared(s + k * ld + n));
-  } else {
-    gdn_b_kn(b[0], b[1], s, ld, k0, n0, lane);
-    gdn_b_kn(b[2], b[3], s, ld, k0, n0 + 8, lane);
-  }
+  const int k = k0 + (lane & 7) + ((lane >> 3) & 1) * 8, n = n0 + (lane >> 4) * 8;
+  ldsm_x4_t(b, (u32)__cvta_generic_to_shared(s + k * ld + n));
 }
 // c0 += a·b[0..2], c1 += a·b[2..4].
 template <typename T>
@@ -394,18 +342,18 @@ __device__ __forceinline__ void gdn_mma2(float (&c0)[4], float (&c1)[4], const u
 
 // acc += rows m0 .. m0 + 16 of x [64][GDN_LD] times yᵀ, y [N·16][GDN_LD] (N pairs of n-tiles;
 // only pairs ≤ `last`: the causal products skip what lies above the diagonal), over 128 columns.
-template <bool L, typename T, int N>
+template <typename T, int N>
 __device__ __forceinline__ void gdn_rows_by(float (&acc)[2 * N][4], const T* x, const T* y, int m0, int last,
                                             int lane) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
     u32 af4[4];
-    gdn_lda_mk<L>(af4, x, GDN_LD, m0, 16 * kk, lane);
+    gdn_lda_mk(af4, x, GDN_LD, m0, 16 * kk, lane);
 #pragma unroll
     for (int np = 0; np < N; ++np) {
       if (np <= last) {
         u32 b[4];
-        gdn_ldb_nk<L>(b, y, GDN_LD, 16 * kk, 16 * np, lane);
+        gdn_ldb_nk(b, y, GDN_LD, 16 * kk, 16 * np, lane);
         gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
       }
     }
@@ -447,8 +395,7 @@ __device__ __forceinline__ void gdn_st(void* p, i64 i, i64 dt, float x) {
 
 // One chunk (blockIdx.x) of one (batch, value head) (blockIdx.y): W, U, P and the gates'
 // running products, 128 threads.
-// L: fragments by ldmatrix rather than by 32- and 16-bit loads (both kept, for comparisons).
-template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_prep(const GdnArgs& a, const GdnChunk& c) {
+template <typename T> __device__ __forceinline__ void gated_delta_chunk_prep(const GdnArgs& a, const GdnChunk& c) {
   extern __shared__ __align__(16) unsigned char gdn_smem[];
   T* ks = reinterpret_cast<T*>(gdn_smem);
   T* qs = ks + GDN_C * GDN_LD;
@@ -505,7 +452,7 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
   // P = (Γ_i/Γ_j) q_i·k_j on and below the diagonal, the tiles a scan reads (n-tiles ≤ 2w + 1).
   {
     float acc[8][4] = {};
-    gdn_rows_by<L, T, 4>(acc, qs, ks, m0, warp, lane);
+    gdn_rows_by<T, 4>(acc, qs, ks, m0, warp, lane);
     T* p = static_cast<T*>(c.p) + (bh * c.nt + ch) * GDN_C * GDN_C;
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
@@ -527,7 +474,7 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
   // A = β_i (Γ_i/Γ_j) k_i·k_j strictly below the diagonal, in float32.
   {
     float acc[8][4] = {};
-    gdn_rows_by<L, T, 4>(acc, ks, ks, m0, warp, lane);
+    gdn_rows_by<T, 4>(acc, ks, ks, m0, warp, lane);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
@@ -582,11 +529,11 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
     for (int kk = 0; kk < 4; ++kk) {
       if (kk <= warp) {
         u32 af4[4];
-        gdn_lda_mk<L>(af4, xs, GDN_PLD, m0, 16 * kk, lane);
+        gdn_lda_mk(af4, xs, GDN_PLD, m0, 16 * kk, lane);
 #pragma unroll
         for (int np = 0; np < 8; ++np) {
           u32 b[4];
-          gdn_ldb_kn<L>(b, src, GDN_LD, 16 * kk, 16 * np, lane);
+          gdn_ldb_kn(b, src, GDN_LD, 16 * kk, 16 * np, lane);
           gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
         }
       }
@@ -611,7 +558,7 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
 // Value rows [32·blockIdx.x, +32) of one (batch, value head) (blockIdx.y) through every chunk,
 // 128 threads: warp w holds S rows 16(w % 2) .. +16, key columns 64(w / 2) .. +64 in float32
 // accumulators, and makes Δ and Y for the chunk's steps 16w .. 16w + 16.
-template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_scan(const GdnArgs& a, const GdnChunk& c) {
+template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(const GdnArgs& a, const GdnChunk& c) {
   extern __shared__ __align__(16) unsigned char gdn_smem[];
   constexpr int STAGE_BYTES = GDN_STAGE_ELEMS * 2 + GDN_C * 8;
   // Stage `buf`'s tiles, then its gates.
@@ -685,7 +632,7 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
     // Δ = U − W Sᵀ for steps m0 .. m0 + 16; also (Γ_C/Γ)⊙Δ for the state's update.
     {
       float acc[4][4] = {};
-      gdn_rows_by<L, T, 2>(acc, ws, sb, m0, 1, lane);
+      gdn_rows_by<T, 2>(acc, ws, sb, m0, 1, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + g4 + 8 * hf;
@@ -704,7 +651,7 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
     // Y = Γ⊙(Q Sᵀ) + P Δ for steps m0 .. m0 + 16.
     {
       float acc[4][4] = {};
-      gdn_rows_by<L, T, 2>(acc, qs, sb, m0, 1, lane);
+      gdn_rows_by<T, 2>(acc, qs, sb, m0, 1, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + g4 + 8 * hf;
@@ -719,11 +666,11 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
       for (int kk = 0; kk < 4; ++kk) {
         if (kk <= warp) {
           u32 af4[4];
-          gdn_lda_mk<L>(af4, ps, GDN_PLD, m0, 16 * kk, lane);
+          gdn_lda_mk(af4, ps, GDN_PLD, m0, 16 * kk, lane);
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
             u32 b[4];
-            gdn_ldb_kn<L>(b, dn, GDN_VLD, 16 * kk, 16 * np, lane);
+            gdn_ldb_kn(b, dn, GDN_VLD, 16 * kk, 16 * np, lane);
             gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
           }
         }
@@ -752,11 +699,11 @@ template <typename T, bool L> __device__ __forceinline__ void gated_delta_chunk_
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         u32 af4[4];
-        gdn_lda_km<L>(af4, dd, GDN_VLD, sm0, 16 * kk, lane);
+        gdn_lda_km(af4, dd, GDN_VLD, sm0, 16 * kk, lane);
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           u32 b[4];
-          gdn_ldb_kn<L>(b, ks, GDN_LD, 16 * kk, sn0 + 16 * np, lane);
+          gdn_ldb_kn(b, ks, GDN_LD, 16 * kk, sn0 + 16 * np, lane);
           gdn_mma2<T>(s[2 * np], s[2 * np + 1], af4, b);
         }
       }

@@ -156,7 +156,7 @@ pub(crate) fn source(d: DType) -> String {
     if matches!(d, DType::F16 | DType::BF16) {
         for part in ["prep", "scan"] {
             s.kernel(format!(
-                "__launch_bounds__({THREADS}) gated_delta_chunk_{part}(GdnArgs a, GdnChunk c) {{ gated_delta_chunk_{part}<{t}, true>(a, c); }}"
+                "__launch_bounds__({THREADS}) gated_delta_chunk_{part}(GdnArgs a, GdnChunk c) {{ gated_delta_chunk_{part}<{t}>(a, c); }}"
             ));
         }
     }
