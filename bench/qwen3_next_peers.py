@@ -117,6 +117,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+# What the Llama peer already has (same folder): argument lists, padding, a step captured as a
+# CUDA graph (warmed up on a side stream first), and the JSON written after every result.
+from lm_peers import capture, ints, round_up, save
+
 REPS = 3  # timed runs per measurement; the median is reported
 # Two experts whose router probabilities are within this fraction of each other are a near-tie:
 # bf16 rounding differences between two correct computations may swap them (about 3 ulps of a
@@ -139,12 +143,8 @@ TINY = {
 }
 
 
-def ints(s):
-    return [int(x) for x in s.split(",") if x.strip()]
 
 
-def round_up(n, m):
-    return (n + m - 1) // m * m
 
 
 def free_memory(dev):
@@ -639,19 +639,6 @@ def self_check(m, n=16):
     return err, margin
 
 
-def capture(step, warmup=3):
-    """step captured in a CUDA graph; warmed up on a side stream first, as torch requires (the
-    allocator, the libraries' plans and Triton's compiled kernels settle before capture)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    return g
 
 
 def decode(m, b, context, steps):
@@ -851,13 +838,6 @@ def check_hf(dev, modes, gdr):
     return out, ok
 
 
-def save(path, out):
-    """Write out to path (when given) after every result, so a run cut short by a timeout still
-    leaves what it measured."""
-    if path:
-        with open(path, "w") as f:
-            json.dump(out, f, indent=1)
-    return bool(path)
 
 
 def main():
