@@ -256,7 +256,7 @@ impl FastOp {
                 // A per-batch rope offset indexes the original leading axis.
                 && (!matches!(self, FastOp::Rope(_)) || x[1].ndim() == 0)
         });
-        let n = self.output_specs(&x.iter().map(Array::spec).collect::<Vec<_>>()).map_or(1, |s| s.len());
+        let n = self.output_count();
         if fused {
             return record(self.clone(), x.to_vec(), n).into_iter().map(|o| (o, true)).collect();
         }

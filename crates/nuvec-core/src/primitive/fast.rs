@@ -255,6 +255,30 @@ impl FastOp {
         }
     }
 
+    /// How many outputs the operation has, whatever its inputs: a failure still gives that many
+    /// failed arrays.
+    pub fn output_count(&self) -> usize {
+        match self {
+            FastOp::Softmax
+            | FastOp::LogSumExp
+            | FastOp::RmsNorm { .. }
+            | FastOp::LayerNorm { .. }
+            | FastOp::Rope(_)
+            | FastOp::SwiGlu
+            | FastOp::CrossEntropy
+            | FastOp::CrossEntropyVjp
+            | FastOp::QuantizedMatmul(_)
+            | FastOp::PagedAttention(_)
+            | FastOp::RmsNormMatmul { .. }
+            | FastOp::SwiGluMatmul { .. } => 1,
+            FastOp::AddRmsNorm { .. } | FastOp::SwiGluVjp | FastOp::CrossEntropyWithGrad | FastOp::GatedDelta(_) => 2,
+            FastOp::RmsNormVjp { weighted, .. } => 1 + *weighted as usize,
+            FastOp::LayerNormVjp { weighted, biased, .. } => 1 + *weighted as usize + *biased as usize,
+            FastOp::Attention(p) => 1 + p.lse as usize,
+            FastOp::AttentionVjp(_) | FastOp::AdamStep(_) | FastOp::RopeKvWrite { .. } => 3,
+        }
+    }
+
     /// Output shapes and dtypes.
     pub fn output_specs(&self, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
         match self {

@@ -324,7 +324,19 @@ impl Primitive {
                 arity(3)?;
                 linalg::addmm_spec(&inputs[0], &inputs[1], &inputs[2]).map(|s| vec![s])
             }
-            Primitive::Fast(f) => f.output_specs(inputs),
+            Primitive::Fast(f) => {
+                let specs = f.output_specs(inputs)?;
+                // Failures answer with output_count arrays: the two must agree.
+                if specs.len() != f.output_count() {
+                    return Err(OpErrorKind::InvalidArgument(format!(
+                        "{}: {} output specs but output_count says {} (a bug in nuvec)",
+                        f.name(),
+                        specs.len(),
+                        f.output_count()
+                    )));
+                }
+                Ok(specs)
+            }
             Primitive::Compiled(c) => c.output_specs(inputs),
             Primitive::Custom(c) => Ok(c.output_specs().to_vec()),
             Primitive::RandomBits { shape, width } => {
