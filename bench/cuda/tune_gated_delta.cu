@@ -12,7 +12,7 @@
 #include "harness.cuh"
 
 template <typename T> __global__ void __launch_bounds__(128) k_rows(GdnArgs a) { gated_delta_rows<T, 4, true>(a); }
-template <typename T> __global__ void __launch_bounds__(128) k_prep(GdnArgs a, GdnChunk c) { gated_delta_chunk_prep<T>(a, c); }
+template <typename T, int NH> __global__ void __launch_bounds__(128) k_prep(GdnArgs a, GdnChunk c) { gated_delta_chunk_prep<T, NH>(a, c); }
 template <typename T> __global__ void __launch_bounds__(128) k_scan(GdnArgs a, GdnChunk c) { gated_delta_chunk_scan<T>(a, c); }
 
 // Rows of 128 scaled to L2 norm `norm`, one warp each.
@@ -67,8 +67,8 @@ template <typename T> struct Case {
     normalise<T><<<(unsigned)((nq / 128 + 7) / 8), 256>>>(q, nq / 128, 1.0f / sqrtf(128.0f));
     normalise<T><<<(unsigned)((nq / 128 + 7) / 8), 256>>>(k, nq / 128, 1.0f);
     const i64 bhp = b * hv * nt * GDN_C;
-    CK(cudaMalloc(&c.w, bhp * 128 * sizeof(T))); CK(cudaMalloc(&c.u, bhp * 128 * sizeof(T)));
-    CK(cudaMalloc(&c.p, bhp * GDN_C * sizeof(T))); CK(cudaMalloc(&c.gam, bhp * 2 * 4));
+    CK(cudaMalloc(&c.m, bhp * GDN_C * sizeof(T))); CK(cudaMalloc(&c.p, bhp * GDN_C * sizeof(T)));
+    CK(cudaMalloc(&c.gam, bhp * 2 * 4));
     c.nt = nt;
     a = GdnArgs{};
     a.q = q; a.k = k; a.v = v; a.g = g; a.beta = beta; a.state = s0; a.mask = nullptr;
@@ -85,7 +85,12 @@ template <typename T> struct Case {
   }
   void prep() {
     GdnArgs r = a; r.y = y2; r.state_out = s2;
-    k_prep<T><<<dim3((unsigned)nt, (unsigned)(B * Hv)), 128, GDN_PREP_SMEM>>>(r, c);
+    // Value heads in pairs where a key head has an even number of them.
+    if ((Hv / Hk) % 2 == 0) {
+      k_prep<T, 2><<<dim3((unsigned)nt, (unsigned)(B * Hv / 2)), 128, GDN_PREP_SMEM(2)>>>(r, c);
+    } else {
+      k_prep<T, 1><<<dim3((unsigned)nt, (unsigned)(B * Hv)), 128, GDN_PREP_SMEM(1)>>>(r, c);
+    }
   }
   void scan() {
     GdnArgs r = a; r.y = y2; r.state_out = s2;
@@ -104,10 +109,11 @@ template <typename T> struct Case {
 };
 
 template <typename T> static void setup() {
-  CK(cudaFuncSetAttribute(k_prep<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, GDN_PREP_SMEM));
+  CK(cudaFuncSetAttribute(k_prep<T, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GDN_PREP_SMEM(1)));
+  CK(cudaFuncSetAttribute(k_prep<T, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GDN_PREP_SMEM(2)));
   CK(cudaFuncSetAttribute(k_scan<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, GDN_SCAN_SMEM));
   cudaFuncAttributes fa;
-  CK(cudaFuncGetAttributes(&fa, k_prep<T>));
+  CK(cudaFuncGetAttributes(&fa, k_prep<T, 2>));
   printf("prep %d registers, %d bytes local; ", fa.numRegs, (int)fa.localSizeBytes);
   CK(cudaFuncGetAttributes(&fa, k_scan<T>));
   printf("scan %d registers, %d bytes local\n", fa.numRegs, (int)fa.localSizeBytes);
@@ -121,6 +127,7 @@ static void checks() {
   run(Case<f16>(2, 200, 2, 4, 0.85f, 1.0f, 3), "f16 partial chunk, grouped");
   run(Case<bf16>(1, 300, 1, 2, -1.0f, 1.0f, 4), "bf16 gates in [-1, 1)");
   run(Case<bf16>(1, 300, 1, 2, 0.0f, 0.3f, 5), "bf16 gates in [0, 0.3)");
+  run(Case<f16>(2, 333, 3, 3, 0.8f, 1.0f, 9), "f16 a value head per key head");
   run(Case<bf16>(1, 4096, 16, 32, 0.85f, 1.0f, 6), "bf16 Qwen3-Next heads");
   run(Case<bf16>(1, 8192, 16, 32, 0.99f, 1.0f, 7), "bf16 Qwen3-Next heads, slow decay");
 }

@@ -3,14 +3,16 @@
 // y = S q. The whole loop over the T steps runs inside the kernel (decode and prefill alike),
 // each state row in registers from the first step to the last.
 //
-// Three ways, the first two bit-identical where both apply:
+// Four ways, the first three bit-identical where they apply:
 // * gated_delta_rows<T, N, AHEAD>: one warp per value row dv, lane l holding
 //   S[dv, N·l .. N·l + N), Dk = 32·N; any gate, mask, storage and state dtype.
 // * gated_delta_packed<T>: Dk = 128, 8 rows per warp, 4 lanes per row, 32 elements per lane;
 //   a float32 gate per head, a float32 state, no mask. Two shuffles per dot product instead of
 //   five, and 4 KiB of state in flight per warp instead of 512 bytes (decode is a pass over the
 //   state).
-// * gated_delta_chunk_prep<T> + gated_delta_chunk_scan<T>: long prompts, 64 steps at a time on
+// * gated_delta_decode<T>: the packed kernel's cases at T = 1, 8 rows per warp in the row
+//   kernel's layout (whole-row loads and stores).
+// * gated_delta_chunk_prep<T, NH> + gated_delta_chunk_scan<T>: long prompts, 64 steps at a time on
 //   tensor cores (the end of this file); results within half-precision rounding of the others.
 // Their dot products are one sum in one order: sequential partials of 4 products (a lane's
 // share at Dk = 128), added pairwise as the butterfly over lanes xor 1, 2, 4, 8, 16 pairs them.
@@ -279,17 +281,89 @@ template <typename T> __device__ __forceinline__ void gated_delta_packed(const G
   if (!a.steps) gdn_store_any<32>(a.state_out, row * 128 + col, a.out_dt, s);
 }
 
+// The 8 rows' sums of partials x[i] over the warp, in the pairing of xor 1, 2, 4, 8, 16: lane l
+// ends with row l & 7's.
+__device__ __forceinline__ float gdn_sum8(const float (&x)[8], int lane) {
+  const bool b0 = lane & 1, b1 = lane & 2, b2 = lane & 4;
+  float y[4], z[2];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const float keep = b0 ? x[2 * m + 1] : x[2 * m], send = b0 ? x[2 * m] : x[2 * m + 1];
+    y[m] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 1));
+  }
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    const float keep = b1 ? y[2 * n + 1] : y[2 * n], send = b1 ? y[2 * n] : y[2 * n + 1];
+    z[n] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 2));
+  }
+  const float keep = b2 ? z[1] : z[0], send = b2 ? z[0] : z[1];
+  float w = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 4));
+  w = __fadd_rn(w, __shfl_xor_sync(0xffffffffu, w, 8));
+  return __fadd_rn(w, __shfl_xor_sync(0xffffffffu, w, 16));
+}
+
+// One step (T = 1) at Dk = 128, as gated_delta_packed takes it (a float32 gate per head, a
+// float32 state, no mask), 8 value rows per warp with lane l holding elements 4l .. 4l + 4 of
+// each: the row kernel's layout 8 rows deep, so each state load and store is a whole 512-byte
+// row per instruction (the packed kernel's 128-byte runs per lane reach under half the copy
+// rate). Sums follow gated_delta_rows<T, 4>'s butterfly (gdn_sum8): bit-identical results.
+template <typename T> __device__ __forceinline__ void gated_delta_decode(const GdnArgs& a) {
+  const int lane = threadIdx.x & 31, col = 4 * lane;
+  const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int groups = (int)(a.Dv >> 3);
+  if (warp >= (int)(a.B * a.Hv) * groups) return;
+  const int bh = warp / groups, dv0 = (warp % groups) * 8, h = bh % (int)a.Hv, b = bh / (int)a.Hv;
+  const int hk = h / (int)(a.Hv / a.Hk);
+  const i64 row0 = (i64)bh * a.Dv + dv0;
+  const float* sp = static_cast<const float*>(a.state) + row0 * 128 + col;
+  float s[8][4];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float4 x = *reinterpret_cast<const float4*>(sp + i * 128);
+    s[i][0] = x.x;
+    s[i][1] = x.y;
+    s[i][2] = x.z;
+    s[i][3] = x.w;
+  }
+  float k[4], q[4];
+  gdn_load<T, 4>(static_cast<const T*>(a.k) + b * a.k_s[0] + hk * a.k_s[2] + col, k);
+  gdn_load<T, 4>(static_cast<const T*>(a.q) + b * a.q_s[0] + hk * a.q_s[2] + col, q);
+  const float v = (float)widen(static_cast<const T*>(a.v)[b * a.v_s[0] + h * a.v_s[2] + dv0 + (lane & 7)]);
+  const float g = static_cast<const float*>(a.g)[b * a.g_s[0] + h * a.g_s[2]];
+  const float beta = gdn_ld(a.beta, b * a.beta_s[0] + h * a.beta_s[2], a.beta_dt);
+  float p[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[i][e] = __fmul_rn(s[i][e], g);
+    p[i] = gdn_run<4, 0>(s[i], k);
+  }
+  const float delta = __fmul_rn(__fsub_rn(v, gdn_sum8(p, lane)), beta);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float d = __shfl_sync(0xffffffffu, delta, i);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[i][e] = __fadd_rn(s[i][e], __fmul_rn(d, k[e]));
+    p[i] = gdn_run<4, 0>(s[i], q);
+  }
+  const float out = gdn_sum8(p, lane);
+  if (lane < 8) static_cast<T*>(a.y)[(i64)bh * a.Dv + dv0 + lane] = narrow<T>(out);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) gdn_store_any<4>(a.state_out, (row0 + i) * 128 + col, a.out_dt, s[i]);
+}
+
 // ---- Chunked prefill: chunks of 64 steps, the WY form on tensor cores -------------------------
 //
 // Within a chunk of C = 64 steps, with Γ_i the product of the gates of steps ≤ i (in the chunk)
 // and S0 the state before it, the deltas δ_i = β_i(v_i − g_i S_{i−1} k_i) solve
-//   (I + A) Δ = β⊙V − (βΓ⊙K) S0ᵀ,   A_ij = β_i (Γ_i/Γ_j) k_i·k_j for j < i,
-// so with X = (I + A)⁻¹, W = X (βΓ⊙K) and U = X (β⊙V):  Δ = U − W S0ᵀ, and
+//   (I + A) Δ = diag(β) R,   R = V − Γ⊙(K S0ᵀ),   A_ij = β_i (Γ_i/Γ_j) k_i·k_j for j < i,
+// so with M = (I + A)⁻¹ diag(β):  Δ = M R, and
 //   Y = Γ⊙(Q S0ᵀ) + P Δ,   P_ij = (Γ_i/Γ_j) q_i·k_j for j ≤ i,
 //   S = Γ_C S0 + ((Γ_C/Γ)⊙Δ)ᵀ K.
-// gated_delta_chunk_prep makes W, U, P and the gates' running log-products for every chunk at
-// once (a block per chunk and head); gated_delta_chunk_scan carries each head's state through
-// its chunks (a block per head and 32 value rows), its inputs staged a chunk ahead by cp.async.
+// gated_delta_chunk_prep makes M, P and the gates' running log-products for every chunk at once
+// (a block per chunk and key head's value heads: q and k are staged once); it never reads v.
+// gated_delta_chunk_scan carries each head's state through its chunks (a block per head and 32
+// value rows), its inputs staged a chunk ahead by cp.async.
 // Products take bf16/f16 operands and accumulate in float32, as flash-linear-attention's do.
 // Dk = Dv = 128, a gate per head, no mask. Gates enter as log|g| (at least −80, so a zero
 // gate is a factor of e⁻⁸⁰) with their signs carried apart.
@@ -297,15 +371,15 @@ template <typename T> __device__ __forceinline__ void gated_delta_packed(const G
 #define GDN_C 64
 #define GDN_LD 136  // staged rows of 128 elements, padded by 16 bytes (conflict-free fragments)
 #define GDN_PLD 72  // staged rows of 64 elements
+#define GDN_ALD 68  // rows of Aᵀ in floats: 16-byte aligned, conflict-free transposed stores
 #define GDN_BV 32   // value rows per scan block
 #define GDN_VLD 40  // staged rows of GDN_BV elements
 
 // The scratch the two kernels share (fast/gated_delta.rs allocates it), per (batch, value head)
-// bh and padded step t < NT·64: w [bh][t][128], u [bh][t][128], p [bh][chunk][64][64] (lower
-// triangle), gam [bh][t][2] (log|Γ_t| within the chunk, sign of Γ_t).
+// bh and chunk ch: m, p [bh][ch][64][64] (M whole, P's lower triangle), and per padded step t
+// gam [bh][t][2] (log|Γ_t| within the chunk, sign of Γ_t).
 struct GdnChunk {
-  void* w;
-  void* u;
+  void* m;
   void* p;
   float* gam;
   i64 nt;
@@ -360,24 +434,15 @@ __device__ __forceinline__ void gdn_rows_by(float (&acc)[2 * N][4], const T* x, 
   }
 }
 
-// 16 bytes from global src to shared dst, asynchronously; zeros where !valid.
-__device__ __forceinline__ void gdn_cp16(void* dst, const void* src, bool valid) {
-  const u32 d = (u32)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+// 16 bytes from global src to shared address dst, asynchronously; _z: zeros where !valid.
+__device__ __forceinline__ void gdn_cp16(u32 dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void gdn_cp16_z(u32 dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void gdn_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void gdn_cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
-// Stages rows [0, 64) of 128 elements (row r at src + r·stride, valid while r < valid) into
-// s [64][GDN_LD] by the block's 128 threads.
-template <typename T> __device__ __forceinline__ void gdn_stage128(T* s, const T* src, i64 stride, i64 valid) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int e = threadIdx.x + 128 * i, r = e >> 4, c = (e & 15) * 8;
-    const bool ok = r < valid;
-    gdn_cp16(s + r * GDN_LD + c, ok ? src + r * stride + c : src, ok);
-  }
-}
 
 // Element i of a float32 / float16 / bfloat16 array (dt 0 / 1 / 2) set to x.
 __device__ __forceinline__ void gdn_st(void* p, i64 i, i64 dt, float x) {
@@ -390,40 +455,62 @@ __device__ __forceinline__ void gdn_st(void* p, i64 i, i64 dt, float x) {
   }
 }
 
-// Shared memory of gated_delta_chunk_prep, in bytes.
-#define GDN_PREP_SMEM (3 * GDN_C * GDN_LD * 2 + GDN_C * 65 * 4 + GDN_C * GDN_PLD * 2 + 3 * GDN_C * 4)
+// Two elements of T packed in one register, as floats (the low half first).
+template <typename T> __device__ __forceinline__ float2 gdn_unpack2(u32 x) {
+  if constexpr (IsBf16<T>::value) {
+    return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));
+  } else {
+    return __half22float2(*reinterpret_cast<__half2*>(&x));
+  }
+}
 
-// One chunk (blockIdx.x) of one (batch, value head) (blockIdx.y): W, U, P and the gates'
-// running products, 128 threads.
-template <typename T> __device__ __forceinline__ void gated_delta_chunk_prep(const GdnArgs& a, const GdnChunk& c) {
+// Shared memory of gated_delta_chunk_prep with NH value heads, in bytes: k and q (64 × GDN_LD;
+// M's staging once they are used), Aᵀ per head (64 × GDN_ALD floats), the gates (3 × 64 floats
+// per head).
+#define GDN_PREP_SMEM(NH) (2 * GDN_C * GDN_LD * 2 + (NH) * GDN_C * GDN_ALD * 4 + 3 * (NH) * GDN_C * 4)
+
+// One chunk (blockIdx.x) of NH (1 or 2) value heads sharing a key head (blockIdx.y): P, M and
+// the gates' running products of each, 128 threads.
+template <typename T, int NH>
+__device__ __forceinline__ void gated_delta_chunk_prep(const GdnArgs& a, const GdnChunk& c) {
   extern __shared__ __align__(16) unsigned char gdn_smem[];
   T* ks = reinterpret_cast<T*>(gdn_smem);
   T* qs = ks + GDN_C * GDN_LD;
-  T* vs = qs + GDN_C * GDN_LD;
-  float* af = reinterpret_cast<float*>(vs + GDN_C * GDN_LD);
-  T* xs = reinterpret_cast<T*>(af + GDN_C * 65);
-  float* gl = reinterpret_cast<float*>(xs + GDN_C * GDN_PLD);  // log|Γ|
-  float* gsg = gl + GDN_C;                                      // sign of Γ
-  float* bs = gsg + GDN_C;                                      // β
+  float* at = reinterpret_cast<float*>(qs + GDN_C * GDN_LD);  // [NH][j][i] = A_ij
+  float* gl = at + NH * GDN_C * GDN_ALD;                       // [NH][64] log|Γ|
+  float* gsg = gl + NH * GDN_C;                                // sign of Γ
+  float* bs = gsg + NH * GDN_C;                                // β
+  T* xs = ks;                                                  // [NH][64][GDN_PLD]: M
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const i64 ch = blockIdx.x, bh = blockIdx.y, h = bh % a.Hv, b = bh / a.Hv, hk = h / (a.Hv / a.Hk);
-  const i64 t0 = ch * GDN_C, valid = a.T - t0;
-  const T* q = static_cast<const T*>(a.q) + b * a.q_s[0] + t0 * a.q_s[1] + hk * a.q_s[2];
-  const T* k = static_cast<const T*>(a.k) + b * a.k_s[0] + t0 * a.k_s[1] + hk * a.k_s[2];
-  const T* v = static_cast<const T*>(a.v) + b * a.v_s[0] + t0 * a.v_s[1] + h * a.v_s[2];
-  gdn_stage128(ks, k, a.k_s[1], valid);
-  gdn_stage128(qs, q, a.q_s[1], valid);
-  gdn_stage128(vs, v, a.v_s[1], valid);
-  gdn_cp_commit();
-  if (tid < GDN_C) {
+  const int groups = (int)(a.Hv / NH), ch = blockIdx.x, b = blockIdx.y / groups, h0 = (blockIdx.y % groups) * NH;
+  const int hk = h0 / (int)(a.Hv / a.Hk);
+  const i64 t0 = (i64)ch * GDN_C, valid = a.T - t0;
+  {
+    const T* q = static_cast<const T*>(a.q) + b * a.q_s[0] + t0 * a.q_s[1] + hk * a.q_s[2];
+    const T* k = static_cast<const T*>(a.k) + b * a.k_s[0] + t0 * a.k_s[1] + hk * a.k_s[2];
+    const u32 dk = (u32)__cvta_generic_to_shared(ks), dq = (u32)__cvta_generic_to_shared(qs);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int e = tid + 128 * i, r = e >> 4, col = (e & 15) * 8;
+      const bool ok = r < valid;
+      gdn_cp16_z(dk + (r * GDN_LD + col) * 2, ok ? k + r * a.k_s[1] + col : k, ok);
+      gdn_cp16_z(dq + (r * GDN_LD + col) * 2, ok ? q + r * a.q_s[1] + col : q, ok);
+    }
+    gdn_cp_commit();
+  }
+  // The gates: thread tid takes head tid / 64, step tid % 64; running sums over the chunk by two
+  // warps' scans, the second adding the first's total.
+  const bool gate_thread = NH == 2 || tid < GDN_C;
+  const int gh = tid >> 6, gt = tid & 63;
+  if (gate_thread) {
     float lg = 0.0f, sg = 1.0f, beta = 0.0f;
-    if (tid < valid) {
-      const float g = gdn_ld(a.g, b * a.g_s[0] + (t0 + tid) * a.g_s[1] + h * a.g_s[2], a.g_dt);
+    const i64 h = h0 + gh;
+    if (gt < valid) {
+      const float g = gdn_ld(a.g, b * a.g_s[0] + (t0 + gt) * a.g_s[1] + h * a.g_s[2], a.g_dt);
       lg = fmaxf(__logf(fabsf(g)), -80.0f);
       sg = g < 0.0f ? -1.0f : 1.0f;
-      beta = gdn_ld(a.beta, b * a.beta_s[0] + (t0 + tid) * a.beta_s[1] + h * a.beta_s[2], a.beta_dt);
+      beta = gdn_ld(a.beta, b * a.beta_s[0] + (t0 + gt) * a.beta_s[1] + h * a.beta_s[2], a.beta_dt);
     }
-    // Running sums over the chunk's 64 steps: two warps' scans, the second adding the first's total.
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
       const float l = __shfl_up_sync(0xffffffffu, lg, o), s = __shfl_up_sync(0xffffffffu, sg, o);
@@ -437,174 +524,188 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_prep(con
     bs[tid] = beta;
   }
   __syncthreads();
-  if (tid >= 32 && tid < GDN_C) {
-    gl[tid] += gl[31];
-    gsg[tid] *= gsg[31];
+  if (gate_thread && gt >= 32) {
+    gl[tid] += gl[gh * GDN_C + 31];
+    gsg[tid] *= gsg[gh * GDN_C + 31];
   }
   gdn_cp_wait_all();
   __syncthreads();
-  if (tid < GDN_C) {
-    float* gam = c.gam + (bh * c.nt * GDN_C + t0 + tid) * 2;
-    gam[0] = gl[tid];
-    gam[1] = gsg[tid];
+  if (gate_thread) {
+    float* gam = c.gam + (((i64)b * a.Hv + h0 + gh) * c.nt * GDN_C + t0 + gt) * 2;
+    *reinterpret_cast<float2*>(gam) = make_float2(gl[tid], gsg[tid]);
   }
+  // Warp w takes rows 16w .. 16w + 16 of K Kᵀ and Q Kᵀ, only the tiles on or below the diagonal
+  // (n-tiles ≤ 2w + 1), and gates them for each head.
   const int g4 = lane >> 2, t4 = lane & 3, m0 = 16 * warp;
-  // P = (Γ_i/Γ_j) q_i·k_j on and below the diagonal, the tiles a scan reads (n-tiles ≤ 2w + 1).
-  {
-    float acc[8][4] = {};
-    gdn_rows_by<T, 4>(acc, qs, ks, m0, warp, lane);
-    T* p = static_cast<T*>(c.p) + (bh * c.nt + ch) * GDN_C * GDN_C;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      if (nt <= 2 * warp + 1) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int i = m0 + g4 + 8 * hf, j = 8 * nt + 2 * t4;
-          float x[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float r = gsg[i] * gsg[j + e] * __expf(gl[i] - gl[j + e]);
-            x[e] = j + e <= i ? acc[nt][2 * hf + e] * r : 0.0f;
-          }
-          *reinterpret_cast<u32*>(p + i * GDN_C + j) = pack_half2<T>(x[0], x[1]);
-        }
-      }
-    }
-  }
-  // A = β_i (Γ_i/Γ_j) k_i·k_j strictly below the diagonal, in float32.
   {
     float acc[8][4] = {};
     gdn_rows_by<T, 4>(acc, ks, ks, m0, warp, lane);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+    for (int hh = 0; hh < NH; ++hh) {
+      const float* l = gl + hh * GDN_C;
+      const float* sgn = gsg + hh * GDN_C;
+      float* ah = at + hh * GDN_C * GDN_ALD;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = m0 + g4 + 8 * hf, j = 8 * nt + 2 * t4;
+      for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float r = gsg[i] * gsg[j + e] * __expf(gl[i] - gl[j + e]);
-          af[i * 65 + j + e] = j + e < i ? bs[i] * acc[nt][2 * hf + e] * r : 0.0f;
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = m0 + g4 + 8 * hf, j = 8 * nt + 2 * t4;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x = 0.0f;
+            if (nt <= 2 * warp + 1 && j + e < i) {
+              x = bs[hh * GDN_C + i] * acc[nt][2 * hf + e] * sgn[i] * sgn[j + e] * __expf(l[i] - l[j + e]);
+            }
+            ah[(j + e) * GDN_ALD + i] = x;
+          }
+        }
+      }
+    }
+  }
+  {
+    float acc[8][4] = {};
+    gdn_rows_by<T, 4>(acc, qs, ks, m0, warp, lane);
+#pragma unroll
+    for (int hh = 0; hh < NH; ++hh) {
+      const float* l = gl + hh * GDN_C;
+      const float* sgn = gsg + hh * GDN_C;
+      T* p = static_cast<T*>(c.p) + (((i64)b * a.Hv + h0 + hh) * c.nt + ch) * GDN_C * GDN_C;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        if (nt <= 2 * warp + 1) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int i = m0 + g4 + 8 * hf, j = 8 * nt + 2 * t4;
+            float x[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              x[e] = j + e <= i ? acc[nt][2 * hf + e] * sgn[i] * sgn[j + e] * __expf(l[i] - l[j + e]) : 0.0f;
+            }
+            *reinterpret_cast<u32*>(p + i * GDN_C + j) = pack_half2<T>(x[0], x[1]);
+          }
         }
       }
     }
   }
   __syncthreads();
-  if (tid < GDN_C) {
-    // X = (I + A)⁻¹ by forward substitution, one column per thread, all in registers.
-    const int m = tid;
+  if (gate_thread) {
+    // Column gt of head gh's X = (I + A)⁻¹ by right-looking substitution: each x_j, once final,
+    // updates the rows below it, so the dependent chain is 64 steps long, not 64²/2.
+    const float* ah = at + gh * GDN_C * GDN_ALD;
     float x[GDN_C];
 #pragma unroll
-    for (int i = 0; i < GDN_C; ++i) {
-      float s = i == m ? 1.0f : 0.0f;
+    for (int i = 0; i < GDN_C; ++i) x[i] = i == gt ? 1.0f : 0.0f;
 #pragma unroll
-      for (int j = 0; j < i; ++j) s = fmaf(-af[i * 65 + j], x[j], s);
-      x[i] = s;
-    }
+    for (int j = 0; j < GDN_C - 1; ++j) {
+      const float xj = x[j];
+      const float4* col = reinterpret_cast<const float4*>(ah + j * GDN_ALD);
 #pragma unroll
-    for (int i = 0; i < GDN_C; ++i) xs[i * GDN_PLD + m] = narrow<T>(x[i]);
-  } else {
-    // Meanwhile: K ← βΓ⊙K and V ← β⊙V in place.
-    for (int e = tid - GDN_C; e < GDN_C * 16; e += 128 - GDN_C) {
-      const int r = e >> 4, col = (e & 15) * 8;
-      const float fk = bs[r] * gsg[r] * __expf(gl[r]), fv = bs[r];
-      Vec<T, 8> kx = *reinterpret_cast<Vec<T, 8>*>(ks + r * GDN_LD + col);
-      Vec<T, 8> vx = *reinterpret_cast<Vec<T, 8>*>(vs + r * GDN_LD + col);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        kx.v[j] = narrow<T>(widen(kx.v[j]) * fk);
-        vx.v[j] = narrow<T>(widen(vx.v[j]) * fv);
+      for (int q4 = (j + 1) / 4; q4 < GDN_C / 4; ++q4) {
+        const float4 a4 = col[q4];
+        if (4 * q4 + 0 > j) x[4 * q4 + 0] = fmaf(-a4.x, xj, x[4 * q4 + 0]);
+        if (4 * q4 + 1 > j) x[4 * q4 + 1] = fmaf(-a4.y, xj, x[4 * q4 + 1]);
+        if (4 * q4 + 2 > j) x[4 * q4 + 2] = fmaf(-a4.z, xj, x[4 * q4 + 2]);
+        if (4 * q4 + 3 > j) x[4 * q4 + 3] = fmaf(-a4.w, xj, x[4 * q4 + 3]);
       }
-      *reinterpret_cast<Vec<T, 8>*>(ks + r * GDN_LD + col) = kx;
-      *reinterpret_cast<Vec<T, 8>*>(vs + r * GDN_LD + col) = vx;
     }
+    // M = X diag(β), staged for whole-row stores.
+    const float bm = bs[tid];
+    T* xh = xs + gh * GDN_C * GDN_PLD;
+#pragma unroll
+    for (int i = 0; i < GDN_C; ++i) xh[i * GDN_PLD + gt] = narrow<T>(x[i] * bm);
   }
   __syncthreads();
-  // W = X K' and U = X V' (X is lower triangular: k-tiles ≤ the warp's m-tile).
 #pragma unroll
-  for (int which = 0; which < 2; ++which) {
-    const T* src = which == 0 ? ks : vs;
-    T* dst = static_cast<T*>(which == 0 ? c.w : c.u) + (bh * c.nt * GDN_C + t0) * 128;
-    float acc[16][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      if (kk <= warp) {
-        u32 af4[4];
-        gdn_lda_mk(af4, xs, GDN_PLD, m0, 16 * kk, lane);
-#pragma unroll
-        for (int np = 0; np < 8; ++np) {
-          u32 b[4];
-          gdn_ldb_kn(b, src, GDN_LD, 16 * kk, 16 * np, lane);
-          gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
-        }
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = m0 + g4 + 8 * hf, j = 8 * nt + 2 * t4;
-        *reinterpret_cast<u32*>(dst + i * 128 + j) = pack_half2<T>(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-      }
-    }
+  for (int e = tid; e < NH * GDN_C * 8; e += 128) {
+    const int hh = e >> 9, r = (e >> 3) & 63, col = (e & 7) * 8;
+    T* dst = static_cast<T*>(c.m) + (((i64)b * a.Hv + h0 + hh) * c.nt + ch) * GDN_C * GDN_C + r * GDN_C + col;
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(xs + (hh * GDN_C + r) * GDN_PLD + col);
   }
 }
 
-// Shared memory of gated_delta_chunk_scan, in bytes: two stages of w, q, k (64 × GDN_LD), p
-// (64 × GDN_PLD), u (64 × GDN_VLD) and the gates (64 × 2 floats), then S (GDN_BV × GDN_LD) and
-// Δ, (Γ_C/Γ)⊙Δ (64 × GDN_VLD each).
-#define GDN_STAGE_ELEMS (3 * GDN_C * GDN_LD + GDN_C * GDN_PLD + GDN_C * GDN_VLD)
-#define GDN_SCAN_SMEM (2 * (GDN_STAGE_ELEMS * 2 + GDN_C * 8) + (GDN_BV * GDN_LD + 2 * GDN_C * GDN_VLD) * 2)
+// Shared memory of gated_delta_chunk_scan, in bytes: two stages of q, k (64 × GDN_LD), m, p
+// (64 × GDN_PLD), v (64 × GDN_VLD) and the gates (64 × 2 floats); then S twice (GDN_BV ×
+// GDN_LD), R, Δ and (Γ_C/Γ)⊙Δ (64 × GDN_VLD each).
+#define GDN_STAGE_ELEMS (2 * GDN_C * GDN_LD + 2 * GDN_C * GDN_PLD + GDN_C * GDN_VLD)
+#define GDN_STAGE_BYTES (GDN_STAGE_ELEMS * 2 + GDN_C * 8)
+#define GDN_SCAN_SMEM (2 * GDN_STAGE_BYTES + (2 * GDN_BV * GDN_LD + 3 * GDN_C * GDN_VLD) * 2)
 
 // Value rows [32·blockIdx.x, +32) of one (batch, value head) (blockIdx.y) through every chunk,
 // 128 threads: warp w holds S rows 16(w % 2) .. +16, key columns 64(w / 2) .. +64 in float32
-// accumulators, and makes Δ and Y for the chunk's steps 16w .. 16w + 16.
+// accumulators, and makes R, Δ and Y for the chunk's steps 16w .. 16w + 16. The state goes
+// through shared memory as T, in two buffers, one read while the other is written.
 template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(const GdnArgs& a, const GdnChunk& c) {
   extern __shared__ __align__(16) unsigned char gdn_smem[];
-  constexpr int STAGE_BYTES = GDN_STAGE_ELEMS * 2 + GDN_C * 8;
-  // Stage `buf`'s tiles, then its gates.
-  auto stage = [&](int buf) { return reinterpret_cast<T*>(gdn_smem + buf * STAGE_BYTES); };
-  auto gstage = [&](int buf) { return reinterpret_cast<float*>(gdn_smem + buf * STAGE_BYTES + GDN_STAGE_ELEMS * 2); };
-  T* sb = reinterpret_cast<T*>(gdn_smem + 2 * STAGE_BYTES);
-  T* dn = sb + GDN_BV * GDN_LD;
+  // Byte offsets of a stage's tiles.
+  constexpr u32 OQ = 0, OK = GDN_C * GDN_LD * 2, OM = 2 * OK, OP = OM + GDN_C * GDN_PLD * 2,
+                OV = OP + GDN_C * GDN_PLD * 2, OG = GDN_STAGE_ELEMS * 2;
+  const u32 smem0 = (u32)__cvta_generic_to_shared(gdn_smem);
+  T* sbuf = reinterpret_cast<T*>(gdn_smem + 2 * GDN_STAGE_BYTES);
+  T* rs = sbuf + 2 * GDN_BV * GDN_LD;
+  T* dn = rs + GDN_C * GDN_VLD;
   T* dd = dn + GDN_C * GDN_VLD;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g4 = lane >> 2, t4 = lane & 3;
-  const i64 bh = blockIdx.y, h = bh % a.Hv, b = bh / a.Hv, hk = h / (a.Hv / a.Hk), v0 = (i64)blockIdx.x * GDN_BV;
-  const int sm0 = 16 * (warp & 1), sn0 = 64 * (warp >> 1), m0 = 16 * warp;
-  const i64 tp = c.nt * GDN_C;
+  const int bh = blockIdx.y, h = bh % (int)a.Hv, b = bh / (int)a.Hv, hk = h / (int)(a.Hv / a.Hk);
+  const int v0 = blockIdx.x * GDN_BV, sm0 = 16 * (warp & 1), sn0 = 64 * (warp >> 1), m0 = 16 * warp;
+  const int nch = (int)c.nt, steps = (int)a.T;
   // The state, rows v0 + sm0 + g4 (+8), columns sn0 + 8nt + 2t4 (+1).
   float s[8][4];
-  const i64 srow = (bh * a.Dv + v0 + sm0 + g4) * 128 + sn0 + 2 * t4;
+  const i64 srow = ((i64)bh * a.Dv + v0 + sm0 + g4) * 128 + sn0 + 2 * t4;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] = gdn_ld(a.state, srow + (e >> 1) * 8 * 128 + 8 * nt + (e & 1), a.state_dt);
   }
-  auto stage_chunk = [&](int buf, i64 ch) {
-    T* ws = stage(buf);
-    T* qs = ws + GDN_C * GDN_LD;
-    T* ks = qs + GDN_C * GDN_LD;
-    T* ps = ks + GDN_C * GDN_LD;
-    T* us = ps + GDN_C * GDN_PLD;
-    const i64 t0 = ch * GDN_C, valid = a.T - t0;
-    gdn_stage128(ws, static_cast<const T*>(c.w) + (bh * tp + t0) * 128, 128, GDN_C);
-    gdn_stage128(qs, static_cast<const T*>(a.q) + b * a.q_s[0] + t0 * a.q_s[1] + hk * a.q_s[2], a.q_s[1], valid);
-    gdn_stage128(ks, static_cast<const T*>(a.k) + b * a.k_s[0] + t0 * a.k_s[1] + hk * a.k_s[2], a.k_s[1], valid);
-    const T* p = static_cast<const T*>(c.p) + (bh * c.nt + ch) * GDN_C * GDN_C;
+  // The thread's sources in chunk 0, advanced a chunk per stage: q and k rows qr + 8i, m and p
+  // rows mr + 16i, v rows vr + 32i (the addressing would otherwise outweigh the products).
+  const int qr = tid >> 4, qc = (tid & 15) * 8, mr = tid >> 3, mc = (tid & 7) * 8, vr = tid >> 2, vc = (tid & 3) * 8;
+  const i64 qs1 = a.q_s[1], ks1 = a.k_s[1], vs1 = a.v_s[1];
+  const T* qsrc = static_cast<const T*>(a.q) + b * a.q_s[0] + hk * a.q_s[2] + qr * qs1 + qc;
+  const T* ksrc = static_cast<const T*>(a.k) + b * a.k_s[0] + hk * a.k_s[2] + qr * ks1 + qc;
+  const T* vsrc = static_cast<const T*>(a.v) + b * a.v_s[0] + h * a.v_s[2] + vr * vs1 + v0 + vc;
+  const T* msrc = static_cast<const T*>(c.m) + (i64)bh * nch * GDN_C * GDN_C + mr * GDN_C + mc;
+  const T* psrc = static_cast<const T*>(c.p) + (i64)bh * nch * GDN_C * GDN_C + mr * GDN_C + mc;
+  const float* gsrc = c.gam + (i64)bh * nch * GDN_C * 2 + 4 * tid;
+  const u32 dq = (qr * GDN_LD + qc) * 2, dm = (mr * GDN_PLD + mc) * 2, dv = (vr * GDN_VLD + vc) * 2;
+  auto stage_chunk = [&](int buf, int ch) {
+    const u32 st = smem0 + buf * GDN_STAGE_BYTES;
+    const int valid = steps - ch * GDN_C;
+    if (valid >= GDN_C) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        gdn_cp16(st + OQ + dq + i * 8 * GDN_LD * 2, qsrc + i * 8 * qs1);
+        gdn_cp16(st + OK + dq + i * 8 * GDN_LD * 2, ksrc + i * 8 * ks1);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) gdn_cp16(st + OV + dv + i * 32 * GDN_VLD * 2, vsrc + i * 32 * vs1);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const bool ok = qr + 8 * i < valid;
+        gdn_cp16_z(st + OQ + dq + i * 8 * GDN_LD * 2, ok ? qsrc + i * 8 * qs1 : qsrc, ok);
+        gdn_cp16_z(st + OK + dq + i * 8 * GDN_LD * 2, ok ? ksrc + i * 8 * ks1 : ksrc, ok);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const bool ok = vr + 32 * i < valid;
+        gdn_cp16_z(st + OV + dv + i * 32 * GDN_VLD * 2, ok ? vsrc + i * 32 * vs1 : vsrc, ok);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int e = tid + 128 * i, r = e >> 3, col = (e & 7) * 8;
-      gdn_cp16(ps + r * GDN_PLD + col, p + r * GDN_C + col, true);
+      gdn_cp16(st + OM + dm + i * 16 * GDN_PLD * 2, msrc + i * 16 * GDN_C);
+      gdn_cp16(st + OP + dm + i * 16 * GDN_PLD * 2, psrc + i * 16 * GDN_C);
     }
-    const T* u = static_cast<const T*>(c.u) + (bh * tp + t0) * 128 + v0;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int e = tid + 128 * i, r = e >> 2, col = (e & 3) * 8;
-      gdn_cp16(us + r * GDN_VLD + col, u + r * 128 + col, true);
-    }
-    if (tid < 2 * GDN_C / 4) gdn_cp16(gstage(buf) + 4 * tid, c.gam + (bh * tp + t0) * 2 + 4 * tid, true);
+    if (tid < 32) gdn_cp16(st + OG + 16 * tid, gsrc);
     gdn_cp_commit();
+    qsrc += GDN_C * qs1;
+    ksrc += GDN_C * ks1;
+    vsrc += GDN_C * vs1;
+    msrc += GDN_C * GDN_C;
+    psrc += GDN_C * GDN_C;
+    gsrc += GDN_C * 2;
   };
-  auto write_state = [&]() {
+  auto write_state = [&](T* sb) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
@@ -615,53 +716,88 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
     }
   };
   stage_chunk(0, 0);
-  write_state();
-  T* y = static_cast<T*>(a.y);
-  for (i64 ch = 0; ch < c.nt; ++ch) {
+  write_state(sbuf);
+  // y rows of steps m0 + g4 (+8) of each chunk, columns v0 + 2t4 + 8nt (+1).
+  T* yrow = static_cast<T*>(a.y) + (((i64)b * steps + m0 + g4) * a.Hv + h) * a.Dv + v0 + 2 * t4;
+  const i64 y8 = 8 * a.Hv * a.Dv;
+  for (int ch = 0; ch < nch; ++ch) {
     const int buf = ch & 1;
     gdn_cp_wait_all();
     __syncthreads();
-    if (ch + 1 < c.nt) stage_chunk(buf ^ 1, ch + 1);
-    const T* ws = stage(buf);
-    const T* qs = ws + GDN_C * GDN_LD;
+    if (ch + 1 < nch) stage_chunk(buf ^ 1, ch + 1);
+    const T* qs = reinterpret_cast<const T*>(gdn_smem + buf * GDN_STAGE_BYTES);
     const T* ks = qs + GDN_C * GDN_LD;
-    const T* ps = ks + GDN_C * GDN_LD;
-    const T* us = ps + GDN_C * GDN_PLD;
-    const float* gm = gstage(buf);  // [64][2]: log|Γ|, sign
-    const float glast = gm[2 * (GDN_C - 1)], slast = gm[2 * (GDN_C - 1) + 1];
-    // Δ = U − W Sᵀ for steps m0 .. m0 + 16; also (Γ_C/Γ)⊙Δ for the state's update.
+    const T* ms = ks + GDN_C * GDN_LD;
+    const T* ps = ms + GDN_C * GDN_PLD;
+    const T* vs = ps + GDN_C * GDN_PLD;
+    const T* sb = sbuf + buf * GDN_BV * GDN_LD;
+    const float2* gm = reinterpret_cast<const float2*>(gdn_smem + buf * GDN_STAGE_BYTES + OG);  // log|Γ|, sign
+    const float2 gc = gm[GDN_C - 1];
+    // K Sᵀ and Q Sᵀ for steps m0 .. m0 + 16, sharing S's fragments.
+    float ak[4][4] = {}, aq[4][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      u32 fk[4], fq[4];
+      gdn_lda_mk(fk, ks, GDN_LD, m0, 16 * kk, lane);
+      gdn_lda_mk(fq, qs, GDN_LD, m0, 16 * kk, lane);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        u32 bf[4];
+        gdn_ldb_nk(bf, sb, GDN_LD, 16 * kk, 16 * np, lane);
+        gdn_mma2<T>(ak[2 * np], ak[2 * np + 1], fk, bf);
+        gdn_mma2<T>(aq[2 * np], aq[2 * np + 1], fq, bf);
+      }
+    }
+    // R = V − Γ⊙(K Sᵀ); Y starts as Γ⊙(Q Sᵀ).
+    float rd[2];  // Γ_C/Γ_i of the thread's two steps
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = m0 + g4 + 8 * hf;
+      const float2 g2 = gm[i];
+      const float gi = g2.y * __expf(g2.x);
+      rd[hf] = gc.y * g2.y * __expf(gc.x - g2.x);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int j = 8 * nt + 2 * t4;
+        const float2 v2 = gdn_unpack2<T>(*reinterpret_cast<const u32*>(vs + i * GDN_VLD + j));
+        *reinterpret_cast<u32*>(rs + i * GDN_VLD + j) =
+            pack_half2<T>(fmaf(-gi, ak[nt][2 * hf], v2.x), fmaf(-gi, ak[nt][2 * hf + 1], v2.y));
+        aq[nt][2 * hf] *= gi;
+        aq[nt][2 * hf + 1] *= gi;
+      }
+    }
+    __syncthreads();
+    // Δ = M R (M is lower triangular: k-tiles ≤ the warp's m-tile); also (Γ_C/Γ)⊙Δ.
     {
-      float acc[4][4] = {};
-      gdn_rows_by<T, 2>(acc, ws, sb, m0, 1, lane);
+      float ad[4][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if (kk <= warp) {
+          u32 af4[4];
+          gdn_lda_mk(af4, ms, GDN_PLD, m0, 16 * kk, lane);
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            u32 bf[4];
+            gdn_ldb_kn(bf, rs, GDN_VLD, 16 * kk, 16 * np, lane);
+            gdn_mma2<T>(ad[2 * np], ad[2 * np + 1], af4, bf);
+          }
+        }
+      }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + g4 + 8 * hf;
-        const float r = slast * gm[2 * i + 1] * __expf(glast - gm[2 * i]);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
           const int j = 8 * nt + 2 * t4;
-          const float d0 = widen(us[i * GDN_VLD + j]) - acc[nt][2 * hf];
-          const float d1 = widen(us[i * GDN_VLD + j + 1]) - acc[nt][2 * hf + 1];
-          *reinterpret_cast<u32*>(dn + i * GDN_VLD + j) = pack_half2<T>(d0, d1);
-          *reinterpret_cast<u32*>(dd + i * GDN_VLD + j) = pack_half2<T>(d0 * r, d1 * r);
+          *reinterpret_cast<u32*>(dn + i * GDN_VLD + j) = pack_half2<T>(ad[nt][2 * hf], ad[nt][2 * hf + 1]);
+          *reinterpret_cast<u32*>(dd + i * GDN_VLD + j) =
+              pack_half2<T>(ad[nt][2 * hf] * rd[hf], ad[nt][2 * hf + 1] * rd[hf]);
         }
       }
     }
     __syncthreads();
-    // Y = Γ⊙(Q Sᵀ) + P Δ for steps m0 .. m0 + 16.
+    // Y += P Δ, then out.
     {
-      float acc[4][4] = {};
-      gdn_rows_by<T, 2>(acc, qs, sb, m0, 1, lane);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = m0 + g4 + 8 * hf;
-        const float r = gm[2 * i + 1] * __expf(gm[2 * i]);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          acc[nt][2 * hf] *= r;
-          acc[nt][2 * hf + 1] *= r;
-        }
-      }
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         if (kk <= warp) {
@@ -669,28 +805,27 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
           gdn_lda_mk(af4, ps, GDN_PLD, m0, 16 * kk, lane);
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
-            u32 b[4];
-            gdn_ldb_kn(b, dn, GDN_VLD, 16 * kk, 16 * np, lane);
-            gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
+            u32 bf[4];
+            gdn_ldb_kn(bf, dn, GDN_VLD, 16 * kk, 16 * np, lane);
+            gdn_mma2<T>(aq[2 * np], aq[2 * np + 1], af4, bf);
           }
         }
       }
-      const i64 t0 = ch * GDN_C;
+      const int t = ch * GDN_C + m0 + g4;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const i64 t = t0 + m0 + g4 + 8 * hf;
-        if (t < a.T) {
-          T* yr = y + ((b * a.T + t) * a.Hv + h) * a.Dv + v0 + 2 * t4;
+        if (t + 8 * hf < steps) {
 #pragma unroll
           for (int nt = 0; nt < 4; ++nt) {
-            *reinterpret_cast<u32*>(yr + 8 * nt) = pack_half2<T>(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+            *reinterpret_cast<u32*>(yrow + hf * y8 + 8 * nt) = pack_half2<T>(aq[nt][2 * hf], aq[nt][2 * hf + 1]);
           }
         }
       }
+      yrow += 8 * y8;
     }
-    // S = Γ_C S + ((Γ_C/Γ)⊙Δ)ᵀ K.
+    // S = Γ_C S + ((Γ_C/Γ)⊙Δ)ᵀ K, into the other buffer.
     {
-      const float r = slast * __expf(glast);
+      const float r = gc.y * __expf(gc.x);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
@@ -702,14 +837,13 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
         gdn_lda_km(af4, dd, GDN_VLD, sm0, 16 * kk, lane);
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
-          u32 b[4];
-          gdn_ldb_kn(b, ks, GDN_LD, 16 * kk, sn0 + 16 * np, lane);
-          gdn_mma2<T>(s[2 * np], s[2 * np + 1], af4, b);
+          u32 bf[4];
+          gdn_ldb_kn(bf, ks, GDN_LD, 16 * kk, sn0 + 16 * np, lane);
+          gdn_mma2<T>(s[2 * np], s[2 * np + 1], af4, bf);
         }
       }
     }
-    __syncthreads();
-    write_state();
+    write_state(sbuf + (buf ^ 1) * GDN_BV * GDN_LD);
   }
   gdn_cp_wait_all();
 #pragma unroll

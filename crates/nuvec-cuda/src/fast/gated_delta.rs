@@ -2,7 +2,8 @@
 //! (`kernels/gated_delta.cuh`): the whole loop over the steps in one kernel, each value row's
 //! state in registers throughout. Two kernels: one warp per value row (`gated_delta_n{Dk/32}`,
 //! every case with `Dk` a multiple of 32 up to 256; `_ahead` for more than one step), and one of 8 rows per warp
-//! (`gated_delta_packed`, `Dk` 128, a float32 gate per head, a float32 state, no mask), whose
+//! (`gated_delta_packed`, `Dk` 128, a float32 gate per head, a float32 state, no mask; a single
+//! step, decode, takes `gated_delta_decode` instead, whose loads and stores are whole rows), whose
 //! results are bit-identical to the first's. `NUVEC_GDN_PACKED=0` (or mlx-lm's
 //! `MLX_GDN_PACKED=0`) keeps every shape on the first, for comparisons. Long prompts at
 //! Qwen3-Next's head sizes take a third way, 64 steps at a time on tensor cores
@@ -35,17 +36,24 @@ const CHUNK: i64 = 64;
 pub const CHUNKED_FROM: i64 = 256;
 /// Value rows per block of `gated_delta_chunk_scan` (`GDN_BV`).
 const SCAN_ROWS: i64 = 32;
-/// Dynamic shared memory of `gated_delta_chunk_prep` and `_scan` (`GDN_PREP_SMEM`,
-/// `GDN_SCAN_SMEM`): staged rows of 128 elements padded to 136, of 64 to 72, of 32 to 40.
-const PREP_SHARED: u32 = 3 * 64 * 136 * 2 + 64 * 65 * 4 + 64 * 72 * 2 + 3 * 64 * 4;
-const SCAN_SHARED: u32 = 2 * ((3 * 64 * 136 + 64 * 72 + 64 * 40) * 2 + 64 * 8) + (32 * 136 + 2 * 64 * 40) * 2;
+/// Dynamic shared memory of `gated_delta_chunk_prep` for `nh` value heads per block
+/// (`GDN_PREP_SMEM(NH)`): k and q in rows of 128 padded to 136, Aᵀ per head in rows of 68
+/// floats, three floats per step and head.
+const fn prep_shared(nh: u32) -> u32 {
+    2 * 64 * 136 * 2 + nh * 64 * 68 * 4 + 3 * nh * 64 * 4
+}
+/// Dynamic shared memory of `gated_delta_chunk_scan` (`GDN_SCAN_SMEM`): two stages of q, k
+/// (rows padded to 136), M, P (to 72), v (to 40) and the gates, then two state buffers and
+/// three tiles of 64 × 40.
+const SCAN_SHARED: u32 = 2 * ((2 * 64 * 136 + 2 * 64 * 72 + 64 * 40) * 2 + 64 * 8) + (2 * 32 * 136 + 3 * 64 * 40) * 2;
 
 /// The kernel that runs a gated delta rule on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GatedDeltaKernel {
     /// One warp per value row, `Dk / 32` state elements per lane (`gated_delta_n{Dk/32}`).
     Rows,
-    /// 8 value rows per warp, 4 lanes of 32 state elements per row (`gated_delta_packed`):
+    /// 8 value rows per warp, 4 lanes of 32 state elements per row (`gated_delta_packed`; one
+    /// step, decode, takes `gated_delta_decode`: 8 rows per warp in the row kernel's layout):
     /// results bit-identical to [`GatedDeltaKernel::Rows`]'.
     Packed,
     /// 64 steps at a time, products on tensor cores (`gated_delta_chunk_prep`, then
@@ -61,7 +69,7 @@ pub enum GatedDeltaKernel {
 /// mask, unless `NUVEC_GDN_PACKED=0` or `MLX_GDN_PACKED=0` (read once). Prompts of at least
 /// [`CHUNKED_FROM`] steps with q, k and v of float16 or bfloat16, `Dk` = `Dv` = 128, a gate
 /// per head, no mask and only the last state take the chunked kernels unless
-/// `NUVEC_GDN_CHUNKED=0` (a device without 150 KiB of shared memory per block runs the packed
+/// `NUVEC_GDN_CHUNKED=0` (a device without 147 KiB of shared memory per block runs the packed
 /// kernel instead). It does not say whether fusion is enabled (`NUVEC_FUSED`).
 pub fn gated_delta_kernel(params: &GatedDeltaParams, inputs: &[Spec]) -> Option<GatedDeltaKernel> {
     plan(params, inputs, chunked_enabled())
@@ -152,13 +160,20 @@ pub(crate) fn source(d: DType) -> String {
         }
     }
     s.kernel(format!("__launch_bounds__({THREADS}) gated_delta_packed(GdnArgs a) {{ gated_delta_packed<{t}>(a); }}"));
+    // 64 registers: 8 blocks per SM, the state bytes in flight that a pass over it needs.
+    s.kernel(format!(
+        "__launch_bounds__({THREADS}, 8) gated_delta_decode(GdnArgs a) {{ gated_delta_decode<{t}>(a); }}"
+    ));
     // Tensor cores take half-precision operands.
     if matches!(d, DType::F16 | DType::BF16) {
-        for part in ["prep", "scan"] {
+        for (name, nh) in [("prep", 1), ("prep_pair", 2)] {
             s.kernel(format!(
-                "__launch_bounds__({THREADS}) gated_delta_chunk_{part}(GdnArgs a, GdnChunk c) {{ gated_delta_chunk_{part}<{t}>(a, c); }}"
+                "__launch_bounds__({THREADS}) gated_delta_chunk_{name}(GdnArgs a, GdnChunk c) {{ gated_delta_chunk_prep<{t}, {nh}>(a, c); }}"
             ));
         }
+        s.kernel(format!(
+            "__launch_bounds__({THREADS}) gated_delta_chunk_scan(GdnArgs a, GdnChunk c) {{ gated_delta_chunk_scan<{t}>(a, c); }}"
+        ));
     }
     s.finish()
 }
@@ -234,10 +249,14 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, o
     }
     let mut plan = plan;
     if plan == GatedDeltaKernel::Chunked {
-        let prep = kernel(gpu, Family::GatedDelta(q.dtype), "gated_delta_chunk_prep")?;
+        // A key head's value heads in pairs where it has an even number of them (q and k are
+        // staged once for both).
+        let nh = if (hv / hk) % 2 == 0 { 2 } else { 1 };
+        let name = if nh == 2 { "gated_delta_chunk_prep_pair" } else { "gated_delta_chunk_prep" };
+        let prep = kernel(gpu, Family::GatedDelta(q.dtype), name)?;
         let scan = kernel(gpu, Family::GatedDelta(q.dtype), "gated_delta_chunk_scan")?;
-        if allow_shared(gpu, prep, PREP_SHARED).is_ok() && allow_shared(gpu, scan, SCAN_SHARED).is_ok() {
-            return chunked(gpu, q.dtype, [prep, scan], words, b * hv, t);
+        if allow_shared(gpu, prep, prep_shared(nh)).is_ok() && allow_shared(gpu, scan, SCAN_SHARED).is_ok() {
+            return chunked(gpu, q.dtype, [prep, scan], nh, words, b * hv, t);
         }
         // Less shared memory per block than the chunked kernels take: the recurrence runs.
         plan = self::plan(p, &specs, false).ok_or_else(|| internal(format!("{op}: no kernel")))?;
@@ -248,6 +267,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, o
         GatedDeltaKernel::Rows | GatedDeltaKernel::Chunked => {
             (format!("gated_delta_n{}{}", dk / 32, if t > 1 { "_ahead" } else { "" }), rows)
         }
+        GatedDeltaKernel::Packed if t == 1 => ("gated_delta_decode".to_string(), rows / 8),
         GatedDeltaKernel::Packed => ("gated_delta_packed".to_string(), rows / 8),
     };
     let f = kernel(gpu, Family::GatedDelta(q.dtype), &name)?;
@@ -255,26 +275,27 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, o
     launch_dependent(gpu, f, grid, (THREADS, 1), 1, vec![Arg::Bytes(words)])
 }
 
-/// Runs the chunked kernels (`[prep, scan]`) on the arguments `words` of `bh` (batch, value
-/// head) pairs and `t` steps, with their scratch: W and U (`[bh, T', 128]`, T' the steps
-/// rounded up to whole chunks), P (`[bh, chunks, 64, 64]`) and the gates' running log-products
-/// and signs (`[bh, T', 2]`, float32).
+/// Runs the chunked kernels (`[prep, scan]`, the prep taking `nh` value heads per block) on the
+/// arguments `words` of `bh` (batch, value head) pairs and `t` steps, with their scratch: M and
+/// P (`[bh, chunks, 64, 64]` each) and the gates' running log-products and signs (`[bh, T', 2]`,
+/// float32, T' the steps rounded up to whole chunks).
 fn chunked(
     gpu: &Arc<Gpu>,
     dtype: DType,
     [prep, scan]: [CUfunction; 2],
+    nh: u32,
     words: Vec<u64>,
     bh: i64,
     t: i64,
 ) -> Result<()> {
     let nt = (t + CHUNK - 1) / CHUNK;
     let padded = (bh * nt * CHUNK) as usize;
-    let (w, _w) = alloc(gpu, padded * 128, dtype)?;
-    let (u, _u) = alloc(gpu, padded * 128, dtype)?;
+    let (m, _m) = alloc(gpu, padded * CHUNK as usize, dtype)?;
     let (p, _p) = alloc(gpu, padded * CHUNK as usize, dtype)?;
     let (gam, _gam) = alloc(gpu, padded * 2, DType::F32)?;
-    let scratch = vec![w, u, p, gam, nt as u64];
+    let scratch = vec![m, p, gam, nt as u64];
     let args = || vec![Arg::Bytes(words.clone()), Arg::Bytes(scratch.clone())];
-    launch(gpu, prep, (nt as u32, bh as u32, 1), (THREADS, 1, 1), PREP_SHARED, args())?;
+    let groups = (bh / nh as i64) as u32;
+    launch(gpu, prep, (nt as u32, groups, 1), (THREADS, 1, 1), prep_shared(nh), args())?;
     launch(gpu, scan, ((128 / SCAN_ROWS) as u32, bh as u32, 1), (THREADS, 1, 1), SCAN_SHARED, args())
 }

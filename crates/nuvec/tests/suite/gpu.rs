@@ -1347,6 +1347,8 @@ fn gated_delta_kernels_agree() {
     cases.push((c, Some(Chunked)));
     // No state given; 9 chunks, the last of one step.
     cases.push((Gdn { state: None, ..Gdn::new(1, 513, 2, 2, 128, 128, bf16_) }, Some(Chunked)));
+    // Three value heads per key head: the prep takes them one at a time, not in pairs.
+    cases.push((Gdn::new(2, 300, 1, 3, 128, 128, f16_), Some(Chunked)));
     let packed_on = ["NUVEC_GDN_PACKED", "MLX_GDN_PACKED"].iter().all(|v| std::env::var(v).as_deref() != Ok("0"));
     let chunked_on =
         Gdn::new(1, nuvec_cuda::GATED_DELTA_CHUNKED_FROM as i32, 1, 1, 128, 128, bf16_).kernel(false) == Some(Chunked);
@@ -1386,6 +1388,14 @@ fn gated_delta_packed_kernel_matches_the_row_kernel_bit_for_bit() {
         Gdn { gate: DType::F32, ..Gdn::new(1, 300, 1, 2, 128, 128, DType::F32) },
         Gdn { steps: true, layout: GdnLayout::Fused, ..Gdn::new(2, 300, 2, 2, 128, 128, DType::F16) },
         Gdn { state: None, ..Gdn::new(1, 7, 2, 4, 128, 8, DType::BF16) },
+        // One step (gated_delta_decode): every step's state in float16, views of one projection.
+        Gdn {
+            steps: true,
+            storage: Some(DType::F16),
+            layout: GdnLayout::Fused,
+            ..Gdn::new(2, 1, 2, 4, 128, 64, DType::F16)
+        },
+        Gdn { state: None, ..Gdn::new(5, 1, 1, 3, 128, 8, DType::BF16) },
     ];
     for (i, c) in cases.iter().enumerate() {
         let tag = format!("case {i} {c:?}");
