@@ -34,6 +34,9 @@ const ARG_WORDS: usize = 37;
 const CHUNK: i64 = 64;
 /// The fewest steps that take the chunked kernels: below, the recurrence's one kernel is faster.
 pub const CHUNKED_FROM: i64 = 256;
+/// The fewest prep blocks of value-head pairs for which pairs beat one head per block
+/// (measured in bench/results/2026-12-06-gated-delta-second-pass.md).
+const PAIRS_FROM_BLOCKS: i64 = 2048;
 /// Value rows per block of `gated_delta_chunk_scan` (`GDN_BV`).
 const SCAN_ROWS: i64 = 32;
 /// Dynamic shared memory of `gated_delta_chunk_prep` for `nh` value heads per block
@@ -250,8 +253,10 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, o
     let mut plan = plan;
     if plan == GatedDeltaKernel::Chunked {
         // A key head's value heads in pairs where it has an even number of them (q and k are
-        // staged once for both).
-        let nh = if (hv / hk) % 2 == 0 { 2 } else { 1 };
+        // staged once for both) and the pairs still fill the GPU: with fewer blocks, one head
+        // per block finishes sooner.
+        let pair_blocks = (t + CHUNK - 1) / CHUNK * b * hv / 2;
+        let nh = if (hv / hk) % 2 == 0 && pair_blocks >= PAIRS_FROM_BLOCKS { 2 } else { 1 };
         let name = if nh == 2 { "gated_delta_chunk_prep_pair" } else { "gated_delta_chunk_prep" };
         let prep = kernel(gpu, Family::GatedDelta(q.dtype), name)?;
         let scan = kernel(gpu, Family::GatedDelta(q.dtype), "gated_delta_chunk_scan")?;
