@@ -58,6 +58,8 @@ template <typename T> __device__ __forceinline__ T clamp(T x, typename nv_mk_id<
 }
 template <typename T> __device__ __forceinline__ T saturate(T x) { return clamp(x, T(0), T(1)); }
 template <typename T> __device__ __forceinline__ T select(T a, typename nv_mk_id<T>::type b, bool c) { return c ? b : a; }
+__device__ __forceinline__ bool all(bool c) { return c; }
+__device__ __forceinline__ bool any(bool c) { return c; }
 template <typename T> __device__ __forceinline__ T mix(T x, typename nv_mk_id<T>::type y, typename nv_mk_id<T>::type a) {
   return x + (y - x) * a;
 }
@@ -65,6 +67,25 @@ template <typename T> __device__ __forceinline__ T sign(T x) { return x > T(0) ?
 template <typename T> __device__ __forceinline__ T step(typename nv_mk_id<T>::type edge, T x) { return x < edge ? T(0) : T(1); }
 __device__ __forceinline__ float fract(float x) { return x - floorf(x); }
 __device__ __forceinline__ float divide(float a, float b) { return __fdividef(a, b); }
+
+// Metal's integer bit counts, for any integer width (`ctz(0)` and `clz(0)` are the width).
+template <typename T> struct nv_mk_is_int { static constexpr bool value = false; };
+#define NV_MK_INT(T) template <> struct nv_mk_is_int<T> { static constexpr bool value = true; };
+NV_MK_INT(char) NV_MK_INT(signed char) NV_MK_INT(unsigned char) NV_MK_INT(short) NV_MK_INT(unsigned short)
+NV_MK_INT(int) NV_MK_INT(unsigned) NV_MK_INT(long) NV_MK_INT(unsigned long) NV_MK_INT(long long)
+NV_MK_INT(unsigned long long)
+#undef NV_MK_INT
+template <typename T> __device__ __forceinline__ unsigned long long nv_mk_bits(T x) {
+  static_assert(nv_mk_is_int<T>::value, "popcount, ctz and clz take integers");
+  if constexpr (sizeof(T) == 8) return (unsigned long long)x;
+  else return (unsigned long long)x & ((1ull << (8 * sizeof(T))) - 1);
+}
+template <typename T> __device__ __forceinline__ T popcount(T x) { return T(__popcll(nv_mk_bits(x))); }
+template <typename T> __device__ __forceinline__ T ctz(T x) {
+  unsigned long long b = nv_mk_bits(x);
+  return T(b == 0 ? 8 * sizeof(T) : __ffsll((long long)b) - 1);
+}
+template <typename T> __device__ __forceinline__ T clz(T x) { return T(__clzll((long long)nv_mk_bits(x)) - 64 + 8 * sizeof(T)); }
 
 // `as_type<T>(x)`: the bits of `x` read as a `T` of the same size.
 template <typename To, typename From> __device__ __forceinline__ To as_type(From x) {
@@ -104,30 +125,40 @@ __device__ __forceinline__ float divide(float a, float b) { return a / b; }
 
 // ---- vector types ------------------------------------------------------------------------
 // CUDA predefines `float4`, `uint3`... as plain structs, so Metal's vectors live in `metal::`
-// and the translation rewrites the type names (`float4` -> `metal::float4`). Swizzles are read
-// only: `.xy` becomes `.template sw<0, 1>()`.
+// and the translation rewrites the type names (`float4` -> `metal::float4`). A swizzle read
+// `.xy` becomes `.template sw<0, 1>()` (a copy); a swizzle that is assigned to, `.xy = ...`
+// or `.zw += ...`, becomes `.template wsw<2, 3>()`, a reference to those components. Single
+// `.r .g .b .a` share their storage with `.x .y .z .w` through anonymous unions.
 namespace metal {
 template <typename T, int N> struct vec;
+template <typename T, int N, int... I> struct nv_mk_swizzle_ref;
 
 #define NV_MK_VEC_COMMON(N)                                                                    \
   __device__ __forceinline__ T& operator[](int i) { return (&x)[i]; }                           \
   __device__ __forceinline__ const T& operator[](int i) const { return (&x)[i]; }               \
   template <int... I> __device__ __forceinline__ const vec<T, sizeof...(I)> sw() const {        \
+    static_assert(((I < N) && ...), "a swizzle names a component the vector does not have");   \
     return vec<T, sizeof...(I)>((*this)[I]...);                                                 \
+  }                                                                                             \
+  template <int... I> __device__ __forceinline__ nv_mk_swizzle_ref<T, N, I...> wsw() {          \
+    return nv_mk_swizzle_ref<T, N, I...>{*this};                                                \
   }                                                                                             \
   template <typename U> __device__ __forceinline__ explicit vec(const vec<U, N>& o) {           \
     for (int i = 0; i < N; ++i) (*this)[i] = static_cast<T>(o[i]);                              \
   }
 
 template <typename T> struct vec<T, 2> {
-  T x, y;
+  union { T x; T r; };
+  union { T y; T g; };
   vec() = default;
   __device__ __forceinline__ vec(T s) : x(s), y(s) {}
   __device__ __forceinline__ vec(T a, T b) : x(a), y(b) {}
   NV_MK_VEC_COMMON(2)
 };
 template <typename T> struct vec<T, 3> {
-  T x, y, z;
+  union { T x; T r; };
+  union { T y; T g; };
+  union { T z; T b; };
   vec() = default;
   __device__ __forceinline__ vec(T s) : x(s), y(s), z(s) {}
   __device__ __forceinline__ vec(T a, T b, T c) : x(a), y(b), z(c) {}
@@ -136,7 +167,10 @@ template <typename T> struct vec<T, 3> {
   NV_MK_VEC_COMMON(3)
 };
 template <typename T> struct vec<T, 4> {
-  T x, y, z, w;
+  union { T x; T r; };
+  union { T y; T g; };
+  union { T z; T b; };
+  union { T w; T a; };
   vec() = default;
   __device__ __forceinline__ vec(T s) : x(s), y(s), z(s), w(s) {}
   __device__ __forceinline__ vec(T a, T b, T c, T d) : x(a), y(b), z(c), w(d) {}
@@ -183,6 +217,71 @@ template <typename T, int N> __device__ __forceinline__ vec<T, N> operator-(vec<
   return a;
 }
 
+// Comparisons give bool vectors, elementwise, as Metal's; `all`, `any` and `select` read them.
+#define NV_MK_VEC_CMP(OP)                                                                                  \
+  template <typename T, int N> __device__ __forceinline__ vec<bool, N> operator OP(vec<T, N> a, vec<T, N> b) { \
+    vec<bool, N> r;                                                                                        \
+    for (int i = 0; i < N; ++i) r[i] = a[i] OP b[i];                                                       \
+    return r;                                                                                              \
+  }                                                                                                        \
+  template <typename T, int N>                                                                             \
+  __device__ __forceinline__ vec<bool, N> operator OP(vec<T, N> a, typename nv_mk_id<T>::type b) {         \
+    vec<bool, N> r;                                                                                        \
+    for (int i = 0; i < N; ++i) r[i] = a[i] OP b;                                                          \
+    return r;                                                                                              \
+  }                                                                                                        \
+  template <typename T, int N>                                                                             \
+  __device__ __forceinline__ vec<bool, N> operator OP(typename nv_mk_id<T>::type a, vec<T, N> b) {         \
+    vec<bool, N> r;                                                                                        \
+    for (int i = 0; i < N; ++i) r[i] = a OP b[i];                                                          \
+    return r;                                                                                              \
+  }
+NV_MK_VEC_CMP(<) NV_MK_VEC_CMP(<=) NV_MK_VEC_CMP(>) NV_MK_VEC_CMP(>=) NV_MK_VEC_CMP(==) NV_MK_VEC_CMP(!=)
+#undef NV_MK_VEC_CMP
+template <int N> __device__ __forceinline__ vec<bool, N> operator!(vec<bool, N> a) {
+  for (int i = 0; i < N; ++i) a[i] = !a[i];
+  return a;
+}
+template <int N> __device__ __forceinline__ bool all(vec<bool, N> a) {
+  for (int i = 0; i < N; ++i)
+    if (!a[i]) return false;
+  return true;
+}
+template <int N> __device__ __forceinline__ bool any(vec<bool, N> a) {
+  for (int i = 0; i < N; ++i)
+    if (a[i]) return true;
+  return false;
+}
+// `select(a, b, c)`: `c[i] ? b[i] : a[i]`; `b` may be a scalar, as with the scalar `select`.
+template <typename T, int N>
+__device__ __forceinline__ vec<T, N> select(vec<T, N> a, typename nv_mk_id<vec<T, N>>::type b, vec<bool, N> c) {
+  for (int i = 0; i < N; ++i) a[i] = c[i] ? b[i] : a[i];
+  return a;
+}
+
+// The target of a swizzle assignment: reads as a vector, and writes each named component.
+// Metal refuses a repeated component here; the translation reports it at the user's line.
+template <int... I> struct nv_mk_distinct { static constexpr bool value = true; };
+template <int A, int... R> struct nv_mk_distinct<A, R...> {
+  static constexpr bool value = ((A != R) && ... && true) && nv_mk_distinct<R...>::value;
+};
+template <typename T, int N, int... I> struct nv_mk_swizzle_ref {
+  static_assert(nv_mk_distinct<I...>::value, "a swizzle with a repeated component cannot be assigned to");
+  static_assert(((I < N) && ...), "a swizzle names a component the vector does not have");
+  typedef vec<T, sizeof...(I)> V;
+  vec<T, N>& v;
+  __device__ __forceinline__ operator V() const { return V(v[I]...); }
+  __device__ __forceinline__ V operator=(V o) {
+    int k = 0;
+    ((v[I] = o[k++]), ...);
+    return o;
+  }
+  __device__ __forceinline__ V operator+=(V o) { return *this = V(*this) + o; }
+  __device__ __forceinline__ V operator-=(V o) { return *this = V(*this) - o; }
+  __device__ __forceinline__ V operator*=(V o) { return *this = V(*this) * o; }
+  __device__ __forceinline__ V operator/=(V o) { return *this = V(*this) / o; }
+};
+
 #define NV_MK_VEC_TYPES(T, NAME) typedef vec<T, 2> NAME##2; typedef vec<T, 3> NAME##3; typedef vec<T, 4> NAME##4;
 NV_MK_VEC_TYPES(bool, bool) NV_MK_VEC_TYPES(signed char, char) NV_MK_VEC_TYPES(unsigned char, uchar)
 NV_MK_VEC_TYPES(short, short) NV_MK_VEC_TYPES(unsigned short, ushort) NV_MK_VEC_TYPES(int, int)
@@ -207,7 +306,7 @@ template <int N> __device__ __forceinline__ vec<float, N> normalize(vec<float, N
   }
 NV_MK_VEC_FN(exp) NV_MK_VEC_FN(exp2) NV_MK_VEC_FN(log) NV_MK_VEC_FN(log2) NV_MK_VEC_FN(sqrt)
 NV_MK_VEC_FN(rsqrt) NV_MK_VEC_FN(sin) NV_MK_VEC_FN(cos) NV_MK_VEC_FN(tanh) NV_MK_VEC_FN(floor)
-NV_MK_VEC_FN(ceil) NV_MK_VEC_FN(round) NV_MK_VEC_FN(abs) NV_MK_VEC_FN(fabs)
+NV_MK_VEC_FN(ceil) NV_MK_VEC_FN(round) NV_MK_VEC_FN(abs) NV_MK_VEC_FN(fabs) NV_MK_VEC_FN(popcount)
 #undef NV_MK_VEC_FN
 template <typename T, int N> __device__ __forceinline__ vec<T, N> max(vec<T, N> a, vec<T, N> b) {
   for (int i = 0; i < N; ++i) a[i] = b[i] > a[i] ? b[i] : a[i];
@@ -348,6 +447,18 @@ template <typename T> __device__ __forceinline__ T simd_prefix_exclusive_product
 }
 __device__ __forceinline__ bool simd_all(bool v) { return __all_sync(0xffffffffu, v); }
 __device__ __forceinline__ bool simd_any(bool v) { return __any_sync(0xffffffffu, v); }
+// `simd_ballot`'s mask: bit `l` is lane `l`'s vote (32 lanes, so the high half is zero).
+struct simd_vote {
+  typedef unsigned long long vote_t;
+  vote_t v;
+  __device__ __forceinline__ explicit constexpr simd_vote(vote_t m = 0) : v(m) {}
+  __device__ __forceinline__ explicit constexpr operator vote_t() const { return v; }
+  // Every active lane voted true (Metal: all bits of the SIMD-group's threads are set).
+  __device__ __forceinline__ bool all() const { return v == (vote_t)__activemask(); }
+  __device__ __forceinline__ bool any() const { return v != 0; }
+};
+__device__ __forceinline__ simd_vote simd_ballot(bool c) { return simd_vote(__ballot_sync(0xffffffffu, c)); }
+__device__ __forceinline__ simd_vote simd_active_threads_mask() { return simd_vote(__activemask()); }
 __device__ __forceinline__ bool simd_is_first() { return nv_mk_lane() == (unsigned)(__ffs(__activemask()) - 1); }
 
 // ---- barriers ----------------------------------------------------------------------------
@@ -437,6 +548,8 @@ using ::as_type; using ::simd_sum; using ::simd_max; using ::simd_min; using ::s
 using ::simd_shuffle_xor; using ::simd_shuffle_down; using ::simd_shuffle_up; using ::simd_broadcast;
 using ::simd_broadcast_first; using ::simd_prefix_inclusive_sum; using ::simd_prefix_exclusive_sum;
 using ::simd_all; using ::simd_any; using ::threadgroup_barrier; using ::simdgroup_barrier;
+using ::simd_vote; using ::simd_ballot; using ::simd_active_threads_mask; using ::all; using ::any;
+using ::popcount; using ::ctz; using ::clz;
 using ::atomic; using ::memory_order; using ::memory_order_relaxed; using ::mem_flags;
 using ::atomic_load_explicit; using ::atomic_store_explicit; using ::atomic_fetch_add_explicit;
 using ::atomic_fetch_sub_explicit; using ::atomic_fetch_max_explicit; using ::atomic_fetch_min_explicit;

@@ -11,7 +11,9 @@
 //!    references) it is dropped.
 //! 2. Vector type names (`float4`, `half2`, `uint3`, ...) and `vec<T, N>` become `metal::` ones,
 //!    because CUDA predefines its own `float4` and `uint3` without Metal's operators.
-//! 3. Swizzles `.xy`, `.zyx`, `.rgb` become `.template sw<0, 1>()` (read only).
+//! 3. Swizzles `.xy`, `.zyx`, `.rgb` become `.template sw<0, 1>()`, a copy; one that is assigned
+//!    to (`=`, `+=`, ...) becomes `.template wsw<0, 1>()`, a reference to its components. An
+//!    assigned swizzle that repeats a component (`v.xx = ...`) is refused, as Metal refuses it.
 //! 4. `#include <metal_stdlib>` and other `<metal_*>` includes become comments.
 //!
 //! The kernel's signature follows MLX's Metal rules: inputs are `const device T*` (0-d inputs
@@ -35,6 +37,9 @@
 //! | `simd_sum/product/max/min/and/or/xor`, `simd_prefix_{inclusive,exclusive}_{sum,product}`, `simd_shuffle{,_xor,_down,_up}`, `simd_broadcast{,_first}`, `simd_all/any`, `simd_is_first` | warp shuffles and votes (full warps) | `simd_reductions`, `simd_scans` |
 //! | `half`, `bfloat`, `uint`, `ushort`, `uchar`, `ulong` | `__half`, `__nv_bfloat16`, ... | `scale_f16`, `math` |
 //! | `float2/3/4`, `half4`, `int2`, `uint3`, ... with `+ - * /`, `[]`, constructors, conversions, swizzle reads, `dot`, `length`, `normalize` | `metal::vec<T, N>` | `vectors` |
+//! | swizzle assignment: `v.xy = ...`, `v.zw += ...` (`+= -= *= /=`), `c.rgb = c.bgr`, `p[i].wzy = ...`; single `.x`...`.w` and `.r`...`.a` | a reference to the components; `.r` shares `.x`'s storage | `swizzle_writes` |
+//! | `<`, `<=`, `>`, `>=`, `==`, `!=` on vectors, and between a vector and a scalar, giving `bool2/3/4`; `!`, `all`, `any` and `select(a, b, boolN)` on bool vectors | elementwise on `metal::vec<bool, N>` | `compare` |
+//! | `simd_ballot(bool)` giving `simd_vote`: `(uint64_t)` or `simd_vote::vote_t` casts, `.all()`, `.any()`; `simd_active_threads_mask()`; `popcount`, `ctz`, `clz` on integers and `popcount` on vectors | `__ballot_sync(0xffffffff, c)` widened to 64 bits (the high half is zero); `.all()` compares with `__activemask()`; `__popcll`, `__ffsll`, `__clzll` | `ballot` |
 //! | `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `abs`, `max`, `min`, `fma`, `clamp`, `select`, `mix`, `sign`, `step`, `fract`, `saturate`, on float, half, bfloat and vectors; `fast::` and `precise::`; `metal::` names | CUDA math | `math` |
 //! | `as_type<T>`, `metal::numeric_limits<T>`, `INFINITY`, `M_PI_F`, ... | bit copies, constants | `math` |
 //! | `atomic<T>` (`int`, `uint`, `float`) with `atomic_{load,store,exchange,fetch_add,fetch_sub,fetch_max,fetch_min,fetch_and,fetch_or,fetch_xor,compare_exchange_weak}_explicit`, `memory_order_relaxed`; `atomic_outputs` | CUDA atomics on the same bits | `histogram` |
@@ -42,9 +47,10 @@
 //! | mlx-lm 0.32.2's Mamba-2 SSM step (`models/ssm.py`, `ssm_kernel`), against its composition | as above | `mlx_lm_ssm_*` |
 //! | mlx-lm 0.32.2's `qk_norm` and `rms_norm_sigmoid_gate` (`kernels/`, the second through strides), against their compositions | as above | `mlx_lm_fused_*` |
 //!
-//! Outside the table, textures, samplers, SIMD-group matrices, quad-groups, `simd_ballot`,
-//! matrix and packed types and Metal attributes (`[[buffer(0)]]`) give a failed array naming
-//! the construct and its line; so do unclosed brackets, comments and literals. Other errors
+//! Outside the table, textures, samplers, SIMD-group matrices, quad-groups, matrix and packed
+//! types and Metal attributes (`[[buffer(0)]]`) give a failed array naming the construct and its
+//! line; so do unclosed brackets, comments and literals, and assigned swizzles with a repeated
+//! component. Other errors
 //! come from NVRTC when the outputs are evaluated, at `<name>.source(LINE)` or
 //! `<name>.header(LINE)`. Metal has no `double`: float64 arrays and template types are refused.
 

@@ -238,6 +238,184 @@ fn vectors_want(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
     (out, out_h)
 }
 
+/// Assignment through swizzles: `xyzw` and `rgba` spellings, `=` and compound operators, a
+/// single `.x` and `.a`, integer vectors, and a swizzle of a vector in device memory.
+const SWIZZLE_WRITES: &str = "uint i = thread_position_in_grid.x;\n\
+                              const device float4* p = (const device float4*)inp;\n\
+                              device float4* o = (device float4*)out;\n\
+                              float4 v = p[i];\n\
+                              v.xy = float2(v.y, v.x) * 2.0f;\n\
+                              v.zw += float2(1.0f, 2.0f);\n\
+                              v.x = 3;\n\
+                              o[3 * i] = v;\n\
+                              float4 c = p[i];\n\
+                              c.rgb = c.bgr;\n\
+                              c.a -= 1.0f;\n\
+                              c.ga *= 0.5f;\n\
+                              o[3 * i + 1] = c;\n\
+                              int3 k = int3(1, 2, 3) + int(i);\n\
+                              k.zx = int2(7, 8);\n\
+                              k.yz /= 2;\n\
+                              o[3 * i + 2].wzy = float3(k);\n\
+                              o[3 * i + 2].x = float(k.x + k.y);";
+
+fn swizzle_writes() -> Case {
+    Case {
+        kernel: MetalKernel::new("swizzle_writes", &["inp"], &["out"], SWIZZLE_WRITES),
+        inputs: vec![floats(&wavy(64, 0.8))],
+        outputs: vec![(vec![16 * 12], DType::F32)],
+        config: config((16, 1, 1), (16, 1, 1), vec![]),
+    }
+}
+
+fn swizzle_writes_want(x: &[f32]) -> Vec<f32> {
+    let mut want = vec![];
+    for (i, a) in x.chunks(4).enumerate() {
+        want.extend([3.0, 2.0 * a[0], a[2] + 1.0, a[3] + 2.0]);
+        want.extend([a[2], 0.5 * a[1], a[0], 0.5 * (a[3] - 1.0)]);
+        let y = (2 + i as i32) / 2;
+        want.extend([(8 + y) as f32, 3.0, y as f32, 8.0]);
+    }
+    want
+}
+
+/// Vector comparisons (vector with vector, with a scalar on either side, half vectors), `!`,
+/// `all`, `any` and `select` with a bool-vector condition. Each thread compares two float4s.
+const COMPARE: &str = "uint i = thread_position_in_grid.x;\n\
+                       const device float4* p = (const device float4*)inp;\n\
+                       float4 a = p[2 * i];\n\
+                       float4 b = p[2 * i + 1];\n\
+                       bool4 c[8] = {a < b, a <= b, a > b, a >= b, a == b, a != b, a > 0.0f, 0.5f >= b};\n\
+                       uint m = 0;\n\
+                       for (int k = 0; k < 8; ++k)\n\
+                         for (int j = 0; j < 4; ++j) m |= uint(c[k][j]) << (4 * k + j);\n\
+                       bits[i] = m;\n\
+                       bool2 h = half2(a.xy) < half2(b.xy);\n\
+                       bool3 e = a.xyz == b.xyz;\n\
+                       flags[i] = uint(all(a < b)) | uint(any(a < b)) << 1 | uint(all(h)) << 2 | uint(any(h)) << 3\n\
+                         | uint(any(e)) << 4 | uint(all(!e)) << 5 | uint(all((!c[5]) == c[4])) << 6;\n\
+                       device float4* o = (device float4*)sel;\n\
+                       o[2 * i] = select(a, b, a < b);\n\
+                       o[2 * i + 1] = metal::select(a, 0.0f, a < 0.0f);";
+
+/// Pairs of float4s `(a, b)`, some with equal components and some with `a < b` throughout, so
+/// each comparison, `all` and `any` sees both answers.
+fn compare_input(n: usize) -> Vec<f32> {
+    let mut x = wavy(8 * n, 1.3);
+    for t in 0..n {
+        for j in 0..4 {
+            if t % 4 == 1 {
+                x[8 * t + 4 + j] = x[8 * t + j] + 1.0;
+            } else if t % 4 != 3 && (t + j) % 3 == 0 {
+                x[8 * t + 4 + j] = x[8 * t + j];
+            }
+        }
+    }
+    x
+}
+
+fn compare() -> Case {
+    Case {
+        kernel: MetalKernel::new("compare", &["inp"], &["bits", "flags", "sel"], COMPARE),
+        inputs: vec![floats(&compare_input(32))],
+        outputs: vec![(vec![32], DType::U32), (vec![32], DType::U32), (vec![32 * 8], DType::F32)],
+        config: config((32, 1, 1), (32, 1, 1), vec![]),
+    }
+}
+
+fn compare_want(x: &[f32]) -> (Vec<u32>, Vec<u32>, Vec<f32>) {
+    let (mut bits, mut flags, mut sel) = (vec![], vec![], vec![]);
+    let half = |v: f32| Array::from(v).astype(DType::F16).astype(DType::F32).item::<f32>().unwrap();
+    for t in x.chunks(8) {
+        let (a, b) = (&t[..4], &t[4..]);
+        let tests: [&dyn Fn(f32, f32) -> bool; 8] = [
+            &|a, b| a < b,
+            &|a, b| a <= b,
+            &|a, b| a > b,
+            &|a, b| a >= b,
+            &|a, b| a == b,
+            &|a, b| a != b,
+            &|a, _| a > 0.0,
+            &|_, b| 0.5 >= b,
+        ];
+        let mut m = 0u32;
+        for (k, f) in tests.iter().enumerate() {
+            for j in 0..4 {
+                m |= (f(a[j], b[j]) as u32) << (4 * k + j);
+            }
+        }
+        bits.push(m);
+        let lt: Vec<bool> = (0..4).map(|j| a[j] < b[j]).collect();
+        let h: Vec<bool> = (0..2).map(|j| half(a[j]) < half(b[j])).collect();
+        let e: Vec<bool> = (0..3).map(|j| a[j] == b[j]).collect();
+        let f = lt.iter().all(|&v| v) as u32
+            | (lt.iter().any(|&v| v) as u32) << 1
+            | (h.iter().all(|&v| v) as u32) << 2
+            | (h.iter().any(|&v| v) as u32) << 3
+            | (e.iter().any(|&v| v) as u32) << 4
+            | (e.iter().all(|&v| !v) as u32) << 5
+            | 1 << 6;
+        flags.push(f);
+        sel.extend((0..4).map(|j| if a[j] < b[j] { b[j] } else { a[j] }));
+        sel.extend((0..4).map(|j| if a[j] < 0.0 { 0.0 } else { a[j] }));
+    }
+    (bits, flags, sel)
+}
+
+/// `simd_ballot`: the mask as `uint64_t` and `simd_vote::vote_t`, `.all()`, `.any()`, and
+/// `popcount`, `ctz`, `clz` of it. Two SIMD-groups: the first votes mixed, the second all true.
+const BALLOT: &str = "uint i = thread_position_in_grid.x;\n\
+                      float v = inp[i];\n\
+                      simd_vote vote = simd_ballot(v > 0.0f);\n\
+                      uint64_t mask = (uint64_t)vote;\n\
+                      simd_vote::vote_t same = static_cast<simd_vote::vote_t>(vote);\n\
+                      out[i * 8 + 0] = uint(mask);\n\
+                      out[i * 8 + 1] = uint(mask >> 32) + uint(same != mask);\n\
+                      out[i * 8 + 2] = uint(popcount(mask));\n\
+                      out[i * 8 + 3] = uint(vote.all()) | uint(vote.any()) << 1\n\
+                        | uint(simd_ballot(v > -100.0f).all()) << 2 | uint(simd_ballot(v > 100.0f).any()) << 3;\n\
+                      out[i * 8 + 4] = uint(ctz(mask));\n\
+                      out[i * 8 + 5] = uint(clz(mask));\n\
+                      out[i * 8 + 6] = popcount(uint(mask) & 0xffu) + 100 * ctz(0u) + 10000 * clz(uint(mask));\n\
+                      out[i * 8 + 7] = uint((uint64_t)simd_ballot(thread_index_in_simdgroup == 5));";
+
+fn ballot_input() -> Vec<f32> {
+    let mut x = wavy(64, 0.3);
+    for v in &mut x[32..] {
+        *v = v.abs() + 0.5;
+    }
+    x
+}
+
+fn ballot() -> Case {
+    Case {
+        kernel: MetalKernel::new("ballot", &["inp"], &["out"], BALLOT),
+        inputs: vec![floats(&ballot_input())],
+        outputs: vec![(vec![64 * 8], DType::U32)],
+        config: config((64, 1, 1), (64, 1, 1), vec![]),
+    }
+}
+
+fn ballot_want(x: &[f32]) -> Vec<u32> {
+    let mut want = vec![];
+    for i in 0..64 {
+        let w = &x[i / 32 * 32..i / 32 * 32 + 32];
+        let mask = w.iter().enumerate().fold(0u64, |m, (l, &v)| m | ((v > 0.0) as u64) << l);
+        let low = mask as u32;
+        want.extend([
+            low,
+            0,
+            mask.count_ones(),
+            (mask == 0xffff_ffff) as u32 | ((mask != 0) as u32) << 1 | 1 << 2,
+            if mask == 0 { 64 } else { mask.trailing_zeros() },
+            mask.leading_zeros(),
+            (low & 0xff).count_ones() + 100 * 32 + 10000 * low.leading_zeros(),
+            1 << 5,
+        ]);
+    }
+    want
+}
+
 /// Math: `metal::`, `fast::`, `precise::`, Metal-only functions, half and bfloat, limits.
 const MATH: &str = "uint i = thread_position_in_grid.x;\n\
                     float x = inp[i];\n\
@@ -320,6 +498,9 @@ fn cases() -> Vec<Case> {
         simd_reductions(),
         simd_scans(),
         vectors(),
+        swizzle_writes(),
+        compare(),
+        ballot(),
         math(),
         histogram(&[0, 1, 2, 3]),
         header_helper(),
@@ -747,7 +928,14 @@ fn bad_input_gives_failed_arrays_naming_construct_and_line() {
         call(k("uint i = thread_position_in_grid.x;\ntexture2d<float> t;\nout[i] = inp[i];")),
         &["`texture2d`", "line 2 of the source", "bad.source:2"],
     );
-    check(call(k("uint i = 0;\n\nout[i] = simd_ballot(inp[i] > 0);")), &["`simd_ballot`", "line 3"]);
+    check(
+        call(k("uint i = 0;\n\nout[i] = simd_shuffle_rotate_down(inp[i], 1);")),
+        &["`simd_shuffle_rotate_down`", "line 3"],
+    );
+    check(
+        call(k("float4 v = float4(inp[0]);\nv.xx = float2(1.0f, 2.0f);\nout[0] = v.x;")),
+        &["`.xx =`", "repeated component", "line 2 of the source", "bad.source:2"],
+    );
     check(call(k("float2x2 m;")), &["`float2x2`", "matrix", "line 1"]);
     check(call(k("if (true) {\n  out[0] = inp[0];\n")), &["syntax error", "`{` is never closed", "line 1"]);
     check(call(k("out[0] = (inp[0];\n")), &["syntax error", "line 1"]);
@@ -857,6 +1045,42 @@ fn vector_types() {
     let (out, out_h) = vectors_want(&wavy(64, 2.5));
     close(&got[0], &out, 1e-5, "out");
     close(&got[1], &out_h, 2e-3, "out_h");
+}
+
+#[test]
+fn swizzle_assignment() {
+    if !gpu() {
+        return;
+    }
+    close(&swizzle_writes().f32s()[0], &swizzle_writes_want(&wavy(64, 0.8)), 1e-6, "swizzle_writes");
+}
+
+#[test]
+fn vector_comparisons_and_select() {
+    let (bits, flags, sel) = compare_want(&compare_input(32));
+    // The input must exercise both answers of each comparison, or a constant result would pass.
+    for b in 0..32 {
+        assert!(bits.iter().any(|m| m >> b & 1 == 1) && bits.iter().any(|m| m >> b & 1 == 0), "bit {b}");
+    }
+    assert!((0..6).all(|b| flags.iter().any(|f| f >> b & 1 == 1) && flags.iter().any(|f| f >> b & 1 == 0)));
+    if !gpu() {
+        return;
+    }
+    let outs = compare().call();
+    assert_eq!(outs[0].to_vec::<u32>().unwrap(), bits, "comparison bits");
+    assert_eq!(outs[1].to_vec::<u32>().unwrap(), flags, "all/any flags");
+    assert_eq!(outs[2].to_vec::<f32>().unwrap(), sel, "select");
+}
+
+#[test]
+fn simd_ballot_masks() {
+    let want = ballot_want(&ballot_input());
+    // The first SIMD-group votes mixed, the second all true.
+    assert!(want[3] == 6 && want[32 * 8 + 3] == 7, "{:?}", &want[..8]);
+    if !gpu() {
+        return;
+    }
+    assert_eq!(ballot().call()[0].to_vec::<u32>().unwrap(), want);
 }
 
 #[test]

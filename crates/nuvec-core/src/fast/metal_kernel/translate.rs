@@ -191,8 +191,8 @@ fn swizzle(s: &str) -> Option<Vec<u8>> {
     xyzw.or_else(|| s.bytes().map(|c| b"rgba".iter().position(|&x| x == c).map(|p| p as u8)).collect())
 }
 
-/// SIMD-group functions the prelude defines.
-const SIMD: [&str; 20] = [
+/// SIMD-group functions and types the prelude defines.
+const SIMD: [&str; 23] = [
     "simd_sum",
     "simd_product",
     "simd_max",
@@ -213,6 +213,9 @@ const SIMD: [&str; 20] = [
     "simd_all",
     "simd_any",
     "simd_is_first",
+    "simd_ballot",
+    "simd_vote",
+    "simd_active_threads_mask",
 ];
 
 /// Constructs with no translation, and why.
@@ -246,9 +249,34 @@ fn unsupported(s: &str) -> Option<&'static str> {
         "imageblock" | "threadgroup_imageblock" | "ray_data" | "object_data" | "visible_function_table" => {
             Some("this address space or resource is not translated")
         }
-        "simd_vote" | "simd_ballot" => Some("SIMD-group votes are not translated"),
         _ => None,
     }
+}
+
+/// The assignment operator after token `i` (`=`, `+=`, `<<=`, ...), if one follows: the
+/// operators are single-character tokens, so a compound one is adjacent characters.
+fn assignment_after<'a>(text: &'a str, toks: &[Tok], i: usize) -> Option<&'a str> {
+    let punct = |k: usize| toks.get(k).filter(|t| t.kind == Kind::Punct);
+    let joined = |k: usize| punct(k + 1).is_some_and(|t| toks[k].end == t.start);
+    let first = punct(i + 1)?;
+    let (end, len) = match &text[first.start..first.end] {
+        "=" if !(joined(i + 1) && &text[toks[i + 2].start..toks[i + 2].end] == "=") => (first.end, 1),
+        "+" | "-" | "*" | "/" | "%" | "&" | "|" | "^"
+            if joined(i + 1) && &text[toks[i + 2].start..toks[i + 2].end] == "=" =>
+        {
+            (toks[i + 2].end, 2)
+        }
+        c @ ("<" | ">")
+            if joined(i + 1)
+                && &text[toks[i + 2].start..toks[i + 2].end] == c
+                && joined(i + 2)
+                && &text[toks[i + 3].start..toks[i + 3].end] == "=" =>
+        {
+            (toks[i + 3].end, 3)
+        }
+        _ => return None,
+    };
+    Some(&text[end - len..end])
 }
 
 /// Standard attributes CUDA C++ accepts as they are.
@@ -289,7 +317,21 @@ pub(crate) fn translate(text: &str) -> Result<String, Failure> {
         if matches!(prev, Some(".") | Some("->")) {
             if let Some(idx) = swizzle(word) {
                 let list: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
-                edits.push((t.start, t.end, format!("template sw<{}>()", list.join(", "))));
+                // An assigned swizzle is a reference to its components, which must differ.
+                let write = assignment_after(text, &toks, i);
+                if let Some(op) = write
+                    && idx.iter().enumerate().any(|(k, c)| idx[..k].contains(c))
+                {
+                    return fail(
+                        t.line,
+                        format!(
+                            "unsupported construct `.{word} {op}`: a swizzle with a repeated component cannot be \
+                             assigned to"
+                        ),
+                    );
+                }
+                let method = if write.is_some() { "wsw" } else { "sw" };
+                edits.push((t.start, t.end, format!("template {method}<{}>()", list.join(", "))));
             }
             continue;
         }
@@ -346,6 +388,28 @@ mod tests {
     }
 
     #[test]
+    fn assigned_swizzles_become_references() {
+        let src = "v.xy = w.zw;\nv.zw += 1.0f;\np->rgb *= 2;\nk.yx <<= 1;\nb = v.xy == w.xy;\nc = v.xy <= w.xy;";
+        let out = translate(src).unwrap();
+        let want = [
+            "v.template wsw<0, 1>() = w.template sw<2, 3>();",
+            "v.template wsw<2, 3>() += 1.0f;",
+            "p->template wsw<0, 1, 2>() *= 2;",
+            "k.template wsw<1, 0>() <<= 1;",
+            "b = v.template sw<0, 1>() == w.template sw<0, 1>();",
+            "c = v.template sw<0, 1>() <= w.template sw<0, 1>();",
+        ];
+        assert_eq!(out.lines().collect::<Vec<_>>(), want, "{out}");
+        // Reads may repeat components; writes may not.
+        assert!(translate("float2 a = v.xx;").unwrap().contains("sw<0, 0>()"));
+        let e = translate("float a;\nv.xx = float2(1.0f, 2.0f);").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("`.xx =`") && e.message.contains("repeated component"), "{e:?}");
+        let e = translate("v.rgr += 1.0f;").unwrap_err();
+        assert!(e.message.contains("`.rgr +=`"), "{e:?}");
+    }
+
+    #[test]
     fn threadgroup_pointers_lose_the_qualifier() {
         let out = translate("threadgroup float* p = buf;\nvoid f(threadgroup float* q);").unwrap();
         assert!(out.starts_with(" float* p = buf;"), "{out}");
@@ -357,8 +421,8 @@ mod tests {
         let e = translate("float a = 1;\n\ntexture2d<float> t;").unwrap_err();
         assert_eq!(e.line, 3);
         assert!(e.message.contains("`texture2d`"), "{e:?}");
-        let e = translate("uint b = simd_ballot(true);").unwrap_err();
-        assert!(e.message.contains("`simd_ballot`"), "{e:?}");
+        let e = translate("uint b = simd_shuffle_rotate_down(x, 1);").unwrap_err();
+        assert!(e.message.contains("`simd_shuffle_rotate_down`"), "{e:?}");
         let e = translate("if (x) {\n  y = 1;\n").unwrap_err();
         assert_eq!((e.line, e.message.contains("`{` is never closed")), (1, true), "{e:?}");
         let e = translate("a = (b + c];").unwrap_err();
