@@ -1393,7 +1393,7 @@ fn gated_delta_packed_kernel_matches_the_row_kernel_bit_for_bit() {
             steps: true,
             storage: Some(DType::F16),
             layout: GdnLayout::Fused,
-            ..Gdn::new(2, 1, 2, 4, 128, 64, DType::F16)
+            ..Gdn::new(2, 1, 2, 4, 128, 128, DType::F16)
         },
         Gdn { state: None, ..Gdn::new(5, 1, 1, 3, 128, 8, DType::BF16) },
     ];
