@@ -434,6 +434,25 @@ __device__ __forceinline__ void gdn_rows_by(float (&acc)[2 * N][4], const T* x, 
   }
 }
 
+// acc += rows m0 .. m0 + 16 of a lower-triangular x [64][GDN_PLD] (M or P: k-tiles ≤ the row
+// tile `last`) times y [64][GDN_VLD] (R or Δ), over the scan block's 32 value columns.
+template <typename T>
+__device__ __forceinline__ void gdn_causal_by(float (&acc)[4][4], const T* x, const T* y, int m0, int last, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if (kk <= last) {
+      u32 af4[4];
+      gdn_lda_mk(af4, x, GDN_PLD, m0, 16 * kk, lane);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        u32 b[4];
+        gdn_ldb_kn(b, y, GDN_VLD, 16 * kk, 16 * np, lane);
+        gdn_mma2<T>(acc[2 * np], acc[2 * np + 1], af4, b);
+      }
+    }
+  }
+}
+
 // 16 bytes from global src to shared address dst, asynchronously; _z: zeros where !valid.
 __device__ __forceinline__ void gdn_cp16(u32 dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
@@ -770,19 +789,7 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
     // Δ = M R (M is lower triangular: k-tiles ≤ the warp's m-tile); also (Γ_C/Γ)⊙Δ.
     {
       float ad[4][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        if (kk <= warp) {
-          u32 af4[4];
-          gdn_lda_mk(af4, ms, GDN_PLD, m0, 16 * kk, lane);
-#pragma unroll
-          for (int np = 0; np < 2; ++np) {
-            u32 bf[4];
-            gdn_ldb_kn(bf, rs, GDN_VLD, 16 * kk, 16 * np, lane);
-            gdn_mma2<T>(ad[2 * np], ad[2 * np + 1], af4, bf);
-          }
-        }
-      }
+      gdn_causal_by<T>(ad, ms, rs, m0, warp, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = m0 + g4 + 8 * hf;
@@ -798,19 +805,7 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
     __syncthreads();
     // Y += P Δ, then out.
     {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        if (kk <= warp) {
-          u32 af4[4];
-          gdn_lda_mk(af4, ps, GDN_PLD, m0, 16 * kk, lane);
-#pragma unroll
-          for (int np = 0; np < 2; ++np) {
-            u32 bf[4];
-            gdn_ldb_kn(bf, dn, GDN_VLD, 16 * kk, 16 * np, lane);
-            gdn_mma2<T>(aq[2 * np], aq[2 * np + 1], af4, bf);
-          }
-        }
-      }
+      gdn_causal_by<T>(aq, ps, dn, m0, warp, lane);
       const int t = ch * GDN_C + m0 + g4;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {

@@ -182,25 +182,29 @@ template <typename T> struct vec<T, 4> {
 };
 #undef NV_MK_VEC_COMMON
 
-// Elementwise operators: vector with vector, and with a scalar of the element type.
+// Elementwise binary operators: vector with vector, and with a scalar of the element type on
+// either side; R is the result's element type (T, or bool for comparisons, as Metal's).
+#define NV_MK_VEC_BINARY(OP, R)                                                                          \
+  template <typename T, int N> __device__ __forceinline__ vec<R, N> operator OP(vec<T, N> a, vec<T, N> b) { \
+    vec<R, N> r;                                                                                         \
+    for (int i = 0; i < N; ++i) r[i] = a[i] OP b[i];                                                     \
+    return r;                                                                                            \
+  }                                                                                                      \
+  template <typename T, int N>                                                                           \
+  __device__ __forceinline__ vec<R, N> operator OP(vec<T, N> a, typename nv_mk_id<T>::type b) {          \
+    vec<R, N> r;                                                                                         \
+    for (int i = 0; i < N; ++i) r[i] = a[i] OP b;                                                        \
+    return r;                                                                                            \
+  }                                                                                                      \
+  template <typename T, int N>                                                                           \
+  __device__ __forceinline__ vec<R, N> operator OP(typename nv_mk_id<T>::type a, vec<T, N> b) {          \
+    vec<R, N> r;                                                                                         \
+    for (int i = 0; i < N; ++i) r[i] = a OP b[i];                                                        \
+    return r;                                                                                            \
+  }
+// Arithmetic, with its compound assignments.
 #define NV_MK_VEC_OP(OP)                                                                                \
-  template <typename T, int N> __device__ __forceinline__ vec<T, N> operator OP(vec<T, N> a, vec<T, N> b) { \
-    vec<T, N> r;                                                                                        \
-    for (int i = 0; i < N; ++i) r[i] = a[i] OP b[i];                                                    \
-    return r;                                                                                           \
-  }                                                                                                     \
-  template <typename T, int N>                                                                          \
-  __device__ __forceinline__ vec<T, N> operator OP(vec<T, N> a, typename nv_mk_id<T>::type b) {         \
-    vec<T, N> r;                                                                                        \
-    for (int i = 0; i < N; ++i) r[i] = a[i] OP b;                                                       \
-    return r;                                                                                           \
-  }                                                                                                     \
-  template <typename T, int N>                                                                          \
-  __device__ __forceinline__ vec<T, N> operator OP(typename nv_mk_id<T>::type a, vec<T, N> b) {         \
-    vec<T, N> r;                                                                                        \
-    for (int i = 0; i < N; ++i) r[i] = a OP b[i];                                                       \
-    return r;                                                                                           \
-  }                                                                                                     \
+  NV_MK_VEC_BINARY(OP, T)                                                                               \
   template <typename T, int N> __device__ __forceinline__ vec<T, N>& operator OP##=(vec<T, N>& a, vec<T, N> b) { \
     for (int i = 0; i < N; ++i) a[i] = a[i] OP b[i];                                                    \
     return a;                                                                                           \
@@ -217,27 +221,10 @@ template <typename T, int N> __device__ __forceinline__ vec<T, N> operator-(vec<
   return a;
 }
 
-// Comparisons give bool vectors, elementwise, as Metal's; `all`, `any` and `select` read them.
-#define NV_MK_VEC_CMP(OP)                                                                                  \
-  template <typename T, int N> __device__ __forceinline__ vec<bool, N> operator OP(vec<T, N> a, vec<T, N> b) { \
-    vec<bool, N> r;                                                                                        \
-    for (int i = 0; i < N; ++i) r[i] = a[i] OP b[i];                                                       \
-    return r;                                                                                              \
-  }                                                                                                        \
-  template <typename T, int N>                                                                             \
-  __device__ __forceinline__ vec<bool, N> operator OP(vec<T, N> a, typename nv_mk_id<T>::type b) {         \
-    vec<bool, N> r;                                                                                        \
-    for (int i = 0; i < N; ++i) r[i] = a[i] OP b;                                                          \
-    return r;                                                                                              \
-  }                                                                                                        \
-  template <typename T, int N>                                                                             \
-  __device__ __forceinline__ vec<bool, N> operator OP(typename nv_mk_id<T>::type a, vec<T, N> b) {         \
-    vec<bool, N> r;                                                                                        \
-    for (int i = 0; i < N; ++i) r[i] = a OP b[i];                                                          \
-    return r;                                                                                              \
-  }
-NV_MK_VEC_CMP(<) NV_MK_VEC_CMP(<=) NV_MK_VEC_CMP(>) NV_MK_VEC_CMP(>=) NV_MK_VEC_CMP(==) NV_MK_VEC_CMP(!=)
-#undef NV_MK_VEC_CMP
+// Comparisons give bool vectors; `all`, `any` and `select` read them.
+NV_MK_VEC_BINARY(<, bool) NV_MK_VEC_BINARY(<=, bool) NV_MK_VEC_BINARY(>, bool)
+NV_MK_VEC_BINARY(>=, bool) NV_MK_VEC_BINARY(==, bool) NV_MK_VEC_BINARY(!=, bool)
+#undef NV_MK_VEC_BINARY
 template <int N> __device__ __forceinline__ vec<bool, N> operator!(vec<bool, N> a) {
   for (int i = 0; i < N; ++i) a[i] = !a[i];
   return a;
