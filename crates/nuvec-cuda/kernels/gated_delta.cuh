@@ -305,8 +305,9 @@ __device__ __forceinline__ float gdn_sum8(const float (&x)[8], int lane) {
 // One step (T = 1) at Dk = 128, as gated_delta_packed takes it (a float32 gate per head, a
 // float32 state, no mask), 8 value rows per warp with lane l holding elements 4l .. 4l + 4 of
 // each: the row kernel's layout 8 rows deep, so each state load and store is a whole 512-byte
-// row per instruction (the packed kernel's 128-byte runs per lane reach under half the copy
-// rate). Sums follow gated_delta_rows<T, 4>'s butterfly (gdn_sum8): bit-identical results.
+// row per instruction, where the packed kernel's lanes each read their own 128-byte run (a pass
+// over the state wants whole lines per instruction). Sums follow gated_delta_rows<T, 4>'s
+// butterfly (gdn_sum8): bit-identical results.
 template <typename T> __device__ __forceinline__ void gated_delta_decode(const GdnArgs& a) {
   const int lane = threadIdx.x & 31, col = 4 * lane;
   const int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);

@@ -34,8 +34,8 @@ const ARG_WORDS: usize = 37;
 const CHUNK: i64 = 64;
 /// The fewest steps that take the chunked kernels: below, the recurrence's one kernel is faster.
 pub const CHUNKED_FROM: i64 = 256;
-/// The fewest prep blocks of value-head pairs for which pairs beat one head per block
-/// (measured in bench/results/2026-12-06-gated-delta-second-pass.md).
+/// The fewest prep blocks of value-head pairs for which pairs beat one head per block: with
+/// fewer, pairs halve a grid that already leaves SMs idle.
 const PAIRS_FROM_BLOCKS: i64 = 2048;
 /// Value rows per block of `gated_delta_chunk_scan` (`GDN_BV`).
 const SCAN_ROWS: i64 = 32;
