@@ -252,17 +252,23 @@ impl CudaKernel {
     /// (`<name>.source(LINE)`).
     #[track_caller]
     pub fn call<S: AsRef<[i32]>>(&self, inputs: &[Array], outputs: &[(S, DType)], config: &KernelConfig) -> Vec<Array> {
-        let n = self.output_names.len().max(1);
-        let fail = |e: Error| vec![Array::from_error(e); n];
-        let spec = match self.spec(inputs, outputs, config) {
-            Ok(s) => s,
-            Err(e) => return fail(e),
-        };
-        let device = default_stream().device;
-        if device.kind != DeviceKind::Gpu || !crate::backend::is_available(device) {
-            return fail(Error::Op { op: OP, at: Location::caller(), kind: OpErrorKind::UnsupportedDevice(device) });
-        }
-        let specs = spec.outputs.clone();
-        Array::from_node(Primitive::CustomKernel(Arc::new(spec)), inputs.to_vec(), specs)
+        record(OP, self.output_names.len(), self.spec(inputs, outputs, config), inputs)
     }
+}
+
+/// Records a custom kernel call of `op` (`cuda_kernel` or `metal_kernel`) from its validated
+/// spec: failed arrays (`n` of them) for an error, or on a device without CUDA.
+#[track_caller]
+pub(crate) fn record(op: &'static str, n: usize, spec: Result<KernelSpec>, inputs: &[Array]) -> Vec<Array> {
+    let fail = |e: Error| vec![Array::from_error(e); n.max(1)];
+    let spec = match spec {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let device = default_stream().device;
+    if device.kind != DeviceKind::Gpu || !crate::backend::is_available(device) {
+        return fail(Error::Op { op, at: Location::caller(), kind: OpErrorKind::UnsupportedDevice(device) });
+    }
+    let specs = spec.outputs.clone();
+    Array::from_node(Primitive::CustomKernel(Arc::new(spec)), inputs.to_vec(), specs)
 }

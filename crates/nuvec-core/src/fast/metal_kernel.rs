@@ -57,13 +57,10 @@
 mod translate;
 
 use std::panic::Location;
-use std::sync::Arc;
 
 use crate::array::Array;
-use crate::device::{DeviceKind, default_stream};
 use crate::dtype::DType;
 use crate::error::{Error, OpErrorKind, Result};
-use crate::primitive::Primitive;
 
 use super::cuda_kernel::{CudaKernel, KernelConfig, KernelSpec, TemplateArg};
 
@@ -321,17 +318,6 @@ impl MetalKernel {
     /// with `UnsupportedDevice`. NVRTC's errors surface when the outputs are evaluated.
     #[track_caller]
     pub fn call<S: AsRef<[i32]>>(&self, inputs: &[Array], outputs: &[(S, DType)], config: &KernelConfig) -> Vec<Array> {
-        let n = self.output_names.len().max(1);
-        let fail = |e: Error| vec![Array::from_error(e); n];
-        let spec = match self.spec(inputs, outputs, config) {
-            Ok(s) => s,
-            Err(e) => return fail(e),
-        };
-        let device = default_stream().device;
-        if device.kind != DeviceKind::Gpu || !crate::backend::is_available(device) {
-            return fail(Error::Op { op: OP, at: Location::caller(), kind: OpErrorKind::UnsupportedDevice(device) });
-        }
-        let specs = spec.outputs.clone();
-        Array::from_node(Primitive::CustomKernel(Arc::new(spec)), inputs.to_vec(), specs)
+        super::cuda_kernel::record(OP, self.output_names.len(), self.spec(inputs, outputs, config), inputs)
     }
 }

@@ -79,6 +79,35 @@ pub fn skipped(why: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
+/// Whether custom-kernel tests can run on the GPU: a skip without one, a failure under
+/// `NUVEC_REQUIRE_GPU=1`.
+pub fn custom_gpu() -> bool {
+    let ok = nuvec::cuda::is_available();
+    if std::env::var("NUVEC_REQUIRE_GPU").as_deref() == Ok("1") {
+        assert!(ok, "NUVEC_REQUIRE_GPU=1 but the GPU is unusable: {:?}", nuvec::cuda::unavailable_reason());
+    }
+    if !ok {
+        skipped("no usable GPU");
+    }
+    ok
+}
+
+/// Whether NVRTC compiles here (custom kernels are checked by compiling them without a GPU): a
+/// skip without it, a failure under `NUVEC_REQUIRE_NVRTC=1`.
+pub fn custom_nvrtc() -> bool {
+    match nuvec::cuda::compile_custom_kernel("", "probe", "sm_90") {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var("NUVEC_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                "NUVEC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}"
+            );
+            skipped(&format!("NVRTC is unusable: {e}"));
+            false
+        }
+    }
+}
+
 /// Memory of the device operations run on by default (the GPU when one is usable).
 pub fn device_memory() -> nuvec::memory::MemoryStats {
     if nuvec::default_device() == nuvec::Device::cpu() {

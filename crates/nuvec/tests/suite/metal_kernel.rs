@@ -13,30 +13,7 @@ use nuvec::fast::{KernelConfig, MetalKernel, TemplateArg};
 use nuvec::{Array, DType, Device, OpErrorKind, fast, ops, with_stream};
 use serde_json::Value;
 
-fn gpu() -> bool {
-    let ok = nuvec::cuda::is_available();
-    if std::env::var("NUVEC_REQUIRE_GPU").as_deref() == Ok("1") {
-        assert!(ok, "NUVEC_REQUIRE_GPU=1 but the GPU is unusable: {:?}", nuvec::cuda::unavailable_reason());
-    }
-    if !ok {
-        crate::skipped("no usable GPU");
-    }
-    ok
-}
-
-fn nvrtc() -> bool {
-    match nuvec::cuda::compile_custom_kernel("", "probe", "sm_90") {
-        Ok(_) => true,
-        Err(e) => {
-            assert!(
-                std::env::var("NUVEC_REQUIRE_NVRTC").as_deref() != Ok("1"),
-                "NUVEC_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}"
-            );
-            crate::skipped(&format!("NVRTC is unusable: {e}"));
-            false
-        }
-    }
-}
+use crate::{custom_gpu as gpu, custom_nvrtc as nvrtc};
 
 /// One kernel call: the kernel, its inputs, output shapes and dtypes, and the launch.
 struct Case {
