@@ -84,6 +84,8 @@ pub enum Family {
     QuantizedMatmul(DType),
     /// The gated delta rule, for q, k and v of one dtype (`fast::gated_delta`).
     GatedDelta(DType),
+    /// Products of matrices picked by index (`fast::gather_mm`).
+    GatherMm(DType),
 }
 
 impl Family {
@@ -113,6 +115,7 @@ impl Family {
             Family::Attention(d) => format!("attention_{d}"),
             Family::QuantizedMatmul(d) => format!("quantized_matmul_{d}"),
             Family::GatedDelta(d) => format!("gated_delta_{d}"),
+            Family::GatherMm(d) => format!("gather_mm_{d}"),
         }
     }
 
@@ -142,6 +145,7 @@ impl Family {
             Family::Attention(d) => fast::attention::source(d),
             Family::QuantizedMatmul(d) => fast::quantized_matmul::source(d),
             Family::GatedDelta(d) => fast::gated_delta::source(d),
+            Family::GatherMm(d) => fast::gather_mm::source(d),
         };
         if self.dependent_launch() { s.lines().map(|l| dependent(l) + "\n").collect() } else { s }
     }
@@ -166,6 +170,7 @@ impl Family {
                 | Family::Gather(_)
                 | Family::Attention(_)
                 | Family::GatedDelta(_)
+                | Family::GatherMm(_)
         )
     }
 }
@@ -241,7 +246,7 @@ pub fn all_modules() -> Vec<Family> {
             ]);
         }
         if matches!(d, DType::F32 | DType::F16 | DType::BF16) {
-            v.extend([Family::Attention(d), Family::QuantizedMatmul(d), Family::GatedDelta(d)]);
+            v.extend([Family::Attention(d), Family::QuantizedMatmul(d), Family::GatedDelta(d), Family::GatherMm(d)]);
         }
         if matmul::has_kernels(d) {
             v.push(Family::Matmul(d));

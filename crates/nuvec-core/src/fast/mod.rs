@@ -94,6 +94,7 @@ impl FastOp {
             }
             FastOp::RopeKvWrite { rope, q_heads } => rope::kv_write_composition(rope, *q_heads, inputs),
             FastOp::GatedDelta(p) => gated_delta::composition(p, inputs),
+            FastOp::GatherMm => vec![inputs[0].take(&inputs[2], 0).matmul(&inputs[1].take(&inputs[3], 0))],
         }
     }
 
@@ -112,7 +113,7 @@ impl FastOp {
             FastOp::SwiGluMatmul { add: false } => Some(2),
             // c is batched like the rows but comes after the weight.
             FastOp::SwiGluMatmul { add: true } => None,
-            FastOp::RopeKvWrite { .. } | FastOp::GatedDelta(_) => None,
+            FastOp::RopeKvWrite { .. } | FastOp::GatedDelta(_) | FastOp::GatherMm => None,
             // Element-wise: every input is batched alike.
             FastOp::AdamStep(_) => Some(4),
             // The weight and bias cotangents sum over rows, the batch included.

@@ -8,6 +8,7 @@
 use crate::array::{Array, ScalarOrArray};
 use crate::dtype::DType;
 use crate::error::OpErrorKind;
+use crate::fast::FastOp;
 use crate::primitive::ScatterReduce;
 use crate::primitive::gather::{gather_axis, scatter_axis, wide};
 use crate::shape::{Shape, broadcast_shapes};
@@ -500,7 +501,7 @@ pub fn gather_mm(
     rhs_indices: Option<&Array>,
     sorted_indices: bool,
 ) -> Array {
-    // Sorted indices only allow a faster kernel; the result is the same.
+    // The kernels find runs of equal indices themselves: sorting only makes them longer.
     let _ = sorted_indices;
     let mut refs = vec![a, b];
     refs.extend(lhs_indices);
@@ -515,7 +516,20 @@ pub fn gather_mm(
         Ok(r) => r,
         Err(f) => return f,
     };
-    let out = matrices(a).take(&li, 0).matmul(&matrices(b).take(&ri, 0));
+    let (a3, b3) = (matrices(a), matrices(b));
+    // One primitive a backend may run without copying the picked matrices (mixture-of-experts
+    // stacks are large); other dtypes take the composition directly.
+    let narrow = |i: Array| match i.dtype() {
+        DType::I32 | DType::U32 => Some(i),
+        DType::I8 | DType::U8 | DType::I16 | DType::U16 => Some(i.astype(DType::I32)),
+        _ => None,
+    };
+    let out = match (narrow(li.clone()), narrow(ri.clone())) {
+        (Some(l), Some(r)) if a.dtype() == b.dtype() && a.dtype().is_float() => {
+            crate::fast::record(FastOp::GatherMm, vec![a3, b3, l, r], 1).remove(0)
+        }
+        _ => FastOp::GatherMm.composition(&[a3, b3, li, ri]).remove(0),
+    };
     let mut oshape = shape.to_vec();
     oshape.extend_from_slice(&out.shape()[1..]);
     out.reshape(oshape)

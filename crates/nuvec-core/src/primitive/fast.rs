@@ -117,6 +117,11 @@ pub enum FastOp {
     /// outputs `[y, state']`, or `[y, states]` (every step's state) with
     /// [`GatedDeltaParams::steps`].
     GatedDelta(GatedDeltaParams),
+    /// [`gather_mm`](crate::ops::gather_mm) of one float dtype: inputs `[a, b, lhs, rhs]`, `a`
+    /// `[Ba, M, K]` and `b` `[Bb, K, N]` stacks of matrices, `lhs` and `rhs` `[L]` (`int32` or
+    /// `uint32`) picking one of each per output; output `[L, M, N]`, output `i` being
+    /// `a[lhs[i]] @ b[rhs[i]]`. Indices wrap once when negative and are clamped, as `take`'s.
+    GatherMm,
 }
 
 /// The parameters of a recorded [`FastOp::GatedDelta`].
@@ -252,6 +257,7 @@ impl FastOp {
             FastOp::RopeKvWrite { .. } => "rope_kv_write",
             FastOp::GatedDelta(p) if p.steps => "gated_delta_steps",
             FastOp::GatedDelta(_) => "gated_delta",
+            FastOp::GatherMm => "gather_mm",
         }
     }
 
@@ -270,7 +276,8 @@ impl FastOp {
             | FastOp::QuantizedMatmul(_)
             | FastOp::PagedAttention(_)
             | FastOp::RmsNormMatmul { .. }
-            | FastOp::SwiGluMatmul { .. } => 1,
+            | FastOp::SwiGluMatmul { .. }
+            | FastOp::GatherMm => 1,
             FastOp::AddRmsNorm { .. } | FastOp::SwiGluVjp | FastOp::CrossEntropyWithGrad | FastOp::GatedDelta(_) => 2,
             FastOp::RmsNormVjp { weighted, .. } => 1 + *weighted as usize,
             FastOp::LayerNormVjp { weighted, biased, .. } => 1 + *weighted as usize + *biased as usize,
@@ -307,6 +314,7 @@ impl FastOp {
             FastOp::SwiGluMatmul { .. } => prologue_matmul_specs(self, inputs),
             FastOp::RopeKvWrite { rope, q_heads } => rope_kv_write_specs(rope, *q_heads, inputs),
             FastOp::GatedDelta(p) => gated_delta_specs(p, inputs),
+            FastOp::GatherMm => gather_mm_specs(inputs),
         }
     }
 }
@@ -366,6 +374,19 @@ fn quantized_matmul_specs(p: &QuantMatmulParams, inputs: &[Spec]) -> Result<Vec<
     let mut shape = x.shape.clone();
     *shape.last_mut().expect("x has an axis") = n;
     Ok(vec![Spec { shape, dtype: p.dtype }])
+}
+
+/// `[L, M, N]` in the stacks' dtype for `a [Ba, M, K]`, `b [Bb, K, N]` and indices `[L]`.
+fn gather_mm_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let [a, b, li, ri] = inputs else { return Err(invalid("gather_mm takes a, b and two index arrays".into())) };
+    let index = |s: &Spec| s.shape.len() == 1 && matches!(s.dtype, DType::I32 | DType::U32);
+    if a.shape.len() != 3 || b.shape.len() != 3 || a.shape[2] != b.shape[1] || !index(li) || li.shape != ri.shape {
+        return Err(invalid(format!("gather_mm: unexpected inputs {inputs:?}")));
+    }
+    if a.dtype != b.dtype || !a.dtype.is_float() || !index(ri) {
+        return Err(invalid(format!("gather_mm: unexpected dtypes {inputs:?}")));
+    }
+    Ok(vec![Spec { shape: [li.shape[0], a.shape[1], b.shape[2]].into_iter().collect(), dtype: a.dtype }])
 }
 
 // ---- gated delta rule ----------------------------------------------------------------------

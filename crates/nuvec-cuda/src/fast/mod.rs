@@ -1,6 +1,6 @@
 //! The fused operations of `nuvec::fast` with kernels of their own, one file each as in the CPU
 //! backend: softmax and log-sum-exp, the norms, RoPE, SwiGLU, cross entropy, attention, and
-//! products of few rows with quantized weights, paged attention, the gated delta rule, and the
+//! products of few rows with quantized weights, paged attention, the gated delta rule, products of matrices picked by index, and the
 //! products whose operand a norm or SwiGLU makes (the GEMV of `matmul.rs` applies them as it loads). Which cases they cover is [`supports`] (the rest run as their compositions); [`eval`] makes the inputs
 //! row-major, allocates the outputs and hands the rows to the operation's file. Every kernel
 //! here is launched with `launch_dependent`.
@@ -8,6 +8,7 @@
 pub(crate) mod attention;
 pub(crate) mod cross_entropy;
 pub(crate) mod gated_delta;
+pub(crate) mod gather_mm;
 pub(crate) mod norm;
 pub(crate) mod quantized_matmul;
 pub(crate) mod rope;
@@ -54,6 +55,7 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
         FastOp::QuantizedMatmul(p) => quantized_matmul::supports(p, inputs),
         FastOp::PagedAttention(p) => attention::supports_paged(p, inputs),
         FastOp::GatedDelta(p) => gated_delta::gated_delta_kernel(p, inputs).is_some(),
+        FastOp::GatherMm => gather_mm::supports(inputs),
         FastOp::RopeKvWrite { .. } => {
             let rows: i64 = inputs[0].shape.iter().map(|&d| d as i64).product();
             let cache: i64 = inputs[1].shape.iter().map(|&d| d as i64).product();
@@ -107,6 +109,11 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
         FastOp::RopeKvWrite { rope: p, q_heads } => return rope::kv_write(gpu, p, *q_heads, inputs, outputs),
         // Reads q, k, v, the gate and beta through their strides.
         FastOp::GatedDelta(p) => return gated_delta::eval(gpu, p, inputs, outputs),
+        // Reads the stacks through their strides.
+        FastOp::GatherMm => {
+            let out = outputs.first_mut().ok_or_else(|| internal("gather_mm without an output"))?;
+            return gather_mm::eval(gpu, inputs, out);
+        }
         _ => {}
     }
     let inputs: Vec<Operand> = inputs.into_iter().map(|x| row_major(gpu, x)).collect::<Result<_>>()?;

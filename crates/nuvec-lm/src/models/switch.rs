@@ -115,11 +115,27 @@ pub struct SwitchGlu {
 module!(SwitchGlu { gate_proj, up_proj, down_proj });
 
 impl SwitchGlu {
-    /// `x [.., hidden]` through the experts `indices [.., k]`: `[.., k, hidden]`.
+    /// `x [.., hidden]` through the experts `indices [.., k]`: `[.., k, hidden]`. From 64
+    /// choices up, the tokens are sorted by expert first (as mlx-lm does), so that each
+    /// expert's rows are adjacent and `gather_mm` reads its weights once for all of them.
     pub fn forward(&self, x: &Array, indices: &Array, act: Activation) -> Array {
         let x = x.expand_dims([-2, -3]);
-        let gated = act.gated(&self.gate_proj.forward(&x, indices), &self.up_proj.forward(&x, indices));
-        self.down_proj.forward(&gated, indices).squeeze(-2)
+        if indices.size() < 64 {
+            let gated = act.gated(&self.gate_proj.forward(&x, indices), &self.up_proj.forward(&x, indices));
+            return self.down_proj.forward(&gated, indices).squeeze(-2);
+        }
+        // Rows [tokens·k, 1, hidden] in expert order, and the order that puts them back.
+        let k = indices.shape()[indices.ndim() - 1];
+        let flat = indices.reshape([-1]);
+        let order = flat.argsort(0);
+        let back = order.argsort(0);
+        let rows = x.flatten(0, -3).take(&order.floor_divide(k), 0);
+        let idx = flat.take(&order, 0);
+        let gated = act.gated(&self.gate_proj.forward(&rows, &idx), &self.up_proj.forward(&rows, &idx));
+        let y = self.down_proj.forward(&gated, &idx).take(&back, 0);
+        let mut shape = indices.shape().to_vec();
+        shape.extend_from_slice(&y.shape()[2..]);
+        y.reshape(shape)
     }
 }
 

@@ -173,6 +173,58 @@ fn gather_mm_matches_matmul_of_picked_matrices() {
     }
 }
 
+/// `gather_mm` on the default device (its kernels on a GPU: a GEMV per output for few rows,
+/// tensor-core tiles over runs of equal indices for many) against the product of the picked
+/// matrices in float64, within the rounding of the output plus float32 accumulation.
+#[test]
+fn gather_mm_matches_float64_over_layouts_and_dtypes() {
+    // (name, Ba, M, K, Bb, N, L, sorted, transposed b)
+    let cases = [
+        ("decode", 1, 1, 64, 12, 48, 10, false, true),
+        ("few rows of 3", 5, 3, 40, 7, 24, 5, false, true),
+        ("sorted runs", 300, 1, 96, 9, 136, 300, true, true),
+        ("unsorted", 200, 1, 64, 6, 72, 200, false, true),
+        ("row-major b", 80, 1, 32, 5, 64, 80, true, false),
+        ("matrices taller than a tile", 3, 70, 48, 4, 40, 3, false, true),
+    ];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for &(name, ba, m, k, bb, n, l, sorted, transposed) in &cases {
+            let what = format!("{name} {dtype}");
+            let a = (ramp(&[ba, m, k]) * 2.0).astype(dtype);
+            let b = if transposed {
+                ramp(&[bb, n, k]).astype(dtype).swapaxes(-1, -2)
+            } else {
+                (ramp(&[bb, k, n]) * 1.5 + 0.2).astype(dtype)
+            };
+            // Every token's index picks its own row of a; the expert indices cycle (sorted:
+            // in runs), with a negative one (wraps) and one past the end (clamps) when unsorted.
+            let li = ops::arange(0, l, 1).remainder(ba);
+            let mut ri: Vec<i32> = (0..l).map(|i| if sorted { i * bb / l } else { (i * 7 + 3) % bb }).collect();
+            if !sorted && l > 2 {
+                ri[1] = -1;
+                ri[2] = bb + 4;
+            }
+            let ri = Array::from_slice(&ri, &[l]);
+            let ri = if sorted { ri.astype(DType::U32) } else { ri };
+            let y = ops::gather_mm(&a, &b, Some(&li), Some(&ri), sorted);
+            let (a64, b64) = (a.astype(DType::F64), b.astype(DType::F64));
+            let want = ops::gather_mm(&a64, &b64, Some(&li), Some(&ri), false);
+            let scale = ops::gather_mm(&a64.abs(), &b64.abs(), Some(&li), Some(&ri), false);
+            assert_eq!(y.shape(), &[l, m, n], "{what}");
+            assert_eq!(y.dtype(), dtype, "{what}");
+            let rel = match dtype {
+                DType::F32 => 1e-5,
+                DType::F16 => 1.0 / 1024.0,
+                _ => 1.0 / 128.0,
+            };
+            let (y, want, scale) = (f64s(&y), f64s(&want), f64s(&scale));
+            for (i, ((y, w), s)) in y.iter().zip(&want).zip(&scale).enumerate() {
+                assert!((y - w).abs() <= rel * (s + 1e-3), "{what}: element {i}: {y} against {w} (scale {s})");
+            }
+        }
+    }
+}
+
 /// `<vjp(c), v>`, `<c, jvp(v)>` and the central difference of `<c, f>` along `v` agree.
 fn check_derivatives(name: &str, f: impl Fn(&[Array]) -> Array + Clone, inputs: &[Array]) {
     let out = f(inputs);

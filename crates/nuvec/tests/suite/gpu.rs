@@ -851,6 +851,15 @@ fn fast_ops_have_gpu_kernels() {
             let p = nuvec::fast::GatedDeltaParams { steps, storage: f32_, masked };
             cases.push((FastOp::GatedDelta(p), inputs));
         }
+        // A mixture of experts' products (512 experts of 512 × 2048): decoding one token's 10
+        // experts, and 4096 tokens' sorted choices (half precision only).
+        let experts = spec(&[512, 2048, 512], d);
+        let (idx, tokens) = (spec(&[10], DType::U32), spec(&[40960], DType::U32));
+        cases.push((FastOp::GatherMm, vec![spec(&[1, 1, 2048], d), experts.clone(), spec(&[10], DType::I32), idx]));
+        if d.is_half() {
+            let rows = spec(&[40960, 1, 2048], d);
+            cases.push((FastOp::GatherMm, vec![rows, experts, spec(&[40960], DType::I32), tokens]));
+        }
         for (op, inputs) in cases {
             let outputs = op.output_specs(&inputs).unwrap();
             let name = op.name();

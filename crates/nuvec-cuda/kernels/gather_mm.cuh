@@ -1,0 +1,226 @@
+// Products of matrices picked by index (gather_mm; fast/gather_mm.rs): output i is
+// a[lhs[i]] @ b[rhs[i]], a [Ba, M, K] and b [Bb, K, N] read with K contiguous (b as W [Bb, N, K],
+// a mixture of experts' stacked weights), so the picked matrices are read in place, never copied.
+//  - gather_gemv_m{M} (gm_gemv): few rows in all (decoding through experts). Block row y is
+//    output i, on which gemv_rows (matmul.cuh) runs as for one product.
+//  - gather_runs (gm_runs), then gather_mm_tc (gm_tiles): many rows, on tensor cores. Rows of the output (row r of
+//    the [L·M, N] result belongs to index r / M) that use the same matrix of b form runs, long
+//    when the indices are sorted (mlx-lm sorts them above 64); gather_runs cuts the runs into
+//    tiles of at most GM_BM rows and lists them, and each block of gather_mm_tc takes tiles of
+//    GM_BM × GM_BN outputs, gathering its rows of a as it stages them. Unsorted indices give
+//    short runs: correct, only slower.
+// Indices are 32-bit, signed or not (`flags` bit 0: lhs unsigned, bit 1: rhs unsigned); they
+// wrap once when negative and are clamped into the stack, as take's.
+#pragma once
+#include "matmul.cuh"
+
+#define GM_BM 64
+#define GM_BN 128
+#define GM_BK 32
+#define GM_WARPS 8
+#define GM_STAGES 3
+// Staged rows are GM_BK halves plus 16 bytes: ldmatrix's eight rows then fall in distinct banks.
+#define GM_ROW (GM_BK * 2 + 16)
+#define GM_RUN_THREADS 1024
+// Consecutive rows each gather_runs thread takes per pass.
+#define GM_RUN_ROWS 8
+
+__device__ __forceinline__ i64 gm_pick(const u32* idx, i64 i, bool is_unsigned, i64 n) {
+  u32 raw = idx[i];
+  i64 j = is_unsigned ? (i64)raw : (i64)(i32)raw;
+  if (j < 0) j += n;
+  return j < 0 ? 0 : (j >= n ? n - 1 : j);
+}
+
+// Output i = blockIdx.y: M rows of a[lhs[i]] (rows lda apart, stack stride sa) against
+// b[rhs[i]] as W [N, K] (rows ldw apart, stack stride sb), into out's M × N block i.
+template <typename T, int M>
+__device__ __forceinline__ void gm_gemv(const T* a, const T* w, T* out, const u32* lhs, const u32* rhs, int flags,
+                                            i64 ba, i64 bb, u64 n, u64 k, u64 lda, u64 sa, u64 ldw, u64 sb) {
+  const u64 i = blockIdx.y;
+  const i64 ia = gm_pick(lhs, i, flags & 1, ba), ib = gm_pick(rhs, i, flags & 2, bb);
+  gemv_rows<T, M, PRO_NONE>(a + ia * sa, nullptr, 0, 0.0f, w + ib * sb, out + i * M * n, n, k, lda, ldw, n, nullptr,
+                            0.0f);
+}
+
+// Lists the tiles of rows = L·M output rows: tiles[2t] = the first row of tile t, tiles[2t+1]
+// = its matrix of b; tiles[2·count] = rows (the last tile's end); count into *count. One block:
+// each thread walks GM_RUN_ROWS consecutive rows, then the block scans the threads' results
+// (the last run's start, carried from thread to thread, and the tiles found).
+__device__ __forceinline__ void gm_runs(const u32* rhs, int flags, i64 bb, i64 rows, int m, int* tiles,
+                                            int* count) {
+  __shared__ i64 run_at[GM_RUN_THREADS];
+  __shared__ int found[GM_RUN_THREADS];
+  __shared__ i64 carry_run;
+  __shared__ int carry_tiles;
+  const int t = threadIdx.x;
+  if (t == 0) {
+    carry_run = 0;
+    carry_tiles = 0;
+  }
+  const bool us = flags & 2;
+  for (i64 base = 0; base < rows; base += (i64)GM_RUN_THREADS * GM_RUN_ROWS) {
+    __syncthreads();
+    const i64 r0 = base + (i64)t * GM_RUN_ROWS;
+    // Pass 1: where this thread's last run starts (-1: none starts here) and its tile starts,
+    // counting only those that a run start decides; the BM cuts need the run's start.
+    i64 last = -1;
+    i64 prev = r0 > 0 && r0 < rows ? gm_pick(rhs, (r0 - 1) / m, us, bb) : -1;
+    for (int j = 0; j < GM_RUN_ROWS && r0 + j < rows; ++j) {
+      i64 e = gm_pick(rhs, (r0 + j) / m, us, bb);
+      if (r0 + j == 0 || e != prev) last = r0 + j;
+      prev = e;
+    }
+    run_at[t] = last;
+    __syncthreads();
+    // Inclusive max-scan of the run starts (Hillis-Steele; rows grow with t).
+    for (int d = 1; d < GM_RUN_THREADS; d <<= 1) {
+      i64 v = t >= d ? run_at[t - d] : -1;
+      __syncthreads();
+      if (v > run_at[t]) run_at[t] = v;
+      __syncthreads();
+    }
+    // The run in force when this thread's rows begin.
+    i64 run = t > 0 ? run_at[t - 1] : -1;
+    if (run < 0) run = carry_run;
+    int n = 0;
+    prev = r0 > 0 && r0 < rows ? gm_pick(rhs, (r0 - 1) / m, us, bb) : -1;
+    for (int j = 0; j < GM_RUN_ROWS && r0 + j < rows; ++j) {
+      i64 r = r0 + j, e = gm_pick(rhs, r / m, us, bb);
+      if (r == 0 || e != prev) run = r;
+      prev = e;
+      n += (r == run || (r - run) % GM_BM == 0);
+    }
+    found[t] = n;
+    __syncthreads();
+    for (int d = 1; d < GM_RUN_THREADS; d <<= 1) {
+      int v = t >= d ? found[t - d] : 0;
+      __syncthreads();
+      found[t] += v;
+      __syncthreads();
+    }
+    // Pass 2: write the tiles at their slots.
+    int slot = carry_tiles + found[t] - n;
+    run = t > 0 ? run_at[t - 1] : -1;
+    if (run < 0) run = carry_run;
+    prev = r0 > 0 && r0 < rows ? gm_pick(rhs, (r0 - 1) / m, us, bb) : -1;
+    for (int j = 0; j < GM_RUN_ROWS && r0 + j < rows; ++j) {
+      i64 r = r0 + j, e = gm_pick(rhs, r / m, us, bb);
+      if (r == 0 || e != prev) run = r;
+      prev = e;
+      if (r == run || (r - run) % GM_BM == 0) {
+        tiles[2 * slot] = (int)r;
+        tiles[2 * slot + 1] = (int)e;
+        ++slot;
+      }
+    }
+    __syncthreads();
+    if (t == GM_RUN_THREADS - 1) {
+      if (run_at[t] >= 0) carry_run = run_at[t];
+      carry_tiles += found[t];
+    }
+  }
+  __syncthreads();
+  if (t == 0) {
+    tiles[2 * carry_tiles] = (int)rows;
+    *count = carry_tiles;
+  }
+}
+
+// One tile of GM_BM rows × GM_BN columns per pass, 8 warps as 2 × 4 of 32 × 32, GM_STAGES-deep
+// cp.async ring over K. Rows outside the tile and columns past N stage as zeros; K % 8 == 0.
+template <typename T>
+__device__ __forceinline__ void gm_tiles(const T* a, const T* w, T* out, const u32* lhs, const int* tiles,
+                                             const int* count, int flags, i64 ba, int m, int n, int k, i64 lda, i64 sa,
+                                             i64 ldw, i64 sb) {
+  __shared__ __align__(128) unsigned char smem[GM_STAGES * (GM_BM + GM_BN) * GM_ROW];
+  const u32 base = (u32)__cvta_generic_to_shared(smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  const int n_tiles = (n + GM_BN - 1) / GM_BN, kt = (k + GM_BK - 1) / GM_BK;
+  const i64 items = (i64)(*count) * n_tiles;
+  // Each thread stages one 16-byte chunk of a's tile (row tid / 4) and two of b's per step.
+  const int cr = tid >> 2, cc = tid & 3;
+  for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
+    const int tile = (int)(item / n_tiles), n0 = (int)(item % n_tiles) * GM_BN;
+    const int r0 = tiles[2 * tile], r1 = tiles[2 * tile + 2], e = tiles[2 * tile + 1];
+    const T* we = w + (i64)e * sb;
+    // This thread's row of a: row r0 + cr of the output, index (r0 + cr) / m, its row % m.
+    const int ar = r0 + cr;
+    const bool a_ok = ar < r1;
+    const T* arow = a + (a_ok ? gm_pick(lhs, ar / m, flags & 1, ba) * sa + (i64)(ar % m) * lda : 0);
+    const T* brow[2];
+    bool b_ok[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int col = n0 + cr + h * 64;
+      b_ok[h] = col < n;
+      brow[h] = we + (b_ok[h] ? (i64)col * ldw : 0);
+    }
+    auto stage = [&](int s, int kk) {
+      const int c = kk * GM_BK + cc * 8;
+      const bool kin = c < k;
+      const u32 sa_ = base + s * (GM_BM + GM_BN) * GM_ROW, sb_ = sa_ + GM_BM * GM_ROW;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa_ + cr * GM_ROW + cc * 16),
+                   "l"(arow + (kin ? c : 0)), "r"(a_ok && kin ? 16 : 0)
+                   : "memory");
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sb_ + (cr + h * 64) * GM_ROW + cc * 16),
+                     "l"(brow[h] + (kin ? c : 0)), "r"(b_ok[h] && kin ? 16 : 0)
+                     : "memory");
+    };
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < GM_STAGES - 1; ++s) {
+      if (s < kt) stage(s, s);
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    for (int kk = 0; kk < kt; ++kk) {
+      asm volatile("cp.async.wait_group %0;" ::"n"(GM_STAGES - 2) : "memory");
+      __syncthreads();
+      // The slot the previous step read is free: fill it GM_STAGES - 1 steps ahead.
+      if (kk + GM_STAGES - 1 < kt) stage((kk + GM_STAGES - 1) % GM_STAGES, kk + GM_STAGES - 1);
+      asm volatile("cp.async.commit_group;" ::: "memory");
+      const u32 sa_ = base + (kk % GM_STAGES) * (GM_BM + GM_BN) * GM_ROW, sb_ = sa_ + GM_BM * GM_ROW;
+#pragma unroll
+      for (int ks = 0; ks < GM_BK / 16; ++ks) {
+        u32 af[2][4], bf[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          ldsm_x4(af[i], sa_ + (wm * 32 + i * 16 + (lane & 15)) * GM_ROW + (ks * 16 + (lane >> 4) * 8) * 2);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          ldsm_x4(bf[j], sb_ + (wn * 32 + j * 16 + (lane & 7) + (lane >> 4) * 8) * GM_ROW +
+                             (ks * 16 + ((lane >> 3) & 1) * 8) * 2);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            mma_m16n8k16<T>(acc[i][2 * j], af[i], bf[j][0], bf[j][1]);
+            mma_m16n8k16<T>(acc[i][2 * j + 1], af[i], bf[j][2], bf[j][3]);
+          }
+      }
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();  // the next tile restages every slot
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + wm * 32 + i * 16 + (lane >> 2) + h * 8;
+        if (r >= r1) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int col = n0 + wn * 32 + j * 8 + (lane & 3) * 2;
+          if (col < n)
+            *reinterpret_cast<u32*>(out + (i64)r * n + col) = pack_half2<T>(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        }
+      }
+  }
+}

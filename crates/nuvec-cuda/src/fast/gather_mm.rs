@@ -1,0 +1,203 @@
+//! `gather_mm`: products of matrices picked by index, read in place (`kernels/gather_mm.cuh`).
+//! Up to [`GEMV_ROWS`] output rows in all (decoding through a mixture of experts) run as a GEMV
+//! per output; more, in half precision, as tiles on tensor cores over runs of outputs that share
+//! a matrix of `b`. The rest (more rows in `float32`, `K` or `N` not a multiple of 8) run as the
+//! composition.
+
+use std::sync::Arc;
+
+use nuvec_core::storage::{Data, Layout, Operand, Output, Spec};
+use nuvec_core::{DType, Result};
+
+use crate::driver::Gpu;
+use crate::kernels::{Family, Source, ctype};
+use crate::launch::{Arg, BLOCK, launch, resident_blocks};
+use crate::operand::{alloc, alloc_out, fresh_copy, internal, kernel, ptr_of};
+
+/// Output rows (`L · M`) at most that run as GEMVs; more take the tensor-core tiles.
+const GEMV_ROWS: i64 = 64;
+/// Rows per matrix the GEMV takes at most (matmul.cuh's `gemv_rows`, one kernel per count).
+const GEMV_M: i64 = 8;
+/// gather_mm.cuh's tile (GM_BM × GM_BN), threads of its tiles' blocks and of `gather_runs`.
+const TILE_ROWS: i64 = 64;
+const TILE_COLS: u64 = 128;
+const TC_THREADS: u32 = 256;
+const RUN_THREADS: u32 = 1024;
+
+/// `(L, M, K, N)` of inputs `[a [Ba, M, K], b [Bb, K, N], lhs [L], rhs [L]]`.
+fn dims(inputs: &[Spec]) -> Option<(i64, i64, i64, i64)> {
+    let (a, b, l) = (inputs.first()?, inputs.get(1)?, inputs.get(2)?);
+    Some((l.shape[0] as i64, a.shape[1] as i64, a.shape[2] as i64, b.shape[2] as i64))
+}
+
+/// Which kernel takes the product, if one does.
+#[derive(Clone, Copy, PartialEq)]
+enum Plan {
+    /// A GEMV per output of this many rows.
+    Gemv(i64),
+    /// Tensor-core tiles.
+    Tiles,
+}
+
+fn plan(d: DType, inputs: &[Spec]) -> Option<Plan> {
+    let (l, m, k, n) = dims(inputs)?;
+    let rows = l.checked_mul(m)?;
+    if k == 0 || k % 8 != 0 || rows == 0 || n == 0 || rows.saturating_mul(n) >= i32::MAX as i64 {
+        return None;
+    }
+    let half = matches!(d, DType::F16 | DType::BF16);
+    let gemv = m <= GEMV_M && l <= 65535 && (rows <= GEMV_ROWS || !half);
+    match gemv {
+        true if matches!(d, DType::F32 | DType::F16 | DType::BF16) => Some(Plan::Gemv(m)),
+        _ if half && n % 8 == 0 && rows < i32::MAX as i64 / 2 => Some(Plan::Tiles),
+        _ => None,
+    }
+}
+
+/// Whether a kernel takes the product (the inputs checked by the operation's specs).
+pub(crate) fn supports(inputs: &[Spec]) -> bool {
+    inputs.len() == 4 && plan(inputs[0].dtype, inputs).is_some()
+}
+
+/// The module of `d`: `gather_gemv_m{1..8}`, and for half precision `gather_runs` and
+/// `gather_mm_tc`.
+pub(crate) fn source(d: DType) -> String {
+    let mut s = Source::new(&["gather_mm.cuh"]);
+    let t = ctype(d);
+    for m in 1..=GEMV_M {
+        s.kernel(format!(
+            "gather_gemv_m{m}(const {t}* a, const {t}* w, {t}* out, const uint32_t* lhs, const uint32_t* rhs, int flags, int64_t ba, int64_t bb, u64 n, u64 k, u64 lda, u64 sa, u64 ldw, u64 sb) {{ gm_gemv<{t}, {m}>(a, w, out, lhs, rhs, flags, ba, bb, n, k, lda, sa, ldw, sb); }}"
+        ));
+    }
+    if matches!(d, DType::F16 | DType::BF16) {
+        s.kernel(format!(
+            "__launch_bounds__({RUN_THREADS}) gather_runs(const uint32_t* rhs, int flags, int64_t bb, int64_t rows, int m, int* tiles, int* count) {{ gm_runs(rhs, flags, bb, rows, m, tiles, count); }}"
+        ));
+        s.kernel(format!(
+            "__launch_bounds__({TC_THREADS}) gather_mm_tc(const {t}* a, const {t}* w, {t}* out, const uint32_t* lhs, const int* tiles, const int* count, int flags, int64_t ba, int m, int n, int k, int64_t lda, int64_t sa, int64_t ldw, int64_t sb) {{ gm_tiles<{t}>(a, w, out, lhs, tiles, count, flags, ba, m, n, k, lda, sa, ldw, sb); }}"
+        ));
+    }
+    s.finish()
+}
+
+/// A stack operand whose last axis is contiguous and whose other strides keep 16-byte
+/// alignment, as `(operand, row stride, stack stride)`: itself, or a copy. `transpose` reads
+/// `b [Bb, K, N]` as `W [Bb, N, K]`.
+fn k_contiguous(gpu: &Arc<Gpu>, x: Operand, transpose: bool) -> Result<(Operand, i64, i64)> {
+    let v = (16 / x.dtype.size()) as isize;
+    let view = |x: &Operand| {
+        let s = &x.data.layout.strides;
+        if transpose { (s[0], s[2], s[1]) } else { (s[0], s[1], s[2]) }
+    };
+    let fits = |x: &Operand| {
+        let (stack, row, col) = view(x);
+        col == 1 && row % v == 0 && stack % v == 0 && ptr_of(x).is_ok_and(|p| p % 16 == 0)
+    };
+    let x = if fits(&x) {
+        x
+    } else if transpose {
+        // A row-major W [Bb, N, K]: the transposed view of b, copied.
+        let (stack, row, col) = view(&x);
+        let shape: Vec<i32> = vec![x.shape[0], x.shape[2], x.shape[1]];
+        let layout = Layout::new(&shape, [stack, row, col].into_iter().collect(), x.data.layout.offset);
+        let t = Operand {
+            shape: shape.into(),
+            dtype: x.dtype,
+            data: Data { storage: x.data.storage, layout },
+            donated: false,
+        };
+        let w = fresh_copy(gpu, t)?;
+        let s = w.data.layout.strides.clone();
+        // Back to b's axes: [Bb, K, N] with K contiguous.
+        let layout = Layout::new(&[w.shape[0], w.shape[2], w.shape[1]], [s[0], s[2], s[1]].into_iter().collect(), 0);
+        let shape = vec![w.shape[0], w.shape[2], w.shape[1]];
+        Operand { shape: shape.into(), dtype: w.dtype, data: Data { storage: w.data.storage, layout }, donated: false }
+    } else {
+        fresh_copy(gpu, x)?
+    };
+    let (stack, row, _) = view(&x);
+    Ok((x, row as i64, stack as i64))
+}
+
+/// Inputs `[a, b, lhs, rhs]` as `supports` accepted them.
+pub(crate) fn eval(gpu: &Arc<Gpu>, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {
+    let specs: Vec<Spec> = inputs.iter().map(|x| Spec { shape: x.shape.clone(), dtype: x.dtype }).collect();
+    let d = out.dtype;
+    let plan = plan(d, &specs).ok_or_else(|| internal("gather_mm without a kernel"))?;
+    let [a, b, lhs, rhs] = <[Operand; 4]>::try_from(inputs).map_err(|_| internal("gather_mm takes a, b, lhs, rhs"))?;
+    let (l, m, k, n) = dims(&specs).ok_or_else(|| internal("gather_mm's shapes"))?;
+    let (ba, bb) = (a.shape[0] as i64, b.shape[0] as i64);
+    let (a, lda, sa) = k_contiguous(gpu, a, false)?;
+    let (b, ldw, sb) = k_contiguous(gpu, b, true)?;
+    let (lhs, rhs) = (crate::operand::row_major(gpu, lhs)?, crate::operand::row_major(gpu, rhs)?);
+    let flags = (lhs.dtype == DType::U32) as i32 | (((rhs.dtype == DType::U32) as i32) << 1);
+    let y = alloc_out(gpu, out)?;
+    let family = Family::GatherMm(d);
+    let (ap, bp, lp, rp) = (ptr_of(&a)?, ptr_of(&b)?, ptr_of(&lhs)?, ptr_of(&rhs)?);
+    match plan {
+        Plan::Gemv(mt) => {
+            let f = kernel(gpu, family, &format!("gather_gemv_m{mt}"))?;
+            // A warp's worth of threads per output column, as matmul.rs's GEMV.
+            let grid = (n as u64).div_ceil((BLOCK / 32) as u64).min(65535) as u32;
+            let args = vec![
+                Arg::Ptr(ap),
+                Arg::Ptr(bp),
+                Arg::Ptr(y),
+                Arg::Ptr(lp),
+                Arg::Ptr(rp),
+                Arg::I32(flags),
+                Arg::I64(ba),
+                Arg::I64(bb),
+                Arg::U64(n as u64),
+                Arg::U64(k as u64),
+                Arg::U64(lda as u64),
+                Arg::U64(sa as u64),
+                Arg::U64(ldw as u64),
+                Arg::U64(sb as u64),
+            ];
+            launch(gpu, f, (grid, l as u32, 1), (BLOCK, 1, 1), 0, args)
+        }
+        Plan::Tiles => {
+            let rows = l * m;
+            // At most one tile per TILE_ROWS rows plus one per run (a run holds whole outputs),
+            // and the end's sentinel.
+            let bound = (rows + TILE_ROWS - 1) / TILE_ROWS + l + 1;
+            let (tiles, _tiles) = alloc(gpu, 2 * bound as usize + 1, DType::I32)?;
+            let count = tiles + 8 * bound as u64;
+            let f = kernel(gpu, family, "gather_runs")?;
+            let args = vec![
+                Arg::Ptr(rp),
+                Arg::I32(flags),
+                Arg::I64(bb),
+                Arg::I64(rows),
+                Arg::I32(m as i32),
+                Arg::Ptr(tiles),
+                Arg::Ptr(count),
+            ];
+            launch(gpu, f, (1, 1, 1), (RUN_THREADS, 1, 1), 0, args)?;
+            let f = kernel(gpu, family, "gather_mm_tc")?;
+            // Blocks loop over the tiles: as many as are resident at once, or fewer.
+            let work = (bound - 1) as u64 * (n as u64).div_ceil(TILE_COLS);
+            let resident = resident_blocks(gpu, f, TC_THREADS)?.max(1) * gpu.info.multiprocessors.max(1) as u64;
+            let grid = work.clamp(1, resident) as u32;
+            let args = vec![
+                Arg::Ptr(ap),
+                Arg::Ptr(bp),
+                Arg::Ptr(y),
+                Arg::Ptr(lp),
+                Arg::Ptr(tiles),
+                Arg::Ptr(count),
+                Arg::I32(flags),
+                Arg::I64(ba),
+                Arg::I32(m as i32),
+                Arg::I32(n as i32),
+                Arg::I32(k as i32),
+                Arg::I64(lda),
+                Arg::I64(sa),
+                Arg::I64(ldw),
+                Arg::I64(sb),
+            ];
+            launch(gpu, f, (grid, 1, 1), (TC_THREADS, 1, 1), 0, args)
+        }
+    }
+}
