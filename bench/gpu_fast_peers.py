@@ -73,6 +73,16 @@ Gated delta cases (Qwen3-Next's heads as bench_fast: q, k ``[B, T, 16, 128]``, v
   ``7*T*32*128*128`` FLOPs (the recurrence's, whatever the algorithm), ``fla_recurrent`` and
   ``fla_chunk``.
 
+Mixture-of-experts products (as bench_fast: 512 experts ``w [512, 512, 2048]`` bf16, each
+token's 10 choices sorted by expert, rows ``x [10*T, 1, 2048]``):
+
+* ``gather_mm_decode_bf16_T{T}``, T in 1, 8, 64: GB/s of the distinct chosen experts' weights;
+  ``gather_mm_prefill_bf16_T4096``: TFLOP/s of ``2*10*T*512*2048``. ``eager`` gathers the
+  chosen matrices and multiplies (``torch.bmm(x, w[idx].transpose(1, 2))``, what
+  ``gather_mm``'s composition does); ``grouped_mm`` is ``torch._grouped_mm`` (PyTorch's
+  grouped GEMM for mixtures of experts) over the sorted rows with each expert's end offset,
+  where this torch has it.
+
 Backward cases (``*_bwd_*``) build the forward graph before timing and time
 ``torch.autograd.grad(outputs, inputs, cotangents, retain_graph=True)``; the graph of
 ``torch.compile`` keeps its buffers (``torch._functorch.config.donated_buffer = False``) so
@@ -136,9 +146,12 @@ PREFILL = ((1, 4096, True, 128), (4, 4096, True, 128), (1, 8192, True, 128), (1,
            (1, 8192, False, 64), (1, 8192, True, 256), (1, 8192, False, 256))
 # Gated DeltaNet (Qwen3-Next's): query/key heads, value heads, head size.
 GDN_HK, GDN_HV, GDN_D = 16, 32, 128
-MODES = ("eager", "composition", "F_rms_norm", "liger", "flash", "fla_recurrent", "fla_chunk", "compile")
+# A mixture of experts (Qwen3-Next's): experts, their rows and columns, choices per token.
+MOE_E, MOE_N, MOE_K, MOE_TOP = 512, 512, 2048, 10
+MODES = ("eager", "composition", "F_rms_norm", "liger", "flash", "fla_recurrent", "fla_chunk", "grouped_mm",
+         "compile")
 # The modes that run case by case before torch.compile.
-FIRST_MODES = ("eager", "composition", "F_rms_norm", "liger", "flash", "fla_recurrent", "fla_chunk")
+FIRST_MODES = ("eager", "composition", "F_rms_norm", "liger", "flash", "fla_recurrent", "fla_chunk", "grouped_mm")
 
 
 def prefix_of(mode):
@@ -786,6 +799,47 @@ def build_cases(copies, liger, fla):
         if fla.chunk is not None:
             c.makers["fla_chunk"] = fla_maker(f"fla_chunk:{c.name}", fla.chunk, ins, k, True)
         cases.append(c)
+
+    # A mixture of experts' products: each token's choices sorted by expert (bench_fast's).
+    def moe_choices(t, c):
+        v = sorted((tt * 37 + j * 53 + c * 101 + (tt * tt * 7) % MOE_E) % MOE_E
+                   for tt in range(t) for j in range(MOE_TOP))
+        return v, len(set(v))
+
+    moe_w = {}
+
+    def moe_weights():
+        if "w" not in moe_w:
+            moe_w["w"] = random((MOE_E, MOE_N, MOE_K), torch.float32, 900).mul_(0.02).to(BF16)
+        return moe_w["w"]
+
+    def moe_inputs(t, c):
+        v, _ = moe_choices(t, c)
+        idx = torch.tensor(v, device="cuda", dtype=torch.int64)
+        offs = torch.cumsum(torch.bincount(idx, minlength=MOE_E), 0).to(torch.int32)
+        return rand((t * MOE_TOP, 1, MOE_K), 910 + c), idx, offs
+
+    def moe_eager(x, idx, offs):
+        return torch.bmm(x, moe_weights()[idx].transpose(1, 2))
+
+    def moe_grouped(x, idx, offs):
+        return torch._grouped_mm(x.view(-1, MOE_K), moe_weights().transpose(1, 2), offs=offs)
+
+    def moe_makers(c, ins, k):
+        c.makers["eager"] = fwd_maker(moe_eager, ins, k)
+        if hasattr(torch, "_grouped_mm"):
+            c.makers["grouped_mm"] = fwd_maker(moe_grouped, ins, k)
+
+    for t in (1, 8, 64):
+        _, distinct = moe_choices(t, 0)
+        nbytes = distinct * MOE_N * MOE_K * ELEM
+        c = Case(f"gather_mm_decode_bf16_T{t}", nbytes, 0, True)
+        moe_makers(c, lambda j, t=t: moe_inputs(t, j), copies(nbytes))
+        cases.append(c)
+    t = 4096
+    c = Case(f"gather_mm_prefill_bf16_T{t}", 2 * t * MOE_TOP * MOE_N * MOE_K, 0, False, "TFLOP/s")
+    moe_makers(c, lambda j, t=t: moe_inputs(t, 0), 1)
+    cases.append(c)
     return cases
 
 

@@ -14,7 +14,7 @@ use nuvec_core::{Error, Result};
 use crate::driver::{Gpu, check};
 
 /// The headers our kernel sources include, by name.
-pub const HEADERS: [(&str, &str); 22] = [
+pub const HEADERS: [(&str, &str); 23] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("arith.cuh", include_str!("../kernels/arith.cuh")),
     ("map.cuh", include_str!("../kernels/map.cuh")),
@@ -37,6 +37,7 @@ pub const HEADERS: [(&str, &str); 22] = [
     ("quantized_matmul.cuh", include_str!("../kernels/quantized_matmul.cuh")),
     ("compiled.cuh", include_str!("../kernels/compiled.cuh")),
     ("gated_delta.cuh", include_str!("../kernels/gated_delta.cuh")),
+    ("gather_mm.cuh", include_str!("../kernels/gather_mm.cuh")),
 ];
 
 /// [`HEADERS`], each replaced by the file of the same name in the folder

@@ -93,6 +93,14 @@
 //!   fraction `-`: the chunked kernels (`NUVEC_GDN_CHUNKED=0`: the packed one); `_rows` as for
 //!   decoding.
 //!
+//! A mixture of experts' products at Qwen3-Next's shapes (`ops::gather_mm`): 512 experts of
+//! `[512, 2048]` (bf16, read transposed as `SwitchLinear` does), each token's 10 choices sorted
+//! by expert as mlx-lm's `SwitchGLU` sorts them, rows `[10·T, 1, 2048]`:
+//!
+//! * `gather_mm_decode_bf16_T{T}`, T in {1, 8, 64} tokens: GB/s of the distinct chosen experts'
+//!   weights, the fraction against the copy ceiling.
+//! * `gather_mm_prefill_bf16_T4096`: TFLOP/s of `2·10·T·512·2048`.
+//!
 //! Latency-bound cases (1 and 16 tokens, decode rope, every attention decode case, every
 //! gated delta decode case) add a row `<name>_us`: microseconds per call, unit `us`.
 //!
@@ -159,6 +167,7 @@ fn run_all(b: &mut Bench) {
     sdpa_prefill(b);
     sdpa_fwdbwd(b);
     gated_delta(b);
+    gather_mm(b);
 }
 
 /// `goal` when the main tensor is big enough for bandwidth to decide.
@@ -588,4 +597,67 @@ fn gated_delta(b: &mut Bench) {
             });
         }
     }
+}
+
+/// Experts of the mixture-of-experts cases, and their rows and columns (Qwen3-Next's).
+const MOE_E: i32 = 512;
+const MOE_N: i32 = 512;
+const MOE_K: i32 = 2048;
+/// Experts per token.
+const MOE_TOP: i32 = 10;
+
+/// Token `t`'s `j`-th expert in set `c` (distinct over `j`; bench/gpu_fast_peers.py picks alike).
+fn moe_expert(t: i32, j: i32, c: i32) -> i32 {
+    (t * 37 + j * 53 + c * 101 + (t * t * 7) % MOE_E) % MOE_E
+}
+
+/// `T` tokens' choices in set `c`, sorted, and how many distinct experts they name.
+fn moe_choices(t: i32, c: i32) -> (Vec<u32>, usize) {
+    let mut v: Vec<u32> = (0..t).flat_map(|t| (0..MOE_TOP).map(move |j| moe_expert(t, j, c) as u32)).collect();
+    v.sort_unstable();
+    let mut d = v.clone();
+    d.dedup();
+    (v, d.len())
+}
+
+/// `ops::gather_mm` through 512 experts (see the module's documentation).
+fn gather_mm(b: &mut Bench) {
+    let weights = || -> nuvec::Result<Array> {
+        let w = (random(&[MOE_E, MOE_N, MOE_K], DType::F32, 900)? * 0.02f32).astype(DT);
+        w.eval()?;
+        Ok(w)
+    };
+    let expert_bytes = (MOE_N * MOE_K) as usize * ELEM;
+    for t in [1i32, 8, 64] {
+        let (_, distinct) = moe_choices(t, 0);
+        let bytes = distinct * expert_bytes;
+        let k = b.copies(bytes);
+        let name = format!("gather_mm_decode_bf16_T{t}");
+        b.bandwidth_outputs(&name, bytes as f64, None, true, || {
+            let w = weights()?;
+            let sets: Vec<(Array, Array)> = (0..k)
+                .map(|c| -> nuvec::Result<(Array, Array)> {
+                    let (idx, _) = moe_choices(t, c as i32);
+                    let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 910 + c as u32)?;
+                    let idx = Array::from_slice(&idx, &[t * MOE_TOP]);
+                    nuvec::eval(&[&x, &idx])?;
+                    Ok((x, idx))
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(one(move |i| {
+                let (x, idx) = &sets[i % k];
+                ops::gather_mm(x, &w.swapaxes(-1, -2), None, Some(idx), true)
+            }))
+        });
+    }
+    let t = 4096;
+    let flops = 2.0 * f64::from(t * MOE_TOP) * f64::from(MOE_N) * f64::from(MOE_K);
+    tflops_case(b, &format!("gather_mm_prefill_bf16_T{t}"), flops, || {
+        let w = weights()?;
+        let (idx, _) = moe_choices(t, 0);
+        let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 930)?;
+        let idx = Array::from_slice(&idx, &[t * MOE_TOP]);
+        nuvec::eval(&[&x, &idx])?;
+        Ok(one(move |_| ops::gather_mm(&x, &w.swapaxes(-1, -2), None, Some(&idx), true)))
+    });
 }
