@@ -3,24 +3,18 @@
 // a mixture of experts' stacked weights), so the picked matrices are read in place, never copied.
 //  - gather_gemv_m{M} (gm_gemv): few rows in all (decoding through experts). Block row y is
 //    output i, on which gemv_rows (matmul.cuh) runs as for one product.
-//  - gather_runs (gm_runs), then gather_mm_tc (gm_tiles): many rows, on tensor cores. Rows of the output (row r of
-//    the [L·M, N] result belongs to index r / M) that use the same matrix of b form runs, long
-//    when the indices are sorted (mlx-lm sorts them above 64); gather_runs cuts the runs into
-//    tiles of at most GM_BM rows and lists them, and each block of gather_mm_tc takes tiles of
-//    GM_BM × GM_BN outputs, gathering its rows of a as it stages them. Unsorted indices give
-//    short runs: correct, only slower.
+//  - gather_runs (gm_runs), then gather_mm_tc (gm_tiles): many rows, on tensor cores. Rows of
+//    the output (row r of the [L·M, N] result belongs to index r / M) that use the same matrix
+//    of b form runs, long when the indices are sorted (mlx-lm sorts them from 64 up);
+//    gather_runs cuts the runs into tiles of at most BM rows and lists them, and each block of
+//    gather_mm_tc takes tiles of BM × BN outputs, gathering its rows of a as it stages them. Unsorted indices give short runs: correct, only slower.
 // Indices are 32-bit, signed or not (`flags` bit 0: lhs unsigned, bit 1: rhs unsigned); they
 // wrap once when negative and are clamped into the stack, as take's.
 #pragma once
 #include "matmul.cuh"
 
-#define GM_BM 64
-#define GM_BN 128
-#define GM_BK 32
+// Warps of gather_mm_tc's blocks; its tile shape is a template (fast/gather_mm.rs).
 #define GM_WARPS 8
-#define GM_STAGES 3
-// Staged rows are GM_BK halves plus 16 bytes: ldmatrix's eight rows then fall in distinct banks.
-#define GM_ROW (GM_BK * 2 + 16)
 #define GM_RUN_THREADS 1024
 // Consecutive rows each gather_runs thread takes per pass.
 #define GM_RUN_ROWS 8
@@ -43,12 +37,13 @@ __device__ __forceinline__ void gm_gemv(const T* a, const T* w, T* out, const u3
                             0.0f);
 }
 
-// Lists the tiles of rows = L·M output rows: tiles[2t] = the first row of tile t, tiles[2t+1]
-// = its matrix of b; tiles[2·count] = rows (the last tile's end); count into *count. One block:
+// Lists the tiles of rows = L·M output rows, at most bm rows each: tiles[2t] = the first row of
+// tile t, tiles[2t+1] = its matrix of b; tiles[2·count] = rows (the last tile's end); count into
+// *count. gather_qmm's kernels (quantized_matmul.cuh) take tiles of 8 rows. One block:
 // each thread walks GM_RUN_ROWS consecutive rows, then the block scans the threads' results
 // (the last run's start, carried from thread to thread, and the tiles found).
-__device__ __forceinline__ void gm_runs(const u32* rhs, int flags, i64 bb, i64 rows, int m, int* tiles,
-                                            int* count) {
+__device__ __forceinline__ void gm_runs(const u32* rhs, int flags, i64 bb, i64 rows, int m, int bm, int* tiles,
+                                        int* count) {
   __shared__ i64 run_at[GM_RUN_THREADS];
   __shared__ int found[GM_RUN_THREADS];
   __shared__ i64 carry_run;
@@ -89,7 +84,7 @@ __device__ __forceinline__ void gm_runs(const u32* rhs, int flags, i64 bb, i64 r
       i64 r = r0 + j, e = gm_pick(rhs, r / m, us, bb);
       if (r == 0 || e != prev) run = r;
       prev = e;
-      n += (r == run || (r - run) % GM_BM == 0);
+      n += (r == run || (r - run) % bm == 0);
     }
     found[t] = n;
     __syncthreads();
@@ -108,7 +103,7 @@ __device__ __forceinline__ void gm_runs(const u32* rhs, int flags, i64 bb, i64 r
       i64 r = r0 + j, e = gm_pick(rhs, r / m, us, bb);
       if (r == 0 || e != prev) run = r;
       prev = e;
-      if (r == run || (r - run) % GM_BM == 0) {
+      if (r == run || (r - run) % bm == 0) {
         tiles[2 * slot] = (int)r;
         tiles[2 * slot + 1] = (int)e;
         ++slot;
@@ -127,81 +122,92 @@ __device__ __forceinline__ void gm_runs(const u32* rhs, int flags, i64 bb, i64 r
   }
 }
 
-// One tile of GM_BM rows × GM_BN columns per pass, 8 warps as 2 × 4 of 32 × 32, GM_STAGES-deep
-// cp.async ring over K. Rows outside the tile and columns past N stage as zeros; K % 8 == 0.
-template <typename T>
+// One tile of BM rows × BN columns per pass: 8 warps, BM / 32 along the rows, each a 32-row ×
+// BN·BM/256-column slice; a STAGES-deep cp.async ring over K in steps of BK (in dynamic shared
+// memory). Rows outside the tile and columns past N stage as zeros; K % 8 == 0.
+template <typename T, int BM, int BN, int BK, int STAGES>
 __device__ __forceinline__ void gm_tiles(const T* a, const T* w, T* out, const u32* lhs, const int* tiles,
-                                             const int* count, int flags, i64 ba, int m, int n, int k, i64 lda, i64 sa,
-                                             i64 ldw, i64 sb) {
-  __shared__ __align__(128) unsigned char smem[GM_STAGES * (GM_BM + GM_BN) * GM_ROW];
-  const u32 base = (u32)__cvta_generic_to_shared(smem);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
-  const int n_tiles = (n + GM_BN - 1) / GM_BN, kt = (k + GM_BK - 1) / GM_BK;
+                                         const int* count, int flags, i64 ba, int m, int n, int k, i64 lda, i64 sa,
+                                         i64 ldw, i64 sb) {
+  constexpr int ROW = BK * 2 + 16;  // staged row bytes: the pad spreads ldmatrix's rows over the banks
+  constexpr int WM = BM / 32, WN = GM_WARPS / WM, WT = BN / WN, NJ = WT / 16;
+  constexpr int CH = BK / 8, AJ = BM * CH / (GM_WARPS * 32), BJ = BN * CH / (GM_WARPS * 32);
+  static_assert(WM * WN == GM_WARPS && NJ >= 1 && AJ >= 1 && BJ >= 1, "tile shape");
+  extern __shared__ __align__(128) unsigned char gm_smem[];
+  const u32 base = (u32)__cvta_generic_to_shared(gm_smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / WN, wn = warp % WN;
+  const int n_tiles = (n + BN - 1) / BN, kt = (k + BK - 1) / BK;
   const i64 items = (i64)(*count) * n_tiles;
-  // Each thread stages one 16-byte chunk of a's tile (row tid / 4) and two of b's per step.
-  const int cr = tid >> 2, cc = tid & 3;
   for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
-    const int tile = (int)(item / n_tiles), n0 = (int)(item % n_tiles) * GM_BN;
+    const int tile = (int)(item / n_tiles), n0 = (int)(item % n_tiles) * BN;
     const int r0 = tiles[2 * tile], r1 = tiles[2 * tile + 2], e = tiles[2 * tile + 1];
     const T* we = w + (i64)e * sb;
-    // This thread's row of a: row r0 + cr of the output, index (r0 + cr) / m, its row % m.
-    const int ar = r0 + cr;
-    const bool a_ok = ar < r1;
-    const T* arow = a + (a_ok ? gm_pick(lhs, ar / m, flags & 1, ba) * sa + (i64)(ar % m) * lda : 0);
-    const T* brow[2];
-    bool b_ok[2];
+    // The rows of a and of W this thread stages (chunk tid + 256 j of each tile).
+    const T* arow[AJ];
+    const T* brow[BJ];
+    bool a_ok[AJ], b_ok[BJ];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      int col = n0 + cr + h * 64;
-      b_ok[h] = col < n;
-      brow[h] = we + (b_ok[h] ? (i64)col * ldw : 0);
+    for (int j = 0; j < AJ; ++j) {
+      const int ar = r0 + (tid + j * GM_WARPS * 32) / CH;
+      a_ok[j] = ar < r1;
+      arow[j] = a + (a_ok[j] ? gm_pick(lhs, ar / m, flags & 1, ba) * sa + (i64)(ar % m) * lda : 0);
+    }
+#pragma unroll
+    for (int j = 0; j < BJ; ++j) {
+      const int col = n0 + (tid + j * GM_WARPS * 32) / CH;
+      b_ok[j] = col < n;
+      brow[j] = we + (b_ok[j] ? (i64)col * ldw : 0);
     }
     auto stage = [&](int s, int kk) {
-      const int c = kk * GM_BK + cc * 8;
-      const bool kin = c < k;
-      const u32 sa_ = base + s * (GM_BM + GM_BN) * GM_ROW, sb_ = sa_ + GM_BM * GM_ROW;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa_ + cr * GM_ROW + cc * 16),
-                   "l"(arow + (kin ? c : 0)), "r"(a_ok && kin ? 16 : 0)
-                   : "memory");
+      const u32 sa_ = base + s * (BM + BN) * ROW, sb_ = sa_ + BM * ROW;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sb_ + (cr + h * 64) * GM_ROW + cc * 16),
-                     "l"(brow[h] + (kin ? c : 0)), "r"(b_ok[h] && kin ? 16 : 0)
+      for (int j = 0; j < AJ; ++j) {
+        const int ch = tid + j * GM_WARPS * 32, r = ch / CH, cc = ch % CH, c = kk * BK + cc * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa_ + r * ROW + cc * 16),
+                     "l"(arow[j] + (c < k ? c : 0)), "r"(a_ok[j] && c < k ? 16 : 0)
                      : "memory");
+      }
+#pragma unroll
+      for (int j = 0; j < BJ; ++j) {
+        const int ch = tid + j * GM_WARPS * 32, r = ch / CH, cc = ch % CH, c = kk * BK + cc * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sb_ + r * ROW + cc * 16),
+                     "l"(brow[j] + (c < k ? c : 0)), "r"(b_ok[j] && c < k ? 16 : 0)
+                     : "memory");
+      }
     };
-    float acc[2][4][4];
+    float acc[2][2 * NJ][4];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < 2 * NJ; ++j)
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 #pragma unroll
-    for (int s = 0; s < GM_STAGES - 1; ++s) {
+    for (int s = 0; s < STAGES - 1; ++s) {
       if (s < kt) stage(s, s);
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
     for (int kk = 0; kk < kt; ++kk) {
-      asm volatile("cp.async.wait_group %0;" ::"n"(GM_STAGES - 2) : "memory");
+      asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 2) : "memory");
       __syncthreads();
-      // The slot the previous step read is free: fill it GM_STAGES - 1 steps ahead.
-      if (kk + GM_STAGES - 1 < kt) stage((kk + GM_STAGES - 1) % GM_STAGES, kk + GM_STAGES - 1);
+      // The slot the previous step read is free: fill it STAGES - 1 steps ahead.
+      if (kk + STAGES - 1 < kt) stage((kk + STAGES - 1) % STAGES, kk + STAGES - 1);
       asm volatile("cp.async.commit_group;" ::: "memory");
-      const u32 sa_ = base + (kk % GM_STAGES) * (GM_BM + GM_BN) * GM_ROW, sb_ = sa_ + GM_BM * GM_ROW;
+      const u32 sa_ = base + (kk % STAGES) * (BM + BN) * ROW, sb_ = sa_ + BM * ROW;
 #pragma unroll
-      for (int ks = 0; ks < GM_BK / 16; ++ks) {
-        u32 af[2][4], bf[2][4];
+      for (int ks = 0; ks < BK / 16; ++ks) {
+        u32 af[2][4], bf[NJ][4];
 #pragma unroll
         for (int i = 0; i < 2; ++i)
-          ldsm_x4(af[i], sa_ + (wm * 32 + i * 16 + (lane & 15)) * GM_ROW + (ks * 16 + (lane >> 4) * 8) * 2);
+          ldsm_x4(af[i], sa_ + (wm * 32 + i * 16 + (lane & 15)) * ROW + (ks * 16 + (lane >> 4) * 8) * 2);
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
-          ldsm_x4(bf[j], sb_ + (wn * 32 + j * 16 + (lane & 7) + (lane >> 4) * 8) * GM_ROW +
+        for (int j = 0; j < NJ; ++j)
+          ldsm_x4(bf[j], sb_ + (wn * WT + j * 16 + (lane & 7) + (lane >> 4) * 8) * ROW +
                              (ks * 16 + ((lane >> 3) & 1) * 8) * 2);
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
+          for (int j = 0; j < NJ; ++j) {
             mma_m16n8k16<T>(acc[i][2 * j], af[i], bf[j][0], bf[j][1]);
             mma_m16n8k16<T>(acc[i][2 * j + 1], af[i], bf[j][2], bf[j][3]);
           }
@@ -216,8 +222,8 @@ __device__ __forceinline__ void gm_tiles(const T* a, const T* w, T* out, const u
         const int r = r0 + wm * 32 + i * 16 + (lane >> 2) + h * 8;
         if (r >= r1) continue;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int col = n0 + wn * 32 + j * 8 + (lane & 3) * 2;
+        for (int j = 0; j < 2 * NJ; ++j) {
+          const int col = n0 + wn * WT + j * 8 + (lane & 3) * 2;
           if (col < n)
             *reinterpret_cast<u32*>(out + (i64)r * n + col) = pack_half2<T>(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
         }

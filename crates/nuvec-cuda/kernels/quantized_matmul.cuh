@@ -10,7 +10,7 @@
 // placing them under the exponent of 2^23 (one byte permute and one subtraction, no
 // integer-to-float conversion, whose throughput would bound the kernel).
 #pragma once
-#include "common.cuh"
+#include "gather_mm.cuh"
 
 // A lane's 32 levels: BITS words.
 template <int BITS> struct QmvWords {
@@ -85,13 +85,13 @@ template <typename T> __device__ __forceinline__ void qmv_x8(const T* __restrict
   }
 }
 
-// y[m, n] for m < rows (≤ MT) of x[rows, k]; k a multiple of the group size 2^group_shift.
+// y[m, n] for m < rows (≤ MT) of x[rows, k], weight rows row0 .. row0 + R; k a multiple of the
+// group size 2^group_shift.
 template <typename T, int BITS, int MT, int R, int WARPS>
 __device__ __forceinline__ void qmv_affine(const T* __restrict__ x, const u32* __restrict__ w,
                                            const T* __restrict__ scales, const T* __restrict__ biases,
-                                           T* __restrict__ y, int rows, int n, int k, int group_shift) {
+                                           T* __restrict__ y, int rows, int n, int k, int group_shift, int row0) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int row0 = blockIdx.x * R;
   const int chunks = k >> 5, words_per_row = chunks * BITS, groups_per_row = k >> group_shift;
   float acc[R][MT];
 #pragma unroll
@@ -220,14 +220,13 @@ template <typename T> __device__ __forceinline__ u32 qmv_tc_splat(T v) {
   return (u32)h | ((u32)h << 16);
 }
 
-// y[m, n] for m < rows (≤ 8) of x[rows, k]: a block of WARPS warps owns 16 weight rows.
+// y[m, n] for m < rows (≤ 8) of x[rows, k]: a block of WARPS warps owns 16 weight rows from row0.
 template <typename T, int BITS, int WARPS, int U>
 __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __restrict__ w,
                                        const T* __restrict__ scales, const T* __restrict__ biases,
-                                       T* __restrict__ y, int rows, int n, int k, int group_shift) {
+                                       T* __restrict__ y, int rows, int n, int k, int group_shift, int row0) {
   constexpr int E = 128 / BITS;  // levels per thread per step: 16 bytes of a row
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int row0 = blockIdx.x * 16;
   const int ra = min(row0 + g, n - 1), rb = min(row0 + g + 8, n - 1);
   const int words_per_row = (k >> 5) * BITS, groups_per_row = k >> group_shift;
   const int steps = (k + 4 * E - 1) / (4 * E);
@@ -329,4 +328,56 @@ __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __res
     const int row = row0 + (l >> 2) + (i >= 2 ? 8 : 0), m = 2 * (l & 3) + (i & 1);
     if (row < n && m < rows) y[(u64)m * n + row] = narrow<T>(v);
   }
+}
+
+// ---- gather_qmm: the products above over experts picked by index ----------------------------
+//
+// gather_runs (gather_mm.cuh) lists tiles of at most 8 output rows sharing a matrix of w; each
+// block loops over (tile, block of weight rows) items and runs qmv_affine or qmv_tc on them,
+// with the expert's w, scales and biases (stacks sw and ss apart). A tile whose rows of x
+// (row-major [Bx, M, K]) are not adjacent in memory runs row by row. Every call ends with a
+// barrier: the next one writes the same shared memory.
+template <typename Call>
+__device__ __forceinline__ void gq_items(Call call, const u32* lhs, const int* tiles, const int* count, int flags,
+                                         i64 bx, int m, int k, int blocks) {
+  const i64 items = (i64)(*count) * blocks;
+  for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
+    const int tile = (int)(item / blocks), blk = (int)(item % blocks);
+    const int r0 = tiles[2 * tile], r1 = tiles[2 * tile + 2], e = tiles[2 * tile + 1];
+    auto x_at = [&](int r) { return (gm_pick(lhs, r / m, flags & 1, bx) * m + r % m) * (i64)k; };
+    const i64 x0 = x_at(r0);
+    bool adjacent = true;
+    for (int r = r0 + 1; r < r1; ++r) adjacent = adjacent && x_at(r) == x0 + (i64)(r - r0) * k;
+    if (adjacent) {
+      call(x0, e, r0, r1 - r0, blk);
+      __syncthreads();
+    } else {
+      for (int r = r0; r < r1; ++r) {
+        call(x_at(r), e, r, 1, blk);
+        __syncthreads();
+      }
+    }
+  }
+}
+
+template <typename T, int BITS, int R, int WARPS>
+__device__ __forceinline__ void gather_qmv_affine(const T* x, const u32* w, const T* scales, const T* biases, T* y,
+                                                  const u32* lhs, const int* tiles, const int* count, int flags,
+                                                  i64 bx, int m, int n, int k, int group_shift, i64 sw, i64 ss) {
+  auto call = [&](i64 xo, int e, int r, int rows, int blk) {
+    qmv_affine<T, BITS, 8, R, WARPS>(x + xo, w + e * sw, scales + e * ss, biases + e * ss, y + (i64)r * n, rows, n, k,
+                                     group_shift, blk * R);
+  };
+  gq_items(call, lhs, tiles, count, flags, bx, m, k, (n + R - 1) / R);
+}
+
+template <typename T, int BITS, int WARPS, int U>
+__device__ __forceinline__ void gather_qmv_tc(const T* x, const u32* w, const T* scales, const T* biases, T* y,
+                                              const u32* lhs, const int* tiles, const int* count, int flags, i64 bx,
+                                              int m, int n, int k, int group_shift, i64 sw, i64 ss) {
+  auto call = [&](i64 xo, int e, int r, int rows, int blk) {
+    qmv_tc<T, BITS, WARPS, U>(x + xo, w + e * sw, scales + e * ss, biases + e * ss, y + (i64)r * n, rows, n, k,
+                              group_shift, blk * 16);
+  };
+  gq_items(call, lhs, tiles, count, flags, bx, m, k, (n + 15) / 16);
 }

@@ -289,10 +289,15 @@ pub(crate) fn resident_clusters(gpu: &Gpu, f: sys::CUfunction, threads: u32, clu
 /// How many blocks of `threads` threads of `f` one multiprocessor holds at once (asked of the
 /// driver once per function and block size).
 pub(crate) fn resident_blocks(gpu: &Gpu, f: sys::CUfunction, threads: u32) -> Result<u64> {
-    static KNOWN: Mutex<Vec<(usize, u32, u64)>> = Mutex::new(Vec::new());
+    resident_blocks_with(gpu, f, threads, 0)
+}
+
+/// [`resident_blocks`] for blocks of `shared` bytes of dynamic shared memory.
+pub(crate) fn resident_blocks_with(gpu: &Gpu, f: sys::CUfunction, threads: u32, shared: u32) -> Result<u64> {
+    static KNOWN: Mutex<Vec<(usize, u32, u32, u64)>> = Mutex::new(Vec::new());
     let key = f as usize;
     let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(&(_, _, n)) = known.iter().find(|&&(k, t, _)| k == key && t == threads) {
+    if let Some(&(.., n)) = known.iter().find(|&&(k, t, s, _)| k == key && t == threads && s == shared) {
         return Ok(n);
     }
     gpu.bind()?;
@@ -300,11 +305,11 @@ pub(crate) fn resident_blocks(gpu: &Gpu, f: sys::CUfunction, threads: u32) -> Re
     // SAFETY: `f` is a loaded function of this context; `n` is a local out-pointer.
     unsafe {
         check(
-            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, threads as i32, 0),
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, threads as i32, shared as usize),
             "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         )?
     };
     let n = n.max(1) as u64;
-    known.push((key, threads, n));
+    known.push((key, threads, shared, n));
     Ok(n)
 }

@@ -100,6 +100,9 @@
 //! * `gather_mm_decode_bf16_T{T}`, T in {1, 8, 64} tokens: GB/s of the distinct chosen experts'
 //!   weights, the fraction against the copy ceiling.
 //! * `gather_mm_prefill_bf16_T4096`: TFLOP/s of `2·10·T·512·2048`.
+//! * `gather_qmm_decode_q4_bf16_T{T}` and `gather_qmm_prefill_q4_bf16_T4096`: the same through
+//!   `ops::gather_qmm` with the experts in 4 bits (groups of 64, MLX's affine format), the
+//!   decode bandwidth over the chosen experts' packed weights, scales and biases.
 //!
 //! Latency-bound cases (1 and 16 tokens, decode rope, every attention decode case, every
 //! gated delta decode case) add a row `<name>_us`: microseconds per call, unit `us`.
@@ -168,6 +171,7 @@ fn run_all(b: &mut Bench) {
     sdpa_fwdbwd(b);
     gated_delta(b);
     gather_mm(b);
+    gather_qmm(b);
 }
 
 /// `goal` when the main tensor is big enough for bandwidth to decide.
@@ -618,6 +622,53 @@ fn moe_choices(t: i32, c: i32) -> (Vec<u32>, usize) {
     let mut d = v.clone();
     d.dedup();
     (v, d.len())
+}
+
+/// `ops::gather_qmm` through the same experts quantized to 4 bits in groups of 64 (MLX's
+/// affine format): decoding as a bandwidth over the chosen experts' packed weights, scales and
+/// biases, prefill in TFLOP/s.
+fn gather_qmm(b: &mut Bench) {
+    let quantized = || -> nuvec::Result<(Array, Array, Array)> {
+        let w = (random(&[MOE_E, MOE_N, MOE_K], DType::F32, 900)? * 0.02f32).astype(DT);
+        let (wq, s, bias) = ops::quantize(&w, 64, 4, "affine");
+        let bias = bias.ok_or_else(|| nuvec::Error::Backend("affine quantization without biases".into()))?;
+        nuvec::eval(&[&wq, &s, &bias])?;
+        Ok((wq, s, bias))
+    };
+    // Packed levels, then a scale and a bias per 64.
+    let expert_bytes = (MOE_N * MOE_K) as usize / 2 + 2 * (MOE_N * MOE_K / 64) as usize * ELEM;
+    let run = |x: &Array, q: &(Array, Array, Array), idx: &Array| {
+        ops::gather_qmm(x, &q.0, &q.1, Some(&q.2), None, Some(idx), true, 64, 4, "affine", true)
+    };
+    for t in [1i32, 8, 64] {
+        let (_, distinct) = moe_choices(t, 0);
+        let bytes = distinct * expert_bytes;
+        let k = b.copies(bytes);
+        let name = format!("gather_qmm_decode_q4_bf16_T{t}");
+        b.bandwidth_outputs(&name, bytes as f64, None, true, || {
+            let q = quantized()?;
+            let sets: Vec<(Array, Array)> = (0..k)
+                .map(|c| -> nuvec::Result<(Array, Array)> {
+                    let (idx, _) = moe_choices(t, c as i32);
+                    let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 910 + c as u32)?;
+                    let idx = Array::from_slice(&idx, &[t * MOE_TOP]);
+                    nuvec::eval(&[&x, &idx])?;
+                    Ok((x, idx))
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(one(move |i| run(&sets[i % k].0, &q, &sets[i % k].1)))
+        });
+    }
+    let t = 4096;
+    let flops = 2.0 * f64::from(t * MOE_TOP) * f64::from(MOE_N) * f64::from(MOE_K);
+    tflops_case(b, &format!("gather_qmm_prefill_q4_bf16_T{t}"), flops, || {
+        let q = quantized()?;
+        let (idx, _) = moe_choices(t, 0);
+        let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 930)?;
+        let idx = Array::from_slice(&idx, &[t * MOE_TOP]);
+        nuvec::eval(&[&x, &idx])?;
+        Ok(one(move |_| run(&x, &q, &idx)))
+    });
 }
 
 /// `ops::gather_mm` through 512 experts (see the module's documentation).

@@ -95,6 +95,13 @@ impl FastOp {
             FastOp::RopeKvWrite { rope, q_heads } => rope::kv_write_composition(rope, *q_heads, inputs),
             FastOp::GatedDelta(p) => gated_delta::composition(p, inputs),
             FastOp::GatherMm => vec![inputs[0].take(&inputs[2], 0).matmul(&inputs[1].take(&inputs[3], 0))],
+            FastOp::GatherQmm(p) => {
+                let n = inputs.len();
+                let (li, ri) = (&inputs[n - 2], &inputs[n - 1]);
+                let mut picked = vec![inputs[0].take(li, 0)];
+                picked.extend(inputs[1..n - 2].iter().map(|a| a.take(ri, 0)));
+                vec![crate::ops::quantize::quantized_matmul_composition(p, &picked)]
+            }
         }
     }
 
@@ -113,7 +120,7 @@ impl FastOp {
             FastOp::SwiGluMatmul { add: false } => Some(2),
             // c is batched like the rows but comes after the weight.
             FastOp::SwiGluMatmul { add: true } => None,
-            FastOp::RopeKvWrite { .. } | FastOp::GatedDelta(_) | FastOp::GatherMm => None,
+            FastOp::RopeKvWrite { .. } | FastOp::GatedDelta(_) | FastOp::GatherMm | FastOp::GatherQmm(_) => None,
             // Element-wise: every input is batched alike.
             FastOp::AdamStep(_) => Some(4),
             // The weight and bias cotangents sum over rows, the batch included.

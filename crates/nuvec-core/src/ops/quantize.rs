@@ -290,7 +290,7 @@ pub fn gather_qmm(
     sorted_indices: bool,
 ) -> Array {
     const OP: &str = "gather_qmm";
-    // Sorted indices only allow a faster kernel; the result is the same.
+    // The kernels find runs of equal indices themselves: sorting only makes them longer.
     let _ = sorted_indices;
     let mut all = vec![x, w, scales];
     all.extend(biases);
@@ -314,10 +314,27 @@ pub fn gather_qmm(
         Ok(r) => r,
         Err(f) => return f,
     };
+    let (group_size, bits) = (group_size.into(), bits.into());
+    // The composition, unevaluated: it checks the arguments (and is what runs without a kernel).
     let pick = |a: &Array| matrices(a).take(&ri, 0);
     let xs = matrices(x).take(&li, 0);
     let b = biases.map(pick);
-    let y = quantized_matmul(&xs, &pick(w), &pick(scales), b.as_ref(), transpose, group_size, bits, mode);
+    let mut y = quantized_matmul(&xs, &pick(w), &pick(scales), b.as_ref(), transpose, group_size, bits, mode);
+    let narrow = |i: &Array| match i.dtype() {
+        DType::I32 | DType::U32 => Some(i.clone()),
+        DType::I8 | DType::U8 | DType::I16 | DType::U16 => Some(i.astype(DType::I32)),
+        _ => None,
+    };
+    if let (None, Ok((qmode, gs, nbits)), Some(l), Some(r)) =
+        (y.error(), params(OP, mode, group_size, bits), narrow(&li), narrow(&ri))
+    {
+        // One primitive a backend may run reading each picked expert in place.
+        let p = QuantMatmulParams { mode: qmode, group_size: gs, bits: nbits, transpose, dtype: y.dtype() };
+        let mut inputs = vec![matrices(x), matrices(w), matrices(scales)];
+        inputs.extend(biases.map(matrices));
+        inputs.extend([l, r]);
+        y = record(FastOp::GatherQmm(p), inputs, 1).remove(0);
+    }
     let mut oshape = shape.to_vec();
     oshape.extend_from_slice(&y.shape()[y.ndim().saturating_sub(2)..]);
     y.reshape(oshape)

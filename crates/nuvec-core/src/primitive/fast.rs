@@ -122,6 +122,11 @@ pub enum FastOp {
     /// `uint32`) picking one of each per output; output `[L, M, N]`, output `i` being
     /// `a[lhs[i]] @ b[rhs[i]]`. Indices wrap once when negative and are clamped, as `take`'s.
     GatherMm,
+    /// [`gather_qmm`](crate::ops::gather_qmm): inputs `[x, w, scales, biases?, lhs, rhs]`, `x`
+    /// `[Bx, M, K]`, the packed `w` and its scales and biases stacks of `[rows, words]` and
+    /// `[rows, groups]` matrices, `lhs` and `rhs` `[L]` as [`FastOp::GatherMm`]'s; output `[L,
+    /// M, N]` in the product's dtype.
+    GatherQmm(QuantMatmulParams),
 }
 
 /// The parameters of a recorded [`FastOp::GatedDelta`].
@@ -258,6 +263,7 @@ impl FastOp {
             FastOp::GatedDelta(p) if p.steps => "gated_delta_steps",
             FastOp::GatedDelta(_) => "gated_delta",
             FastOp::GatherMm => "gather_mm",
+            FastOp::GatherQmm(_) => "gather_qmm",
         }
     }
 
@@ -277,7 +283,8 @@ impl FastOp {
             | FastOp::PagedAttention(_)
             | FastOp::RmsNormMatmul { .. }
             | FastOp::SwiGluMatmul { .. }
-            | FastOp::GatherMm => 1,
+            | FastOp::GatherMm
+            | FastOp::GatherQmm(_) => 1,
             FastOp::AddRmsNorm { .. } | FastOp::SwiGluVjp | FastOp::CrossEntropyWithGrad | FastOp::GatedDelta(_) => 2,
             FastOp::RmsNormVjp { weighted, .. } => 1 + *weighted as usize,
             FastOp::LayerNormVjp { weighted, biased, .. } => 1 + *weighted as usize + *biased as usize,
@@ -315,6 +322,7 @@ impl FastOp {
             FastOp::RopeKvWrite { rope, q_heads } => rope_kv_write_specs(rope, *q_heads, inputs),
             FastOp::GatedDelta(p) => gated_delta_specs(p, inputs),
             FastOp::GatherMm => gather_mm_specs(inputs),
+            FastOp::GatherQmm(p) => gather_qmm_specs(p, inputs),
         }
     }
 }
@@ -387,6 +395,23 @@ fn gather_mm_specs(inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
         return Err(invalid(format!("gather_mm: unexpected dtypes {inputs:?}")));
     }
     Ok(vec![Spec { shape: [li.shape[0], a.shape[1], b.shape[2]].into_iter().collect(), dtype: a.dtype }])
+}
+
+/// `[L, M, N]` for `x [Bx, M, K]`, the packed stack `w [Bw, rows, words]` and indices `[L]`;
+/// the operation checked the rest.
+fn gather_qmm_specs(p: &QuantMatmulParams, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let n_in = 5 + p.mode.has_biases() as usize;
+    let (Some(x), Some(w), Some(l)) = (inputs.first(), inputs.get(1), inputs.get(n_in - 2)) else {
+        return Err(invalid("gather_qmm takes x, w, scales, (affine) biases and two index arrays".into()));
+    };
+    if inputs.len() != n_in || x.shape.len() != 3 || w.shape.len() != 3 || l.shape.len() != 1 {
+        return Err(invalid(format!("gather_qmm: unexpected inputs {inputs:?}")));
+    }
+    let (k, n) = p.inner_outer(&w.shape[1..]);
+    if x.shape[2] != k {
+        return Err(invalid(format!("gather_qmm: x's last axis must be {k}, got shape {:?}", x.shape.as_slice())));
+    }
+    Ok(vec![Spec { shape: [l.shape[0], x.shape[1], n].into_iter().collect(), dtype: p.dtype }])
 }
 
 // ---- gated delta rule ----------------------------------------------------------------------

@@ -1,5 +1,5 @@
 //! `gather_mm`: products of matrices picked by index, read in place (`kernels/gather_mm.cuh`).
-//! Up to [`GEMV_ROWS`] output rows in all (decoding through a mixture of experts) run as a GEMV
+//! Up to 64 output rows in all (decoding through a mixture of experts) run as a GEMV
 //! per output; more, in half precision, as tiles on tensor cores over runs of outputs that share
 //! a matrix of `b`. The rest (more rows in `float32`, `K` or `N` not a multiple of 8) run as the
 //! composition.
@@ -11,18 +11,55 @@ use nuvec_core::{DType, Result};
 
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
-use crate::launch::{Arg, BLOCK, launch, resident_blocks};
+use crate::launch::{Arg, BLOCK, allow_shared, launch, resident_blocks_with};
 use crate::operand::{alloc, alloc_out, fresh_copy, internal, kernel, ptr_of};
 
-/// Output rows (`L · M`) at most that run as GEMVs; more take the tensor-core tiles.
-const GEMV_ROWS: i64 = 64;
+/// Output rows (`L · M`) at most that run as GEMVs, more taking the tensor-core tiles:
+/// `NUVEC_GATHER_GEMV_ROWS`, by default 64.
+fn gemv_rows() -> i64 {
+    static ROWS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| std::env::var("NUVEC_GATHER_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(64))
+}
 /// Rows per matrix the GEMV takes at most (matmul.cuh's `gemv_rows`, one kernel per count).
 const GEMV_M: i64 = 8;
-/// gather_mm.cuh's tile (GM_BM × GM_BN), threads of its tiles' blocks and of `gather_runs`.
-const TILE_ROWS: i64 = 64;
-const TILE_COLS: u64 = 128;
+/// Threads of `gather_mm_tc`'s blocks (GM_WARPS warps) and of `gather_runs`.
 const TC_THREADS: u32 = 256;
 const RUN_THREADS: u32 = 1024;
+
+/// The tile of `gather_mm_tc`: rows, columns, K per step, steps staged at once.
+#[derive(Clone, Copy)]
+struct Tile {
+    rows: i64,
+    cols: u64,
+    k: u32,
+    stages: u32,
+}
+
+impl Tile {
+    /// Dynamic shared memory: every stage's rows of a and W, each padded by 16 bytes.
+    fn shared(&self) -> u32 {
+        self.stages * (self.rows as u32 + self.cols as u32) * (self.k * 2 + 16)
+    }
+}
+
+/// `NUVEC_GATHER_TILE=ROWSxCOLSxKxSTAGES` (rows 32, 64 or 128; columns such that each of the
+/// 8 warps owns a multiple of 16; K 32 or 64) for experiments, else 64 × 128, K 32, 3 stages.
+fn tile() -> Tile {
+    static TILE: std::sync::OnceLock<Tile> = std::sync::OnceLock::new();
+    *TILE.get_or_init(|| {
+        let v: Vec<u64> = std::env::var("NUVEC_GATHER_TILE")
+            .unwrap_or_default()
+            .split('x')
+            .filter_map(|p| p.trim().parse().ok())
+            .collect();
+        match v[..] {
+            [r @ (32 | 64 | 128), c, k @ (32 | 64), st @ 2..=6] if c % (16 * 8 * 32 / r) == 0 && r * k >= 2048 => {
+                Tile { rows: r as i64, cols: c, k: k as u32, stages: st as u32 }
+            }
+            _ => Tile { rows: 64, cols: 128, k: 32, stages: 3 },
+        }
+    })
+}
 
 /// `(L, M, K, N)` of inputs `[a [Ba, M, K], b [Bb, K, N], lhs [L], rhs [L]]`.
 fn dims(inputs: &[Spec]) -> Option<(i64, i64, i64, i64)> {
@@ -46,7 +83,7 @@ fn plan(d: DType, inputs: &[Spec]) -> Option<Plan> {
         return None;
     }
     let half = matches!(d, DType::F16 | DType::BF16);
-    let gemv = m <= GEMV_M && l <= 65535 && (rows <= GEMV_ROWS || !half);
+    let gemv = m <= GEMV_M && l <= 65535 && (rows <= gemv_rows() || !half);
     match gemv {
         true if matches!(d, DType::F32 | DType::F16 | DType::BF16) => Some(Plan::Gemv(m)),
         _ if half && n % 8 == 0 && rows < i32::MAX as i64 / 2 => Some(Plan::Tiles),
@@ -71,10 +108,11 @@ pub(crate) fn source(d: DType) -> String {
     }
     if matches!(d, DType::F16 | DType::BF16) {
         s.kernel(format!(
-            "__launch_bounds__({RUN_THREADS}) gather_runs(const uint32_t* rhs, int flags, int64_t bb, int64_t rows, int m, int* tiles, int* count) {{ gm_runs(rhs, flags, bb, rows, m, tiles, count); }}"
+            "__launch_bounds__({RUN_THREADS}) gather_runs(const uint32_t* rhs, int flags, int64_t bb, int64_t rows, int m, int bm, int* tiles, int* count) {{ gm_runs(rhs, flags, bb, rows, m, bm, tiles, count); }}"
         ));
+        let Tile { rows, cols, k, stages } = tile();
         s.kernel(format!(
-            "__launch_bounds__({TC_THREADS}) gather_mm_tc(const {t}* a, const {t}* w, {t}* out, const uint32_t* lhs, const int* tiles, const int* count, int flags, int64_t ba, int m, int n, int k, int64_t lda, int64_t sa, int64_t ldw, int64_t sb) {{ gm_tiles<{t}>(a, w, out, lhs, tiles, count, flags, ba, m, n, k, lda, sa, ldw, sb); }}"
+            "__launch_bounds__({TC_THREADS}) gather_mm_tc(const {t}* a, const {t}* w, {t}* out, const uint32_t* lhs, const int* tiles, const int* count, int flags, int64_t ba, int m, int n, int k, int64_t lda, int64_t sa, int64_t ldw, int64_t sb) {{ gm_tiles<{t}, {rows}, {cols}, {k}, {stages}>(a, w, out, lhs, tiles, count, flags, ba, m, n, k, lda, sa, ldw, sb); }}"
         ));
     }
     s.finish()
@@ -158,10 +196,10 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, inputs: Vec<Operand>, out: &mut Output) -> Re
             launch(gpu, f, (grid, l as u32, 1), (BLOCK, 1, 1), 0, args)
         }
         Plan::Tiles => {
-            let rows = l * m;
-            // At most one tile per TILE_ROWS rows plus one per run (a run holds whole outputs),
-            // and the end's sentinel.
-            let bound = (rows + TILE_ROWS - 1) / TILE_ROWS + l + 1;
+            let (rows, shape) = (l * m, tile());
+            // At most one tile per shape.rows rows plus one per run (a run holds whole
+            // outputs), and the end's sentinel.
+            let bound = (rows + shape.rows - 1) / shape.rows + l + 1;
             let (tiles, _tiles) = alloc(gpu, 2 * bound as usize + 1, DType::I32)?;
             let count = tiles + 8 * bound as u64;
             let f = kernel(gpu, family, "gather_runs")?;
@@ -171,14 +209,17 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, inputs: Vec<Operand>, out: &mut Output) -> Re
                 Arg::I64(bb),
                 Arg::I64(rows),
                 Arg::I32(m as i32),
+                Arg::I32(shape.rows as i32),
                 Arg::Ptr(tiles),
                 Arg::Ptr(count),
             ];
             launch(gpu, f, (1, 1, 1), (RUN_THREADS, 1, 1), 0, args)?;
             let f = kernel(gpu, family, "gather_mm_tc")?;
+            allow_shared(gpu, f, shape.shared())?;
             // Blocks loop over the tiles: as many as are resident at once, or fewer.
-            let work = (bound - 1) as u64 * (n as u64).div_ceil(TILE_COLS);
-            let resident = resident_blocks(gpu, f, TC_THREADS)?.max(1) * gpu.info.multiprocessors.max(1) as u64;
+            let work = (bound - 1) as u64 * (n as u64).div_ceil(shape.cols);
+            let per_sm = resident_blocks_with(gpu, f, TC_THREADS, shape.shared())?.max(1);
+            let resident = per_sm * gpu.info.multiprocessors.max(1) as u64;
             let grid = work.clamp(1, resident) as u32;
             let args = vec![
                 Arg::Ptr(ap),
@@ -197,7 +238,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, inputs: Vec<Operand>, out: &mut Output) -> Re
                 Arg::I64(ldw),
                 Arg::I64(sb),
             ];
-            launch(gpu, f, (grid, 1, 1), (TC_THREADS, 1, 1), 0, args)
+            launch(gpu, f, (grid, 1, 1), (TC_THREADS, 1, 1), shape.shared(), args)
         }
     }
 }

@@ -56,6 +56,7 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
         FastOp::PagedAttention(p) => attention::supports_paged(p, inputs),
         FastOp::GatedDelta(p) => gated_delta::gated_delta_kernel(p, inputs).is_some(),
         FastOp::GatherMm => gather_mm::supports(inputs),
+        FastOp::GatherQmm(p) => quantized_matmul::gather_supports(p, inputs),
         FastOp::RopeKvWrite { .. } => {
             let rows: i64 = inputs[0].shape.iter().map(|&d| d as i64).product();
             let cache: i64 = inputs[1].shape.iter().map(|&d| d as i64).product();
@@ -113,6 +114,10 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
         FastOp::GatherMm => {
             let out = outputs.first_mut().ok_or_else(|| internal("gather_mm without an output"))?;
             return gather_mm::eval(gpu, inputs, out);
+        }
+        FastOp::GatherQmm(p) => {
+            let out = outputs.first_mut().ok_or_else(|| internal("gather_qmm without an output"))?;
+            return quantized_matmul::gather_eval(gpu, p, inputs, out);
         }
         _ => {}
     }

@@ -2,7 +2,8 @@
 //! (`kernels/quantized_matmul.cuh`): decoding, where the product is a pass over the packed
 //! weight. Half-precision `x` with 4- or 8-bit weights runs on tensor cores; the other cases
 //! on CUDA cores. More rows, `w[K, N]` and the FP modes run as the composition (the GPU's
-//! dequantize, then cuBLAS).
+//! dequantize, then cuBLAS). `gather_qmm` runs the same kernels over experts picked by index,
+//! any number of rows, each expert's weights read once per 8 rows that use it.
 
 use std::sync::Arc;
 
@@ -82,7 +83,7 @@ pub(crate) fn source(d: DType) -> String {
         for bits in [4, 8] {
             for steps in TC_STEPS {
                 s.kernel(format!(
-                    "__launch_bounds__({threads}) qmv_tc_b{bits}_u{steps}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, int rows, int n, int k, int group_shift) {{ qmv_tc<{t}, {bits}, {TC_WARPS}, {steps}>(x, w, scales, biases, y, rows, n, k, group_shift); }}",
+                    "__launch_bounds__({threads}) qmv_tc_b{bits}_u{steps}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, int rows, int n, int k, int group_shift) {{ qmv_tc<{t}, {bits}, {TC_WARPS}, {steps}>(x, w, scales, biases, y, rows, n, k, group_shift, blockIdx.x * 16); }}",
                     threads = TC_WARPS * 32
                 ));
             }
@@ -91,7 +92,26 @@ pub(crate) fn source(d: DType) -> String {
     for bits in BITS {
         for mt in ROW_TILES {
             s.kernel(format!(
-                "__launch_bounds__({threads}) qmv_b{bits}_m{mt}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, int rows, int n, int k, int group_shift) {{ qmv_affine<{t}, {bits}, {mt}, {ROWS_PER_BLOCK}, {WARPS}>(x, w, scales, biases, y, rows, n, k, group_shift); }}",
+                "__launch_bounds__({threads}) qmv_b{bits}_m{mt}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, int rows, int n, int k, int group_shift) {{ qmv_affine<{t}, {bits}, {mt}, {ROWS_PER_BLOCK}, {WARPS}>(x, w, scales, biases, y, rows, n, k, group_shift, blockIdx.x * {ROWS_PER_BLOCK}); }}",
+                threads = WARPS * 32
+            ));
+        }
+    }
+    // gather_qmm: the tiles' list (gather_mm.cuh), then the products over it.
+    s.kernel(format!(
+        "__launch_bounds__({RUN_THREADS}) gather_runs(const uint32_t* rhs, int flags, int64_t bb, int64_t rows, int m, int bm, int* tiles, int* count) {{ gm_runs(rhs, flags, bb, rows, m, bm, tiles, count); }}"
+    ));
+    let gather_args = "const u32* lhs, const int* tiles, const int* count, int flags, int64_t bx, int m, int n, int k, int group_shift, int64_t sw, int64_t ss";
+    let gather_call = "lhs, tiles, count, flags, bx, m, n, k, group_shift, sw, ss";
+    for bits in BITS {
+        if matches!(d, DType::F16 | DType::BF16) && matches!(bits, 4 | 8) {
+            s.kernel(format!(
+                "__launch_bounds__({threads}) gather_qmv_b{bits}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, {gather_args}) {{ gather_qmv_tc<{t}, {bits}, {TC_WARPS}, 4>(x, w, scales, biases, y, {gather_call}); }}",
+                threads = TC_WARPS * 32
+            ));
+        } else {
+            s.kernel(format!(
+                "__launch_bounds__({threads}) gather_qmv_b{bits}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, {gather_args}) {{ gather_qmv_affine<{t}, {bits}, {ROWS_PER_BLOCK}, {WARPS}>(x, w, scales, biases, y, {gather_call}); }}",
                 threads = WARPS * 32
             ));
         }
@@ -140,4 +160,84 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Operand>, 
         return launch_dependent(gpu, f, (n as u32).div_ceil(16), (TC_WARPS * 32, 1), 1, args);
     }
     launch_dependent(gpu, f, (n as u32).div_ceil(ROWS_PER_BLOCK), (WARPS * 32, 1), 1, args)
+}
+
+/// Threads of `gather_runs` (GM_RUN_THREADS in gather_mm.cuh).
+const RUN_THREADS: u32 = 1024;
+/// Output rows per tile of `gather_qmm`'s kernels: the rows one product of x takes at most.
+const GATHER_TILE: i64 = 8;
+
+/// Whether a kernel covers this `gather_qmm` (inputs `[x, w, scales, biases, lhs, rhs]`): the
+/// conditions of [`supports`] on each picked matrix, at most 2^31 output elements.
+pub(crate) fn gather_supports(p: &QuantMatmulParams, inputs: &[Spec]) -> bool {
+    let [x, w, scales, biases, lhs, _] = inputs else { return false };
+    let (l, m) = (lhs.shape[0] as i64, x.shape[1] as i64);
+    let n = p.inner_outer(&w.shape[1..]).1 as i64;
+    p.mode == QuantMode::Affine
+        && p.transpose
+        && matches!(p.dtype, DType::F32 | DType::F16 | DType::BF16)
+        && BITS.contains(&p.bits)
+        && [x, scales, biases].iter().all(|s| s.dtype == p.dtype)
+        && l * m * n.max(1) < i32::MAX as i64
+        && l * m > 0
+}
+
+/// `gather_qmm` as [`gather_supports`] accepted it: `gather_runs` lists tiles of at most 8
+/// output rows sharing an expert, then `gather_qmv_b{bits}` runs the products of each.
+pub(crate) fn gather_eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Operand>, out: &mut Output) -> Result<()> {
+    let [x, w, scales, biases, lhs, rhs] = <[Operand; 6]>::try_from(inputs)
+        .map_err(|_| internal("gather_qmm takes x, w, scales, biases and two index arrays"))?;
+    let (x, w) = (aligned(gpu, x)?, aligned(gpu, w)?);
+    let (scales, biases) = (row_major(gpu, scales)?, row_major(gpu, biases)?);
+    let (lhs, rhs) = (row_major(gpu, lhs)?, row_major(gpu, rhs)?);
+    let (k, n) = p.inner_outer(&w.shape[1..]);
+    let (bx, m, l) = (x.shape[0] as i64, x.shape[1] as i64, lhs.shape[0] as i64);
+    let y = alloc_out(gpu, out)?;
+    if l * m == 0 || n == 0 {
+        return Ok(());
+    }
+    let flags = (lhs.dtype == DType::U32) as i32 | (((rhs.dtype == DType::U32) as i32) << 1);
+    let family = Family::QuantizedMatmul(p.dtype);
+    let rows = l * m;
+    // At most one tile per 8 rows plus one per run (a run holds whole outputs), and the end.
+    let bound = (rows + GATHER_TILE - 1) / GATHER_TILE + l + 1;
+    let (tiles, _tiles) = crate::operand::alloc(gpu, 2 * bound as usize + 1, DType::I32)?;
+    let count = tiles + 8 * bound as u64;
+    let f = kernel(gpu, family, "gather_runs")?;
+    let args = vec![
+        Arg::Ptr(ptr_of(&rhs)?),
+        Arg::I32(flags),
+        Arg::I64(w.shape[0] as i64),
+        Arg::I64(rows),
+        Arg::I32(m as i32),
+        Arg::I32(GATHER_TILE as i32),
+        Arg::Ptr(tiles),
+        Arg::Ptr(count),
+    ];
+    crate::launch::launch(gpu, f, (1, 1, 1), (RUN_THREADS, 1, 1), 0, args)?;
+    let tc = matches!(p.dtype, DType::F16 | DType::BF16) && matches!(p.bits, 4 | 8);
+    let (threads, per_block) = if tc { (TC_WARPS * 32, 16) } else { (WARPS * 32, ROWS_PER_BLOCK) };
+    let f = kernel(gpu, family, &format!("gather_qmv_b{}", p.bits))?;
+    // Blocks loop over the items: as many as are resident at once, or fewer.
+    let work = (bound - 1) as u64 * (n as u64).div_ceil(per_block as u64);
+    let resident = crate::launch::resident_blocks(gpu, f, threads)?.max(1) * gpu.info.multiprocessors.max(1) as u64;
+    let args = vec![
+        Arg::Ptr(ptr_of(&x)?),
+        Arg::Ptr(ptr_of(&w)?),
+        Arg::Ptr(ptr_of(&scales)?),
+        Arg::Ptr(ptr_of(&biases)?),
+        Arg::Ptr(y),
+        Arg::Ptr(ptr_of(&lhs)?),
+        Arg::Ptr(tiles),
+        Arg::Ptr(count),
+        Arg::I32(flags),
+        Arg::I64(bx),
+        Arg::I32(m as i32),
+        Arg::I32(n),
+        Arg::I32(k),
+        Arg::I32(p.group_size.trailing_zeros() as i32),
+        Arg::I64(w.shape[1] as i64 * w.shape[2] as i64),
+        Arg::I64(scales.shape[1] as i64 * scales.shape[2] as i64),
+    ];
+    launch_dependent(gpu, f, work.clamp(1, resident) as u32, (threads, 1), 1, args)
 }

@@ -856,6 +856,20 @@ fn fast_ops_have_gpu_kernels() {
         let experts = spec(&[512, 2048, 512], d);
         let (idx, tokens) = (spec(&[10], DType::U32), spec(&[40960], DType::U32));
         cases.push((FastOp::GatherMm, vec![spec(&[1, 1, 2048], d), experts.clone(), spec(&[10], DType::I32), idx]));
+        // The same experts in 4 bits (groups of 64): one token, and 4096 tokens' choices.
+        let (qw, qs) = (spec(&[512, 512, 256], DType::U32), spec(&[512, 512, 32], d));
+        let gq = nuvec::fast::QuantMatmulParams { group_size: 64, bits: 4, ..qmm };
+        for (rows, l) in [(1, 10), (40960, 40960)] {
+            let inputs = vec![
+                spec(&[rows, 1, 2048], d),
+                qw.clone(),
+                qs.clone(),
+                qs.clone(),
+                spec(&[l], DType::I32),
+                spec(&[l], DType::U32),
+            ];
+            cases.push((FastOp::GatherQmm(gq), inputs));
+        }
         if d.is_half() {
             let rows = spec(&[40960, 1, 2048], d);
             cases.push((FastOp::GatherMm, vec![rows, experts, spec(&[40960], DType::I32), tokens]));

@@ -307,6 +307,53 @@ fn quantized_matmul_batches_rows_and_keeps_vmap_fused() {
     }
 }
 
+/// `gather_qmm` on the default device (on a GPU its kernels: tiles of up to 8 rows sharing an
+/// expert, rows run one by one where x's are not adjacent) against the product with the
+/// dequantized experts in float64, within the rounding of the product's dtype.
+#[test]
+fn gather_qmm_matches_float64_over_bits_dtypes_and_runs() {
+    // (name, Bx, M, L, sorted)
+    let cases = [("decode", 6, 1, 6, false), ("runs of 20", 100, 1, 100, true), ("rows of 3", 4, 3, 9, false)];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for bits in [3, 4, 8] {
+            let experts = weights(&[5, 40, 128], 0.6).astype(dtype);
+            let (wq, s, b) = ops::quantize(&experts, 64, bits, "affine");
+            let deq = ops::dequantize(&wq, &s, b.as_ref(), 64, bits, "affine", DType::F32).astype(DType::F64);
+            for &(name, bx, m, l, sorted) in &cases {
+                let what = format!("{name} {dtype} {bits} bits");
+                let x = (weights(&[bx, m, 128], 1.9) * 2.0).astype(dtype);
+                // Sorted: the rows in order, the experts in runs; else rows out of order
+                // (not adjacent) and experts with a negative index (wraps) and one past the end.
+                let li: Vec<i32> = (0..l).map(|i| if sorted { i } else { (i * 5 + 2) % bx }).collect();
+                let mut ri: Vec<i32> = (0..l).map(|i| if sorted { i * 5 / l } else { (i * 3 + 1) % 5 }).collect();
+                if !sorted {
+                    ri[0] = -2;
+                    ri[1] = 7;
+                }
+                let (li, ri) = (Array::from_slice(&li, vec![l]), Array::from_slice(&ri, vec![l]).astype(DType::U32));
+                let ri = if sorted { ri } else { ri.astype(DType::I32) };
+                let y =
+                    ops::gather_qmm(&x, &wq, &s, b.as_ref(), Some(&li), Some(&ri), true, 64, bits, "affine", sorted);
+                assert_eq!(y.shape(), &[l, m, 40], "{what}");
+                assert_eq!(y.dtype(), dtype, "{what}");
+                let x64 = x.astype(DType::F64);
+                let want = ops::gather_mm(&x64, &deq.swapaxes(-1, -2), Some(&li), Some(&ri), false);
+                let scale = ops::gather_mm(&x64.abs(), &deq.abs().swapaxes(-1, -2), Some(&li), Some(&ri), false);
+                let rel = match dtype {
+                    DType::F32 => 1e-5,
+                    DType::F16 => 1.0 / 512.0,
+                    _ => 1.0 / 64.0,
+                };
+                let f = |a: &Array| a.astype(DType::F64).to_vec::<f64>().unwrap();
+                let (y, want, scale) = (f(&y), f(&want), f(&scale));
+                for (i, ((y, w), s)) in y.iter().zip(&want).zip(&scale).enumerate() {
+                    assert!((y - w).abs() <= rel * (s + 1e-3), "{what}: element {i}: {y} against {w} (scale {s})");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn gather_qmm_matches_a_loop_of_quantized_matmul() {
     let experts = weights(&[4, 24, 128], 0.6);
