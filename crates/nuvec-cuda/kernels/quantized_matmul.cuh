@@ -332,18 +332,22 @@ __device__ __forceinline__ void qmv_tc(const T* __restrict__ x, const u32* __res
 
 // ---- gather_qmm: the products above over experts picked by index ----------------------------
 //
-// gather_runs (gather_mm.cuh) lists tiles of at most 8 output rows sharing a matrix of w; each
-// block loops over (tile, block of weight rows) items and runs qmv_affine or qmv_tc on them,
+// gather_runs (gather_mm.cuh) lists tiles of at most 8 output rows sharing a matrix of w, or
+// (tiles null: few rows, where listing them costs more than it saves) each output's M ≤ 8 rows
+// are a tile of their own, `direct` of them; each block loops over (tile, block of weight
+// rows) items and runs qmv_affine or qmv_tc on them,
 // with the expert's w, scales and biases (stacks sw and ss apart). A tile whose rows of x
 // (row-major [Bx, M, K]) are not adjacent in memory runs row by row. Every call ends with a
 // barrier: the next one writes the same shared memory.
 template <typename Call>
-__device__ __forceinline__ void gq_items(Call call, const u32* lhs, const int* tiles, const int* count, int flags,
-                                         i64 bx, int m, int k, int blocks) {
-  const i64 items = (i64)(*count) * blocks;
+__device__ __forceinline__ void gq_items(Call call, const u32* lhs, const u32* rhs, const int* tiles,
+                                         const int* count, int direct, int flags, i64 bx, i64 bw, int m, int k,
+                                         int blocks) {
+  const i64 items = (i64)(tiles ? *count : direct) * blocks;
   for (i64 item = blockIdx.x; item < items; item += gridDim.x) {
     const int tile = (int)(item / blocks), blk = (int)(item % blocks);
-    const int r0 = tiles[2 * tile], r1 = tiles[2 * tile + 2], e = tiles[2 * tile + 1];
+    const int r0 = tiles ? tiles[2 * tile] : tile * m, r1 = tiles ? tiles[2 * tile + 2] : r0 + m;
+    const int e = tiles ? tiles[2 * tile + 1] : (int)gm_pick(rhs, tile, flags & 2, bw);
     auto x_at = [&](int r) { return (gm_pick(lhs, r / m, flags & 1, bx) * m + r % m) * (i64)k; };
     const i64 x0 = x_at(r0);
     bool adjacent = true;
@@ -362,22 +366,24 @@ __device__ __forceinline__ void gq_items(Call call, const u32* lhs, const int* t
 
 template <typename T, int BITS, int R, int WARPS>
 __device__ __forceinline__ void gather_qmv_affine(const T* x, const u32* w, const T* scales, const T* biases, T* y,
-                                                  const u32* lhs, const int* tiles, const int* count, int flags,
-                                                  i64 bx, int m, int n, int k, int group_shift, i64 sw, i64 ss) {
+                                                  const u32* lhs, const u32* rhs, const int* tiles, const int* count,
+                                                  int direct, int flags, i64 bx, i64 bw, int m, int n, int k,
+                                                  int group_shift, i64 sw, i64 ss) {
   auto call = [&](i64 xo, int e, int r, int rows, int blk) {
     qmv_affine<T, BITS, 8, R, WARPS>(x + xo, w + e * sw, scales + e * ss, biases + e * ss, y + (i64)r * n, rows, n, k,
                                      group_shift, blk * R);
   };
-  gq_items(call, lhs, tiles, count, flags, bx, m, k, (n + R - 1) / R);
+  gq_items(call, lhs, rhs, tiles, count, direct, flags, bx, bw, m, k, (n + R - 1) / R);
 }
 
 template <typename T, int BITS, int WARPS, int U>
 __device__ __forceinline__ void gather_qmv_tc(const T* x, const u32* w, const T* scales, const T* biases, T* y,
-                                              const u32* lhs, const int* tiles, const int* count, int flags, i64 bx,
-                                              int m, int n, int k, int group_shift, i64 sw, i64 ss) {
+                                              const u32* lhs, const u32* rhs, const int* tiles, const int* count,
+                                              int direct, int flags, i64 bx, i64 bw, int m, int n, int k,
+                                              int group_shift, i64 sw, i64 ss) {
   auto call = [&](i64 xo, int e, int r, int rows, int blk) {
     qmv_tc<T, BITS, WARPS, U>(x + xo, w + e * sw, scales + e * ss, biases + e * ss, y + (i64)r * n, rows, n, k,
                               group_shift, blk * 16);
   };
-  gq_items(call, lhs, tiles, count, flags, bx, m, k, (n + 15) / 16);
+  gq_items(call, lhs, rhs, tiles, count, direct, flags, bx, bw, m, k, (n + 15) / 16);
 }

@@ -1,5 +1,5 @@
 //! `gather_mm`: products of matrices picked by index, read in place (`kernels/gather_mm.cuh`).
-//! Up to 64 output rows in all (decoding through a mixture of experts) run as a GEMV
+//! Up to 256 output rows in all (decoding through a mixture of experts) run as a GEMV
 //! per output; more, in half precision, as tiles on tensor cores over runs of outputs that share
 //! a matrix of `b`. The rest (more rows in `float32`, `K` or `N` not a multiple of 8) run as the
 //! composition.
@@ -15,10 +15,10 @@ use crate::launch::{Arg, BLOCK, allow_shared, launch, resident_blocks_with};
 use crate::operand::{alloc, alloc_out, fresh_copy, internal, kernel, ptr_of};
 
 /// Output rows (`L · M`) at most that run as GEMVs, more taking the tensor-core tiles:
-/// `NUVEC_GATHER_GEMV_ROWS`, by default 64.
+/// `NUVEC_GATHER_GEMV_ROWS`, by default 256.
 fn gemv_rows() -> i64 {
     static ROWS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| std::env::var("NUVEC_GATHER_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(64))
+    *ROWS.get_or_init(|| std::env::var("NUVEC_GATHER_GEMV_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(256))
 }
 /// Rows per matrix the GEMV takes at most (matmul.cuh's `gemv_rows`, one kernel per count).
 const GEMV_M: i64 = 8;
@@ -42,24 +42,31 @@ impl Tile {
     }
 }
 
-/// `NUVEC_GATHER_TILE=ROWSxCOLSxKxSTAGES` (rows 32, 64 or 128; columns such that each of the
-/// 8 warps owns a multiple of 16; K 32 or 64) for experiments, else 64 × 128, K 32, 3 stages.
-fn tile() -> Tile {
-    static TILE: std::sync::OnceLock<Tile> = std::sync::OnceLock::new();
-    *TILE.get_or_init(|| {
+/// The tiles: `gather_mm_tc` of 64 × 128 (K 64, 4 stages) for few rows per matrix of `b`
+/// (decoding a batch), `gather_mm_tc_tall` of 128 × 128 (K 64, 3 stages) from
+/// [`TALL_ROWS`] rows per matrix on average (prefill); see bench/results/. For experiments,
+/// `NUVEC_GATHER_TILE=ROWSxCOLSxKxSTAGES` replaces the first (rows 32, 64 or 128; columns such
+/// that each of the 8 warps owns a multiple of 16; K 32 or 64).
+fn tiles() -> [Tile; 2] {
+    static TILES: std::sync::OnceLock<[Tile; 2]> = std::sync::OnceLock::new();
+    *TILES.get_or_init(|| {
         let v: Vec<u64> = std::env::var("NUVEC_GATHER_TILE")
             .unwrap_or_default()
             .split('x')
             .filter_map(|p| p.trim().parse().ok())
             .collect();
-        match v[..] {
+        let small = match v[..] {
             [r @ (32 | 64 | 128), c, k @ (32 | 64), st @ 2..=6] if c % (16 * 8 * 32 / r) == 0 && r * k >= 2048 => {
                 Tile { rows: r as i64, cols: c, k: k as u32, stages: st as u32 }
             }
-            _ => Tile { rows: 64, cols: 128, k: 32, stages: 3 },
-        }
+            _ => Tile { rows: 64, cols: 128, k: 64, stages: 4 },
+        };
+        [small, Tile { rows: 128, cols: 128, k: 64, stages: 3 }]
     })
 }
+
+/// Rows per matrix of `b` (`L · M / Bb`) from which the tall tile runs.
+const TALL_ROWS: i64 = 64;
 
 /// `(L, M, K, N)` of inputs `[a [Ba, M, K], b [Bb, K, N], lhs [L], rhs [L]]`.
 fn dims(inputs: &[Spec]) -> Option<(i64, i64, i64, i64)> {
@@ -96,8 +103,8 @@ pub(crate) fn supports(inputs: &[Spec]) -> bool {
     inputs.len() == 4 && plan(inputs[0].dtype, inputs).is_some()
 }
 
-/// The module of `d`: `gather_gemv_m{1..8}`, and for half precision `gather_runs` and
-/// `gather_mm_tc`.
+/// The module of `d`: `gather_gemv_m{1..8}`, and for half precision `gather_runs`,
+/// `gather_mm_tc` and `gather_mm_tc_tall`.
 pub(crate) fn source(d: DType) -> String {
     let mut s = Source::new(&["gather_mm.cuh"]);
     let t = ctype(d);
@@ -110,10 +117,11 @@ pub(crate) fn source(d: DType) -> String {
         s.kernel(format!(
             "__launch_bounds__({RUN_THREADS}) gather_runs(const uint32_t* rhs, int flags, int64_t bb, int64_t rows, int m, int bm, int* tiles, int* count) {{ gm_runs(rhs, flags, bb, rows, m, bm, tiles, count); }}"
         ));
-        let Tile { rows, cols, k, stages } = tile();
-        s.kernel(format!(
-            "__launch_bounds__({TC_THREADS}) gather_mm_tc(const {t}* a, const {t}* w, {t}* out, const uint32_t* lhs, const int* tiles, const int* count, int flags, int64_t ba, int m, int n, int k, int64_t lda, int64_t sa, int64_t ldw, int64_t sb) {{ gm_tiles<{t}, {rows}, {cols}, {k}, {stages}>(a, w, out, lhs, tiles, count, flags, ba, m, n, k, lda, sa, ldw, sb); }}"
-        ));
+        for (name, Tile { rows, cols, k, stages }) in ["gather_mm_tc", "gather_mm_tc_tall"].into_iter().zip(tiles()) {
+            s.kernel(format!(
+                "__launch_bounds__({TC_THREADS}) {name}(const {t}* a, const {t}* w, {t}* out, const uint32_t* lhs, const int* tiles, const int* count, int flags, int64_t ba, int m, int n, int k, int64_t lda, int64_t sa, int64_t ldw, int64_t sb) {{ gm_tiles<{t}, {rows}, {cols}, {k}, {stages}>(a, w, out, lhs, tiles, count, flags, ba, m, n, k, lda, sa, ldw, sb); }}"
+            ));
+        }
     }
     s.finish()
 }
@@ -196,7 +204,9 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, inputs: Vec<Operand>, out: &mut Output) -> Re
             launch(gpu, f, (grid, l as u32, 1), (BLOCK, 1, 1), 0, args)
         }
         Plan::Tiles => {
-            let (rows, shape) = (l * m, tile());
+            let rows = l * m;
+            let tall = rows >= TALL_ROWS * bb.max(1);
+            let shape = tiles()[tall as usize];
             // At most one tile per shape.rows rows plus one per run (a run holds whole
             // outputs), and the end's sentinel.
             let bound = (rows + shape.rows - 1) / shape.rows + l + 1;
@@ -214,7 +224,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, inputs: Vec<Operand>, out: &mut Output) -> Re
                 Arg::Ptr(count),
             ];
             launch(gpu, f, (1, 1, 1), (RUN_THREADS, 1, 1), 0, args)?;
-            let f = kernel(gpu, family, "gather_mm_tc")?;
+            let f = kernel(gpu, family, if tall { "gather_mm_tc_tall" } else { "gather_mm_tc" })?;
             allow_shared(gpu, f, shape.shared())?;
             // Blocks loop over the tiles: as many as are resident at once, or fewer.
             let work = (bound - 1) as u64 * (n as u64).div_ceil(shape.cols);

@@ -101,8 +101,8 @@ pub(crate) fn source(d: DType) -> String {
     s.kernel(format!(
         "__launch_bounds__({RUN_THREADS}) gather_runs(const uint32_t* rhs, int flags, int64_t bb, int64_t rows, int m, int bm, int* tiles, int* count) {{ gm_runs(rhs, flags, bb, rows, m, bm, tiles, count); }}"
     ));
-    let gather_args = "const u32* lhs, const int* tiles, const int* count, int flags, int64_t bx, int m, int n, int k, int group_shift, int64_t sw, int64_t ss";
-    let gather_call = "lhs, tiles, count, flags, bx, m, n, k, group_shift, sw, ss";
+    let gather_args = "const u32* lhs, const u32* rhs, const int* tiles, const int* count, int direct, int flags, int64_t bx, int64_t bw, int m, int n, int k, int group_shift, int64_t sw, int64_t ss";
+    let gather_call = "lhs, rhs, tiles, count, direct, flags, bx, bw, m, n, k, group_shift, sw, ss";
     for bits in BITS {
         if matches!(d, DType::F16 | DType::BF16) && matches!(bits, 4 | 8) {
             s.kernel(format!(
@@ -166,6 +166,8 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Operand>, 
 const RUN_THREADS: u32 = 1024;
 /// Output rows per tile of `gather_qmm`'s kernels: the rows one product of x takes at most.
 const GATHER_TILE: i64 = 8;
+/// Output rows at most that skip `gather_runs`, each output a tile (decoding a few tokens).
+const DIRECT_ROWS: i64 = 64;
 
 /// Whether a kernel covers this `gather_qmm` (inputs `[x, w, scales, biases, lhs, rhs]`): the
 /// conditions of [`supports`] on each picked matrix, at most 2^31 output elements.
@@ -199,22 +201,26 @@ pub(crate) fn gather_eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Ope
     let flags = (lhs.dtype == DType::U32) as i32 | (((rhs.dtype == DType::U32) as i32) << 1);
     let family = Family::QuantizedMatmul(p.dtype);
     let rows = l * m;
+    // Few rows: each output is its own tile, without listing them.
+    let direct = m <= GATHER_TILE && rows <= DIRECT_ROWS;
     // At most one tile per 8 rows plus one per run (a run holds whole outputs), and the end.
-    let bound = (rows + GATHER_TILE - 1) / GATHER_TILE + l + 1;
-    let (tiles, _tiles) = crate::operand::alloc(gpu, 2 * bound as usize + 1, DType::I32)?;
-    let count = tiles + 8 * bound as u64;
-    let f = kernel(gpu, family, "gather_runs")?;
-    let args = vec![
-        Arg::Ptr(ptr_of(&rhs)?),
-        Arg::I32(flags),
-        Arg::I64(w.shape[0] as i64),
-        Arg::I64(rows),
-        Arg::I32(m as i32),
-        Arg::I32(GATHER_TILE as i32),
-        Arg::Ptr(tiles),
-        Arg::Ptr(count),
-    ];
-    crate::launch::launch(gpu, f, (1, 1, 1), (RUN_THREADS, 1, 1), 0, args)?;
+    let bound = if direct { l + 1 } else { (rows + GATHER_TILE - 1) / GATHER_TILE + l + 1 };
+    let list = (!direct).then(|| crate::operand::alloc(gpu, 2 * bound as usize + 1, DType::I32)).transpose()?;
+    let (tiles, count) = list.as_ref().map_or((0, 0), |(p, _)| (*p, p + 8 * bound as u64));
+    if !direct {
+        let f = kernel(gpu, family, "gather_runs")?;
+        let args = vec![
+            Arg::Ptr(ptr_of(&rhs)?),
+            Arg::I32(flags),
+            Arg::I64(w.shape[0] as i64),
+            Arg::I64(rows),
+            Arg::I32(m as i32),
+            Arg::I32(GATHER_TILE as i32),
+            Arg::Ptr(tiles),
+            Arg::Ptr(count),
+        ];
+        crate::launch::launch(gpu, f, (1, 1, 1), (RUN_THREADS, 1, 1), 0, args)?;
+    }
     let tc = matches!(p.dtype, DType::F16 | DType::BF16) && matches!(p.bits, 4 | 8);
     let (threads, per_block) = if tc { (TC_WARPS * 32, 16) } else { (WARPS * 32, ROWS_PER_BLOCK) };
     let f = kernel(gpu, family, &format!("gather_qmv_b{}", p.bits))?;
@@ -228,10 +234,13 @@ pub(crate) fn gather_eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Ope
         Arg::Ptr(ptr_of(&biases)?),
         Arg::Ptr(y),
         Arg::Ptr(ptr_of(&lhs)?),
+        Arg::Ptr(ptr_of(&rhs)?),
         Arg::Ptr(tiles),
         Arg::Ptr(count),
+        Arg::I32(l as i32),
         Arg::I32(flags),
         Arg::I64(bx),
+        Arg::I64(w.shape[0] as i64),
         Arg::I32(m as i32),
         Arg::I32(n),
         Arg::I32(k),

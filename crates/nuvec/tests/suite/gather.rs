@@ -173,8 +173,9 @@ fn gather_mm_matches_matmul_of_picked_matrices() {
     }
 }
 
-/// `gather_mm` on the default device (its kernels on a GPU: a GEMV per output for few rows,
-/// tensor-core tiles over runs of equal indices for many) against the product of the picked
+/// `gather_mm` on the default device (its kernels on a GPU: a GEMV per output for up to 256
+/// rows, tensor-core tiles of 64 or (from 64 rows per matrix of b) 128 rows over runs of equal
+/// indices for more) against the product of the picked
 /// matrices in float64, within the rounding of the output plus float32 accumulation.
 #[test]
 fn gather_mm_matches_float64_over_layouts_and_dtypes() {
@@ -183,9 +184,11 @@ fn gather_mm_matches_float64_over_layouts_and_dtypes() {
         ("decode", 1, 1, 64, 12, 48, 10, false, true),
         ("few rows of 3", 5, 3, 40, 7, 24, 5, false, true),
         ("sorted runs", 300, 1, 96, 9, 136, 300, true, true),
-        ("unsorted", 200, 1, 64, 6, 72, 200, false, true),
+        ("long sorted runs", 300, 1, 64, 3, 128, 300, true, true),
+        ("unsorted", 200, 1, 64, 9, 72, 400, false, true),
         ("row-major b", 80, 1, 32, 5, 64, 80, true, false),
-        ("matrices taller than a tile", 3, 70, 48, 4, 40, 3, false, true),
+        ("row-major b, many rows", 300, 1, 32, 5, 64, 300, true, false),
+        ("matrices taller than a tile", 3, 150, 48, 4, 40, 3, false, true),
     ];
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for &(name, ba, m, k, bb, n, l, sorted, transposed) in &cases {
