@@ -175,35 +175,63 @@ pub fn quantized_matmul(
     bits: impl Into<Option<i32>>,
     mode: &str,
 ) -> Array {
-    const OP: &str = "quantized_matmul";
-    let mut all = vec![x, w, scales];
-    all.extend(biases);
-    if let Some(f) = propagate(&all) {
-        return f;
-    }
-    let (qmode, gs, nbits) = match params(OP, mode, group_size.into(), bits.into()) {
+    let p = match quantized_matmul_params("quantized_matmul", x, w, scales, biases, transpose, group_size, bits, mode) {
         Ok(p) => p,
         Err(f) => return f,
     };
+    let mut inputs = vec![x.clone(), w.clone(), scales.clone()];
+    inputs.extend(biases.cloned());
+    if w.ndim() == 2 {
+        // One weight for every row of x: the backends' kernels take it from here.
+        record(FastOp::QuantizedMatmul(p), inputs, 1).remove(0)
+    } else {
+        quantized_matmul_composition(&p, &inputs)
+    }
+}
+
+/// `quantized_matmul`'s checks of its arguments (reported as `op`'s), and the product's
+/// parameters; nothing is recorded.
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+fn quantized_matmul_params(
+    op: &'static str,
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    transpose: bool,
+    group_size: impl Into<Option<i32>>,
+    bits: impl Into<Option<i32>>,
+    mode: &str,
+) -> Result<QuantMatmulParams, Array> {
+    let mut all = vec![x, w, scales];
+    all.extend(biases);
+    if let Some(f) = propagate(&all) {
+        return Err(f);
+    }
+    let (qmode, gs, nbits) = match params(op, mode, group_size.into(), bits.into()) {
+        Ok(p) => p,
+        Err(f) => return Err(f),
+    };
     if w.dtype() != DType::U32 {
-        return invalid(OP, format!("w must be uint32 (packed weights), got {}", w.dtype()));
+        return Err(invalid(op, format!("w must be uint32 (packed weights), got {}", w.dtype())));
     }
     if w.ndim() < 2 || x.ndim() < 1 {
-        return invalid(
-            OP,
+        return Err(invalid(
+            op,
             format!("w needs at least 2 dimensions and x at least 1, got shapes {:?} and {:?}", w.shape(), x.shape()),
-        );
+        ));
     }
     let dtype = match (qmode.has_biases(), biases) {
-        (true, None) => return invalid(OP, "biases must be given for affine quantization"),
+        (true, None) => return Err(invalid(op, "biases must be given for affine quantization")),
         (false, Some(_)) => {
-            return invalid(OP, format!("biases must be None for {qmode} quantization"));
+            return Err(invalid(op, format!("biases must be None for {qmode} quantization")));
         }
         (true, Some(b)) => promote_types(x.dtype(), promote_types(scales.dtype(), b.dtype())),
         (false, None) => x.dtype(),
     };
     if !dtype.is_float() {
-        return invalid(OP, format!("x must be floating, got {}", x.dtype()));
+        return Err(invalid(op, format!("x must be floating, got {}", x.dtype())));
     }
     // The dequantization's own checks, reported under this operation's name.
     let scales_dtype = qmode.scales_dtype(dtype);
@@ -214,31 +242,23 @@ pub fn quantized_matmul(
     }
     let prim = Primitive::Dequantize { mode: qmode, group_size: gs, bits: nbits, dtype };
     if let Err(kind) = prim.output_specs(&specs) {
-        return Array::failed(OP, kind);
+        return Err(Array::failed(op, kind));
     }
     let cols = w.shape()[w.ndim() - 1] as i64 * 32 / nbits as i64;
     let rows = w.shape()[w.ndim() - 2] as i64;
     let inner = if transpose { cols } else { rows };
     if x.shape()[x.ndim() - 1] as i64 != inner {
-        return invalid(
-            OP,
+        return Err(invalid(
+            op,
             format!(
                 "the last dimension of x (shape {:?}) does not match the dequantized w ({rows}, {cols}) of shape {:?} \
                  with group_size {gs}, bits {nbits} and transpose {transpose}",
                 x.shape(),
                 w.shape()
             ),
-        );
+        ));
     }
-    let p = QuantMatmulParams { mode: qmode, group_size: gs, bits: nbits, transpose, dtype };
-    let mut inputs = vec![x.clone(), w.clone(), scales.clone()];
-    inputs.extend(biases.cloned());
-    if w.ndim() == 2 {
-        // One weight for every row of x: the backends' kernels take it from here.
-        record(FastOp::QuantizedMatmul(p), inputs, 1).remove(0)
-    } else {
-        quantized_matmul_composition(&p, &inputs)
-    }
+    Ok(QuantMatmulParams { mode: qmode, group_size: gs, bits: nbits, transpose, dtype })
 }
 
 /// `quantized_matmul` as ordinary operations: the weight dequantized in the product's dtype
@@ -315,26 +335,38 @@ pub fn gather_qmm(
         Err(f) => return f,
     };
     let (group_size, bits) = (group_size.into(), bits.into());
-    // The composition, unevaluated: it checks the arguments (and is what runs without a kernel).
-    let pick = |a: &Array| matrices(a).take(&ri, 0);
-    let xs = matrices(x).take(&li, 0);
-    let b = biases.map(pick);
-    let mut y = quantized_matmul(&xs, &pick(w), &pick(scales), b.as_ref(), transpose, group_size, bits, mode);
+    let p = match quantized_matmul_params(OP, x, w, scales, biases, transpose, group_size, bits, mode) {
+        Ok(p) => p,
+        Err(f) => return f,
+    };
     let narrow = |i: &Array| match i.dtype() {
         DType::I32 | DType::U32 => Some(i.clone()),
         DType::I8 | DType::U8 | DType::I16 | DType::U16 => Some(i.astype(DType::I32)),
         _ => None,
     };
-    if let (None, Ok((qmode, gs, nbits)), Some(l), Some(r)) =
-        (y.error(), params(OP, mode, group_size, bits), narrow(&li), narrow(&ri))
-    {
+    let y = match (narrow(&li), narrow(&ri)) {
         // One primitive a backend may run reading each picked expert in place.
-        let p = QuantMatmulParams { mode: qmode, group_size: gs, bits: nbits, transpose, dtype: y.dtype() };
-        let mut inputs = vec![matrices(x), matrices(w), matrices(scales)];
-        inputs.extend(biases.map(matrices));
-        inputs.extend([l, r]);
-        y = record(FastOp::GatherQmm(p), inputs, 1).remove(0);
-    }
+        (Some(l), Some(r)) => {
+            let mut inputs = vec![matrices(x), matrices(w), matrices(scales)];
+            inputs.extend(biases.map(matrices));
+            inputs.extend([l, r]);
+            record(FastOp::GatherQmm(p), inputs, 1).remove(0)
+        }
+        _ => {
+            let pick = |a: &Array| matrices(a).take(&ri, 0);
+            let b = biases.map(pick);
+            quantized_matmul(
+                &matrices(x).take(&li, 0),
+                &pick(w),
+                &pick(scales),
+                b.as_ref(),
+                transpose,
+                group_size,
+                bits,
+                mode,
+            )
+        }
+    };
     let mut oshape = shape.to_vec();
     oshape.extend_from_slice(&y.shape()[y.ndim().saturating_sub(2)..]);
     y.reshape(oshape)

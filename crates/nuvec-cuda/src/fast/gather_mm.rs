@@ -45,24 +45,28 @@ impl Tile {
 /// The tiles: `gather_mm_tc` of 64 × 128 (K 64, 4 stages) for few rows per matrix of `b`
 /// (decoding a batch), `gather_mm_tc_tall` of 128 × 128 (K 64, 3 stages) from
 /// [`TALL_ROWS`] rows per matrix on average (prefill); see bench/results/. For experiments,
-/// `NUVEC_GATHER_TILE=ROWSxCOLSxKxSTAGES` replaces the first (rows 32, 64 or 128; columns such
-/// that each of the 8 warps owns a multiple of 16; K 32 or 64).
+/// `NUVEC_GATHER_TILE` and `NUVEC_GATHER_TILE_TALL` (`ROWSxCOLSxKxSTAGES`: rows 32, 64 or 128;
+/// columns such that each of the 8 warps owns a multiple of 16; K 32 or 64) replace them.
 fn tiles() -> [Tile; 2] {
     static TILES: std::sync::OnceLock<[Tile; 2]> = std::sync::OnceLock::new();
     *TILES.get_or_init(|| {
-        let v: Vec<u64> = std::env::var("NUVEC_GATHER_TILE")
-            .unwrap_or_default()
-            .split('x')
-            .filter_map(|p| p.trim().parse().ok())
-            .collect();
-        let small = match v[..] {
-            [r @ (32 | 64 | 128), c, k @ (32 | 64), st @ 2..=6] if c % (16 * 8 * 32 / r) == 0 && r * k >= 2048 => {
-                Tile { rows: r as i64, cols: c, k: k as u32, stages: st as u32 }
-            }
-            _ => Tile { rows: 64, cols: 128, k: 64, stages: 4 },
-        };
-        [small, Tile { rows: 128, cols: 128, k: 64, stages: 3 }]
+        [
+            tile_setting("NUVEC_GATHER_TILE").unwrap_or(Tile { rows: 64, cols: 128, k: 64, stages: 4 }),
+            tile_setting("NUVEC_GATHER_TILE_TALL").unwrap_or(Tile { rows: 128, cols: 128, k: 64, stages: 3 }),
+        ]
     })
+}
+
+/// A tile from the environment variable `name`, `ROWSxCOLSxKxSTAGES`, where it is one the
+/// kernel takes.
+fn tile_setting(name: &str) -> Option<Tile> {
+    let v: Vec<u64> = std::env::var(name).ok()?.split('x').filter_map(|p| p.trim().parse().ok()).collect();
+    match v[..] {
+        [r @ (32 | 64 | 128), c, k @ (32 | 64), st @ 2..=6] if c % (16 * 8 * 32 / r) == 0 && r * k >= 2048 => {
+            Some(Tile { rows: r as i64, cols: c, k: k as u32, stages: st as u32 })
+        }
+        _ => None,
+    }
 }
 
 /// Rows per matrix of `b` (`L · M / Bb`) from which the tall tile runs.

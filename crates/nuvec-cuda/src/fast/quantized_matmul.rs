@@ -106,8 +106,8 @@ pub(crate) fn source(d: DType) -> String {
     for bits in BITS {
         if matches!(d, DType::F16 | DType::BF16) && matches!(bits, 4 | 8) {
             s.kernel(format!(
-                "__launch_bounds__({threads}) gather_qmv_b{bits}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, {gather_args}) {{ gather_qmv_tc<{t}, {bits}, {TC_WARPS}, 4>(x, w, scales, biases, y, {gather_call}); }}",
-                threads = TC_WARPS * 32
+                "__launch_bounds__({threads}) gather_qmv_b{bits}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, {gather_args}) {{ gather_qmv_tc<{t}, {bits}, {GATHER_TC_WARPS}, 4>(x, w, scales, biases, y, {gather_call}); }}",
+                threads = GATHER_TC_WARPS * 32
             ));
         } else {
             s.kernel(format!(
@@ -166,6 +166,9 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Operand>, 
 const RUN_THREADS: u32 = 1024;
 /// Output rows per tile of `gather_qmm`'s kernels: the rows one product of x takes at most.
 const GATHER_TILE: i64 = 8;
+/// Warps of `gather_qmm`'s tensor-core blocks: experts' rows are short, so 4 warps load a
+/// block's 16 rows in one round and twice as many blocks fit at once (see bench/results/).
+const GATHER_TC_WARPS: u32 = 4;
 /// Output rows at most that skip `gather_runs`, each output a tile (decoding a few tokens).
 const DIRECT_ROWS: i64 = 64;
 
@@ -222,7 +225,7 @@ pub(crate) fn gather_eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Ope
         crate::launch::launch(gpu, f, (1, 1, 1), (RUN_THREADS, 1, 1), 0, args)?;
     }
     let tc = matches!(p.dtype, DType::F16 | DType::BF16) && matches!(p.bits, 4 | 8);
-    let (threads, per_block) = if tc { (TC_WARPS * 32, 16) } else { (WARPS * 32, ROWS_PER_BLOCK) };
+    let (threads, per_block) = if tc { (GATHER_TC_WARPS * 32, 16) } else { (WARPS * 32, ROWS_PER_BLOCK) };
     let f = kernel(gpu, family, &format!("gather_qmv_b{}", p.bits))?;
     // Blocks loop over the items: as many as are resident at once, or fewer.
     let work = (bound - 1) as u64 * (n as u64).div_ceil(per_block as u64);
