@@ -651,7 +651,7 @@ fn gather_qmm(b: &mut Bench) {
                 .map(|c| -> nuvec::Result<(Array, Array)> {
                     let (idx, _) = moe_choices(t, c as i32);
                     let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 910 + c as u32)?;
-                    let idx = Array::from_slice(&idx, &[t * MOE_TOP]);
+                    let idx = Array::from_slice(&idx, [t * MOE_TOP]);
                     nuvec::eval(&[&x, &idx])?;
                     Ok((x, idx))
                 })
@@ -665,7 +665,7 @@ fn gather_qmm(b: &mut Bench) {
         let q = quantized()?;
         let (idx, _) = moe_choices(t, 0);
         let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 930)?;
-        let idx = Array::from_slice(&idx, &[t * MOE_TOP]);
+        let idx = Array::from_slice(&idx, [t * MOE_TOP]);
         nuvec::eval(&[&x, &idx])?;
         Ok(one(move |_| run(&x, &q, &idx)))
     });
@@ -690,7 +690,7 @@ fn gather_mm(b: &mut Bench) {
                 .map(|c| -> nuvec::Result<(Array, Array)> {
                     let (idx, _) = moe_choices(t, c as i32);
                     let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 910 + c as u32)?;
-                    let idx = Array::from_slice(&idx, &[t * MOE_TOP]);
+                    let idx = Array::from_slice(&idx, [t * MOE_TOP]);
                     nuvec::eval(&[&x, &idx])?;
                     Ok((x, idx))
                 })
@@ -707,7 +707,7 @@ fn gather_mm(b: &mut Bench) {
         let w = weights()?;
         let (idx, _) = moe_choices(t, 0);
         let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 930)?;
-        let idx = Array::from_slice(&idx, &[t * MOE_TOP]);
+        let idx = Array::from_slice(&idx, [t * MOE_TOP]);
         nuvec::eval(&[&x, &idx])?;
         Ok(one(move |_| ops::gather_mm(&x, &w.swapaxes(-1, -2), None, Some(&idx), true)))
     });

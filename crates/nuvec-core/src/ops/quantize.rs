@@ -209,10 +209,7 @@ fn quantized_matmul_params(
     if let Some(f) = propagate(&all) {
         return Err(f);
     }
-    let (qmode, gs, nbits) = match params(op, mode, group_size.into(), bits.into()) {
-        Ok(p) => p,
-        Err(f) => return Err(f),
-    };
+    let (qmode, gs, nbits) = params(op, mode, group_size.into(), bits.into())?;
     if w.dtype() != DType::U32 {
         return Err(invalid(op, format!("w must be uint32 (packed weights), got {}", w.dtype())));
     }

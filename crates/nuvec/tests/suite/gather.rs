@@ -207,7 +207,7 @@ fn gather_mm_matches_float64_over_layouts_and_dtypes() {
                 ri[1] = -1;
                 ri[2] = bb + 4;
             }
-            let ri = Array::from_slice(&ri, &[l]);
+            let ri = Array::from_slice(&ri, [l]);
             let ri = if sorted { ri.astype(DType::U32) } else { ri };
             let y = ops::gather_mm(&a, &b, Some(&li), Some(&ri), sorted);
             let (a64, b64) = (a.astype(DType::F64), b.astype(DType::F64));
