@@ -624,6 +624,16 @@ fn moe_choices(t: i32, c: i32) -> (Vec<u32>, usize) {
     (v, d.len())
 }
 
+/// `T` tokens' rows `[10·T, 1, 2048]` (random, `seed`) and their sorted choices in set `c`,
+/// evaluated.
+fn moe_rows(t: i32, c: i32, seed: u32) -> nuvec::Result<(Array, Array)> {
+    let (idx, _) = moe_choices(t, c);
+    let x = random(&[t * MOE_TOP, 1, MOE_K], DT, seed)?;
+    let idx = Array::from_slice(&idx, [t * MOE_TOP]);
+    nuvec::eval(&[&x, &idx])?;
+    Ok((x, idx))
+}
+
 /// `ops::gather_qmm` through the same experts quantized to 4 bits in groups of 64 (MLX's
 /// affine format): decoding as a bandwidth over the chosen experts' packed weights, scales and
 /// biases, prefill in TFLOP/s.
@@ -647,15 +657,7 @@ fn gather_qmm(b: &mut Bench) {
         let name = format!("gather_qmm_decode_q4_bf16_T{t}");
         b.bandwidth_outputs(&name, bytes as f64, None, true, || {
             let q = quantized()?;
-            let sets: Vec<(Array, Array)> = (0..k)
-                .map(|c| -> nuvec::Result<(Array, Array)> {
-                    let (idx, _) = moe_choices(t, c as i32);
-                    let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 910 + c as u32)?;
-                    let idx = Array::from_slice(&idx, [t * MOE_TOP]);
-                    nuvec::eval(&[&x, &idx])?;
-                    Ok((x, idx))
-                })
-                .collect::<Result<_, _>>()?;
+            let sets = (0..k).map(|c| moe_rows(t, c as i32, 910 + c as u32)).collect::<Result<Vec<_>, _>>()?;
             Ok(one(move |i| run(&sets[i % k].0, &q, &sets[i % k].1)))
         });
     }
@@ -663,10 +665,7 @@ fn gather_qmm(b: &mut Bench) {
     let flops = 2.0 * f64::from(t * MOE_TOP) * f64::from(MOE_N) * f64::from(MOE_K);
     tflops_case(b, &format!("gather_qmm_prefill_q4_bf16_T{t}"), flops, || {
         let q = quantized()?;
-        let (idx, _) = moe_choices(t, 0);
-        let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 930)?;
-        let idx = Array::from_slice(&idx, [t * MOE_TOP]);
-        nuvec::eval(&[&x, &idx])?;
+        let (x, idx) = moe_rows(t, 0, 930)?;
         Ok(one(move |_| run(&x, &q, &idx)))
     });
 }
@@ -686,15 +685,7 @@ fn gather_mm(b: &mut Bench) {
         let name = format!("gather_mm_decode_bf16_T{t}");
         b.bandwidth_outputs(&name, bytes as f64, None, true, || {
             let w = weights()?;
-            let sets: Vec<(Array, Array)> = (0..k)
-                .map(|c| -> nuvec::Result<(Array, Array)> {
-                    let (idx, _) = moe_choices(t, c as i32);
-                    let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 910 + c as u32)?;
-                    let idx = Array::from_slice(&idx, [t * MOE_TOP]);
-                    nuvec::eval(&[&x, &idx])?;
-                    Ok((x, idx))
-                })
-                .collect::<Result<_, _>>()?;
+            let sets = (0..k).map(|c| moe_rows(t, c as i32, 910 + c as u32)).collect::<Result<Vec<_>, _>>()?;
             Ok(one(move |i| {
                 let (x, idx) = &sets[i % k];
                 ops::gather_mm(x, &w.swapaxes(-1, -2), None, Some(idx), true)
@@ -705,10 +696,7 @@ fn gather_mm(b: &mut Bench) {
     let flops = 2.0 * f64::from(t * MOE_TOP) * f64::from(MOE_N) * f64::from(MOE_K);
     tflops_case(b, &format!("gather_mm_prefill_bf16_T{t}"), flops, || {
         let w = weights()?;
-        let (idx, _) = moe_choices(t, 0);
-        let x = random(&[t * MOE_TOP, 1, MOE_K], DT, 930)?;
-        let idx = Array::from_slice(&idx, [t * MOE_TOP]);
-        nuvec::eval(&[&x, &idx])?;
+        let (x, idx) = moe_rows(t, 0, 930)?;
         Ok(one(move |_| ops::gather_mm(&x, &w.swapaxes(-1, -2), None, Some(&idx), true)))
     });
 }

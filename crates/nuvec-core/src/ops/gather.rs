@@ -519,12 +519,7 @@ pub fn gather_mm(
     let (a3, b3) = (matrices(a), matrices(b));
     // One primitive a backend may run without copying the picked matrices (mixture-of-experts
     // stacks are large); other dtypes take the composition directly.
-    let narrow = |i: Array| match i.dtype() {
-        DType::I32 | DType::U32 => Some(i),
-        DType::I8 | DType::U8 | DType::I16 | DType::U16 => Some(i.astype(DType::I32)),
-        _ => None,
-    };
-    let out = match (narrow(li.clone()), narrow(ri.clone())) {
+    let out = match (indices_32(&li), indices_32(&ri)) {
         (Some(l), Some(r)) if a.dtype() == b.dtype() && a.dtype().is_float() => {
             crate::fast::record(FastOp::GatherMm, vec![a3, b3, l, r], 1).remove(0)
         }
@@ -533,6 +528,16 @@ pub fn gather_mm(
     let mut oshape = shape.to_vec();
     oshape.extend_from_slice(&out.shape()[1..]);
     out.reshape(oshape)
+}
+
+/// Indices as the gathered products' kernels take them, 32-bit (`int32` or `uint32`): smaller
+/// integer types widened, 64-bit ones `None` (those take the composition).
+pub(crate) fn indices_32(i: &Array) -> Option<Array> {
+    match i.dtype() {
+        DType::I32 | DType::U32 => Some(i.clone()),
+        DType::I8 | DType::U8 | DType::I16 | DType::U16 => Some(i.astype(DType::I32)),
+        _ => None,
+    }
 }
 
 /// An operand of at least 2 dimensions as a stack of its matrices, `[batch, rows, columns]`.

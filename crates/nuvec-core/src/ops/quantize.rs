@@ -3,7 +3,7 @@
 //! The packed weights, scales and biases are byte-for-byte those MLX produces, so checkpoints
 //! quantized by MLX (mlx-community) load as they are. See [`QuantMode`] for the formats.
 
-use super::gather::{gathered_matrices, matrices};
+use super::gather::{gathered_matrices, indices_32, matrices};
 use crate::array::Array;
 use crate::dtype::{DType, promote_types};
 use crate::fast::{FastOp, QuantMatmulParams, record};
@@ -336,12 +336,7 @@ pub fn gather_qmm(
         Ok(p) => p,
         Err(f) => return f,
     };
-    let narrow = |i: &Array| match i.dtype() {
-        DType::I32 | DType::U32 => Some(i.clone()),
-        DType::I8 | DType::U8 | DType::I16 | DType::U16 => Some(i.astype(DType::I32)),
-        _ => None,
-    };
-    let y = match (narrow(&li), narrow(&ri)) {
+    let y = match (indices_32(&li), indices_32(&ri)) {
         // One primitive a backend may run reading each picked expert in place.
         (Some(l), Some(r)) => {
             let mut inputs = vec![matrices(x), matrices(w), matrices(scales)];
