@@ -158,22 +158,20 @@ __device__ __forceinline__ void gm_tiles(const T* a, const T* w, T* out, const u
       b_ok[j] = col < n;
       brow[j] = we + (b_ok[j] ? (i64)col * ldw : 0);
     }
+    // Chunk tid + 256 j of each row's BK columns from step kk, zeros where !ok or past K.
+    auto stage_rows = [&](u32 dst, auto& row, auto& ok, int kk) {
+#pragma unroll
+      for (int j = 0; j < (int)(sizeof(ok) / sizeof(ok[0])); ++j) {
+        const int ch = tid + j * GM_WARPS * 32, r = ch / CH, cc = ch % CH, c = kk * BK + cc * 8;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + r * ROW + cc * 16),
+                     "l"(row[j] + (c < k ? c : 0)), "r"(ok[j] && c < k ? 16 : 0)
+                     : "memory");
+      }
+    };
     auto stage = [&](int s, int kk) {
-      const u32 sa_ = base + s * (BM + BN) * ROW, sb_ = sa_ + BM * ROW;
-#pragma unroll
-      for (int j = 0; j < AJ; ++j) {
-        const int ch = tid + j * GM_WARPS * 32, r = ch / CH, cc = ch % CH, c = kk * BK + cc * 8;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa_ + r * ROW + cc * 16),
-                     "l"(arow[j] + (c < k ? c : 0)), "r"(a_ok[j] && c < k ? 16 : 0)
-                     : "memory");
-      }
-#pragma unroll
-      for (int j = 0; j < BJ; ++j) {
-        const int ch = tid + j * GM_WARPS * 32, r = ch / CH, cc = ch % CH, c = kk * BK + cc * 8;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sb_ + r * ROW + cc * 16),
-                     "l"(brow[j] + (c < k ? c : 0)), "r"(b_ok[j] && c < k ? 16 : 0)
-                     : "memory");
-      }
+      const u32 sa_ = base + s * (BM + BN) * ROW;
+      stage_rows(sa_, arow, a_ok, kk);
+      stage_rows(sa_ + BM * ROW, brow, b_ok, kk);
     };
     float acc[2][2 * NJ][4];
 #pragma unroll

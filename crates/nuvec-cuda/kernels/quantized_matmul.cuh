@@ -364,26 +364,20 @@ __device__ __forceinline__ void gq_items(Call call, const u32* lhs, const u32* r
   }
 }
 
-template <typename T, int BITS, int R, int WARPS>
-__device__ __forceinline__ void gather_qmv_affine(const T* x, const u32* w, const T* scales, const T* biases, T* y,
-                                                  const u32* lhs, const u32* rhs, const int* tiles, const int* count,
-                                                  int direct, int flags, i64 bx, i64 bw, int m, int n, int k,
-                                                  int group_shift, i64 sw, i64 ss) {
+// TC: qmv_tc (16 weight rows a block, U steps of loads), else qmv_affine (R rows a block).
+template <typename T, bool TC, int BITS, int R, int WARPS, int U>
+__device__ __forceinline__ void gather_qmv(const T* x, const u32* w, const T* scales, const T* biases, T* y,
+                                           const u32* lhs, const u32* rhs, const int* tiles, const int* count,
+                                           int direct, int flags, i64 bx, i64 bw, int m, int n, int k, int group_shift,
+                                           i64 sw, i64 ss) {
+  constexpr int ROWS = TC ? 16 : R;
   auto call = [&](i64 xo, int e, int r, int rows, int blk) {
-    qmv_affine<T, BITS, 8, R, WARPS>(x + xo, w + e * sw, scales + e * ss, biases + e * ss, y + (i64)r * n, rows, n, k,
-                                     group_shift, blk * R);
+    const T *xe = x + xo, *se = scales + e * ss, *be = biases + e * ss;
+    if constexpr (TC) {
+      qmv_tc<T, BITS, WARPS, U>(xe, w + e * sw, se, be, y + (i64)r * n, rows, n, k, group_shift, blk * ROWS);
+    } else {
+      qmv_affine<T, BITS, 8, R, WARPS>(xe, w + e * sw, se, be, y + (i64)r * n, rows, n, k, group_shift, blk * ROWS);
+    }
   };
-  gq_items(call, lhs, rhs, tiles, count, direct, flags, bx, bw, m, k, (n + R - 1) / R);
-}
-
-template <typename T, int BITS, int WARPS, int U>
-__device__ __forceinline__ void gather_qmv_tc(const T* x, const u32* w, const T* scales, const T* biases, T* y,
-                                              const u32* lhs, const u32* rhs, const int* tiles, const int* count,
-                                              int direct, int flags, i64 bx, i64 bw, int m, int n, int k,
-                                              int group_shift, i64 sw, i64 ss) {
-  auto call = [&](i64 xo, int e, int r, int rows, int blk) {
-    qmv_tc<T, BITS, WARPS, U>(x + xo, w + e * sw, scales + e * ss, biases + e * ss, y + (i64)r * n, rows, n, k,
-                              group_shift, blk * 16);
-  };
-  gq_items(call, lhs, rhs, tiles, count, direct, flags, bx, bw, m, k, (n + 15) / 16);
+  gq_items(call, lhs, rhs, tiles, count, direct, flags, bx, bw, m, k, (n + ROWS - 1) / ROWS);
 }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use nuvec_core::storage::{Data, Layout, Operand, Output, Spec};
+use nuvec_core::storage::{Data, Layout, Operand, Output, Spec, Storage};
 use nuvec_core::{DType, Result};
 
 use crate::driver::Gpu;
@@ -22,9 +22,64 @@ fn gemv_rows() -> i64 {
 }
 /// Rows per matrix the GEMV takes at most (matmul.cuh's `gemv_rows`, one kernel per count).
 const GEMV_M: i64 = 8;
-/// Threads of `gather_mm_tc`'s blocks (GM_WARPS warps) and of `gather_runs`.
+/// Threads of `gather_mm_tc`'s blocks (GM_WARPS warps) and of `gather_runs` (GM_RUN_THREADS).
 const TC_THREADS: u32 = 256;
 const RUN_THREADS: u32 = 1024;
+
+/// Adds `gather_runs` to a module's source (this one's and `gather_qmm`'s).
+pub(crate) fn runs_kernel(s: &mut Source) {
+    s.kernel(format!(
+        "__launch_bounds__({RUN_THREADS}) gather_runs(const uint32_t* rhs, int flags, int64_t bb, int64_t rows, int m, int bm, int* tiles, int* count) {{ gm_runs(rhs, flags, bb, rows, m, bm, tiles, count); }}"
+    ));
+}
+
+/// The kernels' `flags`: bit 0 when `lhs` is unsigned, bit 1 when `rhs` is.
+pub(crate) fn index_flags(lhs: &Operand, rhs: &Operand) -> i32 {
+    (lhs.dtype == DType::U32) as i32 | (((rhs.dtype == DType::U32) as i32) << 1)
+}
+
+/// The tiles `gather_runs` lists on the GPU: `tiles` (pairs of first row and matrix, then the
+/// end), `*count` of them, at most `bound - 1`.
+pub(crate) struct TileList {
+    pub(crate) tiles: u64,
+    pub(crate) count: u64,
+    pub(crate) bound: i64,
+    _buffer: Arc<Storage>,
+}
+
+/// Launches `family`'s `gather_runs` over the `l · m` output rows of indices `rhs` (into a
+/// stack of `bb` matrices), cutting runs every `tile_rows` rows.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn list_tiles(
+    gpu: &Arc<Gpu>,
+    family: Family,
+    rhs: u64,
+    flags: i32,
+    bb: i64,
+    l: i64,
+    m: i64,
+    tile_rows: i64,
+) -> Result<TileList> {
+    let rows = l * m;
+    // At most one tile per tile_rows rows plus one per run (a run holds whole outputs), and
+    // the end's sentinel.
+    let bound = (rows + tile_rows - 1) / tile_rows + l + 1;
+    let (tiles, buffer) = alloc(gpu, 2 * bound as usize + 1, DType::I32)?;
+    let count = tiles + 8 * bound as u64;
+    let f = kernel(gpu, family, "gather_runs")?;
+    let args = vec![
+        Arg::Ptr(rhs),
+        Arg::I32(flags),
+        Arg::I64(bb),
+        Arg::I64(rows),
+        Arg::I32(m as i32),
+        Arg::I32(tile_rows as i32),
+        Arg::Ptr(tiles),
+        Arg::Ptr(count),
+    ];
+    launch(gpu, f, (1, 1, 1), (RUN_THREADS, 1, 1), 0, args)?;
+    Ok(TileList { tiles, count, bound, _buffer: buffer })
+}
 
 /// The tile of `gather_mm_tc`: rows, columns, K per step, steps staged at once.
 #[derive(Clone, Copy)]
@@ -81,8 +136,8 @@ fn dims(inputs: &[Spec]) -> Option<(i64, i64, i64, i64)> {
 /// Which kernel takes the product, if one does.
 #[derive(Clone, Copy, PartialEq)]
 enum Plan {
-    /// A GEMV per output of this many rows.
-    Gemv(i64),
+    /// A GEMV per output.
+    Gemv,
     /// Tensor-core tiles.
     Tiles,
 }
@@ -96,7 +151,7 @@ fn plan(d: DType, inputs: &[Spec]) -> Option<Plan> {
     let half = matches!(d, DType::F16 | DType::BF16);
     let gemv = m <= GEMV_M && l <= 65535 && (rows <= gemv_rows() || !half);
     match gemv {
-        true if matches!(d, DType::F32 | DType::F16 | DType::BF16) => Some(Plan::Gemv(m)),
+        true if matches!(d, DType::F32 | DType::F16 | DType::BF16) => Some(Plan::Gemv),
         _ if half && n % 8 == 0 && rows < i32::MAX as i64 / 2 => Some(Plan::Tiles),
         _ => None,
     }
@@ -118,9 +173,7 @@ pub(crate) fn source(d: DType) -> String {
         ));
     }
     if matches!(d, DType::F16 | DType::BF16) {
-        s.kernel(format!(
-            "__launch_bounds__({RUN_THREADS}) gather_runs(const uint32_t* rhs, int flags, int64_t bb, int64_t rows, int m, int bm, int* tiles, int* count) {{ gm_runs(rhs, flags, bb, rows, m, bm, tiles, count); }}"
-        ));
+        runs_kernel(&mut s);
         for (name, Tile { rows, cols, k, stages }) in ["gather_mm_tc", "gather_mm_tc_tall"].into_iter().zip(tiles()) {
             s.kernel(format!(
                 "__launch_bounds__({TC_THREADS}) {name}(const {t}* a, const {t}* w, {t}* out, const uint32_t* lhs, const int* tiles, const int* count, int flags, int64_t ba, int m, int n, int k, int64_t lda, int64_t sa, int64_t ldw, int64_t sb) {{ gm_tiles<{t}, {rows}, {cols}, {k}, {stages}>(a, w, out, lhs, tiles, count, flags, ba, m, n, k, lda, sa, ldw, sb); }}"
@@ -180,13 +233,13 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, inputs: Vec<Operand>, out: &mut Output) -> Re
     let (a, lda, sa) = k_contiguous(gpu, a, false)?;
     let (b, ldw, sb) = k_contiguous(gpu, b, true)?;
     let (lhs, rhs) = (crate::operand::row_major(gpu, lhs)?, crate::operand::row_major(gpu, rhs)?);
-    let flags = (lhs.dtype == DType::U32) as i32 | (((rhs.dtype == DType::U32) as i32) << 1);
+    let flags = index_flags(&lhs, &rhs);
     let y = alloc_out(gpu, out)?;
     let family = Family::GatherMm(d);
     let (ap, bp, lp, rp) = (ptr_of(&a)?, ptr_of(&b)?, ptr_of(&lhs)?, ptr_of(&rhs)?);
     match plan {
-        Plan::Gemv(mt) => {
-            let f = kernel(gpu, family, &format!("gather_gemv_m{mt}"))?;
+        Plan::Gemv => {
+            let f = kernel(gpu, family, &format!("gather_gemv_m{m}"))?;
             // A warp's worth of threads per output column, as matmul.rs's GEMV.
             let grid = (n as u64).div_ceil((BLOCK / 32) as u64).min(65535) as u32;
             let args = vec![
@@ -208,30 +261,13 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, inputs: Vec<Operand>, out: &mut Output) -> Re
             launch(gpu, f, (grid, l as u32, 1), (BLOCK, 1, 1), 0, args)
         }
         Plan::Tiles => {
-            let rows = l * m;
-            let tall = rows >= TALL_ROWS * bb.max(1);
+            let tall = l * m >= TALL_ROWS * bb.max(1);
             let shape = tiles()[tall as usize];
-            // At most one tile per shape.rows rows plus one per run (a run holds whole
-            // outputs), and the end's sentinel.
-            let bound = (rows + shape.rows - 1) / shape.rows + l + 1;
-            let (tiles, _tiles) = alloc(gpu, 2 * bound as usize + 1, DType::I32)?;
-            let count = tiles + 8 * bound as u64;
-            let f = kernel(gpu, family, "gather_runs")?;
-            let args = vec![
-                Arg::Ptr(rp),
-                Arg::I32(flags),
-                Arg::I64(bb),
-                Arg::I64(rows),
-                Arg::I32(m as i32),
-                Arg::I32(shape.rows as i32),
-                Arg::Ptr(tiles),
-                Arg::Ptr(count),
-            ];
-            launch(gpu, f, (1, 1, 1), (RUN_THREADS, 1, 1), 0, args)?;
+            let list = list_tiles(gpu, family, rp, flags, bb, l, m, shape.rows)?;
             let f = kernel(gpu, family, if tall { "gather_mm_tc_tall" } else { "gather_mm_tc" })?;
             allow_shared(gpu, f, shape.shared())?;
             // Blocks loop over the tiles: as many as are resident at once, or fewer.
-            let work = (bound - 1) as u64 * (n as u64).div_ceil(shape.cols);
+            let work = (list.bound - 1) as u64 * (n as u64).div_ceil(shape.cols);
             let per_sm = resident_blocks_with(gpu, f, TC_THREADS, shape.shared())?.max(1);
             let resident = per_sm * gpu.info.multiprocessors.max(1) as u64;
             let grid = work.clamp(1, resident) as u32;
@@ -240,8 +276,8 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, inputs: Vec<Operand>, out: &mut Output) -> Re
                 Arg::Ptr(bp),
                 Arg::Ptr(y),
                 Arg::Ptr(lp),
-                Arg::Ptr(tiles),
-                Arg::Ptr(count),
+                Arg::Ptr(list.tiles),
+                Arg::Ptr(list.count),
                 Arg::I32(flags),
                 Arg::I64(ba),
                 Arg::I32(m as i32),

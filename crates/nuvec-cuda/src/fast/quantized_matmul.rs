@@ -12,6 +12,7 @@ use nuvec_core::primitive::QuantMode;
 use nuvec_core::storage::{Operand, Output, Spec};
 use nuvec_core::{DType, Result};
 
+use super::gather_mm::{index_flags, list_tiles};
 use crate::driver::Gpu;
 use crate::kernels::{Family, Source, ctype};
 use crate::launch::{Arg, launch_dependent};
@@ -98,23 +99,16 @@ pub(crate) fn source(d: DType) -> String {
         }
     }
     // gather_qmm: the tiles' list (gather_mm.cuh), then the products over it.
-    s.kernel(format!(
-        "__launch_bounds__({RUN_THREADS}) gather_runs(const uint32_t* rhs, int flags, int64_t bb, int64_t rows, int m, int bm, int* tiles, int* count) {{ gm_runs(rhs, flags, bb, rows, m, bm, tiles, count); }}"
-    ));
+    super::gather_mm::runs_kernel(&mut s);
     let gather_args = "const u32* lhs, const u32* rhs, const int* tiles, const int* count, int direct, int flags, int64_t bx, int64_t bw, int m, int n, int k, int group_shift, int64_t sw, int64_t ss";
     let gather_call = "lhs, rhs, tiles, count, direct, flags, bx, bw, m, n, k, group_shift, sw, ss";
     for bits in BITS {
-        if matches!(d, DType::F16 | DType::BF16) && matches!(bits, 4 | 8) {
-            s.kernel(format!(
-                "__launch_bounds__({threads}) gather_qmv_b{bits}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, {gather_args}) {{ gather_qmv_tc<{t}, {bits}, {GATHER_TC_WARPS}, 4>(x, w, scales, biases, y, {gather_call}); }}",
-                threads = GATHER_TC_WARPS * 32
-            ));
-        } else {
-            s.kernel(format!(
-                "__launch_bounds__({threads}) gather_qmv_b{bits}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, {gather_args}) {{ gather_qmv_affine<{t}, {bits}, {ROWS_PER_BLOCK}, {WARPS}>(x, w, scales, biases, y, {gather_call}); }}",
-                threads = WARPS * 32
-            ));
-        }
+        let tc = matches!(d, DType::F16 | DType::BF16) && matches!(bits, 4 | 8);
+        let threads = if tc { GATHER_TC_WARPS } else { WARPS } * 32;
+        s.kernel(format!(
+            "__launch_bounds__({threads}) gather_qmv_b{bits}(const {t}* x, const u32* w, const {t}* scales, const {t}* biases, {t}* y, {gather_args}) {{ gather_qmv<{t}, {tc}, {bits}, {ROWS_PER_BLOCK}, {warps}, 4>(x, w, scales, biases, y, {gather_call}); }}",
+            warps = threads / 32
+        ));
     }
     s.finish()
 }
@@ -162,8 +156,6 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Operand>, 
     launch_dependent(gpu, f, (n as u32).div_ceil(ROWS_PER_BLOCK), (WARPS * 32, 1), 1, args)
 }
 
-/// Threads of `gather_runs` (GM_RUN_THREADS in gather_mm.cuh).
-const RUN_THREADS: u32 = 1024;
 /// Output rows per tile of `gather_qmm`'s kernels: the rows one product of x takes at most.
 const GATHER_TILE: i64 = 8;
 /// Warps of `gather_qmm`'s tensor-core blocks: experts' rows are short, so 4 warps load a
@@ -201,35 +193,20 @@ pub(crate) fn gather_eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Ope
     if l * m == 0 || n == 0 {
         return Ok(());
     }
-    let flags = (lhs.dtype == DType::U32) as i32 | (((rhs.dtype == DType::U32) as i32) << 1);
+    let flags = index_flags(&lhs, &rhs);
     let family = Family::QuantizedMatmul(p.dtype);
-    let rows = l * m;
-    // Few rows: each output is its own tile, without listing them.
-    let direct = m <= GATHER_TILE && rows <= DIRECT_ROWS;
-    // At most one tile per 8 rows plus one per run (a run holds whole outputs), and the end.
-    let bound = if direct { l + 1 } else { (rows + GATHER_TILE - 1) / GATHER_TILE + l + 1 };
-    let list = (!direct).then(|| crate::operand::alloc(gpu, 2 * bound as usize + 1, DType::I32)).transpose()?;
-    let (tiles, count) = list.as_ref().map_or((0, 0), |(p, _)| (*p, p + 8 * bound as u64));
-    if !direct {
-        let f = kernel(gpu, family, "gather_runs")?;
-        let args = vec![
-            Arg::Ptr(ptr_of(&rhs)?),
-            Arg::I32(flags),
-            Arg::I64(w.shape[0] as i64),
-            Arg::I64(rows),
-            Arg::I32(m as i32),
-            Arg::I32(GATHER_TILE as i32),
-            Arg::Ptr(tiles),
-            Arg::Ptr(count),
-        ];
-        crate::launch::launch(gpu, f, (1, 1, 1), (RUN_THREADS, 1, 1), 0, args)?;
-    }
+    // Few rows: each output is its own tile (l of them), without listing them.
+    let list = if m <= GATHER_TILE && l * m <= DIRECT_ROWS {
+        None
+    } else {
+        Some(list_tiles(gpu, family, ptr_of(&rhs)?, flags, w.shape[0] as i64, l, m, GATHER_TILE)?)
+    };
+    let (tiles, count, bound) = list.as_ref().map_or((0, 0, l + 1), |t| (t.tiles, t.count, t.bound));
     let tc = matches!(p.dtype, DType::F16 | DType::BF16) && matches!(p.bits, 4 | 8);
     let (threads, per_block) = if tc { (GATHER_TC_WARPS * 32, 16) } else { (WARPS * 32, ROWS_PER_BLOCK) };
     let f = kernel(gpu, family, &format!("gather_qmv_b{}", p.bits))?;
     // Blocks loop over the items: as many as are resident at once, or fewer.
-    let work = (bound - 1) as u64 * (n as u64).div_ceil(per_block as u64);
-    let resident = crate::launch::resident_blocks(gpu, f, threads)?.max(1) * gpu.info.multiprocessors.max(1) as u64;
+    let grid = super::row_grid(gpu, f, threads, (bound - 1) as u64 * (n as u64).div_ceil(per_block as u64), 1)?;
     let args = vec![
         Arg::Ptr(ptr_of(&x)?),
         Arg::Ptr(ptr_of(&w)?),
@@ -251,5 +228,5 @@ pub(crate) fn gather_eval(gpu: &Arc<Gpu>, p: &QuantMatmulParams, inputs: Vec<Ope
         Arg::I64(w.shape[1] as i64 * w.shape[2] as i64),
         Arg::I64(scales.shape[1] as i64 * scales.shape[2] as i64),
     ];
-    launch_dependent(gpu, f, work.clamp(1, resident) as u32, (threads, 1), 1, args)
+    launch_dependent(gpu, f, grid, (threads, 1), 1, args)
 }
