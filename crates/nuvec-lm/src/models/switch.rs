@@ -120,22 +120,25 @@ impl SwitchGlu {
     /// expert's rows are adjacent and `gather_mm` reads its weights once for all of them.
     pub fn forward(&self, x: &Array, indices: &Array, act: Activation) -> Array {
         let x = x.expand_dims([-2, -3]);
-        if indices.size() < 64 {
-            let gated = act.gated(&self.gate_proj.forward(&x, indices), &self.up_proj.forward(&x, indices));
-            return self.down_proj.forward(&gated, indices).squeeze(-2);
-        }
-        // Rows [tokens·k, 1, hidden] in expert order, and the order that puts them back.
-        let k = indices.shape()[indices.ndim() - 1];
-        let flat = indices.reshape([-1]);
-        let order = flat.argsort(0);
-        let back = order.argsort(0);
-        let rows = x.flatten(0, -3).take(&order.floor_divide(k), 0);
-        let idx = flat.take(&order, 0);
+        // Sorted: rows [tokens·k, 1, hidden] in expert order, and the order that puts them back.
+        let (rows, idx, back) = if indices.size() < 64 {
+            (x, indices.clone(), None)
+        } else {
+            let k = indices.shape()[indices.ndim() - 1];
+            let flat = indices.reshape([-1]);
+            let order = flat.argsort(0);
+            (x.flatten(0, -3).take(&order.floor_divide(k), 0), flat.take(&order, 0), Some(order.argsort(0)))
+        };
         let gated = act.gated(&self.gate_proj.forward(&rows, &idx), &self.up_proj.forward(&rows, &idx));
-        let y = self.down_proj.forward(&gated, &idx).take(&back, 0);
-        let mut shape = indices.shape().to_vec();
-        shape.extend_from_slice(&y.shape()[2..]);
-        y.reshape(shape)
+        let y = self.down_proj.forward(&gated, &idx);
+        match back {
+            None => y.squeeze(-2),
+            Some(back) => {
+                let mut shape = indices.shape().to_vec();
+                shape.extend_from_slice(&y.shape()[2..]);
+                y.take(&back, 0).reshape(shape)
+            }
+        }
     }
 }
 
@@ -253,4 +256,42 @@ pub fn stack_experts(weights: Params) -> Result<Params> {
         out.insert(format!("{prefix}.mlp.switch_mlp.{tail}"), ops::stack(&list, 0));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ramp(shape: &[i32], seed: f32) -> Array {
+        let n: i32 = shape.iter().product();
+        ((ops::arange(0, n, 1).astype(DType::F32) * 0.37 + seed).sin() * 0.5).reshape(shape)
+    }
+
+    #[test]
+    fn sorted_tokens_give_what_each_token_gives_alone() {
+        // 40 tokens of 2 choices each: 80 choices take the sorted path, one token's 2 do not.
+        let (experts, hidden, inner, tokens) = (6, 16, 8, 40);
+        let linear = |i: i32, o: i32, seed: f32| {
+            let mut s = SwitchLinear::new(experts, i, o);
+            s.weight = Param::new(ramp(&[experts, o, i], seed));
+            s
+        };
+        let glu = SwitchGlu {
+            gate_proj: linear(hidden, inner, 0.1),
+            up_proj: linear(hidden, inner, 0.7),
+            down_proj: linear(inner, hidden, 1.3),
+        };
+        let x = ramp(&[tokens, hidden], 2.1);
+        let picks: Vec<i32> = (0..tokens).flat_map(|t| [(t * 5) % experts, (t * 5 + 1) % experts]).collect();
+        let indices = Array::from_slice(&picks, [tokens, 2]);
+        let all = glu.forward(&x, &indices, Activation::Silu);
+        assert_eq!(all.shape(), &[tokens, 2, hidden]);
+        for t in 0..tokens {
+            let row = |a: &Array| a.slice(&[t, 0], &[t + 1, a.shape()[1]], &[1, 1]);
+            let one = glu.forward(&row(&x), &row(&indices), Activation::Silu);
+            let got = all.slice(&[t, 0, 0], &[t + 1, 2, hidden], &[1, 1, 1]);
+            let diff = (&got - &one).abs().max(..).item::<f32>().unwrap();
+            assert!(diff < 1e-5, "token {t}: {diff}");
+        }
+    }
 }
