@@ -68,6 +68,12 @@ template <typename T> __device__ __forceinline__ T step(typename nv_mk_id<T>::ty
 __device__ __forceinline__ float fract(float x) { return x - floorf(x); }
 __device__ __forceinline__ float divide(float a, float b) { return __fdividef(a, b); }
 
+// The translation wraps the other operand of `c ? x : 1.0f` in this: Metal widens a half or
+// bfloat there to float, where CUDA C++ finds the conversion ambiguous.
+template <typename T> __device__ __forceinline__ T nv_mk_promote(T x) { return x; }
+__device__ __forceinline__ float nv_mk_promote(__half x) { return __half2float(x); }
+__device__ __forceinline__ float nv_mk_promote(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 // Metal's integer bit counts, for any integer width (`ctz(0)` and `clz(0)` are the width).
 template <typename T> struct nv_mk_is_int { static constexpr bool value = false; };
 #define NV_MK_INT(T) template <> struct nv_mk_is_int<T> { static constexpr bool value = true; };
@@ -215,15 +221,23 @@ template <typename T> struct vec<T, 4> {
     return a;                                                                                           \
   }
 NV_MK_VEC_OP(+) NV_MK_VEC_OP(-) NV_MK_VEC_OP(*) NV_MK_VEC_OP(/)
+// The integer ones: a use on float vectors fails to compile, as in Metal.
+NV_MK_VEC_OP(%) NV_MK_VEC_OP(&) NV_MK_VEC_OP(|) NV_MK_VEC_OP(^) NV_MK_VEC_OP(<<) NV_MK_VEC_OP(>>)
 #undef NV_MK_VEC_OP
 template <typename T, int N> __device__ __forceinline__ vec<T, N> operator-(vec<T, N> a) {
   for (int i = 0; i < N; ++i) a[i] = -a[i];
+  return a;
+}
+template <typename T, int N> __device__ __forceinline__ vec<T, N> operator~(vec<T, N> a) {
+  for (int i = 0; i < N; ++i) a[i] = ~a[i];
   return a;
 }
 
 // Comparisons give bool vectors; `all`, `any` and `select` read them.
 NV_MK_VEC_BINARY(<, bool) NV_MK_VEC_BINARY(<=, bool) NV_MK_VEC_BINARY(>, bool)
 NV_MK_VEC_BINARY(>=, bool) NV_MK_VEC_BINARY(==, bool) NV_MK_VEC_BINARY(!=, bool)
+// Metal's `&&` and `||` on vectors are elementwise (both sides are evaluated).
+NV_MK_VEC_BINARY(&&, bool) NV_MK_VEC_BINARY(||, bool)
 #undef NV_MK_VEC_BINARY
 template <int N> __device__ __forceinline__ vec<bool, N> operator!(vec<bool, N> a) {
   for (int i = 0; i < N; ++i) a[i] = !a[i];
@@ -302,6 +316,29 @@ template <typename T, int N> __device__ __forceinline__ vec<T, N> max(vec<T, N> 
 template <typename T, int N> __device__ __forceinline__ vec<T, N> min(vec<T, N> a, vec<T, N> b) {
   for (int i = 0; i < N; ++i) a[i] = b[i] < a[i] ? b[i] : a[i];
   return a;
+}
+
+// Metal's common functions elementwise on vectors; a scalar bound, weight or edge is broadcast.
+template <typename T, int N>
+__device__ __forceinline__ vec<T, N> clamp(vec<T, N> x, typename nv_mk_id<vec<T, N>>::type lo,
+                                           typename nv_mk_id<vec<T, N>>::type hi) {
+  for (int i = 0; i < N; ++i) x[i] = x[i] < lo[i] ? lo[i] : (hi[i] < x[i] ? hi[i] : x[i]);
+  return x;
+}
+template <typename T, int N> __device__ __forceinline__ vec<T, N> saturate(vec<T, N> x) { return clamp(x, T(0), T(1)); }
+template <typename T, int N>
+__device__ __forceinline__ vec<T, N> mix(vec<T, N> x, typename nv_mk_id<vec<T, N>>::type y,
+                                         typename nv_mk_id<vec<T, N>>::type a) {
+  for (int i = 0; i < N; ++i) x[i] = x[i] + (y[i] - x[i]) * a[i];
+  return x;
+}
+template <typename T, int N> __device__ __forceinline__ vec<T, N> step(typename nv_mk_id<vec<T, N>>::type edge, vec<T, N> x) {
+  for (int i = 0; i < N; ++i) x[i] = x[i] < edge[i] ? T(0) : T(1);
+  return x;
+}
+template <typename T, int N> __device__ __forceinline__ vec<T, N> sign(vec<T, N> x) {
+  for (int i = 0; i < N; ++i) x[i] = x[i] > T(0) ? T(1) : (x[i] < T(0) ? T(-1) : T(0));
+  return x;
 }
 
 // Metal's limits, for the types kernels use them with.

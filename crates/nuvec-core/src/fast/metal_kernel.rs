@@ -15,6 +15,11 @@
 //!    to (`=`, `+=`, ...) becomes `.template wsw<0, 1>()`, a reference to its components. An
 //!    assigned swizzle that repeats a component (`v.xx = ...`) is refused, as Metal refuses it.
 //! 4. `#include <metal_stdlib>` and other `<metal_*>` includes become comments.
+//! 5. Floating literals without a suffix (`0.5`, `-1e30`) get an `f`: Metal has no `double`,
+//!    so they are floats there, and a `double` would change both the results and the speed.
+//! 6. In a conditional `c ? x : 1.0f` (or `c ? 0 : x`) the operand that is not a number is wrapped
+//!    in `nv_mk_promote`, which widens half and bfloat to float, as Metal's conversions do;
+//!    CUDA's half types convert both ways, which makes such a conditional ambiguous there.
 //!
 //! The kernel's signature follows MLX's Metal rules: inputs are `const device T*` (0-d inputs
 //! `const constant T&`, here by value), outputs `device T*` or, with
@@ -39,6 +44,7 @@
 //! | `float2/3/4`, `half4`, `int2`, `uint3`, ... with `+ - * /`, `[]`, constructors, conversions, swizzle reads, `dot`, `length`, `normalize` | `metal::vec<T, N>` | `vectors` |
 //! | swizzle assignment: `v.xy = ...`, `v.zw += ...` (`+= -= *= /=`), `c.rgb = c.bgr`, `p[i].wzy = ...`; single `.x`...`.w` and `.r`...`.a` | a reference to the components; `.r` shares `.x`'s storage | `swizzle_writes` |
 //! | `<`, `<=`, `>`, `>=`, `==`, `!=` on vectors, and between a vector and a scalar, giving `bool2/3/4`; `!`, `all`, `any` and `select(a, b, boolN)` on bool vectors | elementwise on `metal::vec<bool, N>` | `compare` |
+//! | `%`, `&`, `\|`, `^`, `<<`, `>>` (and their compound assignments), `~` on integer vectors; `&&`, `\|\|` on bool vectors; `clamp`, `mix`, `step`, `sign`, `saturate` on float vectors, with scalar or vector bounds | elementwise; `&&` and `\|\|` evaluate both sides, as Metal's vector forms do | `vector_ops` |
 //! | `simd_ballot(bool)` giving `simd_vote`: `(uint64_t)` or `simd_vote::vote_t` casts, `.all()`, `.any()`; `simd_active_threads_mask()`; `popcount`, `ctz`, `clz` on integers and `popcount` on vectors | `__ballot_sync(0xffffffff, c)` widened to 64 bits (the high half is zero); `.all()` compares with `__activemask()`; `__popcll`, `__ffsll`, `__clzll` | `ballot` |
 //! | `exp`, `log`, `sqrt`, `rsqrt`, `tanh`, `abs`, `max`, `min`, `fma`, `clamp`, `select`, `mix`, `sign`, `step`, `fract`, `saturate`, on float, half, bfloat and vectors; `fast::` and `precise::`; `metal::` names | CUDA math | `math` |
 //! | `as_type<T>`, `metal::numeric_limits<T>`, `INFINITY`, `M_PI_F`, ... | bit copies, constants | `math` |
@@ -46,6 +52,7 @@
 //! | mlx-lm 0.32.2's Gated DeltaNet kernels (`models/gated_delta.py`, all six), against `fast::gated_delta` | as above | `mlx_lm_gated_delta_*` |
 //! | mlx-lm 0.32.2's Mamba-2 SSM step (`models/ssm.py`, `ssm_kernel`), against its composition | as above | `mlx_lm_ssm_*` |
 //! | mlx-lm 0.32.2's `qk_norm` and `rms_norm_sigmoid_gate` (`kernels/`, the second through strides), against their compositions | as above | `mlx_lm_fused_*` |
+//! | the rest of mlx-lm 0.32.2's Metal kernels, against their compositions: `expert_routing`, `norm_add_norm`, `norm_add`, `norm_add_norm_pre_norm`, `post_expert_norm_combine`, `qk_norm_rope` (`kernels/`); `wkv7_kernel` (`models/rwkv7.py`), `attnres_mix` (`models/kimi_k3.py`), `deepseek_v41_sinkhorn` (`models/deepseek_v41.py`), `bitlinear_matmul` (`models/bitlinear_layers.py`); `kl_forward`, `kl_backward`, `js_forward`, `js_backward` (`tuner/losses.py`, the derivatives against the composition's). A test reads the wheel and checks that these and the rows above are every kernel it builds. MLX's own wheel builds no Metal kernel from source. | as above | `metal_kernel_mlx_lm.rs` |
 //!
 //! Outside the table, textures, samplers, SIMD-group matrices, quad-groups, matrix and packed
 //! types and Metal attributes (`[[buffer(0)]]`) give a failed array naming the construct and its

@@ -19,6 +19,7 @@ mod gather;
 mod gpu;
 mod memory;
 mod metal_kernel;
+mod metal_kernel_mlx_lm;
 mod mlx_attention;
 mod mlx_conv;
 mod mlx_fast;

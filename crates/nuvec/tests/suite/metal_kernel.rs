@@ -16,23 +16,27 @@ use serde_json::Value;
 use crate::{custom_gpu as gpu, custom_nvrtc as nvrtc};
 
 /// One kernel call: the kernel, its inputs, output shapes and dtypes, and the launch.
-struct Case {
-    kernel: MetalKernel,
-    inputs: Vec<Array>,
-    outputs: Vec<(Vec<i32>, DType)>,
-    config: KernelConfig,
+pub(crate) struct Case {
+    pub(crate) kernel: MetalKernel,
+    pub(crate) inputs: Vec<Array>,
+    pub(crate) outputs: Vec<(Vec<i32>, DType)>,
+    pub(crate) config: KernelConfig,
 }
 
 impl Case {
-    fn call(&self) -> Vec<Array> {
+    pub(crate) fn call(&self) -> Vec<Array> {
         self.kernel.call(&self.inputs, &self.outputs, &self.config)
     }
-    fn f32s(&self) -> Vec<Vec<f32>> {
+    pub(crate) fn f32s(&self) -> Vec<Vec<f32>> {
         self.call().iter().map(|o| o.astype(DType::F32).to_vec::<f32>().unwrap()).collect()
     }
 }
 
-fn config(grid: (u32, u32, u32), threadgroup: (u32, u32, u32), template: Vec<(&str, TemplateArg)>) -> KernelConfig {
+pub(crate) fn config(
+    grid: (u32, u32, u32),
+    threadgroup: (u32, u32, u32),
+    template: Vec<(&str, TemplateArg)>,
+) -> KernelConfig {
     KernelConfig {
         grid,
         threadgroup,
@@ -42,11 +46,11 @@ fn config(grid: (u32, u32, u32), threadgroup: (u32, u32, u32), template: Vec<(&s
 }
 
 /// Values in a spread of magnitudes and signs, never all equal.
-fn wavy(n: usize, seed: f32) -> Vec<f32> {
+pub(crate) fn wavy(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32 * 0.7311 + seed).sin() * 3.0 * 64.0).round() / 64.0).collect()
 }
 
-fn floats(v: &[f32]) -> Array {
+pub(crate) fn floats(v: &[f32]) -> Array {
     Array::from_slice(v, [v.len()])
 }
 
@@ -466,6 +470,66 @@ fn header_helper() -> Case {
 }
 
 /// Every small kernel of these tests.
+/// Integer vector operators (`% & | ^ << >> ~`, compound ones), `&&` and `||` on bool vectors,
+/// and `clamp`, `mix`, `step`, `sign`, `saturate` on float vectors with scalar and vector bounds.
+const VECTOR_OPS: &str = "uint i = thread_position_in_grid.x;\n\
+                          uint4 a = uint4(i, i + 1, 3 * i + 2, i + 7);\n\
+                          uint4 b = uint4(3, 5, 2, 9);\n\
+                          uint4 r = (a % b) + (a & b) * 10u + ((a | b) << 2) + ((a ^ b) >> 1) + (~a & 1u);\n\
+                          r <<= uint4(1);\n\
+                          r |= 1u;\n\
+                          r %= 1000u;\n\
+                          ((device uint4*)bits)[i] = r;\n\
+                          bool4 m = (a > b) && (a < 9u) || !(a == b);\n\
+                          flags[i] = uint(m.x) | uint(m.y) << 1 | uint(m.z) << 2 | uint(m.w) << 3;\n\
+                          float4 f = ((const device float4*)inp)[i];\n\
+                          device float4* g = (device float4*)fl;\n\
+                          g[5 * i] = clamp(f, -0.5f, 0.5f);\n\
+                          g[5 * i + 1] = mix(f, float4(1.0f), 0.25f);\n\
+                          g[5 * i + 2] = step(0.0f, f);\n\
+                          g[5 * i + 3] = sign(f);\n\
+                          g[5 * i + 4] = saturate(f) + clamp(f, float4(-1.0f, 0.0f, -2.0f, 0.5f), float4(0.0f, 1.0f, 2.0f, 3.0f));";
+
+fn vector_ops() -> Case {
+    Case {
+        kernel: MetalKernel::new("vector_ops", &["inp"], &["bits", "flags", "fl"], VECTOR_OPS),
+        inputs: vec![floats(&wavy(128, 0.9))],
+        outputs: vec![(vec![128], DType::U32), (vec![32], DType::U32), (vec![32 * 20], DType::F32)],
+        config: config((32, 1, 1), (32, 1, 1), vec![]),
+    }
+}
+
+fn vector_ops_want(x: &[f32]) -> (Vec<u32>, Vec<u32>, Vec<f32>) {
+    let (mut bits, mut flags, mut fl) = (vec![], vec![], vec![]);
+    for (i, f) in x.chunks(4).enumerate() {
+        let i = i as u32;
+        let (a, b) = ([i, i + 1, 3 * i + 2, i + 7], [3u32, 5, 2, 9]);
+        let mut m = 0;
+        for j in 0..4 {
+            let (a, b) = (a[j], b[j]);
+            let r = (a % b) + (a & b) * 10 + ((a | b) << 2) + ((a ^ b) >> 1) + (!a & 1);
+            bits.push(((r << 1) | 1) % 1000);
+            m |= (((a > b) && (a < 9) || a != b) as u32) << j;
+        }
+        flags.push(m);
+        let (lo, hi) = ([-1.0f32, 0.0, -2.0, 0.5], [0.0f32, 1.0, 2.0, 3.0]);
+        fl.extend(f.iter().map(|v| v.clamp(-0.5, 0.5)));
+        fl.extend(f.iter().map(|v| v + (1.0 - v) * 0.25));
+        fl.extend(f.iter().map(|&v| if v < 0.0 { 0.0 } else { 1.0 }));
+        fl.extend(f.iter().map(|&v| {
+            if v > 0.0 {
+                1.0
+            } else if v < 0.0 {
+                -1.0
+            } else {
+                0.0
+            }
+        }));
+        fl.extend(f.iter().enumerate().map(|(j, v)| v.clamp(0.0, 1.0) + v.clamp(lo[j], hi[j])));
+    }
+    (bits, flags, fl)
+}
+
 fn cases() -> Vec<Case> {
     vec![
         scale_f16(),
@@ -481,6 +545,7 @@ fn cases() -> Vec<Case> {
         math(),
         histogram(&[0, 1, 2, 3]),
         header_helper(),
+        vector_ops(),
     ]
 }
 
@@ -507,12 +572,12 @@ fn sha256(path: &std::path::Path) -> String {
     sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn python() -> String {
+pub(crate) fn python() -> String {
     std::env::var("NUVEC_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
 /// The mlx-lm 0.32.2 wheel, downloaded with pip the first time and checked by sha256.
-fn mlx_lm_wheel() -> Result<PathBuf, String> {
+pub(crate) fn mlx_lm_wheel() -> Result<PathBuf, String> {
     let dir = cache_dir().join("downloads");
     let path = dir.join(MLX_LM_WHEEL);
     if path.exists() {
@@ -538,39 +603,67 @@ fn mlx_lm_wheel() -> Result<PathBuf, String> {
     done.map(|()| path)
 }
 
-/// Imports a module of the wheel with a stand-in `mlx` that records every `mx.fast.metal_kernel`
-/// built (MLX itself needs a Mac): the kernels exactly as mlx-lm writes them.
+/// Imports a module of the wheel with stand-ins for `mlx` (MLX itself needs a Mac) and for
+/// packages that are not installed, recording every `mx.fast.metal_kernel` built: the kernels
+/// exactly as mlx-lm writes them. The module's parent packages are stand-ins too, so their
+/// `__init__` files (which import all of mlx-lm) do not run.
 const CAPTURE: &str = r#"
-import importlib, json, sys, types
+import importlib, importlib.abc, importlib.machinery, json, sys, types
 whl, module = sys.argv[1], sys.argv[2]
 kernels = []
+class Meta(type):
+    # Any attribute, call, subscript or union of a stand-in is a stand-in; it subclasses too.
+    def __getattr__(cls, name):
+        return Stub
+    def __call__(cls, *a, **kw):
+        return Stub
+    def __getitem__(cls, key):
+        return Stub
+    def __iter__(cls):
+        return iter(())
+    def __or__(cls, other):
+        return Stub
+    __ror__ = __or__
+class Stub(metaclass=Meta):
+    pass
 def metal_kernel(**kw):
     kernels.append(kw)
-    return kw["name"]
+    return Stub
 def mx_compile(f=None, **kw):
     return f if f is not None else (lambda g: g)
-mx = types.ModuleType("mlx.core")
-mx.metal = types.SimpleNamespace(is_available=lambda: True)
-mx.fast = types.SimpleNamespace(metal_kernel=metal_kernel)
-mx.compile = mx_compile
-mx.__getattr__ = lambda name: object  # mx.array and dtypes in annotations
-nn = types.ModuleType("mlx.nn")
-nn.__getattr__ = lambda name: object
-mlx = types.ModuleType("mlx")
-mlx.core, mlx.nn = mx, nn
-# The wheel's package without its __init__ (which imports all of mlx-lm): modules import from
-# the zip, relative imports included.
-pkg = types.ModuleType("mlx_lm")
-pkg.__path__ = [whl + "/mlx_lm"]
-sys.modules.update({"mlx": mlx, "mlx.core": mx, "mlx.nn": nn, "mlx_lm": pkg})
+class Loader(importlib.abc.Loader):
+    def create_module(self, spec):
+        m = types.ModuleType(spec.name)
+        m.__path__ = []
+        m.__getattr__ = lambda name: Stub
+        return m
+    def exec_module(self, m):
+        if m.__name__ == "mlx.core":
+            m.metal = types.SimpleNamespace(is_available=lambda: True)
+            m.fast = types.SimpleNamespace(metal_kernel=metal_kernel)
+            m.compile = mx_compile
+class Mlx(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "mlx" or name.startswith("mlx."):
+            return importlib.machinery.ModuleSpec(name, Loader(), is_package=True)
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        return importlib.machinery.ModuleSpec(name, Loader(), is_package=True)
+sys.meta_path.insert(0, Mlx())
+sys.meta_path.append(Missing())
+parts = module.removesuffix(".py").split("/")
+for i in range(1, len(parts)):
+    pkg = types.ModuleType(".".join(parts[:i]))
+    pkg.__path__ = [whl + "/" + "/".join(parts[:i])]
+    sys.modules[pkg.__name__] = pkg
 sys.path.insert(0, whl)
-importlib.import_module(module.removesuffix(".py").replace("/", "."))
+importlib.import_module(".".join(parts))
 print(json.dumps(kernels))
 "#;
 
 /// The Metal kernels one module of mlx-lm builds, in order, or why they could not be read.
 /// Under `NUVEC_REQUIRE_NVRTC=1` (CI) failing to read them fails the test.
-fn mlx_lm_kernels(module: &str) -> Option<Vec<MetalKernel>> {
+pub(crate) fn mlx_lm_kernels(module: &str) -> Option<Vec<MetalKernel>> {
     let read = || -> Result<Vec<MetalKernel>, String> {
         let wheel = mlx_lm_wheel()?;
         let out = std::process::Command::new(python())
@@ -728,7 +821,7 @@ fn gdn_case(kernel: &MetalKernel, x: &GdnInputs) -> Case {
     }
 }
 
-fn compile_all(all: &[Case]) {
+pub(crate) fn compile_all(all: &[Case]) {
     let mut failures = Vec::new();
     for c in all {
         let spec =
@@ -797,12 +890,12 @@ fn mlx_lm_ssm_kernel_compiles_with_nvrtc() {
 
 /// One of mlx-lm's fused kernels (`mlx_lm/kernels/`), by name.
 fn mlx_lm_fused(name: &str) -> Option<MetalKernel> {
-    let all = mlx_lm_kernels("mlx_lm/kernels/qk_norm.py")?;
+    let all = mlx_lm_kernels(&format!("mlx_lm/kernels/{name}.py"))?;
     Some(all.into_iter().find(|k| k.name() == name).unwrap_or_else(|| panic!("mlx-lm has no kernel {name}")))
 }
 
 /// `x * rsqrt(mean(x², -1) + eps)` in float32.
-fn rms(x: &Array, eps: f32) -> Array {
+pub(crate) fn rms(x: &Array, eps: f32) -> Array {
     let x = x.astype(DType::F32);
     let d = *x.shape().last().unwrap() as f64;
     let ms = (&x * &x).sum_keepdims(-1) / d + eps as f64;
@@ -914,6 +1007,8 @@ fn bad_input_gives_failed_arrays_naming_construct_and_line() {
         &["`.xx =`", "repeated component", "line 2 of the source", "bad.source:2"],
     );
     check(call(k("float2x2 m;")), &["`float2x2`", "matrix", "line 1"]);
+    check(call(k("out[0] = 1.0f;\npacked_float3 p;")), &["`packed_float3`", "packed", "line 2"]);
+    check(call(k("simdgroup_float8x8 m;")), &["`simdgroup_float8x8`", "SIMD-group matrices", "line 1"]);
     check(call(k("if (true) {\n  out[0] = inp[0];\n")), &["syntax error", "`{` is never closed", "line 1"]);
     check(call(k("out[0] = (inp[0];\n")), &["syntax error", "line 1"]);
     check(call(k("out[0] = inp[0];\n/* never closed")), &["syntax error", "line 2"]);
@@ -979,7 +1074,7 @@ fn strided_views_and_scalars() {
     assert_eq!(c.f32s()[0], want);
 }
 
-fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+pub(crate) fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert!((g - w).abs() <= tol * w.abs().max(1.0), "{what}[{i}]: {g} vs {w}");
@@ -1047,6 +1142,21 @@ fn vector_comparisons_and_select() {
     assert_eq!(outs[0].to_vec::<u32>().unwrap(), bits, "comparison bits");
     assert_eq!(outs[1].to_vec::<u32>().unwrap(), flags, "all/any flags");
     assert_eq!(outs[2].to_vec::<f32>().unwrap(), sel, "select");
+}
+
+#[test]
+fn vector_bit_operators_and_common_functions() {
+    let (_, flags, _) = vector_ops_want(&wavy(128, 0.9));
+    assert!((0..4).all(|b| flags.iter().any(|f| f >> b & 1 == 1) && flags.iter().any(|f| f >> b & 1 == 0)));
+    if !gpu() {
+        return;
+    }
+    let c = vector_ops();
+    let (bits, flags, fl) = vector_ops_want(&c.inputs[0].to_vec::<f32>().unwrap());
+    let outs = c.call();
+    assert_eq!(outs[0].to_vec::<u32>().unwrap(), bits, "integer operators");
+    assert_eq!(outs[1].to_vec::<u32>().unwrap(), flags, "&& and ||");
+    close(&outs[2].to_vec::<f32>().unwrap(), &fl, 1e-6, "clamp, mix, step, sign, saturate");
 }
 
 #[test]

@@ -218,26 +218,26 @@ const SIMD: [&str; 23] = [
     "simd_active_threads_mask",
 ];
 
-/// Constructs with no translation, and why.
-fn unsupported(s: &str) -> Option<&'static str> {
+/// Constructs with no translation, and why. `next` is the token after `s`: Metal's SIMD- and
+/// quad-group functions are refused where they are called, so a variable named `simd_lane` is
+/// not taken for one.
+fn unsupported(s: &str, next: Option<&str>) -> Option<&'static str> {
+    let called = next == Some("(");
     let texture = ["texture1d", "texture2d", "texture3d", "texturecube", "texture2d_array", "texture1d_array"];
     if texture.contains(&s) || s.starts_with("depth2d") || s == "sampler" || s == "access" {
         return Some("Metal textures and samplers have no CUDA translation");
     }
-    if s.starts_with("simdgroup_")
-        && s != "simdgroup_barrier"
-        && s != "simdgroup_index_in_threadgroup"
-        && s != "simdgroups_per_threadgroup"
-    {
+    let matrix = ["simdgroup_float8x8", "simdgroup_half8x8", "simdgroup_bfloat8x8"];
+    if s.starts_with("simdgroup_") && s != "simdgroup_barrier" && (called || next == Some("<") || matrix.contains(&s)) {
         return Some("SIMD-group matrices and async copies are not translated");
     }
-    if s.starts_with("simd_") && !SIMD.contains(&s) {
+    if s.starts_with("simd_") && called && !SIMD.contains(&s) {
         return Some("this SIMD-group function is not translated (see the supported table)");
     }
-    if s.starts_with("quad_") {
+    if s.starts_with("quad_") && called {
         return Some("quad-group functions are not translated");
     }
-    if s.starts_with("packed_") {
+    if s.strip_prefix("packed_").is_some_and(is_vector_type) {
         return Some("packed vector types are not translated");
     }
     let b = s.as_bytes();
@@ -279,6 +279,62 @@ fn assignment_after<'a>(text: &'a str, toks: &[Tok], i: usize) -> Option<&'a str
     Some(&text[end - len..end])
 }
 
+/// A decimal floating literal without a suffix: `0.5`, `1e-30`, `2.` (not `1.0f`, `0x1p4`, `3`).
+fn is_unsuffixed_float(n: &str) -> bool {
+    let hex = n.starts_with("0x") || n.starts_with("0X");
+    let float = n.contains('.') || n.contains(['e', 'E']);
+    !hex && float && n.bytes().last().is_some_and(|c| c.is_ascii_digit() || c == b'.')
+}
+
+/// `c ? x : 1.0f` with `x` a half or bfloat is a float in Metal, but ambiguous in CUDA C++ (its
+/// half types convert to and from float). Where one operand of a conditional is a number, the
+/// other is wrapped in `nv_mk_promote`, which widens half types to float and returns the rest.
+fn ternary_promotions(text: &str, toks: &[Tok]) -> Vec<(usize, usize, String)> {
+    let s = |k: usize| &text[toks[k].start..toks[k].end];
+    let punct = |k: usize| if toks[k].kind == Kind::Punct { s(k) } else { "" };
+    // The end (exclusive) of the operand starting at `from`: at `stop` tokens outside brackets
+    // and conditionals of its own (`:` closing one of those), or where a bracket closes.
+    let operand_end = |from: usize, stop: &[&str], to_the_end: bool| -> Option<usize> {
+        let (mut depth, mut pending) = (0i32, 0);
+        for k in from..toks.len() {
+            match punct(k) {
+                "(" | "[" | "{" => depth += 1,
+                ")" | "]" | "}" if depth == 0 => return Some(k),
+                ")" | "]" | "}" => depth -= 1,
+                "?" if depth == 0 => pending += 1,
+                ":" if depth == 0 && pending > 0 => pending -= 1,
+                p if depth == 0 && !p.is_empty() && stop.contains(&p) => return Some(k),
+                _ => {}
+            }
+        }
+        Some(toks.len()).filter(|_| to_the_end)
+    };
+    let number = |a: usize, b: usize| match b - a {
+        1 => toks[a].kind == Kind::Number,
+        2 => matches!(punct(a), "-" | "+") && toks[a + 1].kind == Kind::Number,
+        _ => false,
+    };
+    let mut edits = Vec::new();
+    for q in (0..toks.len()).filter(|&k| punct(k) == "?") {
+        let Some(colon) = operand_end(q + 1, &[":"], false) else { continue };
+        if colon >= toks.len() || punct(colon) != ":" {
+            continue;
+        }
+        let Some(end) = operand_end(colon + 1, &[",", ";", ":"], true) else { continue };
+        let (then, other) = ((q + 1, colon), (colon + 1, end));
+        let wrap = match (number(then.0, then.1), number(other.0, other.1)) {
+            (false, true) => then,
+            (true, false) => other,
+            _ => continue,
+        };
+        if wrap.0 < wrap.1 {
+            edits.push((toks[wrap.0].start, toks[wrap.0].start, "nv_mk_promote(".to_string()));
+            edits.push((toks[wrap.1 - 1].end, toks[wrap.1 - 1].end, ")".to_string()));
+        }
+    }
+    edits
+}
+
 /// Standard attributes CUDA C++ accepts as they are.
 const ATTRIBUTES: [&str; 5] = ["maybe_unused", "likely", "unlikely", "fallthrough", "nodiscard"];
 
@@ -298,6 +354,11 @@ pub(crate) fn translate(text: &str) -> Result<String, Failure> {
                     // The prelude stands for Metal's standard headers.
                     edits.push((t.start, t.end, format!("// {}", s(t))));
                 }
+                continue;
+            }
+            Kind::Number if is_unsuffixed_float(s(t)) => {
+                // Metal has no double: `0.5` is a float there, and stays one on CUDA.
+                edits.push((t.end, t.end, "f".into()));
                 continue;
             }
             Kind::Punct if s(t) == "[" && next == Some("[") => {
@@ -335,7 +396,7 @@ pub(crate) fn translate(text: &str) -> Result<String, Failure> {
             }
             continue;
         }
-        if let Some(why) = unsupported(word) {
+        if let Some(why) = unsupported(word, next) {
             return fail(t.line, format!("unsupported construct `{word}`: {why}"));
         }
         if prev == Some("::") {
@@ -361,6 +422,9 @@ pub(crate) fn translate(text: &str) -> Result<String, Failure> {
             _ => {}
         }
     }
+    edits.extend(ternary_promotions(text, &toks));
+    // Insertions go before a replacement starting at the same place, after one ending there.
+    edits.sort_by_key(|&(a, b, _)| (a, b));
     let mut out = String::with_capacity(text.len() + 64);
     let mut at = 0;
     for (a, b, with) in edits {
@@ -407,6 +471,36 @@ mod tests {
         assert!(e.message.contains("`.xx =`") && e.message.contains("repeated component"), "{e:?}");
         let e = translate("v.rgr += 1.0f;").unwrap_err();
         assert!(e.message.contains("`.rgr +=`"), "{e:?}");
+    }
+
+    #[test]
+    fn floating_literals_are_float() {
+        let out = translate("float a = 0.5 * x + 1e-30 - 2. + .25e+2;\nint b = 3 + 0x1f;\nhalf c = 1.0f;").unwrap();
+        assert_eq!(out, "float a = 0.5f * x + 1e-30f - 2.f + .25e+2f;\nint b = 3 + 0x1f;\nhalf c = 1.0f;");
+    }
+
+    #[test]
+    fn conditionals_with_a_number_promote_the_other_operand() {
+        let src = "float a = i < V ? x[i] : -1e30;\nb = c ? 0 : f(y, z ? 1 : w);\nd = (c ? p : q) + (c ? 2 : 3);";
+        let out = translate(src).unwrap();
+        let want = [
+            "float a = i < V ? nv_mk_promote(x[i]) : -1e30f;",
+            "b = c ? 0 : nv_mk_promote(f(y, z ? 1 : nv_mk_promote(w)));",
+            "d = (c ? p : q) + (c ? 2 : 3);",
+        ];
+        assert_eq!(out.lines().collect::<Vec<_>>(), want, "{out}");
+    }
+
+    #[test]
+    fn metal_prefixes_are_refused_only_for_metal_names() {
+        // Variables and inputs may be named like Metal's functions and types.
+        let src = "uint simd_lane_id = 0;\nuint8_t w = packed_weights[simd_lane_id];\nfloat quad_sum = 1.0f;";
+        assert!(translate(src).is_ok());
+        for bad in
+            ["x = quad_shuffle(x, 1);", "packed_half4 p;", "simdgroup_load(m, p);", "simdgroup_matrix<float, 8, 8> m;"]
+        {
+            assert!(translate(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
