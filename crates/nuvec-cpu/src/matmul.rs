@@ -30,9 +30,12 @@ pub fn eval(a: Operand, b: Operand, c: Option<Operand>, alpha: f32, beta: f32, o
     };
     let read_dst =
         beta != 0.0 && !buf.is_empty() && matches!(out.dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+    let batch = batches(&a, &b, &out.shape);
     match out.dtype {
-        DType::F32 => gemm_batched::<f32>(&a, &b, buf.as_mut_slice(), &out.shape, read_dst, beta, alpha)?,
-        DType::F64 => gemm_batched::<f64>(&a, &b, buf.as_mut_slice(), &out.shape, read_dst, beta as f64, alpha as f64)?,
+        DType::F32 => gemm_batched::<f32>(&a, &b, buf.as_mut_slice(), &out.shape, &batch, read_dst, beta, alpha)?,
+        DType::F64 => {
+            gemm_batched::<f64>(&a, &b, buf.as_mut_slice(), &out.shape, &batch, read_dst, beta as f64, alpha as f64)?
+        }
         // Half precision accumulates in f32 (gemm's f16 kernels may accumulate in f16).
         DType::F16 => via_f32::<f16>(&a, &b, &mut buf, &out.shape, read_dst, beta, alpha)?,
         DType::BF16 => via_f32::<bf16>(&a, &b, &mut buf, &out.shape, read_dst, beta, alpha)?,
@@ -61,11 +64,15 @@ fn batches(a: &Operand, b: &Operand, out_shape: &[i32]) -> Vec<[isize; 3]> {
 /// threads costs more than it gains.
 const SGEMM_MIN: usize = 1 << 24;
 
-fn gemm_batched<T: Elem + 'static>(
+/// The products of the matrices of `a` and `b` at each `batch` entry's offsets (in elements,
+/// the third the output's), with the strides of their last two axes; `out_shape` ends `[M, N]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_batched<T: Elem + 'static>(
     a: &Operand,
     b: &Operand,
     dst: &mut [T],
     out_shape: &[i32],
+    batch: &[[isize; 3]],
     read_dst: bool,
     dst_scale: T,
     product_scale: T,
@@ -73,9 +80,8 @@ fn gemm_batched<T: Elem + 'static>(
     let (xs, ys) = (host_slice::<T>(a)?, host_slice::<T>(b)?);
     let r = out_shape.len();
     let (m, n) = (out_shape[r - 2] as usize, out_shape[r - 1] as usize);
-    let k = a.shape[r - 1] as usize;
-    let (sa, sb) = (&a.data.layout.strides, &b.data.layout.strides);
-    let batch = batches(a, b, out_shape);
+    let k = a.shape[a.shape.len() - 1] as usize;
+    let (sa, sb) = (&a.data.layout.strides[a.shape.len() - 2..], &b.data.layout.strides[b.shape.len() - 2..]);
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -97,11 +103,11 @@ fn gemm_batched<T: Elem + 'static>(
                 n as isize,
                 read_dst,
                 xs.as_ptr().offset(oa),
-                sa[r - 1],
-                sa[r - 2],
+                sa[1],
+                sa[0],
                 ys.as_ptr().offset(ob),
-                sb[r - 1],
-                sb[r - 2],
+                sb[1],
+                sb[0],
                 dst_scale,
                 product_scale,
                 false,
@@ -122,7 +128,7 @@ fn gemm_batched<T: Elem + 'static>(
         return Ok(());
     }
     let is_f32 = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
-    let strides = ([sa[r - 2], sa[r - 1]], [sb[r - 2], sb[r - 1]]);
+    let strides = ([sa[0], sa[1]], [sb[0], sb[1]]);
     if let Some(form) = FewRows::form(strides.0, strides.1).filter(|_| is_f32 && m <= FEW_ROWS) {
         // SAFETY: T is f32 (checked above), so the casts keep the element type and length.
         let f = |s: &[T]| unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) };
@@ -141,15 +147,15 @@ fn gemm_batched<T: Elem + 'static>(
             alpha: product_scale.to_f64() as f32,
             beta,
         };
-        p.run(dst, &batch);
+        p.run(dst, batch);
         return Ok(());
     }
     if is_f32 && m * n * k >= SGEMM_MIN && sgemm::available() {
         let beta = read_dst.then(|| dst_scale.to_f64() as f32);
         let alpha = product_scale.to_f64() as f32;
-        for (chunk, &[oa, ob, _]) in dst.chunks_mut(m * n).zip(&batch) {
-            let a = sgemm::Mat { ptr: xs.as_ptr().wrapping_offset(oa) as *const f32, rs: sa[r - 2], cs: sa[r - 1] };
-            let b = sgemm::Mat { ptr: ys.as_ptr().wrapping_offset(ob) as *const f32, rs: sb[r - 2], cs: sb[r - 1] };
+        for (chunk, &[oa, ob, _]) in dst.chunks_mut(m * n).zip(batch) {
+            let a = sgemm::Mat { ptr: xs.as_ptr().wrapping_offset(oa) as *const f32, rs: sa[0], cs: sa[1] };
+            let b = sgemm::Mat { ptr: ys.as_ptr().wrapping_offset(ob) as *const f32, rs: sb[0], cs: sb[1] };
             // SAFETY: T is f32 (checked above), so the casts keep the element type; the
             // operands' layouts keep every element they name inside their buffers, which stay
             // borrowed and unchanged for the call; `chunk` is this batch's m×n block of a fresh
@@ -163,7 +169,7 @@ fn gemm_batched<T: Elem + 'static>(
     }
     if big || batch.len() == 1 {
         let par = if big { Parallelism::Rayon(threads) } else { Parallelism::None };
-        for (chunk, &off) in dst.chunks_mut(m * n).zip(&batch) {
+        for (chunk, &off) in dst.chunks_mut(m * n).zip(batch) {
             run(chunk, off, par);
         }
     } else {
@@ -362,7 +368,8 @@ fn via_f32<H: Elem + crate::elem::Float<Acc = f32>>(
     };
     let (a32, b32) = (widen(a)?, widen(b)?);
     let mut acc: Vec<f32> = buf.as_slice::<H>().iter().map(|v| v.to_acc()).collect();
-    gemm_batched::<f32>(&a32, &b32, &mut acc, out_shape, read_dst, dst_scale, product_scale)?;
+    let batch = batches(a, b, out_shape);
+    gemm_batched::<f32>(&a32, &b32, &mut acc, out_shape, &batch, read_dst, dst_scale, product_scale)?;
     buf.as_mut_slice::<H>().par_iter_mut().zip(acc.par_iter()).for_each(|(o, &v)| *o = H::from_acc(v));
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! `softmax`, the row norms in `norm`, RoPE in `rope`, SwiGLU in `swiglu`, cross entropy (loss,
 //! derivative, both at once) in `cross_entropy`, one Adam update in `adam`, products with
 //! quantized weights in `quantized_matmul`, attention for a few query rows and over paged caches
-//! in `attention`, the gated delta rule in `gated_delta`. Here: which ops and dtypes have a
+//! in `attention`, the gated delta rule in `gated_delta`, products of matrices picked by index
+//! in `gather_mm`. Here: which ops and dtypes have a
 //! kernel, the dispatch, and the row helpers they share. What they do not cover runs as the
 //! operations' compositions.
 
@@ -10,6 +11,7 @@ mod adam;
 mod attention;
 mod cross_entropy;
 mod gated_delta;
+mod gather_mm;
 mod norm;
 mod quantized_matmul;
 mod rope;
@@ -17,7 +19,7 @@ mod softmax;
 mod swiglu;
 
 use num_traits::{Float as _, Zero};
-use nuvec_core::fast::{AttentionKernel, FastOp};
+use nuvec_core::fast::{AttentionKernel, FastOp, QuantMatmulParams};
 use nuvec_core::storage::{HostBuffer, Operand, Output, Spec};
 use nuvec_core::{DType, Result};
 
@@ -34,6 +36,14 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
     let is = |i: usize, dtype: DType| inputs.get(i).is_some_and(|s| s.dtype == dtype);
     // One value per row of logits (the targets' shape): the composition broadcasts others.
     let per_row = |i: usize| inputs.get(i).zip(inputs.get(1)).is_some_and(|(s, t)| s.shape == t.shape);
+    let indices = |i: usize| is(i, DType::I32) || is(i, DType::U32);
+    // x in the product's dtype; for affine the scales and biases too, or for `float32`
+    // products both in a half dtype (converted as the kernels read them).
+    let quantized = |p: &QuantMatmulParams| {
+        let half = |h: DType| d == DType::F32 && matches!(h, DType::F16 | DType::BF16) && is(2, h) && is(3, h);
+        let affine = || (is(2, d) && is(3, d)) || inputs.get(2).is_some_and(|s| half(s.dtype));
+        quantized_matmul::supports(p.dtype) && d == p.dtype && (!p.mode.has_biases() || affine())
+    };
     match op {
         FastOp::Softmax | FastOp::LogSumExp => true,
         // One dtype for every input, the output's: mixed dtypes take the composition.
@@ -56,15 +66,15 @@ pub fn supports(op: &FastOp, inputs: &[Spec]) -> bool {
                 && is(3, DType::I32)
                 && is(4, DType::I32)
         }
-        // x in the product's dtype; for affine the scales and biases too, or for `float32`
-        // products both in a half dtype (converted as the kernels read them).
-        FastOp::QuantizedMatmul(p) => {
-            let half = |h: DType| d == DType::F32 && matches!(h, DType::F16 | DType::BF16) && is(2, h) && is(3, h);
-            let affine = || (is(2, d) && is(3, d)) || inputs.get(2).is_some_and(|s| half(s.dtype));
-            quantized_matmul::supports(p.dtype) && d == p.dtype && (!p.mode.has_biases() || affine())
-        }
+        FastOp::QuantizedMatmul(p) => quantized(p),
         // Every dtype the rule admits: inputs are read as `f32`, as the composition casts them.
         FastOp::GatedDelta(p) => inputs.len() == 6 + p.masked as usize,
+        // Both stacks in one dtype; 32-bit indices (what `ops::gather_mm` records).
+        FastOp::GatherMm => is(1, d) && indices(2) && indices(3),
+        FastOp::GatherQmm(p) => {
+            let n = inputs.len();
+            n >= 5 && quantized(p) && indices(n - 2) && indices(n - 1)
+        }
         _ => false,
     }
 }
@@ -75,6 +85,9 @@ pub fn eval(op: &FastOp, inputs: Vec<Operand>, outputs: &mut [Output]) -> Result
         // Keys and values are read in place (a cache's buffer, sliced; a paged pool).
         FastOp::Attention(p) => return attention::eval(p, inputs, outputs),
         FastOp::PagedAttention(p) => return attention::eval_paged(p, inputs, outputs),
+        // Stacks of experts are read in place, never copied.
+        FastOp::GatherMm => return gather_mm::gather_mm(inputs, outputs),
+        FastOp::GatherQmm(p) => return gather_mm::gather_qmm(p, inputs, outputs),
         _ => {}
     }
     let inputs: Vec<Operand> = inputs.into_iter().map(copy::row_major).collect::<Result<_>>()?;

@@ -603,8 +603,8 @@ pub(crate) fn mlx_lm_wheel() -> Result<PathBuf, String> {
     done.map(|()| path)
 }
 
-/// Imports a module of the wheel with stand-ins for `mlx` (MLX itself needs a Mac) and for
-/// packages that are not installed, recording every `mx.fast.metal_kernel` built: the kernels
+/// Imports a module of the wheel with stand-ins for `mlx` (MLX itself needs a Mac) and every
+/// other package outside the standard library, recording every `mx.fast.metal_kernel` built: the kernels
 /// exactly as mlx-lm writes them. The module's parent packages are stand-ins too, so their
 /// `__init__` files (which import all of mlx-lm) do not run.
 const CAPTURE: &str = r#"
@@ -642,15 +642,14 @@ class Loader(importlib.abc.Loader):
             m.metal = types.SimpleNamespace(is_available=lambda: True)
             m.fast = types.SimpleNamespace(metal_kernel=metal_kernel)
             m.compile = mx_compile
-class Mlx(importlib.abc.MetaPathFinder):
+class Outside(importlib.abc.MetaPathFinder):
+    # Everything outside the standard library and mlx-lm, installed or not: the same capture
+    # on any machine.
     def find_spec(self, name, path, target=None):
-        if name == "mlx" or name.startswith("mlx."):
+        top = name.split(".")[0]
+        if top != "mlx_lm" and top not in sys.stdlib_module_names:
             return importlib.machinery.ModuleSpec(name, Loader(), is_package=True)
-class Missing(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        return importlib.machinery.ModuleSpec(name, Loader(), is_package=True)
-sys.meta_path.insert(0, Mlx())
-sys.meta_path.append(Missing())
+sys.meta_path.insert(0, Outside())
 parts = module.removesuffix(".py").split("/")
 for i in range(1, len(parts)):
     pkg = types.ModuleType(".".join(parts[:i]))
