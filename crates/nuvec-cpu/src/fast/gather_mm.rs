@@ -103,8 +103,9 @@ fn widened<H: Float<Acc = f32> + bytemuck::Pod>(
     Ok(())
 }
 
-/// The distinct matrices `picks` names, widened to a row-major `f32` stack, and each pick's
-/// place in it.
+/// The distinct matrices `picks` names, widened to an `f32` stack, and each pick's place in it.
+/// Each keeps its dense layout (a transposed matrix stays column-major, the order its elements
+/// are stored in, which is the fast one to read).
 fn widen_picked(x: &Operand, picks: &[usize]) -> Result<(Operand, Vec<usize>)> {
     let mut order: Vec<usize> = picks.to_vec();
     order.sort_unstable();
@@ -112,21 +113,20 @@ fn widen_picked(x: &Operand, picks: &[usize]) -> Result<(Operand, Vec<usize>)> {
     let (rows, cols) = (x.shape[1], x.shape[2]);
     let per = (rows * cols) as usize;
     let mut stack = HostBuffer::uninit(order.len() * per * 4)?;
+    let mut strides = vec![cols as isize, 1];
     for (slot, &p) in order.iter().enumerate() {
         let mut o = Output { shape: [rows, cols].as_slice().into(), dtype: DType::F32, data: None };
         copy::astype(matrix(x, p), &mut o)?;
-        // The cast keeps a dense input's layout (a transposed matrix stays column-major).
         let data = o.data.ok_or_else(|| internal("cast produced no output"))?;
-        let cast = copy::row_major(Operand { shape: o.shape, dtype: DType::F32, data, donated: false })?;
+        strides = data.layout.strides.to_vec();
+        let cast = Operand { shape: o.shape, dtype: DType::F32, data, donated: false };
         stack.as_mut_slice::<f32>()[slot * per..(slot + 1) * per].copy_from_slice(elems::<f32>(&cast)?);
     }
     let shape = [order.len() as i32, rows, cols];
-    let operand = Operand {
-        shape: shape.as_slice().into(),
-        dtype: DType::F32,
-        data: Data::from_host_buffer(&shape, stack),
-        donated: false,
-    };
+    let layout = Layout::new(&shape, vec![per as isize, strides[0], strides[1]].into(), 0);
+    let storage = Data::from_host_buffer(&shape, stack).storage;
+    let operand =
+        Operand { shape: shape.as_slice().into(), dtype: DType::F32, data: Data { storage, layout }, donated: false };
     let places = picks.iter().map(|p| order.binary_search(p).unwrap_or(0)).collect();
     Ok((operand, places))
 }
