@@ -368,7 +368,7 @@ fn via_f32<H: Elem + crate::elem::Float<Acc = f32>>(
     };
     let (a32, b32) = (widen(a)?, widen(b)?);
     let mut acc: Vec<f32> = buf.as_slice::<H>().iter().map(|v| v.to_acc()).collect();
-    let batch = batches(a, b, out_shape);
+    let batch = batches(&a32, &b32, out_shape);
     gemm_batched::<f32>(&a32, &b32, &mut acc, out_shape, &batch, read_dst, dst_scale, product_scale)?;
     buf.as_mut_slice::<H>().par_iter_mut().zip(acc.par_iter()).for_each(|(o, &v)| *o = H::from_acc(v));
     Ok(())
