@@ -16,7 +16,7 @@ use crate::strided::{GRAIN, Rows};
 use crate::{for_all, host_slice, internal};
 
 /// The indices of an operand as `i64`, read through its layout by `f(offset)`.
-fn with_index<R>(idx: &Operand, f: impl FnOnce(&(dyn Fn(isize) -> i64 + Sync)) -> Result<R>) -> Result<R> {
+pub(crate) fn with_index<R>(idx: &Operand, f: impl FnOnce(&(dyn Fn(isize) -> i64 + Sync)) -> Result<R>) -> Result<R> {
     macro_rules! typed {
         ($t:ty) => {{
             let s = host_slice::<$t>(idx)?;
@@ -42,6 +42,12 @@ fn with_index<R>(idx: &Operand, f: impl FnOnce(&(dyn Fn(isize) -> i64 + Sync)) -
         }
         d => Err(internal(format!("indices of dtype {d}"))),
     }
+}
+
+/// Where index `i` of an axis of `n` reads in a gather: a negative index wraps once, then any
+/// index is clamped into the axis.
+pub(crate) fn gathered(i: i64, n: i64) -> i64 {
+    (if i < 0 { i + n } else { i }).clamp(0, n - 1)
 }
 
 /// Strides of `x` with the indexed axis zeroed.
@@ -74,11 +80,7 @@ fn gather_typed<T: Elem>(axis: usize, src: &Operand, idx: &Operand, out: &mut Ou
             buf.as_mut_slice::<T>().par_chunks_mut(GRAIN).enumerate().for_each(|(c, chunk)| {
                 let start = c * GRAIN;
                 rows.for_each_element(start, start + chunk.len(), |o| {
-                    let mut i = at(o[1]);
-                    if i < 0 {
-                        i += n;
-                    }
-                    let i = i.clamp(0, n - 1) as isize;
+                    let i = gathered(at(o[1]), n) as isize;
                     chunk[o[0] as usize - start] = xs[(o[2] + i * axis_stride) as usize];
                 });
             });

@@ -9,20 +9,15 @@ use nuvec_core::{DType, Result};
 
 use super::{elems, quantized_matmul};
 use crate::elem::Float;
+use crate::gather::{gathered, with_index};
 use crate::matmul::gemm_batched;
 use crate::{copy, internal, unsupported};
 
-/// Each output's matrix of a stack of `n`, from 32-bit indices as `take` reads them: a negative
-/// index wraps once, then any index is clamped into the stack.
+/// Each output's matrix of a stack of `n`, with a gather's index rules.
 fn picks(idx: Operand, n: i32) -> Result<Vec<usize>> {
     let idx = copy::row_major(idx)?;
-    let wide: Vec<i64> = match idx.dtype {
-        DType::I32 => elems::<i32>(&idx)?.iter().map(|&i| i as i64).collect(),
-        DType::U32 => elems::<u32>(&idx)?.iter().map(|&i| i as i64).collect(),
-        d => return Err(unsupported(d)),
-    };
-    let n = n as i64;
-    Ok(wide.into_iter().map(|i| (if i < 0 { i + n } else { i }).clamp(0, n - 1) as usize).collect())
+    let start = idx.data.layout.offset as isize;
+    with_index(&idx, |at| Ok((0..idx.size() as isize).map(|j| gathered(at(start + j), n as i64) as usize).collect()))
 }
 
 /// Matrix `i` of a stack `[E, R, C]` (any strides) as an operand of its own, in place.
@@ -49,14 +44,13 @@ pub(super) fn gather_mm(mut inputs: Vec<Operand>, outputs: &mut [Output]) -> Res
         return Err(internal("gather_mm takes four inputs"));
     };
     let (li, ri) = (picks(lhs, a.shape[0])?, picks(rhs, b.shape[0])?);
-    let (m, n) = (out.shape[1] as usize, out.shape[2] as usize);
     let mut buf = HostBuffer::uninit(out.size() * out.dtype.size())?;
     if !buf.is_empty() {
         match out.dtype {
-            DType::F32 => product::<f32>(a, b, &li, &ri, buf.as_mut_slice(), &out.shape, m * n)?,
-            DType::F64 => product::<f64>(a, b, &li, &ri, buf.as_mut_slice(), &out.shape, m * n)?,
-            DType::F16 => widened::<f16>(a, b, &li, &ri, &mut buf, &out.shape, m * n)?,
-            DType::BF16 => widened::<bf16>(a, b, &li, &ri, &mut buf, &out.shape, m * n)?,
+            DType::F32 => product::<f32>(a, b, &li, &ri, buf.as_mut_slice(), &out.shape)?,
+            DType::F64 => product::<f64>(a, b, &li, &ri, buf.as_mut_slice(), &out.shape)?,
+            DType::F16 => widened::<f16>(a, b, &li, &ri, &mut buf, &out.shape)?,
+            DType::BF16 => widened::<bf16>(a, b, &li, &ri, &mut buf, &out.shape)?,
             d => return Err(unsupported(d)),
         }
     }
@@ -64,7 +58,7 @@ pub(super) fn gather_mm(mut inputs: Vec<Operand>, outputs: &mut [Output]) -> Res
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The products into `dst` (`out_shape` `[B, M, N]`, row-major), each at its picks' offsets.
 fn product<T: crate::elem::Elem + num_traits::One + 'static>(
     a: &Operand,
     b: &Operand,
@@ -72,9 +66,9 @@ fn product<T: crate::elem::Elem + num_traits::One + 'static>(
     ri: &[usize],
     dst: &mut [T],
     out_shape: &[i32],
-    block: usize,
 ) -> Result<()> {
     let (la, lb) = (&a.data.layout, &b.data.layout);
+    let block = (out_shape[1] * out_shape[2]) as usize;
     let batch: Vec<[isize; 3]> = (li.iter().zip(ri).enumerate())
         .map(|(i, (&l, &r))| {
             let oa = la.offset as isize + l as isize * la.strides[0];
@@ -85,7 +79,6 @@ fn product<T: crate::elem::Elem + num_traits::One + 'static>(
 }
 
 /// Half-precision products in `f32`: only the picked matrices are widened, once each.
-#[allow(clippy::too_many_arguments)]
 fn widened<H: Float<Acc = f32> + bytemuck::Pod>(
     a: &Operand,
     b: &Operand,
@@ -93,12 +86,11 @@ fn widened<H: Float<Acc = f32> + bytemuck::Pod>(
     ri: &[usize],
     buf: &mut HostBuffer,
     out_shape: &[i32],
-    block: usize,
 ) -> Result<()> {
     let (a32, li) = widen_picked(a, li)?;
     let (b32, ri) = widen_picked(b, ri)?;
     let mut acc = vec![0f32; buf.as_slice::<H>().len()];
-    product::<f32>(&a32, &b32, &li, &ri, &mut acc, out_shape, block)?;
+    product::<f32>(&a32, &b32, &li, &ri, &mut acc, out_shape)?;
     buf.as_mut_slice::<H>().iter_mut().zip(&acc).for_each(|(o, &v)| *o = H::from_acc(v));
     Ok(())
 }
