@@ -316,10 +316,8 @@ fn ternary_promotions(text: &str, toks: &[Tok]) -> Vec<(usize, usize, String)> {
     };
     let mut edits = Vec::new();
     for q in (0..toks.len()).filter(|&k| punct(k) == "?") {
-        let Some(colon) = operand_end(q + 1, &[":"], false) else { continue };
-        if colon >= toks.len() || punct(colon) != ":" {
-            continue;
-        }
+        // A bracket closing before any `:` leaves no conditional to rewrite.
+        let Some(colon) = operand_end(q + 1, &[":"], false).filter(|&c| punct(c) == ":") else { continue };
         let Some(end) = operand_end(colon + 1, &[",", ";", ":"], true) else { continue };
         let (then, other) = ((q + 1, colon), (colon + 1, end));
         let wrap = match (number(then.0, then.1), number(other.0, other.1)) {
