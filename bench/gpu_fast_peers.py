@@ -72,6 +72,10 @@ Gated delta cases (Qwen3-Next's heads as bench_fast: q, k ``[B, T, 16, 128]``, v
 * ``gated_delta_prefill_bf16_B1_T{T}``, T in 4096, 8192, 32768: TFLOP/s of
   ``7*T*32*128*128`` FLOPs (the recurrence's, whatever the algorithm), ``fla_recurrent`` and
   ``fla_chunk``.
+* ``gated_delta_bwd_bf16_B1_T{T}``, T in 4096, 8192, 32768: the backward alone of
+  ``fla_chunk`` (``torch.autograd.grad`` of the output and the final state at random
+  cotangents, with respect to q, k, v, the log gate, beta and the state), TFLOP/s of
+  ``14*T*32*128*128`` FLOPs, twice the forward's.
 
 Mixture-of-experts products (as bench_fast: 512 experts ``w [512, 512, 2048]`` bf16, each
 token's 10 choices sorted by expert, rows ``x [10*T, 1, 2048]``):
@@ -439,6 +443,42 @@ def fla_maker(name, fn, make_inputs, k, repeat_on_failure):
     return make
 
 
+def fla_bwd_maker(name, fn, t, k):
+    """The backward of FLA's chunked kernel, ``bench_fast``'s ``gated_delta_bwd`` inputs: the
+    forward runs once per copy before timing. Where it refuses more value heads than key heads,
+    q and k are repeated to the value heads (said in a ``#`` line)."""
+    def make():
+        graphs, note = [], None
+        for j in range(k):
+            q, kk, v, _, g_log, beta, state = gdn_inputs(1, t, 870 + 10 * j)
+            gen = torch.Generator(device="cuda")
+            gen.manual_seed(871 + 10 * j)
+            dy = (torch.rand(v.shape, device="cuda", generator=gen) * 2 - 1).to(BF16)
+            ds = (torch.rand(state.shape, device="cuda", generator=gen) * 2 - 1) * 0.1
+            leaves = [q, kk, v, g_log, beta, state]
+            for x in leaves:
+                x.requires_grad_(True)
+
+            def call(q_, k_):
+                return fn(q=q_, k=k_, v=v, g=g_log, beta=beta, scale=1.0, initial_state=state,
+                          output_final_state=True)
+            try:
+                o, s = call(q, kk)
+            except Exception as e:
+                rep = GDN_HV // GDN_HK
+                note = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                o, s = call(q.repeat_interleave(rep, 2), kk.repeat_interleave(rep, 2))
+            graphs.append(((o, s), leaves, (dy, ds)))
+        if note:
+            emit(f"# fla_chunk:{name}: q and k repeated to {GDN_HV} heads before timing ({note})")
+
+        def run(i):
+            outs, wrt, cots = graphs[i % k]
+            return torch.autograd.grad(outs, wrt, cots, retain_graph=True)
+        return run, k
+    return make
+
+
 # --- cases ---------------------------------------------------------------------------------
 
 class Case:
@@ -798,6 +838,14 @@ def build_cases(copies, liger, fla):
             c.makers["fla_recurrent"] = fla_maker(f"fla_recurrent:{c.name}", fla.recurrent, ins, k, False)
         if fla.chunk is not None:
             c.makers["fla_chunk"] = fla_maker(f"fla_chunk:{c.name}", fla.chunk, ins, k, True)
+        cases.append(c)
+
+    # Gated DeltaNet's derivative alone, TFLOP/s of twice the forward's FLOPs.
+    for t in (4096, 8192, 32768):
+        c = Case(f"gated_delta_bwd_bf16_B1_T{t}", 14 * t * GDN_HV * GDN_D * GDN_D, 0, False, "TFLOP/s")
+        if fla.chunk is not None:
+            k = copies((2 * GDN_HK + 2 * GDN_HV) * t * GDN_D * ELEM)
+            c.makers["fla_chunk"] = fla_bwd_maker(c.name, fla.chunk, t, k)
         cases.append(c)
 
     # A mixture of experts' products: each token's choices sorted by expert (bench_fast's).

@@ -378,12 +378,17 @@ template <typename T> __device__ __forceinline__ void gated_delta_decode(const G
 
 // The scratch the two kernels share (fast/gated_delta.rs allocates it), per (batch, value head)
 // bh and chunk ch: m, p [bh][ch][64][64] (M whole, P's lower triangle), and per padded step t
-// gam [bh][t][2] (log|Γ_t| within the chunk, sign of Γ_t).
+// gam [bh][t][2] (log|Γ_t| within the chunk, sign of Γ_t). The derivative also asks for
+// xf, pf [bh][ch][64][64] (X = (I + A)⁻¹ and P's lower triangle in float32) and s0
+// [bh][ch][Dv][Dk] (each chunk's first state); null in the forward.
 struct GdnChunk {
   void* m;
   void* p;
   float* gam;
   i64 nt;
+  float* xf;
+  float* pf;
+  float* s0;
 };
 
 // mma.sync m16n8k16 fragments from staged tiles by ldmatrix: an A fragment (16×16 at (m0, k0)
@@ -602,6 +607,10 @@ __device__ __forceinline__ void gated_delta_chunk_prep(const GdnArgs& a, const G
               x[e] = j + e <= i ? acc[nt][2 * hf + e] * sgn[i] * sgn[j + e] * __expf(l[i] - l[j + e]) : 0.0f;
             }
             *reinterpret_cast<u32*>(p + i * GDN_C + j) = pack_half2<T>(x[0], x[1]);
+            if (c.pf) {
+              float* pf = c.pf + ((((i64)b * a.Hv + h0 + hh) * c.nt + ch) * GDN_C + i) * GDN_C + j;
+              *reinterpret_cast<float2*>(pf) = make_float2(x[0], x[1]);
+            }
           }
         }
       }
@@ -627,6 +636,11 @@ __device__ __forceinline__ void gated_delta_chunk_prep(const GdnArgs& a, const G
         if (4 * q4 + 2 > j) x[4 * q4 + 2] = fmaf(-a4.z, xj, x[4 * q4 + 2]);
         if (4 * q4 + 3 > j) x[4 * q4 + 3] = fmaf(-a4.w, xj, x[4 * q4 + 3]);
       }
+    }
+    if (c.xf) {
+      float* xf = c.xf + (((i64)b * a.Hv + h0 + gh) * c.nt + ch) * GDN_C * GDN_C + gt;
+#pragma unroll
+      for (int i = 0; i < GDN_C; ++i) xf[i * GDN_C] = x[i];
     }
     // M = X diag(β), staged for whole-row stores.
     const float bm = bs[tid];
@@ -742,6 +756,14 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
   const i64 y8 = 8 * a.Hv * a.Dv;
   for (int ch = 0; ch < nch; ++ch) {
     const int buf = ch & 1;
+    if (c.s0) {
+      float* s0 = c.s0 + (((i64)bh * nch + ch) * a.Dv + v0 + sm0 + g4) * 128 + sn0 + 2 * t4;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        *reinterpret_cast<float2*>(s0 + 8 * nt) = make_float2(s[nt][0], s[nt][1]);
+        *reinterpret_cast<float2*>(s0 + 8 * 128 + 8 * nt) = make_float2(s[nt][2], s[nt][3]);
+      }
+    }
     gdn_cp_wait_all();
     __syncthreads();
     if (ch + 1 < nch) stage_chunk(buf ^ 1, ch + 1);
@@ -847,4 +869,433 @@ template <typename T> __device__ __forceinline__ void gated_delta_chunk_scan(con
 #pragma unroll
     for (int e = 0; e < 4; ++e) gdn_st(a.state_out, srow + (e >> 1) * 8 * 128 + 8 * nt + (e & 1), a.out_dt, s[nt][e]);
   }
+}
+
+// ---- the derivative ---------------------------------------------------------------------------
+// fast::gated_delta's vjp at Dk = Dv = 128 (a gate per head, no mask, the last state), 64 steps at
+// a time as the chunked forward. Per chunk, with Γ_i the gates' running product from its start,
+// r_i = Γ_C/Γ_i, S₀ its first state, M = X diag(β) with X = (I + A)⁻¹, and P, as
+// gated_delta_chunk_prep makes them:
+//   R = V − Γ⊙(K S₀ᵀ), Δ = M R, Y = Γ⊙(Q S₀ᵀ) + P Δ, S_C = Γ_C S₀ + Δᵀ diag(r) K.
+// Back from the cotangent dS_C of its last state:
+//   dΔ = Pᵀ dY + diag(r) K dS_Cᵀ, dV = dR = Mᵀ dΔ, dS₀ = Γ_C dS_C + dYᵀ diag(Γ) Q − dRᵀ diag(Γ) K,
+// and through dP = dY Δᵀ, dM = dΔ Rᵀ (X's and A's derivatives) to dq, dk, dβ and the gates' log
+// running products, whose reversed running sums are the log gates'. Three kernels after the
+// forward's prep and scan (which then keep X, P and every chunk's S₀ in float32):
+// gated_delta_bwd_scan carries dS back across the chunks, 16 value rows per block;
+// gated_delta_bwd_chunk takes every chunk at once; gated_delta_bwd_heads sums q's and k's
+// cotangents over the value heads that share them.
+
+// The derivative's outputs and scratch (fast/gated_delta.rs writes it as GDN_GRAD_WORDS words).
+struct GdnGrad {
+  const void* dy;  // [B, T, Hv, Dv] of T, last axis contiguous
+  const void* ds;  // [B, Hv, Dv, Dk] of the storage dtype (a.out_dt), row-major
+  void* dq;        // [B, T, Hk, Dk] of T, row-major
+  void* dk;        // as dq
+  void* dv;        // [B, T, Hv, Dv] of T, row-major
+  void* dg;        // [B, T, Hv] of the gate's dtype, row-major
+  void* dbeta;     // [B, T, Hv] of β's dtype, row-major
+  void* dstate;    // [B, Hv, Dv, Dk] of the state's dtype, row-major
+  float* dsc;      // [bh][chunk][Dv][Dk]: the cotangent of each chunk's last state
+  float* dqv;      // [B, T, Hv, Dk]: q's cotangent per value head
+  float* dkv;      // as dqv, k's
+  i64 dy_s[3];
+};
+#define GDN_GRAD_WORDS 14
+static_assert(sizeof(GdnGrad) == 8 * GDN_GRAD_WORDS, "GdnGrad must be whole 8-byte words");
+
+#define GDN_FLD 129  // float32 rows of 128, padded (rows i and i + 1 start in different banks)
+#define GDN_SLD 65   // float32 rows of 64
+#define GDN_TLD 17   // float32 rows of a 16-column value tile
+#define GDN_BR 16    // value rows (or columns) per tile of the derivative
+
+// Rows of q or k (src at the chunk's first step) as float32 into dst [64][GDN_FLD], zeros past
+// the last step; 256 threads.
+template <typename T>
+__device__ __forceinline__ void gdn_stage_f32(float* dst, const T* src, i64 step, int valid, int tid) {
+  for (int e = tid; e < GDN_C * 16; e += 256) {
+    const int r = e >> 4, col = (e & 15) * 8;
+    float x[8] = {};
+    if (r < valid) gdn_load<T, 8>(src + r * step + col, x);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dst[r * GDN_FLD + col + j] = x[j];
+  }
+}
+
+// A [64][64] float32 matrix of the scratch into dst [64][GDN_SLD]; `lower`: zeros above the
+// diagonal (P's upper triangle is never written).
+__device__ __forceinline__ void gdn_stage_square(float* dst, const float* src, bool lower, int tid) {
+  for (int e = tid; e < GDN_C * GDN_C; e += 256) {
+    const int i = e >> 6, j = e & 63;
+    dst[i * GDN_SLD + j] = lower && j > i ? 0.0f : src[e];
+  }
+}
+
+// 16 value columns v0 .. v0 + 16 of dy or v rows (src at the chunk's first step) into dst
+// [64][GDN_TLD], zeros past the last step.
+template <typename T>
+__device__ __forceinline__ void gdn_stage_tile(float* dst, const T* src, i64 step, int valid, int tid) {
+  for (int e = tid; e < GDN_C * GDN_BR; e += 256) {
+    const int r = e >> 4, col = e & 15;
+    dst[r * GDN_TLD + col] = r < valid ? (float)widen(src[r * step + col]) : 0.0f;
+  }
+}
+
+// Per step i of chunk ch (threads 0 .. 63): Γ_i, r_i = Γ_C/Γ_i, β_i (0 past the last step), and
+// with ls / sg non-null log|Γ_i| and its sign.
+__device__ __forceinline__ void gdn_stage_gates(const GdnArgs& a, const GdnChunk& c, int bh, int ch, int valid,
+                                                float* gg, float* rr, float* bb, float* ls, float* sg, int tid) {
+  if (tid < GDN_C) {
+    const float2* gam = reinterpret_cast<const float2*>(c.gam) + ((i64)bh * c.nt + ch) * GDN_C;
+    const float2 gi = gam[tid], gc = gam[GDN_C - 1];
+    const i64 b = bh / a.Hv, h = bh % a.Hv, t = (i64)ch * GDN_C + tid;
+    gg[tid] = gi.y * __expf(gi.x);
+    rr[tid] = gc.y * gi.y * __expf(gc.x - gi.x);
+    bb[tid] = tid < valid ? gdn_ld(a.beta, b * a.beta_s[0] + t * a.beta_s[1] + h * a.beta_s[2], a.beta_dt) : 0.0f;
+    if (ls) {
+      ls[tid] = gi.x;
+      sg[tid] = gi.y;
+    }
+  }
+}
+
+#define GDN_BWD_SCAN_SMEM \
+  ((2 * GDN_C * GDN_FLD + 2 * GDN_C * GDN_SLD + 4 * GDN_C * GDN_TLD + GDN_BR * GDN_FLD + 3 * GDN_C) * 4)
+
+// dS rows [16·blockIdx.x, +16) of one (batch, value head) (blockIdx.y) from the last chunk to the
+// first, 256 threads: writes each chunk's dS_C to d.dsc and the first state's to d.dstate.
+template <typename T>
+__device__ __forceinline__ void gated_delta_bwd_scan(const GdnArgs& a, const GdnChunk& c, const GdnGrad& d) {
+  extern __shared__ __align__(16) unsigned char gdn_smem[];
+  float* ks = reinterpret_cast<float*>(gdn_smem);
+  float* qs = ks + GDN_C * GDN_FLD;
+  float* ps = qs + GDN_C * GDN_FLD;
+  float* xs = ps + GDN_C * GDN_SLD;
+  float* dy = xs + GDN_C * GDN_SLD;  // dY
+  float* dd = dy + GDN_C * GDN_TLD;  // dΔ
+  float* gy = dd + GDN_C * GDN_TLD;  // Γ⊙dY
+  float* gr = gy + GDN_C * GDN_TLD;  // Γ⊙dR
+  float* ds = gr + GDN_C * GDN_TLD;  // [16][GDN_FLD] dS
+  float* gg = ds + GDN_BR * GDN_FLD;
+  float* rr = gg + GDN_C;
+  float* bb = rr + GDN_C;
+  const int tid = threadIdx.x, bh = blockIdx.y, v0 = GDN_BR * blockIdx.x;
+  const i64 b = bh / a.Hv, h = bh % a.Hv, hk = h / (a.Hv / a.Hk), nt = c.nt;
+  for (int e = tid; e < GDN_BR * 128; e += 256) {
+    const int r = e >> 7, col = e & 127;
+    ds[r * GDN_FLD + col] = gdn_ld(d.ds, ((i64)bh * a.Dv + v0 + r) * 128 + col, a.out_dt);
+  }
+  // Thread (i, v) of the [64][16] tiles: step i, columns vi + 4n; thread (vr, c) of dS: row vr,
+  // columns vc + 16n.
+  const int i = tid >> 2, vi = tid & 3, vr = tid >> 4, vc = tid & 15;
+  for (i64 ch = nt - 1; ch >= 0; --ch) {
+    const i64 t0 = ch * GDN_C;
+    const int valid = (int)min((i64)GDN_C, a.T - t0);
+    __syncthreads();
+    float* dsc = d.dsc + ((bh * nt + ch) * a.Dv + v0) * 128;
+    for (int e = tid; e < GDN_BR * 128; e += 256) dsc[e] = ds[(e >> 7) * GDN_FLD + (e & 127)];
+    gdn_stage_f32<T>(ks, static_cast<const T*>(a.k) + b * a.k_s[0] + t0 * a.k_s[1] + hk * a.k_s[2], a.k_s[1], valid, tid);
+    gdn_stage_f32<T>(qs, static_cast<const T*>(a.q) + b * a.q_s[0] + t0 * a.q_s[1] + hk * a.q_s[2], a.q_s[1], valid, tid);
+    const i64 sq = (bh * nt + ch) * GDN_C * GDN_C;
+    gdn_stage_square(ps, c.pf + sq, true, tid);
+    gdn_stage_square(xs, c.xf + sq, false, tid);
+    const T* dysrc = static_cast<const T*>(d.dy) + b * d.dy_s[0] + t0 * d.dy_s[1] + h * d.dy_s[2] + v0;
+    gdn_stage_tile<T>(dy, dysrc, d.dy_s[1], valid, tid);
+    gdn_stage_gates(a, c, bh, (int)ch, valid, gg, rr, bb, nullptr, nullptr, tid);
+    __syncthreads();
+    // dΔ = Pᵀ dY + diag(r) K dSᵀ.
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int v = vi + 4 * n;
+      float x = 0.0f, y = 0.0f;
+      for (int j = i; j < GDN_C; ++j) x = fmaf(ps[j * GDN_SLD + i], dy[j * GDN_TLD + v], x);
+#pragma unroll 8
+      for (int col = 0; col < 128; ++col) y = fmaf(ks[i * GDN_FLD + col], ds[v * GDN_FLD + col], y);
+      dd[i * GDN_TLD + v] = fmaf(rr[i], y, x);
+      gy[i * GDN_TLD + v] = gg[i] * dy[i * GDN_TLD + v];
+    }
+    __syncthreads();
+    // dR = diag(β) Xᵀ dΔ.
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int v = vi + 4 * n;
+      float x = 0.0f;
+      for (int j = i; j < GDN_C; ++j) x = fmaf(xs[j * GDN_SLD + i], dd[j * GDN_TLD + v], x);
+      gr[i * GDN_TLD + v] = gg[i] * bb[i] * x;
+    }
+    __syncthreads();
+    // dS = Γ_C dS + dYᵀ diag(Γ) Q − dRᵀ diag(Γ) K.
+    const float gc = gg[GDN_C - 1];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const int col = vc + 16 * n;
+      float x = gc * ds[vr * GDN_FLD + col];
+#pragma unroll 8
+      for (int j = 0; j < GDN_C; ++j) {
+        x = fmaf(gy[j * GDN_TLD + vr], qs[j * GDN_FLD + col], x);
+        x = fmaf(-gr[j * GDN_TLD + vr], ks[j * GDN_FLD + col], x);
+      }
+      ds[vr * GDN_FLD + col] = x;
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < GDN_BR * 128; e += 256) {
+    const int r = e >> 7, col = e & 127;
+    gdn_st(d.dstate, ((i64)bh * a.Dv + v0 + r) * 128 + col, a.state_dt, ds[r * GDN_FLD + col]);
+  }
+}
+
+// Shared memory of gated_delta_bwd_chunk in floats: k, q; X, P; seven per-step vectors; then a
+// region holding either a value tile's S₀ and dS_C rows and nine [64][16] tiles, or five
+// [64][64] squares once the tiles are done.
+#define GDN_BWD_TILES (2 * GDN_BR * GDN_FLD + 9 * GDN_C * GDN_TLD)
+#define GDN_BWD_SQUARES (5 * GDN_C * GDN_SLD)
+#define GDN_BWD_REGION (GDN_BWD_TILES > GDN_BWD_SQUARES ? GDN_BWD_TILES : GDN_BWD_SQUARES)
+#define GDN_BWD_CHUNK_SMEM ((2 * GDN_C * GDN_FLD + 2 * GDN_C * GDN_SLD + 7 * GDN_C + GDN_BWD_REGION) * 4)
+
+// One chunk (blockIdx.x) of one (batch, value head) (blockIdx.y), 256 threads: dv, dg and dβ,
+// and q's and k's cotangents for this value head (d.dqv, d.dkv).
+template <typename T>
+__device__ __forceinline__ void gated_delta_bwd_chunk(const GdnArgs& a, const GdnChunk& c, const GdnGrad& d) {
+  extern __shared__ __align__(16) unsigned char gdn_smem[];
+  float* ks = reinterpret_cast<float*>(gdn_smem);
+  float* qs = ks + GDN_C * GDN_FLD;
+  float* xs = qs + GDN_C * GDN_FLD;
+  float* ps = xs + GDN_C * GDN_SLD;
+  float* gg = ps + GDN_C * GDN_SLD;  // Γ
+  float* rr = gg + GDN_C;            // Γ_C/Γ
+  float* bb = rr + GDN_C;            // β
+  float* ls = bb + GDN_C;            // log|Γ|
+  float* sg = ls + GDN_C;            // sign of Γ
+  float* dl = sg + GDN_C;            // the cotangent of log|Γ|
+  float* db = dl + GDN_C;            // β's cotangent
+  float* region = db + GDN_C;
+  // The value tiles.
+  float* s0t = region;                // [16][GDN_FLD] S₀ rows
+  float* dst = s0t + GDN_BR * GDN_FLD;  // dS_C rows
+  float* vt = dst + GDN_BR * GDN_FLD;   // [64][GDN_TLD] each: V, dY, R, Δ, dΔ, dR
+  float* yt = vt + GDN_C * GDN_TLD;
+  float* rt = yt + GDN_C * GDN_TLD;
+  float* et = rt + GDN_C * GDN_TLD;
+  float* ft = et + GDN_C * GDN_TLD;
+  float* gt = ft + GDN_C * GDN_TLD;
+  // The squares, once the tiles are done: dP (then F), dM, Xᵀ dX, dA, K Kᵀ (then E).
+  float* sp = region;
+  float* sm = sp + GDN_C * GDN_SLD;
+  float* sy = sm + GDN_C * GDN_SLD;
+  float* sa = sy + GDN_C * GDN_SLD;
+  float* sk = sa + GDN_C * GDN_SLD;
+  const int tid = threadIdx.x, ch = blockIdx.x, bh = blockIdx.y;
+  const i64 b = bh / a.Hv, h = bh % a.Hv, hk = h / (a.Hv / a.Hk), nt = c.nt, t0 = (i64)ch * GDN_C;
+  const int valid = (int)min((i64)GDN_C, a.T - t0);
+  gdn_stage_f32<T>(ks, static_cast<const T*>(a.k) + b * a.k_s[0] + t0 * a.k_s[1] + hk * a.k_s[2], a.k_s[1], valid, tid);
+  gdn_stage_f32<T>(qs, static_cast<const T*>(a.q) + b * a.q_s[0] + t0 * a.q_s[1] + hk * a.q_s[2], a.q_s[1], valid, tid);
+  const i64 sq = ((i64)bh * nt + ch) * GDN_C * GDN_C;
+  gdn_stage_square(xs, c.xf + sq, false, tid);
+  gdn_stage_square(ps, c.pf + sq, true, tid);
+  gdn_stage_gates(a, c, bh, ch, valid, gg, rr, bb, ls, sg, tid);
+  if (tid < GDN_C) {
+    dl[tid] = 0.0f;
+    db[tid] = 0.0f;
+  }
+  // Thread (i, j) of the squares and of [64][128]: row i, columns j0 + 4m.
+  const int i = tid >> 2, j0 = tid & 3;
+  float dp[16] = {}, dm[16] = {}, dq[32] = {}, dk[32] = {};
+  float dli = 0.0f, dlc = 0.0f, ss = 0.0f;
+  const float* s0 = c.s0 + ((i64)bh * nt + ch) * a.Dv * 128;
+  const float* dsc = d.dsc + ((i64)bh * nt + ch) * a.Dv * 128;
+  for (int v0 = 0; v0 < 128; v0 += GDN_BR) {
+    __syncthreads();
+    for (int e = tid; e < GDN_BR * 32; e += 256) {
+      const int r = e >> 5, col = (e & 31) * 4;
+      const float4 x = *reinterpret_cast<const float4*>(s0 + (v0 + r) * 128 + col);
+      const float4 y = *reinterpret_cast<const float4*>(dsc + (v0 + r) * 128 + col);
+      float* xs4 = s0t + r * GDN_FLD + col;
+      float* ys4 = dst + r * GDN_FLD + col;
+      xs4[0] = x.x, xs4[1] = x.y, xs4[2] = x.z, xs4[3] = x.w;
+      ys4[0] = y.x, ys4[1] = y.y, ys4[2] = y.z, ys4[3] = y.w;
+      ss = fmaf(x.x, y.x, fmaf(x.y, y.y, fmaf(x.z, y.z, fmaf(x.w, y.w, ss))));
+    }
+    const i64 vstep = a.v_s[1], ystep = d.dy_s[1];
+    gdn_stage_tile<T>(vt, static_cast<const T*>(a.v) + b * a.v_s[0] + t0 * vstep + h * a.v_s[2] + v0, vstep, valid, tid);
+    gdn_stage_tile<T>(yt, static_cast<const T*>(d.dy) + b * d.dy_s[0] + t0 * ystep + h * d.dy_s[2] + v0, ystep, valid,
+                      tid);
+    __syncthreads();
+    // K S₀ᵀ, Q S₀ᵀ and K dS_Cᵀ at (i, v), then R.
+    float kS[4], qS[4], kD[4];
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int v = j0 + 4 * n;
+      float x = 0.0f, y = 0.0f, z = 0.0f;
+#pragma unroll 8
+      for (int col = 0; col < 128; ++col) {
+        const float kk = ks[i * GDN_FLD + col];
+        x = fmaf(kk, s0t[v * GDN_FLD + col], x);
+        y = fmaf(qs[i * GDN_FLD + col], s0t[v * GDN_FLD + col], y);
+        z = fmaf(kk, dst[v * GDN_FLD + col], z);
+      }
+      kS[n] = x, qS[n] = y, kD[n] = z;
+      rt[i * GDN_TLD + v] = fmaf(-gg[i], x, vt[i * GDN_TLD + v]);
+    }
+    __syncthreads();
+    // Δ = X diag(β) R, dΔ = Pᵀ dY + diag(r) K dS_Cᵀ.
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int v = j0 + 4 * n;
+      float x = 0.0f, y = 0.0f;
+      for (int j = 0; j <= i; ++j) x = fmaf(xs[i * GDN_SLD + j] * bb[j], rt[j * GDN_TLD + v], x);
+      for (int j = i; j < GDN_C; ++j) y = fmaf(ps[j * GDN_SLD + i], yt[j * GDN_TLD + v], y);
+      y = fmaf(rr[i], kD[n], y);
+      et[i * GDN_TLD + v] = x;
+      ft[i * GDN_TLD + v] = y;
+      const float rd = rr[i] * x * kD[n];
+      dli = fmaf(gg[i], yt[i * GDN_TLD + v] * qS[n], dli - rd);
+      dlc += rd;
+    }
+    __syncthreads();
+    // dR = dV = diag(β) Xᵀ dΔ.
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const int v = j0 + 4 * n;
+      float x = 0.0f;
+      for (int j = i; j < GDN_C; ++j) x = fmaf(xs[j * GDN_SLD + i], ft[j * GDN_TLD + v], x);
+      x *= bb[i];
+      gt[i * GDN_TLD + v] = x;
+      dli = fmaf(-gg[i], x * kS[n], dli);
+      if (i < valid) {
+        static_cast<T*>(d.dv)[((b * a.T + t0 + i) * a.Hv + h) * a.Dv + v0 + v] = narrow<T>(x);
+      }
+    }
+    __syncthreads();
+    // dP += dY Δᵀ, dM += dΔ Rᵀ; dQ += diag(Γ) dY S₀, dK += diag(r) Δ dS_C − diag(Γ) dR S₀.
+#pragma unroll
+    for (int v = 0; v < GDN_BR; ++v) {
+      const float y = yt[i * GDN_TLD + v], f = ft[i * GDN_TLD + v];
+      const float gy = gg[i] * y, re = rr[i] * et[i * GDN_TLD + v], gd = -gg[i] * gt[i * GDN_TLD + v];
+#pragma unroll
+      for (int m = 0; m < 16; ++m) {
+        const int j = j0 + 4 * m;
+        dp[m] = fmaf(y, et[j * GDN_TLD + v], dp[m]);
+        dm[m] = fmaf(f, rt[j * GDN_TLD + v], dm[m]);
+      }
+#pragma unroll
+      for (int m = 0; m < 32; ++m) {
+        const int col = j0 + 4 * m;
+        const float s = s0t[v * GDN_FLD + col];
+        dq[m] = fmaf(gy, s, dq[m]);
+        dk[m] = fmaf(gd, s, fmaf(re, dst[v * GDN_FLD + col], dk[m]));
+      }
+    }
+  }
+  __syncthreads();
+  // The squares: dP and dM (lower triangles), K Kᵀ.
+#pragma unroll
+  for (int m = 0; m < 16; ++m) {
+    const int j = j0 + 4 * m;
+    sp[i * GDN_SLD + j] = j <= i ? dp[m] : 0.0f;
+    sm[i * GDN_SLD + j] = j <= i ? dm[m] : 0.0f;
+    float x = 0.0f;
+#pragma unroll 8
+    for (int col = 0; col < 128; ++col) x = fmaf(ks[i * GDN_FLD + col], ks[j * GDN_FLD + col], x);
+    sk[i * GDN_SLD + j] = x;
+  }
+  __syncthreads();
+  // Xᵀ dX with dX = dM diag(β): rows i, columns j ≤ ... (X is lower triangular).
+#pragma unroll
+  for (int m = 0; m < 16; ++m) {
+    const int j = j0 + 4 * m;
+    float x = 0.0f;
+    for (int r = max(i, j); r < GDN_C; ++r) x = fmaf(xs[r * GDN_SLD + i], sm[r * GDN_SLD + j], x);
+    sy[i * GDN_SLD + j] = x * bb[j];
+  }
+  __syncthreads();
+  // dA = −(Xᵀ dX) Xᵀ below the diagonal; then E, F and the gates' and β's cotangents.
+  float rowl = 0.0f, rowb = 0.0f;
+#pragma unroll
+  for (int m = 0; m < 16; ++m) {
+    const int j = j0 + 4 * m;
+    float e = 0.0f, f = 0.0f;
+    if (j <= i) {
+      const float g = sg[i] * sg[j] * __expf(ls[i] - ls[j]);
+      const float dpv = sp[i * GDN_SLD + j];
+      f = dpv * g;
+      float col = dpv * ps[i * GDN_SLD + j];
+      atomicAdd(&db[j], sm[i * GDN_SLD + j] * xs[i * GDN_SLD + j]);
+      if (j < i) {
+        float da = 0.0f;
+        for (int r = 0; r <= j; ++r) da = fmaf(sy[i * GDN_SLD + r], xs[j * GDN_SLD + r], da);
+        da = -da;
+        const float kkg = sk[i * GDN_SLD + j] * g;
+        e = da * bb[i] * g;
+        rowb = fmaf(da, kkg, rowb);
+        col = fmaf(da, bb[i] * kkg, col);
+      }
+      rowl += col;
+      atomicAdd(&dl[j], -col);
+    }
+    sa[i * GDN_SLD + j] = e;
+    sp[i * GDN_SLD + j] = f;
+  }
+  rowl += __shfl_xor_sync(0xffffffffu, rowl, 1);
+  rowl += __shfl_xor_sync(0xffffffffu, rowl, 2);
+  rowb += __shfl_xor_sync(0xffffffffu, rowb, 1);
+  rowb += __shfl_xor_sync(0xffffffffu, rowb, 2);
+  dli += __shfl_xor_sync(0xffffffffu, dli, 1);
+  dli += __shfl_xor_sync(0xffffffffu, dli, 2);
+  if (j0 == 0) {
+    atomicAdd(&dl[i], rowl + dli);
+    atomicAdd(&db[i], rowb);
+  }
+  // ℓ_C: Γ_C <dS_C, S₀> + Σ r_i δ_i·(dS_C k_i).
+  float lc = dlc + gg[GDN_C - 1] * ss;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) lc += __shfl_xor_sync(0xffffffffu, lc, o);
+  if ((tid & 31) == 0) atomicAdd(&dl[GDN_C - 1], lc);
+  __syncthreads();
+  // dQ += F K; dK += Fᵀ Q + E K + Eᵀ K.
+  for (int j = 0; j < GDN_C; ++j) {
+    const float f = sp[i * GDN_SLD + j], ft2 = sp[j * GDN_SLD + i];
+    const float e = sa[i * GDN_SLD + j] + sa[j * GDN_SLD + i];
+#pragma unroll
+    for (int m = 0; m < 32; ++m) {
+      const int col = j0 + 4 * m;
+      const float kj = ks[j * GDN_FLD + col];
+      dq[m] = fmaf(f, kj, dq[m]);
+      dk[m] = fmaf(ft2, qs[j * GDN_FLD + col], fmaf(e, kj, dk[m]));
+    }
+  }
+  if (i < valid) {
+    const i64 o = ((b * a.T + t0 + i) * a.Hv + h) * 128;
+#pragma unroll
+    for (int m = 0; m < 32; ++m) {
+      d.dqv[o + j0 + 4 * m] = dq[m];
+      d.dkv[o + j0 + 4 * m] = dk[m];
+    }
+  }
+  __syncthreads();
+  // The log gates' cotangents are dℓ's sums from each step to the chunk's end; the gate's, over it.
+  if (tid < valid) {
+    float x = 0.0f;
+    for (int r = tid; r < GDN_C; ++r) x += dl[r];
+    const i64 t = t0 + tid;
+    const float g = gdn_ld(a.g, b * a.g_s[0] + t * a.g_s[1] + h * a.g_s[2], a.g_dt);
+    gdn_st(d.dg, (b * a.T + t) * a.Hv + h, a.g_dt, x / g);
+    gdn_st(d.dbeta, (b * a.T + t) * a.Hv + h, a.beta_dt, db[tid]);
+  }
+}
+
+// q's and k's cotangents: the value heads' sums per key head, rounded to T (one element per
+// thread of [B, T, Hk, 128]).
+template <typename T> __device__ __forceinline__ void gated_delta_bwd_heads(const GdnArgs& a, const GdnGrad& d) {
+  const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= a.B * a.T * a.Hk * 128) return;
+  const i64 col = e & 127, hk = (e >> 7) % a.Hk, bt = (e >> 7) / a.Hk, groups = a.Hv / a.Hk;
+  float x = 0.0f, y = 0.0f;
+  for (i64 j = 0; j < groups; ++j) {
+    const i64 o = (bt * a.Hv + hk * groups + j) * 128 + col;
+    x += d.dqv[o];
+    y += d.dkv[o];
+  }
+  static_cast<T*>(d.dq)[e] = narrow<T>(x);
+  static_cast<T*>(d.dk)[e] = narrow<T>(y);
 }

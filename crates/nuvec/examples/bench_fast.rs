@@ -92,6 +92,9 @@
 //!   TFLOP/s of the recurrence's `7·B·T·32·128·128` FLOPs (decay, `S k`, the update, `S q`),
 //!   fraction `-`: the chunked kernels (`NUVEC_GDN_CHUNKED=0`: the packed one); `_rows` as for
 //!   decoding.
+//! * `gated_delta_bwd_bf16_B1_T{T}`, T in {4096, 8192, 32768}: the derivative alone (the vjp of
+//!   `y` and the last state, from a given state, at random cotangents), in TFLOP/s of twice the
+//!   forward's FLOPs, `14·B·T·32·128·128`: the chunked backward kernels.
 //!
 //! A mixture of experts' products at Qwen3-Next's shapes (`ops::gather_mm`): 512 experts of
 //! `[512, 2048]` (bf16, read transposed as `SwitchLinear` does), each token's 10 choices sorted
@@ -170,6 +173,7 @@ fn run_all(b: &mut Bench) {
     sdpa_prefill(b);
     sdpa_fwdbwd(b);
     gated_delta(b);
+    gated_delta_bwd(b);
     gather_mm(b);
     gather_qmm(b);
 }
@@ -600,6 +604,36 @@ fn gated_delta(b: &mut Bench) {
                 }))
             });
         }
+    }
+}
+
+/// The derivative of `fast::gated_delta` alone at Qwen3-Next's heads (the forward's outputs
+/// are never evaluated: the vjp primitive takes the inputs and the cotangents), in TFLOP/s of
+/// twice the forward's FLOPs.
+fn gated_delta_bwd(b: &mut Bench) {
+    for t in [4096i32, 8192, 32768] {
+        let flops = 14.0 * f64::from(t) * f64::from(GDN_HV) * f64::from(GDN_D) * f64::from(GDN_D);
+        let k = b.copies((2 * GDN_HK + 2 * GDN_HV) as usize * t as usize * GDN_D as usize * ELEM);
+        tflops_case(b, &format!("gated_delta_bwd_bf16_B1_T{t}"), flops, || {
+            let xs: Vec<(GdnInputs, Vec<Array>)> = (0..k)
+                .map(|j| -> nuvec::Result<_> {
+                    let seed = 870 + 10 * j as u32;
+                    let dy = random(&[1, t, GDN_HV, GDN_D], DT, seed + 6)?;
+                    let ds = random(&[1, GDN_HV, GDN_D, GDN_D], DType::F32, seed + 7)? * 0.1f32;
+                    nuvec::eval(&[&dy, &ds])?;
+                    Ok((gdn_inputs(1, t, seed)?, vec![dy, ds]))
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(op(move |i| {
+                let (x, cots) = &xs[i % k];
+                let primals = [&x.q, &x.k, &x.v, &x.g, &x.beta, &x.state].map(Array::clone);
+                let f = |a: &[Array]| {
+                    let (y, s) = fast::gated_delta(&a[0], &a[1], &a[2], &a[3], &a[4], Some(&a[5]));
+                    Ok(vec![y, s])
+                };
+                Ok(nuvec::transforms::vjp_flat(f, &primals, cots)?.1)
+            }))
+        });
     }
 }
 

@@ -7,7 +7,9 @@
 //!
 //! One primitive ([`FastOp::GatedDelta`]): a backend runs it as one kernel, and its composition,
 //! a loop over the steps, is the reference, the fallback and what derivatives and batching
-//! differentiate.
+//! differentiate. Its derivative where only the last state is returned is a primitive too
+//! ([`FastOp::GatedDeltaVjp`]), so that a backend may run it as kernels of its own (the CUDA
+//! backend's chunked backward); its composition is the composition's derivative.
 
 use crate::array::Array;
 use crate::dtype::DType;
@@ -144,6 +146,23 @@ fn scan(
     let mut outs = record(FastOp::GatedDelta(params), inputs, 2);
     let states = outs.pop().expect("two outputs");
     (outs.pop().expect("two outputs"), states)
+}
+
+/// The composition of [`FastOp::GatedDeltaVjp`]: the composition's derivative with respect to
+/// `[q, k, v, g, beta, state]` at the cotangents `[dy, dstate']`.
+pub(super) fn vjp_composition(p: &GatedDeltaParams, inputs: &[Array]) -> Vec<Array> {
+    let n = 6 + p.masked as usize;
+    let mask = inputs[6..n].to_vec();
+    let forward = *p;
+    let f = move |xs: &[Array]| {
+        let mut all = xs.to_vec();
+        all.extend(mask.iter().cloned());
+        Ok(composition(&forward, &all))
+    };
+    match crate::transforms::vjp_flat(f, &inputs[..6], &inputs[n..]) {
+        Ok((_, d)) => d,
+        Err(e) => vec![Array::from_error(e); 6],
+    }
 }
 
 /// The recurrence as ordinary operations, one step after another, in `float32`: `[y, state']`

@@ -94,6 +94,7 @@ impl FastOp {
             }
             FastOp::RopeKvWrite { rope, q_heads } => rope::kv_write_composition(rope, *q_heads, inputs),
             FastOp::GatedDelta(p) => gated_delta::composition(p, inputs),
+            FastOp::GatedDeltaVjp(p) => gated_delta::vjp_composition(p, inputs),
             FastOp::GatherMm => vec![inputs[0].take(&inputs[2], 0).matmul(&inputs[1].take(&inputs[3], 0))],
             FastOp::GatherQmm(p) => {
                 let n = inputs.len();
@@ -120,7 +121,11 @@ impl FastOp {
             FastOp::SwiGluMatmul { add: false } => Some(2),
             // c is batched like the rows but comes after the weight.
             FastOp::SwiGluMatmul { add: true } => None,
-            FastOp::RopeKvWrite { .. } | FastOp::GatedDelta(_) | FastOp::GatherMm | FastOp::GatherQmm(_) => None,
+            FastOp::RopeKvWrite { .. }
+            | FastOp::GatedDelta(_)
+            | FastOp::GatedDeltaVjp(_)
+            | FastOp::GatherMm
+            | FastOp::GatherQmm(_) => None,
             // Element-wise: every input is batched alike.
             FastOp::AdamStep(_) => Some(4),
             // The weight and bias cotangents sum over rows, the batch included.
@@ -221,6 +226,15 @@ impl FastOp {
             }
             // Recorded with lse only without a mask or sinks: the cotangents of q, k and v.
             FastOp::Attention(p) if p.lse => attention::vjp(p, x, y, &g[0]).into_iter().map(Some).collect(),
+            // The last state only: a backend may run the derivative as one primitive.
+            FastOp::GatedDelta(p) if !p.steps => {
+                let mut inputs = x.to_vec();
+                inputs.extend(g.iter().cloned());
+                let mut d: Vec<Option<Array>> =
+                    record(FastOp::GatedDeltaVjp(*p), inputs, 6).into_iter().map(Some).collect();
+                d.resize(x.len(), None);
+                d
+            }
             _ => {
                 let op = self.clone();
                 match vjp_flat(move |xs| Ok(op.composition(xs)), x, g) {

@@ -117,6 +117,10 @@ pub enum FastOp {
     /// outputs `[y, state']`, or `[y, states]` (every step's state) with
     /// [`GatedDeltaParams::steps`].
     GatedDelta(GatedDeltaParams),
+    /// The derivative of a [`FastOp::GatedDelta`] that returns only the last state: inputs the
+    /// forward's `[q, k, v, g, beta, state, mask?]` then the cotangents `[dy, dstate']`, outputs
+    /// the cotangents `[dq, dk, dv, dg, dbeta, dstate]` of the first six.
+    GatedDeltaVjp(GatedDeltaParams),
     /// [`gather_mm`](crate::ops::gather_mm) of one float dtype: inputs `[a, b, lhs, rhs]`, `a`
     /// `[Ba, M, K]` and `b` `[Bb, K, N]` stacks of matrices, `lhs` and `rhs` `[L]` (`int32` or
     /// `uint32`) picking one of each per output; output `[L, M, N]`, output `i` being
@@ -262,6 +266,7 @@ impl FastOp {
             FastOp::RopeKvWrite { .. } => "rope_kv_write",
             FastOp::GatedDelta(p) if p.steps => "gated_delta_steps",
             FastOp::GatedDelta(_) => "gated_delta",
+            FastOp::GatedDeltaVjp(_) => "gated_delta_vjp",
             FastOp::GatherMm => "gather_mm",
             FastOp::GatherQmm(_) => "gather_qmm",
         }
@@ -290,6 +295,7 @@ impl FastOp {
             FastOp::LayerNormVjp { weighted, biased, .. } => 1 + *weighted as usize + *biased as usize,
             FastOp::Attention(p) => 1 + p.lse as usize,
             FastOp::AttentionVjp(_) | FastOp::AdamStep(_) | FastOp::RopeKvWrite { .. } => 3,
+            FastOp::GatedDeltaVjp(_) => 6,
         }
     }
 
@@ -321,6 +327,7 @@ impl FastOp {
             FastOp::SwiGluMatmul { .. } => prologue_matmul_specs(self, inputs),
             FastOp::RopeKvWrite { rope, q_heads } => rope_kv_write_specs(rope, *q_heads, inputs),
             FastOp::GatedDelta(p) => gated_delta_specs(p, inputs),
+            FastOp::GatedDeltaVjp(p) => gated_delta_vjp_specs(p, inputs),
             FastOp::GatherMm => gather_mm_specs(inputs),
             FastOp::GatherQmm(p) => gather_qmm_specs(p, inputs),
         }
@@ -415,6 +422,23 @@ fn gather_qmm_specs(p: &QuantMatmulParams, inputs: &[Spec]) -> Result<Vec<Spec>,
 }
 
 // ---- gated delta rule ----------------------------------------------------------------------
+
+/// The cotangents of `q`, `k`, `v`, `g`, `beta` and `state`, each like its primal: the
+/// forward's inputs must be valid and the two cotangents match its outputs.
+fn gated_delta_vjp_specs(p: &GatedDeltaParams, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let n = 6 + p.masked as usize;
+    if p.steps || inputs.len() != n + 2 {
+        return Err(invalid(format!("gated_delta_vjp takes the forward's {n} inputs and the cotangents dy, dstate")));
+    }
+    let want = gated_delta_specs(p, &inputs[..n])?;
+    if inputs[n..] != want[..] {
+        return Err(invalid(format!(
+            "gated_delta_vjp: dy and dstate must match the forward's outputs {want:?}, got {:?}",
+            &inputs[n..]
+        )));
+    }
+    Ok(inputs[..6].to_vec())
+}
 
 /// `[y, state']` (or `[y, states]`): `y` `[B, T, Hv, Dv]` in `q`'s dtype, the states in
 /// `p.storage`. Checks every argument, naming it.

@@ -8,6 +8,8 @@
 //! `MLX_GDN_PACKED=0`) keeps every shape on the first, for comparisons. Long prompts at
 //! Qwen3-Next's head sizes take a third way, 64 steps at a time on tensor cores
 //! (`gated_delta_chunk_prep` then `gated_delta_chunk_scan`); `NUVEC_GDN_CHUNKED=0` turns it off.
+//! The derivative (`FastOp::GatedDeltaVjp`) runs those two again, keeping what the chunks'
+//! backward needs, then the chunked backward kernels (`gated_delta_bwd_*`).
 //!
 //! q, k, v, the gate and beta are read through their strides (a model's q, k and v are views
 //! of one projection); only a last axis that is not contiguous is copied first.
@@ -49,6 +51,20 @@ const fn prep_shared(nh: u32) -> u32 {
 /// (rows padded to 136), M, P (to 72), v (to 40) and the gates, then two state buffers and
 /// three tiles of 64 × 40.
 const SCAN_SHARED: u32 = 2 * ((2 * 64 * 136 + 2 * 64 * 72 + 64 * 40) * 2 + 64 * 8) + (2 * 32 * 136 + 3 * 64 * 40) * 2;
+
+/// Threads per block of the derivative's kernels.
+const BWD_THREADS: u32 = 256;
+/// 8-byte words of the derivative's parameter (`GdnGrad`, `GDN_GRAD_WORDS`).
+const GRAD_WORDS: usize = 14;
+/// Value rows per block of `gated_delta_bwd_scan` (`GDN_BR`).
+const BWD_SCAN_ROWS: u32 = 16;
+/// Dynamic shared memory of `gated_delta_bwd_scan` (`GDN_BWD_SCAN_SMEM`): k and q in float32
+/// rows of 128 padded to 129, X and P in rows of 65, four [64][16] tiles in rows of 17, 16 rows
+/// of dS, three floats per step.
+const BWD_SCAN_SHARED: u32 = (2 * 64 * 129 + 2 * 64 * 65 + 4 * 64 * 17 + 16 * 129 + 3 * 64) * 4;
+/// Dynamic shared memory of `gated_delta_bwd_chunk` (`GDN_BWD_CHUNK_SMEM`): k and q, X and P,
+/// seven floats per step, and five [64][65] squares (more than a value tile's rows).
+const BWD_CHUNK_SHARED: u32 = (2 * 64 * 129 + 2 * 64 * 65 + 7 * 64 + 5 * 64 * 65) * 4;
 
 /// The kernel that runs a gated delta rule on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,6 +193,14 @@ pub(crate) fn source(d: DType) -> String {
         s.kernel(format!(
             "__launch_bounds__({THREADS}) gated_delta_chunk_scan(GdnArgs a, GdnChunk c) {{ gated_delta_chunk_scan<{t}>(a, c); }}"
         ));
+        for name in ["scan", "chunk"] {
+            s.kernel(format!(
+                "__launch_bounds__({BWD_THREADS}) gated_delta_bwd_{name}(GdnArgs a, GdnChunk c, GdnGrad d) {{ gated_delta_bwd_{name}<{t}>(a, c, d); }}"
+            ));
+        }
+        s.kernel(format!(
+            "__launch_bounds__({BWD_THREADS}) gated_delta_bwd_heads(GdnArgs a, GdnGrad d) {{ gated_delta_bwd_heads<{t}>(a, d); }}"
+        ));
     }
     s.finish()
 }
@@ -187,6 +211,14 @@ fn inner_contiguous(gpu: &Arc<Gpu>, x: Operand) -> Result<Operand> {
     let n = x.shape.len();
     let ok = n == 0 || x.shape[n - 1] <= 1 || x.data.layout.strides[n - 1] == 1;
     if ok { Ok(x) } else { fresh_copy(gpu, x) }
+}
+
+/// [`inner_contiguous`], copied again unless its rows start on 16 bytes: the chunked kernels
+/// stage rows by 16-byte copies.
+fn aligned_rows(gpu: &Arc<Gpu>, x: Operand) -> Result<Operand> {
+    let x = inner_contiguous(gpu, x)?;
+    let aligned = ptr_of(&x)? % 16 == 0 && x.data.layout.strides.iter().take(3).all(|&s| s % 8 == 0);
+    if aligned { Ok(x) } else { fresh_copy(gpu, x) }
 }
 
 /// The strides of axes `0..N` of `x`, as the kernels' words.
@@ -204,12 +236,8 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, o
     let [y_out, s_out] = outputs else { return Err(internal(format!("{op} has two outputs"))) };
     let mut it = inputs.into_iter();
     let mut next = |name: &str| it.next().ok_or_else(|| internal(format!("{op} is missing its input {name}")));
-    // The chunked kernels stage rows by 16-byte copies.
-    let staged = |x: Operand| -> Result<Operand> {
-        let x = inner_contiguous(gpu, x)?;
-        let aligned = ptr_of(&x)? % 16 == 0 && x.data.layout.strides.iter().take(3).all(|&s| s % 8 == 0);
-        if plan != GatedDeltaKernel::Chunked || aligned { Ok(x) } else { fresh_copy(gpu, x) }
-    };
+    let staged =
+        |x: Operand| if plan == GatedDeltaKernel::Chunked { aligned_rows(gpu, x) } else { inner_contiguous(gpu, x) };
     let q = staged(next("q")?)?;
     let k = staged(next("k")?)?;
     let v = staged(next("v")?)?;
@@ -233,23 +261,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, o
     if rows == 0 || (t == 0 && p.steps) {
         return Ok(());
     }
-    let code = |d: DType| dtype_code(d).ok_or_else(|| internal(format!("{op}: no kernel for {d}")));
-    let mut words: Vec<u64> = Vec::with_capacity(ARG_WORDS);
-    for x in [&q, &k, &v, &g, &beta, &state] {
-        words.push(ptr_of(x)?);
-    }
-    words.push(mask.as_ref().map(ptr_of).transpose()?.unwrap_or(0));
-    words.extend([y, state_ptr]);
-    words.extend([b, t, hk, hv, dv].map(|x| x as u64));
-    for x in [&q, &k, &v, &g, &beta] {
-        words.extend(strides::<3>(x));
-    }
-    words.extend(mask.as_ref().map_or([0, 0], strides::<2>));
-    words.extend([code(g.dtype)?, code(beta.dtype)?, code(state.dtype)?, code(p.storage)?]);
-    words.extend([(g.shape.len() == 4) as u64, p.steps as u64]);
-    if words.len() != ARG_WORDS {
-        return Err(internal(format!("{op}: {} argument words, the kernels take {ARG_WORDS}", words.len())));
-    }
+    let words = arg_words(op, p, [&q, &k, &v, &g, &beta, &state], mask.as_ref(), [y, state_ptr])?;
     let mut plan = plan;
     if plan == GatedDeltaKernel::Chunked {
         // A key head's value heads in pairs where it has an even number of them (q and k are
@@ -280,6 +292,35 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, p: &GatedDeltaParams, inputs: Vec<Operand>, o
     launch_dependent(gpu, f, grid, (THREADS, 1), 1, vec![Arg::Bytes(words)])
 }
 
+/// The kernels' parameter (`GdnArgs`) for inputs `[q, k, v, g, beta, state]`, a mask and the
+/// outputs `[y, state']`.
+fn arg_words(
+    op: &str,
+    p: &GatedDeltaParams,
+    [q, k, v, g, beta, state]: [&Operand; 6],
+    mask: Option<&Operand>,
+    outs: [u64; 2],
+) -> Result<Vec<u64>> {
+    let code = |d: DType| dtype_code(d).ok_or_else(|| internal(format!("{op}: no kernel for {d}")));
+    let mut words: Vec<u64> = Vec::with_capacity(ARG_WORDS);
+    for x in [q, k, v, g, beta, state] {
+        words.push(ptr_of(x)?);
+    }
+    words.push(mask.map(ptr_of).transpose()?.unwrap_or(0));
+    words.extend(outs);
+    words.extend([q.shape[0], q.shape[1], q.shape[2], v.shape[2], v.shape[3]].map(|x| x as i64 as u64));
+    for x in [q, k, v, g, beta] {
+        words.extend(strides::<3>(x));
+    }
+    words.extend(mask.map_or([0, 0], strides::<2>));
+    words.extend([code(g.dtype)?, code(beta.dtype)?, code(state.dtype)?, code(p.storage)?]);
+    words.extend([(g.shape.len() == 4) as u64, p.steps as u64]);
+    if words.len() != ARG_WORDS {
+        return Err(internal(format!("{op}: {} argument words, the kernels take {ARG_WORDS}", words.len())));
+    }
+    Ok(words)
+}
+
 /// Runs the chunked kernels (`[prep, scan]`, the prep taking `nh` value heads per block) on the
 /// arguments `words` of `bh` (batch, value head) pairs and `t` steps, with their scratch: M and
 /// P (`[bh, chunks, 64, 64]` each) and the gates' running log-products and signs (`[bh, T', 2]`,
@@ -298,9 +339,124 @@ fn chunked(
     let (m, _m) = alloc(gpu, padded * CHUNK as usize, dtype)?;
     let (p, _p) = alloc(gpu, padded * CHUNK as usize, dtype)?;
     let (gam, _gam) = alloc(gpu, padded * 2, DType::F32)?;
-    let scratch = vec![m, p, gam, nt as u64];
+    let scratch = vec![m, p, gam, nt as u64, 0, 0, 0];
     let args = || vec![Arg::Bytes(words.clone()), Arg::Bytes(scratch.clone())];
     let groups = (bh / nh as i64) as u32;
     launch(gpu, prep, (nt as u32, groups, 1), (THREADS, 1, 1), prep_shared(nh), args())?;
     launch(gpu, scan, ((128 / SCAN_ROWS) as u32, bh as u32, 1), (THREADS, 1, 1), SCAN_SHARED, args())
+}
+
+/// Whether the CUDA backend runs a `FastOp::GatedDeltaVjp` on inputs of these specs (`[q, k, v,
+/// g, beta, state, dy, dstate']`) with the chunked derivative's kernels: as the chunked
+/// forward's cases (q, k and v of float16 or bfloat16, `Dk` = `Dv` = 128, a gate per head, no
+/// mask, the last state), at least one step, unless `NUVEC_GDN_CHUNKED=0`.
+pub(crate) fn supports_vjp(p: &GatedDeltaParams, inputs: &[Spec]) -> bool {
+    let [q, k, v, g, beta, state, _dy, _ds] = inputs else { return false };
+    let floats = [g.dtype, beta.dtype, state.dtype, p.storage];
+    chunked_enabled()
+        && !p.masked
+        && !p.steps
+        && matches!(q.dtype, DType::F16 | DType::BF16)
+        && k.dtype == q.dtype
+        && v.dtype == q.dtype
+        && floats.iter().all(|&d| dtype_code(d).is_some())
+        && q.shape.len() == 4
+        && v.shape.len() == 4
+        && k.shape == q.shape
+        && q.shape[1] >= 1
+        && q.shape[3] == 128
+        && v.shape[3] == 128
+        && g.shape.len() == 3
+        && q.shape[0] as i64 * v.shape[2] as i64 <= u16::MAX as i64
+}
+
+/// Runs `FastOp::GatedDeltaVjp` (inputs `[q, k, v, g, beta, state, dy, dstate']`, outputs `[dq,
+/// dk, dv, dg, dbeta, dstate]`): the chunked forward again, keeping X, P and each chunk's first
+/// state in float32, then `gated_delta_bwd_scan` (the state's cotangent, chunk by chunk from the
+/// last), `gated_delta_bwd_chunk` (every chunk at once) and `gated_delta_bwd_heads` (q's and k's
+/// cotangents summed over the value heads sharing them).
+pub(crate) fn backward(
+    gpu: &Arc<Gpu>,
+    p: &GatedDeltaParams,
+    inputs: Vec<Operand>,
+    outputs: &mut [Output],
+) -> Result<()> {
+    let op = "gated_delta_vjp";
+    let [dq_out, dk_out, dv_out, dg_out, db_out, ds_out] = outputs else {
+        return Err(internal(format!("{op} has six outputs")));
+    };
+    let mut it = inputs.into_iter();
+    let mut next = |name: &str| it.next().ok_or_else(|| internal(format!("{op} is missing its input {name}")));
+    let q = aligned_rows(gpu, next("q")?)?;
+    let k = aligned_rows(gpu, next("k")?)?;
+    let v = inner_contiguous(gpu, next("v")?)?;
+    let g = next("g")?;
+    let beta = next("beta")?;
+    let state = row_major(gpu, next("state")?)?;
+    let dy = inner_contiguous(gpu, next("dy")?)?;
+    let ds = row_major(gpu, next("dstate")?)?;
+    let [b, t, hk] = [0, 1, 2].map(|a| q.shape[a] as i64);
+    let hv = v.shape[2] as i64;
+    let (bh, nt) = (b * hv, (t + CHUNK - 1) / CHUNK);
+    let d = q.dtype;
+    let family = Family::GatedDelta(d);
+    let [prep, scan, bwd_scan, bwd_chunk, heads] = [
+        "gated_delta_chunk_prep",
+        "gated_delta_chunk_scan",
+        "gated_delta_bwd_scan",
+        "gated_delta_bwd_chunk",
+        "gated_delta_bwd_heads",
+    ]
+    .map(|name| kernel(gpu, family, name));
+    let [prep, scan, bwd_scan, bwd_chunk, heads] = [prep?, scan?, bwd_scan?, bwd_chunk?, heads?];
+    for (f, bytes) in
+        [(prep, prep_shared(1)), (scan, SCAN_SHARED), (bwd_scan, BWD_SCAN_SHARED), (bwd_chunk, BWD_CHUNK_SHARED)]
+    {
+        allow_shared(gpu, f, bytes).map_err(|_| {
+            internal(format!("{op}: the device gives a block less than {bytes} bytes of shared memory"))
+        })?;
+    }
+    let outs = [dq_out, dk_out, dv_out, dg_out, db_out, ds_out].map(|o| alloc_out(gpu, o));
+    let [dq, dk, dv, dg, db, dstate] = {
+        let [a, b_, c, d_, e, f] = outs;
+        [a?, b_?, c?, d_?, e?, f?]
+    };
+    // The forward again: y and the last state into scratch; X, P and every chunk's first state.
+    let square = (bh * nt * CHUNK * CHUNK) as usize;
+    let states = (bh * nt * 128 * 128) as usize;
+    let (y, _y) = alloc(gpu, (b * t * hv * 128) as usize, d)?;
+    let (last, _last) = alloc(gpu, (bh * 128 * 128) as usize, p.storage)?;
+    let (m, _m) = alloc(gpu, square, d)?;
+    let (pm, _pm) = alloc(gpu, square, d)?;
+    let (gam, _gam) = alloc(gpu, (bh * nt * CHUNK * 2) as usize, DType::F32)?;
+    let (xf, _xf) = alloc(gpu, square, DType::F32)?;
+    let (pf, _pf) = alloc(gpu, square, DType::F32)?;
+    let (s0, _s0) = alloc(gpu, states, DType::F32)?;
+    let (dsc, _dsc) = alloc(gpu, states, DType::F32)?;
+    let (dqv, _dqv) = alloc(gpu, (b * t * hv * 128) as usize, DType::F32)?;
+    let (dkv, _dkv) = alloc(gpu, (b * t * hv * 128) as usize, DType::F32)?;
+    let words = arg_words(op, p, [&q, &k, &v, &g, &beta, &state], None, [y, last])?;
+    let chunk = vec![m, pm, gam, nt as u64, xf, pf, s0];
+    let mut grad = vec![ptr_of(&dy)?, ptr_of(&ds)?, dq, dk, dv, dg, db, dstate, dsc, dqv, dkv];
+    grad.extend(strides::<3>(&dy));
+    if grad.len() != GRAD_WORDS {
+        return Err(internal(format!("{op}: {} gradient words, the kernels take {GRAD_WORDS}", grad.len())));
+    }
+    let args = |with_chunk: bool| {
+        let mut a = vec![Arg::Bytes(words.clone())];
+        if with_chunk {
+            a.push(Arg::Bytes(chunk.clone()));
+        }
+        a.push(Arg::Bytes(grad.clone()));
+        a
+    };
+    let fwd = || vec![Arg::Bytes(words.clone()), Arg::Bytes(chunk.clone())];
+    let (nt32, bh32) = (nt as u32, bh as u32);
+    launch(gpu, prep, (nt32, bh32, 1), (THREADS, 1, 1), prep_shared(1), fwd())?;
+    launch(gpu, scan, ((128 / SCAN_ROWS) as u32, bh32, 1), (THREADS, 1, 1), SCAN_SHARED, fwd())?;
+    let rows = 128 / BWD_SCAN_ROWS;
+    launch(gpu, bwd_scan, (rows, bh32, 1), (BWD_THREADS, 1, 1), BWD_SCAN_SHARED, args(true))?;
+    launch(gpu, bwd_chunk, (nt32, bh32, 1), (BWD_THREADS, 1, 1), BWD_CHUNK_SHARED, args(true))?;
+    let n = (b * t * hk * 128) as u64;
+    launch(gpu, heads, (n.div_ceil(BWD_THREADS as u64) as u32, 1, 1), (BWD_THREADS, 1, 1), 0, args(false))
 }

@@ -55,6 +55,7 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
         FastOp::QuantizedMatmul(p) => quantized_matmul::supports(p, inputs),
         FastOp::PagedAttention(p) => attention::supports_paged(p, inputs),
         FastOp::GatedDelta(p) => gated_delta::gated_delta_kernel(p, inputs).is_some(),
+        FastOp::GatedDeltaVjp(p) => gated_delta::supports_vjp(p, inputs),
         FastOp::GatherMm => gather_mm::supports(inputs),
         FastOp::GatherQmm(p) => quantized_matmul::gather_supports(p, inputs),
         FastOp::RopeKvWrite { .. } => {
@@ -110,6 +111,7 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
         FastOp::RopeKvWrite { rope: p, q_heads } => return rope::kv_write(gpu, p, *q_heads, inputs, outputs),
         // Reads q, k, v, the gate and beta through their strides.
         FastOp::GatedDelta(p) => return gated_delta::eval(gpu, p, inputs, outputs),
+        FastOp::GatedDeltaVjp(p) => return gated_delta::backward(gpu, p, inputs, outputs),
         // Reads the stacks through their strides.
         FastOp::GatherMm => {
             let out = outputs.first_mut().ok_or_else(|| internal("gather_mm without an output"))?;

@@ -535,6 +535,66 @@ fn derivatives_match_finite_differences() {
     }
 }
 
+/// `|got − want|` within `tol` of `want`'s largest magnitude everywhere, and the difference's
+/// norm within `tol / 4` of `want`'s: half-precision kernels against a float32 composition.
+fn near(what: &str, got: &Array, want: &Array, tol: f64) {
+    assert_eq!((got.shape(), got.dtype()), (want.shape(), want.dtype()), "{what}: shape and dtype");
+    let (g, w) = (f64s(got), f64s(want));
+    let scale = w.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
+    let norm = w.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-30);
+    let mut diff = 0.0;
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!((a - b).abs() <= tol * scale, "{what}: element {i}: {a} vs {b} (largest {scale:e})");
+        diff += (a - b) * (a - b);
+    }
+    let rel = diff.sqrt() / norm;
+    assert!(rel <= tol / 4.0, "{what}: relative error {rel:e} over the whole array");
+}
+
+/// The derivative at Qwen3-Next's head sizes (on a GPU, the chunked backward kernels) against
+/// the composition's: prompts of 1 step to several chunks ending mid-chunk, grouped heads, the
+/// state in float32 or bfloat16, gates in float32 or bfloat16, and cotangents of `y`, of the
+/// state or of both.
+#[test]
+fn chunked_derivative_matches_the_composition() {
+    use nuvec::graph::{Primitive, backend_for};
+    let mut rng = Rng(0x6a7e_d0e9);
+    let on_gpu = !on_cpu();
+    for (d, dtype, gate, state, cot_y, cot_s) in [
+        (dims(1, 1, 1, 1, 128, 128), DType::BF16, DType::F32, DType::F32, true, true),
+        (dims(2, 70, 1, 2, 128, 128), DType::BF16, DType::F32, DType::F32, true, true),
+        (dims(1, 200, 2, 4, 128, 128), DType::F16, DType::BF16, DType::F32, true, false),
+        (dims(1, 129, 1, 1, 128, 128), DType::BF16, DType::F32, DType::BF16, false, true),
+    ] {
+        let c = call(&mut rng, d, dtype, gate, false, false, Some(state));
+        let p = GatedDeltaParams { steps: false, storage: state, masked: false };
+        let primals = c.op_inputs();
+        let cot = |on: bool, shape: Vec<i32>, dt: DType, rng: &mut Rng| {
+            let n = shape.iter().product::<i32>() as usize;
+            if on { array(&uniform(rng, n, -1.0, 1.0), &shape, dt) } else { ops::zeros(&shape[..], dt) }
+        };
+        let cots = vec![cot(cot_y, d.v(), dtype, &mut rng), cot(cot_s, d.state(), state, &mut rng)];
+        let mut inputs = primals.clone();
+        inputs.extend(cots.iter().cloned());
+        let op = FastOp::GatedDeltaVjp(p);
+        if on_gpu && fast::fused_enabled() {
+            let specs: Vec<_> = inputs.iter().map(Array::spec).collect();
+            let gpu = backend_for(nuvec::default_device()).unwrap();
+            assert!(gpu.supports(&Primitive::Fast(op.clone()), &specs, &[]), "the GPU runs {d:?}'s derivative fused");
+        }
+        let f = |a: &[Array]| -> nuvec::Result<Vec<Array>> {
+            let (y, s) = fast::gated_delta(&a[0], &a[1], &a[2], &a[3], &a[4], Some(&a[5]));
+            Ok(vec![y, s])
+        };
+        let (_, got) = vjp_flat(f, &primals, &cots).unwrap();
+        let want = op.composition(&inputs);
+        for (i, name) in ["q", "k", "v", "g", "beta", "state"].into_iter().enumerate() {
+            let what = format!("d{name} {d:?} {dtype} gate {gate} state {state} cotangents y {cot_y} state {cot_s}");
+            near(&what, &got[i], &want[i], 3.0 * epsilon(dtype));
+        }
+    }
+}
+
 /// vmap over a new leading axis (of some inputs, the others shared) against a loop.
 #[test]
 fn vmap_over_a_leading_axis_matches_a_loop() {
