@@ -904,7 +904,7 @@ struct GdnGrad {
 #define GDN_GRAD_WORDS 14
 static_assert(sizeof(GdnGrad) == 8 * GDN_GRAD_WORDS, "GdnGrad must be whole 8-byte words");
 
-#define GDN_FLD 129  // float32 rows of 128, padded (rows i and i + 1 start in different banks)
+#define GDN_FLD 132  // float32 rows of 128, padded: 16-byte rows, row i + 1 four banks on
 #define GDN_SLD 65   // float32 rows of 64
 #define GDN_TLD 17   // float32 rows of a 16-column value tile
 #define GDN_BR 16    // value rows (or columns) per tile of the derivative
@@ -917,9 +917,17 @@ __device__ __forceinline__ void gdn_stage_f32(float* dst, const T* src, i64 step
     const int r = e >> 4, col = (e & 15) * 8;
     float x[8] = {};
     if (r < valid) gdn_load<T, 8>(src + r * step + col, x);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) dst[r * GDN_FLD + col + j] = x[j];
+    *reinterpret_cast<float4*>(dst + r * GDN_FLD + col) = make_float4(x[0], x[1], x[2], x[3]);
+    *reinterpret_cast<float4*>(dst + r * GDN_FLD + col + 4) = make_float4(x[4], x[5], x[6], x[7]);
   }
+}
+
+// Four floats of shared memory at p (16-byte aligned).
+__device__ __forceinline__ float4 gdn_f4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// acc + a·b over four lanes.
+__device__ __forceinline__ float gdn_dot4(float4 a, float4 b, float acc) {
+  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
 }
 
 // A [64][64] float32 matrix of the scratch into dst [64][GDN_SLD]; `lower`: zeros above the
@@ -986,7 +994,7 @@ __device__ __forceinline__ void gated_delta_bwd_scan(const GdnArgs& a, const Gdn
     ds[r * GDN_FLD + col] = gdn_ld(d.ds, ((i64)bh * a.Dv + v0 + r) * 128 + col, a.out_dt);
   }
   // Thread (i, v) of the [64][16] tiles: step i, columns vi + 4n; thread (vr, c) of dS: row vr,
-  // columns vc + 16n.
+  // columns 4vc .. 4vc + 4 and 64 on.
   const int i = tid >> 2, vi = tid & 3, vr = tid >> 4, vc = tid & 15;
   for (i64 ch = nt - 1; ch >= 0; --ch) {
     const i64 t0 = ch * GDN_C;
@@ -1010,7 +1018,7 @@ __device__ __forceinline__ void gated_delta_bwd_scan(const GdnArgs& a, const Gdn
       float x = 0.0f, y = 0.0f;
       for (int j = i; j < GDN_C; ++j) x = fmaf(ps[j * GDN_SLD + i], dy[j * GDN_TLD + v], x);
 #pragma unroll 8
-      for (int col = 0; col < 128; ++col) y = fmaf(ks[i * GDN_FLD + col], ds[v * GDN_FLD + col], y);
+      for (int col = 0; col < 128; col += 4) y = gdn_dot4(gdn_f4(ks + i * GDN_FLD + col), gdn_f4(ds + v * GDN_FLD + col), y);
       dd[i * GDN_TLD + v] = fmaf(rr[i], y, x);
       gy[i * GDN_TLD + v] = gg[i] * dy[i * GDN_TLD + v];
     }
@@ -1027,15 +1035,20 @@ __device__ __forceinline__ void gated_delta_bwd_scan(const GdnArgs& a, const Gdn
     // dS = Γ_C dS + dYᵀ diag(Γ) Q − dRᵀ diag(Γ) K.
     const float gc = gg[GDN_C - 1];
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      const int col = vc + 16 * n;
-      float x = gc * ds[vr * GDN_FLD + col];
+    for (int n = 0; n < 2; ++n) {
+      const int col = 4 * vc + 64 * n;
+      float4 x = gdn_f4(ds + vr * GDN_FLD + col);
+      x = make_float4(gc * x.x, gc * x.y, gc * x.z, gc * x.w);
 #pragma unroll 8
       for (int j = 0; j < GDN_C; ++j) {
-        x = fmaf(gy[j * GDN_TLD + vr], qs[j * GDN_FLD + col], x);
-        x = fmaf(-gr[j * GDN_TLD + vr], ks[j * GDN_FLD + col], x);
+        const float y = gy[j * GDN_TLD + vr], r = -gr[j * GDN_TLD + vr];
+        const float4 q4 = gdn_f4(qs + j * GDN_FLD + col), k4 = gdn_f4(ks + j * GDN_FLD + col);
+        x.x = fmaf(r, k4.x, fmaf(y, q4.x, x.x));
+        x.y = fmaf(r, k4.y, fmaf(y, q4.y, x.y));
+        x.z = fmaf(r, k4.z, fmaf(y, q4.z, x.z));
+        x.w = fmaf(r, k4.w, fmaf(y, q4.w, x.w));
       }
-      ds[vr * GDN_FLD + col] = x;
+      *reinterpret_cast<float4*>(ds + vr * GDN_FLD + col) = x;
     }
   }
   __syncthreads();
@@ -1098,8 +1111,9 @@ __device__ __forceinline__ void gated_delta_bwd_chunk(const GdnArgs& a, const Gd
     dl[tid] = 0.0f;
     db[tid] = 0.0f;
   }
-  // Thread (i, j) of the squares and of [64][128]: row i, columns j0 + 4m.
-  const int i = tid >> 2, j0 = tid & 3;
+  // Thread (i, j) of the squares: row i, columns j0 + 4m; of [64][128] (dq, dk): row i, columns
+  // 4j0 + 16m' .. + 4 (m' < 8).
+  const int i = tid >> 2, j0 = tid & 3, c0 = 4 * j0;
   float dp[16] = {}, dm[16] = {}, dq[32] = {}, dk[32] = {};
   float dli = 0.0f, dlc = 0.0f, ss = 0.0f;
   const float* s0 = c.s0 + ((i64)bh * nt + ch) * a.Dv * 128;
@@ -1110,10 +1124,8 @@ __device__ __forceinline__ void gated_delta_bwd_chunk(const GdnArgs& a, const Gd
       const int r = e >> 5, col = (e & 31) * 4;
       const float4 x = *reinterpret_cast<const float4*>(s0 + (v0 + r) * 128 + col);
       const float4 y = *reinterpret_cast<const float4*>(dsc + (v0 + r) * 128 + col);
-      float* xs4 = s0t + r * GDN_FLD + col;
-      float* ys4 = dst + r * GDN_FLD + col;
-      xs4[0] = x.x, xs4[1] = x.y, xs4[2] = x.z, xs4[3] = x.w;
-      ys4[0] = y.x, ys4[1] = y.y, ys4[2] = y.z, ys4[3] = y.w;
+      *reinterpret_cast<float4*>(s0t + r * GDN_FLD + col) = x;
+      *reinterpret_cast<float4*>(dst + r * GDN_FLD + col) = y;
       ss = fmaf(x.x, y.x, fmaf(x.y, y.y, fmaf(x.z, y.z, fmaf(x.w, y.w, ss))));
     }
     const i64 vstep = a.v_s[1], ystep = d.dy_s[1];
@@ -1122,20 +1134,23 @@ __device__ __forceinline__ void gated_delta_bwd_chunk(const GdnArgs& a, const Gd
                       tid);
     __syncthreads();
     // K S₀ᵀ, Q S₀ᵀ and K dS_Cᵀ at (i, v), then R.
-    float kS[4], qS[4], kD[4];
+    float kS[4] = {}, qS[4] = {}, kD[4] = {};
+#pragma unroll 4
+    for (int col = 0; col < 128; col += 4) {
+      const float4 k4 = gdn_f4(ks + i * GDN_FLD + col), q4 = gdn_f4(qs + i * GDN_FLD + col);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int v = j0 + 4 * n;
+        const float4 s4 = gdn_f4(s0t + v * GDN_FLD + col);
+        kS[n] = gdn_dot4(k4, s4, kS[n]);
+        qS[n] = gdn_dot4(q4, s4, qS[n]);
+        kD[n] = gdn_dot4(k4, gdn_f4(dst + v * GDN_FLD + col), kD[n]);
+      }
+    }
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
       const int v = j0 + 4 * n;
-      float x = 0.0f, y = 0.0f, z = 0.0f;
-#pragma unroll 8
-      for (int col = 0; col < 128; ++col) {
-        const float kk = ks[i * GDN_FLD + col];
-        x = fmaf(kk, s0t[v * GDN_FLD + col], x);
-        y = fmaf(qs[i * GDN_FLD + col], s0t[v * GDN_FLD + col], y);
-        z = fmaf(kk, dst[v * GDN_FLD + col], z);
-      }
-      kS[n] = x, qS[n] = y, kD[n] = z;
-      rt[i * GDN_TLD + v] = fmaf(-gg[i], x, vt[i * GDN_TLD + v]);
+      rt[i * GDN_TLD + v] = fmaf(-gg[i], kS[n], vt[i * GDN_TLD + v]);
     }
     __syncthreads();
     // Δ = X diag(β) R, dΔ = Pᵀ dY + diag(r) K dS_Cᵀ.
@@ -1179,11 +1194,15 @@ __device__ __forceinline__ void gated_delta_bwd_chunk(const GdnArgs& a, const Gd
         dm[m] = fmaf(f, rt[j * GDN_TLD + v], dm[m]);
       }
 #pragma unroll
-      for (int m = 0; m < 32; ++m) {
-        const int col = j0 + 4 * m;
-        const float s = s0t[v * GDN_FLD + col];
-        dq[m] = fmaf(gy, s, dq[m]);
-        dk[m] = fmaf(gd, s, fmaf(re, dst[v * GDN_FLD + col], dk[m]));
+      for (int m = 0; m < 8; ++m) {
+        const int col = c0 + 16 * m;
+        const float4 s4 = gdn_f4(s0t + v * GDN_FLD + col), d4 = gdn_f4(dst + v * GDN_FLD + col);
+        const float sv[4] = {s4.x, s4.y, s4.z, s4.w}, dv4[4] = {d4.x, d4.y, d4.z, d4.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dq[4 * m + e] = fmaf(gy, sv[e], dq[4 * m + e]);
+          dk[4 * m + e] = fmaf(gd, sv[e], fmaf(re, dv4[e], dk[4 * m + e]));
+        }
       }
     }
   }
@@ -1196,7 +1215,7 @@ __device__ __forceinline__ void gated_delta_bwd_chunk(const GdnArgs& a, const Gd
     sm[i * GDN_SLD + j] = j <= i ? dm[m] : 0.0f;
     float x = 0.0f;
 #pragma unroll 8
-    for (int col = 0; col < 128; ++col) x = fmaf(ks[i * GDN_FLD + col], ks[j * GDN_FLD + col], x);
+    for (int col = 0; col < 128; col += 4) x = gdn_dot4(gdn_f4(ks + i * GDN_FLD + col), gdn_f4(ks + j * GDN_FLD + col), x);
     sk[i * GDN_SLD + j] = x;
   }
   __syncthreads();
@@ -1257,19 +1276,24 @@ __device__ __forceinline__ void gated_delta_bwd_chunk(const GdnArgs& a, const Gd
     const float f = sp[i * GDN_SLD + j], ft2 = sp[j * GDN_SLD + i];
     const float e = sa[i * GDN_SLD + j] + sa[j * GDN_SLD + i];
 #pragma unroll
-    for (int m = 0; m < 32; ++m) {
-      const int col = j0 + 4 * m;
-      const float kj = ks[j * GDN_FLD + col];
-      dq[m] = fmaf(f, kj, dq[m]);
-      dk[m] = fmaf(ft2, qs[j * GDN_FLD + col], fmaf(e, kj, dk[m]));
+    for (int m = 0; m < 8; ++m) {
+      const int col = c0 + 16 * m;
+      const float4 k4 = gdn_f4(ks + j * GDN_FLD + col), q4 = gdn_f4(qs + j * GDN_FLD + col);
+      const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+      for (int e4 = 0; e4 < 4; ++e4) {
+        dq[4 * m + e4] = fmaf(f, kv[e4], dq[4 * m + e4]);
+        dk[4 * m + e4] = fmaf(ft2, qv[e4], fmaf(e, kv[e4], dk[4 * m + e4]));
+      }
     }
   }
   if (i < valid) {
     const i64 o = ((b * a.T + t0 + i) * a.Hv + h) * 128;
 #pragma unroll
-    for (int m = 0; m < 32; ++m) {
-      d.dqv[o + j0 + 4 * m] = dq[m];
-      d.dkv[o + j0 + 4 * m] = dk[m];
+    for (int m = 0; m < 8; ++m) {
+      const int col = c0 + 16 * m;
+      *reinterpret_cast<float4*>(d.dqv + o + col) = make_float4(dq[4 * m], dq[4 * m + 1], dq[4 * m + 2], dq[4 * m + 3]);
+      *reinterpret_cast<float4*>(d.dkv + o + col) = make_float4(dk[4 * m], dk[4 * m + 1], dk[4 * m + 2], dk[4 * m + 3]);
     }
   }
   __syncthreads();

@@ -59,12 +59,12 @@ const GRAD_WORDS: usize = 14;
 /// Value rows per block of `gated_delta_bwd_scan` (`GDN_BR`).
 const BWD_SCAN_ROWS: u32 = 16;
 /// Dynamic shared memory of `gated_delta_bwd_scan` (`GDN_BWD_SCAN_SMEM`): k and q in float32
-/// rows of 128 padded to 129, X and P in rows of 65, four [64][16] tiles in rows of 17, 16 rows
+/// rows of 128 padded to 132, X and P in rows of 65, four [64][16] tiles in rows of 17, 16 rows
 /// of dS, three floats per step.
-const BWD_SCAN_SHARED: u32 = (2 * 64 * 129 + 2 * 64 * 65 + 4 * 64 * 17 + 16 * 129 + 3 * 64) * 4;
+const BWD_SCAN_SHARED: u32 = (2 * 64 * 132 + 2 * 64 * 65 + 4 * 64 * 17 + 16 * 132 + 3 * 64) * 4;
 /// Dynamic shared memory of `gated_delta_bwd_chunk` (`GDN_BWD_CHUNK_SMEM`): k and q, X and P,
 /// seven floats per step, and five [64][65] squares (more than a value tile's rows).
-const BWD_CHUNK_SHARED: u32 = (2 * 64 * 129 + 2 * 64 * 65 + 7 * 64 + 5 * 64 * 65) * 4;
+const BWD_CHUNK_SHARED: u32 = (2 * 64 * 132 + 2 * 64 * 65 + 7 * 64 + 5 * 64 * 65) * 4;
 
 /// The kernel that runs a gated delta rule on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
