@@ -32,6 +32,12 @@ pub mod io {
 }
 pub use nuvec_io::{load, load_gguf, load_npy, load_npz, load_safetensors, save_npz, save_safetensors};
 
+/// Collectives over a group of ranks (threads or processes), as MLX's `mx.distributed` (the
+/// `nuvec-distributed` crate).
+pub mod distributed {
+    pub use nuvec_distributed::*;
+}
+
 /// Optimizers, learning-rate schedules and gradient clipping, as MLX's `mlx.optimizers` (the
 /// `nuvec-nn` crate).
 pub mod optim {

@@ -1,0 +1,385 @@
+//! Collectives over a group of ranks, as MLX's `mx.distributed`: [`Group::all_sum`],
+//! [`Group::all_gather`], [`Group::sum_scatter`] (a reduce-scatter), [`Group::all_max`],
+//! [`Group::all_min`], [`Group::send`] and [`Group::recv`].
+//!
+//! A group's ranks are threads of one process ([`Group::local`]: one process driving several
+//! devices, and tests) or processes ([`Group::tcp`], what [`init`] builds from the environment
+//! that [`launch`] sets). Without a group in the environment, [`init`] gives a group of one
+//! rank whose collectives return their input, as MLX's does. A rank that fails or exits ends
+//! the group with an error on every other rank, within the group's time-out, never a hang.
+//!
+//! The collectives run when called: each evaluates its input. Every rank reduces the same
+//! values in rank order, so all ranks hold bit-identical results.
+//!
+//! ```
+//! use nuvec::{Array, distributed::Group};
+//! let ranks = Group::local(2);
+//! let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+//!     let handles: Vec<_> = ranks
+//!         .iter()
+//!         .map(|g| s.spawn(move || {
+//!             let x = Array::from_slice(&[g.rank() as f32 + 1.0; 3], [3]);
+//!             g.all_sum(&x).unwrap().to_vec::<f32>().unwrap()
+//!         }))
+//!         .collect();
+//!     handles.into_iter().map(|h| h.join().unwrap()).collect()
+//! });
+//! assert_eq!(sums, vec![vec![3.0; 3], vec![3.0; 3]]);
+//! ```
+
+mod transport;
+
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::path::Path;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nuvec_core::{Array, DType, Error, Result, ops};
+use transport::{Channels, Tcp, Transport};
+
+/// How long a rank waits for another before the group fails, unless `NUVEC_DIST_TIMEOUT`
+/// (seconds) says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The environment variables [`launch`] sets and [`init`] reads: this process's rank, the
+/// number of ranks, and each rank's `host:port`, comma-separated in rank order.
+pub const RANK_VAR: &str = "NUVEC_RANK";
+/// See [`RANK_VAR`].
+pub const SIZE_VAR: &str = "NUVEC_WORLD_SIZE";
+/// See [`RANK_VAR`].
+pub const HOSTS_VAR: &str = "NUVEC_DIST_HOSTS";
+
+/// A group of ranks that run collectives together. Cheap to clone; each rank holds its own.
+#[derive(Clone)]
+pub struct Group {
+    rank: usize,
+    size: usize,
+    transport: Option<Arc<dyn Transport>>,
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Group {{ rank: {}, size: {} }}", self.rank, self.size)
+    }
+}
+
+/// The time-out of groups built here: `NUVEC_DIST_TIMEOUT` seconds, else [`DEFAULT_TIMEOUT`].
+fn timeout_from_env() -> Result<Duration> {
+    match std::env::var("NUVEC_DIST_TIMEOUT") {
+        Ok(v) => {
+            v.trim().parse::<f64>().ok().filter(|s| *s > 0.0 && s.is_finite()).map(Duration::from_secs_f64).ok_or_else(
+                || Error::InvalidArgument(format!("NUVEC_DIST_TIMEOUT={v:?} is not a positive number of seconds")),
+            )
+        }
+        Err(_) => Ok(DEFAULT_TIMEOUT),
+    }
+}
+
+/// The group this process belongs to: from [`RANK_VAR`], [`SIZE_VAR`] and [`HOSTS_VAR`] (as
+/// [`launch`] sets them) a group of processes over TCP; without them, a group of one rank, or
+/// with `strict` an error (as `mx.distributed.init(strict=True)`).
+pub fn init(strict: bool) -> Result<Group> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let (Some(rank), Some(size), Some(hosts)) = (var(RANK_VAR), var(SIZE_VAR), var(HOSTS_VAR)) else {
+        if strict {
+            return Err(Error::InvalidArgument(format!(
+                "distributed::init: no group in the environment ({RANK_VAR}, {SIZE_VAR}, {HOSTS_VAR}); start the ranks with distributed::launch"
+            )));
+        }
+        return Ok(Group::singleton());
+    };
+    let parse = |name: &str, v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .map_err(|_| Error::InvalidArgument(format!("distributed::init: {name}={v:?} is not a count")))
+    };
+    let (rank, size) = (parse(RANK_VAR, &rank)?, parse(SIZE_VAR, &size)?);
+    let addrs = hosts
+        .split(',')
+        .map(|h| {
+            h.trim().to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
+                Error::InvalidArgument(format!("distributed::init: {HOSTS_VAR} names {h:?}, not a host:port"))
+            })
+        })
+        .collect::<Result<Vec<SocketAddr>>>()?;
+    if addrs.len() != size || rank >= size {
+        return Err(Error::InvalidArgument(format!(
+            "distributed::init: rank {rank} of {size} ranks with {} addresses in {HOSTS_VAR}",
+            addrs.len()
+        )));
+    }
+    Group::tcp(rank, &addrs, timeout_from_env()?)
+}
+
+impl Group {
+    /// A group of one rank: its collectives return their input.
+    pub fn singleton() -> Group {
+        Group { rank: 0, size: 1, transport: None }
+    }
+
+    /// `n` ranks in this process (one per thread), in rank order, with [`DEFAULT_TIMEOUT`].
+    pub fn local(n: usize) -> Vec<Group> {
+        Group::local_with_timeout(n, DEFAULT_TIMEOUT)
+    }
+
+    /// [`Group::local`] waiting at most `timeout` for another rank.
+    pub fn local_with_timeout(n: usize, timeout: Duration) -> Vec<Group> {
+        Channels::group(n, timeout)
+            .into_iter()
+            .enumerate()
+            .map(|(rank, t)| Group { rank, size: n, transport: Some(Arc::new(t) as Arc<dyn Transport>) })
+            .collect()
+    }
+
+    /// Rank `rank` of a group of processes, rank `i` listening on `addrs[i]` (connections are
+    /// made once, between every pair of ranks); fails if they are not all there within
+    /// `timeout`, which also bounds every later wait.
+    pub fn tcp(rank: usize, addrs: &[SocketAddr], timeout: Duration) -> Result<Group> {
+        if rank >= addrs.len() {
+            return Err(Error::InvalidArgument(format!("distributed: rank {rank} of {} addresses", addrs.len())));
+        }
+        let transport = Tcp::connect(rank, addrs, timeout)?;
+        Ok(Group { rank, size: addrs.len(), transport: Some(Arc::new(transport)) })
+    }
+
+    /// This rank, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    fn transport(&self) -> Result<&dyn Transport> {
+        self.transport
+            .as_deref()
+            .ok_or_else(|| Error::InvalidArgument("distributed: a group of one rank has no peers".into()))
+    }
+
+    /// Every rank's `x` (same shape and dtype everywhere), in rank order: a ring of `size - 1`
+    /// steps, each sending one rank's bytes on while receiving the next.
+    fn gather(&self, op: &str, x: &Array) -> Result<Vec<Array>> {
+        let mine = encode(x)?;
+        if self.size == 1 {
+            return Ok(vec![x.clone()]);
+        }
+        let t = self.transport()?;
+        let n = self.size;
+        let (next, prev) = ((self.rank + 1) % n, (self.rank + n - 1) % n);
+        let mut parts: Vec<Option<Vec<u8>>> = vec![None; n];
+        parts[self.rank] = Some(mine);
+        for s in 0..n - 1 {
+            let (out, into) = ((self.rank + n - s) % n, (self.rank + 2 * n - s - 1) % n);
+            let sending = parts[out].as_deref().unwrap_or_default();
+            let got = std::thread::scope(|scope| {
+                let sender = scope.spawn(|| t.send(next, sending));
+                let got = t.recv(prev);
+                let sent =
+                    sender.join().unwrap_or_else(|_| Err(Error::Backend("distributed: a sender panicked".into())));
+                sent.and(got)
+            })?;
+            parts[into] = Some(got);
+        }
+        let (shape, dtype) = (x.shape().to_vec(), x.dtype());
+        parts
+            .into_iter()
+            .enumerate()
+            .map(|(r, p)| {
+                let p = p.unwrap_or_default();
+                let (s, d, bytes) = decode(&p)?;
+                if s != shape || d != dtype {
+                    return Err(Error::InvalidArgument(format!(
+                        "distributed::{op}: rank {r} gave an array of shape {s:?} and dtype {d}, rank {} one of shape {shape:?} and dtype {dtype}",
+                        self.rank
+                    )));
+                }
+                Ok(Array::from_raw_bytes(bytes, &s[..], d))
+            })
+            .collect()
+    }
+
+    /// Every rank's `x` in rank order, reduced by `f`.
+    fn reduce(&self, op: &str, x: &Array, f: impl Fn(Array, &Array) -> Array) -> Result<Array> {
+        let mut parts = self.gather(op, x)?.into_iter();
+        let first = parts.next().ok_or_else(|| Error::Backend(format!("distributed::{op}: no ranks")))?;
+        let out = parts.fold(first, |acc, p| f(acc, &p));
+        out.eval()?;
+        Ok(out)
+    }
+
+    /// The sum over ranks of `x`, on every rank (`mx.distributed.all_sum`). Every rank must
+    /// pass the same shape and dtype.
+    pub fn all_sum(&self, x: &Array) -> Result<Array> {
+        self.reduce("all_sum", x, |a, b| a + b)
+    }
+
+    /// The element-wise maximum over ranks of `x`, on every rank.
+    pub fn all_max(&self, x: &Array) -> Result<Array> {
+        self.reduce("all_max", x, |a, b| a.maximum(b))
+    }
+
+    /// The element-wise minimum over ranks of `x`, on every rank.
+    pub fn all_min(&self, x: &Array) -> Result<Array> {
+        self.reduce("all_min", x, |a, b| a.minimum(b))
+    }
+
+    /// Every rank's `x` concatenated along the first axis in rank order (a scalar becomes a
+    /// vector of `size()`), on every rank (`mx.distributed.all_gather`).
+    pub fn all_gather(&self, x: &Array) -> Result<Array> {
+        let parts = self.gather("all_gather", x)?;
+        let parts: Vec<Array> = if x.ndim() == 0 { parts.iter().map(|p| p.reshape([1])).collect() } else { parts };
+        let out = ops::concatenate(&parts, 0);
+        out.eval()?;
+        Ok(out)
+    }
+
+    /// The sum over ranks of `x`, scattered: rank `r` gets rows `r·m .. (r + 1)·m` of the first
+    /// axis, `m` being its length over `size()` (`mx.distributed.sum_scatter`, a
+    /// reduce-scatter). The first axis must divide evenly.
+    pub fn sum_scatter(&self, x: &Array) -> Result<Array> {
+        let rows = x.shape().first().copied().unwrap_or(0) as usize;
+        if x.ndim() == 0 || !rows.is_multiple_of(self.size) {
+            return Err(Error::InvalidArgument(format!(
+                "distributed::sum_scatter: x's first axis ({:?}) must divide into {} ranks",
+                x.shape(),
+                self.size
+            )));
+        }
+        let m = (rows / self.size) as i32;
+        let r = self.rank as i32;
+        let out = self.all_sum(x)?.i(r * m..(r + 1) * m);
+        out.eval()?;
+        Ok(out)
+    }
+
+    /// Sends `x` to rank `dst`, which takes it with [`Group::recv`] or [`Group::recv_like`].
+    pub fn send(&self, x: &Array, dst: usize) -> Result<()> {
+        self.check_peer("send", dst)?;
+        self.transport()?.send(dst, &encode(x)?)
+    }
+
+    /// The array rank `src` sent with [`Group::send`], which must have this shape and dtype.
+    pub fn recv(&self, shape: &[i32], dtype: DType, src: usize) -> Result<Array> {
+        self.check_peer("recv", src)?;
+        let bytes = self.transport()?.recv(src)?;
+        let (s, d, data) = decode(&bytes)?;
+        if s != shape || d != dtype {
+            return Err(Error::InvalidArgument(format!(
+                "distributed::recv: rank {src} sent shape {s:?} and dtype {d}, rank {} expected shape {shape:?} and dtype {dtype}",
+                self.rank
+            )));
+        }
+        Ok(Array::from_raw_bytes(data, &s[..], d))
+    }
+
+    /// [`Group::recv`] of `x`'s shape and dtype.
+    pub fn recv_like(&self, x: &Array, src: usize) -> Result<Array> {
+        self.recv(x.shape(), x.dtype(), src)
+    }
+
+    fn check_peer(&self, op: &str, peer: usize) -> Result<()> {
+        if peer >= self.size || peer == self.rank {
+            return Err(Error::InvalidArgument(format!(
+                "distributed::{op}: rank {peer} is not another rank of this group (rank {} of {})",
+                self.rank, self.size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `x` as a message: its dtype (index in [`DType::ALL`]), rank, shape and row-major bytes.
+fn encode(x: &Array) -> Result<Vec<u8>> {
+    let bytes = x.to_bytes()?;
+    let code = DType::ALL.iter().position(|&d| d == x.dtype()).unwrap_or(0) as u8;
+    let mut out = Vec::with_capacity(bytes.len() + 8 + 4 * x.ndim());
+    out.push(code);
+    out.extend((x.ndim() as u32).to_le_bytes());
+    for &d in x.shape() {
+        out.extend(d.to_le_bytes());
+    }
+    out.extend(bytes);
+    Ok(out)
+}
+
+/// The shape, dtype and bytes of a message [`encode`] made.
+fn decode(m: &[u8]) -> Result<(Vec<i32>, DType, &[u8])> {
+    let bad = || Error::Backend("distributed: a malformed message".into());
+    let (&code, rest) = m.split_first().ok_or_else(bad)?;
+    let dtype = *DType::ALL.get(code as usize).ok_or_else(bad)?;
+    let (nd, rest) = rest.split_at_checked(4).ok_or_else(bad)?;
+    let nd = u32::from_le_bytes(nd.try_into().map_err(|_| bad())?) as usize;
+    let (dims, data) = rest.split_at_checked(4 * nd).ok_or_else(bad)?;
+    let shape = dims.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Ok((shape, dtype, data))
+}
+
+/// Runs `program` with `args` as `n` ranks on this machine (each with [`RANK_VAR`],
+/// [`SIZE_VAR`] and [`HOSTS_VAR`] naming free loopback ports, `NCCL_NVLS_ENABLE=0`, and `env`)
+/// and waits for them. When one fails, the others get `grace` to end on their own (their
+/// collectives fail within their time-out) before they are killed; the error names the first
+/// rank that failed.
+pub fn launch(n: usize, program: &Path, args: &[String], env: &[(&str, &str)], grace: Duration) -> Result<()> {
+    if n == 0 {
+        return Err(Error::InvalidArgument("distributed::launch: at least one rank".into()));
+    }
+    let io = |e: std::io::Error| Error::Io(format!("distributed::launch: {}: {e}", program.display()));
+    // Free ports: bound once, then released for the ranks to bind.
+    let listeners =
+        (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<Vec<_>>>().map_err(io)?;
+    let hosts: Vec<String> =
+        listeners.iter().map(|l| l.local_addr().map(|a| a.to_string())).collect::<std::io::Result<_>>().map_err(io)?;
+    drop(listeners);
+    let mut children: Vec<Child> = (0..n)
+        .map(|r| {
+            Command::new(program)
+                .args(args)
+                .env(RANK_VAR, r.to_string())
+                .env(SIZE_VAR, n.to_string())
+                .env(HOSTS_VAR, hosts.join(","))
+                .env("NCCL_NVLS_ENABLE", "0")
+                .envs(env.iter().copied())
+                .spawn()
+        })
+        .collect::<std::io::Result<_>>()
+        .map_err(io)?;
+    let mut status: Vec<Option<std::process::ExitStatus>> = vec![None; n];
+    let mut failed: Option<(usize, Instant)> = None;
+    loop {
+        for (r, c) in children.iter_mut().enumerate() {
+            if status[r].is_none()
+                && let Some(s) = c.try_wait().map_err(io)?
+            {
+                status[r] = Some(s);
+                if !s.success() && failed.is_none() {
+                    failed = Some((r, Instant::now()));
+                }
+            }
+        }
+        if status.iter().all(Option::is_some) {
+            break;
+        }
+        if let Some((_, since)) = failed
+            && since.elapsed() >= grace
+        {
+            for (r, c) in children.iter_mut().enumerate() {
+                if status[r].is_none() {
+                    let _ = c.kill();
+                    status[r] = c.wait().ok();
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    match failed {
+        Some((r, _)) => Err(Error::Backend(format!(
+            "distributed::launch: rank {r} of {n} failed ({})",
+            status[r].map_or("killed".to_string(), |s| s.to_string())
+        ))),
+        None => Ok(()),
+    }
+}
