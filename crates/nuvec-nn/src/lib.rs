@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod activations;
+pub mod distributed;
 pub mod init;
 pub mod layers;
 pub mod losses;
@@ -14,6 +15,7 @@ pub mod module;
 pub mod optim;
 pub mod quantize;
 
+pub use distributed::{ShardedLinear, Sharding, shard_linear};
 pub use layers::{
     Conv1d, Conv2d, Dropout, Embedding, Layer, LayerNorm, Linear, MultiHeadAttention, QuantizedEmbedding,
     QuantizedLinear, RmsNorm, Rope, Sequential,
