@@ -13,13 +13,18 @@
 //!
 //! A quantized layer splits its packed weight, scales and biases alike; a column split must
 //! keep whole quantization groups on each rank.
+//!
+//! An embedding table splits by vocabulary rows ([`shard_embedding`]): each rank looks up the
+//! ids it holds and the rows are summed over the ranks; as a tied output head each rank makes
+//! the logits of its rows and [`ShardedEmbedding::as_linear`] gathers them. An untied head is a
+//! [`Sharding::AllToSharded`] layer whose output [`ShardedLinear::forward_gathered`] gathers.
 
 use std::any::Any;
 
-use nuvec_core::{Array, Error, Result};
+use nuvec_core::{Array, DType, Error, Result, ops};
 use nuvec_distributed::Group;
 
-use crate::layers::{Layer, Linear};
+use crate::layers::{Embedding, Layer, Linear};
 use crate::module::{Module, Param, join};
 
 /// How [`shard_linear`] splits a layer.
@@ -116,5 +121,92 @@ impl Layer for ShardedLinear {
             Some(b) => &y + &**b,
             None => y,
         }
+    }
+}
+
+/// `x`'s last axis gathered over the ranks, in rank order: every rank's share of the features
+/// side by side.
+fn gather_last(group: &Group, x: &Array) -> Array {
+    if group.size() == 1 {
+        return x.clone();
+    }
+    let last = x.ndim() as i32 - 1;
+    match group.all_gather(&x.moveaxis(last, 0)) {
+        Ok(all) => all.moveaxis(0, last),
+        Err(e) => Array::from_error(e),
+    }
+}
+
+impl ShardedLinear {
+    /// The whole output on every rank: this rank's output features of a
+    /// [`Sharding::AllToSharded`] layer gathered with the other ranks' (an output head split
+    /// by vocabulary); a [`Sharding::ShardedToAll`] layer's output as [`Layer::forward`].
+    pub fn forward_gathered(&self, x: &Array) -> Array {
+        let y = self.forward(x);
+        if self.sharding == Sharding::AllToSharded { gather_last(&self.group, &y) } else { y }
+    }
+}
+
+/// An [`Embedding`] split by vocabulary rows over a group's ranks ([`shard_embedding`]).
+#[derive(Clone, Debug)]
+pub struct ShardedEmbedding {
+    /// This rank's rows of the table.
+    pub embedding: Embedding,
+    /// The first id this rank holds.
+    pub start: i32,
+    group: Group,
+}
+
+/// `embedding` split over `group` by vocabulary rows, this rank keeping its share; every rank
+/// calls it on the same table. An error names a vocabulary that does not divide into the ranks.
+pub fn shard_embedding(embedding: &Embedding, group: &Group) -> Result<ShardedEmbedding> {
+    let (n, r) = (group.size(), group.rank());
+    let split = |what: &str, p: &Param| part(what, p, 0, n, r).map(|v| Param { value: v, frozen: p.frozen });
+    let mut quantized = embedding.quantized.clone();
+    if let Some(q) = &mut quantized {
+        q.scales = split("scales", &q.scales)?;
+        q.biases = q.biases.as_ref().map(|b| split("biases", b)).transpose()?;
+    }
+    let weight = split("weight", &embedding.weight)?;
+    let start = weight.shape()[0] * r as i32;
+    Ok(ShardedEmbedding { embedding: Embedding { weight, quantized }, start, group: group.clone() })
+}
+
+impl ShardedEmbedding {
+    /// The vectors of `ids` in `dtype` on every rank: each rank's rows for the ids it holds
+    /// (zeros for the others), summed over the ranks.
+    pub fn forward_in(&self, ids: &Array, dtype: DType) -> Array {
+        let rows = self.embedding.weight.shape()[0];
+        let local = ids - self.start;
+        let held = ops::logical_and(ops::greater_equal(&local, 0), ops::less(&local, rows));
+        let found = self.embedding.forward_in(&local.clip(0, rows - 1), dtype);
+        let mine = ops::where_(held.expand_dims(-1), &found, 0.0f32);
+        self.group.all_sum(&mine).unwrap_or_else(Array::from_error)
+    }
+
+    /// The table as a tied output head: `x Wᵀ` over the whole vocabulary on every rank, each
+    /// rank making its rows' logits.
+    pub fn as_linear(&self, x: &Array) -> Array {
+        gather_last(&self.group, &self.embedding.as_linear(x))
+    }
+}
+
+impl Module for ShardedEmbedding {
+    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Param)) {
+        self.embedding.visit(prefix, f);
+    }
+    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Param)) {
+        self.embedding.visit_mut(prefix, f);
+    }
+    fn visit_layers_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut dyn Any)) {
+        f(prefix, self)
+    }
+}
+
+impl Layer for ShardedEmbedding {
+    fn forward(&self, ids: &Array) -> Array {
+        // A quantized table's rows come out in its scales' dtype, as Embedding's do.
+        let dtype = self.embedding.quantized.as_ref().map_or(self.embedding.weight.dtype(), |q| q.scales.dtype());
+        self.forward_in(ids, dtype)
     }
 }

@@ -1,9 +1,11 @@
 //! Tensor-parallel layers on groups of threads: an MLP split as a model is (the first layer's
 //! outputs sharded, the second's inputs, summed) gives the single-device output on every rank,
-//! plain and quantized, for 1, 2 and 4 ranks; splits that do not divide fail naming why.
+//! plain and quantized, for 1, 2 and 4 ranks; an embedding split by vocabulary looks ids up
+//! and serves as a tied output head, and an untied head's logits gather, as the whole table
+//! does; splits that do not divide fail naming why.
 
 use nuvec::distributed::Group;
-use nuvec::nn::{Layer, Linear, Module, Sharding, shard_linear};
+use nuvec::nn::{Embedding, Layer, Linear, Module, Sharding, shard_embedding, shard_linear};
 use nuvec::{Array, DType, random};
 
 fn f64s(a: &Array) -> Vec<f64> {
@@ -73,4 +75,52 @@ fn splits_that_do_not_divide_fail_naming_why() {
     let two = Group::local(2);
     let e = shard_linear(&q, Sharding::ShardedToAll, &two[0]).unwrap_err().to_string();
     assert!(e.contains("groups of 32"), "{e}");
+}
+
+#[test]
+fn a_split_vocabulary_embeds_and_projects_as_the_whole_one() {
+    let table = Embedding::new(96, 64, Some(&random::key(9)));
+    let head = Linear::new(64, 96, false, Some(&random::key(10)));
+    let ids = Array::from_slice(&[0i32, 95, 47, 48, 3, 71], [2, 3]);
+    let h = random::normal([2, 3, 64], DType::F32, 0.0f32, 1.0f32, Some(&random::key(11)));
+    for quantized in [false, true] {
+        let (table, head) = if quantized {
+            (table.to_quantized(32, 8, "affine").unwrap(), head.to_quantized(32, 8, "affine").unwrap())
+        } else {
+            (table.clone(), head.clone())
+        };
+        let want = [f64s(&table.forward(&ids)), f64s(&table.as_linear(&h)), f64s(&head.forward(&h))];
+        for n in [1, 2, 3] {
+            let groups = Group::local(n);
+            let got: Vec<[Vec<f64>; 3]> = std::thread::scope(|s| {
+                let hs: Vec<_> = groups
+                    .into_iter()
+                    .map(|g| {
+                        let (table, head, ids, h) = (&table, &head, &ids, &h);
+                        s.spawn(move || {
+                            let t = shard_embedding(table, &g).unwrap();
+                            let l = shard_linear(head, Sharding::AllToSharded, &g).unwrap();
+                            let rows = t.forward(ids);
+                            assert_eq!(rows.shape(), &[2, 3, 64], "{:?}", rows.eval().err());
+                            [f64s(&rows), f64s(&t.as_linear(h)), f64s(&l.forward_gathered(h))]
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (r, outs) in got.iter().enumerate() {
+                for (k, (g, w)) in outs.iter().zip(&want).enumerate() {
+                    assert_eq!(g.len(), w.len(), "output {k}, {n} ranks, rank {r}");
+                    for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                            "output {k} quantized {quantized} {n} ranks rank {r} {i}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let e = shard_embedding(&table, &Group::local(5)[0]).unwrap_err().to_string();
+    assert!(e.contains("96") && e.contains("5 ranks"), "{e}");
 }

@@ -50,8 +50,9 @@ pub mod nn {
     pub use nuvec_nn::activations::*;
     pub use nuvec_nn::{
         Conv1d, Conv2d, Dropout, Embedding, Layer, LayerNorm, Linear, Module, MultiHeadAttention, Param, Params,
-        QuantSpec, Quantized, QuantizedEmbedding, QuantizedLinear, RmsNorm, Rope, Sequential, ShardedLinear, Sharding,
-        init, join, losses, module, quantize, quantize_with, shard_linear, value_and_grad,
+        QuantSpec, Quantized, QuantizedEmbedding, QuantizedLinear, RmsNorm, Rope, Sequential, ShardedEmbedding,
+        ShardedLinear, Sharding, init, join, losses, module, quantize, quantize_with, shard_embedding, shard_linear,
+        value_and_grad,
     };
 }
 
