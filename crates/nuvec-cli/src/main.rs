@@ -32,6 +32,22 @@ enum Command {
     Convert(ConvertArgs),
     /// Serve the model over HTTP with OpenAI's API (chat and text completions, streamed).
     Serve(ServeArgs),
+    /// Run a program as N ranks of a distributed group on this machine (`nuvec::distributed`).
+    Launch(LaunchArgs),
+}
+
+#[derive(Args)]
+struct LaunchArgs {
+    /// The number of ranks (processes).
+    #[arg(short = 'n', long, default_value_t = 2)]
+    ranks: usize,
+    /// Seconds the other ranks get to end on their own after one fails, before they are killed.
+    #[arg(long, default_value_t = 30.0)]
+    grace: f64,
+    /// The program and its arguments (after `--`); each rank finds its group with
+    /// `nuvec::distributed::init`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
 }
 
 #[derive(Args)]
@@ -214,6 +230,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => run_bench(a),
         Command::Convert(a) => run_convert(a),
         Command::Serve(a) => run_serve(a),
+        Command::Launch(a) => run_launch(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -225,6 +242,15 @@ fn main() -> ExitCode {
 }
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn run_launch(a: LaunchArgs) -> Res<()> {
+    let (program, args) = a.command.split_first().ok_or("launch: name a program after --")?;
+    if !(a.grace >= 0.0 && a.grace.is_finite()) {
+        return Err(format!("launch: --grace {} is not a number of seconds", a.grace).into());
+    }
+    let grace = Duration::from_secs_f64(a.grace);
+    Ok(nuvec::distributed::launch(a.ranks, Path::new(program), args, &[], grace)?)
+}
 
 fn load_model(a: &LoadArgs) -> Res<Loaded> {
     let path = match &a.model {

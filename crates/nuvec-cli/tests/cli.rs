@@ -1,5 +1,5 @@
 //! The `nuvec` binary's answers to bad command lines: an error naming the problem, exit code
-//! 1, before any model is loaded.
+//! 1, before any model is loaded; and `launch` running its ranks.
 
 use std::process::Command;
 
@@ -34,4 +34,14 @@ fn bench_refuses_caches_it_does_not_measure() {
         assert_eq!(code, 1, "{err}");
         assert!(err.contains(&format!("bench: {flag} is not measured")), "{err}");
     }
+}
+
+#[test]
+fn launch_runs_ranks_with_their_group_and_names_a_failed_one() {
+    let check = r#"test "$NUVEC_WORLD_SIZE" = 3 && test "$NCCL_NVLS_ENABLE" = 0 && test -n "$NUVEC_DIST_HOSTS" && test "$NUVEC_RANK" -lt 3"#;
+    let (code, err) = nuvec(&["launch", "-n", "3", "--", "sh", "-c", check]);
+    assert_eq!(code, 0, "{err}");
+    let (code, err) = nuvec(&["launch", "-n", "2", "--grace", "5", "--", "sh", "-c", "exit $NUVEC_RANK"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("rank 1 of 2"), "{err}");
 }
