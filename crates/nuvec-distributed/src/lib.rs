@@ -188,15 +188,12 @@ impl Group {
             .into_iter()
             .enumerate()
             .map(|(r, p)| {
-                let p = p.unwrap_or_default();
-                let (s, d, bytes) = decode(&p)?;
-                if s != shape || d != dtype {
-                    return Err(Error::InvalidArgument(format!(
+                decode_as(&p.unwrap_or_default(), &shape, dtype, |s, d| {
+                    format!(
                         "distributed::{op}: rank {r} gave an array of shape {s:?} and dtype {d}, rank {} one of shape {shape:?} and dtype {dtype}",
                         self.rank
-                    )));
-                }
-                Ok(Array::from_raw_bytes(bytes, &s[..], d))
+                    )
+                })
             })
             .collect()
     }
@@ -265,14 +262,12 @@ impl Group {
     pub fn recv(&self, shape: &[i32], dtype: DType, src: usize) -> Result<Array> {
         self.check_peer("recv", src)?;
         let bytes = self.transport()?.recv(src)?;
-        let (s, d, data) = decode(&bytes)?;
-        if s != shape || d != dtype {
-            return Err(Error::InvalidArgument(format!(
+        decode_as(&bytes, shape, dtype, |s, d| {
+            format!(
                 "distributed::recv: rank {src} sent shape {s:?} and dtype {d}, rank {} expected shape {shape:?} and dtype {dtype}",
                 self.rank
-            )));
-        }
-        Ok(Array::from_raw_bytes(data, &s[..], d))
+            )
+        })
     }
 
     /// [`Group::recv`] of `x`'s shape and dtype.
@@ -315,6 +310,16 @@ fn decode(m: &[u8]) -> Result<(Vec<i32>, DType, &[u8])> {
     let (dims, data) = rest.split_at_checked(4 * nd).ok_or_else(bad)?;
     let shape = dims.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     Ok((shape, dtype, data))
+}
+
+/// The array of a message [`encode`] made, which must have `shape` and `dtype`; otherwise the
+/// error `mismatch` words from the message's shape and dtype.
+fn decode_as(m: &[u8], shape: &[i32], dtype: DType, mismatch: impl FnOnce(&[i32], DType) -> String) -> Result<Array> {
+    let (s, d, bytes) = decode(m)?;
+    if s != shape || d != dtype {
+        return Err(Error::InvalidArgument(mismatch(&s, d)));
+    }
+    Ok(Array::from_raw_bytes(bytes, &s[..], d))
 }
 
 /// Runs `program` with `args` as `n` ranks on this machine (each with [`RANK_VAR`],

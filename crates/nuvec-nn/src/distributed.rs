@@ -26,6 +26,7 @@ use nuvec_distributed::Group;
 
 use crate::layers::{Embedding, Layer, Linear};
 use crate::module::{Module, Param, join};
+use crate::quantize::Quantized;
 
 /// How [`shard_linear`] splits a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,45 +49,54 @@ pub struct ShardedLinear {
     group: Group,
 }
 
-/// Part `r` of `n` equal parts of `a` along `axis` (0 or 1).
-fn part(what: &str, a: &Array, axis: usize, n: usize, r: usize) -> Result<Array> {
-    let len = a.shape().get(axis).copied().unwrap_or(0) as usize;
+/// Part `r` of `n` equal parts of `p` along `axis` (0 or 1), frozen as `p` is.
+fn part(what: &str, p: &Param, axis: usize, n: usize, r: usize) -> Result<Param> {
+    let len = p.shape().get(axis).copied().unwrap_or(0) as usize;
     if n == 0 || !len.is_multiple_of(n) {
         return Err(Error::InvalidArgument(format!(
             "shard_linear: {what}'s axis {axis} ({len}) does not divide into {n} ranks"
         )));
     }
     let (m, r) = ((len / n) as i32, r as i32);
-    let out = if axis == 0 { a.i(r * m..(r + 1) * m) } else { a.i((.., r * m..(r + 1) * m)) };
-    Ok(out)
+    let value = if axis == 0 { p.i(r * m..(r + 1) * m) } else { p.i((.., r * m..(r + 1) * m)) };
+    Ok(Param { value, frozen: p.frozen })
+}
+
+/// This rank's part along `axis` of a weight and of its quantization's scales and biases.
+fn split_weight(
+    weight: &Param,
+    quantized: &Option<Quantized>,
+    axis: usize,
+    group: &Group,
+) -> Result<(Param, Option<Quantized>)> {
+    let (n, r) = (group.size(), group.rank());
+    let mut quantized = quantized.clone();
+    if let Some(q) = &mut quantized {
+        q.scales = part("scales", &q.scales, axis, n, r)?;
+        q.biases = q.biases.as_ref().map(|b| part("biases", b, axis, n, r)).transpose()?;
+    }
+    Ok((part("weight", weight, axis, n, r)?, quantized))
 }
 
 /// `linear` split over `group` as `sharding` says, this rank keeping its part (as mlx-lm's
 /// `shard_linear`). Every rank calls it on the same layer. An error names a dimension that does
 /// not divide into the ranks, or a column split that would cut a quantization group.
 pub fn shard_linear(linear: &Linear, sharding: Sharding, group: &Group) -> Result<ShardedLinear> {
-    let (n, r) = (group.size(), group.rank());
-    let axis = if sharding == Sharding::AllToSharded { 0 } else { 1 };
-    let frozen = |p: &Param, v: Array| Param { value: v, frozen: p.frozen };
-    let split = |what: &str, p: &Param| part(what, p, axis, n, r).map(|v| frozen(p, v));
-    let mut quantized = linear.quantized.clone();
-    if let Some(q) = &mut quantized {
-        if axis == 1 {
-            let input = linear.weight.shape()[1] as i64 * 32 / q.bits as i64;
-            if input % (n as i64 * q.group_size as i64) != 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "shard_linear: {input} input features in {n} ranks would cut groups of {}",
-                    q.group_size
-                )));
-            }
+    let n = group.size();
+    if let (Sharding::ShardedToAll, Some(q)) = (sharding, &linear.quantized) {
+        let input = linear.weight.shape()[1] as i64 * 32 / q.bits as i64;
+        if input % (n as i64 * q.group_size as i64) != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "shard_linear: {input} input features in {n} ranks would cut groups of {}",
+                q.group_size
+            )));
         }
-        q.scales = split("scales", &q.scales)?;
-        q.biases = q.biases.as_ref().map(|b| split("biases", b)).transpose()?;
     }
-    let weight = split("weight", &linear.weight)?;
+    let axis = if sharding == Sharding::AllToSharded { 0 } else { 1 };
+    let (weight, quantized) = split_weight(&linear.weight, &linear.quantized, axis, group)?;
     let (inner_bias, bias) = match sharding {
         Sharding::AllToSharded => {
-            (linear.bias.as_ref().map(|b| part("bias", b, 0, n, r).map(|v| frozen(b, v))).transpose()?, None)
+            (linear.bias.as_ref().map(|b| part("bias", b, 0, n, group.rank())).transpose()?, None)
         }
         Sharding::ShardedToAll => (None, linear.bias.clone()),
     };
@@ -160,15 +170,8 @@ pub struct ShardedEmbedding {
 /// `embedding` split over `group` by vocabulary rows, this rank keeping its share; every rank
 /// calls it on the same table. An error names a vocabulary that does not divide into the ranks.
 pub fn shard_embedding(embedding: &Embedding, group: &Group) -> Result<ShardedEmbedding> {
-    let (n, r) = (group.size(), group.rank());
-    let split = |what: &str, p: &Param| part(what, p, 0, n, r).map(|v| Param { value: v, frozen: p.frozen });
-    let mut quantized = embedding.quantized.clone();
-    if let Some(q) = &mut quantized {
-        q.scales = split("scales", &q.scales)?;
-        q.biases = q.biases.as_ref().map(|b| split("biases", b)).transpose()?;
-    }
-    let weight = split("weight", &embedding.weight)?;
-    let start = weight.shape()[0] * r as i32;
+    let (weight, quantized) = split_weight(&embedding.weight, &embedding.quantized, 0, group)?;
+    let start = weight.shape()[0] * group.rank() as i32;
     Ok(ShardedEmbedding { embedding: Embedding { weight, quantized }, start, group: group.clone() })
 }
 
