@@ -967,6 +967,23 @@ __device__ __forceinline__ void gdn_stage_gates(const GdnArgs& a, const GdnChunk
   }
 }
 
+// dq += a·xq and dk = b·xo + (c·xi + dk) over a thread's 32 columns of float32 rows (runs of
+// four from c0, 16 apart).
+__device__ __forceinline__ void gdn_qk_update(float (&dq)[32], float (&dk)[32], int c0, float a, const float* xq,
+                                              float b, const float* xo, float c, const float* xi) {
+#pragma unroll
+  for (int m = 0; m < 8; ++m) {
+    const int col = c0 + 16 * m;
+    const float4 q4 = gdn_f4(xq + col), o4 = gdn_f4(xo + col), i4 = gdn_f4(xi + col);
+    const float qv[4] = {q4.x, q4.y, q4.z, q4.w}, ov[4] = {o4.x, o4.y, o4.z, o4.w}, iv[4] = {i4.x, i4.y, i4.z, i4.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      dq[4 * m + e] = fmaf(a, qv[e], dq[4 * m + e]);
+      dk[4 * m + e] = fmaf(b, ov[e], fmaf(c, iv[e], dk[4 * m + e]));
+    }
+  }
+}
+
 #define GDN_BWD_SCAN_SMEM \
   ((2 * GDN_C * GDN_FLD + 2 * GDN_C * GDN_SLD + 4 * GDN_C * GDN_TLD + GDN_BR * GDN_FLD + 3 * GDN_C) * 4)
 
@@ -1193,17 +1210,8 @@ __device__ __forceinline__ void gated_delta_bwd_chunk(const GdnArgs& a, const Gd
         dp[m] = fmaf(y, et[j * GDN_TLD + v], dp[m]);
         dm[m] = fmaf(f, rt[j * GDN_TLD + v], dm[m]);
       }
-#pragma unroll
-      for (int m = 0; m < 8; ++m) {
-        const int col = c0 + 16 * m;
-        const float4 s4 = gdn_f4(s0t + v * GDN_FLD + col), d4 = gdn_f4(dst + v * GDN_FLD + col);
-        const float sv[4] = {s4.x, s4.y, s4.z, s4.w}, dv4[4] = {d4.x, d4.y, d4.z, d4.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dq[4 * m + e] = fmaf(gy, sv[e], dq[4 * m + e]);
-          dk[4 * m + e] = fmaf(gd, sv[e], fmaf(re, dv4[e], dk[4 * m + e]));
-        }
-      }
+      const float* s0v = s0t + v * GDN_FLD;
+      gdn_qk_update(dq, dk, c0, gy, s0v, gd, s0v, re, dst + v * GDN_FLD);
     }
   }
   __syncthreads();
@@ -1275,17 +1283,8 @@ __device__ __forceinline__ void gated_delta_bwd_chunk(const GdnArgs& a, const Gd
   for (int j = 0; j < GDN_C; ++j) {
     const float f = sp[i * GDN_SLD + j], ft2 = sp[j * GDN_SLD + i];
     const float e = sa[i * GDN_SLD + j] + sa[j * GDN_SLD + i];
-#pragma unroll
-    for (int m = 0; m < 8; ++m) {
-      const int col = c0 + 16 * m;
-      const float4 k4 = gdn_f4(ks + j * GDN_FLD + col), q4 = gdn_f4(qs + j * GDN_FLD + col);
-      const float kv[4] = {k4.x, k4.y, k4.z, k4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
-#pragma unroll
-      for (int e4 = 0; e4 < 4; ++e4) {
-        dq[4 * m + e4] = fmaf(f, kv[e4], dq[4 * m + e4]);
-        dk[4 * m + e4] = fmaf(ft2, qv[e4], fmaf(e, kv[e4], dk[4 * m + e4]));
-      }
-    }
+    const float* kj = ks + j * GDN_FLD;
+    gdn_qk_update(dq, dk, c0, f, kj, ft2, qs + j * GDN_FLD, e, kj);
   }
   if (i < valid) {
     const i64 o = ((b * a.T + t0 + i) * a.Hv + h) * 128;

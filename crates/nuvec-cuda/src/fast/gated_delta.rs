@@ -117,16 +117,7 @@ fn plan(params: &GatedDeltaParams, inputs: &[Spec], chunked: bool) -> Option<Gat
     if ((b * hv * dv) as u64).div_ceil((THREADS / 32) as u64) > i32::MAX as u64 {
         return None;
     }
-    let chunked = chunked
-        && q.shape[1] as i64 >= CHUNKED_FROM
-        && dk == 128
-        && dv == 128
-        && matches!(q.dtype, DType::F16 | DType::BF16)
-        && g.shape.len() == 3
-        && !params.masked
-        && !params.steps
-        && b * hv <= u16::MAX as i64;
-    if chunked {
+    if chunked && q.shape[1] as i64 >= CHUNKED_FROM && chunk_shapes(params, inputs) {
         return Some(GatedDeltaKernel::Chunked);
     }
     let packed = packed_enabled()
@@ -137,6 +128,20 @@ fn plan(params: &GatedDeltaParams, inputs: &[Spec], chunked: bool) -> Option<Gat
         && state.dtype == DType::F32
         && !params.masked;
     Some(if packed { GatedDeltaKernel::Packed } else { GatedDeltaKernel::Rows })
+}
+
+/// Whether the chunked kernels (forward and derivative) take these inputs, which [`plan`]
+/// otherwise accepts: q, k and v of float16 or bfloat16, `Dk` = `Dv` = 128, a gate per head, no
+/// mask, only the last state, and (batch, value head) pairs that fit a grid's y dimension.
+fn chunk_shapes(params: &GatedDeltaParams, inputs: &[Spec]) -> bool {
+    let [q, _, v, g, ..] = inputs else { return false };
+    q.shape[3] == 128
+        && v.shape[3] == 128
+        && matches!(q.dtype, DType::F16 | DType::BF16)
+        && g.shape.len() == 3
+        && !params.masked
+        && !params.steps
+        && q.shape[0] as i64 * v.shape[2] as i64 <= u16::MAX as i64
 }
 
 /// Whether the packed kernel may run: `NUVEC_GDN_PACKED=0` or mlx-lm's `MLX_GDN_PACKED=0`
@@ -351,23 +356,12 @@ fn chunked(
 /// forward's cases (q, k and v of float16 or bfloat16, `Dk` = `Dv` = 128, a gate per head, no
 /// mask, the last state), at least one step, unless `NUVEC_GDN_CHUNKED=0`.
 pub(crate) fn supports_vjp(p: &GatedDeltaParams, inputs: &[Spec]) -> bool {
-    let [q, k, v, g, beta, state, _dy, _ds] = inputs else { return false };
-    let floats = [g.dtype, beta.dtype, state.dtype, p.storage];
+    let [forward @ .., _dy, _ds] = inputs else { return false };
     chunked_enabled()
-        && !p.masked
-        && !p.steps
-        && matches!(q.dtype, DType::F16 | DType::BF16)
-        && k.dtype == q.dtype
-        && v.dtype == q.dtype
-        && floats.iter().all(|&d| dtype_code(d).is_some())
-        && q.shape.len() == 4
-        && v.shape.len() == 4
-        && k.shape == q.shape
-        && q.shape[1] >= 1
-        && q.shape[3] == 128
-        && v.shape[3] == 128
-        && g.shape.len() == 3
-        && q.shape[0] as i64 * v.shape[2] as i64 <= u16::MAX as i64
+        && forward.len() == 6
+        && plan(p, forward, false).is_some()
+        && forward[0].shape[1] >= 1
+        && chunk_shapes(p, forward)
 }
 
 /// Runs `FastOp::GatedDeltaVjp` (inputs `[q, k, v, g, beta, state, dy, dstate']`, outputs `[dq,
@@ -400,15 +394,13 @@ pub(crate) fn backward(
     let (bh, nt) = (b * hv, (t + CHUNK - 1) / CHUNK);
     let d = q.dtype;
     let family = Family::GatedDelta(d);
-    let [prep, scan, bwd_scan, bwd_chunk, heads] = [
-        "gated_delta_chunk_prep",
-        "gated_delta_chunk_scan",
-        "gated_delta_bwd_scan",
-        "gated_delta_bwd_chunk",
-        "gated_delta_bwd_heads",
-    ]
-    .map(|name| kernel(gpu, family, name));
-    let [prep, scan, bwd_scan, bwd_chunk, heads] = [prep?, scan?, bwd_scan?, bwd_chunk?, heads?];
+    let found: Vec<CUfunction> = ["chunk_prep", "chunk_scan", "bwd_scan", "bwd_chunk", "bwd_heads"]
+        .iter()
+        .map(|name| kernel(gpu, family, &format!("gated_delta_{name}")))
+        .collect::<Result<_>>()?;
+    let &[prep, scan, bwd_scan, bwd_chunk, heads] = found.as_slice() else {
+        return Err(internal(format!("{op}: five kernels, found {}", found.len())));
+    };
     for (f, bytes) in
         [(prep, prep_shared(1)), (scan, SCAN_SHARED), (bwd_scan, BWD_SCAN_SHARED), (bwd_chunk, BWD_CHUNK_SHARED)]
     {
@@ -416,11 +408,10 @@ pub(crate) fn backward(
             internal(format!("{op}: the device gives a block less than {bytes} bytes of shared memory"))
         })?;
     }
-    let outs = [dq_out, dk_out, dv_out, dg_out, db_out, ds_out].map(|o| alloc_out(gpu, o));
-    let [dq, dk, dv, dg, db, dstate] = {
-        let [a, b_, c, d_, e, f] = outs;
-        [a?, b_?, c?, d_?, e?, f?]
-    };
+    let mut grad: Vec<u64> = vec![ptr_of(&dy)?, ptr_of(&ds)?];
+    for o in [dq_out, dk_out, dv_out, dg_out, db_out, ds_out] {
+        grad.push(alloc_out(gpu, o)?);
+    }
     // The forward again: y and the last state into scratch; X, P and every chunk's first state.
     let square = (bh * nt * CHUNK * CHUNK) as usize;
     let states = (bh * nt * 128 * 128) as usize;
@@ -437,7 +428,7 @@ pub(crate) fn backward(
     let (dkv, _dkv) = alloc(gpu, (b * t * hv * 128) as usize, DType::F32)?;
     let words = arg_words(op, p, [&q, &k, &v, &g, &beta, &state], None, [y, last])?;
     let chunk = vec![m, pm, gam, nt as u64, xf, pf, s0];
-    let mut grad = vec![ptr_of(&dy)?, ptr_of(&ds)?, dq, dk, dv, dg, db, dstate, dsc, dqv, dkv];
+    grad.extend([dsc, dqv, dkv]);
     grad.extend(strides::<3>(&dy));
     if grad.len() != GRAD_WORDS {
         return Err(internal(format!("{op}: {} gradient words, the kernels take {GRAD_WORDS}", grad.len())));
