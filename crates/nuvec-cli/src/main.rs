@@ -390,7 +390,10 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
     let ids = ids.remove(0);
     let mut cache = new_cache(&m, &a.model);
     let draft_model = match &a.draft_model {
-        Some(p) => Some(nuvec_lm::load_model(p, &LoadOptions { dtype: parse_dtype(&a.model.load)?, quantize: None })?),
+        Some(p) => Some(nuvec_lm::load_model(
+            p,
+            &LoadOptions { dtype: parse_dtype(&a.model.load)?, quantize: None, ..Default::default() },
+        )?),
         None => None,
     };
     let draft = match (&draft_model, a.prompt_lookup) {
@@ -494,7 +497,11 @@ fn run_bench(a: BenchArgs) -> Res<()> {
     }
     let (model, name) = match &a.random {
         Some(config) => {
-            let options = LoadOptions { dtype: parse_dtype(&a.model.load)?, quantize: parse_quantize(&a.model.load)? };
+            let options = LoadOptions {
+                dtype: parse_dtype(&a.model.load)?,
+                quantize: parse_quantize(&a.model.load)?,
+                ..Default::default()
+            };
             let m = nuvec_lm::random_model(config, &options, 0)?;
             let params: Vec<nuvec::Array> = m.parameters().into_values().collect();
             nuvec::eval(&params)?;

@@ -78,6 +78,42 @@ impl SafetensorsFile {
         Ok(Array::from_data(shape, dtype, data))
     }
 
+    /// Part `index` of `parts` equal parts of tensor `name` along `axis`, reading only that
+    /// part's bytes: one range for the first axis, one per outer row for a later one (a rank
+    /// of a tensor-parallel group loads its shard this way). An error names an axis out of
+    /// range or a length that does not divide.
+    pub fn get_part(&self, name: &str, axis: usize, parts: usize, index: usize) -> Result<Array> {
+        let info = self.tensor_info(name)?;
+        let (full, dtype) = (self.shape_of(name, info)?, self.dtype_of(name, info)?);
+        let len = full
+            .get(axis)
+            .copied()
+            .ok_or_else(|| self.error(name, format!("axis {axis} of a {}-dimensional tensor", full.len())))?
+            as usize;
+        if parts == 0 || index >= parts || !len.is_multiple_of(parts) {
+            return Err(self.error(name, format!("axis {axis} ({len}) does not split into part {index} of {parts}")));
+        }
+        let mut shape = full.clone();
+        shape[axis] = (len / parts) as i32;
+        // The tensor as outer rows (axes before `axis`) of `row` bytes, of which `span` bytes
+        // starting at `skip` are this part's.
+        let inner: usize = full[axis + 1..].iter().map(|&d| d as usize).product::<usize>() * dtype.size();
+        let outer: usize = full[..axis].iter().map(|&d| d as usize).product();
+        let (row, span) = (len * inner, len / parts * inner);
+        let skip = index * span;
+        let (a, b) = info.data_offsets;
+        if b.checked_sub(a) != Some(outer * row) {
+            return Err(self.error(name, format!("bytes {a}..{b} for {} of {dtype} {full:?}", outer * row)));
+        }
+        let mut buffer = HostBuffer::uninit(outer * span).map_err(|e| self.error(name, e))?;
+        for (o, chunk) in buffer.bytes_mut().chunks_mut(span.max(1)).enumerate().take(outer) {
+            let at = self.start + a + o * row + skip;
+            read_at(&self.file, chunk, at as u64).map_err(|e| self.error(name, e))?;
+        }
+        let data = Data::from_host_buffer(&shape, buffer);
+        Ok(Array::from_data(shape, dtype, data))
+    }
+
     /// Every tensor, by name.
     pub fn load_all(&self) -> Result<BTreeMap<String, Array>> {
         self.names.iter().map(|n| Ok((n.clone(), self.get(n)?))).collect()

@@ -78,6 +78,33 @@ fn safetensors_round_trips_every_dtype() {
 }
 
 #[test]
+fn safetensors_parts_are_the_slices_of_the_whole() {
+    let dir = Dir::new("parts");
+    let path = dir.at("parts.safetensors");
+    let x = Array::from_slice(&(0..48).map(|i| i as f32).collect::<Vec<_>>(), [2, 4, 6]);
+    let b = x.astype(DType::BF16);
+    nuvec_io::save_safetensors(&path, &[("x", &x), ("b", &b)], None).unwrap();
+    let file = nuvec_io::SafetensorsFile::open(&path).unwrap();
+    for (name, a) in [("x", &x), ("b", &b)] {
+        for (axis, parts) in [(0, 2), (1, 4), (1, 2), (2, 3), (2, 1)] {
+            for index in 0..parts {
+                let len = a.shape()[axis] / parts as i32;
+                let (mut lo, mut hi) = (vec![0; 3], a.shape().to_vec());
+                (lo[axis], hi[axis]) = (index as i32 * len, (index as i32 + 1) * len);
+                let want = a.slice(&lo, &hi, &[1, 1, 1]);
+                same(&file.get_part(name, axis, parts, index).unwrap(), &want);
+            }
+        }
+    }
+    for (axis, parts, index, why) in
+        [(3, 2, 0, "axis 3 of a 3-dimensional"), (2, 4, 0, "does not split"), (0, 2, 2, "part 2 of 2")]
+    {
+        let e = file.get_part("x", axis, parts, index).unwrap_err().to_string();
+        assert!(e.contains(why) && e.contains("'x'"), "{e}");
+    }
+}
+
+#[test]
 fn npy_and_npz_round_trip_every_numpy_dtype() {
     let dir = Dir::new("npy");
     let arrays: Vec<(String, Array)> = ALL

@@ -906,7 +906,8 @@ impl<'a> Engine<'a> {
         let b = self.running.len() as i32;
         let starts: Vec<i32> = self.running.iter().map(|s| s.length).collect();
         if self.graph.is_none() {
-            self.graph = Some(DecodeGraph::recording(b, crate::graph::recording_wanted())?);
+            self.graph =
+                Some(DecodeGraph::recording(b, crate::graph::recording_wanted() && self.model.group().is_none())?);
         }
         let graph = self.graph.as_mut().expect("made above");
         let logits = last_logits(&graph.step_rows(self.model, &mut self.caches, ids, &starts)?);

@@ -192,7 +192,8 @@ pub struct Generation<'a> {
 fn graphed(model: &dyn LanguageModel, layers: &[KvCache], decode_graph: Option<bool>) -> bool {
     // Recurrent states are new arrays each step, which a recorded step cannot replay.
     let contiguous = |c: &KvCache| c.window().is_none() && c.quantization().is_none() && !c.is_recurrent();
-    let allowed = model.device_positions() && layers.iter().all(contiguous);
+    // A model split over ranks sums its layers' outputs as it builds a step: nothing to replay.
+    let allowed = model.device_positions() && layers.iter().all(contiguous) && model.group().is_none();
     let wanted = match decode_graph {
         Some(on) => on,
         None => !nuvec::default_device().is_cpu() && crate::graph::recording_wanted(),

@@ -1,10 +1,11 @@
 //! Loading a model and its tokenizer: a Hugging Face folder (`config.json`, safetensors,
 //! sharded or not, mlx-community's affine-quantized weights included) or a GGUF file.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use nuvec::io::{GgufFile, GgufValue};
+use nuvec::distributed::Group;
+use nuvec::io::{GgufFile, GgufValue, SafetensorsFile};
 use nuvec::nn::{Embedding, Linear, Params, QuantSpec};
 use nuvec::{Array, DType};
 use serde_json::Value;
@@ -23,6 +24,10 @@ pub struct LoadOptions {
     pub dtype: Option<DType>,
     /// Quantize float weights on load: `(group_size, bits)`, MLX's affine mode.
     pub quantize: Option<(i32, i32)>,
+    /// The ranks to split the model over (tensor parallelism, [`LanguageModel::shard`]): this
+    /// process loads its rank's part; from a Hugging Face folder it reads only that part's
+    /// bytes. `None`, or a group of one, loads the whole model.
+    pub group: Option<Group>,
 }
 
 /// A model ready to generate: weights, tokenizer, and the tokens that end a reply.
@@ -86,16 +91,33 @@ pub fn load_model(path: &Path, options: &LoadOptions) -> Result<Box<dyn Language
     let config_path = path.join("config.json");
     let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
     let config = ModelConfig::from_json(&text)?;
-    let weights = crate::models::sanitize(&config, read_safetensors(path)?)?;
-    let tied = config.tie_word_embeddings.unwrap_or(false) || !weights.contains_key("lm_head.weight");
+    let group = split_over(options);
+    // Split over ranks, the weights are read once the model's parts have their shapes.
+    let whole = match group {
+        None => Some(crate::models::sanitize(&config, read_safetensors(path)?)?),
+        Some(_) => None,
+    };
+    let names: BTreeSet<String> = match &whole {
+        Some(w) => w.keys().cloned().collect(),
+        None => safetensors_files(path)?.iter().flat_map(|f| f.names().into_iter().map(String::from)).collect(),
+    };
+    let tied = config.tie_word_embeddings.unwrap_or(false) || !names.contains("lm_head.weight");
     let mut model = build(&config, tied)?;
     if let Some(q) = &config.quantization {
         // mlx-community: the layers with scales are quantized.
         quantize(model.as_mut(), |layer, _| {
             let (group, bits) = q.of(layer);
-            weights.contains_key(&format!("{layer}.scales")).then(|| QuantSpec::new(group, bits, "affine"))
+            names.contains(&format!("{layer}.scales")).then(|| QuantSpec::new(group, bits, "affine"))
         })?;
     }
+    let weights = match (whole, group) {
+        (Some(w), _) => w,
+        (None, Some(g)) => {
+            model.shard(g)?;
+            read_parts(path, model.as_ref(), g)?
+        }
+        (None, None) => unreachable!("the whole checkpoint is read without a group"),
+    };
     model.load_weights(&weights, true).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
     finish(model.as_mut(), options, None)?;
     Ok(model)
@@ -108,6 +130,9 @@ pub fn random_model(path: &Path, options: &LoadOptions, seed: u64) -> Result<Box
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let config = ModelConfig::from_json(&text)?;
     let mut model = build(&config, config.tie_word_embeddings.unwrap_or(false))?;
+    if let Some(g) = split_over(options) {
+        model.shard(g)?;
+    }
     let dtype = options.dtype.unwrap_or(DType::BF16);
     let mut key = nuvec::random::key(seed);
     model.visit_mut("", &mut |name, p| {
@@ -182,6 +207,97 @@ fn most_common(layers: &BTreeMap<String, (i32, i32)>) -> Option<(i32, i32)> {
         *counts.entry(*q).or_default() += 1;
     }
     counts.into_iter().max_by_key(|(_, n)| *n).map(|(q, _)| q)
+}
+
+/// The group `options` asks to split the model over, unless it has one rank.
+fn split_over(options: &LoadOptions) -> Option<&Group> {
+    options.group.as_ref().filter(|g| g.size() > 1)
+}
+
+/// The safetensors files of a folder, opened (headers read): the shards an index lists, or
+/// every `*.safetensors`.
+fn safetensors_files(dir: &Path) -> Result<Vec<SafetensorsFile>> {
+    let index = dir.join("model.safetensors.index.json");
+    let paths: Vec<PathBuf> = if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+        let json: Value =
+            serde_json::from_str(&text).map_err(|e| Error::Weights(format!("{}: {e}", index.display())))?;
+        let map = json.get("weight_map").and_then(Value::as_object);
+        let map = map.ok_or_else(|| Error::Weights(format!("{}: no \"weight_map\" object", index.display())))?;
+        let files: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
+        files.into_iter().map(|f| dir.join(f)).collect()
+    } else {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        files
+    };
+    if paths.is_empty() {
+        return Err(Error::Weights(format!("{}: no *.safetensors files", dir.display())));
+    }
+    paths.iter().map(|p| SafetensorsFile::open(p).map_err(Error::from)).collect()
+}
+
+/// This rank's part of each weight of `model`, already split over `group`
+/// ([`LanguageModel::shard`]), read from the folder `dir`: a weight whose shape is the
+/// checkpoint's is read whole, one split along an axis only that part's bytes.
+fn read_parts(dir: &Path, model: &dyn LanguageModel, group: &Group) -> Result<Params> {
+    let files = safetensors_files(dir)?;
+    let mut owner: HashMap<String, usize> = HashMap::new();
+    for (i, f) in files.iter().enumerate() {
+        owner.extend(f.names().into_iter().map(|n| (n.to_string(), i)));
+    }
+    let (n, rank) = (group.size(), group.rank());
+    let mut out = Params::new();
+    let mut failed = None;
+    model.visit("", &mut |name, p| {
+        let Some(&i) = owner.get(name) else { return };
+        let part = files[i].info(name).map_err(Error::from).and_then(|(full, _)| {
+            let local = p.shape();
+            let split: Vec<usize> = (0..full.len().min(local.len())).filter(|&a| full[a] != local[a]).collect();
+            match split[..] {
+                [] if full.len() == local.len() => Ok(files[i].get(name)?),
+                [a] if full.len() == local.len() && full[a] == local[a] * n as i32 => {
+                    Ok(files[i].get_part(name, a, n, rank)?)
+                }
+                _ => Err(Error::Weights(format!(
+                    "{}: '{name}' is {full:?} in the checkpoint, not {local:?} on each of {n} ranks",
+                    dir.display()
+                ))),
+            }
+        });
+        match part {
+            Ok(a) => {
+                out.insert(name.to_string(), a);
+            }
+            Err(e) => failed = failed.take().or(Some(e)),
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    // As a whole load would: a tensor the model has no place for is an error.
+    if let Some(extra) = owner.keys().find(|k| !out.contains_key(*k)) {
+        return Err(Error::Weights(format!("{}: tensor '{extra}' has no place in the model", dir.display())));
+    }
+    Ok(out)
+}
+
+/// Each weight of `model` (split over ranks after a whole load) in a buffer of its own, so that
+/// the whole weights it was cut from are freed.
+fn own_parts(model: &mut dyn LanguageModel) -> Result<()> {
+    let mut failed = None;
+    model.visit_mut("", &mut |_, p| {
+        let (shape, dtype) = (p.value.shape().to_vec(), p.value.dtype());
+        match p.value.to_bytes() {
+            Ok(bytes) => p.value = Array::from_raw_bytes(&bytes, shape, dtype),
+            Err(e) => failed = failed.take().or(Some(e)),
+        }
+    });
+    failed.map_or(Ok(()), |e| Err(e.into()))
 }
 
 /// The safetensors of a folder: the shards an index lists, or every `*.safetensors`.
@@ -360,6 +476,12 @@ fn model_from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Box<dyn Lan
     let mut model = build(&config, tied)?;
     quantize(model.as_mut(), |layer, _| bits.get(layer).map(|&b| QuantSpec::new(32, b, "affine")))?;
     model.load_weights(&weights, true).map_err(|e| Error::Weights(format!("{}: {e}", path.display())))?;
+    drop(weights);
+    if let Some(g) = split_over(options) {
+        // A GGUF's blocks are converted whole; each rank keeps its part of them.
+        model.shard(g)?;
+        own_parts(model.as_mut())?;
+    }
     finish_gguf(model.as_mut(), options, if on_gpu() { DType::F16 } else { DType::F32 })?;
     Ok(model)
 }

@@ -140,7 +140,7 @@ fn smollm2() -> &'static nuvec_lm::Loaded {
     static MODEL: OnceLock<nuvec_lm::Loaded> = OnceLock::new();
     MODEL.get_or_init(|| {
         let path = fetch::default_model(&mut |m| eprintln!("{m}")).unwrap();
-        load(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap()
+        load(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() }).unwrap()
     })
 }
 
@@ -199,7 +199,7 @@ fn streamed_text_equals_the_decoded_tokens() {
 fn smollm2_saved_in_mlx_layout_loads_back() {
     // The GGUF's mixed quantization (8-bit embedding, 4-bit layers, groups of 32) survives.
     let path = fetch::default_model(&mut |m| eprintln!("{m}")).unwrap();
-    let mut m = load(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+    let mut m = load(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() }).unwrap();
     let dir = std::env::temp_dir().join(format!("nuvec-lm-smollm2-{}", std::process::id()));
     nuvec_lm::save(m.model.as_mut(), &m.tokenizer, &dir).unwrap();
     let back = load(&dir, &LoadOptions::default()).unwrap();

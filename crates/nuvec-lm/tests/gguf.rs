@@ -205,7 +205,7 @@ fn every_block_type_loads_quantized_as_its_float_reading() {
         .collect();
     write_gguf(&float, &meta, &floats);
 
-    let options = LoadOptions { dtype: Some(DType::F32), quantize: None };
+    let options = LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() };
     let (mut q, f) = (load_model(&quantized, &options).unwrap(), load_model(&float, &options).unwrap());
     let mut scales = 0;
     q.visit_mut("", &mut |name, _| scales += name.ends_with(".scales") as usize);
@@ -405,7 +405,7 @@ fn hugging_face_models_converted_as_llama_cpp_does_load_from_gguf() {
         }
         let path = temp(&format!("{name}.gguf"));
         write_gguf(&path, &meta, &tensors);
-        let m = load_model(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None })
+        let m = load_model(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() })
             .unwrap_or_else(|err| panic!("{name}: {err}"));
         std::fs::remove_file(&path).unwrap();
 

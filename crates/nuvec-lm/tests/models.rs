@@ -28,7 +28,7 @@ fn u32s(v: &Value) -> Vec<u32> {
 }
 
 fn model(name: &str) -> Box<dyn LanguageModel> {
-    load_model(&fixture(name), &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap()
+    load_model(&fixture(name), &LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() }).unwrap()
 }
 
 /// The tokens `generate` gives (text through the word tokenizer, no EOS).
@@ -105,7 +105,7 @@ fn gemma3_multimodal_checkpoint_loads_its_language_model() {
     weights.insert("model.vision_tower.patch.weight".into(), nuvec::ops::zeros([2, 2], DType::F32));
     let list: Vec<(&str, &Array)> = weights.iter().map(|(k, v)| (k.as_str(), v)).collect();
     nuvec::io::save_safetensors(dir.join("model.safetensors"), &list, None).unwrap();
-    let m = load_model(&dir, &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+    let m = load_model(&dir, &LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() }).unwrap();
     assert_eq!(m.config().model_type, "gemma3_text");
     let ids = tokens(&u32s(&expected("gemma3")["ids"]));
     let a: Vec<f32> = m.forward(&ids, &mut m.new_cache()).to_vec().unwrap();
@@ -279,7 +279,7 @@ fn qwen3_next_bad_configs_give_clear_errors() {
     let mut c = config.clone();
     c.as_object_mut().unwrap().remove("layer_types");
     std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
-    let m = load_model(&dir, &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+    let m = load_model(&dir, &LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() }).unwrap();
     let ids = tokens(&u32s(&expected("qwen3_next")["ids"]));
     let a: Vec<f32> = m.forward(&ids, &mut m.new_cache()).to_vec().unwrap();
     let b: Vec<f32> = model("qwen3_next").forward(&ids, &mut model("qwen3_next").new_cache()).to_vec().unwrap();
@@ -319,7 +319,8 @@ fn device_position_steps_equal_plain_steps() {
         ("qwen3_next", 9, DType::BF16),
     ];
     for (name, prompt, dtype) in cases.into_iter().chain(more) {
-        let m = load_model(&fixture(name), &LoadOptions { dtype: Some(dtype), quantize: None }).unwrap();
+        let m = load_model(&fixture(name), &LoadOptions { dtype: Some(dtype), quantize: None, ..Default::default() })
+            .unwrap();
         let tolerance = if dtype == DType::F32 { 1e-5 } else { 3e-2 };
         let ids: Vec<u32> = (0..prompt).map(|i| (i * 37 + 5) % 128).collect();
         let (mut plain, mut at) = (m.new_cache(), m.new_cache());
@@ -443,7 +444,12 @@ fn quantized_cache_equals_contiguous_within_precision() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("config.json");
     std::fs::write(&path, config.to_string()).unwrap();
-    let m = nuvec_lm::random_model(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None }, 7).unwrap();
+    let m = nuvec_lm::random_model(
+        &path,
+        &LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() },
+        7,
+    )
+    .unwrap();
     let ids: Vec<u32> = (0..300).map(|i| (i * 13 + 1) % 128).collect();
     for (bits, tolerance) in [(8, 0.02), (4, 0.25)] {
         let mut plain = m.new_cache();
@@ -782,7 +788,7 @@ fn quantized_save_loads_back_identically() {
     // Qwen3-MoE's and Qwen3-Next's experts of 48 features stay in floating point (48 is no
     // multiple of 32); Qwen3-Next saved in MLX's layout (norms with their 1) loads back as it is.
     for name in ["qwen3", "qwen3_moe", "qwen3_next"] {
-        let options = LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 4)) };
+        let options = LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 4)), ..Default::default() };
         let mut m = load_model(&fixture(name), &options).unwrap();
         let dir = std::env::temp_dir().join(format!("nuvec-lm-save-{name}-{}", std::process::id()));
         nuvec_lm::save(m.as_mut(), &word_tokenizer(), &dir).unwrap();
@@ -796,7 +802,11 @@ fn quantized_save_loads_back_identically() {
         // Quantized on load, 8-bit weights stay close to the float model (4-bit ones of these
         // random weights drift by about a third of the largest logit).
         let want: Vec<f32> = model(name).forward(&ids, &mut model(name).new_cache()).to_vec().unwrap();
-        let q8 = load_model(&fixture(name), &LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 8)) }).unwrap();
+        let q8 = load_model(
+            &fixture(name),
+            &LoadOptions { dtype: Some(DType::F32), quantize: Some((32, 8)), ..Default::default() },
+        )
+        .unwrap();
         let c: Vec<f32> = q8.forward(&ids, &mut q8.new_cache()).to_vec().unwrap();
         // Qwen3-Next's random weights drift more (transformers' with the same rounding too).
         let tolerance = if name == "qwen3_next" { 0.1 } else { 0.03 };
@@ -812,7 +822,7 @@ fn quantized_save_loads_back_identically() {
     let dir = std::env::temp_dir().join(format!("nuvec-lm-moe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let float = LoadOptions { dtype: Some(DType::F32), quantize: None };
+    let float = LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() };
     let want = nuvec_lm::random_model(&dir.join("config.json"), &float, 3).unwrap();
     let q8 = LoadOptions { quantize: Some((32, 8)), ..float };
     let mut q = nuvec_lm::random_model(&dir.join("config.json"), &q8, 3).unwrap();
@@ -1253,5 +1263,87 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
         assert_eq!(blocks.held, 0, "{name}: blocks leaked");
         assert!(blocks.preemptions > 0 && blocks.cached > 0, "{name}: {blocks:?}");
         assert!(got.iter().zip(&jobs).any(|(g, j)| g.len() == j.1 && j.0.len() > 12), "{name}: nothing shared a block");
+    }
+}
+
+/// Each of `ranks` threads loads `name` split over a local group of that many ranks
+/// (tensor parallelism) and runs `f` on its part; the results in rank order.
+fn on_ranks<T: Send>(name: &str, ranks: usize, f: impl Fn(&dyn LanguageModel) -> T + Sync) -> Vec<T> {
+    let groups = nuvec::distributed::Group::local(ranks);
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = groups
+            .into_iter()
+            .map(|g| {
+                let f = &f;
+                s.spawn(move || {
+                    let options = LoadOptions { dtype: Some(DType::F32), group: Some(g), ..Default::default() };
+                    f(load_model(&fixture(name), &options).unwrap().as_ref())
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap()).collect()
+    })
+}
+
+/// A model split over two ranks gives every rank the logits and greedy tokens of the whole
+/// model, each rank holding half the heads, MLP features and vocabulary; untied and tied heads,
+/// biases (qwen2), per-head norms (qwen3), RoPE scaling (llama_linear).
+#[test]
+fn tensor_parallel_model_equals_the_whole() {
+    for name in ["llama", "llama_linear", "mistral", "qwen2", "qwen3"] {
+        let ids = u32s(&expected(name)["ids"]);
+        let whole = model(name);
+        let want: Vec<f32> = whole.forward(&tokens(&ids), &mut whole.new_cache()).to_vec().unwrap();
+        let options = GenerateOptions { max_tokens: 8, ..Default::default() };
+        let greedy = generated(whole.as_ref(), &mut PromptCache::new(whole.as_ref()), &ids, options.clone());
+        let shapes = |m: &dyn LanguageModel| {
+            let layer = |p: &str| m.parameters()[&format!("model.layers.0.{p}.weight")].shape().to_vec();
+            [layer("self_attn.q_proj"), layer("self_attn.o_proj"), layer("mlp.down_proj")]
+        };
+        // Rows of the input projections, columns of the output ones.
+        let mut halves = shapes(whole.as_ref());
+        (halves[0][0], halves[1][1], halves[2][1]) = (halves[0][0] / 2, halves[1][1] / 2, halves[2][1] / 2);
+        let ranks = on_ranks(name, 2, |m| {
+            let shapes = shapes(m);
+            let logits: Vec<f32> = m.forward(&tokens(&ids), &mut m.new_cache()).to_vec().unwrap();
+            let tokens = generated(m, &mut PromptCache::new(m), &ids, options.clone());
+            (shapes, logits, tokens)
+        });
+        for (rank, (shapes, logits, tokens)) in ranks.iter().enumerate() {
+            assert_eq!(shapes, &halves, "{name}: rank {rank}'s parts");
+            let d = rel_diff(logits, &want);
+            assert!(d < 1e-5, "{name}: rank {rank}'s logits differ from the whole model's by {d}");
+            assert_eq!(tokens, &greedy, "{name}: rank {rank}'s greedy tokens");
+        }
+        assert_eq!(ranks[0].1, ranks[1].1, "{name}: the ranks' logits are not identical");
+    }
+}
+
+/// What cannot be split says why, on every rank.
+#[test]
+fn tensor_parallel_refusals_name_the_reason() {
+    let errors = |name: &str, ranks: usize| {
+        let groups = nuvec::distributed::Group::local(ranks);
+        std::thread::scope(|s| {
+            let jobs: Vec<_> = groups
+                .into_iter()
+                .map(|g| {
+                    s.spawn(move || {
+                        let options = LoadOptions { group: Some(g), ..Default::default() };
+                        load_model(&fixture(name), &options).err().map(|e| e.to_string()).unwrap_or_default()
+                    })
+                })
+                .collect();
+            jobs.into_iter().map(|j| j.join().unwrap()).collect::<Vec<_>>()
+        })
+    };
+    for e in errors("llama", 3) {
+        assert!(e.contains("3 ranks") && e.contains("4 query heads"), "{e}");
+    }
+    for e in errors("qwen3_moe", 2) {
+        assert!(e.contains("mixture-of-experts"), "{e}");
+    }
+    for e in errors("gemma3", 2) {
+        assert!(e.contains("gemma3_text") && e.contains("cannot be split"), "{e}");
     }
 }

@@ -135,8 +135,9 @@ impl Layer for ShardedLinear {
 }
 
 /// `x`'s last axis gathered over the ranks, in rank order: every rank's share of the features
-/// side by side.
-fn gather_last(group: &Group, x: &Array) -> Array {
+/// side by side (the output of a layer split by output features, made whole). A failed
+/// gather gives a failed array.
+pub fn gather_features(group: &Group, x: &Array) -> Array {
     if group.size() == 1 {
         return x.clone();
     }
@@ -153,7 +154,7 @@ impl ShardedLinear {
     /// by vocabulary); a [`Sharding::ShardedToAll`] layer's output as [`Layer::forward`].
     pub fn forward_gathered(&self, x: &Array) -> Array {
         let y = self.forward(x);
-        if self.sharding == Sharding::AllToSharded { gather_last(&self.group, &y) } else { y }
+        if self.sharding == Sharding::AllToSharded { gather_features(&self.group, &y) } else { y }
     }
 }
 
@@ -171,11 +172,17 @@ pub struct ShardedEmbedding {
 /// calls it on the same table. An error names a vocabulary that does not divide into the ranks.
 pub fn shard_embedding(embedding: &Embedding, group: &Group) -> Result<ShardedEmbedding> {
     let (weight, quantized) = split_weight(&embedding.weight, &embedding.quantized, 0, group)?;
-    let start = weight.shape()[0] * group.rank() as i32;
-    Ok(ShardedEmbedding { embedding: Embedding { weight, quantized }, start, group: group.clone() })
+    Ok(ShardedEmbedding::from_part(Embedding { weight, quantized }, group))
 }
 
 impl ShardedEmbedding {
+    /// A table whose `embedding` already holds this rank's share of the rows (as
+    /// [`shard_embedding`] keeps it): rank `r` holds ids `r·rows ..`.
+    pub fn from_part(embedding: Embedding, group: &Group) -> ShardedEmbedding {
+        let start = embedding.weight.shape()[0] * group.rank() as i32;
+        ShardedEmbedding { embedding, start, group: group.clone() }
+    }
+
     /// The vectors of `ids` in `dtype` on every rank: each rank's rows for the ids it holds
     /// (zeros for the others), summed over the ranks.
     pub fn forward_in(&self, ids: &Array, dtype: DType) -> Array {
@@ -190,7 +197,7 @@ impl ShardedEmbedding {
     /// The table as a tied output head: `x Wᵀ` over the whole vocabulary on every rank, each
     /// rank making its rows' logits.
     pub fn as_linear(&self, x: &Array) -> Array {
-        gather_last(&self.group, &self.embedding.as_linear(x))
+        gather_features(&self.group, &self.embedding.as_linear(x))
     }
 }
 

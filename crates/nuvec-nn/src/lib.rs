@@ -15,7 +15,7 @@ pub mod module;
 pub mod optim;
 pub mod quantize;
 
-pub use distributed::{ShardedEmbedding, ShardedLinear, Sharding, shard_embedding, shard_linear};
+pub use distributed::{ShardedEmbedding, ShardedLinear, Sharding, gather_features, shard_embedding, shard_linear};
 pub use layers::{
     Conv1d, Conv2d, Dropout, Embedding, Layer, LayerNorm, Linear, MultiHeadAttention, QuantizedEmbedding,
     QuantizedLinear, RmsNorm, Rope, Sequential,

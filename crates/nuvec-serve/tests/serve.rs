@@ -32,7 +32,8 @@ fn tokenizer() -> Tokenizer {
 }
 
 fn loaded() -> Loaded {
-    let model = load_model(&fixture(), &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+    let model =
+        load_model(&fixture(), &LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() }).unwrap();
     Loaded { model, tokenizer: tokenizer(), eos: vec![], path: fixture() }
 }
 
@@ -357,7 +358,8 @@ fn concurrent_streams_equal_their_requests_alone_and_clients_may_leave() {
 fn a_model_with_recurrent_layers_is_served_without_the_paged_cache() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../nuvec-lm/tests/fixtures/tiny/qwen3_next");
     let load = || {
-        let model = load_model(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+        let model =
+            load_model(&path, &LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() }).unwrap();
         Loaded { model, tokenizer: tokenizer(), eos: vec![], path: path.clone() }
     };
     let m = load();
@@ -649,7 +651,8 @@ fn byte_level_with(specials: &[(u32, &str)]) -> Loaded {
     });
     let mut tokenizer = Tokenizer::from_json(&spec.to_string()).unwrap();
     tokenizer.chat_template = Some("{% for m in messages %}{{ m.content }}\n{% endfor %}".into());
-    let model = load_model(&fixture(), &LoadOptions { dtype: Some(DType::F32), quantize: None }).unwrap();
+    let model =
+        load_model(&fixture(), &LoadOptions { dtype: Some(DType::F32), quantize: None, ..Default::default() }).unwrap();
     Loaded { model, tokenizer, eos: vec![0], path: fixture() }
 }
 

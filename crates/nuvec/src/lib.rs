@@ -51,8 +51,8 @@ pub mod nn {
     pub use nuvec_nn::{
         Conv1d, Conv2d, Dropout, Embedding, Layer, LayerNorm, Linear, Module, MultiHeadAttention, Param, Params,
         QuantSpec, Quantized, QuantizedEmbedding, QuantizedLinear, RmsNorm, Rope, Sequential, ShardedEmbedding,
-        ShardedLinear, Sharding, init, join, losses, module, quantize, quantize_with, shard_embedding, shard_linear,
-        value_and_grad,
+        ShardedLinear, Sharding, gather_features, init, join, losses, module, quantize, quantize_with, shard_embedding,
+        shard_linear, value_and_grad,
     };
 }
 

@@ -1,8 +1,9 @@
 //! The blocks the architectures share (mlx-lm's `models/base.py`): the RMS norm, attention
 //! with grouped key-value heads, and the gated MLP. Parameter names are Hugging Face's.
 
+use nuvec::distributed::Group;
 use nuvec::fast::{self, AttentionOptions};
-use nuvec::nn::{Embedding, Layer, Linear, Param};
+use nuvec::nn::{Embedding, Layer, Linear, Param, Sharding, shard_linear};
 use nuvec::{Array, DType, ops};
 use nuvec_nn::module;
 
@@ -42,6 +43,18 @@ pub fn plus_linear(residual: &Array, layer: &Linear, x: &Array) -> Array {
         (None, None) => ops::addmm(residual, x, &layer.weight.t(), 1.0, 1.0),
         _ => residual + &layer.forward(x),
     }
+}
+
+/// This rank's part of `layer` split by output features (rows) over `group`.
+pub fn rows_of(layer: &Linear, group: &Group) -> Result<Linear> {
+    Ok(shard_linear(layer, Sharding::AllToSharded, group)?.linear)
+}
+
+/// This rank's part of `layer` split by input features (columns) over `group`: the ranks' outputs
+/// sum to the layer's, so the bias stays with rank 0 alone.
+pub fn columns_of(layer: &Linear, group: &Group) -> Result<Linear> {
+    let part = shard_linear(layer, Sharding::ShardedToAll, group)?;
+    Ok(Linear { bias: part.bias.filter(|_| group.rank() == 0), ..part.linear })
 }
 
 /// Root-mean-square normalisation over the last axis, scaled by `weight`, or by
@@ -172,6 +185,18 @@ impl Attention {
             k_norm: head_norms.map(norm),
             qkv: None,
         }
+    }
+
+    /// Splits the heads over `group` (tensor parallelism): each rank keeps its query and
+    /// key-value heads' rows of the input projections and their columns of the output one,
+    /// whose products the caller sums over the ranks. Joined projections come apart.
+    pub fn shard(&mut self, group: &Group) -> Result<()> {
+        self.qkv = None;
+        for p in [&mut self.q_proj, &mut self.k_proj, &mut self.v_proj] {
+            *p = rows_of(p, group)?;
+        }
+        self.o_proj = columns_of(&self.o_proj, group)?;
+        Ok(())
     }
 
     /// Joins the query, key and value projections.
@@ -389,6 +414,17 @@ impl Mlp {
             down_proj: linear(inner, hidden, bias),
             gate_up: None,
         }
+    }
+
+    /// Splits the hidden features over `group` (tensor parallelism): each rank keeps its rows of
+    /// the gate and up projections and their columns of the down one, whose products the
+    /// caller sums over the ranks. Joined projections come apart.
+    pub fn shard(&mut self, group: &Group) -> Result<()> {
+        self.gate_up = None;
+        self.gate_proj = rows_of(&self.gate_proj, group)?;
+        self.up_proj = rows_of(&self.up_proj, group)?;
+        self.down_proj = columns_of(&self.down_proj, group)?;
+        Ok(())
     }
 
     /// Joins the gate and up projections.

@@ -6,16 +6,17 @@
 use std::any::Any;
 
 use nuvec::Array;
-use nuvec::nn::{Embedding, Linear, Module, Param};
+use nuvec::distributed::Group;
+use nuvec::nn::{Embedding, Linear, Module, Param, ShardedEmbedding, gather_features, shard_embedding};
 use nuvec_nn::module;
 
 use super::LanguageModel;
-use super::layers::{Activation, Attention, AttentionSpec, Input, Mlp, Norm, embedding, linear, logits};
+use super::layers::{Activation, Attention, AttentionSpec, Input, Mlp, Norm, embedding, linear, logits, rows_of};
 use super::switch::SparseMoe;
-use crate::Result;
 use crate::cache::{KvCache, Positions};
 use crate::config::ModelConfig;
 use crate::rope::Rope;
+use crate::{Error, Result};
 
 /// The MLP of a layer: dense, or a mixture of experts (Qwen3-MoE's sparse layers).
 pub enum FeedForward {
@@ -80,6 +81,9 @@ pub struct Llama {
     rope: Rope,
     spec: AttentionSpec,
     act: Activation,
+    /// The ranks the model is split over ([`LanguageModel::shard`]), and whether the
+    /// vocabulary (embedding table and output head) is split too.
+    parallel: Option<(Group, bool)>,
 }
 module!(Llama { model, lm_head });
 
@@ -115,26 +119,44 @@ impl Llama {
             rope: Rope::from_config(config)?,
             spec: AttentionSpec::of(config),
             act: Activation::of(config)?,
+            parallel: None,
         })
     }
 
     fn run(&self, tokens: &Array, caches: &mut [KvCache], at: Option<&Positions>) -> Array {
+        let group = self.parallel.as_ref().map(|(g, _)| g);
+        let vocab_split = self.parallel.as_ref().and_then(|(g, split)| split.then_some(g));
+        // Split over ranks, each layer's partial outputs are summed, the residual added by
+        // rank 0 alone (inside its product).
+        let adds_residual = group.is_none_or(|g| g.rank() == 0);
+        let sum = |y: Array| match group {
+            Some(g) => g.all_sum(&y).unwrap_or_else(Array::from_error),
+            None => y,
+        };
         // In the model's dtype (its norms'): a GGUF's tables keep float16 scales.
-        let mut h = self.model.embed_tokens.forward_in(tokens, self.model.norm.weight.dtype());
+        let dtype = self.model.norm.weight.dtype();
+        let mut h = match vocab_split {
+            Some(g) => ShardedEmbedding::from_part(self.model.embed_tokens.clone(), g).forward_in(tokens, dtype),
+            None => self.model.embed_tokens.forward_in(tokens, dtype),
+        };
         for (layer, cache) in self.model.layers.iter().zip(caches.iter_mut()) {
             let x = Input::normed(&h, &layer.input_layernorm);
-            h = layer.self_attn.forward(x, cache, at, &self.rope, &self.spec, Some(&h));
+            h = sum(layer.self_attn.forward(x, cache, at, &self.rope, &self.spec, adds_residual.then_some(&h)));
             // A failed step (bad cache parameters, say) carries its error out, not on.
             if h.is_failed() {
                 return h;
             }
             let x = Input::normed(&h, &layer.post_attention_layernorm);
             h = match &layer.mlp {
-                FeedForward::Dense(m) => m.forward(x, self.act, Some(&h)),
+                FeedForward::Dense(m) => sum(m.forward(x, self.act, adds_residual.then_some(&h))),
                 FeedForward::Sparse(m) => &h + &m.forward(&x.rows()),
             };
         }
-        logits(&self.model.norm.forward(&h), &self.model.embed_tokens, &self.lm_head)
+        let y = logits(&self.model.norm.forward(&h), &self.model.embed_tokens, &self.lm_head);
+        match vocab_split {
+            Some(g) => gather_features(g, &y),
+            None => y,
+        }
     }
 }
 
@@ -158,6 +180,46 @@ impl LanguageModel for Llama {
                 m.fuse();
             }
         }
+    }
+
+    fn shard(&mut self, group: &Group) -> Result<()> {
+        let (n, c) = (group.size() as i32, &self.config);
+        if self.parallel.is_some() {
+            return Err(Error::Config("shard: the model is already split over ranks".into()));
+        }
+        if n == 1 {
+            return Ok(());
+        }
+        let why = |what: String| Error::Config(format!("shard: cannot split over {n} ranks: {what}"));
+        if self.model.layers.iter().any(|l| matches!(l.mlp, FeedForward::Sparse(_))) {
+            return Err(why("the experts of a mixture-of-experts layer are not split".into()));
+        }
+        let (hq, hkv) = (c.num_attention_heads, c.kv_heads());
+        if hq % n != 0 || hkv % n != 0 {
+            return Err(why(format!("{hq} query heads and {hkv} key-value heads must each divide into them")));
+        }
+        if c.intermediate_size % n != 0 {
+            return Err(why(format!("{} hidden MLP features do not divide into them", c.intermediate_size)));
+        }
+        for layer in &mut self.model.layers {
+            layer.self_attn.shard(group)?;
+            if let FeedForward::Dense(m) = &mut layer.mlp {
+                m.shard(group)?;
+            }
+        }
+        (self.spec.heads, self.spec.kv_heads) = (hq / n, hkv / n);
+        // A vocabulary that does not divide stays whole on every rank.
+        let vocab_split = c.vocab_size % n == 0;
+        if vocab_split {
+            self.model.embed_tokens = shard_embedding(&self.model.embed_tokens, group)?.embedding;
+            self.lm_head = self.lm_head.as_ref().map(|h| rows_of(h, group)).transpose()?;
+        }
+        self.parallel = Some((group.clone(), vocab_split));
+        Ok(())
+    }
+
+    fn group(&self) -> Option<&Group> {
+        self.parallel.as_ref().map(|(g, _)| g)
     }
 
     fn config(&self) -> &ModelConfig {

@@ -7,6 +7,7 @@ pub mod llama;
 pub mod qwen3_next;
 pub mod switch;
 
+use nuvec::distributed::Group;
 use nuvec::nn::{Linear, Module, Param, Params, QuantSpec, Quantized, quantize_with};
 use nuvec::{Array, ops};
 
@@ -40,6 +41,26 @@ pub trait LanguageModel: Module + Send + Sync {
     /// views of it and their names, so saving and loading see no difference. Called once the
     /// weights are final (loading does).
     fn fuse_projections(&mut self) {}
+
+    /// Splits the model over `group`'s ranks (tensor parallelism, as mlx-lm's `shard`): each
+    /// rank keeps its share of every layer's heads and hidden features, and of the vocabulary
+    /// where it divides; the layers' partial outputs are summed over the ranks, and every rank
+    /// ends with the whole logits. Called on the model's placeholders, each rank then loads only
+    /// its part of the checkpoint ([`crate::load::LoadOptions::group`]). Joined projections
+    /// come apart ([`LanguageModel::fuse_projections`] joins them again, as loading does).
+    /// An error names what does not divide, or an architecture that cannot be split.
+    fn shard(&mut self, group: &Group) -> Result<()> {
+        let _ = group;
+        Err(Error::Config(format!(
+            "model_type '{}' cannot be split over ranks (llama, mistral, qwen2 and qwen3 can)",
+            self.config().model_type
+        )))
+    }
+
+    /// The group [`LanguageModel::shard`] split the model over (`None`: not split).
+    fn group(&self) -> Option<&Group> {
+        None
+    }
 
     /// The hyper-parameters.
     fn config(&self) -> &ModelConfig;
