@@ -40,7 +40,7 @@
 #   scripts/build-gpu-bundle.sh [--plain]
 # Environment:
 #   GPU_TEST_PACKAGES  packages whose test binaries are bundled (default "nuvec nuvec-cuda nuvec-io nuvec-nn
-#                      nuvec-lm";
+#                      nuvec-lm nuvec-distributed";
 #                      "all" for every package: nuvec-core and nuvec-cpu never use the GPU)
 #   GPU_TEST_SKIP      test targets left out (default "compile_kernels data": compile_kernels is
 #                      NVRTC only, no GPU, CI runs it, and its ~250 uncached serial compiles
@@ -68,7 +68,7 @@ for a in "$@"; do
         *) echo "build-gpu-bundle: unknown argument $a" >&2; exit 2 ;;
     esac
 done
-PACKAGES=${GPU_TEST_PACKAGES:-"nuvec nuvec-cuda nuvec-io nuvec-nn nuvec-lm"}
+PACKAGES=${GPU_TEST_PACKAGES:-"nuvec nuvec-cuda nuvec-io nuvec-nn nuvec-lm nuvec-distributed"}
 SKIP_TARGETS=${GPU_TEST_SKIP-compile_kernels data}
 ARCH=${GPU_ARCH:-sm_90a}
 LIMIT=$((64 * 1024 * 1024))

@@ -27,6 +27,14 @@ print(":".join(dirs))
 EOF
 )
 [ -n "$NVLIBS" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$NVLIBS"
+# NCCL's wheel holds libnccl.so.2 and cudarc opens libnccl.so: a linked folder (as
+# distributed::launch makes for its ranks); the NCCL tests then must not skip.
+NCCL_SO=$(IFS=:; for d in $LD_LIBRARY_PATH; do [ -e "$d/libnccl.so.2" ] && echo "$d/libnccl.so.2" && break; done)
+if [ -n "$NCCL_SO" ]; then
+    mkdir -p /tmp/nuvec-nccl && ln -sf "$NCCL_SO" /tmp/nuvec-nccl/libnccl.so
+    export LD_LIBRARY_PATH="/tmp/nuvec-nccl:$LD_LIBRARY_PATH" NUVEC_REQUIRE_NCCL=1
+fi
+export NCCL_NVLS_ENABLE=0
 
 unxz_to() { # unxz_to SRC DEST
     if command -v xz >/dev/null 2>&1; then

@@ -23,6 +23,7 @@ mod driver;
 mod graph;
 pub mod kernels;
 mod launch;
+pub mod nccl;
 // The one dispatch (`eval`) and the operand helpers every family uses (`operand`).
 mod eval;
 mod operand;

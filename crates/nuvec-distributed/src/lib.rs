@@ -11,6 +11,12 @@
 //! The collectives run when called: each evaluates its input. Every rank reduces the same
 //! values in rank order, so all ranks hold bit-identical results.
 //!
+//! When the default device (this thread's, [`nuvec_core::device::with_stream`]) is a GPU, the collectives of a group of several ranks go through
+//! NCCL ([`nuvec_cuda::nccl`]) once every rank has NCCL and a GPU of its own (checked together
+//! on the first collective, so all ranks decide alike); otherwise through the host. The
+//! `NUVEC_DIST_BACKEND` variable asks for one: `nccl` (an error when it cannot be used) or
+//! `host`. Every rank must pass arrays of the same shape and dtype.
+//!
 //! ```
 //! use nuvec::{Array, distributed::Group};
 //! let ranks = Group::local(2);
@@ -35,7 +41,10 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::sync::Mutex;
+
 use nuvec_core::{Array, DType, Error, Result, ops};
+use nuvec_cuda::nccl::{Nccl, ReduceOp, gpu_uuid, nccl_unavailable_reason, nccl_unique_id};
 use transport::{Channels, Tcp, Transport};
 
 /// How long a rank waits for another before the group fails, unless `NUVEC_DIST_TIMEOUT`
@@ -56,6 +65,10 @@ pub struct Group {
     rank: usize,
     size: usize,
     transport: Option<Arc<dyn Transport>>,
+    timeout: Duration,
+    /// How GPU arrays travel, decided on the first collective over them: through NCCL
+    /// (`Some(Some(_))`) or the host (`Some(None)`).
+    gpu: Arc<Mutex<Option<Option<Arc<Nccl>>>>>,
 }
 
 impl std::fmt::Debug for Group {
@@ -113,9 +126,13 @@ pub fn init(strict: bool) -> Result<Group> {
 }
 
 impl Group {
+    fn new(rank: usize, size: usize, transport: Option<Arc<dyn Transport>>, timeout: Duration) -> Group {
+        Group { rank, size, transport, timeout, gpu: Arc::new(Mutex::new(None)) }
+    }
+
     /// A group of one rank: its collectives return their input.
     pub fn singleton() -> Group {
-        Group { rank: 0, size: 1, transport: None }
+        Group::new(0, 1, None, DEFAULT_TIMEOUT)
     }
 
     /// `n` ranks in this process (one per thread), in rank order, with [`DEFAULT_TIMEOUT`].
@@ -128,7 +145,7 @@ impl Group {
         Channels::group(n, timeout)
             .into_iter()
             .enumerate()
-            .map(|(rank, t)| Group { rank, size: n, transport: Some(Arc::new(t) as Arc<dyn Transport>) })
+            .map(|(rank, t)| Group::new(rank, n, Some(Arc::new(t) as Arc<dyn Transport>), timeout))
             .collect()
     }
 
@@ -140,7 +157,7 @@ impl Group {
             return Err(Error::InvalidArgument(format!("distributed: rank {rank} of {} addresses", addrs.len())));
         }
         let transport = Tcp::connect(rank, addrs, timeout)?;
-        Ok(Group { rank, size: addrs.len(), transport: Some(Arc::new(transport)) })
+        Ok(Group::new(rank, addrs.len(), Some(Arc::new(transport)), timeout))
     }
 
     /// This rank, `0..size()`.
@@ -151,6 +168,86 @@ impl Group {
     /// The number of ranks.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// Whether this group's collectives over GPU arrays go through NCCL: decided with the other
+    /// ranks on the first such collective (see the crate docs); `false` before it.
+    pub fn uses_nccl(&self) -> bool {
+        matches!(*self.gpu.lock().unwrap_or_else(|e| e.into_inner()), Some(Some(_)))
+    }
+
+    /// The NCCL communicator GPU collectives go through, if they do (see the crate docs). All
+    /// ranks call it together on their first GPU collective.
+    fn nccl(&self) -> Result<Option<Arc<Nccl>>> {
+        // This thread's device: one process may drive a GPU per rank (`with_stream`).
+        let device = nuvec_core::device::default_stream().device;
+        if self.size == 1 || device.is_cpu() {
+            return Ok(None);
+        }
+        let mode = std::env::var("NUVEC_DIST_BACKEND").unwrap_or_default();
+        let required = match mode.trim() {
+            "" | "auto" => false,
+            "nccl" => true,
+            "host" => return Ok(None),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "NUVEC_DIST_BACKEND={other:?}: use nccl, host or auto (or unset it)"
+                )));
+            }
+        };
+        let mut slot = self.gpu.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(link) = &*slot {
+            return Ok(link.clone());
+        }
+        // Every rank says whether it has NCCL and which GPU it drives; NCCL needs all of them
+        // on GPUs of their own.
+        let why_not = nccl_unavailable_reason();
+        let uuid = if why_not.is_none() { gpu_uuid(device)? } else { [0; 16] };
+        let mine: Vec<u8> = std::iter::once(why_not.is_none() as u8).chain(uuid).collect();
+        let all: Vec<u8> = self
+            .gather("all_gather", &Array::from_slice(&mine, [17]))?
+            .iter()
+            .map(|a| a.to_vec::<u8>())
+            .collect::<Result<Vec<_>>>()?
+            .concat();
+        let rows: Vec<&[u8]> = all.chunks(17).collect();
+        let missing = rows.iter().position(|r| r[0] == 0);
+        let shared =
+            (0..rows.len()).flat_map(|a| (a + 1..rows.len()).map(move |b| (a, b))).find(|&(a, b)| rows[a] == rows[b]);
+        let refusal = match (missing, shared) {
+            (Some(r), _) => {
+                Some(format!("rank {r} has no NCCL{}", why_not.map(|w| format!(" ({w})")).unwrap_or_default()))
+            }
+            (None, Some((a, b))) => Some(format!("ranks {a} and {b} share a GPU, which NCCL refuses")),
+            (None, None) => None,
+        };
+        if let Some(why) = refusal {
+            if required {
+                return Err(Error::Backend(format!("distributed: NUVEC_DIST_BACKEND=nccl, but {why}")));
+            }
+            *slot = Some(None);
+            return Ok(None);
+        }
+        let t = self.transport()?;
+        let id = if self.rank == 0 {
+            let id = nccl_unique_id()?;
+            for r in 1..self.size {
+                t.send(r, &id)?;
+            }
+            id
+        } else {
+            let got = t.recv(0)?;
+            got.try_into().map_err(|_| Error::Backend("distributed: rank 0 sent a malformed NCCL id".into()))?
+        };
+        let comm = Arc::new(Nccl::new(device, self.rank, self.size, &id, self.timeout)?);
+        *slot = Some(Some(comm.clone()));
+        Ok(Some(comm))
+    }
+
+    /// The NCCL communicator, when an earlier collective of every rank chose it: point-to-point
+    /// transfers take part in no decision, which needs every rank.
+    fn nccl_chosen(&self) -> Option<Arc<Nccl>> {
+        self.gpu.lock().unwrap_or_else(|e| e.into_inner()).clone().flatten()
     }
 
     fn transport(&self) -> Result<&dyn Transport> {
@@ -210,22 +307,40 @@ impl Group {
     /// The sum over ranks of `x`, on every rank (`mx.distributed.all_sum`). Every rank must
     /// pass the same shape and dtype.
     pub fn all_sum(&self, x: &Array) -> Result<Array> {
+        if let Some(c) = self.nccl()? {
+            return c.all_reduce(x, ReduceOp::Sum);
+        }
         self.reduce("all_sum", x, |a, b| a + b)
     }
 
     /// The element-wise maximum over ranks of `x`, on every rank.
     pub fn all_max(&self, x: &Array) -> Result<Array> {
+        if let Some(c) = self.nccl()? {
+            return c.all_reduce(x, ReduceOp::Max);
+        }
         self.reduce("all_max", x, |a, b| a.maximum(b))
     }
 
     /// The element-wise minimum over ranks of `x`, on every rank.
     pub fn all_min(&self, x: &Array) -> Result<Array> {
+        if let Some(c) = self.nccl()? {
+            return c.all_reduce(x, ReduceOp::Min);
+        }
         self.reduce("all_min", x, |a, b| a.minimum(b))
     }
 
     /// Every rank's `x` concatenated along the first axis in rank order (a scalar becomes a
     /// vector of `size()`), on every rank (`mx.distributed.all_gather`).
     pub fn all_gather(&self, x: &Array) -> Result<Array> {
+        if let Some(c) = self.nccl()? {
+            // NCCL stacks the ranks' arrays: [size, ...] made [size · first, ...].
+            let mut shape = x.shape().to_vec();
+            match shape.first_mut() {
+                Some(first) => *first *= self.size as i32,
+                None => shape.push(self.size as i32),
+            }
+            return Ok(c.all_gather(x)?.reshape(shape));
+        }
         let parts = self.gather("all_gather", x)?;
         let parts: Vec<Array> = if x.ndim() == 0 { parts.iter().map(|p| p.reshape([1])).collect() } else { parts };
         let out = ops::concatenate(&parts, 0);
@@ -245,6 +360,9 @@ impl Group {
                 self.size
             )));
         }
+        if let Some(c) = self.nccl()? {
+            return c.reduce_scatter(x);
+        }
         let m = (rows / self.size) as i32;
         let r = self.rank as i32;
         let out = self.all_sum(x)?.i(r * m..(r + 1) * m);
@@ -255,12 +373,18 @@ impl Group {
     /// Sends `x` to rank `dst`, which takes it with [`Group::recv`] or [`Group::recv_like`].
     pub fn send(&self, x: &Array, dst: usize) -> Result<()> {
         self.check_peer("send", dst)?;
+        if let Some(c) = self.nccl_chosen() {
+            return c.send(x, dst);
+        }
         self.transport()?.send(dst, &encode(x)?)
     }
 
     /// The array rank `src` sent with [`Group::send`], which must have this shape and dtype.
     pub fn recv(&self, shape: &[i32], dtype: DType, src: usize) -> Result<Array> {
         self.check_peer("recv", src)?;
+        if let Some(c) = self.nccl_chosen() {
+            return c.recv(shape, dtype, src);
+        }
         let bytes = self.transport()?.recv(src)?;
         decode_as(&bytes, shape, dtype, |s, d| {
             format!(
@@ -322,8 +446,24 @@ fn decode_as(m: &[u8], shape: &[i32], dtype: DType, mismatch: impl FnOnce(&[i32]
     Ok(Array::from_raw_bytes(bytes, &s[..], d))
 }
 
+/// A folder holding `libnccl.so`, linked to the NCCL library found ([`nuvec_cuda::nccl::nccl_library`]),
+/// when NCCL is there but not under the name cudarc opens; `None` otherwise.
+fn nccl_link_folder() -> Option<std::path::PathBuf> {
+    let lib = nuvec_cuda::nccl::nccl_library()?;
+    if nccl_unavailable_reason().is_none() || lib.file_name().is_some_and(|n| n == "libnccl.so") {
+        return None;
+    }
+    let dir = std::env::temp_dir().join(format!("nuvec-nccl-{}", std::process::id()));
+    let link = dir.join("libnccl.so");
+    std::fs::create_dir_all(&dir).ok()?;
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&lib, &link).ok()?;
+    Some(dir)
+}
+
 /// Runs `program` with `args` as `n` ranks on this machine (each with [`RANK_VAR`],
-/// [`SIZE_VAR`] and [`HOSTS_VAR`] naming free loopback ports, `NCCL_NVLS_ENABLE=0`, and `env`)
+/// [`SIZE_VAR`] and [`HOSTS_VAR`] naming free loopback ports, `NCCL_NVLS_ENABLE=0`, NCCL's
+/// library findable under the name cudarc opens (a linked folder on `LD_LIBRARY_PATH`), and `env`)
 /// and waits for them. When one fails, the others get `grace` to end on their own (their
 /// collectives fail within their time-out) before they are killed; the error names the first
 /// rank that failed.
@@ -338,6 +478,10 @@ pub fn launch(n: usize, program: &Path, args: &[String], env: &[(&str, &str)], g
     let hosts: Vec<String> =
         listeners.iter().map(|l| l.local_addr().map(|a| a.to_string())).collect::<std::io::Result<_>>().map_err(io)?;
     drop(listeners);
+    let library_path = nccl_link_folder().map(|dir| {
+        let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+        if old.is_empty() { dir.display().to_string() } else { format!("{}:{old}", dir.display()) }
+    });
     let mut children: Vec<Child> = (0..n)
         .map(|r| {
             Command::new(program)
@@ -346,6 +490,7 @@ pub fn launch(n: usize, program: &Path, args: &[String], env: &[(&str, &str)], g
                 .env(SIZE_VAR, n.to_string())
                 .env(HOSTS_VAR, hosts.join(","))
                 .env("NCCL_NVLS_ENABLE", "0")
+                .envs(library_path.iter().map(|p| ("LD_LIBRARY_PATH", p.as_str())))
                 .envs(env.iter().copied())
                 .spawn()
         })

@@ -1267,8 +1267,9 @@ fn paged_engine_preempts_shares_blocks_and_leaks_none() {
 }
 
 /// Each of `ranks` threads loads `name` split over a local group of that many ranks
-/// (tensor parallelism) and runs `f` on its part; the results in rank order.
-fn on_ranks<T: Send>(name: &str, ranks: usize, f: impl Fn(&dyn LanguageModel) -> T + Sync) -> Vec<T> {
+/// (tensor parallelism) and runs `f` on its part, on the default device or, with `own_gpus`,
+/// rank `r` on GPU `r`; the results in rank order.
+fn on_ranks<T: Send>(name: &str, ranks: usize, own_gpus: bool, f: impl Fn(&dyn LanguageModel) -> T + Sync) -> Vec<T> {
     let groups = nuvec::distributed::Group::local(ranks);
     std::thread::scope(|s| {
         let jobs: Vec<_> = groups
@@ -1276,8 +1277,11 @@ fn on_ranks<T: Send>(name: &str, ranks: usize, f: impl Fn(&dyn LanguageModel) ->
             .map(|g| {
                 let f = &f;
                 s.spawn(move || {
-                    let options = LoadOptions { dtype: Some(DType::F32), group: Some(g), ..Default::default() };
-                    f(load_model(&fixture(name), &options).unwrap().as_ref())
+                    let device = if own_gpus { nuvec::Device::gpu(g.rank() as u32) } else { nuvec::default_device() };
+                    nuvec::with_stream(device, || {
+                        let options = LoadOptions { dtype: Some(DType::F32), group: Some(g), ..Default::default() };
+                        f(load_model(&fixture(name), &options).unwrap().as_ref())
+                    })
                 })
             })
             .collect();
@@ -1303,7 +1307,7 @@ fn tensor_parallel_model_equals_the_whole() {
         // Rows of the input projections, columns of the output ones.
         let mut halves = shapes(whole.as_ref());
         (halves[0][0], halves[1][1], halves[2][1]) = (halves[0][0] / 2, halves[1][1] / 2, halves[2][1] / 2);
-        let ranks = on_ranks(name, 2, |m| {
+        let ranks = on_ranks(name, 2, false, |m| {
             let shapes = shapes(m);
             let logits: Vec<f32> = m.forward(&tokens(&ids), &mut m.new_cache()).to_vec().unwrap();
             let tokens = generated(m, &mut PromptCache::new(m), &ids, options.clone());
@@ -1345,5 +1349,29 @@ fn tensor_parallel_refusals_name_the_reason() {
     }
     for e in errors("gemma3", 2) {
         assert!(e.contains("gemma3_text") && e.contains("cannot be split"), "{e}");
+    }
+}
+
+/// Two GPUs of one process, a rank on each, their sums through NCCL: the whole model's logits.
+/// Skips without two GPUs and NCCL.
+#[test]
+fn tensor_parallel_over_two_gpus_through_nccl() {
+    if nuvec::cuda::device_count() < 2 || nuvec::cuda::nccl::nccl_unavailable_reason().is_some() {
+        eprintln!("SKIPPED: needs two GPUs and NCCL");
+        return;
+    }
+    let ids = u32s(&expected("qwen3")["ids"]);
+    let whole = model("qwen3");
+    let want: Vec<f32> = whole.forward(&tokens(&ids), &mut whole.new_cache()).to_vec().unwrap();
+    for (rank, (nccl, logits)) in on_ranks("qwen3", 2, true, |m| {
+        let logits: Vec<f32> = m.forward(&tokens(&ids), &mut m.new_cache()).to_vec().unwrap();
+        (m.group().unwrap().uses_nccl(), logits)
+    })
+    .into_iter()
+    .enumerate()
+    {
+        assert!(nccl, "rank {rank} did not sum through NCCL");
+        let d = rel_diff(&logits, &want);
+        assert!(d < 1e-5, "rank {rank}'s logits differ from the whole model's by {d}");
     }
 }

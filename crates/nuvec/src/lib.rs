@@ -129,6 +129,8 @@ pub mod cuda {
         BuildCounts, CUSTOM_KERNEL_PRELUDE, GeneratedKernel, InputParams, builds, compile_custom_kernel,
         generate_custom_kernel,
     };
+    // NCCL communicators, which `distributed`'s groups use for GPU arrays.
+    pub use nuvec_cuda::nccl;
     // Compiled element-wise programs (`compile`'s fused kernels): the generated source.
     pub use nuvec_cuda::{InputArrangement, generate_compiled_kernel};
 }
