@@ -4,6 +4,7 @@
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
@@ -120,6 +121,11 @@ struct LoadArgs {
     /// tokenizer (for measurements of a model whose weights are not at hand).
     #[arg(long, requires = "model")]
     random_weights: bool,
+    /// Split the model over N ranks (tensor parallelism): N processes on this machine, rank r
+    /// on GPU r when there are several GPUs (NCCL between them), each loading only its part;
+    /// rank 0 prints. Llama-family models (llama, mistral, qwen2, qwen3).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    tensor_parallel: usize,
 }
 
 #[derive(Args, Clone)]
@@ -222,22 +228,109 @@ struct BenchArgs {
     json: Option<PathBuf>,
 }
 
+/// Set on ranks other than 0 of a split model: they compute as rank 0 does, silently.
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// `println!` on rank 0 (or without ranks) only.
+macro_rules! say {
+    ($($t:tt)*) => {
+        if !QUIET.load(Ordering::Relaxed) {
+            println!($($t)*)
+        }
+    };
+}
+
+impl Command {
+    /// The `--tensor-parallel` count and the command's name.
+    fn tensor_parallel(&self) -> (usize, &'static str) {
+        match self {
+            Command::Generate(a) => (a.model.load.tensor_parallel, "generate"),
+            Command::Bench(a) => (a.model.load.tensor_parallel, "bench"),
+            Command::Chat(a) => (a.load.tensor_parallel, "chat"),
+            Command::Convert(a) => (a.model.load.tensor_parallel, "convert"),
+            Command::Serve(a) => (a.load.tensor_parallel, "serve"),
+            Command::Launch(_) => (1, "launch"),
+        }
+    }
+}
+
+/// With `--tensor-parallel N`, this process starts the N ranks (itself again, under
+/// `distributed::launch`) and waits for them (`Some`); a rank, or a run without the flag, goes
+/// on (`None`).
+fn start_ranks(command: &Command) -> Option<Res<()>> {
+    let (n, name) = command.tensor_parallel();
+    if n <= 1 || std::env::var_os(nuvec::distributed::RANK_VAR).is_some() {
+        return None;
+    }
+    if !matches!(name, "generate" | "bench") {
+        return Some(Err(format!("--tensor-parallel works with generate and bench, not yet with {name}").into()));
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    Some(
+        std::env::current_exe().map_err(Into::into).and_then(|exe| {
+            nuvec::distributed::launch(n, &exe, &args, &[], Duration::from_secs(30)).map_err(Into::into)
+        }),
+    )
+}
+
+/// This rank's group for `--tensor-parallel n` (`None` for 1), started by [`start_ranks`]; a
+/// rank other than 0 keeps quiet.
+fn rank_group(n: usize) -> Res<Option<nuvec::distributed::Group>> {
+    if n <= 1 {
+        return Ok(None);
+    }
+    let group = nuvec::distributed::init(true)?;
+    if group.size() != n {
+        return Err(format!("--tensor-parallel {n}, but this rank's group has {} ranks", group.size()).into());
+    }
+    QUIET.store(group.rank() != 0, Ordering::Relaxed);
+    Ok(Some(group))
+}
+
+/// A rank's GPU: rank r on GPU r when there are several (unless NUVEC_DEVICE names one).
+fn rank_device<R>(f: impl FnOnce() -> R) -> R {
+    let rank = std::env::var(nuvec::distributed::RANK_VAR).ok().and_then(|r| r.parse::<u32>().ok());
+    let gpus = nuvec::cuda::device_count() as u32;
+    match rank {
+        Some(r) if gpus > 1 && std::env::var_os("NUVEC_DEVICE").is_none() => {
+            nuvec::with_stream(nuvec::Device::gpu(r % gpus), f)
+        }
+        _ => f(),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    if let Some(result) = start_ranks(&cli.command) {
+        return match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("nuvec: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let result = rank_device(|| run(cli.command));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            match std::env::var(nuvec::distributed::RANK_VAR) {
+                Ok(r) => eprintln!("nuvec: rank {r}: {e}"),
+                Err(_) => eprintln!("nuvec: {e}"),
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Res<()> {
+    match command {
         Command::Generate(a) => run_generate(a),
         Command::Chat(a) => run_chat(a),
         Command::Bench(a) => run_bench(a),
         Command::Convert(a) => run_convert(a),
         Command::Serve(a) => run_serve(a),
         Command::Launch(a) => run_launch(a),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("nuvec: {e}");
-            ExitCode::FAILURE
-        }
     }
 }
 
@@ -258,11 +351,12 @@ fn load_model(a: &LoadArgs) -> Res<Loaded> {
         None => fetch::default_model(&mut |msg| eprintln!("nuvec: {msg}"))?,
     };
     let (dtype, quantize) = (parse_dtype(a)?, parse_quantize(a)?);
-    let bar = ProgressBar::new_spinner();
+    let group = rank_group(a.tensor_parallel)?;
+    let bar = if QUIET.load(Ordering::Relaxed) { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
     bar.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("a fixed template"));
     bar.set_message(format!("loading {}", display_name(&path)));
     bar.enable_steady_tick(Duration::from_millis(100));
-    let options = LoadOptions { dtype, quantize };
+    let options = LoadOptions { dtype, quantize, group };
     let loaded = if a.random_weights { nuvec_lm::load_random(&path, &options, 0) } else { load(&path, &options) };
     let loaded = loaded.and_then(|l| {
         // Read every weight now, so that the first token's time is the model's.
@@ -375,16 +469,12 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
         let outputs = nuvec_lm::generate_batch(m.model.as_ref(), Some(&m.tokenizer), &ids, &m.eos, &options)?;
         let seconds = start.elapsed().as_secs_f64();
         for (i, o) in outputs.iter().enumerate() {
-            println!("========== {i}\n{}", o.text);
+            say!("========== {i}\n{}", o.text);
         }
         let tokens: usize = outputs.iter().map(|o| o.tokens.len()).sum();
-        println!("==========");
-        println!(
-            "Batch: {} prompts, {tokens} tokens generated, {:.3} tokens-per-sec",
-            ids.len(),
-            tokens as f64 / seconds
-        );
-        println!("Peak memory: {:.3} GB", nuvec_lm::generate::peak_memory() as f64 / 1e9);
+        say!("==========");
+        say!("Batch: {} prompts, {tokens} tokens generated, {:.3} tokens-per-sec", ids.len(), tokens as f64 / seconds);
+        say!("Peak memory: {:.3} GB", nuvec_lm::generate::peak_memory() as f64 / 1e9);
         return Ok(());
     }
     let ids = ids.remove(0);
@@ -401,9 +491,9 @@ fn run_generate(a: GenerateArgs) -> Res<()> {
         (None, Some(n)) => Some(Draft::PromptLookup { ngram: n }),
         (None, None) => None,
     };
-    println!("==========");
+    say!("==========");
     let stats = stream(&m, &mut cache, &ids, options, draft.map(|d| (d, a.num_draft)))?;
-    println!("\n==========");
+    say!("\n==========");
     print_stats(&stats);
     Ok(())
 }
@@ -417,7 +507,8 @@ fn stream(
     options: GenerateOptions,
     draft: Option<(Draft<'_>, usize)>,
 ) -> Res<Stats> {
-    let mut out = std::io::stdout().lock();
+    let mut out: Box<dyn Write> =
+        if QUIET.load(Ordering::Relaxed) { Box::new(std::io::sink()) } else { Box::new(std::io::stdout().lock()) };
     let mut generation = generate(m.model.as_ref(), Some(&m.tokenizer), cache, ids, &m.eos, options)?;
     if let Some((d, k)) = draft {
         generation = generation.speculative(d, k)?;
@@ -430,9 +521,9 @@ fn stream(
 }
 
 fn print_stats(s: &Stats) {
-    println!("Prompt: {} tokens, {:.3} tokens-per-sec", s.prompt_tokens, s.prompt_tps());
-    println!("Generation: {} tokens, {:.3} tokens-per-sec", s.generation_tokens, s.generation_tps());
-    println!("Peak memory: {:.3} GB", s.peak_memory as f64 / 1e9);
+    say!("Prompt: {} tokens, {:.3} tokens-per-sec", s.prompt_tokens, s.prompt_tps());
+    say!("Generation: {} tokens, {:.3} tokens-per-sec", s.generation_tokens, s.generation_tps());
+    say!("Peak memory: {:.3} GB", s.peak_memory as f64 / 1e9);
 }
 
 fn run_convert(a: ConvertArgs) -> Res<()> {
@@ -500,7 +591,7 @@ fn run_bench(a: BenchArgs) -> Res<()> {
             let options = LoadOptions {
                 dtype: parse_dtype(&a.model.load)?,
                 quantize: parse_quantize(&a.model.load)?,
-                ..Default::default()
+                group: rank_group(a.model.load.tensor_parallel)?,
             };
             let m = nuvec_lm::random_model(config, &options, 0)?;
             let params: Vec<nuvec::Array> = m.parameters().into_values().collect();
@@ -520,9 +611,13 @@ fn run_bench(a: BenchArgs) -> Res<()> {
     // A fixed token sequence, the same for every model.
     let ids =
         |n: usize| -> Vec<u32> { (0..n as u64).map(|i| ((i * 2_654_435_761 + 7) % vocab as u64) as u32).collect() };
-    println!("device {device}, model {name}, quantize {:?}", a.model.load.quantize);
+    say!(
+        "device {device}, model {name}, quantize {:?}, tensor parallel {}",
+        a.model.load.quantize,
+        a.model.load.tensor_parallel
+    );
     let mut prefill = Vec::new();
-    println!("{:>8} {:>14} {:>10}", "prompt", "prefill tok/s", "TTFT ms");
+    say!("{:>8} {:>14} {:>10}", "prompt", "prefill tok/s", "TTFT ms");
     for &n in &a.prompt_tokens {
         let mut best = f64::INFINITY;
         for _ in 0..repeats {
@@ -534,11 +629,11 @@ fn run_bench(a: BenchArgs) -> Res<()> {
             }
             best = best.min(start.elapsed().as_secs_f64());
         }
-        println!("{:>8} {:>14.1} {:>10.2}", n, n as f64 / best, best * 1e3);
+        say!("{:>8} {:>14.1} {:>10.2}", n, n as f64 / best, best * 1e3);
         prefill.push(json!({"prompt_tokens": n, "ttft_s": best, "prefill_tokens_per_s": n as f64 / best}));
     }
     let mut decode = Vec::new();
-    println!("{:>8} {:>14} {:>10}", "batch", "decode tok/s", "ms/step");
+    say!("{:>8} {:>14} {:>10}", "batch", "decode tok/s", "ms/step");
     for &b in &a.batch {
         let mut best = f64::INFINITY;
         for _ in 0..repeats {
@@ -547,12 +642,12 @@ fn run_bench(a: BenchArgs) -> Res<()> {
             best = best.min(decode_seconds(model, b, &context, a.steps.max(1), graph, a.model.kv_block_size)?);
         }
         let tps = b as f64 * a.steps as f64 / best;
-        println!("{:>8} {:>14.1} {:>10.3}", b, tps, best / a.steps as f64 * 1e3);
+        say!("{:>8} {:>14.1} {:>10.3}", b, tps, best / a.steps as f64 * 1e3);
         decode.push(json!({"batch": b, "context": a.context, "steps": a.steps, "decode_tokens_per_s": tps}));
     }
     let peak = nuvec_lm::generate::peak_memory();
-    println!("peak memory {:.3} GB", peak as f64 / 1e9);
-    if let Some(path) = &a.json {
+    say!("peak memory {:.3} GB", peak as f64 / 1e9);
+    if let Some(path) = a.json.as_ref().filter(|_| !QUIET.load(Ordering::Relaxed)) {
         let doc = json!({"device": device, "model": name, "quantize": a.model.load.quantize, "prefill": prefill,
                          "decode": decode, "peak_memory_bytes": peak});
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;

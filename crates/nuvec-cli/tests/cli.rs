@@ -45,3 +45,23 @@ fn launch_runs_ranks_with_their_group_and_names_a_failed_one() {
     assert_ne!(code, 0);
     assert!(err.contains("rank 1 of 2"), "{err}");
 }
+
+#[test]
+fn tensor_parallel_ranks_decode_and_rank_0_reports() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../nuvec-lm/tests/fixtures/tiny/llama/config.json");
+    let json = std::env::temp_dir().join(format!("nuvec-cli-tp-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_nuvec"))
+        .args(["bench", "--random", config, "--tensor-parallel", "2", "--prompt-tokens", "8", "--context", "16"])
+        .args(["--steps", "4", "--repeats", "1", "--json", json.to_str().unwrap()])
+        .output()
+        .expect("nuvec runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout.matches("tensor parallel 2").count(), 1, "rank 0 alone reports:\n{stdout}");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(doc["decode"][0]["decode_tokens_per_s"].as_f64().is_some_and(|t| t > 0.0), "{doc}");
+    let _ = std::fs::remove_file(&json);
+    let (code, err) = nuvec(&["serve", "--model", "/nonexistent", "--tensor-parallel", "2"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("--tensor-parallel works with generate and bench"), "{err}");
+}
