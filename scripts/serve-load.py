@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A load generator for `nuvec serve` (or any OpenAI-compatible server): C concurrent
 streaming chat requests, each of a fixed number of greedy tokens, repeated; prints output
-tokens/s, time to first token and inter-token latency (p50/p99).
+tokens/s, time to first token and inter-token latency (p50/p99), after as many unmeasured
+warm-up requests at once (`--no-warmup`: none).
 
     python3 scripts/serve-load.py --url http://127.0.0.1:8080 --concurrency 1,8,64 --tokens 64
 Standard library only."""
@@ -35,8 +36,17 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] if xs else float("nan")
 
 
-def run(url, c, tokens, rounds):
+def run(url, c, tokens, rounds, warmup):
     results, lock = [], threading.Lock()
+    # Unmeasured requests first, as many at once as measured: the server's first steps at a
+    # batch size load kernels and record its decode graph.
+    warm = [threading.Thread(target=stream, args=(url, {
+        "messages": [{"role": "user", "content": f"Warm-up {i}."}], "max_tokens": 8, "temperature": 0,
+        "stream": True})) for i in range(c if warmup else 0)]
+    for t in warm:
+        t.start()
+    for t in warm:
+        t.join()
 
     def worker(i):
         for r in range(rounds):
@@ -69,9 +79,10 @@ def main():
     a.add_argument("--concurrency", default="1,8,64")
     a.add_argument("--tokens", type=int, default=64)
     a.add_argument("--rounds", type=int, default=2)
+    a.add_argument("--no-warmup", action="store_true", help="measure from the first request")
     args = a.parse_args()
     for c in [int(x) for x in args.concurrency.split(",")]:
-        run(args.url, c, args.tokens, args.rounds)
+        run(args.url, c, args.tokens, args.rounds, not args.no_warmup)
 
 
 main()
