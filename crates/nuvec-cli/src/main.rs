@@ -262,8 +262,8 @@ fn start_ranks(command: &Command) -> Option<Res<()>> {
     if n <= 1 || std::env::var_os(nuvec::distributed::RANK_VAR).is_some() {
         return None;
     }
-    if !matches!(name, "generate" | "bench") {
-        return Some(Err(format!("--tensor-parallel works with generate and bench, not yet with {name}").into()));
+    if !matches!(name, "generate" | "bench" | "serve") {
+        return Some(Err(format!("--tensor-parallel works with generate, bench and serve, not with {name}").into()));
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     Some(
@@ -276,10 +276,12 @@ fn start_ranks(command: &Command) -> Option<Res<()>> {
 /// This rank's group for `--tensor-parallel n` (`None` for 1), started by [`start_ranks`]; a
 /// rank other than 0 keeps quiet.
 fn rank_group(n: usize) -> Res<Option<nuvec::distributed::Group>> {
+    // One group per process: the model's loading and the server ask for it.
+    static GROUP: std::sync::OnceLock<Result<nuvec::distributed::Group, String>> = std::sync::OnceLock::new();
     if n <= 1 {
         return Ok(None);
     }
-    let group = nuvec::distributed::init(true)?;
+    let group = GROUP.get_or_init(|| nuvec::distributed::init(true).map_err(|e| e.to_string())).clone()?;
     if group.size() != n {
         return Err(format!("--tensor-parallel {n}, but this rank's group has {} ranks", group.size()).into());
     }
@@ -721,8 +723,13 @@ fn run_serve(a: ServeArgs) -> Res<()> {
         prefill_rows: a.prefill_rows,
         kv_block_size: a.kv_block_size,
         kv_cache_tokens: a.kv_cache_tokens,
+        group: rank_group(a.load.tensor_parallel)?,
         ..Default::default()
     };
+    if options.group.as_ref().is_some_and(|g| g.rank() > 0) {
+        // The other ranks step as rank 0's server tells them.
+        return Ok(nuvec_serve::follow(m, options)?);
+    }
     let server = nuvec_serve::Server::start(m, options)?;
     eprintln!("nuvec: serving on http://{} (OpenAI API under /v1; Ctrl-C stops)", server.addr());
     Ok(server.wait()?)

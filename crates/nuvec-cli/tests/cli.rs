@@ -61,7 +61,7 @@ fn tensor_parallel_ranks_decode_and_rank_0_reports() {
     let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(doc["decode"][0]["decode_tokens_per_s"].as_f64().is_some_and(|t| t > 0.0), "{doc}");
     let _ = std::fs::remove_file(&json);
-    let (code, err) = nuvec(&["serve", "--model", "/nonexistent", "--tensor-parallel", "2"]);
+    let (code, err) = nuvec(&["chat", "--model", "/nonexistent", "--tensor-parallel", "2"]);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("--tensor-parallel works with generate and bench"), "{err}");
+    assert!(err.contains("--tensor-parallel works with generate, bench and serve, not with chat"), "{err}");
 }

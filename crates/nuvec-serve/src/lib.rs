@@ -46,7 +46,7 @@ use axum::routing::{get, post};
 use futures_util::StreamExt;
 use nuvec_lm::engine::{Constraint, Request};
 use nuvec_lm::generate::Generated;
-use nuvec_lm::{Loaded, Tokenizer};
+use nuvec_lm::{LanguageModel, Loaded, Tokenizer};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -93,6 +93,9 @@ pub struct ServeOptions {
     /// Positions the paged KV cache holds at most (its pool grows to this as needed); when it
     /// is full the newest requests are preempted and resume later.
     pub kv_cache_tokens: usize,
+    /// The ranks the model is split over (tensor parallelism, `LanguageModel::shard`): rank 0
+    /// serves ([`Server::start`]) and tells the others each engine step ([`follow`]).
+    pub group: Option<nuvec::distributed::Group>,
 }
 
 impl Default for ServeOptions {
@@ -113,15 +116,14 @@ impl Default for ServeOptions {
             prefill_rows: 64,
             kv_block_size: 16,
             kv_cache_tokens: 1 << 16,
+            group: None,
         }
     }
 }
 
 struct App {
     worker: Worker,
-    tokenizer: Arc<Tokenizer>,
-    grammars: grammar::Grammars,
-    limits: Limits,
+    preparer: Preparer,
     api_key: Option<String>,
     max_queue: usize,
     max_body: usize,
@@ -185,8 +187,32 @@ impl Server {
     }
 }
 
-/// The router over `loaded`.
-fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
+/// What requests are checked and prepared with: the same on every rank of a split model.
+struct Preparer {
+    tokenizer: Arc<Tokenizer>,
+    grammars: grammar::Grammars,
+    limits: Limits,
+}
+
+impl Preparer {
+    /// A request's checked form and each choice's constraint (its own copy of the grammar).
+    fn prepare(&self, body: &Value, endpoint: Endpoint) -> Result<(Parsed, Constraints), ApiError> {
+        let parsed = parse(body, endpoint, &self.tokenizer, &self.limits)?;
+        let constraints = (0..parsed.n)
+            .map(|_| match (&parsed.response_format, &parsed.forced_call, parsed.tools) {
+                (Some(f), ..) => self.grammars.response_format(f),
+                (None, Some((tools, name)), Some(format)) => {
+                    self.grammars.tool_call(format, tools, name.as_deref()).map(Some)
+                }
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        Ok((parsed, constraints))
+    }
+}
+
+/// `loaded`'s model, end tokens and request preparer, once checked servable.
+fn parts(loaded: Loaded, options: &ServeOptions) -> std::io::Result<(Box<dyn LanguageModel>, Vec<u32>, Preparer)> {
     let Loaded { model, tokenizer, eos, path } = loaded;
     if !model.device_positions() {
         return Err(std::io::Error::other(
@@ -207,13 +233,39 @@ fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
     let tokenizer = Arc::new(tokenizer);
     // The grammar's end is the model's first end-of-sequence token.
     let grammars = grammar::Grammars::new(tokenizer.clone(), eos.first().copied().unwrap_or(0));
-    let worker = Worker::spawn(model, tokenizer.clone(), eos, options)?;
+    Ok((model, eos, Preparer { tokenizer, grammars, limits }))
+}
+
+/// Runs rank `r > 0` of a model split over `options.group`, whose rank 0 serves
+/// ([`Server::start`] with the same group): each engine step rank 0 takes, with the requests
+/// made from the bodies its clients sent. Returns when rank 0 stops, or with an error when it
+/// is gone (within the group's time-out).
+pub fn follow(loaded: Loaded, options: ServeOptions) -> std::io::Result<()> {
+    let group = options.group.clone().filter(|g| g.size() > 1 && g.rank() > 0).ok_or_else(|| {
+        std::io::Error::other("follow: a rank other than 0 of a group of several ranks is needed (ServeOptions::group)")
+    })?;
+    let (model, eos, preparer) = parts(loaded, &options)?;
+    let tokenizer = preparer.tokenizer.clone();
+    // Ctrl-C reaches every rank of a terminal's launch: rank 0 stops the group, after its
+    // running requests, so the others let it.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name("nuvec-ctrl-c".into()).spawn(move || {
+        runtime.block_on(async { while tokio::signal::ctrl_c().await.is_ok() {} });
+    })?;
+    worker::follow(model.as_ref(), &tokenizer, &eos, &options, &group, |body, endpoint| {
+        preparer.prepare(body, endpoint)
+    })
+    .map_err(|e| std::io::Error::other(e.to_string()))
+}
+
+/// The router over `loaded`.
+fn app(loaded: Loaded, options: &ServeOptions) -> std::io::Result<Router> {
+    let (model, eos, preparer) = parts(loaded, options)?;
+    let worker = Worker::spawn(model, preparer.tokenizer.clone(), eos, options)?;
     let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let state = Arc::new(App {
         worker,
-        tokenizer,
-        grammars,
-        limits,
+        preparer,
         api_key: options.api_key.clone(),
         max_queue: options.max_queue,
         max_body: options.max_body,
@@ -249,7 +301,7 @@ fn server_error(message: impl Into<String>) -> ApiError {
 }
 
 async fn models(State(app): State<Arc<App>>) -> Response {
-    let id = &app.limits.model_names[0];
+    let id = &app.preparer.limits.model_names[0];
     axum::Json(
         json!({"object": "list", "data": [{"id": id, "object": "model", "created": app.created, "owned_by": "nuvec"}]}),
     )
@@ -320,13 +372,13 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Body, e
             return error(&ApiError::new(413, "invalid_request_error", message));
         }
     };
-    let body: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
+    let body: Arc<Value> = match serde_json::from_slice(&body) {
+        Ok(v) => Arc::new(v),
         Err(e) => return error(&ApiError::invalid("body", format!("the body is not valid JSON: {e}"))),
     };
     // Templates, tokenizing and grammars are CPU work: off the runtime's threads.
-    let work = app.clone();
-    let prepared = tokio::task::spawn_blocking(move || prepare(&work, &body, endpoint)).await;
+    let (work, source) = (app.clone(), body.clone());
+    let prepared = tokio::task::spawn_blocking(move || work.preparer.prepare(&source, endpoint)).await;
     let (parsed, constraints) = match prepared {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => return error(&e),
@@ -343,7 +395,7 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Body, e
         options.sampler.seed = options.sampler.seed.map(|s| s.wrapping_add(i as u64));
         let (tx, rx) = mpsc::unbounded_channel();
         let request = Request { prompt: parsed.prompt.clone(), options, constraint };
-        if !app.worker.submit(Job { request, events: tx }) {
+        if !app.worker.submit(Job { request, events: tx, source: (body.clone(), endpoint, i) }) {
             return error(&server_error("the engine has stopped"));
         }
         receivers.push(rx);
@@ -369,22 +421,7 @@ async fn complete(State(app): State<Arc<App>>, headers: HeaderMap, body: Body, e
 }
 
 /// Each choice's constraint, if any.
-type Constraints = Vec<Option<Box<dyn Constraint>>>;
-
-/// A request's checked form and each choice's constraint (its own copy of the grammar).
-fn prepare(app: &App, body: &Value, endpoint: Endpoint) -> Result<(Parsed, Constraints), ApiError> {
-    let parsed = parse(body, endpoint, &app.tokenizer, &app.limits)?;
-    let constraints = (0..parsed.n)
-        .map(|_| match (&parsed.response_format, &parsed.forced_call, parsed.tools) {
-            (Some(f), ..) => app.grammars.response_format(f),
-            (None, Some((tools, name)), Some(format)) => {
-                app.grammars.tool_call(format, tools, name.as_deref()).map(Some)
-            }
-            _ => Ok(None),
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
-    Ok((parsed, constraints))
-}
+pub(crate) type Constraints = Vec<Option<Box<dyn Constraint>>>;
 
 /// What the answer to one request needs.
 struct Reply {
@@ -403,7 +440,7 @@ impl Reply {
     }
 
     fn model(&self) -> &str {
-        &self.app.limits.model_names[0]
+        &self.app.preparer.limits.model_names[0]
     }
 
     fn first_token(&self) {
@@ -463,7 +500,7 @@ impl Reply {
             };
             completion += tokens.len();
             let text: String = tokens.iter().map(|g| g.text.as_str()).collect();
-            let t = &self.app.tokenizer;
+            let t = &self.app.preparer.tokenizer;
             choices.push(match self.endpoint {
                 Endpoint::Chat => {
                     let (content, calls) = match self.tools {
@@ -563,7 +600,7 @@ impl Reply {
                 };
                 completion += 1;
                 self.token(&mut last[i]);
-                let t = &self.app.tokenizer;
+                let t = &self.app.preparer.tokenizer;
                 let finish = g.finish.map(openai::finish_name);
                 let choice = match self.endpoint {
                     Endpoint::Chat => {

@@ -5,11 +5,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
+use std::time::Duration;
 
+use nuvec::distributed::Group;
+use nuvec::{Array, DType};
 use nuvec_lm::engine::{Engine, Request};
 use nuvec_lm::generate::Generated;
 use nuvec_lm::{LanguageModel, Tokenizer};
+use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedSender;
+
+use crate::openai::Endpoint;
 
 /// What the engine tells a request.
 pub(crate) enum Event {
@@ -25,6 +32,44 @@ pub(crate) enum Event {
 pub(crate) struct Job {
     pub request: Request,
     pub events: UnboundedSender<Event>,
+    /// The body it came from, its endpoint and which of its choices it is: what the other
+    /// ranks of a split model make the same request from.
+    pub source: (Arc<Value>, Endpoint, usize),
+}
+
+/// How long rank 0 of a split model waits for a request before telling the other ranks it is
+/// still there (they wait at most the group's time-out).
+const HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// Rank 0's word to the other ranks before each engine step (see [`follow`]): the requests
+/// that ended after the last step's tokens (`cancel_before`), those that joined (`add`, with
+/// the seed rank 0 drew for them), those whose clients left (`cancel`), and whether to step
+/// (`step`: false while idle) or end (`stop`).
+fn send_plan(group: &Group, plan: &Value) -> nuvec::Result<()> {
+    let bytes = plan.to_string().into_bytes();
+    for r in 1..group.size() {
+        group.send(&Array::from_slice(&[bytes.len() as i64], [1]), r)?;
+        group.send(&Array::from_slice(&bytes, [bytes.len() as i32]), r)?;
+    }
+    Ok(())
+}
+
+fn recv_plan(group: &Group) -> nuvec::Result<Value> {
+    let n = group.recv(&[1], DType::I64, 0)?.to_vec::<i64>()?[0];
+    let bytes = group.recv(&[n as i32], DType::U8, 0)?.to_vec::<u8>()?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| nuvec::Error::Backend(format!("serve: rank 0 sent a plan that is not JSON: {e}")))
+}
+
+/// A seed of its own for a request that names none: the ranks of a split model must draw
+/// alike.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new().build_hasher().finish()
+}
+
+fn ids(v: &Value) -> impl Iterator<Item = u64> + '_ {
+    v.as_array().into_iter().flatten().filter_map(Value::as_u64)
 }
 
 /// Counters the engine and the handlers keep (served at `/metrics`).
@@ -92,10 +137,22 @@ impl Histogram {
     }
 }
 
-/// The handle the handlers hold: requests go in through it.
+/// The handle the handlers hold: requests go in through it. Dropped (the server stopped), it
+/// waits for the engine thread to finish the running requests and, for a split model, to tell
+/// the other ranks to stop.
 pub(crate) struct Worker {
-    jobs: std::sync::mpsc::Sender<Job>,
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     pub metrics: Arc<Metrics>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Worker {
@@ -111,16 +168,16 @@ impl Worker {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let metrics = Arc::new(Metrics::default());
         let m = metrics.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("nuvec-engine".into())
             .spawn(move || run(model.as_ref(), &tokenizer, &eos, &options, &rx, &m))?;
-        Ok(Worker { jobs: tx, metrics })
+        Ok(Worker { jobs: Some(tx), thread: Some(thread), metrics })
     }
 
     /// Hands `job` to the engine; false when the engine thread is gone.
     pub fn submit(&self, job: Job) -> bool {
         self.metrics.waiting.fetch_add(1, Ordering::Relaxed);
-        let sent = self.jobs.send(job).is_ok();
+        let sent = self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok());
         if !sent {
             self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
         }
@@ -159,18 +216,45 @@ fn run(
     let mut engine = new_engine(model, tokenizer, eos, options);
     let mut senders: HashMap<u64, UnboundedSender<Event>> = HashMap::new();
     let mut next = 0u64;
+    // Split over ranks, rank 0 leads: the others step as it tells them (`follow`).
+    let leader = options.group.as_ref().filter(|g| g.size() > 1 && g.rank() == 0);
+    let tell = |plan: Value| match leader {
+        Some(g) => send_plan(g, &plan),
+        None => Ok(()),
+    };
+    let mut cancel_before: Vec<u64> = Vec::new();
     loop {
         // Idle, wait for work; busy, take what has come and go on.
-        let first = match engine.is_idle() {
-            true => match rx.recv() {
+        let first = match (engine.is_idle(), leader) {
+            (true, None) => match rx.recv() {
                 Ok(job) => Some(job),
                 Err(_) => return,
             },
-            false => None,
+            (true, Some(_)) => match rx.recv_timeout(HEARTBEAT) {
+                Ok(job) => Some(job),
+                Err(RecvTimeoutError::Timeout) => {
+                    if tell(json!({"step": false, "cancel_before": std::mem::take(&mut cancel_before)})).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = tell(json!({"stop": true}));
+                    return;
+                }
+            },
+            (false, _) => None,
         };
-        for job in first.into_iter().chain(rx.try_iter()) {
+        let (mut added, mut cancelled) = (Vec::new(), Vec::new());
+        for mut job in first.into_iter().chain(rx.try_iter()) {
             let id = next;
             next += 1;
+            if leader.is_some() {
+                let seed = job.request.options.sampler.seed.get_or_insert_with(fresh_seed);
+                let (body, endpoint, choice) = &job.source;
+                let endpoint = if *endpoint == Endpoint::Chat { "chat" } else { "completion" };
+                added.push(json!({"id": id, "body": **body, "endpoint": endpoint, "choice": choice, "seed": *seed}));
+            }
             match engine.add(id, job.request) {
                 Ok(()) => {
                     senders.insert(id, job.events);
@@ -186,6 +270,15 @@ fn run(
         for id in gone {
             engine.cancel(id);
             senders.remove(&id);
+            cancelled.push(id);
+        }
+        let plan = json!({"step": true, "cancel_before": std::mem::take(&mut cancel_before), "add": added,
+                          "cancel": cancelled});
+        if let Err(e) = tell(plan) {
+            for (_, s) in senders.drain() {
+                let _ = s.send(Event::Failed(format!("the model's other ranks are gone: {e}")));
+            }
+            return;
         }
         // A panic inside a step (a bug) fails the requests it held, not the server: the engine
         // starts afresh.
@@ -219,6 +312,7 @@ fn run(
             let delivered = senders.get(&id).is_some_and(|s| s.send(event).is_ok());
             if !delivered {
                 engine.cancel(id);
+                cancel_before.push(id);
             }
             if last || !delivered {
                 senders.remove(&id);
@@ -233,6 +327,48 @@ fn run(
             metrics.blocks_held.store(b.held as u64, Ordering::Relaxed);
             metrics.blocks_cached.store(b.cached as u64, Ordering::Relaxed);
             metrics.preemptions.store(b.preemptions as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A rank other than 0 of a model split over `group`: takes each engine step rank 0 takes
+/// (its [`send_plan`]), making each request from the body its client sent (`prepare`), and
+/// returns when rank 0 stops, or with the error of a rank 0 gone.
+pub(crate) fn follow(
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    eos: &[u32],
+    options: &crate::ServeOptions,
+    group: &Group,
+    prepare: impl Fn(&Value, Endpoint) -> Result<(crate::Parsed, crate::Constraints), crate::ApiError>,
+) -> nuvec::Result<()> {
+    let mut engine = new_engine(model, tokenizer, eos, options);
+    loop {
+        let plan = recv_plan(group)?;
+        if plan["stop"] == true {
+            return Ok(());
+        }
+        for id in ids(&plan["cancel_before"]) {
+            engine.cancel(id);
+        }
+        for add in plan["add"].as_array().into_iter().flatten() {
+            let endpoint = if add["endpoint"] == "chat" { Endpoint::Chat } else { Endpoint::Completion };
+            let choice = add["choice"].as_u64().unwrap_or(0) as usize;
+            let id = add["id"].as_u64().unwrap_or(u64::MAX);
+            // Rank 0 made this request from the same body; an error here is an error there.
+            if let Ok((parsed, constraints)) = prepare(&add["body"], endpoint) {
+                let mut options = parsed.options.clone();
+                options.sampler.seed = add["seed"].as_u64();
+                let constraint = constraints.into_iter().nth(choice).flatten();
+                let _ = engine.add(id, Request { prompt: parsed.prompt, options, constraint });
+            }
+        }
+        for id in ids(&plan["cancel"]) {
+            engine.cancel(id);
+        }
+        if plan["step"] == true && std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.step())).is_err() {
+            // As rank 0 does on the same failure.
+            engine = new_engine(model, tokenizer, eos, options);
         }
     }
 }

@@ -954,3 +954,51 @@ fn llm_comply_openai_chat_checks_pass() {
     }
     server.stop().unwrap();
 }
+
+/// A model split over two ranks (threads here, over a local group): rank 0 serves, rank 1
+/// takes the same steps; greedy, seeded (n = 2) and streamed replies equal the whole model's,
+/// an unseeded sampled reply completes (the ranks draw alike), and stopping the server ends the
+/// other rank.
+#[test]
+fn tensor_parallel_server_answers_as_the_whole_model() {
+    let mut ranks = nuvec::distributed::Group::local(2).into_iter();
+    let (g0, g1) = (ranks.next().unwrap(), ranks.next().unwrap());
+    let split = |g: &nuvec::distributed::Group| {
+        let options = LoadOptions { dtype: Some(DType::F32), group: Some(g.clone()), ..Default::default() };
+        Loaded {
+            model: load_model(&fixture(), &options).unwrap(),
+            tokenizer: tokenizer(),
+            eos: vec![],
+            path: fixture(),
+        }
+    };
+    let loaded = split(&g1);
+    let follower =
+        std::thread::spawn(move || nuvec_serve::follow(loaded, ServeOptions { group: Some(g1), ..Default::default() }));
+    let server = Server::start(split(&g0), ServeOptions { port: 0, group: Some(g0), ..Default::default() }).unwrap();
+    let whole = start(ServeOptions::default());
+    let bodies = [
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "t5 t9 t2"}], "max_tokens": 12})),
+        ("/v1/completions", json!({"prompt": "t1 t2 t3 ", "max_tokens": 10, "temperature": 0.9, "seed": 3, "n": 2})),
+    ];
+    for (path, body) in &bodies {
+        let (a, b) = (post(server.addr(), path, body), post(whole.addr(), path, body));
+        assert_eq!((a.0, &a.1["choices"]), (200, &b.1["choices"]), "{path} {body}");
+    }
+    let body = json!({"messages": [{"role": "user", "content": "t7 t7"}], "max_tokens": 9, "stream": true});
+    let text = |addr| {
+        let (status, out) = http(addr, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+        assert_eq!(status, 200);
+        let chunks: Vec<Value> = events(&out).iter().filter_map(|e| serde_json::from_str(e).ok()).collect();
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<String>()
+    };
+    let streamed = text(server.addr());
+    assert!(!streamed.is_empty());
+    assert_eq!(streamed, text(whole.addr()));
+    let sampled = json!({"prompt": "t4", "max_tokens": 6, "temperature": 1.0});
+    let (status, reply) = post(server.addr(), "/v1/completions", &sampled);
+    assert_eq!((status, &reply["usage"]["completion_tokens"]), (200, &json!(6)), "{reply}");
+    server.stop().unwrap();
+    whole.stop().unwrap();
+    follower.join().unwrap().unwrap();
+}
