@@ -132,29 +132,36 @@ __device__ __forceinline__ void rope_rows(const T* __restrict__ x, T* __restrict
 // A decoding step's RoPE and cache writes (fast::rope_kv_write): qkv [B, L, HQ + 2·HKV, D]
 // row-major, one row per head and position; query rows rotate into q [B, HQ, L, D], key rows
 // rotate into k_cache [B, HKV, S, D] at position start[b] + l, value rows copy into v_cache
-// there. Rows whose position falls outside the cache are dropped. Threads as in rope_rows.
+// there. With `dst` (fast::rope_kv_write_rows, a paged pool), head h of position l of row b goes
+// to row dst[b, l, h] of the pools seen as [cap, D] instead. Rows whose destination falls
+// outside are dropped. Threads as in rope_rows.
 template <typename T, int W, bool VEC, bool TRAD, bool FREQS>
 __device__ __forceinline__ void rope_kv_write(const T* __restrict__ qkv, T* __restrict__ q, T* __restrict__ kc,
                                               T* __restrict__ vc, const i32* __restrict__ start,
-                                              const float* __restrict__ freqs, float log2_base, float scale, u32 rows,
-                                              u32 seq, u32 hq, u32 hkv, u32 d, u32 dims, u32 cap) {
+                                              const i32* __restrict__ dst, const float* __restrict__ freqs,
+                                              float log2_base, float scale, u32 rows, u32 seq, u32 hq, u32 hkv, u32 d,
+                                              u32 dims, u32 cap) {
   float step = log2_base / (float)(dims / 2);
   const u32 heads = hq + 2 * hkv;
   for (u32 row = blockIdx.x * blockDim.y + threadIdx.y; row < rows; row += gridDim.x * blockDim.y) {
     u32 h = row % heads, bl = row / heads, l = bl % seq, b = bl / seq;
     i64 at = (i64)start[b] + l;
     const T* p = qkv + (u64)row * d;
-    if (h >= hq && (at < 0 || at >= (i64)cap)) continue;
     auto pos = [&]() { return (float)at * scale; };
     if (h < hq) {
       rope_row<T, W, VEC, TRAD, FREQS>(p, q + ((u64)(b * hq + h) * seq + l) * d, freqs, step, 1.0f, d, dims, pos);
-    } else if (h < hq + hkv) {
-      T* dst = kc + ((u64)(b * hkv + h - hq) * cap + at) * d;
-      rope_row<T, W, VEC, TRAD, FREQS>(p, dst, freqs, step, 1.0f, d, dims, pos);
+      continue;
+    }
+    // The key or value head, and the cache row it goes to.
+    u32 kvh = (h - hq) % hkv;
+    i64 to = dst ? (i64)dst[(u64)bl * hkv + kvh] : ((i64)b * hkv + kvh) * cap + at;
+    bool inside = dst ? (to >= 0 && to < (i64)cap) : (at >= 0 && at < (i64)cap);
+    if (!inside) continue;
+    if (h < hq + hkv) {
+      rope_row<T, W, VEC, TRAD, FREQS>(p, kc + (u64)to * d, freqs, step, 1.0f, d, dims, pos);
     } else {
       // No rotation: every chunk is a copy (dims 0).
-      T* dst = vc + ((u64)(b * hkv + h - hq - hkv) * cap + at) * d;
-      rope_row<T, W, VEC, TRAD, FREQS>(p, dst, freqs, step, 1.0f, d, 0, pos);
+      rope_row<T, W, VEC, TRAD, FREQS>(p, vc + (u64)to * d, freqs, step, 1.0f, d, 0, pos);
     }
   }
 }

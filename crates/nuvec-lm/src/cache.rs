@@ -453,9 +453,12 @@ impl KvCache {
 
     /// [`KvCache::update_at`] for a joined projection `qkv [B, L, Hq + 2·Hkv, D]` whose query
     /// and key heads `rope` rotates in the same operation as the writes
-    /// ([`Rope::kv_write`](crate::rope::Rope::kv_write)): the rotated queries `[B, Hq, L, D]`
-    /// and the caches; `None` (nothing written) for a paged, rotating or quantized cache or a
-    /// rotation that operation does not do.
+    /// ([`Rope::kv_write`](crate::rope::Rope::kv_write), or
+    /// [`Rope::kv_write_rows`](crate::rope::Rope::kv_write_rows) through a paged cache's block
+    /// table): the rotated queries `[B, Hq, L, D]` and the caches (a paged cache's pools);
+    /// `None` (nothing written) for a rotating or quantized cache, a paged cache's first
+    /// positions (`at.fresh`: attention reads the step's own keys), or a rotation that operation
+    /// does not do.
     pub fn rope_update_at(
         &mut self,
         qkv: &Array,
@@ -463,13 +466,34 @@ impl KvCache {
         rope: &crate::rope::Rope,
         at: &Positions,
     ) -> Option<(Array, Array, Array)> {
-        if self.pages.is_some() || self.max_size.is_some() || self.quantized.is_some() || self.recurrent.is_some() {
+        if self.max_size.is_some() || self.quantized.is_some() || self.recurrent.is_some() || !rope.writes_kv() {
             return None;
         }
         let s = qkv.shape().to_vec();
         let (b, len, kv, d) = (s[0], s[1], (s[2] - q_heads) / 2, s[3]);
         // Shapes and dtype of the new keys and values, for growing the buffers.
         let like = ops::zeros([b, kv, len, d], qkv.dtype());
+        if self.pages.is_some() {
+            if at.fresh {
+                return None;
+            }
+            let rows = match self.page_rows(b, len, kv, &at.start, Some(at), (&like, &like)) {
+                Ok(rows) => rows.reshape([b, len, kv]),
+                Err(e) => {
+                    let failed = Array::from_error(e);
+                    return Some((failed.clone(), failed.clone(), failed));
+                }
+            };
+            // The old pools are dropped before evaluation, so the writes happen in place.
+            let (k, v) = (self.keys.take().expect("taken blocks"), self.values.take().expect("taken blocks"));
+            let Some((q, k, v)) = rope.kv_write_rows(qkv, q_heads, (&k, &v), &at.start, &rows) else {
+                (self.keys, self.values) = (Some(k), Some(v));
+                return None;
+            };
+            (self.keys, self.values) = (Some(k.clone()), Some(v.clone()));
+            self.offset += len;
+            return Some((q, k, v));
+        }
         let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
         let needed = (self.offset + len).max(capacity).max(STEP);
         let target = (needed as u32).next_power_of_two() as i32;
@@ -491,17 +515,46 @@ impl KvCache {
     /// `start[b]..start[b] + L` (on the device) through its block table, taking blocks first;
     /// returns the pools.
     fn write_pages(&mut self, keys: &Array, values: &Array, start: &Array, at: Option<&Positions>) -> (Array, Array) {
-        let (b, len) = (keys.shape()[0], keys.shape()[2]);
-        if let Err(e) = self.take_blocks(b, self.offset + len, Some((keys, values))) {
-            let failed = Array::from_error(e);
-            return (failed.clone(), failed);
-        }
+        let (b, h, len) = (keys.shape()[0], keys.shape()[1], keys.shape()[2]);
+        let row = match self.page_rows(b, len, h, start, at, (keys, values)) {
+            Ok(row) => row,
+            Err(e) => {
+                let failed = Array::from_error(e);
+                return (failed.clone(), failed);
+            }
+        };
+        let put = |pool: &mut Option<Array>, new: &Array| {
+            let old = pool.take().expect("taken blocks");
+            let s = old.shape().to_vec();
+            let rows = new.transpose(&[0, 2, 1, 3]).reshape([b * len * h, s[3]]).astype(old.dtype());
+            // The old pool is dropped before evaluation, so the write happens in place.
+            let flat = old.reshape([s[0] * s[1] * s[2], s[3]]);
+            *pool = Some(flat.put_along_axis(&row, &rows, 0).reshape(s));
+        };
+        put(&mut self.keys, keys);
+        put(&mut self.values, values);
+        self.offset += len;
+        (self.keys.clone().expect("written"), self.values.clone().expect("written"))
+    }
+
+    /// The blocks for `b` rows' positions `start[b]..start[b] + len` of a paged cache, taken
+    /// (the pool made or grown as `like`, keys and values, say), and the index of each of
+    /// those positions' `h` heads in the pool seen as `[blocks · H · block_size, D]`, in
+    /// `[b · len · h, 1]` order (row, position, head). Keys and values share it, and with `at`
+    /// every layer of a step does (its memo).
+    fn page_rows(
+        &mut self,
+        b: i32,
+        len: i32,
+        h: i32,
+        start: &Array,
+        at: Option<&Positions>,
+        like: (&Array, &Array),
+    ) -> nuvec::Result<Array> {
+        self.take_blocks(b, self.offset + len, Some(like))?;
         let pages = self.pages.as_ref().expect("paged");
         let (bs, table) = (pages.block_size, pages.table.clone().expect("taken blocks"));
-        // Each new row's index in the pool seen as [blocks · H · block_size, D], for keys and
-        // values alike ([`nuvec::fast::paged_write`] for both, its index computed once): the
-        // table's blocks cover every position written.
-        let h = keys.shape()[1];
+        // The table's blocks cover every position written.
         let key = (pages.version, table.shape()[1], h, bs, len);
         let memo = at.filter(|_| pages.version != 0);
         let known = memo.and_then(|at| at.slots.borrow().iter().find(|(k, _)| *k == key).map(|(_, r)| r.clone()));
@@ -516,18 +569,7 @@ impl KvCache {
             }
             row
         });
-        let put = |pool: &mut Option<Array>, new: &Array| {
-            let old = pool.take().expect("taken blocks");
-            let s = old.shape().to_vec();
-            let rows = new.transpose(&[0, 2, 1, 3]).reshape([b * len * h, s[3]]).astype(old.dtype());
-            // The old pool is dropped before evaluation, so the write happens in place.
-            let flat = old.reshape([s[0] * s[1] * s[2], s[3]]);
-            *pool = Some(flat.put_along_axis(&row, &rows, 0).reshape(s));
-        };
-        put(&mut self.keys, keys);
-        put(&mut self.values, values);
-        self.offset += len;
-        (self.keys.clone().expect("written"), self.values.clone().expect("written"))
+        Ok(row)
     }
 
     /// Gives each of `b` rows of a paged cache the blocks of `positions` positions, the pool

@@ -115,7 +115,7 @@ impl Rope {
         v_cache: &Array,
         start: &Array,
     ) -> Option<(Array, Array, Array)> {
-        if self.mscale != 1.0 || !self.device_positions() {
+        if !self.writes_kv() {
             return None;
         }
         let base = self.freqs.is_none().then_some(self.base);
@@ -123,6 +123,30 @@ impl Rope {
             fast::rope_kv_write(qkv, q_heads, k_cache, v_cache, start, self.dims, self.traditional, base, self.scale, f)
         };
         Some(write(self.freqs.as_ref()))
+    }
+
+    /// [`Rope::kv_write`] into pools of rows, a paged cache's ([`fast::rope_kv_write_rows`]):
+    /// head `h` of position `l` of row `b` goes to row `rows[b, l, h]`.
+    pub fn kv_write_rows(
+        &self,
+        qkv: &Array,
+        q_heads: i32,
+        pools: (&Array, &Array),
+        start: &Array,
+        rows: &Array,
+    ) -> Option<(Array, Array, Array)> {
+        if !self.writes_kv() {
+            return None;
+        }
+        let base = self.freqs.is_none().then_some(self.base);
+        let (dims, trad, scale, f) = (self.dims, self.traditional, self.scale, self.freqs.as_ref());
+        Some(fast::rope_kv_write_rows(qkv, q_heads, pools.0, pools.1, start, rows, dims, trad, base, scale, f))
+    }
+
+    /// Whether [`Rope::kv_write`] and [`Rope::kv_write_rows`] do this rotation (not `yarn`'s
+    /// attention factor, nor `dynamic` scaling).
+    pub fn writes_kv(&self) -> bool {
+        self.mscale == 1.0 && self.device_positions()
     }
 
     /// Whether [`Rope::apply_at`] works: every scaling but `dynamic`.

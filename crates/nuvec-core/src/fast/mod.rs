@@ -32,7 +32,7 @@ pub use metal_kernel::MetalKernel;
 pub use norm::{add_rms_norm, layer_norm, rms_norm};
 pub use paged::{paged_attention, paged_prefill, paged_write};
 pub use plan::{AttentionPlan, VECTOR_MAX_QUERIES, paged_blocks, plan_attention, vector_blocks};
-pub use rope::{rope, rope_kv_write};
+pub use rope::{rope, rope_kv_write, rope_kv_write_rows};
 
 use crate::array::Array;
 use crate::error::{Error, OpErrorKind};
@@ -92,7 +92,7 @@ impl FastOp {
             FastOp::SwiGluMatmul { add } => {
                 vec![matmul::swiglu_matmul_composition(&inputs[0], &inputs[1], &inputs[2], opt(3, *add))]
             }
-            FastOp::RopeKvWrite { rope, q_heads } => rope::kv_write_composition(rope, *q_heads, inputs),
+            FastOp::RopeKvWrite { rope, q_heads, rows } => rope::kv_write_composition(rope, *q_heads, *rows, inputs),
             FastOp::GatedDelta(p) => gated_delta::composition(p, inputs),
             FastOp::GatedDeltaVjp(p) => gated_delta::vjp_composition(p, inputs),
             FastOp::GatherMm => vec![inputs[0].take(&inputs[2], 0).matmul(&inputs[1].take(&inputs[3], 0))],

@@ -116,18 +116,29 @@ pub fn rope<'a>(
 }
 
 /// `rope_kv_write`'s composition: the rotation of the query and key heads, the writes.
-pub(super) fn kv_write_composition(p: &RopeParams, q_heads: i32, inputs: &[Array]) -> Vec<Array> {
+pub(super) fn kv_write_composition(p: &RopeParams, q_heads: i32, rows: bool, inputs: &[Array]) -> Vec<Array> {
     let (qkv, k_cache, v_cache, start) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
     let s = qkv.shape();
     let (b, l, h, d) = (s[0], s[1], s[2], s[3]);
     let kv = (h - q_heads) / 2;
     let heads =
         |from: i32, n: i32| qkv.slice(&[0, 0, from, 0], &[b, l, from + n, d], &[1, 1, 1, 1]).transpose(&[0, 2, 1, 3]);
-    let rotated = match inputs.get(4) {
+    let freqs = inputs.get(4 + rows as usize);
+    let rotated = match freqs {
         Some(f) => rope(&heads(0, q_heads + kv), p.dims, p.traditional, None, p.scale, start, f),
         None => rope(&heads(0, q_heads + kv), p.dims, p.traditional, p.base, p.scale, start, None),
     };
     let part = |from: i32, n: i32| rotated.slice(&[0, from, 0, 0], &[b, from + n, l, d], &[1, 1, 1, 1]);
+    if rows {
+        // Row (b, l, h) of each pool, seen as [rows, D], takes head h of position l of row b.
+        let at = inputs[4].reshape([b * l * kv, 1]).broadcast_to([b * l * kv, d]);
+        let write = |pool: &Array, x: Array| {
+            let n = pool.size() as i32 / d;
+            let x = x.transpose(&[0, 2, 1, 3]).reshape([b * l * kv, d]);
+            pool.reshape([n, d]).put_along_axis(&at, x, 0).reshape(pool.shape().to_vec())
+        };
+        return vec![part(0, q_heads), write(k_cache, part(q_heads, kv)), write(v_cache, heads(q_heads + kv, kv))];
+    }
     let at = &start.reshape([b, 1, 1, 1]) + &crate::ops::arange(0, l, 1).reshape([1, 1, l, 1]);
     let at = at.broadcast_to([b, kv, l, d]);
     let k = k_cache.put_along_axis(&at, part(q_heads, kv), 2);
@@ -184,7 +195,53 @@ pub fn rope_kv_write<'a>(
     let mut inputs = vec![qkv.clone(), k_cache.clone(), v_cache.clone(), start];
     inputs.extend(freqs.map(|f| if f.dtype().is_float() { f.astype(DType::F32) } else { f.clone() }));
     let rope = RopeParams { dims, traditional, base, scale, forward: true };
-    let mut out = super::record(FastOp::RopeKvWrite { rope, q_heads }, inputs, 3).into_iter();
+    let mut out = super::record(FastOp::RopeKvWrite { rope, q_heads, rows: false }, inputs, 3).into_iter();
+    let mut next = || out.next().expect("three outputs");
+    (next(), next(), next())
+}
+
+/// [`rope_kv_write`] into pools of rows, as a paged KV cache's: the rotated key and the value of
+/// head `h` of position `l` of row `b` go to row `rows[b, l, h]` of `k_pool` and `v_pool` seen as
+/// `[rows, D]` (any shape whose last axis is `D`); the rotation's positions are still
+/// `start[b] + l`. `rows` is `int32 [B, L, Hkv]`, each inside the pools. Returns the rotated
+/// queries and the pools, written in place when not otherwise referenced.
+///
+/// ```
+/// use nuvec::{Array, DType, fast, ops};
+/// let qkv = ops::arange(0, 16, 1).astype(DType::F32).reshape([1, 1, 4, 4]); // 2 query heads
+/// let pool = ops::zeros([2, 1, 2, 4], DType::F32); // 2 blocks of 2 positions
+/// let (start, rows) = (Array::from_slice(&[5], [1]), Array::from_slice(&[3], [1, 1, 1]));
+/// let (_, _, v) =
+///     fast::rope_kv_write_rows(&qkv, 2, &pool, &pool, &start, &rows, 4, false, Some(1e4), 1.0, None);
+/// assert_eq!(&v.to_vec::<f32>().unwrap()[12..], &[12.0, 13.0, 14.0, 15.0]);
+/// ```
+#[allow(clippy::too_many_arguments)]
+#[track_caller]
+pub fn rope_kv_write_rows<'a>(
+    qkv: &Array,
+    q_heads: i32,
+    k_pool: &Array,
+    v_pool: &Array,
+    start: &Array,
+    rows: &Array,
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    freqs: impl Into<Option<&'a Array>>,
+) -> (Array, Array, Array) {
+    let freqs = freqs.into();
+    if base.is_some() == freqs.is_some() {
+        let why = "rope_kv_write_rows: exactly one of base and freqs must be given";
+        let f = Array::failed("rope_kv_write_rows", invalid(why.into()));
+        return (f.clone(), f.clone(), f);
+    }
+    let int32 =
+        |a: &Array| if a.dtype().is_integer() && a.dtype() != DType::I32 { a.astype(DType::I32) } else { a.clone() };
+    let mut inputs = vec![qkv.clone(), k_pool.clone(), v_pool.clone(), int32(start), int32(rows)];
+    inputs.extend(freqs.map(|f| if f.dtype().is_float() { f.astype(DType::F32) } else { f.clone() }));
+    let rope = RopeParams { dims, traditional, base, scale, forward: true };
+    let mut out = super::record(FastOp::RopeKvWrite { rope, q_heads, rows: true }, inputs, 3).into_iter();
     let mut next = || out.next().expect("three outputs");
     (next(), next(), next())
 }

@@ -106,12 +106,16 @@ pub enum FastOp {
         add: bool,
     },
     /// [`rope_kv_write`](crate::fast::rope_kv_write): inputs `[qkv, k_cache, v_cache, start,
-    /// freqs?]`, outputs `[q, k_cache', v_cache']`.
+    /// freqs?]`, outputs `[q, k_cache', v_cache']`; with `rows`
+    /// ([`rope_kv_write_rows`](crate::fast::rope_kv_write_rows)), inputs `[qkv, k_pool, v_pool,
+    /// start, rows, freqs?]`.
     RopeKvWrite {
         /// The rotation (`forward` always).
         rope: RopeParams,
         /// Query heads: the first of `qkv`'s heads; the rest are keys, then values, as many each.
         q_heads: i32,
+        /// The keys and values go to the rows an input names, of pools seen as `[rows, D]`.
+        rows: bool,
     },
     /// [`gated_delta`](crate::fast::gated_delta): inputs `[q, k, v, g, beta, state, mask?]`,
     /// outputs `[y, state']`, or `[y, states]` (every step's state) with
@@ -325,7 +329,7 @@ impl FastOp {
             FastOp::PagedAttention(p) => paged_specs(p, inputs),
             FastOp::RmsNormMatmul { .. } => prologue_matmul_specs(self, inputs),
             FastOp::SwiGluMatmul { .. } => prologue_matmul_specs(self, inputs),
-            FastOp::RopeKvWrite { rope, q_heads } => rope_kv_write_specs(rope, *q_heads, inputs),
+            FastOp::RopeKvWrite { rope, q_heads, rows } => rope_kv_write_specs(rope, *q_heads, *rows, inputs),
             FastOp::GatedDelta(p) => gated_delta_specs(p, inputs),
             FastOp::GatedDeltaVjp(p) => gated_delta_vjp_specs(p, inputs),
             FastOp::GatherMm => gather_mm_specs(inputs),
@@ -675,30 +679,37 @@ pub struct RopeParams {
     pub forward: bool,
 }
 
-fn rope_kv_write_specs(p: &RopeParams, q_heads: i32, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
-    const NAME: &str = "rope_kv_write";
-    let n = 4 + p.base.is_none() as usize;
+fn rope_kv_write_specs(p: &RopeParams, q_heads: i32, rows: bool, inputs: &[Spec]) -> Result<Vec<Spec>, OpErrorKind> {
+    let name = if rows { "rope_kv_write_rows" } else { "rope_kv_write" };
+    let n = 4 + rows as usize + p.base.is_none() as usize;
     if inputs.len() != n {
-        return Err(invalid(format!("{NAME}: takes qkv, the two caches, start and (without base) freqs")));
+        let what = if rows { "the two pools, start, rows" } else { "the two caches, start" };
+        return Err(invalid(format!("{name}: takes qkv, {what} and (without base) freqs")));
     }
     let (qkv, kc, vc, start) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+    let rest = &inputs[4 + rows as usize..];
     let [b, l, h, d] = qkv.shape.as_slice() else {
-        return Err(invalid(format!("{NAME}: qkv must be [B, L, heads, D], got {:?}", qkv.shape.as_slice())));
+        return Err(invalid(format!("{name}: qkv must be [B, L, heads, D], got {:?}", qkv.shape.as_slice())));
     };
     let kv = (h - q_heads) / 2;
     if q_heads < 1 || kv < 1 || q_heads + 2 * kv != *h {
         return Err(invalid(format!(
-            "{NAME}: qkv's {h} heads must be {q_heads} query heads and as many key as value heads"
+            "{name}: qkv's {h} heads must be {q_heads} query heads and as many key as value heads"
         )));
     }
     if !qkv.dtype.is_float() {
-        return Err(invalid(format!("{NAME}: qkv must be floating, got {:?}", qkv.dtype)));
+        return Err(invalid(format!("{name}: qkv must be floating, got {:?}", qkv.dtype)));
     }
     for (what, c) in [("k_cache", kc), ("v_cache", vc)] {
-        let ok = c.shape.len() == 4 && c.shape[0] == *b && c.shape[1] == kv && c.shape[3] == *d && c.shape[2] >= 1;
+        let ok = match rows {
+            // A pool: any buffer of rows of D.
+            true => c.shape.len() >= 2 && c.shape.last() == Some(d) && c.shape.iter().all(|&n| n >= 1),
+            false => c.shape.len() == 4 && c.shape[0] == *b && c.shape[1] == kv && c.shape[3] == *d && c.shape[2] >= 1,
+        };
         if !ok || c.dtype != qkv.dtype {
+            let want = if rows { format!("[.., {d}]") } else { format!("[{b}, {kv}, S, {d}]") };
             return Err(invalid(format!(
-                "{NAME}: {what} must be [{b}, {kv}, S, {d}] of {:?}, got {:?} of {:?}",
+                "{name}: {what} must be {want} of {:?}, got {:?} of {:?}",
                 qkv.dtype,
                 c.shape.as_slice(),
                 c.dtype
@@ -707,19 +718,26 @@ fn rope_kv_write_specs(p: &RopeParams, q_heads: i32, inputs: &[Spec]) -> Result<
     }
     if !start.dtype.is_integer() || start.shape.as_slice() != [*b] {
         return Err(invalid(format!(
-            "{NAME}: start must be integers of shape [{b}], got {:?}",
+            "{name}: start must be integers of shape [{b}], got {:?}",
             start.shape.as_slice()
+        )));
+    }
+    if rows && (inputs[4].dtype != DType::I32 || inputs[4].shape.as_slice() != [*b, *l, kv]) {
+        return Err(invalid(format!(
+            "{name}: rows must be int32 of shape [{b}, {l}, {kv}], got {:?} of {:?}",
+            inputs[4].shape.as_slice(),
+            inputs[4].dtype
         )));
     }
     let mut specs = rope_specs(
         p,
         &[Spec { shape: [*b, q_heads + kv, *l, *d].into_iter().collect(), dtype: qkv.dtype }, start.clone()]
             .into_iter()
-            .chain(inputs.get(4).cloned())
+            .chain(rest.first().cloned())
             .collect::<Vec<_>>(),
     )
     .map_err(|e| match e {
-        OpErrorKind::InvalidArgument(m) => invalid(m.replacen("rope:", &format!("{NAME}:"), 1)),
+        OpErrorKind::InvalidArgument(m) => invalid(m.replacen("rope:", &format!("{name}:"), 1)),
         e => e,
     })?;
     specs[0].shape[1] = q_heads;

@@ -58,12 +58,13 @@ pub(crate) fn supports(op: &FastOp, d: DType, inputs: &[Spec]) -> bool {
         FastOp::GatedDeltaVjp(p) => gated_delta::supports_vjp(p, inputs),
         FastOp::GatherMm => gather_mm::supports(inputs),
         FastOp::GatherQmm(p) => quantized_matmul::gather_supports(p, inputs),
-        FastOp::RopeKvWrite { .. } => {
+        FastOp::RopeKvWrite { rows: given, .. } => {
             let rows: i64 = inputs[0].shape.iter().map(|&d| d as i64).product();
             let cache: i64 = inputs[1].shape.iter().map(|&d| d as i64).product();
             same(&inputs[..3])
                 && inputs[3].dtype == DType::I32
-                && inputs.get(4).is_none_or(|f| f.dtype == DType::F32)
+                && (!given || inputs[4].dtype == DType::I32)
+                && inputs.get(4 + *given as usize).is_none_or(|f| f.dtype == DType::F32)
                 && rows.max(cache) < i32::MAX as i64
         }
         FastOp::RmsNormMatmul { .. } | FastOp::SwiGluMatmul { .. } => {
@@ -108,7 +109,9 @@ pub(crate) fn eval(gpu: &Arc<Gpu>, op: &FastOp, inputs: Vec<Operand>, outputs: &
             let out = outputs.first_mut().ok_or_else(|| internal(format!("{} without an output", op.name())))?;
             return crate::matmul::fused(gpu, op, inputs, out);
         }
-        FastOp::RopeKvWrite { rope: p, q_heads } => return rope::kv_write(gpu, p, *q_heads, inputs, outputs),
+        FastOp::RopeKvWrite { rope: p, q_heads, rows } => {
+            return rope::kv_write(gpu, p, *q_heads, *rows, inputs, outputs);
+        }
         // Reads q, k, v, the gate and beta through their strides.
         FastOp::GatedDelta(p) => return gated_delta::eval(gpu, p, inputs, outputs),
         FastOp::GatedDeltaVjp(p) => return gated_delta::backward(gpu, p, inputs, outputs),

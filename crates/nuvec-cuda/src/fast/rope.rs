@@ -42,7 +42,7 @@ pub(crate) fn source(d: DType) -> String {
     ] {
         for (f, freqs) in [("", false), ("_f", true)] {
             s.kernel(format!(
-                "{name}{f}(const {t}* qkv, {t}* q, {t}* kc, {t}* vc, const int32_t* start, const float* freqs, float log2_base, float scale, int rows, int seq, int hq, int hkv, int d, int dims, int cap) {{ rope_kv_write<{t}, {width}, {vec}, {trad}, {freqs}>(qkv, q, kc, vc, start, freqs, log2_base, scale, rows, seq, hq, hkv, d, dims, cap); }}"
+                "{name}{f}(const {t}* qkv, {t}* q, {t}* kc, {t}* vc, const int32_t* start, const int32_t* dst, const float* freqs, float log2_base, float scale, int rows, int seq, int hq, int hkv, int d, int dims, int cap) {{ rope_kv_write<{t}, {width}, {vec}, {trad}, {freqs}>(qkv, q, kc, vc, start, dst, freqs, log2_base, scale, rows, seq, hq, hkv, d, dims, cap); }}"
             ));
         }
     }
@@ -100,13 +100,15 @@ pub(crate) fn eval(
     launch_dependent(gpu, f, gx as u32, (bx as u32, by as u32), 1, args)
 }
 
-/// `fast::rope_kv_write` (inputs `[qkv, k_cache, v_cache, start, freqs?]`): the rotated queries
-/// into a new buffer, the keys and values into the caches' buffers when they were handed over
-/// (donated, row-major), else into row-major copies of them.
+/// `fast::rope_kv_write` (inputs `[qkv, k_cache, v_cache, start, freqs?]`; with `rows`,
+/// `fast::rope_kv_write_rows`'s `[qkv, k_pool, v_pool, start, rows, freqs?]`): the rotated
+/// queries into a new buffer, the keys and values into the caches' buffers when they were handed
+/// over (donated, row-major), else into row-major copies of them.
 pub(crate) fn kv_write(
     gpu: &Arc<Gpu>,
     p: &RopeParams,
     q_heads: i32,
+    rows_given: bool,
     inputs: Vec<Operand>,
     outputs: &mut [Output],
 ) -> Result<()> {
@@ -117,13 +119,19 @@ pub(crate) fn kv_write(
         |c: Operand| if c.writable() && c.data.layout.flags.row_contiguous { Ok(c) } else { fresh_copy(gpu, c) };
     let (kc, vc) = (cache(next()?)?, cache(next()?)?);
     let start = row_major(gpu, next()?)?;
+    let dst = if rows_given { Some(row_major(gpu, next()?)?) } else { None };
     let freqs = it.next().map(|f| row_major(gpu, f)).transpose()?;
     let [q_out, k_out, v_out] = outputs else { return Err(internal("rope_kv_write has three outputs")) };
     let q = alloc_out(gpu, q_out)?;
     k_out.data = Some(kc.data.clone());
     v_out.data = Some(vc.data.clone());
     let [b, l, h, d] = [0, 1, 2, 3].map(|a| qkv.shape[a] as u64);
-    let (hkv, cap, dims) = (kc.shape[1] as u64, kc.shape[2] as u64, p.dims as u64);
+    let (hkv, dims) = (((h - q_heads as u64) / 2), p.dims as u64);
+    // Positions per head's cache, or the pools' rows.
+    let cap = match dst {
+        Some(_) => kc.shape.iter().map(|&n| n as u64).product::<u64>() / d.max(1),
+        None => kc.shape[2] as u64,
+    };
     let rows = b * l * h;
     if rows == 0 {
         return Ok(());
@@ -144,7 +152,8 @@ pub(crate) fn kv_write(
     let by = (BLOCK as u64 / bx).max(1);
     let gx = rows.div_ceil(by).clamp(1, i32::MAX as u64);
     let mut args: Vec<Arg> = ptrs.map(Arg::Ptr).into();
-    args.extend([Arg::Ptr(ptr_of(&start)?), Arg::Ptr(ptr_or_null(freqs.as_ref())?)]);
+    args.extend([Arg::Ptr(ptr_of(&start)?), Arg::Ptr(ptr_or_null(dst.as_ref())?)]);
+    args.push(Arg::Ptr(ptr_or_null(freqs.as_ref())?));
     args.extend([Arg::F32(p.base.map_or(0.0, f32::log2)), Arg::F32(p.scale)]);
     args.extend([rows, l, q_heads as u64, hkv, d, dims, cap].map(|v| Arg::I32(v as i32)));
     let f = kernel(gpu, Family::Rope(dt), &format!("{name}{}", if freqs.is_some() { "_f" } else { "" }))?;

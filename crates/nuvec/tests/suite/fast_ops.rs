@@ -325,6 +325,32 @@ fn rope_kv_write_matches_rope_and_the_writes() {
                             }
                             close(&format!("{what}: {name}"), &f64s(got), &want, dtype, 1);
                         }
+                        // The same writes through rows naming those positions of the caches seen
+                        // as pools of rows ([B·Hkv·S, D]), as a paged cache's block table names them.
+                        let rows: Vec<i32> = (0..b)
+                            .flat_map(|bi| {
+                                (0..l).flat_map(move |t| {
+                                    (0..kv).map(move |hi| (bi * kv + hi) * cap + start[bi as usize] + t)
+                                })
+                            })
+                            .collect();
+                        let rows = Array::from_slice(&rows, [b, l, kv]);
+                        let by_rows = fast::rope_kv_write_rows(
+                            &qkv,
+                            hq,
+                            &kc,
+                            &vc,
+                            &starts,
+                            &rows,
+                            dims,
+                            traditional,
+                            base,
+                            1.0,
+                            f,
+                        );
+                        for (name, x, y) in [("q", &q, &by_rows.0), ("k", &k, &by_rows.1), ("v", &v, &by_rows.2)] {
+                            assert_eq!(f64s(x), f64s(y), "{what}: {name} through rows");
+                        }
                     }
                 }
             }
@@ -345,6 +371,11 @@ fn rope_kv_write_matches_rope_and_the_writes() {
         msg(fast::rope_kv_write(&x, 2, &c, &c, &Array::from_slice(&[0i32, 1], [2]), 16, false, Some(1e4), 1.0, None))
             .contains("start")
     );
+    let rows = Array::from_slice(&[0i32, 1], [1, 1, 2]);
+    let e = msg(fast::rope_kv_write_rows(&x, 2, &c, &c, &s, &rows, 16, false, Some(1e4), 1.0, None));
+    assert!(e.contains("rope_kv_write_rows: rows must be int32 of shape [1, 1, 1]"), "{e}");
+    let e = msg(fast::rope_kv_write_rows(&x, 2, &c.reshape([64]), &c, &s, &rows, 16, false, Some(1e4), 1.0, None));
+    assert!(e.contains("k_cache must be [.., 16]"), "{e}");
 }
 
 /// `rms_norm_matmul` and `swiglu_matmul` against float64: 1 to 9 rows (the GPU's GEMV takes up

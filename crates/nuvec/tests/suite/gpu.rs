@@ -821,7 +821,7 @@ fn fast_ops_have_gpu_kernels() {
         // A decode step's rotation and cache writes (Llama-3-8B's heads).
         let cache = spec(&[1, 8, 1024, 128], d);
         let inputs = vec![spec(&[1, 1, 48, 128], d), cache.clone(), cache, spec(&[1], DType::I32)];
-        cases.push((FastOp::RopeKvWrite { rope, q_heads: 32 }, inputs));
+        cases.push((FastOp::RopeKvWrite { rope, q_heads: 32, rows: false }, inputs));
         // Paged decode in half precision: 4 sequences, 8 query heads over 2 key-value heads.
         if d.is_half() {
             let paged = nuvec::fast::PagedParams { scale: 0.1, window: None, sinks: false, blocks: 4 };
