@@ -9,6 +9,7 @@
 #                                    for scripts/gpu-ops.sh)
 #   .gpu/bench_train[.xz]            stripped crates/nuvec/examples/bench_train.rs (training steps)
 #   .gpu/bench_load[.xz]             stripped crates/nuvec/examples/bench_load.rs (checkpoint load)
+#   .gpu/bench_allreduce[.xz]        stripped crates/nuvec/examples/bench_allreduce.rs (NCCL, several GPUs)
 #   .gpu/bench_quant[.xz]            stripped crates/nuvec/examples/bench_quant.rs (quantized
 #                                    products, for scripts/gpu-quant.sh)
 #   .gpu/bench_compile[.xz]          stripped crates/nuvec/examples/bench_compile.rs (compile:
@@ -84,7 +85,7 @@ else
     echo "== building test binaries (cargo test --workspace --release --no-run)"
     cargo test --workspace --release --no-run --message-format=json >"$WORK/tests.json"
 fi
-EXAMPLES="bench_gpu bench_fast bench_ops bench_train bench_load bench_quant bench_compile train_lm"
+EXAMPLES="bench_gpu bench_fast bench_ops bench_train bench_load bench_quant bench_compile bench_allreduce train_lm"
 echo "== building examples $EXAMPLES and precompile_kernels"
 # shellcheck disable=SC2046
 cargo build --release -p nuvec $(printf -- '--example %s ' $EXAMPLES) \
@@ -118,7 +119,7 @@ for m in artifacts(os.path.join(work, "tests.json")):
 for m in artifacts(os.path.join(work, "examples.json")):
     name = m["target"]["name"]
     if name in ("bench_gpu", "bench_fast", "bench_ops", "bench_train", "bench_load", "bench_quant", "bench_compile",
-                "train_lm", "precompile_kernels", "nuvec"):
+                "bench_allreduce", "train_lm", "precompile_kernels", "nuvec"):
         print(f"{name}\t{os.path.relpath(os.path.dirname(m['manifest_path']), root)}\t{m['executable']}")
 EOF
 
@@ -157,7 +158,7 @@ while IFS=$'\t' read -r name dir exe why; do
             PRECOMPILE=$exe
             if [ "${GPU_BUNDLE_KCACHE:-1}" = 0 ]; then pack "$name" "$exe"; fi
             continue ;;
-        bench_gpu|bench_fast|bench_ops|bench_train|bench_load|bench_quant|bench_compile|train_lm|nuvec) ;;
+        bench_gpu|bench_fast|bench_ops|bench_train|bench_load|bench_quant|bench_compile|bench_allreduce|train_lm|nuvec) ;;
         test-*)
             # Skip test binaries with no tests (a library without #[test]s).
             n=$("$exe" --list --format terse 2>/dev/null | grep -c ': test$' || true)
