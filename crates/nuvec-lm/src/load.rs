@@ -227,13 +227,7 @@ fn safetensors_files(dir: &Path) -> Result<Vec<SafetensorsFile>> {
         let files: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
         files.into_iter().map(|f| dir.join(f)).collect()
     } else {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| Error::io(dir, e))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        files.sort();
-        files
+        safetensors_in(dir)?
     };
     if paths.is_empty() {
         return Err(Error::Weights(format!("{}: no *.safetensors files", dir.display())));
@@ -300,18 +294,24 @@ fn own_parts(model: &mut dyn LanguageModel) -> Result<()> {
     failed.map_or(Ok(()), |e| Err(e.into()))
 }
 
-/// The safetensors of a folder: the shards an index lists, or every `*.safetensors`.
-fn read_safetensors(dir: &Path) -> Result<Params> {
-    let index = dir.join("model.safetensors.index.json");
-    if index.exists() {
-        return nuvec::io::load_safetensors_index(&index).map_err(Error::from);
-    }
+/// The folder's `*.safetensors` files, sorted.
+fn safetensors_in(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| Error::io(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
+    Ok(files)
+}
+
+/// The safetensors of a folder: the shards an index lists, or every `*.safetensors`.
+fn read_safetensors(dir: &Path) -> Result<Params> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        return nuvec::io::load_safetensors_index(&index).map_err(Error::from);
+    }
+    let files = safetensors_in(dir)?;
     if files.is_empty() {
         return Err(Error::Weights(format!("{}: no *.safetensors files", dir.display())));
     }

@@ -179,25 +179,8 @@ pub fn rope_kv_write<'a>(
     scale: f32,
     freqs: impl Into<Option<&'a Array>>,
 ) -> (Array, Array, Array) {
-    let freqs = freqs.into();
-    if base.is_some() == freqs.is_some() {
-        let f = Array::failed(
-            "rope_kv_write",
-            invalid("rope_kv_write: exactly one of base and freqs must be given".into()),
-        );
-        return (f.clone(), f.clone(), f);
-    }
-    let start = if start.dtype().is_integer() && start.dtype() != DType::I32 {
-        start.astype(DType::I32)
-    } else {
-        start.clone()
-    };
-    let mut inputs = vec![qkv.clone(), k_cache.clone(), v_cache.clone(), start];
-    inputs.extend(freqs.map(|f| if f.dtype().is_float() { f.astype(DType::F32) } else { f.clone() }));
     let rope = RopeParams { dims, traditional, base, scale, forward: true };
-    let mut out = super::record(FastOp::RopeKvWrite { rope, q_heads, rows: false }, inputs, 3).into_iter();
-    let mut next = || out.next().expect("three outputs");
-    (next(), next(), next())
+    record_kv_write(rope, q_heads, [qkv, k_cache, v_cache, start], None, freqs.into())
 }
 
 /// [`rope_kv_write`] into pools of rows, as a paged KV cache's: the rotated key and the value of
@@ -230,18 +213,31 @@ pub fn rope_kv_write_rows<'a>(
     scale: f32,
     freqs: impl Into<Option<&'a Array>>,
 ) -> (Array, Array, Array) {
-    let freqs = freqs.into();
-    if base.is_some() == freqs.is_some() {
-        let why = "rope_kv_write_rows: exactly one of base and freqs must be given";
-        let f = Array::failed("rope_kv_write_rows", invalid(why.into()));
+    let rope = RopeParams { dims, traditional, base, scale, forward: true };
+    record_kv_write(rope, q_heads, [qkv, k_pool, v_pool, start], Some(rows), freqs.into())
+}
+
+/// Records [`rope_kv_write`] (without `rows`) or [`rope_kv_write_rows`]: positions and rows as
+/// int32, frequencies as float32 (as MLX), exactly one of `base` and `freqs`.
+fn record_kv_write(
+    rope: RopeParams,
+    q_heads: i32,
+    [qkv, k, v, start]: [&Array; 4],
+    rows: Option<&Array>,
+    freqs: Option<&Array>,
+) -> (Array, Array, Array) {
+    let name = if rows.is_some() { "rope_kv_write_rows" } else { "rope_kv_write" };
+    if rope.base.is_some() == freqs.is_some() {
+        let f = Array::failed(name, invalid(format!("{name}: exactly one of base and freqs must be given")));
         return (f.clone(), f.clone(), f);
     }
     let int32 =
         |a: &Array| if a.dtype().is_integer() && a.dtype() != DType::I32 { a.astype(DType::I32) } else { a.clone() };
-    let mut inputs = vec![qkv.clone(), k_pool.clone(), v_pool.clone(), int32(start), int32(rows)];
+    let mut inputs = vec![qkv.clone(), k.clone(), v.clone(), int32(start)];
+    inputs.extend(rows.map(int32));
     inputs.extend(freqs.map(|f| if f.dtype().is_float() { f.astype(DType::F32) } else { f.clone() }));
-    let rope = RopeParams { dims, traditional, base, scale, forward: true };
-    let mut out = super::record(FastOp::RopeKvWrite { rope, q_heads, rows: true }, inputs, 3).into_iter();
+    let op = FastOp::RopeKvWrite { rope, q_heads, rows: rows.is_some() };
+    let mut out = super::record(op, inputs, 3).into_iter();
     let mut next = || out.next().expect("three outputs");
     (next(), next(), next())
 }
