@@ -289,18 +289,6 @@ fn rank_group(n: usize) -> Res<Option<nuvec::distributed::Group>> {
     Ok(Some(group))
 }
 
-/// A rank's GPU: rank r on GPU r when there are several (unless NUVEC_DEVICE names one).
-fn rank_device<R>(f: impl FnOnce() -> R) -> R {
-    let rank = std::env::var(nuvec::distributed::RANK_VAR).ok().and_then(|r| r.parse::<u32>().ok());
-    let gpus = nuvec::cuda::device_count() as u32;
-    match rank {
-        Some(r) if gpus > 1 && std::env::var_os("NUVEC_DEVICE").is_none() => {
-            nuvec::with_stream(nuvec::Device::gpu(r % gpus), f)
-        }
-        _ => f(),
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(result) = start_ranks(&cli.command) {
@@ -312,7 +300,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let result = rank_device(|| run(cli.command));
+    let result = run(cli.command);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -271,7 +271,13 @@ impl Nccl {
                     self.rank, self.size, self.timeout
                 )));
             }
-            std::thread::yield_now();
+            // Spin while a collective is likely to end soon; past that, a waiting rank (an idle
+            // server's follower) leaves its core to others.
+            if start.elapsed() < Duration::from_millis(1) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
         }
     }
 

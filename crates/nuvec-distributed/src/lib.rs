@@ -462,7 +462,8 @@ fn nccl_link_folder() -> Option<std::path::PathBuf> {
 }
 
 /// Runs `program` with `args` as `n` ranks on this machine (each with [`RANK_VAR`],
-/// [`SIZE_VAR`] and [`HOSTS_VAR`] naming free loopback ports, `NCCL_NVLS_ENABLE=0`, NCCL's
+/// [`SIZE_VAR`] and [`HOSTS_VAR`] naming free loopback ports, on a machine of several GPUs
+/// `NUVEC_DEVICE=gpu:<rank>` unless a device is named, `NCCL_NVLS_ENABLE=0`, NCCL's
 /// library findable under the name cudarc opens (a linked folder on `LD_LIBRARY_PATH`), and `env`)
 /// and waits for them. When one fails, the others get `grace` to end on their own (their
 /// collectives fail within their time-out) before they are killed; the error names the first
@@ -482,10 +483,18 @@ pub fn launch(n: usize, program: &Path, args: &[String], env: &[(&str, &str)], g
         let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
         if old.is_empty() { dir.display().to_string() } else { format!("{}:{old}", dir.display()) }
     });
+    // One process per GPU: rank r's default device is GPU r (modulo their count), unless the
+    // caller names a device.
+    let gpus = nuvec_cuda::device_count();
+    let own_gpu = |r: usize| {
+        (gpus > 1 && std::env::var_os("NUVEC_DEVICE").is_none() && !env.iter().any(|(k, _)| *k == "NUVEC_DEVICE"))
+            .then(|| format!("gpu:{}", r % gpus))
+    };
     let mut children: Vec<Child> = (0..n)
         .map(|r| {
             Command::new(program)
                 .args(args)
+                .envs(own_gpu(r).map(|d| ("NUVEC_DEVICE", d)))
                 .env(RANK_VAR, r.to_string())
                 .env(SIZE_VAR, n.to_string())
                 .env(HOSTS_VAR, hosts.join(","))
