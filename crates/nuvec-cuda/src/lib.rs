@@ -152,7 +152,7 @@ impl CudaBackend {
     }
 }
 
-fn gpu_of(device: Device) -> Result<Arc<Gpu>> {
+pub(crate) fn gpu_of(device: Device) -> Result<Arc<Gpu>> {
     if device.kind != DeviceKind::Gpu {
         return Err(Error::UnsupportedDevice(device));
     }

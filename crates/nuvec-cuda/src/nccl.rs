@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys as cu;
 use cudarc::nccl::sys;
-use nuvec_core::backend::Backend;
 use nuvec_core::device::Device;
 use nuvec_core::storage::{Data, Layout, Memory};
 use nuvec_core::{Array, DType, Error, Result};
 
 use crate::driver::{Gpu, check};
+use crate::gpu_of;
 use crate::operand::{alloc, buffer_ptr};
 
 /// How [`Nccl::all_reduce`] and [`Nccl::reduce_scatter`] combine the ranks' values.
@@ -113,13 +113,6 @@ pub fn gpu_uuid(device: Device) -> Result<[u8; 16]> {
     Ok(uuid.bytes.map(|b| b as u8))
 }
 
-fn gpu_of(device: Device) -> Result<Arc<Gpu>> {
-    if device.kind != nuvec_core::device::DeviceKind::Gpu {
-        return Err(Error::UnsupportedDevice(device));
-    }
-    Gpu::get(device.index)
-}
-
 fn nccl_type(dtype: DType) -> Result<sys::ncclDataType_t> {
     use sys::ncclDataType_t::*;
     Ok(match dtype {
@@ -194,32 +187,21 @@ impl Nccl {
         Device::gpu(self.gpu.index)
     }
 
-    /// `x` evaluated, row-major, in this GPU's memory, with the address of its first element.
+    /// `x` evaluated, row-major, in this GPU's memory (a host array's copy there, which `x`'s
+    /// storage keeps), with the address of its first element.
     fn input(&self, x: &Array) -> Result<(Array, u64)> {
         let x = x.contiguous();
         x.eval()?;
         let data = x.data()?;
-        let bytes = x.size() * x.dtype().size();
-        let start = (data.layout.offset * x.dtype().size()) as u64;
-        let ptr = match data.storage.memory() {
-            Memory::Device(_) if data.storage.location() == self.device() => buffer_ptr(&data.storage)? + start,
-            Memory::Device(_) => {
-                return Err(Error::InvalidArgument(format!(
-                    "nccl: the array is on {}, this rank's communicator on {}",
-                    data.storage.location(),
-                    self.device()
-                )));
-            }
-            Memory::Host(h) => {
-                let range = start as usize..start as usize + bytes;
-                let part = nuvec_core::storage::HostBuffer::from_bytes(&h.bytes()[range])?;
-                let storage = Arc::new(crate::CudaBackend.upload(self.device(), &part)?);
-                let ptr = buffer_ptr(&storage)?;
-                let layout = Layout::row_major(x.shape());
-                let shape = x.shape().to_vec();
-                return Ok((Array::from_data(shape, x.dtype(), Data { storage, layout }), ptr));
-            }
-        };
+        if matches!(data.storage.memory(), Memory::Device(_)) && data.storage.location() != self.device() {
+            return Err(Error::InvalidArgument(format!(
+                "nccl: the array is on {}, this rank's communicator on {}",
+                data.storage.location(),
+                self.device()
+            )));
+        }
+        let storage = data.storage.on_device(self.device())?;
+        let ptr = buffer_ptr(&storage)? + (data.layout.offset * x.dtype().size()) as u64;
         Ok((x, ptr))
     }
 

@@ -184,21 +184,24 @@ impl Group {
         if self.size == 1 || device.is_cpu() {
             return Ok(None);
         }
+        let mut slot = self.gpu.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(link) = &*slot {
+            return Ok(link.clone());
+        }
         let mode = std::env::var("NUVEC_DIST_BACKEND").unwrap_or_default();
         let required = match mode.trim() {
             "" | "auto" => false,
             "nccl" => true,
-            "host" => return Ok(None),
+            "host" => {
+                *slot = Some(None);
+                return Ok(None);
+            }
             other => {
                 return Err(Error::InvalidArgument(format!(
                     "NUVEC_DIST_BACKEND={other:?}: use nccl, host or auto (or unset it)"
                 )));
             }
         };
-        let mut slot = self.gpu.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(link) = &*slot {
-            return Ok(link.clone());
-        }
         // Every rank says whether it has NCCL and which GPU it drives; NCCL needs all of them
         // on GPUs of their own.
         let why_not = nccl_unavailable_reason();

@@ -44,7 +44,9 @@ use std::path::Path;
 pub use gguf::{GgufAffine, GgufFile, GgufTensor, GgufValue, load_gguf};
 pub use npy::{load_npy, load_npz, save_npy, save_npz};
 pub use nuvec_core::{Array, Error, Result};
-pub use safetensors_io::{SafetensorsFile, load_safetensors, load_safetensors_index, save_safetensors};
+pub use safetensors_io::{
+    SafetensorsFile, load_safetensors, load_safetensors_index, safetensors_index, save_safetensors,
+};
 
 /// Every tensor of the file at `path`, by name, the format chosen by its name: `.safetensors`,
 /// a sharded checkpoint's `.json` index, `.npz`, or `.gguf` (its metadata: [`load_gguf`]).

@@ -151,15 +151,7 @@ pub fn load_safetensors(path: impl AsRef<Path>) -> Result<BTreeMap<String, Array
 pub fn load_safetensors_index(path: impl AsRef<Path>) -> Result<BTreeMap<String, Array>> {
     let path = path.as_ref();
     let fail = |what: String| io_error("load_safetensors_index", path, what);
-    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(e.to_string()))?;
-    let map =
-        json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| fail("no \"weight_map\" object".into()))?;
-    let mut by_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (name, file) in map {
-        let file = file.as_str().ok_or_else(|| fail(format!("tensor '{name}': the file is not a string")))?;
-        by_file.entry(file).or_default().push(name);
-    }
+    let by_file = safetensors_index(path)?;
     let dir = path.parent().unwrap_or(Path::new("."));
     // Shards are read side by side: a disk serves several streams faster than one.
     let shards: Vec<Result<Vec<(String, Array)>>> = std::thread::scope(|scope| {
@@ -169,7 +161,7 @@ pub fn load_safetensors_index(path: impl AsRef<Path>) -> Result<BTreeMap<String,
                 let (dir, fail) = (&dir, &fail);
                 scope.spawn(move || {
                     let shard = SafetensorsFile::open(dir.join(file))?;
-                    if let Some(extra) = shard.names().into_iter().find(|n| !names.contains(n)) {
+                    if let Some(extra) = shard.names().into_iter().find(|n| !names.iter().any(|m| m == n)) {
                         return Err(fail(format!("{file} holds tensor '{extra}', which the index does not name")));
                     }
                     names.iter().map(|n| Ok((n.to_string(), shard.get(n)?))).collect()
@@ -183,6 +175,23 @@ pub fn load_safetensors_index(path: impl AsRef<Path>) -> Result<BTreeMap<String,
         out.extend(shard?);
     }
     Ok(out)
+}
+
+/// The shards a sharded checkpoint's index (`model.safetensors.index.json`) names: each file,
+/// relative to the index's folder, with the tensors its `weight_map` puts there.
+pub fn safetensors_index(path: impl AsRef<Path>) -> Result<BTreeMap<String, Vec<String>>> {
+    let path = path.as_ref();
+    let fail = |what: String| io_error("load_safetensors_index", path, what);
+    let text = std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| fail(e.to_string()))?;
+    let map =
+        json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| fail("no \"weight_map\" object".into()))?;
+    let mut by_file: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, file) in map {
+        let file = file.as_str().ok_or_else(|| fail(format!("tensor '{name}': the file is not a string")))?;
+        by_file.entry(file.to_string()).or_default().push(name.clone());
+    }
+    Ok(by_file)
 }
 
 /// Fills `buf` from `file` at byte `offset`.

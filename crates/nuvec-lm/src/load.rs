@@ -219,13 +219,7 @@ fn split_over(options: &LoadOptions) -> Option<&Group> {
 fn safetensors_files(dir: &Path) -> Result<Vec<SafetensorsFile>> {
     let index = dir.join("model.safetensors.index.json");
     let paths: Vec<PathBuf> = if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-        let json: Value =
-            serde_json::from_str(&text).map_err(|e| Error::Weights(format!("{}: {e}", index.display())))?;
-        let map = json.get("weight_map").and_then(Value::as_object);
-        let map = map.ok_or_else(|| Error::Weights(format!("{}: no \"weight_map\" object", index.display())))?;
-        let files: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
-        files.into_iter().map(|f| dir.join(f)).collect()
+        nuvec::io::safetensors_index(&index)?.into_keys().map(|f| dir.join(f)).collect()
     } else {
         safetensors_in(dir)?
     };

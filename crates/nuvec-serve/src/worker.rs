@@ -218,8 +218,9 @@ fn run(
     let mut next = 0u64;
     // Split over ranks, rank 0 leads: the others step as it tells them (`follow`).
     let leader = options.group.as_ref().filter(|g| g.size() > 1 && g.rank() == 0);
-    let tell = |plan: Value| match leader {
-        Some(g) => send_plan(g, &plan),
+    // The plan is made only when there are ranks to tell.
+    let tell = |plan: &dyn Fn() -> Value| match leader {
+        Some(g) => send_plan(g, &plan()),
         None => Ok(()),
     };
     let mut cancel_before: Vec<u64> = Vec::new();
@@ -233,13 +234,14 @@ fn run(
             (true, Some(_)) => match rx.recv_timeout(HEARTBEAT) {
                 Ok(job) => Some(job),
                 Err(RecvTimeoutError::Timeout) => {
-                    if tell(json!({"step": false, "cancel_before": std::mem::take(&mut cancel_before)})).is_err() {
+                    let ended = std::mem::take(&mut cancel_before);
+                    if tell(&|| json!({"step": false, "cancel_before": ended})).is_err() {
                         return;
                     }
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
-                    let _ = tell(json!({"stop": true}));
+                    let _ = tell(&|| json!({"stop": true}));
                     return;
                 }
             },
@@ -272,9 +274,8 @@ fn run(
             senders.remove(&id);
             cancelled.push(id);
         }
-        let plan = json!({"step": true, "cancel_before": std::mem::take(&mut cancel_before), "add": added,
-                          "cancel": cancelled});
-        if let Err(e) = tell(plan) {
+        let ended = std::mem::take(&mut cancel_before);
+        if let Err(e) = tell(&|| json!({"step": true, "cancel_before": ended, "add": added, "cancel": cancelled})) {
             for (_, s) in senders.drain() {
                 let _ = s.send(Event::Failed(format!("the model's other ranks are gone: {e}")));
             }
